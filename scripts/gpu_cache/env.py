@@ -1,0 +1,175 @@
+"""The cache environment every job gets, and how it is applied without overriding the user.
+
+A variable the user set explicitly wins and is reported. A variable gpu-cache set earlier
+in the same process tree (listed in ``GPU_CACHE_MANAGED``) is gpu-cache's own and may be
+set again, e.g. when a workflow's config names another cache root than the profile did.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import MutableMapping, Mapping
+
+from gpu_cache.fs import check_folder
+from gpu_cache.settings import Settings
+
+HOOK_DIR = Path(__file__).with_name("_hook")
+MANAGED_VAR = "GPU_CACHE_MANAGED"
+WARNED_VAR = "GPU_CACHE_WARNED"
+
+#: The variable that points each kind at its folder.
+KIND_VARS = {
+    "jax": "JAX_COMPILATION_CACHE_DIR",
+    "triton": "TRITON_CACHE_DIR",
+    "inductor": "TORCHINDUCTOR_CACHE_DIR",
+    "cuda": "CUDA_CACHE_PATH",
+}
+
+
+@dataclass
+class Exports:
+    """The resolved environment.
+
+    ``values`` is what gpu-cache sets; ``kept`` maps each variable the user set to
+    ``(their value, the value gpu-cache would have set)``; ``problems`` says, per cache
+    kind, why it runs without its cache or on a node-local fallback.
+    """
+
+    values: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, tuple[str, str]] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def messages(self) -> list[str]:
+        """One line per thing the user should know, for warnings."""
+        lines = [f"{kind}: {why}" for kind, why in self.problems.items()]
+        lines += [f"keeping your {name}={theirs!r} (gpu-cache would set {ours!r})"
+                  for name, (theirs, ours) in self.kept.items()]
+        return lines
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "exports": dict(self.values),
+            "kept": {name: {"yours": t, "gpu_cache": o} for name, (t, o) in self.kept.items()},
+            "problems": dict(self.problems),
+        }
+
+
+def managed_names(environ: Mapping[str, str]) -> set[str]:
+    """Names gpu-cache itself set earlier in this process tree."""
+    return {name for name in environ.get(MANAGED_VAR, "").split(",") if name}
+
+
+def _user_set(name: str, environ: Mapping[str, str]) -> bool:
+    return name in environ and name not in managed_names(environ)
+
+
+def node_local_fallback(kind: str) -> Path:
+    """A per-user folder on local disk for a kind whose shared folder cannot be used."""
+    return Path(tempfile.gettempdir()) / f"gpu-cache-{os.getuid()}" / kind
+
+
+def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
+    """Work out the exports for ``settings``; probes each cache folder (creates it).
+
+    Never raises for filesystem trouble: an unusable folder is reported in ``problems``
+    and that kind runs without a cache (JAX) or on a node-local folder (the others,
+    which cannot be switched off).
+    """
+    environ = os.environ if environ is None else environ
+    wanted: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    root = settings.cache_root
+    if root is None:
+        wanted["GPU_CACHE_ROOT"] = "none"
+        wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        problems["all"] = "caching is turned off (cache root 'none')"
+    else:
+        wanted["GPU_CACHE_ROOT"] = str(root)
+        for kind, var in KIND_VARS.items():
+            if _user_set(var, environ):
+                wanted[var] = str(root / kind)  # reported as kept below; theirs is used
+                continue
+            check = check_folder(root / kind)
+            if check.problem is None:
+                wanted[var] = str(root / kind)
+            elif kind == "jax":
+                wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+                problems[kind] = f"{check.problem}; JAX runs without its persistent cache"
+            else:
+                fallback = node_local_fallback(kind)
+                local = check_folder(fallback)
+                if local.problem is None:
+                    wanted[var] = str(fallback)
+                    problems[kind] = f"{check.problem}; using node-local {fallback} instead"
+                else:
+                    problems[kind] = f"{check.problem}; node-local fallback failed too: {local.problem}"
+        if "JAX_COMPILATION_CACHE_DIR" in wanted:
+            wanted["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+            wanted["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+            wanted["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = settings.xla_caches
+        if "TRITON_CACHE_DIR" in wanted:
+            # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
+            wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
+        if settings.stats_hook and "jax" not in problems:
+            wanted["GPU_CACHE_RECORDS"] = str(root / "records")
+    exports = Exports(problems=problems)
+    for name, value in wanted.items():
+        if _user_set(name, environ) and environ[name] != value:
+            exports.kept[name] = (environ[name], value)
+        else:
+            exports.values[name] = value
+    if settings.stats_hook and root is not None:
+        parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(HOOK_DIR) not in parts:
+            exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
+    return exports
+
+
+def apply(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``exports.values`` in ``environ`` (default ``os.environ``) and mark them as ours."""
+    environ = os.environ if environ is None else environ
+    environ.update(exports.values)
+    ours = managed_names(environ) | (set(exports.values) - {"PYTHONPATH"})
+    environ[MANAGED_VAR] = ",".join(sorted(ours))
+
+
+def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
+    """Print the exports' messages to stderr, once per process tree."""
+    environ = os.environ if environ is None else environ
+    lines = exports.messages()
+    if lines and environ.get(WARNED_VAR) != "1":
+        for line in lines:
+            print(f"gpu-cache: warning: {line}", file=sys.stderr)
+        environ[WARNED_VAR] = "1"
+
+
+def export(settings: Settings, environ: MutableMapping[str, str] | None = None) -> Exports:
+    """Resolve, apply and warn: what the profile and the workflow call at start-up."""
+    environ = os.environ if environ is None else environ
+    exports = resolve(settings, environ)
+    apply(exports, environ)
+    warn_once(exports, environ)
+    return exports
+
+
+def shell_lines(exports: Exports) -> str:
+    """``export NAME=value`` lines that ``eval "$(gpu-cache env)"`` runs."""
+    values = dict(exports.values)
+    managed = ",".join(sorted(set(values) - {"PYTHONPATH"}))
+    values[MANAGED_VAR] = managed
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def job_environ(exports: Exports, base: Mapping[str, str] | None = None,
+                **extra: str) -> dict[str, str]:
+    """The environment of a child process: ``base`` (default os.environ) with the exports
+    applied, plus ``extra`` variables (e.g. GPU_CACHE_RUN_ID)."""
+    environ = dict(os.environ if base is None else base)
+    apply(exports, environ)
+    environ.update(extra)
+    return environ

@@ -1,0 +1,120 @@
+"""JAX's persistent compilation cache on disk: entries, their last use, safe removal.
+
+Layout (jax ``lru_cache.py``): ``<key>-cache`` holds the compressed executable,
+``<key>-atime`` (only with a size cap) the last use as 8 little-endian bytes of
+nanoseconds, and ``.lockfile`` guards both when a cap is set. ``<key>`` is
+``<module name>-<sha256 hex>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_SUFFIX = "-cache"
+ATIME_SUFFIX = "-atime"
+_FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))-(?P<suffix>cache|atime)$")
+
+
+@dataclass
+class JaxEntry:
+    """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
+
+    ``problem`` says why it is broken (then pruning removes it whatever its age):
+    an empty ``-cache`` file (a full disk), or one half of a pair without the other.
+    """
+
+    key: str
+    name: str
+    cache_path: Path | None
+    atime_path: Path | None
+    size: int
+    last_use: float
+    problem: str | None
+
+
+def _read_atime(path: Path) -> float | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) != 8:
+        return None
+    return int.from_bytes(data, "little") / 1e9
+
+
+def scan(folder: Path) -> list[JaxEntry]:
+    """All entries in a JAX cache folder (missing folder: none). Never raises for races:
+    a file that disappears while scanning is skipped."""
+    halves: dict[str, dict[str, tuple[Path, os.stat_result]]] = {}
+    names: dict[str, str] = {}
+    try:
+        listing = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for item in listing:
+        match = _FILE_RE.match(item.name)
+        if not match:
+            continue
+        try:
+            info = item.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        key = match["key"]
+        halves.setdefault(key, {})[match["suffix"]] = (Path(item.path), info)
+        names[key] = match["name"]
+    capped = any("atime" in parts for parts in halves.values())
+    entries = []
+    for key, parts in halves.items():
+        cache = parts.get("cache")
+        atime = parts.get("atime")
+        last_use = max((info.st_mtime for _p, info in parts.values()), default=0.0)
+        if atime is not None:
+            last_use = max(last_use, _read_atime(atime[0]) or 0.0)
+        problem = None
+        if cache is None:
+            problem = "-atime without -cache"
+        elif cache[1].st_size == 0:
+            problem = "empty -cache file (written while the disk was full)"
+        elif capped and atime is None:
+            # With a size cap, JAX reads every -atime while evicting: a lone -cache breaks writes.
+            problem = "-cache without -atime in a size-capped cache"
+        entries.append(JaxEntry(
+            key=key, name=names[key],
+            cache_path=cache[0] if cache else None, atime_path=atime[0] if atime else None,
+            size=sum(info.st_size for _p, info in parts.values()),
+            last_use=last_use, problem=problem,
+        ))
+    return entries
+
+
+def remove(folder: Path, entry: JaxEntry) -> None:
+    """Delete one entry as a whole: ``-cache`` first, then ``-atime``.
+
+    In that order a crash between the two leaves only a lone ``-atime``, which JAX ignores
+    and the next prune removes; the reverse would leave a lone ``-cache`` that breaks every
+    later write of a size-capped cache. When the cache has JAX's ``.lockfile``, the removal
+    holds it, so a capped reader never sees half an entry.
+
+    Raises:
+        OSError: a file could not be removed (other than already being gone).
+    """
+    lock_path = folder / ".lockfile"
+    lock = None
+    if lock_path.exists():
+        import filelock
+
+        lock = filelock.FileLock(str(lock_path), timeout=30)
+        lock.acquire()
+    try:
+        for path in (entry.cache_path, entry.atime_path):
+            if path is not None:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+    finally:
+        if lock is not None:
+            lock.release()

@@ -1,0 +1,65 @@
+"""The Snakemake profile: installing it, and the export it runs when Snakemake starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from gpu_cache.errors import UsageError
+
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+#: Profiles shipped in a checkout (profiles/ beside scripts/).
+SHIPPED = PACKAGE_PARENT.parent / "profiles"
+#: The line of the profile that install-profile fills with this package's location.
+SCRIPTS_LINE = 'gpu_cache_scripts = ""'
+
+
+def export_from_profile() -> None:
+    """Export the cache environment into this (Snakemake's) process, for every job it runs.
+
+    Called by the profile's ``__definitions__``. The root comes from ``$GPU_CACHE_ROOT`` or
+    the default; a problem warns and never stops Snakemake from starting.
+    """
+    from gpu_cache import env
+    from gpu_cache.settings import settings_from
+
+    try:
+        env.export(settings_from({}))
+    except Exception as exc:  # a profile that raises stops snakemake with an obscure message
+        print(f"gpu-cache: warning: cache environment not exported ({exc})", file=sys.stderr)
+
+
+def default_profile_dir() -> Path:
+    """Where Snakemake looks for ``--profile gpu-cache``: ``$XDG_CONFIG_HOME/snakemake/gpu-cache``."""
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "snakemake" / "gpu-cache"
+
+
+def install_profile(name: str = "gpu-cache", target: Path | None = None, force: bool = False) -> Path:
+    """Copy a shipped profile to ``target`` and point it at this package.
+
+    Raises:
+        UsageError: the profile is unknown, or the target exists (without ``force``).
+    """
+    source = SHIPPED / name
+    if not (source / "config.yaml").is_file():
+        known = sorted(p.name for p in SHIPPED.iterdir()) if SHIPPED.is_dir() else []
+        raise UsageError(f"no shipped profile {name!r}; shipped profiles: {', '.join(known) or 'none'}")
+    target = target or default_profile_dir().with_name(name)
+    if target.exists() and not force:
+        if (target / "config.yaml").read_text() == _filled(source):
+            return target
+        raise UsageError(f"{target} exists and differs; pass --force to replace it")
+    target.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file():
+            shutil.copy2(item, target / item.name)
+    (target / "config.yaml").write_text(_filled(source))
+    return target
+
+
+def _filled(source: Path) -> str:
+    text = (source / "config.yaml").read_text()
+    return text.replace(SCRIPTS_LINE, f"gpu_cache_scripts = {str(PACKAGE_PARENT)!r}", 1)

@@ -1,0 +1,165 @@
+"""Configuration: the JSON schema, its defaults, and the cache root.
+
+One schema (``workflow/schemas/config.schema.yaml``) serves the workflow (through
+Snakemake's ``validate``) and the CLI (here), so both accept exactly the same keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from gpu_cache.errors import UsageError
+from gpu_cache.units import parse_age, parse_size
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+#: Values of a cache root that turn caching off.
+OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
+#: The cache kinds gpu-cache exports, each in a subfolder of the cache root.
+KINDS = ("jax", "triton", "inductor", "cuda")
+
+
+def load_schema() -> dict[str, Any]:
+    """The config schema as a dict."""
+    with SCHEMA_PATH.open() as stream:
+        return yaml.safe_load(stream)
+
+
+def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Return ``value`` with each missing key that the schema gives a default filled in."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    filled = dict(value)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in filled and "default" in sub:
+            filled[key] = json.loads(json.dumps(sub["default"]))
+        if key in filled:
+            filled[key] = _fill_defaults(sub, filled[key])
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in filled:
+            if key not in schema.get("properties", {}):
+                filled[key] = _fill_defaults(extra, filled[key])
+    return filled
+
+
+def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check ``config`` against the schema and return it with defaults filled in.
+
+    Raises:
+        UsageError: a key is unknown or a value has the wrong type; the message names the key.
+    """
+    import jsonschema  # deferred: only config-reading commands pay for it
+
+    config = dict(config or {})
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise UsageError(f"config key {where}: {error.message}")
+    filled = _fill_defaults(schema, config)
+    # Values the schema cannot check: sizes and ages must parse.
+    checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
+              ("prune.max_age", parse_age, filled["prune"]["max_age"])]
+    checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
+               for name, workload in filled["workloads"].items()]
+    for key, parse, value in checks:
+        try:
+            parse(value)
+        except UsageError as exc:
+            raise UsageError(f"config key {key}: {exc}") from None
+    return filled
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a YAML or JSON config file.
+
+    Raises:
+        UsageError: the file cannot be read, is not YAML, or does not match the schema.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return validate_config(data)
+
+
+def resolve_cache_root(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path | None:
+    """The absolute cache root, or None when caching is turned off.
+
+    ``explicit`` (from ``--cache-root`` or the config) wins; else ``$GPU_CACHE_ROOT``; else
+    ``$XDG_CACHE_HOME/gpu-cache``; else ``~/.cache/gpu-cache``. A value in
+    :data:`OFF_WORDS` turns caching off. ``~`` is expanded and a relative path is made
+    absolute against the current directory, since each job has its own cwd.
+    """
+    environ = os.environ if environ is None else environ
+    if explicit is None:
+        explicit = environ.get("GPU_CACHE_ROOT")
+    if explicit is None:
+        xdg = environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg else Path(environ.get("HOME") or Path.home()) / ".cache"
+        explicit = str(base / "gpu-cache")
+    if explicit.strip().lower() in OFF_WORDS:
+        return None
+    home = environ.get("HOME")
+    if explicit.startswith("~") and home:
+        explicit = home + explicit[1:]
+    return Path(os.path.abspath(os.path.expanduser(explicit)))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the CLI commands need, resolved from config, flags and environment."""
+
+    cache_root: Path | None
+    xla_caches: str = "none"
+    stats_hook: bool = True
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def kind_dir(self, kind: str) -> Path:
+        """Folder of one cache kind under the root.
+
+        Raises:
+            UsageError: caching is turned off or the kind is unknown.
+        """
+        if kind not in KINDS:
+            raise UsageError(f"unknown cache kind {kind!r}; known kinds: {', '.join(KINDS)}")
+        if self.cache_root is None:
+            raise UsageError("caching is turned off (cache root is 'none'); set --cache-root")
+        return self.cache_root / kind
+
+
+def settings_from(
+    config: Mapping[str, Any] | None = None,
+    cache_root: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment.
+
+    Raises:
+        UsageError: the config does not match the schema.
+    """
+    filled = validate_config(config)
+    root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
+    return Settings(
+        cache_root=root,
+        xla_caches=filled["xla_caches"],
+        stats_hook=filled["stats_hook"],
+        config=filled,
+    )

@@ -1,0 +1,85 @@
+"""Statistics: what each cache holds, and how the recorded jobs used it."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from gpu_cache import entries, records
+from gpu_cache.settings import Settings
+from gpu_cache.units import format_age, format_size
+
+TOP = 10
+
+
+def cache_stats(settings: Settings) -> dict[str, Any]:
+    """Entries, bytes, oldest and newest use per kind, top entries by size and by function,
+    and hit/miss totals per rule and GPU type from the stats hook's records."""
+    root = settings.cache_root
+    out: dict[str, Any] = {"cache_root": str(root) if root else None, "kinds": {}, "usage": {}}
+    if root is None:
+        return out
+    now = time.time()
+    for kind in entries.PRUNABLE_KINDS:
+        found = entries.scan(kind, root / kind)
+        by_function: Counter[str] = Counter()
+        bytes_by_function: Counter[str] = Counter()
+        for entry in found:
+            by_function[entry.name] += 1
+            bytes_by_function[entry.name] += entry.size
+        uses = [e.last_use for e in found]
+        out["kinds"][kind] = {
+            "path": str(root / kind),
+            "entries": len(found),
+            "bytes": sum(e.size for e in found),
+            "broken": sum(1 for e in found if e.problem),
+            "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
+            "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
+            "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
+                            for e in sorted(found, key=lambda e: -e.size)[:TOP]],
+            "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
+                            for name, count in by_function.most_common(TOP)],
+        }
+    usage: dict[str, dict[str, dict[str, float]]] = {"by_rule": defaultdict(Counter),
+                                                     "by_gpu_type": defaultdict(Counter)}
+    for record in records.read(records.records_dir(root)):
+        for kind in ("jax", "triton"):
+            part = record.get(kind)
+            if not isinstance(part, dict):
+                continue
+            for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
+                bucket = usage[axis][f"{value or '-'}"]
+                bucket[f"{kind}_hits"] += int(part.get("hits", 0))
+                bucket[f"{kind}_misses"] += int(part.get("misses", 0))
+                bucket["saved_seconds"] += float(part.get("saved_seconds", 0.0))
+                bucket["processes"] += 1
+    out["usage"] = {axis: {k: dict(v) for k, v in groups.items()} for axis, groups in usage.items()}
+    return out
+
+
+def render(stats: dict[str, Any]) -> str:
+    """The human-readable form of :func:`cache_stats`."""
+    if stats["cache_root"] is None:
+        return "caching is turned off (cache root 'none')\n"
+    lines = [f"cache root: {stats['cache_root']}"]
+    for kind, info in stats["kinds"].items():
+        ages = ""
+        if info["entries"]:
+            ages = (f", last used {format_age(info['newest_use_age_seconds'])} to "
+                    f"{format_age(info['oldest_use_age_seconds'])} ago")
+        broken = f", {info['broken']} broken" if info["broken"] else ""
+        lines.append(f"{kind:>7}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
+        for row in info["by_function"][:5]:
+            lines.append(f"         {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
+    for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type")):
+        groups = stats["usage"].get(axis) or {}
+        if groups:
+            lines.append(f"by {title}:")
+            for name, c in sorted(groups.items()):
+                hits = c.get("jax_hits", 0) + c.get("triton_hits", 0)
+                misses = c.get("jax_misses", 0) + c.get("triton_misses", 0)
+                rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
+                lines.append(f"  {name}: {int(hits)} hits, {int(misses)} misses ({rate} hit rate), "
+                             f"{c.get('saved_seconds', 0.0):.1f} s saved, {int(c.get('processes', 0))} processes")
+    return "\n".join(lines) + "\n"

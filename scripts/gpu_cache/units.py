@@ -1,0 +1,78 @@
+"""Sizes (``10G``) and ages (``30d``) as users write them, and back."""
+
+from __future__ import annotations
+
+import re
+
+from gpu_cache.errors import UsageError
+
+# Binary multiples: "10G" means 10 GiB, as du -h and SLURM's --mem read it.
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:i?B)?\s*$", re.IGNORECASE)
+_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size like ``10G``, ``500M``, ``1.5T``, ``4096`` or ``20GiB``.
+
+    Raises:
+        UsageError: the text is not a non-negative size with a known unit.
+    """
+    if isinstance(text, bool):
+        raise UsageError(f"size {text!r} is not a size; write it like 10G, 500M or 4096")
+    if isinstance(text, int):
+        if text < 0:
+            raise UsageError(f"size {text} is negative; write it like 10G, 500M or 4096")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise UsageError(
+            f"size {text!r} is not understood; write a number with one of the units "
+            "K, M, G, T (binary), e.g. 10G or 500M"
+        )
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.upper()])
+
+
+def parse_age(text: str | int) -> float:
+    """Seconds in an age like ``30d``, ``12h``, ``15m``, ``90s``, ``2w`` or a plain number of seconds.
+
+    Raises:
+        UsageError: the text is not a non-negative age with a known unit.
+    """
+    if isinstance(text, bool):
+        raise UsageError(f"age {text!r} is not an age; write it like 30d, 12h or 15m")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise UsageError(f"age {text} is negative; write it like 30d, 12h or 15m")
+        return float(text)
+    match = _AGE_RE.match(str(text))
+    if not match:
+        raise UsageError(
+            f"age {text!r} is not understood; write a number with one of the units "
+            "s, m, h, d, w, e.g. 30d or 12h"
+        )
+    number, unit = match.groups()
+    return float(number) * _AGE_UNITS[unit or "s"]
+
+
+def format_size(n_bytes: float) -> str:
+    """A short human size: ``0 B``, ``512 B``, ``1.5 KiB``, ``10.0 GiB``."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_age(seconds: float) -> str:
+    """A short human age: ``45s``, ``12m``, ``3.5h``, ``2.0d``."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

@@ -1,0 +1,102 @@
+"""Built-in workload ``jax-transformer``: a few pre-norm transformer layers, forward and gradient.
+
+``python -m gpu_cache.workloads.jax_transformer --shape 64`` compiles and runs one training
+step (``value_and_grad`` of a loss over the layers) for sequence length 64 and prints one
+JSON line. Its compiled programs depend only on the shape, so a second process with the
+same cache must hit every one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+LAYERS = 4
+D_MODEL = 128
+HEADS = 4
+D_FF = 4 * D_MODEL
+VOCAB = 512
+BATCH = 2
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="jax-transformer", description=__doc__)
+    parser.add_argument("--shape", required=True, help="sequence length, a positive integer")
+    args = parser.parse_args(argv)
+    try:
+        args.shape = int(args.shape)
+        if args.shape <= 0:
+            raise ValueError
+    except ValueError:
+        parser.exit(2, f"jax-transformer: error: --shape must be a positive integer, not {args.shape!r}\n")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    started = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+
+    def init(key):
+        keys = jax.random.split(key, 2 + 4 * LAYERS)
+        scale = D_MODEL ** -0.5
+        params = {"embed": jax.random.normal(keys[0], (VOCAB, D_MODEL)) * scale, "layers": []}
+        for i in range(LAYERS):
+            k = keys[2 + 4 * i: 6 + 4 * i]
+            params["layers"].append({
+                "qkv": jax.random.normal(k[0], (D_MODEL, 3 * D_MODEL)) * scale,
+                "out": jax.random.normal(k[1], (D_MODEL, D_MODEL)) * scale,
+                "up": jax.random.normal(k[2], (D_MODEL, D_FF)) * scale,
+                "down": jax.random.normal(k[3], (D_FF, D_MODEL)) * D_FF ** -0.5,
+                "ln1": jnp.ones(D_MODEL), "ln2": jnp.ones(D_MODEL),
+            })
+        return params
+
+    def layer_norm(x, gain):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return gain * (x - mean) * jax.lax.rsqrt(var + 1e-5)
+
+    def attention(x, layer):
+        batch, seq, _ = x.shape
+        q, k, v = jnp.split(x @ layer["qkv"], 3, axis=-1)
+        heads = lambda t: t.reshape(batch, seq, HEADS, D_MODEL // HEADS).transpose(0, 2, 1, 3)
+        q, k, v = heads(q), heads(k), heads(v)
+        scores = q @ k.transpose(0, 1, 3, 2) / (D_MODEL // HEADS) ** 0.5
+        mask = jnp.tril(jnp.ones((seq, seq), bool))
+        weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+        return (weights @ v).transpose(0, 2, 1, 3).reshape(batch, seq, D_MODEL) @ layer["out"]
+
+    def loss(params, tokens):
+        x = params["embed"][tokens]
+        for layer in params["layers"]:
+            x = x + attention(layer_norm(x, layer["ln1"]), layer)
+            x = x + jax.nn.gelu(layer_norm(x, layer["ln2"]) @ layer["up"]) @ layer["down"]
+        logits = x @ params["embed"].T
+        targets = jnp.roll(tokens, -1, axis=1)
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+    step = jax.jit(jax.value_and_grad(loss))
+    params = jax.jit(init)(jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (BATCH, args.shape), 0, VOCAB)
+    first = time.perf_counter()
+    value, grads = step(params, tokens)
+    value.block_until_ready()
+    first_call = time.perf_counter() - first
+    if not bool(jnp.isfinite(value)):
+        print(f"jax-transformer: error: loss is not finite ({value})", file=sys.stderr)
+        return 1
+    print(json.dumps({
+        "workload": "jax-transformer", "shape": args.shape, "loss": round(float(value), 4),
+        "device": str(jax.devices()[0].device_kind), "first_call_seconds": round(first_call, 3),
+        "seconds": round(time.perf_counter() - started, 3),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

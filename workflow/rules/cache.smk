@@ -1,0 +1,85 @@
+# The cache rules, in pipeline order: preflight, warm, validate, prune (last), report.
+# Each calls the gpu_cache CLI; all logic lives in the package.
+
+
+rule preflight_cache:
+    output:
+        report="results/gpu-cache/preflight.json",
+    log:
+        "logs/gpu-cache/preflight.log",
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+    conda:
+        "../envs/gpu-cache.yaml"
+    shell:
+        "{params.cli} doctor --config-json {params.config:q} --no-fail --output {output.report} > {log} 2>&1"
+
+
+rule warm_cache:
+    input:
+        preflight="results/gpu-cache/preflight.json",
+    output:
+        report="results/gpu-cache/warm/{gpu_type}.json",
+    log:
+        "logs/gpu-cache/warm/{gpu_type}.log",
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+    conda:
+        "../envs/gpu-cache.yaml"
+    shell:
+        "{params.cli} warm --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
+        " --output {output.report} --log {log}"
+
+
+rule validate_cache:
+    input:
+        warm="results/gpu-cache/warm/{gpu_type}.json",
+    output:
+        report="results/gpu-cache/validate/{gpu_type}.json",
+    log:
+        "logs/gpu-cache/validate/{gpu_type}.log",
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+    conda:
+        "../envs/gpu-cache.yaml"
+    shell:
+        "{params.cli} validate --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
+        " --output {output.report} --log {log}"
+
+
+# A checkpoint whose inputs are everything else, so it runs last; a host overrides its
+# input with its own final outputs (`use rule prune_cache ... with: input: ...`).
+checkpoint prune_cache:
+    input:
+        validations=gpu_cache_validations(),
+    output:
+        report="results/gpu-cache/prune.json",
+    log:
+        "logs/gpu-cache/prune.log",
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+    conda:
+        "../envs/gpu-cache.yaml"
+    shell:
+        "{params.cli} prune --config-json {params.config:q} --output {output.report} 2> {log}"
+
+
+rule cache_report:
+    input:
+        validations=gpu_cache_validations(),
+        prune=gpu_cache_pruned,
+    output:
+        summary="results/gpu-cache/summary.txt",
+    log:
+        "logs/gpu-cache/summary.log",
+    params:
+        cli=gpu_cache_cli,
+    conda:
+        "../envs/gpu-cache.yaml"
+    shell:
+        "{params.cli} summary --validate {input.validations} --prune {input.prune}"
+        " --output {output.summary} 2> {log}"

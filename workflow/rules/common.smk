@@ -1,0 +1,71 @@
+# Config validation, the cache environment, and the helpers the rules use.
+
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+# The package lives in the checkout's scripts/ folder: importable without installation.
+GPU_CACHE_SCRIPTS = Path(workflow.current_basedir).parent.parent / "scripts"
+if str(GPU_CACHE_SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(GPU_CACHE_SCRIPTS))
+
+from gpu_cache import env as gpu_cache_env
+from gpu_cache.errors import UsageError as GpuCacheUsageError
+from gpu_cache.settings import settings_from as gpu_cache_settings_from
+from gpu_cache.targets import gpu_types as gpu_cache_gpu_types
+
+validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
+try:
+    GPU_CACHE_SETTINGS = gpu_cache_settings_from(config)
+except GpuCacheUsageError as error:
+    raise ValueError(f"gpu-cache config: {error}") from None
+
+# Export at parse time: reaches every job of this workflow (and, as a module, of the host),
+# local or remote, even without the gpu-cache profile. A value the user set wins.
+gpu_cache_env.export(GPU_CACHE_SETTINGS)
+
+GPU_CACHE_TYPES = gpu_cache_gpu_types(GPU_CACHE_SETTINGS)
+GPU_CACHE_CONFIG_JSON = json.dumps(GPU_CACHE_SETTINGS.config, sort_keys=True)
+
+
+wildcard_constraints:
+    gpu_type="|".join(re.escape(name) for name in GPU_CACHE_TYPES),
+
+
+def gpu_cache_cli(wildcards=None):
+    """The gpu-cache command, runnable from any job without installing the package."""
+    python = GPU_CACHE_SETTINGS.config.get("python") or sys.executable
+    scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
+    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m gpu_cache"
+
+
+def gpu_cache_config(wildcards=None):
+    """The validated config, passed to the CLI (module variables cannot be used in shell:)."""
+    return GPU_CACHE_CONFIG_JSON
+
+
+def gpu_cache_validation(gpu_type):
+    """The validation verdict of one GPU type: make a GPU rule depend on it."""
+    return f"results/gpu-cache/validate/{gpu_type}.json"
+
+
+def gpu_cache_validations():
+    """The validation verdicts of every configured GPU type."""
+    return [gpu_cache_validation(name) for name in GPU_CACHE_TYPES]
+
+
+def gpu_cache_summary():
+    """The end-of-run summary: requesting it runs everything, pruning included."""
+    return "results/gpu-cache/summary.txt"
+
+
+def gpu_cache_pruned(wildcards):
+    """prune.json, once the prune checkpoint has run."""
+    return checkpoints.prune_cache.get().output.report
