@@ -22,8 +22,10 @@ _FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))-(?P<suffix
 class JaxEntry:
     """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
 
-    ``problem`` says why it is broken (then pruning removes it whatever its age):
-    an empty ``-cache`` file (a full disk), or one half of a pair without the other.
+    ``problem`` says why it is broken (then pruning removes it whatever its age): an empty
+    ``-cache`` file (a full disk) or an ``-atime`` without its ``-cache``. ``needs_atime``
+    marks a ``-cache`` without ``-atime`` in a size-capped cache: JAX reads every ``-atime``
+    when it evicts, so such an entry makes every later write fail until it is repaired.
     """
 
     key: str
@@ -33,6 +35,7 @@ class JaxEntry:
     size: int
     last_use: float
     problem: str | None
+    needs_atime: bool = False
 
 
 def _read_atime(path: Path) -> float | None:
@@ -65,7 +68,8 @@ def scan(folder: Path) -> list[JaxEntry]:
         key = match["key"]
         halves.setdefault(key, {})[match["suffix"]] = (Path(item.path), info)
         names[key] = match["name"]
-    capped = any("atime" in parts for parts in halves.values())
+    # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
+    capped = (folder / ".lockfile").exists() or any(len(parts) == 2 for parts in halves.values())
     entries = []
     for key, parts in halves.items():
         cache = parts.get("cache")
@@ -78,16 +82,27 @@ def scan(folder: Path) -> list[JaxEntry]:
             problem = "-atime without -cache"
         elif cache[1].st_size == 0:
             problem = "empty -cache file (written while the disk was full)"
-        elif capped and atime is None:
-            # With a size cap, JAX reads every -atime while evicting: a lone -cache breaks writes.
-            problem = "-cache without -atime in a size-capped cache"
         entries.append(JaxEntry(
             key=key, name=names[key],
             cache_path=cache[0] if cache else None, atime_path=atime[0] if atime else None,
             size=sum(info.st_size for _p, info in parts.values()),
             last_use=last_use, problem=problem,
+            needs_atime=capped and cache is not None and atime is None and problem is None,
         ))
     return entries
+
+
+def write_atime(folder: Path, entry: JaxEntry) -> None:
+    """Give a lone ``-cache`` its ``-atime`` (its last use), so a capped JAX can evict again.
+
+    Raises:
+        OSError: the sidecar cannot be written.
+    """
+    path = folder / f"{entry.key}{ATIME_SUFFIX}"
+    temp = folder / f".{entry.key}{ATIME_SUFFIX}.tmp"
+    temp.write_bytes(int(entry.last_use * 1e9).to_bytes(8, "little"))
+    os.replace(temp, path)
+    entry.atime_path = path
 
 
 def remove(folder: Path, entry: JaxEntry) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_cache import entries as entries_mod
+from gpu_cache import jax_cache
 from gpu_cache.errors import UsageError
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_size
@@ -26,6 +27,7 @@ class KindReport:
     bytes_removed: int = 0
     bytes_after: int = 0
     dry_run: bool = False
+    repaired: int = 0
     removed: list[dict[str, object]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -61,6 +63,14 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     found = entries_mod.scan(kind, folder, grace_seconds)
     report = KindReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                         dry_run=dry_run)
+    if kind == "jax" and not dry_run:
+        for entry in found:
+            if entry.source.needs_atime:
+                try:
+                    jax_cache.write_atime(folder, entry.source)
+                    report.repaired += 1
+                except OSError as exc:
+                    report.errors.append(f"{entry.key}: cannot write its -atime: {exc.strerror or exc}")
     for entry, reason in plan(found, max_size, max_age, now):
         if not dry_run:
             try:

@@ -1,0 +1,169 @@
+"""Pruning real JAX caches: LRU order, max age, whole pairs, dry runs, repairs, the CLI."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import clean_environ, read_json, run_cli
+
+from gpu_cache import jax_cache
+from gpu_cache.prune import prune
+from gpu_cache.settings import settings_from
+
+FILL = """
+import jax, jax.numpy as jnp, numpy as np
+for i in range({start}, {start} + {n}):
+    jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones({size}, np.float32)).block_until_ready()
+"""
+
+
+def fill_jax_cache(folder: Path, n: int = 4, size: int = 64, max_size: int | None = None,
+                   start: int = 0) -> list:
+    """Compile ``n`` distinct real programs into a JAX cache folder; return its entries."""
+    before = len(jax_cache.scan(folder))
+    env = clean_environ(JAX_COMPILATION_CACHE_DIR=str(folder), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                        JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none")
+    if max_size is not None:
+        env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(max_size)
+    subprocess.run([sys.executable, "-c", FILL.format(n=n, size=size, start=start)], env=env, check=True)
+    entries = jax_cache.scan(folder)
+    assert len(entries) == before + n, "each program must make exactly one entry"
+    return entries
+
+
+def age_entries(entries, start_days_ago: float) -> dict[str, float]:
+    """Give each entry a distinct last use, oldest first; returns key -> last use."""
+    now = time.time()
+    uses = {}
+    for i, entry in enumerate(sorted(entries, key=lambda e: e.key)):
+        when = now - (start_days_ago - i) * 86400
+        os.utime(entry.cache_path, (when, when))
+        uses[entry.key] = when
+    return uses
+
+
+@pytest.fixture(scope="module")
+def template_cache(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("template") / "jax"
+    fill_jax_cache(folder, n=4)
+    return folder
+
+
+@pytest.fixture
+def root(tmp_path, template_cache):
+    import shutil
+
+    shutil.copytree(template_cache, tmp_path / "root" / "jax")
+    return tmp_path / "root"
+
+
+def test_least_recently_used_go_first_until_under_the_cap(root):
+    entries = jax_cache.scan(root / "jax")
+    uses = age_entries(entries, start_days_ago=10)
+    sizes = {e.key: e.size for e in entries}
+    by_use = sorted(uses, key=uses.get)
+    cap = sum(sizes.values()) - sizes[by_use[0]] - 1  # forces out the two oldest
+    report = prune(settings_from({}, cache_root=str(root)), max_size=cap, max_age=1e9, dry_run=False)
+    removed = [r["key"] for r in report["jax"]["removed"]]
+    assert removed == by_use[:2]
+    left = {e.key for e in jax_cache.scan(root / "jax")}
+    assert left == set(by_use[2:])
+    assert report["jax"]["bytes_after"] == sum(sizes[k] for k in left) <= cap
+
+
+def test_entries_unused_longer_than_max_age_go(root):
+    entries = jax_cache.scan(root / "jax")
+    uses = age_entries(entries, start_days_ago=40)  # 40, 39, 38, 37 days ago
+    report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=38.5 * 86400,
+                   dry_run=False)
+    assert report["jax"]["entries_removed"] == 2
+    assert all(r["reason"] == "unused longer than max_age" for r in report["jax"]["removed"])
+    assert len(jax_cache.scan(root / "jax")) == 2
+
+
+def test_dry_run_deletes_nothing_and_reports_the_same(root):
+    before = sorted(p.name for p in (root / "jax").iterdir())
+    settings = settings_from({}, cache_root=str(root))
+    dry = prune(settings, max_size=0, max_age=1e9, dry_run=True)
+    assert sorted(p.name for p in (root / "jax").iterdir()) == before
+    assert dry["jax"]["dry_run"] is True and dry["jax"]["entries_removed"] == 4
+    real = prune(settings, max_size=0, max_age=1e9, dry_run=False)
+    assert real["jax"]["entries_removed"] == dry["jax"]["entries_removed"]
+    assert real["jax"]["bytes_removed"] == dry["jax"]["bytes_removed"]
+
+
+def test_capped_cache_loses_whole_pairs_and_keeps_working(tmp_path):
+    folder = tmp_path / "jax"
+    entries = fill_jax_cache(folder, n=4, max_size=1 << 30)
+    assert all(e.atime_path is not None for e in entries), "a capped cache has -atime sidecars"
+    age_entries(entries, start_days_ago=5)
+    prune(settings_from({}, cache_root=str(tmp_path)), max_size=0, max_age=1e9, dry_run=False)
+    assert not any(folder.glob("*-cache")) and not any(folder.glob("*-atime"))
+    # JAX reads every -atime when it evicts: a half-deleted pair would make this write fail.
+    again = fill_jax_cache(folder, n=2, max_size=1 << 30, start=10)
+    assert len(again) == 2 and all(e.problem is None for e in again)
+
+
+def test_atime_sidecar_counts_as_last_use(tmp_path):
+    folder = tmp_path / "jax"
+    entries = fill_jax_cache(folder, n=2, max_size=1 << 30)
+    old = time.time() - 100 * 86400
+    for entry in entries:
+        entry.atime_path.write_bytes(int(old * 1e9).to_bytes(8, "little"))
+        for path in (entry.cache_path, entry.atime_path):
+            os.utime(path, (old, old))
+    fresh = sorted(entries, key=lambda e: e.key)[0]
+    fresh.atime_path.write_bytes(time.time_ns().to_bytes(8, "little"))
+    os.utime(fresh.atime_path, (old, old))  # only the recorded time says "used now"
+    report = prune(settings_from({}, cache_root=str(tmp_path)), max_size=1 << 40, max_age=30 * 86400,
+                   dry_run=False)
+    assert [r["key"] for r in report["jax"]["removed"]] == [sorted(e.key for e in entries)[1]]
+
+
+def test_broken_entries_are_repaired(root):
+    folder = root / "jax"
+    victim = jax_cache.scan(folder)[0]
+    victim.cache_path.write_bytes(b"")  # what a full disk leaves behind
+    orphan = folder / ("jit_gone-" + "0" * 64 + "-atime")
+    orphan.write_bytes(time.time_ns().to_bytes(8, "little"))
+    report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=1e9, dry_run=False)
+    reasons = {r["key"]: r["reason"] for r in report["jax"]["removed"]}
+    assert "empty -cache" in reasons[victim.key]
+    assert "without -cache" in reasons[orphan.name.removesuffix("-atime")]
+    assert len(jax_cache.scan(folder)) == 3
+
+
+def test_prune_cli_writes_the_report(root, tmp_path):
+    out = tmp_path / "prune.json"
+    result = run_cli("prune", "--cache-root", str(root), "--max-size", "0", "--dry-run", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    report = read_json(out)
+    for kind in ("jax", "triton"):
+        for field in ("entries_before", "bytes_before", "entries_removed", "bytes_removed",
+                      "bytes_after", "dry_run"):
+            assert field in report[kind]
+    assert report["jax"]["entries_before"] == 4 and report["jax"]["dry_run"] is True
+    assert len(list((root / "jax").glob("*-cache"))) == 4
+
+
+def test_prune_of_a_missing_root_touches_nothing(tmp_path):
+    result = run_cli("prune", "--cache-root", str(tmp_path / "absent"), "--json")
+    assert result.returncode == 0
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_lone_cache_file_in_a_capped_cache_gets_its_atime_back(tmp_path):
+    folder = tmp_path / "jax"
+    entries = fill_jax_cache(folder, n=2, max_size=1 << 30)
+    lone = entries[0]
+    lone.atime_path.unlink()  # what a pruner that deletes -atime alone leaves behind
+    report = prune(settings_from({}, cache_root=str(tmp_path)), max_size=1 << 40, max_age=1e9, dry_run=False)
+    assert report["jax"]["repaired"] == 1 and report["jax"]["entries_removed"] == 0
+    assert (folder / f"{lone.key}-atime").exists()
+    # A capped JAX evicts again, reading every -atime: this write must work.
+    more = fill_jax_cache(folder, n=3, max_size=1 << 30, start=10)
+    assert all(e.atime_path is not None for e in more)
