@@ -1,0 +1,1 @@
+"""Built-in workloads that gpu-cache runs to warm and validate compile caches."""
