@@ -187,9 +187,9 @@ def _kernel_problems(path: Path, manifest: str, names: set[str]) -> tuple[bool, 
             problems.append(f"missing child {child_name}")
     if f"{kernel}.json" not in children:
         problems.append(f"{manifest} does not list {kernel}.json")
+    complete = not problems
     if outside:
         problems.append("manifest names paths outside this entry (copied or moved cache)")
-    complete = not [p for p in problems if not p.startswith("manifest names paths outside")]
     return complete, outside, problems
 
 
