@@ -1,0 +1,395 @@
+"""Inventory and safe removal for a Triton kernel cache directory (``TRITON_CACHE_DIR``).
+
+Pure standard library. The layout, as written by Triton's ``FileCacheManager``
+(``triton/runtime/cache.py``, the same in triton 3.6 and 3.9):
+
+* ``<dir>/<key>/`` where ``<key>`` is the base32 of a SHA-256 digest without ``=`` padding,
+  always 52 characters of ``A-Z2-7``.
+* A compiled kernel's key directory holds ``<kernel>.{source,ttir,ttgir,llir,ptx,cubin,json}``
+  and the group manifest ``__grp__<kernel>.json`` = ``{"child_paths": {file name: absolute path}}``,
+  written last. A hit needs the manifest and (triton 3.9) every child path to exist; triton 3.6
+  only needs the ``<kernel>.json`` child, and then fails on the missing ones.
+* Every file is written into ``<dir>/<key>/tmp.pid_<pid>_<uuid4>/`` and moved in with
+  ``os.replace``; a writer killed in between leaves that temp directory behind.
+* Other key directories hold no manifest: gcc-built helper modules (``cuda_utils<EXT_SUFFIX>``, and
+  on triton <= 3.6 ``__triton_launcher<EXT_SUFFIX>``), or autotuning results
+  (``<kernel>.autotune.json``).
+
+Removal (:func:`remove_entry`) renames a key directory into :data:`TRASH_DIR_NAME` inside the cache
+directory (one atomic rename on the same filesystem) and deletes it there, so a reader sees the
+whole group or nothing, never a group with some children gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEY_RE = re.compile(r"^[A-Z2-7]{52}$")
+"""A Triton cache key directory name: base32 of a SHA-256 digest, padding stripped."""
+
+TEMP_RE = re.compile(r"^tmp\.pid_(\d+)_([0-9a-f-]{36})$")
+"""A writer's temp directory inside a key directory (``tmp.pid_<pid>_<uuid4>``)."""
+
+GROUP_PREFIX = "__grp__"
+TRASH_DIR_NAME = ".gpu-cache-trash"
+"""Where removed entries go before deletion: it has a dot, lower case and dashes, none of which a
+base32 key can contain, so Triton never looks it up as a key."""
+
+KIND_KERNEL = "kernel"
+KIND_MODULE = "module"
+KIND_AUTOTUNE = "autotune"
+KIND_EMPTY = "empty"
+KIND_UNKNOWN = "unknown"
+
+
+class TritonCacheError(Exception):
+    """A cache directory or entry cannot be scanned or removed as asked."""
+
+
+@dataclass(frozen=True)
+class TempDir:
+    """A ``tmp.pid_<pid>_<uuid>`` directory left inside a key directory.
+
+    A live writer's temp directory exists only for the moment of one file write; one that is
+    older than a few seconds was left by a killed writer (stale).
+    """
+
+    path: Path
+    key: str
+    pid: int | None
+    age_seconds: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TritonEntry:
+    """One key directory of the cache.
+
+    Attributes:
+        key: the key directory's name.
+        path: its path.
+        kind: ``kernel`` (a compiled kernel group, or the remains of one), ``module`` (a gcc-built
+            helper module such as ``cuda_utils`` or ``__triton_launcher``), ``autotune``
+            (autotuning results), ``empty`` or ``unknown``.
+        kernel: the kernel name, from ``__grp__<kernel>.json`` (or from the file names when the
+            manifest is missing); for a module, its name (``cuda_utils``); else ``None``.
+        bytes: total size of the regular files in it, temp directories included.
+        files: number of regular files in it, temp directories included.
+        mtime: newest modification time of it and its files (seconds since the epoch).
+        complete: for a kernel, the manifest is valid JSON with ``child_paths``, names the
+            ``<kernel>.json`` metadata, and every child it names exists in this directory; for a
+            module or autotune entry, its file is there and not empty; ``False`` for empty and
+            unknown entries.
+        points_outside: the manifest names at least one child path outside this key directory
+            (e.g. a cache copied from another path: Triton then reads the old location's files, or
+            misses once they are gone).
+        problems: human-readable reasons why the entry is incomplete or suspect.
+    """
+
+    key: str
+    path: Path
+    kind: str
+    kernel: str | None
+    bytes: int
+    files: int
+    mtime: float
+    complete: bool
+    points_outside: bool
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OtherPath:
+    """A top-level path of the cache directory that is not a key directory.
+
+    ``kind`` is ``trash`` (leftovers of :func:`remove_entry`), ``file``, ``directory`` or
+    ``symlink``.
+    """
+
+    path: Path
+    kind: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TritonInventory:
+    """What :func:`scan` found in a Triton cache directory."""
+
+    cache_dir: Path
+    scanned_at: float
+    entries: tuple[TritonEntry, ...] = ()
+    temp_dirs: tuple[TempDir, ...] = ()
+    others: tuple[OtherPath, ...] = ()
+    exists: bool = True
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def kernels(self) -> tuple[TritonEntry, ...]:
+        """The entries of kind ``kernel``."""
+        return tuple(e for e in self.entries if e.kind == KIND_KERNEL)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes in entries and other paths (temp directories are counted in their entries)."""
+        return sum(e.bytes for e in self.entries) + sum(o.bytes for o in self.others)
+
+
+def _tree_size(path: Path) -> tuple[int, int, float]:
+    """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored."""
+    total = count = 0
+    newest = 0.0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue  # removed while we walked
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                count += 1
+            newest = max(newest, st.st_mtime)
+    return total, count, newest
+
+
+def _inside(child: str, directory: Path) -> bool:
+    """True when the (absolute or relative) path ``child`` lies directly in ``directory``."""
+    return os.path.normpath(os.path.dirname(os.path.abspath(child))) == os.path.normpath(str(directory))
+
+
+def _kernel_problems(path: Path, manifest: str, names: set[str]) -> tuple[bool, bool, list[str]]:
+    """Check one group manifest: (complete, points_outside, problems)."""
+    kernel = manifest[len(GROUP_PREFIX):-len(".json")]
+    problems: list[str] = []
+    try:
+        with open(path / manifest, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return False, False, [f"{manifest}: unreadable ({type(exc).__name__})"]
+    children = data.get("child_paths") if isinstance(data, dict) else None
+    if not isinstance(children, dict):
+        return False, False, [f"{manifest}: no child_paths mapping"]
+    outside = False
+    for child_name, child_path in children.items():
+        if not isinstance(child_path, str):
+            problems.append(f"{manifest}: child {child_name!r} has no path")
+            continue
+        if not _inside(child_path, path):
+            outside = True
+        if child_name not in names:
+            problems.append(f"missing child {child_name}")
+    if f"{kernel}.json" not in children:
+        problems.append(f"{manifest} does not list {kernel}.json")
+    complete = not problems
+    if outside:
+        problems.append("manifest names paths outside this entry (copied or moved cache)")
+    return complete, outside, problems
+
+
+def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
+    names: set[str] = set()
+    temps: list[TempDir] = []
+    problems: list[str] = []
+    for child in sorted(os.listdir(path)):
+        child_path = path / child
+        if child_path.is_dir() and not child_path.is_symlink():
+            match = TEMP_RE.match(child)
+            if match or child.startswith("tmp."):
+                size, _n, newest = _tree_size(child_path)
+                try:
+                    newest = max(newest, child_path.lstat().st_mtime)
+                except OSError:
+                    continue
+                temps.append(TempDir(child_path, path.name, int(match.group(1)) if match else None,
+                                     max(0.0, now - newest), size))
+            else:
+                problems.append(f"unexpected directory {child}")
+        elif child_path.is_file() and not child_path.is_symlink():
+            names.add(child)
+        else:
+            problems.append(f"unexpected non-regular file {child}")
+    size, count, newest = _tree_size(path)
+    newest = max(newest, path.stat().st_mtime)
+    manifests = sorted(n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json"))
+    modules = sorted(n for n in names if n.endswith(".so"))
+    autotune = sorted(n for n in names if n.endswith(".autotune.json"))
+    kernel_files = sorted(n for n in names if n.endswith((".source", ".ttir", ".cubin", ".json"))
+                          and n not in manifests and n not in autotune)
+    kind, kernel, complete, outside = KIND_UNKNOWN, None, False, False
+    if manifests:
+        kind, kernel = KIND_KERNEL, manifests[0][len(GROUP_PREFIX):-len(".json")]
+        complete, outside, found = _kernel_problems(path, manifests[0], names)
+        problems += found
+        if len(manifests) > 1:
+            complete = False
+            problems.append(f"{len(manifests)} group manifests in one key directory")
+    elif modules:
+        kind, kernel = KIND_MODULE, modules[0].split(".", 1)[0]
+        complete = (path / modules[0]).stat().st_size > 0
+        if not complete:
+            problems.append(f"{modules[0]} is empty")
+    elif autotune:
+        kind = KIND_AUTOTUNE
+        kernel = autotune[0][: -len(".autotune.json")]
+        complete = (path / autotune[0]).stat().st_size > 0
+    elif kernel_files:
+        kind, kernel = KIND_KERNEL, kernel_files[0].rsplit(".", 1)[0]
+        problems.append("no __grp__ manifest (a writer stopped before finishing)")
+    elif not names and not temps:
+        kind = KIND_EMPTY
+        problems.append("empty key directory")
+    else:
+        problems.append("unrecognised contents: " + ", ".join(sorted(names)))
+    if temps:
+        problems.append(f"{len(temps)} temp dir(s) left by writers")
+    entry = TritonEntry(path.name, path, kind, kernel, size, count, newest, complete, outside, tuple(problems))
+    return entry, temps
+
+
+def scan(cache_dir: str | os.PathLike[str]) -> TritonInventory:
+    """Inventory a Triton cache directory.
+
+    A missing directory gives an empty inventory with ``exists=False``. Entries that vanish or
+    cannot be read while scanning (other processes may prune or write concurrently) are left out
+    and named in ``errors``.
+
+    Raises:
+        TritonCacheError: ``cache_dir`` exists but is not a directory, or cannot be listed.
+    """
+    root = Path(cache_dir).absolute()
+    now = time.time()
+    if not root.exists():
+        return TritonInventory(root, now, exists=False)
+    if not root.is_dir():
+        raise TritonCacheError(f"{root} is not a directory")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        raise TritonCacheError(f"cannot list {root}: {exc.strerror or exc}") from exc
+    entries: list[TritonEntry] = []
+    temps: list[TempDir] = []
+    others: list[OtherPath] = []
+    errors: list[str] = []
+    for name in names:
+        path = root / name
+        try:
+            if path.is_symlink():
+                others.append(OtherPath(path, "symlink", 0))
+            elif path.is_dir() and KEY_RE.match(name):
+                entry, entry_temps = _scan_entry(path, now)
+                entries.append(entry)
+                temps.extend(entry_temps)
+            elif path.is_dir():
+                kind = "trash" if name == TRASH_DIR_NAME else "directory"
+                others.append(OtherPath(path, kind, _tree_size(path)[0]))
+            else:
+                others.append(OtherPath(path, "file", path.lstat().st_size))
+        except OSError as exc:
+            errors.append(f"{name}: {exc.strerror or exc}")
+    return TritonInventory(root, now, tuple(entries), tuple(temps), tuple(others), True, tuple(errors))
+
+
+def _move_to_trash(root: Path, victim: Path, label: str) -> Path:
+    """Atomically rename ``victim`` into the trash directory of ``root``; return its new path."""
+    trash = root / TRASH_DIR_NAME
+    trash.mkdir(exist_ok=True)
+    target = trash / f"{label}.{os.getpid()}.{uuid.uuid4().hex}"
+    os.rename(victim, target)  # same filesystem: atomic; a reader sees the whole entry or none
+    return target
+
+
+def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
+    """Remove one key directory safely while other processes may read the cache; return its bytes.
+
+    The directory is first renamed, in one atomic step, into ``<cache_dir>/.gpu-cache-trash/``
+    (a name Triton never looks up), then deleted there. A reader that looks the key up afterwards
+    misses cleanly and recompiles; it never finds a manifest whose children are half deleted.
+    (A reader that had already resolved the group keeps any file it has open; one that resolved it
+    but had not yet opened a child gets FileNotFoundError from Triton, as with any deletion, so
+    prune by age, not entries that are being compiled right now.) A key that is already gone
+    returns 0. Leftovers of a failed delete stay in the trash; :func:`empty_trash` removes them.
+
+    Raises:
+        TritonCacheError: ``key`` is not a Triton key name, or names something that is not a
+            directory, or the rename fails (e.g. read-only filesystem).
+    """
+    if not KEY_RE.match(key):
+        raise TritonCacheError(f"{key!r} is not a Triton cache key")
+    root = Path(cache_dir).absolute()
+    victim = root / key
+    if not victim.exists() and not victim.is_symlink():
+        return 0
+    if victim.is_symlink() or not victim.is_dir():
+        raise TritonCacheError(f"{victim} is not a key directory")
+    size = _tree_size(victim)[0]
+    try:
+        moved = _move_to_trash(root, victim, key)
+    except FileNotFoundError:
+        if victim.exists():  # the trash directory vanished under us: make it again, once
+            moved = _move_to_trash(root, victim, key)
+        else:
+            return 0  # another pruner won the race
+    except OSError as exc:
+        raise TritonCacheError(f"cannot move {victim} to the trash: {exc.strerror or exc}") from exc
+    shutil.rmtree(moved, ignore_errors=True)
+    return size
+
+
+def remove_temp_dir(temp: TempDir) -> int:
+    """Remove a writer's temp directory found by :func:`scan`; return its bytes (0 if gone).
+
+    Only remove stale ones (older than a minute, say): a live writer's file would be lost and its
+    ``os.replace`` would fail.
+
+    Raises:
+        TritonCacheError: the path is not a ``tmp.*`` directory or cannot be removed.
+    """
+    if not temp.path.name.startswith("tmp.") or temp.path.is_symlink():
+        raise TritonCacheError(f"{temp.path} is not a writer's temp directory")
+    if not temp.path.exists():
+        return 0
+    size = _tree_size(temp.path)[0]
+    try:
+        shutil.rmtree(temp.path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise TritonCacheError(f"cannot remove {temp.path}: {exc.strerror or exc}") from exc
+    return size
+
+
+def empty_trash(cache_dir: str | os.PathLike[str]) -> int:
+    """Delete whatever :func:`remove_entry` left in the trash directory; return the bytes freed.
+
+    The trash directory itself stays, so that a concurrent :func:`remove_entry` can still rename
+    into it.
+
+    Raises:
+        TritonCacheError: a leftover cannot be deleted.
+    """
+    trash = Path(cache_dir).absolute() / TRASH_DIR_NAME
+    if not trash.is_dir() or trash.is_symlink():
+        return 0
+    freed = 0
+    for child in os.listdir(trash):
+        path = trash / child
+        size = _tree_size(path)[0] if path.is_dir() and not path.is_symlink() else 0
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                size = path.lstat().st_size
+                path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise TritonCacheError(f"cannot delete {path}: {exc.strerror or exc}") from exc
+        freed += size
+    return freed
