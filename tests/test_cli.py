@@ -1,0 +1,135 @@
+"""The CLI with real JAX: warm, validate (pass and fail), bad input, unusable roots."""
+
+import json
+
+import pytest
+from conftest import SMALL, clean_environ, read_json, run_cli, write_config
+
+# A program that bakes a fresh random constant into what it compiles: its key changes every run.
+RANDOM_CONSTANT = (
+    "{python} -c \"import jax, jax.numpy as jnp, numpy as np; "
+    "c = float(np.random.default_rng().random()); "
+    "f = jax.jit(lambda x: jnp.tanh(x) * c, ); print(f(jnp.arange(4.0)))\""
+)
+
+
+def test_warm_then_validate_passes_with_zero_misses(cache_root, tmp_path):
+    config = write_config(tmp_path / "c.yaml", SMALL)
+    warm = run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),
+                   "--output", str(tmp_path / "warm.json"), "--log", str(tmp_path / "log"))
+    assert warm.returncode == 0, warm.stderr
+    assert read_json(tmp_path / "warm.json")["new_entries"]["jax"] > 0
+    validate = run_cli("validate", "--config", str(config), "--cache-root", str(cache_root),
+                       "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "log"))
+    assert validate.returncode == 0, validate.stderr
+    verdict = read_json(tmp_path / "v.json")
+    for field in ("gpu_type", "device", "passed", "hits", "misses", "new_entries", "cold_seconds",
+                  "warm_seconds", "problems", "jax", "triton"):
+        assert field in verdict
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["misses"] == 0 and verdict["new_entries"] == 0 and verdict["jax"]["hits"] > 0
+    assert verdict["gpu_type"] == "cpu" and verdict["device"]["name"] == "cpu"
+    assert verdict["cold_seconds"] > verdict["warm_seconds"] > 0
+    assert "1/1: jax-transformer shape=16" in validate.stderr  # progress is shown
+
+
+def test_a_key_that_changes_every_run_fails_validation_and_is_named(cache_root, tmp_path):
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"random": {"command": RANDOM_CONSTANT}},
+        "default_workloads": ["random"], "validate": {"measure_cold": False},
+    })
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    result = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    assert result.returncode == 0  # not strict: the pipeline goes on
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is False
+    assert verdict["jax"]["misses"] >= 1 and verdict["new_entries"] >= 1
+    assert any(m["name"] == "jit__lambda" for m in verdict["missed"])
+    assert any("jit__lambda" in p for p in verdict["problems"])
+    assert "validation of cpu failed" in result.stderr
+
+
+def test_strict_validation_fails_the_command(cache_root, tmp_path):
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"random": {"command": RANDOM_CONSTANT}}, "default_workloads": ["random"],
+        "validate": {"measure_cold": False, "strict": True},
+    })
+    result = run_cli("validate", "--config", str(config), "--cache-root", str(cache_root),
+                     "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "log"))
+    assert result.returncode == 1
+    assert read_json(tmp_path / "v.json")["passed"] is False
+
+
+def test_a_user_workload_runs_once_per_shape_with_the_cache_environment(cache_root, tmp_path):
+    seen = tmp_path / "seen"
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"mine": {"command": f"echo {{shape}} $JAX_COMPILATION_CACHE_DIR >> '{seen}'",
+                               "shapes": [256, "a b"]}},
+        "default_workloads": ["mine"],
+    })
+    result = run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),
+                     "--output", str(tmp_path / "w.json"))
+    assert result.returncode == 0, result.stderr
+    assert seen.read_text().splitlines() == [f"256 {cache_root}/jax", f"a b {cache_root}/jax"]
+
+
+def test_an_unusable_root_degrades_to_no_cache_and_says_why(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write_config(tmp_path / "c.yaml", SMALL | {"validate": {"measure_cold": False}})
+    result = run_cli("validate", "--config", str(config), "--cache-root", str(blocker / "cache"),
+                     "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "log"))
+    assert result.returncode == 0, result.stderr
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is False
+    assert any("cannot create" in p and "without its persistent cache" in p for p in verdict["problems"])
+    assert verdict["runs"][0]["returncode"] == 0  # the workload itself ran fine
+    assert result.stderr.count("gpu-cache: warning: jax:") == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["prune", "--max-size", "10X"], "--max-size"),
+    ([], "no command given"),
+    (["frobnicate"], "invalid choice"),
+    (["warm", "--gpu-type", "cpu", "--config-json", '{"colour": 1}'], "colour"),
+    (["warm", "--gpu-type", "cpu", "--config-json", '{"default_workloads": ["nope"]}'], "unknown workload 'nope'"),
+    (["warm", "--config", "/does/not/exist.yaml"], "cannot read config file"),
+    (["prune", "--max-age", "forever"], "--max-age"),
+    (["warm", "--gpu-type", "h100"], "unknown GPU type 'h100'"),
+])
+def test_bad_input_gets_one_line_and_exit_2(args, message, cache_root):
+    result = run_cli(*args, "--cache-root", str(cache_root)) if args else run_cli()
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-cache: error:"), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_template_placeholder_is_a_usage_error(cache_root, tmp_path):
+    config = json.dumps({"workloads": {"mine": {"command": "run {tokens}", "shapes": [1]}},
+                         "default_workloads": ["mine"]})
+    result = run_cli("warm", "--config-json", config, "--cache-root", str(cache_root))
+    assert result.returncode == 2 and "{shape}" in result.stderr
+
+
+def test_stats_and_doctor_report_the_cache(cache_root, tmp_path):
+    config = write_config(tmp_path / "c.yaml", SMALL)
+    assert run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),
+                   "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log")).returncode == 0
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(cache_root)).stdout)
+    assert stats["kinds"]["jax"]["entries"] > 0 and stats["kinds"]["jax"]["bytes"] > 0
+    assert stats["usage"]["by_rule"]["warm_cache"]["processes"] >= 1
+    text = run_cli("stats", "--cache-root", str(cache_root)).stdout
+    assert "jax:" in text and "entries" in text
+    doctor = run_cli("doctor", "--cache-root", str(cache_root))
+    assert doctor.returncode == 0 and "result: ok" in doctor.stdout
+
+
+def test_doctor_fails_on_an_unusable_root(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_cli("doctor", "--cache-root", str(blocker))
+    assert result.returncode == 1 and "PROBLEM" in result.stdout
+    assert run_cli("doctor", "--cache-root", str(blocker), "--no-fail").returncode == 0
