@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache import jax_cache
+from gpu_cache import jax_cache, triton_cache
 
 #: Kinds whose entries gpu-cache can list and prune.
 PRUNABLE_KINDS = ("jax", "triton")
-#: Prefix of Triton's own temporary folders (``tmp.pid_<pid>_<uuid>``), left by killed writers.
-TRITON_TMP_PREFIX = "tmp."
-#: Where a removed Triton entry is renamed before it is deleted; never a Triton key.
-TRASH_PREFIX = ".gpu-cache-trash-"
 
 
 @dataclass
@@ -33,36 +25,30 @@ class Entry:
 
 
 def _triton_scan(folder: Path, grace_seconds: float) -> list[Entry]:
-    entries = []
     try:
-        listing = list(os.scandir(folder))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    now = time.time()
-    for item in listing:
-        if not item.is_dir(follow_symlinks=False):
-            continue
-        size, last_use, groups = 0, 0.0, []
-        try:
-            last_use = item.stat(follow_symlinks=False).st_mtime
-            for child in os.scandir(item.path):
-                info = child.stat(follow_symlinks=False)
-                size += info.st_size
-                last_use = max(last_use, info.st_mtime)
-                if child.name.startswith("__grp__") and child.name.endswith(".json"):
-                    groups.append(child.name[len("__grp__"):-len(".json")])
-        except OSError:
-            continue
+        inventory = triton_cache.scan(folder)
+    except triton_cache.TritonCacheError:
+        return []  # not a folder: doctor and env report it
+    now = inventory.scanned_at
+    out = []
+    for item in inventory.entries:
         problem = None
-        if item.name.startswith(TRASH_PREFIX):
-            problem = "left over from an interrupted removal"
-        elif item.name.startswith(TRITON_TMP_PREFIX):
-            if now - last_use < grace_seconds:
-                continue  # a writer may still be at work
-            problem = "stale temporary folder of a killed writer"
-        name = groups[0] if groups else "(no manifest)"
-        entries.append(Entry("triton", item.name, name, size, last_use, problem, Path(item.path)))
-    return entries
+        if not item.complete or item.points_outside:
+            # Triton writes the group manifest last: a young incomplete group may be mid-write.
+            if now - item.mtime < grace_seconds:
+                continue
+            problem = "; ".join(item.problems) or "incomplete group"
+        out.append(Entry("triton", item.key, item.kernel or item.kind, item.bytes, item.mtime,
+                         problem, item))
+    for temp in inventory.temp_dirs:
+        if temp.age_seconds >= grace_seconds:
+            out.append(Entry("triton", f"{temp.key}/{temp.path.name}", "(temporary)", temp.bytes,
+                             now - temp.age_seconds, "stale temporary folder of a killed writer", temp))
+    for other in inventory.others:
+        if other.kind == "trash":
+            out.append(Entry("triton", other.path.name, "(trash)", other.bytes, 0.0,
+                             "left over from an interrupted removal", other))
+    return out
 
 
 def scan(kind: str, folder: Path, grace_seconds: float = 3600.0) -> list[Entry]:
@@ -79,8 +65,8 @@ def scan(kind: str, folder: Path, grace_seconds: float = 3600.0) -> list[Entry]:
 def remove(kind: str, folder: Path, entry: Entry) -> None:
     """Remove one whole entry so that no reader ever sees part of it.
 
-    Triton entries are renamed out of the way (atomic on one filesystem) and then deleted,
-    so a reader finds either the whole group or none of it.
+    Triton entries are renamed into a trash folder (atomic on one filesystem) and then
+    deleted, so a reader finds either the whole group or none of it.
 
     Raises:
         OSError: the entry could not be removed.
@@ -89,15 +75,13 @@ def remove(kind: str, folder: Path, entry: Entry) -> None:
         assert isinstance(entry.source, jax_cache.JaxEntry)
         jax_cache.remove(folder, entry.source)
         return
-    path = Path(str(entry.source))
-    if not path.name.startswith(TRASH_PREFIX):
-        trash = folder / f"{TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(path, trash)
-        except FileNotFoundError:
-            return
-        path = trash
-    shutil.rmtree(path, ignore_errors=False)
+    source = entry.source
+    if isinstance(source, triton_cache.TritonEntry):
+        triton_cache.remove_entry(folder, source.key)
+    elif isinstance(source, triton_cache.TempDir):
+        triton_cache.remove_temp_dir(source)
+    else:
+        triton_cache.empty_trash(folder)
 
 
 def snapshot(cache_root: Path | None) -> dict[str, set[str]]:

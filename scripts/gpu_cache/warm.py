@@ -42,7 +42,8 @@ def run_phase(settings: Settings, gpu_type: str, phase: str, environ: Mapping[st
     """
     run_id = f"{phase}-{gpu_type}-{uuid.uuid4().hex[:12]}"
     child_env = dict(environ, GPU_CACHE_GPU_TYPE=gpu_type, GPU_CACHE_RUN_ID=run_id,
-                     GPU_CACHE_RULE=f"{phase}_cache")
+                     GPU_CACHE_RULE=f"{phase}_cache",
+                     GPU_CACHE_TRITON_TARGETS=",".join(settings.config["triton_targets"]))
     if not record:
         child_env.pop("GPU_CACHE_RECORDS", None)
     python = python_for(settings)

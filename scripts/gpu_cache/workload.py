@@ -24,6 +24,11 @@ BUILTINS: dict[str, tuple[str, list[Any], str]] = {
         "gpu_cache.workloads.jax_transformer", [32, 64, 128],
         "4 pre-norm transformer layers, value_and_grad, per sequence length",
     ),
+    "triton-kernels": (
+        # 1000 and 4096 specialise differently (divisibility by 16): 10 distinct kernels.
+        "gpu_cache.workloads.triton_kernels", [1000, 4096],
+        "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
+    ),
 }
 
 
