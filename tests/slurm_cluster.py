@@ -79,6 +79,10 @@ SLURM_BINARIES: tuple[str, ...] = (
 
 _SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 
+#: Where SLURM clients look for a configuration when ``SLURM_CONF`` is unset and
+#: ``/etc/slurm/slurm.conf`` does not exist (slurmd's "configless" cache).
+DEFAULT_CONF_LINK = Path("/run/slurm/conf")
+
 # Job states after which a job never runs again.
 _FINAL_STATES = frozenset(
     {
@@ -135,6 +139,19 @@ def _cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and all its parents up to init."""
+    chain = {pid}
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        chain.add(pid)
+    return chain
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -158,6 +175,14 @@ class SlurmCluster:
         cluster_name: ``ClusterName`` in slurm.conf and in the accounting DB.
         min_job_age: ``MinJobAge`` (seconds a finished job stays in slurmctld).
         start_timeout: seconds to wait for each daemon / for the node to be idle.
+        link_default_conf: while running, make :data:`DEFAULT_CONF_LINK`
+            (``/run/slurm/conf``) a symlink to this cluster's configuration
+            directory, unless something else is there. Needed for the
+            Snakemake SLURM plugin: its job step (``slurm-jobstep``) removes
+            every ``SLURM_*`` variable, ``SLURM_CONF`` included, before it
+            calls ``srun`` inside the job, so ``srun`` must find the
+            configuration at a default path. ``/etc/slurm/slurm.conf``, if it
+            exists, takes precedence over the link.
     """
 
     def __init__(
@@ -171,6 +196,7 @@ class SlurmCluster:
         cluster_name: str = "gpucache",
         min_job_age: int = 600,
         start_timeout: float = 60.0,
+        link_default_conf: bool = True,
     ) -> None:
         self.workdir: Path = Path(workdir).absolute()
         self.gpus: dict[str, int] = dict(gpus if gpus is not None else {"h100": 1, "a100": 1})
@@ -193,6 +219,9 @@ class SlurmCluster:
         self._old_slurm_conf: str | None = None
         self._activated = False
         self.start_seconds: float | None = None
+        self.link_default_conf = link_default_conf
+        #: True while :data:`DEFAULT_CONF_LINK` points at this cluster's configuration.
+        self.default_conf_linked = False
 
     # ------------------------------------------------------------------ public API
 
@@ -235,6 +264,7 @@ class SlurmCluster:
             self._cleanup_stale()
             self._prepare_dirs()
             self._write_configs()
+            self._link_default_conf()
             self._start_munged()
             self._start_mariadb()
             self._start_slurmdbd()
@@ -277,6 +307,13 @@ class SlurmCluster:
                 pass
         self._log_handles.clear()
         (self.workdir / "pids.json").unlink(missing_ok=True)
+        if self.default_conf_linked:
+            try:
+                if DEFAULT_CONF_LINK.is_symlink() and Path(os.readlink(DEFAULT_CONF_LINK)) == self.conf_dir:
+                    DEFAULT_CONF_LINK.unlink()
+            except OSError:
+                pass
+            self.default_conf_linked = False
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self.runtime_dir = None
@@ -410,6 +447,30 @@ class SlurmCluster:
             "runtime_dir": str(self.runtime_dir) if self.runtime_dir else None,
         }
         (self.workdir / "pids.json").write_text(json.dumps(record))
+
+    def _link_default_conf(self) -> None:
+        """Point /run/slurm/conf at our configuration (see ``link_default_conf``)."""
+        if not self.link_default_conf:
+            return
+        link = DEFAULT_CONF_LINK
+        if link.is_symlink():
+            target = Path(os.readlink(link))
+            record = target.parent / "pids.json"
+            live = False
+            if target.exists() and record.exists():
+                try:
+                    pids = json.loads(record.read_text()).get("pids", {}).values()
+                    live = any(_pid_alive(int(p)) for p in pids)
+                except (ValueError, OSError):
+                    live = False
+            if live and target != self.conf_dir:
+                return  # another running cluster owns it; leave it alone
+            link.unlink()  # stale link of a previous run
+        elif link.exists():
+            return  # a real slurmd configless cache; not ours to replace
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(self.conf_dir, target_is_directory=True)
+        self.default_conf_linked = True
 
     def _gpu_devices(self) -> list[tuple[str, Path]]:
         """(type, device path) for every fake GPU; creates the character devices."""
@@ -619,11 +680,15 @@ StorageLoc=slurm_acct_db
 
     @staticmethod
     def _processes_referencing(marker: str) -> list[int]:
-        """Pids (not ours) whose command line or environment mention ``marker``."""
-        me = os.getpid()
+        """Pids whose command line or environment mention ``marker``.
+
+        Never this process or its ancestors (a shell that exported
+        ``SLURM_CONF`` for this cluster must survive).
+        """
+        spared = _ancestors(os.getpid())
         found = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
+            if not entry.isdigit() or int(entry) in spared:
                 continue
             pid = int(entry)
             if not _pid_alive(pid):
@@ -672,6 +737,9 @@ def _main(argv: Sequence[str]) -> int:
         print("usage: python tests/slurm_cluster.py WORKDIR", file=sys.stderr)
         return 2
     cluster = SlurmCluster(argv[0])
+    # Background jobs of a non-interactive shell ignore SIGINT: stop on SIGTERM too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cluster.start()
     print(f"SLURM cluster up in {cluster.start_seconds:.1f} s; export SLURM_CONF={cluster.slurm_conf}")
     print(cluster.run(["sinfo", "-N", "-O", "NodeList,StateLong,CPUs,Gres"]).stdout, end="")
