@@ -51,15 +51,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Iterable, Mapping, Sequence
+from typing import IO, Callable, Iterable, Mapping, Sequence
 
 __all__ = [
     "SLURM_BINARIES",
     "SlurmCluster",
     "SlurmClusterError",
     "missing_binaries",
+    "pid_alive",
+    "processes_referencing",
 ]
 
 #: Every executable the cluster needs (daemons and the clients the tests use).
@@ -121,7 +124,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
@@ -137,6 +140,32 @@ def _cmdline(pid: int) -> str:
     except OSError:
         return ""
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def processes_referencing(marker: str) -> list[int]:
+    """Pids whose command line or environment mention ``marker``.
+
+    Never this process or its ancestors (a shell that exported
+    ``SLURM_CONF`` for this cluster must survive).
+    """
+    spared = _ancestors(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in spared:
+            continue
+        pid = int(entry)
+        if not pid_alive(pid):
+            continue
+        text = _cmdline(pid)
+        if marker not in text:
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if f"SLURM_CONF={marker}" not in environ:
+                continue
+        found.append(pid)
+    return found
 
 
 def _ancestors(pid: int) -> set[int]:
@@ -215,7 +244,7 @@ class SlurmCluster:
         self.runtime_dir: Path | None = None
         self.ports: dict[str, int] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._log_handles: list[object] = []
+        self._log_handles: list[IO[bytes]] = []
         self._old_slurm_conf: str | None = None
         self._activated = False
         self.start_seconds: float | None = None
@@ -297,12 +326,12 @@ class SlurmCluster:
                 survivors.append(f"{name} (pid {proc.pid})")
         self._procs.clear()
         # Any job processes (slurmstepd and children) reference our config dir.
-        for pid in self._processes_referencing(str(self.workdir)):
+        for pid in processes_referencing(str(self.workdir)):
             if not self._terminate(pid):
                 survivors.append(f"{_cmdline(pid)} (pid {pid})")
         for fh in self._log_handles:
             try:
-                fh.close()  # type: ignore[attr-defined]
+                fh.close()
             except OSError:
                 pass
         self._log_handles.clear()
@@ -390,6 +419,28 @@ class SlurmCluster:
         ).stdout
         return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line]
 
+    def wait_accounted(
+        self,
+        job_id: int | str,
+        fields: Iterable[str] = ("JobID", "State", "AllocTRES"),
+        timeout: float = 30.0,
+    ) -> list[dict[str, str]]:
+        """Like :meth:`sacct`, after waiting until slurmdbd has the job's final state.
+
+        slurmctld sends accounting records to slurmdbd asynchronously, so right
+        after a job ends ``sacct`` may still show it PENDING or RUNNING.
+        """
+        names = list(dict.fromkeys(["JobID", "State", *fields]))
+        deadline = time.monotonic() + timeout
+        rows: list[dict[str, str]] = []
+        while time.monotonic() < deadline:
+            rows = self.sacct(job_id, names)
+            main = [r for r in rows if r["JobID"] == str(job_id)]
+            if main and main[0]["State"].split()[0] in _FINAL_STATES:
+                return rows
+            time.sleep(0.25)
+        raise TimeoutError(f"sacct has no final state for job {job_id} after {timeout} s: {rows}")
+
     def logs(self, lines: int = 25) -> str:
         """Tails of all daemon logs, for error messages."""
         parts = []
@@ -413,10 +464,10 @@ class SlurmCluster:
                 pass
         markers = [str(self.workdir)] + ([runtime] if runtime else [])
         for pid in stale_pids:
-            if _pid_alive(pid) and any(m in _cmdline(pid) for m in markers):
+            if pid_alive(pid) and any(m in _cmdline(pid) for m in markers):
                 self._terminate(pid)
         for marker in markers:
-            for pid in self._processes_referencing(marker):
+            for pid in processes_referencing(marker):
                 self._terminate(pid)
         if runtime and runtime.startswith(tempfile.gettempdir() + "/gcslurm-"):
             shutil.rmtree(runtime, ignore_errors=True)
@@ -460,14 +511,17 @@ class SlurmCluster:
             if target.exists() and record.exists():
                 try:
                     pids = json.loads(record.read_text()).get("pids", {}).values()
-                    live = any(_pid_alive(int(p)) for p in pids)
+                    live = any(pid_alive(int(p)) for p in pids)
                 except (ValueError, OSError):
                     live = False
             if live and target != self.conf_dir:
                 return  # another running cluster owns it; leave it alone
             link.unlink()  # stale link of a previous run
         elif link.exists():
+            warnings.warn(f"{link} exists and is not ours: srun inside Snakemake SLURM jobs may not find this cluster")
             return  # a real slurmd configless cache; not ours to replace
+        if Path("/etc/slurm/slurm.conf").exists():
+            warnings.warn("/etc/slurm/slurm.conf exists and takes precedence over the /run/slurm/conf link")
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(self.conf_dir, target_is_directory=True)
         self.default_conf_linked = True
@@ -573,21 +627,26 @@ StorageLoc=slurm_acct_db
         if binary is None:
             raise SlurmClusterError(f"{argv[0]} not installed")
         cmd = [binary, *argv[1:]]
-        ids: dict[str, int] = {}
+        uid: int | None = None
+        gid: int | None = None
+        groups: list[int] | None = None
         if user is not None:  # a direct child (not under runuser), so that we can reap it
             entry = pwd.getpwnam(user)
-            ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+            uid, gid, groups = entry.pw_uid, entry.pw_gid, []
         out = open(self.log_dir / f"{name}.stdout.log", "ab")
         self._log_handles.append(out)
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=self.env, cwd=self.workdir, start_new_session=True, **ids,  # type: ignore[arg-type]
+            env=self.env, cwd=self.workdir, start_new_session=True,
+            user=uid, group=gid, extra_groups=groups,
         )
         self._procs[name] = proc
         self._save_record()
         return proc
 
-    def _wait(self, what: str, ready: "callable[[], bool]", procs: Sequence[str], timeout: float | None = None) -> None:  # type: ignore[valid-type]
+    def _wait(
+        self, what: str, ready: Callable[[], bool], procs: Sequence[str], timeout: float | None = None
+    ) -> None:
         """Poll ``ready`` until true; fail early with log tails if a daemon dies."""
         deadline = time.monotonic() + (timeout or self.start_timeout)
         while True:
@@ -680,32 +739,6 @@ StorageLoc=slurm_acct_db
             return sock.connect_ex(("127.0.0.1", port)) == 0
 
     @staticmethod
-    def _processes_referencing(marker: str) -> list[int]:
-        """Pids whose command line or environment mention ``marker``.
-
-        Never this process or its ancestors (a shell that exported
-        ``SLURM_CONF`` for this cluster must survive).
-        """
-        spared = _ancestors(os.getpid())
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in spared:
-                continue
-            pid = int(entry)
-            if not _pid_alive(pid):
-                continue
-            text = _cmdline(pid)
-            if marker not in text:
-                try:
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-                except OSError:
-                    continue
-                if f"SLURM_CONF={marker}" not in environ:
-                    continue
-            found.append(pid)
-        return found
-
-    @staticmethod
     def _terminate(pid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 10.0) -> bool:
         """SIGTERM, wait up to ``grace`` s, then SIGKILL. True if the process is gone."""
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -718,7 +751,7 @@ StorageLoc=slurm_acct_db
                 if proc is not None:
                     if proc.poll() is not None:
                         break
-                elif not _pid_alive(pid):
+                elif not pid_alive(pid):
                     break
                 time.sleep(0.05)
             else:
@@ -730,7 +763,7 @@ StorageLoc=slurm_acct_db
             except subprocess.TimeoutExpired:
                 pass
             return proc.poll() is not None
-        return not _pid_alive(pid)
+        return not pid_alive(pid)
 
 
 def _main(argv: Sequence[str]) -> int:

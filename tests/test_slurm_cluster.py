@@ -52,7 +52,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster, SlurmClusterError, _pid_alive
+from slurm_cluster import SlurmCluster, SlurmClusterError, pid_alive, processes_referencing
 
 pytestmark = pytest.mark.slurm
 
@@ -82,8 +82,9 @@ def test_sbatch_gres_gets_cuda_visible_devices(
     assert env.get("CUDA_VISIBLE_DEVICES", "") != "", out.read_text()
     show = slurm_cluster.show_job(job_id)
     assert show["TresPerNode"] == f"gres:gpu:{gpu_type}:1", show
-    rows = slurm_cluster.sacct(job_id)
-    assert rows and f"gres/gpu:{gpu_type}=1" in rows[0]["AllocTRES"], rows
+    rows = slurm_cluster.wait_accounted(job_id)  # sacct lags behind scontrol a little
+    assert rows[0]["State"] == "COMPLETED", rows
+    assert f"gres/gpu:{gpu_type}=1" in rows[0]["AllocTRES"], rows
 
 
 def test_two_gpu_types_run_concurrently(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_two_gpu_types_run_concurrently(slurm_cluster: SlurmCluster, tmp_path: P
 
 
 def _leftovers(workdir: Path) -> list[int]:
-    return SlurmCluster._processes_referencing(str(workdir))
+    return processes_referencing(str(workdir))
 
 
 def test_stop_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -129,7 +130,7 @@ def test_stop_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path
         deadline = time.monotonic() + 20
         while cluster.job_state(job_id) != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
-    assert not [name for name, pid in pids.items() if _pid_alive(pid)]
+    assert not [name for name, pid in pids.items() if pid_alive(pid)]
     assert _leftovers(tmp_path / "second") == []
     assert cluster.runtime_dir is None
     assert slurm_cluster.running  # the session cluster was not touched
@@ -260,7 +261,7 @@ def test_snakemake_slurm_executor_gpu_types_and_env(
         assert job_env.get("CUDA_VISIBLE_DEVICES", "") != "", job_env
         # ... of the right type, per SLURM's accounting
         job_id = job_env["SLURM_JOB_ID"]
-        rows = slurm_cluster.sacct(job_id, ("JobID", "State", "AllocTRES"))
+        rows = slurm_cluster.wait_accounted(job_id)
         assert rows[0]["State"] == "COMPLETED", rows
         assert f"gres/gpu:{gpu_type}=1" in rows[0]["AllocTRES"], rows
         other = "a100" if gpu_type == "h100" else "h100"
