@@ -168,6 +168,23 @@ def processes_referencing(marker: str) -> list[int]:
     return found
 
 
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _owner_alive(record: Mapping[str, object]) -> bool:
+    """True if the process that started a recorded cluster still runs."""
+    owner = record.get("owner")
+    if not isinstance(owner, int) or not pid_alive(owner):
+        return False
+    return record.get("owner_start") in (None, _start_time(owner))
+
+
 def _ancestors(pid: int) -> set[int]:
     """``pid`` and all its parents up to init."""
     chain = {pid}
@@ -451,30 +468,56 @@ class SlurmCluster:
     # ----------------------------------------------------------------- internals
 
     def _cleanup_stale(self) -> None:
-        """Kill daemons left by a previous run in this work directory; drop old state."""
-        record = self.workdir / "pids.json"
-        stale_pids: set[int] = set()
-        runtime: str | None = None
-        if record.exists():
+        """Kill what a previous run left behind; drop old state.
+
+        Two kinds of leftovers: a previous cluster in this work directory
+        (whatever its owner), and orphans anywhere: clusters whose owning
+        process died without ``stop()`` (e.g. a SIGKILLed pytest), found
+        through the ``cluster.json`` record in their ``/tmp/gcslurm-*`` runtime
+        directory.
+        """
+        records: list[dict[str, object]] = []
+        own = self.workdir / "pids.json"
+        for path in [own, *Path(tempfile.gettempdir()).glob("gcslurm-*/cluster.json")]:
             try:
-                data = json.loads(record.read_text())
-                stale_pids.update(int(p) for p in data.get("pids", {}).values())
-                runtime = data.get("runtime_dir")
+                data = json.loads(path.read_text())
             except (ValueError, OSError):
-                pass
-        markers = [str(self.workdir)] + ([runtime] if runtime else [])
-        for pid in stale_pids:
-            if pid_alive(pid) and any(m in _cmdline(pid) for m in markers):
-                self._terminate(pid)
-        for marker in markers:
-            for pid in processes_referencing(marker):
-                self._terminate(pid)
-        if runtime and runtime.startswith(tempfile.gettempdir() + "/gcslurm-"):
-            shutil.rmtree(runtime, ignore_errors=True)
-        record.unlink(missing_ok=True)
+                continue
+            if not isinstance(data, dict):
+                continue
+            if path == own or data.get("workdir") == str(self.workdir) or not _owner_alive(data):
+                records.append(data)
+        for data in records:
+            self._kill_recorded(data)
+        own.unlink(missing_ok=True)
         # Old state (job ids, node state, database, pid files) must not leak in.
         for sub in ("etc", "log", "run", "dev", "state", "spool", "mysql"):
             shutil.rmtree(self.workdir / sub, ignore_errors=True)
+
+    def _kill_recorded(self, data: Mapping[str, object]) -> None:
+        """Kill the daemons (and job processes) of a recorded cluster, remove its runtime dir."""
+        workdir = str(data.get("workdir") or "")
+        runtime = str(data.get("runtime_dir") or "")
+        markers = [m for m in (workdir, runtime) if m]
+        if not markers:
+            return
+        pids = data.get("pids")
+        if isinstance(pids, dict):
+            for pid in pids.values():
+                if pid_alive(int(pid)) and any(m in _cmdline(int(pid)) for m in markers):
+                    self._terminate(int(pid))
+        for marker in markers:
+            for pid in processes_referencing(marker):
+                self._terminate(pid)
+        if runtime.startswith(tempfile.gettempdir() + "/gcslurm-"):
+            shutil.rmtree(runtime, ignore_errors=True)
+        if workdir:
+            Path(workdir, "pids.json").unlink(missing_ok=True)
+            try:
+                if DEFAULT_CONF_LINK.is_symlink() and os.readlink(DEFAULT_CONF_LINK) == str(Path(workdir, "etc")):
+                    DEFAULT_CONF_LINK.unlink()
+            except OSError:
+                pass
 
     def _prepare_dirs(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -493,11 +536,18 @@ class SlurmCluster:
         self._save_record()
 
     def _save_record(self) -> None:
-        record = {
-            "pids": self.pids(),
+        """Write what :meth:`_cleanup_stale` of a later run needs if we never stop."""
+        me = os.getpid()
+        record = json.dumps({
+            "owner": me,
+            "owner_start": _start_time(me),
+            "workdir": str(self.workdir),
             "runtime_dir": str(self.runtime_dir) if self.runtime_dir else None,
-        }
-        (self.workdir / "pids.json").write_text(json.dumps(record))
+            "pids": self.pids(),
+        })
+        (self.workdir / "pids.json").write_text(record)
+        if self.runtime_dir is not None:
+            (self.runtime_dir / "cluster.json").write_text(record)
 
     def _link_default_conf(self) -> None:
         """Point /run/slurm/conf at our configuration (see ``link_default_conf``)."""
@@ -510,8 +560,7 @@ class SlurmCluster:
             live = False
             if target.exists() and record.exists():
                 try:
-                    pids = json.loads(record.read_text()).get("pids", {}).values()
-                    live = any(pid_alive(int(p)) for p in pids)
+                    live = _owner_alive(json.loads(record.read_text()))
                 except (ValueError, OSError):
                     live = False
             if live and target != self.conf_dir:

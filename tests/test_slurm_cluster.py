@@ -115,10 +115,6 @@ def test_two_gpu_types_run_concurrently(slurm_cluster: SlurmCluster, tmp_path: P
 # ------------------------------------------------------------ cluster lifecycle
 
 
-def _leftovers(workdir: Path) -> list[int]:
-    return processes_referencing(str(workdir))
-
-
 def test_stop_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """A second, independent cluster starts next to the session's one and stops cleanly."""
     cluster = SlurmCluster(tmp_path / "second", link_default_conf=False)
@@ -131,13 +127,13 @@ def test_stop_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path
         while cluster.job_state(job_id) != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
     assert not [name for name, pid in pids.items() if pid_alive(pid)]
-    assert _leftovers(tmp_path / "second") == []
+    assert processes_referencing(str(tmp_path / "second")) == []
     assert cluster.runtime_dir is None
     assert slurm_cluster.running  # the session cluster was not touched
 
 
 def test_restart_after_crash_cleans_stale_daemons(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """Daemons orphaned by a killed owner are found and killed by the next start."""
+    """Daemons orphaned by a killed owner are killed by the next start, in any work directory."""
     workdir = tmp_path / "crashed"
     owner = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("slurm_cluster.py")), str(workdir)],
@@ -147,15 +143,18 @@ def test_restart_after_crash_cleans_stale_daemons(slurm_cluster: SlurmCluster, t
         assert owner.stdout is not None
         first = owner.stdout.readline()
         assert "SLURM cluster up" in first, first + owner.stdout.read()
-        assert len(_leftovers(workdir)) >= 5
+        assert len(processes_referencing(str(workdir))) >= 5
     finally:
         owner.kill()  # SIGKILL: no cleanup; its daemons keep running
         owner.wait()
-    assert len(_leftovers(workdir)) >= 5
-    cluster = SlurmCluster(workdir, link_default_conf=False)
+    assert len(processes_referencing(str(workdir))) >= 5
+    # A new cluster in another directory (as in the next pytest session) finds the orphans.
+    cluster = SlurmCluster(tmp_path / "next", link_default_conf=False)
     with cluster:
+        assert processes_referencing(str(workdir)) == []
         assert cluster.run(["sinfo", "-h", "-N", "-o", "%t"]).stdout.strip() == "idle"
-    assert _leftovers(workdir) == []
+    assert processes_referencing(str(tmp_path / "next")) == []
+    assert slurm_cluster.running  # a live cluster (owner alive) is never taken for an orphan
 
 
 class _BrokenCluster(SlurmCluster):
@@ -174,7 +173,7 @@ def test_failed_start_raises_with_log_tail_and_cleans_up(
     message = str(err.value)
     assert "NoSuchOption" in message and "slurm" in message, message
     assert "--- slurm" in message  # log tails are included
-    assert _leftovers(tmp_path / "broken") == []
+    assert processes_referencing(str(tmp_path / "broken")) == []
 
 
 # ------------------------------------------------- Snakemake SLURM executor plugin
