@@ -24,9 +24,18 @@ must be able to traverse to its socket as the ``munge`` user, which pytest's
 ``SLURM_CONF`` environment variable: use :attr:`SlurmCluster.env`, or
 :meth:`SlurmCluster.activate` to put it into ``os.environ``.
 
-:meth:`SlurmCluster.stop` kills every process it started (and, on start, any
-leftovers of a previous run in the same work directory), then checks that
-none survived.
+Outside the work directory the cluster touches only: its runtime directory
+``/tmp/gcslurm-*`` (removed by ``stop()``), and the symlink
+``/run/slurm/conf`` -> ``<workdir>/etc`` (see ``link_default_conf``; removed
+by ``stop()``), which ``srun`` inside Snakemake SLURM jobs needs because the
+plugin's job step drops ``SLURM_CONF``.
+
+:meth:`SlurmCluster.stop` kills every process it started (daemons, then any
+job process that still references the cluster), then checks that none
+survived. :meth:`SlurmCluster.start` first kills leftovers: a previous
+cluster in the same work directory, and orphaned clusters anywhere whose
+owning process died without ``stop()`` (recorded in
+``/tmp/gcslurm-*/cluster.json`` with the owner's pid and start time).
 
 Usage::
 
@@ -34,7 +43,8 @@ Usage::
         job_id = cluster.sbatch("#!/bin/sh\\necho $CUDA_VISIBLE_DEVICES", "--gres=gpu:h100:1")
         cluster.wait_job(job_id)
 
-Run ``python tests/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C stops it).
+Run ``python tests/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C or
+SIGTERM stops it).
 """
 
 from __future__ import annotations
