@@ -80,6 +80,7 @@ SLURM_BINARIES: tuple[str, ...] = (
     "munged",
     "mariadbd",
     "mariadb-install-db",
+    "my_print_defaults",
     "slurmdbd",
     "slurmctld",
     "slurmd",
@@ -88,6 +89,7 @@ SLURM_BINARIES: tuple[str, ...] = (
     "squeue",
     "sacct",
     "scontrol",
+    "scancel",
 )
 
 _SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
