@@ -1,5 +1,8 @@
-"""A real Triton library workload: flash-linear-attention's chunk_gated_delta_rule, forward
-and backward, at one sequence length. Prints one JSON line with the first call's seconds.
+"""A real Triton library workload: flash-linear-attention's chunk_gated_delta_rule (forward)
+at one sequence length. Prints one JSON line with the first call's seconds.
+
+Forward only: fla-core 0.6.0 refuses its backward on Hopper with Triton < 3.7.1 (known wrong
+results), and the H200 image has Triton 3.6.0.
 
     python tests/benchmarks/fla_workload.py --tokens 2048
 
@@ -26,21 +29,18 @@ def main() -> int:
 
     torch.manual_seed(0)
     shape = (BATCH, args.tokens, HEADS, HEAD_DIM)
-    options = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
+    options = {"device": "cuda", "dtype": torch.bfloat16}
     q = torch.randn(shape, **options)
     k = F.normalize(torch.randn(shape, device="cuda", dtype=torch.float32), p=2, dim=-1).to(torch.bfloat16)
-    k.requires_grad_(True)
     v = torch.randn(shape, **options)
-    g = F.logsigmoid(torch.randn(shape[:3], device="cuda", dtype=torch.float32)).requires_grad_(True)
-    beta = torch.rand(shape[:3], device="cuda", dtype=torch.float32).sigmoid().requires_grad_(True)
+    g = F.logsigmoid(torch.randn(shape[:3], device="cuda", dtype=torch.float32))
+    beta = torch.rand(shape[:3], device="cuda", dtype=torch.float32).sigmoid()
     imported = time.perf_counter()
     output, _state = chunk_gated_delta_rule(q, k, v, g, beta)
-    output.float().sum().backward()
     torch.cuda.synchronize()
     first_call = time.perf_counter() - imported
     again = time.perf_counter()
     output, _state = chunk_gated_delta_rule(q, k, v, g, beta)
-    output.float().sum().backward()
     torch.cuda.synchronize()
     print(json.dumps({
         "workload": "fla-chunk-gated-delta-rule", "tokens": args.tokens,

@@ -131,7 +131,7 @@ def section_fanout(scratch: Path, quick: bool, workers: int = 8) -> dict[str, An
     warm = run_one(command, cache_environ(fan_root, scratch))
     fan = run_many(command, [cache_environ(fan_root, scratch) for _ in range(workers)])
     return {
-        "workers": workers, "workload": "fla chunk_gated_delta_rule fwd+bwd, 2048 tokens",
+        "workers": workers, "workload": "fla chunk_gated_delta_rule forward, 2048 tokens",
         "storm": storm,
         "warm_then_fan_out": {"warm_job": warm, "fan_out": fan,
                               "wall_seconds": round(time.perf_counter() - warm_started, 3),
