@@ -175,7 +175,9 @@ def section_overhead(scratch: Path, quick: bool, repeats: int = 5) -> dict[str, 
     hooked = cache_environ(root, scratch)
     plain = dict(hooked)
     plain.pop("GPU_CACHE_RECORDS")
-    plain["PYTHONPATH"] = str(REPO / "scripts")
+    # The same PYTHONPATH without the hook's folder (carried packages stay reachable).
+    plain["PYTHONPATH"] = os.pathsep.join(p for p in hooked["PYTHONPATH"].split(os.pathsep)
+                                          if p != str(env.HOOK_DIR))
     timings: dict[str, list[float]] = {}
     programs = {"python_pass": [sys.executable, "-c", "pass"],
                 "import_jax_and_jit": [sys.executable, "-c", "import jax, jax.numpy as j; jax.jit(j.sin)(1.0)"]}
