@@ -65,6 +65,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
+    p.add_argument("--explain", action="store_true",
+                   help="explain why JAX computations missed: diff their cache-key parts against "
+                        "earlier runs' (from the stats hook's records)")
+    p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
+                                    "(default: the latest process that missed)")
 
     p = sub.add_parser("summary", help="summarise validation and prune reports")
     p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
@@ -171,6 +176,18 @@ def _run(args: argparse.Namespace) -> int:
 
         report = stats.cache_stats(_settings(args))
         sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else stats.render(report))
+        return 0
+    if args.command == "doctor" and args.explain:
+        from gpu_cache import explain
+
+        settings = _settings(args)
+        if settings.cache_root is None:
+            raise UsageError("--explain needs a cache root (caching is turned off)")
+        explanations = explain.explain_cache(settings.cache_root, args.run_id)
+        if args.output:
+            _emit({"explain": explanations}, args.output, to_stdout=False)
+        sys.stdout.write(json.dumps(explanations, indent=2) + "\n" if args.json
+                         else explain.render(explanations))
         return 0
     if args.command == "doctor":
         from gpu_cache import doctor

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache import device, env
+from gpu_cache import device, env, explain
 from gpu_cache.settings import Settings
 from gpu_cache.warm import Phase, run_phase
 
@@ -94,6 +94,11 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     counts = {kind: _kind_counts(warm, kind) for kind in KINDS}
     missed = [m for kind in KINDS for m in _missed(warm, kind)]
     problems = judge(counts, missed, warm.failures(), cache_problems)
+    explanations: list[dict[str, Any]] = []
+    if counts["jax"]["misses"] and settings.cache_root is not None:
+        explanations = explain.explain_cache(settings.cache_root, warm.run_id)
+        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
+                     for e in explanations[:NAMED_MISSES] if e["causes"]]
     observed = any(counts[k]["processes_observed"] for k in KINDS)
     notes = [] if observed else [
         "hits were not observed: the workloads ran no Python process with the stats hook "
@@ -112,6 +117,7 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "problems": problems,
         "notes": notes,
         "missed": missed,
+        "explain": explanations,
         "runs": warm.runs_as_dicts(),
         "cache_root": str(settings.cache_root),
         **counts,
