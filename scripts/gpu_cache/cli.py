@@ -76,6 +76,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prune", metavar="FILE", help="prune.json")
     p.add_argument("--output", metavar="FILE", help="also write the summary here")
 
+    p = sub.add_parser("plots", help="write the report's SVG plots (cold vs warm, cache size, hit rates)")
+    _add_common(p)
+    p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
+    p.add_argument("--prune", metavar="FILE", help="prune.json")
+    p.add_argument("--outdir", required=True, metavar="DIR", help="folder for the .svg files")
+
     p = sub.add_parser("install-profile", help="install the Snakemake profile (--profile gpu-cache)")
     p.add_argument("--name", default="gpu-cache", help="shipped profile to install (default: gpu-cache)")
     p.add_argument("--target", metavar="DIR", help="folder to install into "
@@ -204,6 +210,18 @@ def _run(args: argparse.Namespace) -> int:
         if args.output:
             Path(args.output).write_text(text)
         sys.stdout.write(text)
+        return 0
+    if args.command == "plots":
+        from gpu_cache import report, stats
+
+        settings = _settings(args)
+        usage = stats.usage(settings.cache_root) if settings.cache_root else {}
+        try:
+            written = report.write_plots([Path(p) for p in args.validate],
+                                         Path(args.prune) if args.prune else None, usage, Path(args.outdir))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot make the plots: {exc}") from None
+        print("wrote " + ", ".join(str(p) for p in written))
         return 0
     if args.command == "install-profile":
         from gpu_cache.profile import install_profile

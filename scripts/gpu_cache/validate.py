@@ -85,11 +85,13 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
                       if kind in ("jax", "all")]
     cold_seconds = None
+    cold_runs: list[dict[str, Any]] = []
     if settings.config.get("validate", {}).get("measure_cold", True):
         with tempfile.TemporaryDirectory(prefix="gpu-cache-cold-") as scratch:
             cold = run_phase(settings, gpu_type, "cold", cold_environ(exports, Path(scratch)), log,
                              record=False)
         cold_seconds = round(cold.seconds, 3)
+        cold_runs = cold.runs_as_dicts()
     warm = run_phase(settings, gpu_type, "validate", env.job_environ(exports), log)
     counts = {kind: _kind_counts(warm, kind) for kind in KINDS}
     missed = [m for kind in KINDS for m in _missed(warm, kind)]
@@ -119,6 +121,7 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "missed": missed,
         "explain": explanations,
         "runs": warm.runs_as_dicts(),
+        "cold_runs": cold_runs,
         "cache_root": str(settings.cache_root),
         **counts,
     }
