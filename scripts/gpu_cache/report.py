@@ -17,11 +17,11 @@ from gpu_cache.units import format_size
 
 #: Colours of the series, in order (colour-blind safe: Okabe-Ito).
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")
-_BAR, _LEFT, _RIGHT, _TOP = 13, 230, 110, 64
+_BAR, _LEFT, _RIGHT, _TOP = 13, 230, 290, 64
 
 
 def bar_chart(title: str, rows: list[str], series: dict[str, list[float]],
-              labels: dict[str, list[str]], width: int = 760) -> str:
+              labels: dict[str, list[str]], width: int = 920) -> str:
     """A horizontal grouped bar chart: one group per row, one bar per series, each bar
     labelled with its text from ``labels``. Returns the SVG document."""
     height = _TOP + max(1, len(rows)) * (len(series) * (_BAR + 3) + 14) + 24
@@ -97,7 +97,7 @@ def hit_rate_chart(by_rule: dict[str, dict[str, float]]) -> str:
         misses = counts.get("jax_misses", 0) + counts.get("triton_misses", 0)
         rates.append(100.0 * hits / (hits + misses) if hits + misses else 0.0)
         labels.append(f"{rates[-1]:.0f}%  ({int(hits)} hits, {int(misses)} misses, "
-                      f"{int(counts.get('processes', 0))} processes)")
+                      f"{int(counts.get('processes', 0))} process{'es' if counts.get('processes', 0) != 1 else ''})")
     return bar_chart("Cache hit rate per rule", rows, {"hit rate": rates}, {"hit rate": labels})
 
 

@@ -11,19 +11,16 @@ rule cache_plots:
             "results/gpu-cache/plots/cold_warm.svg",
             caption="../report/cold_warm.rst",
             category="gpu-cache",
-            subcategory="Warm start",
         ),
         cache_size=report(
             "results/gpu-cache/plots/cache_size.svg",
             caption="../report/cache_size.rst",
             category="gpu-cache",
-            subcategory="Cache size",
         ),
         hit_rates=report(
             "results/gpu-cache/plots/hit_rates.svg",
             caption="../report/hit_rates.rst",
             category="gpu-cache",
-            subcategory="Hit rates",
         ),
     log:
         "logs/gpu-cache/plots.log",
