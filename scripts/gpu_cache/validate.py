@@ -69,7 +69,7 @@ def judge(counts: dict[str, dict[str, Any]], missed: list[dict[str, str]],
                 f"{kind}: {counts[kind]['misses']} compilation(s) missed in a fresh process after "
                 f"warming: {shown}{more}. Their cache key changes between runs (a value baked "
                 "into the program, an environment or flag difference, or a different GPU count); "
-                "`gpu-cache doctor` helps find which"
+                "`gpu-cache doctor --explain` names which key part changed"
             )
     return problems
 
