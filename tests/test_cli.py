@@ -47,6 +47,9 @@ def test_a_key_that_changes_every_run_fails_validation_and_is_named(cache_root, 
     assert verdict["jax"]["misses"] >= 1 and verdict["new_entries"] >= 1
     assert any(m["name"] == "jit__lambda" for m in verdict["missed"])
     assert any("jit__lambda" in p for p in verdict["problems"])
+    # ... and explained: the program's IR (the baked-in constant) is the key part that changed.
+    assert any(e["name"] == "jit__lambda" and e["changed"] == ["computation"] for e in verdict["explain"])
+    assert any("jit__lambda missed: computation: the program itself" in p for p in verdict["problems"])
     assert "validation of cpu failed" in result.stderr
 
 

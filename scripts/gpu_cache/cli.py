@@ -65,11 +65,22 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
+    p.add_argument("--explain", action="store_true",
+                   help="explain why JAX computations missed: diff their cache-key parts against "
+                        "earlier runs' (from the stats hook's records)")
+    p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
+                                    "(default: the latest process that missed)")
 
     p = sub.add_parser("summary", help="summarise validation and prune reports")
     p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
     p.add_argument("--prune", metavar="FILE", help="prune.json")
     p.add_argument("--output", metavar="FILE", help="also write the summary here")
+
+    p = sub.add_parser("plots", help="write the report's SVG plots (cold vs warm, cache size, hit rates)")
+    _add_common(p)
+    p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
+    p.add_argument("--prune", metavar="FILE", help="prune.json")
+    p.add_argument("--outdir", required=True, metavar="DIR", help="folder for the .svg files")
 
     p = sub.add_parser("install-profile", help="install the Snakemake profile (--profile gpu-cache)")
     p.add_argument("--name", default="gpu-cache", help="shipped profile to install (default: gpu-cache)")
@@ -172,6 +183,18 @@ def _run(args: argparse.Namespace) -> int:
         report = stats.cache_stats(_settings(args))
         sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else stats.render(report))
         return 0
+    if args.command == "doctor" and args.explain:
+        from gpu_cache import explain
+
+        settings = _settings(args)
+        if settings.cache_root is None:
+            raise UsageError("--explain needs a cache root (caching is turned off)")
+        explanations = explain.explain_cache(settings.cache_root, args.run_id)
+        if args.output:
+            _emit({"explain": explanations}, args.output, to_stdout=False)
+        sys.stdout.write(json.dumps(explanations, indent=2) + "\n" if args.json
+                         else explain.render(explanations))
+        return 0
     if args.command == "doctor":
         from gpu_cache import doctor
 
@@ -187,6 +210,18 @@ def _run(args: argparse.Namespace) -> int:
         if args.output:
             Path(args.output).write_text(text)
         sys.stdout.write(text)
+        return 0
+    if args.command == "plots":
+        from gpu_cache import report, stats
+
+        settings = _settings(args)
+        usage = stats.usage(settings.cache_root) if settings.cache_root else {}
+        try:
+            written = report.write_plots([Path(p) for p in args.validate],
+                                         Path(args.prune) if args.prune else None, usage, Path(args.outdir))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot make the plots: {exc}") from None
+        print("wrote " + ", ".join(str(p) for p in written))
         return 0
     if args.command == "install-profile":
         from gpu_cache.profile import install_profile

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 from gpu_cache import entries, records
@@ -41,20 +42,33 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
             "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
                             for name, count in by_function.most_common(TOP)],
         }
-    usage: dict[str, dict[str, dict[str, float]]] = {"by_rule": defaultdict(Counter),
-                                                     "by_gpu_type": defaultdict(Counter)}
+    out["usage"] = usage(root)
+    return out
+
+
+def usage(root: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Hits, misses, seconds saved and processes per rule and per GPU type, from the
+    stats hook's records under ``root``."""
+    groups: dict[str, dict[str, Counter[str]]] = {"by_rule": defaultdict(Counter),
+                                                  "by_gpu_type": defaultdict(Counter)}
     for record in records.read(records.records_dir(root)):
-        for kind in ("jax", "triton"):
-            part = record.get(kind)
-            if not isinstance(part, dict):
-                continue
-            for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
-                bucket = usage[axis][f"{value or '-'}"]
-                bucket[f"{kind}_hits"] += int(part.get("hits", 0))
-                bucket[f"{kind}_misses"] += int(part.get("misses", 0))
-                bucket["saved_seconds"] += float(part.get("saved_seconds", 0.0))
-                bucket["processes"] += 1
-    out["usage"] = {axis: {k: dict(v) for k, v in groups.items()} for axis, groups in usage.items()}
+        for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
+            bucket = groups[axis][f"{value or '-'}"]
+            bucket["processes"] += 1
+            for kind in ("jax", "triton"):
+                part = record.get(kind)
+                if isinstance(part, dict):
+                    bucket[f"{kind}_hits"] += int(part.get("hits", 0))
+                    bucket[f"{kind}_misses"] += int(part.get("misses", 0))
+                    bucket["saved_seconds"] += float(part.get("saved_seconds", 0.0))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for axis, by in groups.items():
+        out[axis] = {}
+        for name, counts in by.items():
+            hits = counts["jax_hits"] + counts["triton_hits"]
+            total = hits + counts["jax_misses"] + counts["triton_misses"]
+            out[axis][name] = {**counts, "saved_seconds": round(counts["saved_seconds"], 3),
+                               "hit_rate": round(hits / total, 4) if total else None}
     return out
 
 

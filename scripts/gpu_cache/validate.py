@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache import device, env
+from gpu_cache import device, env, explain
 from gpu_cache.settings import Settings
 from gpu_cache.targets import device_problems, gpu_types
 from gpu_cache.warm import Phase, job_info, run_phase
@@ -70,7 +70,7 @@ def judge(counts: dict[str, dict[str, Any]], missed: list[dict[str, str]],
                 f"{kind}: {counts[kind]['misses']} compilation(s) missed in a fresh process after "
                 f"warming: {shown}{more}. Their cache key changes between runs (a value baked "
                 "into the program, an environment or flag difference, or a different GPU count); "
-                "`gpu-cache doctor` helps find which"
+                "`gpu-cache doctor --explain` names which key part changed"
             )
     return problems
 
@@ -86,11 +86,13 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
                       if kind in ("jax", "all")]
     cold_seconds = None
+    cold_runs: list[dict[str, Any]] = []
     if settings.config.get("validate", {}).get("measure_cold", True):
         with tempfile.TemporaryDirectory(prefix="gpu-cache-cold-") as scratch:
             cold = run_phase(settings, gpu_type, "cold", cold_environ(exports, Path(scratch)), log,
                              record=False)
         cold_seconds = round(cold.seconds, 3)
+        cold_runs = cold.runs_as_dicts()
     warm = run_phase(settings, gpu_type, "validate", env.job_environ(exports), log)
     counts = {kind: _kind_counts(warm, kind) for kind in KINDS}
     missed = [m for kind in KINDS for m in _missed(warm, kind)]
@@ -99,6 +101,11 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     if expected is not None:
         cache_problems += device_problems(expected, seen)
     problems = judge(counts, missed, warm.failures(), cache_problems)
+    explanations: list[dict[str, Any]] = []
+    if counts["jax"]["misses"] and settings.cache_root is not None:
+        explanations = explain.explain_cache(settings.cache_root, warm.run_id)
+        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
+                     for e in explanations[:NAMED_MISSES] if e["causes"]]
     observed = any(counts[k]["processes_observed"] for k in KINDS)
     notes = [] if observed else [
         "hits were not observed: the workloads ran no Python process with the stats hook "
@@ -117,7 +124,9 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "problems": problems,
         "notes": notes,
         "missed": missed,
+        "explain": explanations,
         "runs": warm.runs_as_dicts(),
+        "cold_runs": cold_runs,
         "cache_root": str(settings.cache_root),
         "job": job_info(),
         **counts,

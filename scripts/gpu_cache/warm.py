@@ -24,6 +24,7 @@ class Phase:
     new_keys: dict[str, list[str]] = field(default_factory=dict)
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
+    run_id: str = ""
 
     def failures(self) -> list[str]:
         return [f"workload {r.workload} shape {r.shape} "
@@ -52,7 +53,7 @@ def run_phase(settings: Settings, gpu_type: str, phase: str, environ: Mapping[st
     commands = [(w, shape, cmd) for w in workloads_of(settings, gpu_type)
                 for shape, cmd in w.commands(python, gpu_type)]
     before = entries.snapshot(settings.cache_root)
-    result = Phase()
+    result = Phase(run_id=run_id)
     started = time.perf_counter()
     for number, (workload, shape, command) in enumerate(commands, 1):
         print(f"gpu-cache {phase} [{gpu_type}] {number}/{len(commands)}: {workload.name} "

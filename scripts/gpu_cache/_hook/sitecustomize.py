@@ -23,7 +23,8 @@ class _Stats:
         self.warned = False
         self.libraries = set()
         self.jax = {"requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0,
-                    "saved_seconds": 0.0, "hit_keys": [], "missed": []}
+                    "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_parts": {},
+                    "key_context": {}}
         self.triton = {"hits": 0, "misses": 0, "compile_seconds": 0.0,
                        "hit_keys": [], "missed": []}
 
@@ -71,6 +72,102 @@ def _on_jax(jax_module):
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)
     _wrap_jax_cache_logging()
+    try:
+        _wrap_jax_cache_key()
+    except Exception as exc:  # private module: explain loses its input, nothing else
+        _STATS.warn("jax cache key parts", exc)
+
+
+#: Characters of each key component's sha256 kept in records (64 bits: plenty to compare).
+_PART_CHARS = 16
+
+
+def _wrap_jax_cache_key():
+    """Record a hash of each part of every JAX cache key, for ``gpu-cache doctor --explain``.
+
+    ``jax._src.cache_key.get`` hashes the key's parts (computation, jaxlib version, backend
+    version, XLA flags, compile options, accelerator config, compression, custom hook) into
+    one sha256, calling ``_log_cache_key_hash(hash_obj, part_name, ...)`` after each part.
+    A tee hasher given to ``get`` also hashes each part on its own, so nothing is hashed twice.
+    """
+    import hashlib
+    import threading
+
+    from jax._src import cache_key
+
+    original_get = cache_key.get
+    original_log = cache_key._log_cache_key_hash
+    local = threading.local()
+    stats = _STATS.jax
+
+    class _Tee:
+        def __init__(self, *args):
+            self._whole = hashlib.sha256(*args)
+            self._part = hashlib.sha256()
+            self.parts = {}
+
+        def update(self, data):
+            self._whole.update(data)
+            self._part.update(data)
+
+        def digest(self):
+            return self._whole.digest()
+
+        def hexdigest(self):
+            return self._whole.hexdigest()
+
+        def copy(self):
+            return self._whole.copy()
+
+        def cut(self, name):
+            self.parts[name] = self._part.hexdigest()[:_PART_CHARS]
+            self._part = hashlib.sha256()
+
+    class _Hashlib:
+        """``hashlib`` for cache_key.py, whose ``sha256()`` in ``get`` is a tee."""
+
+        def __getattr__(self, name):
+            return getattr(hashlib, name)
+
+        def sha256(self, *args):
+            if getattr(local, "in_get", False) and getattr(local, "tee", None) is None:
+                local.tee = _Tee(*args)
+                return local.tee
+            return hashlib.sha256(*args)
+
+    def log_part(hash_obj, last_serialized, *args, **kwargs):
+        if isinstance(hash_obj, _Tee):
+            hash_obj.cut(str(last_serialized))
+        return original_log(hash_obj, last_serialized, *args, **kwargs)
+
+    def get(module, devices, compile_options, backend, *args, **kwargs):
+        local.in_get, local.tee = True, None
+        try:
+            key = original_get(module, devices, compile_options, backend, *args, **kwargs)
+        finally:
+            local.in_get = False
+        try:
+            if local.tee is not None:
+                stats["key_parts"][key] = local.tee.parts
+            context = stats["key_context"]
+            if not context:
+                flat = list(getattr(devices, "flat", devices))
+                context.update({
+                    "platform": str(getattr(backend, "platform", "?")),
+                    "platform_version": str(getattr(backend, "platform_version", "?")),
+                    "device_count": len(flat),
+                    "device_kinds": sorted({str(getattr(d, "device_kind", "?")) for d in flat}),
+                    "compression": str(kwargs.get("compression_algorithm", args[0] if args else "?")),
+                    "jaxlib": str(getattr(cache_key, "jaxlib_version_str", "?")),
+                })
+        except Exception as exc:
+            _STATS.warn("jax cache key parts", exc)
+        local.tee = None
+        return key
+
+    cache_key.hashlib = _Hashlib()
+    cache_key._log_cache_key_hash = log_part
+    cache_key.get = get
 
 
 def _wrap_jax_cache_logging():
@@ -173,13 +270,54 @@ class _ImportWatcher:
         return spec
 
 
+#: Environment variables that change JAX cache keys or where the cache is; kept in records.
+_KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
+            "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS")
+
+
+def _snakemake_target(max_depth=12):
+    """``(rule, wildcards)`` from the nearest ancestor ``snakemake ... --target-jobs R:W``.
+
+    Snakemake gives a job's environment no rule name. But every job it runs in a process
+    of its own (a SLURM job: the job script's and srun's ``python -m snakemake``; any
+    remote executor) is run by a snakemake started with ``--target-jobs 'rule:wc=value'``.
+    Local shell jobs of the main process have no such ancestor: ``(None, None)``.
+    """
+    pid = os.getppid()
+    for _ in range(max_depth):
+        if pid <= 1:
+            break
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as stream:
+                argv = stream.read().decode("utf-8", "replace").split("\0")
+            with open(f"/proc/{pid}/stat", "rb") as stream:
+                stat = stream.read().decode("utf-8", "replace")
+        except OSError:
+            break
+        if "--target-jobs" in argv and any("snakemake" in a for a in argv[:3]):
+            at = argv.index("--target-jobs") + 1
+            if at < len(argv):
+                rule, _, wildcards = argv[at].strip("'\"").partition(":")
+                return rule or None, wildcards or None
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return None, None
+
+
 def _job_info():
     env = os.environ
+    rule, wildcards = env.get("GPU_CACHE_RULE"), env.get("GPU_CACHE_WILDCARDS")
+    if not rule:
+        try:
+            rule, wildcards = _snakemake_target()
+        except Exception as exc:  # /proc missing or odd: the record just has no rule
+            _STATS.warn("finding the snakemake job", exc)
     return {
         "gpu_type": env.get("GPU_CACHE_GPU_TYPE"),
-        "rule": env.get("GPU_CACHE_RULE") or env.get("SLURM_JOB_NAME"),
+        "rule": rule,
+        "wildcards": wildcards,
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "run_id": env.get("GPU_CACHE_RUN_ID"),
+        "env": {name: env.get(name) for name in _KEY_ENV},
     }
 
 
@@ -198,6 +336,11 @@ def _write_record():
             jax_stats = dict(_STATS.jax)
             jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
             record["jax"] = jax_stats
+            context = jax_stats["key_context"]
+            if context:
+                record["device"] = {"platform": context.get("platform"),
+                                    "kinds": context.get("device_kinds"),
+                                    "count": context.get("device_count")}
         if "triton" in _STATS.libraries:
             record["triton"] = dict(_STATS.triton)
         folder = os.environ["GPU_CACHE_RECORDS"]

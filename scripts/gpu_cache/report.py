@@ -1,0 +1,122 @@
+"""Plots for the Snakemake report, as self-contained SVG (no plotting library needed).
+
+Three charts: cold vs warm seconds per GPU type and workload (from the validation
+verdicts), cache size per kind before and after pruning (from prune.json), and hit rates
+per rule (from the stats hook's records).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.units import format_size
+
+#: Colours of the series, in order (colour-blind safe: Okabe-Ito).
+COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")
+_BAR, _LEFT, _RIGHT, _TOP = 13, 230, 290, 64
+
+
+def bar_chart(title: str, rows: list[str], series: dict[str, list[float]],
+              labels: dict[str, list[str]], width: int = 920) -> str:
+    """A horizontal grouped bar chart: one group per row, one bar per series, each bar
+    labelled with its text from ``labels``. Returns the SVG document."""
+    height = _TOP + max(1, len(rows)) * (len(series) * (_BAR + 3) + 14) + 24
+    peak = max([v for values in series.values() for v in values] + [1e-9])
+    plot_width = width - _LEFT - _RIGHT
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="13">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="12" y="24" font-size="16" font-weight="bold">{escape(title)}</text>']
+    for number, name in enumerate(series):
+        x = _LEFT + number * 170
+        out.append(f'<rect x="{x}" y="36" width="12" height="12" fill="{COLOURS[number % len(COLOURS)]}"/>'
+                   f'<text x="{x + 18}" y="47">{escape(name)}</text>')
+    if not rows:
+        out.append(f'<text x="{_LEFT}" y="{_TOP + 24}" fill="#555">no data recorded yet</text>')
+    y = _TOP
+    for index, row in enumerate(rows):
+        group = len(series) * (_BAR + 3)
+        out.append(f'<text x="{_LEFT - 8}" y="{y + group / 2 + 4:.0f}" text-anchor="end">{escape(row)}</text>')
+        for number, (name, values) in enumerate(series.items()):
+            value = values[index]
+            bar = max(1.0, plot_width * value / peak) if value > 0 else 0.0
+            by = y + number * (_BAR + 3)
+            out.append(f'<rect x="{_LEFT}" y="{by}" width="{bar:.1f}" height="{_BAR}" '
+                       f'fill="{COLOURS[number % len(COLOURS)]}"/>')
+            out.append(f'<text x="{_LEFT + bar + 5:.1f}" y="{by + _BAR - 2}" font-size="12">'
+                       f'{escape(labels[name][index])}</text>')
+        y += group + 14
+    out.append(f'<line x1="{_LEFT}" y1="{_TOP - 6}" x2="{_LEFT}" y2="{y - 8}" stroke="#333"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def cold_warm_chart(verdicts: list[dict[str, Any]]) -> str:
+    """Cold (no cache) vs warm (fresh process, warmed cache) seconds per GPU type and
+    workload, summed over each workload's shapes."""
+    cold: dict[str, float] = defaultdict(float)
+    warm: dict[str, float] = defaultdict(float)
+    for verdict in verdicts:
+        for runs, into in ((verdict.get("cold_runs") or [], cold), (verdict.get("runs") or [], warm)):
+            for run in runs:
+                into[f"{verdict.get('gpu_type')} / {run.get('workload')}"] += float(run.get("seconds") or 0.0)
+    rows = sorted(set(cold) | set(warm))
+    values = {"cold (no cache)": [cold.get(r, 0.0) for r in rows],
+              "warm (cache)": [warm.get(r, 0.0) for r in rows]}
+    labels = {name: [f"{v:.1f} s" for v in vals] for name, vals in values.items()}
+    for index, row in enumerate(rows):
+        if cold.get(row) and warm.get(row):
+            labels["warm (cache)"][index] += f"  ({cold[row] / warm[row]:.1f}x faster)"
+    return bar_chart("Cold vs warm start, per GPU type / workload", rows, values, labels)
+
+
+def cache_size_chart(prune: dict[str, Any]) -> str:
+    """Bytes per cache kind before and after pruning."""
+    kinds = [k for k in ("jax", "triton") if isinstance(prune.get(k), dict)]
+    values = {"before pruning": [float(prune[k].get("bytes_before", 0)) for k in kinds],
+              "after pruning": [float(prune[k].get("bytes_after", 0)) for k in kinds]}
+    labels = {"before pruning": [f"{format_size(int(prune[k].get('bytes_before', 0)))}, "
+                                 f"{prune[k].get('entries_before', 0)} entries" for k in kinds],
+              "after pruning": [f"{format_size(int(prune[k].get('bytes_after', 0)))}, "
+                                f"{prune[k].get('entries_removed', 0)} removed"
+                                + (" (dry run)" if prune[k].get("dry_run") else "") for k in kinds]}
+    return bar_chart("Cache size per kind", kinds, values, labels)
+
+
+def hit_rate_chart(by_rule: dict[str, dict[str, float]]) -> str:
+    """Hit rate (hits / (hits + misses), JAX and Triton together) per rule."""
+    rows = sorted(by_rule)
+    rates, labels = [], []
+    for rule in rows:
+        counts = by_rule[rule]
+        hits = counts.get("jax_hits", 0) + counts.get("triton_hits", 0)
+        misses = counts.get("jax_misses", 0) + counts.get("triton_misses", 0)
+        rates.append(100.0 * hits / (hits + misses) if hits + misses else 0.0)
+        labels.append(f"{rates[-1]:.0f}%  ({int(hits)} hits, {int(misses)} misses, "
+                      f"{int(counts.get('processes', 0))} process{'es' if counts.get('processes', 0) != 1 else ''})")
+    return bar_chart("Cache hit rate per rule", rows, {"hit rate": rates}, {"hit rate": labels})
+
+
+def write_plots(verdict_paths: list[Path], prune_path: Path | None, usage: dict[str, Any],
+                outdir: Path) -> list[Path]:
+    """Write cold_warm.svg, cache_size.svg and hit_rates.svg into ``outdir``.
+
+    Raises:
+        OSError: a verdict or prune.json cannot be read, or a plot cannot be written.
+        ValueError: a verdict or prune.json is not JSON.
+    """
+    verdicts = [json.loads(Path(p).read_text()) for p in verdict_paths]
+    prune = json.loads(prune_path.read_text()) if prune_path else {}
+    outdir.mkdir(parents=True, exist_ok=True)
+    charts = {"cold_warm.svg": cold_warm_chart(verdicts),
+              "cache_size.svg": cache_size_chart(prune),
+              "hit_rates.svg": hit_rate_chart(usage.get("by_rule") or {})}
+    written = []
+    for name, svg in charts.items():
+        (outdir / name).write_text(svg)
+        written.append(outdir / name)
+    return written
