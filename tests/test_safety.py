@@ -33,7 +33,7 @@ TINY = ("import jax, jax.numpy as jnp, numpy as np\n"
         "for i in range(3):\n"
         "    jax.jit(lambda x, i=i: jnp.tanh(x @ x.T) * (i + 1))(np.ones((32, 32), np.float32))"
         ".block_until_ready()\n")
-# Eight programs of growing size: more than a 24 KiB tmpfs holds.
+# Eight programs of growing size (3 to 7 KiB entries): more than a 16 KiB tmpfs holds.
 GROWING = ("import jax, jax.numpy as jnp, numpy as np\n"
            "def prog(i):\n"
            "    def f(x):\n"
@@ -42,7 +42,7 @@ GROWING = ("import jax, jax.numpy as jnp, numpy as np\n"
            "        return x\n"
            "    return f\n"
            "for i in range(8):\n"
-           "    jax.jit(prog(2 * i))(np.ones((32, 32), np.float32)).block_until_ready()\n")
+           "    jax.jit(prog(i))(np.ones((32, 32), np.float32)).block_until_ready()\n")
 
 
 def python_workload(tmp_path: Path, name: str, source: str, **extra) -> Path:
@@ -329,7 +329,7 @@ def test_two_prunes_at_once_serialize_and_equal_one(tmp_path, twelve_entries):
 
 @needs_root
 def test_full_disk_during_warm_then_doctor_fix_removes_broken_entries(tmp_path, mounts):
-    root = tmpfs(mounts, tmp_path / "full", "24k")
+    root = tmpfs(mounts, tmp_path / "full", "16k")
     config = python_workload(tmp_path, "growing", GROWING)
     warm = run_cli("warm", "--config", str(config), "--cache-root", str(root),
                    "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log"))
@@ -340,7 +340,8 @@ def test_full_disk_during_warm_then_doctor_fix_removes_broken_entries(tmp_path, 
     assert any("broken" in p and "doctor --fix" in p for p in report["problems"])
     assert "gpu-cache: warning: jax:" in warm.stderr
     broken = [e for e in jax_cache.scan(root / "jax", verify_after=0.0) if e.problem]
-    assert broken, "a full disk must have left empty or truncated entries"
+    problems = {e.problem.split(" ")[0] for e in broken}
+    assert problems == {"empty", "truncated"}, broken  # both happen; JAX wrote them in place
     # JAX itself never repairs them: every later run warns and recompiles.
     env = jax_env(root / "jax")
     again = subprocess.run([sys.executable, "-c", GROWING], env=env, capture_output=True, text=True)
@@ -439,20 +440,20 @@ def listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
+# Each would delete every entry (--max-size 0) if it were not refused.
 @pytest.mark.parametrize("args,config,message", [
-    (["prune", "--kind", "foo"], None, "cannot prune kind 'foo'"),
+    (["prune", "--max-size", "0", "--kind", "foo"], None, "cannot prune kind 'foo'"),
     (["prune", "--max-size=-5G"], None, "--max-size"),
     (["prune"], {"prune": {"max_size": -1}}, "negative"),
-    (["prune"], {"xla_caches": "maybe"}, "xla_caches"),
-    (["prune"], {"shared_group": "no-such-group-xyz"}, "no group 'no-such-group-xyz'"),
-    (["prune"], {"min_free_space": "lots"}, "min_free_space"),
-    (["prune"], {"prune": {"max_age": "-3d"}}, "prune.max_age"),
+    (["prune", "--max-size", "0"], {"xla_caches": "maybe"}, "xla_caches"),
+    (["prune", "--max-size", "0"], {"shared_group": "no-such-group-xyz"}, "no group 'no-such-group-xyz'"),
+    (["prune", "--max-size", "0"], {"min_free_space": "lots"}, "min_free_space"),
+    (["prune", "--max-size", "0"], {"prune": {"max_age": "-3d"}}, "prune.max_age"),
 ])
 def test_bad_input_is_one_line_exit_2_and_deletes_nothing(args, config, message, kept_cache, tmp_path):
     before = listing(kept_cache)
     extra = ["--config", str(write_config(tmp_path / "bad.yaml", config))] if config else []
-    result = run_cli(*args, *extra, "--max-size", "0", "--cache-root", str(kept_cache)) \
-        if "--max-size" not in " ".join(args) else run_cli(*args, *extra, "--cache-root", str(kept_cache))
+    result = run_cli(*args, *extra, "--cache-root", str(kept_cache))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-cache: error:") and message in lines[0], lines
