@@ -496,3 +496,36 @@ def test_paths_with_spaces_and_unicode_work(tmp_path):
     assert echoed == str(root / "jax")
     pruned = run_cli("prune", "--json", "--max-size", "0", "--cache-root", str(root))
     assert json.loads(pruned.stdout)["jax"]["entries_removed"] == 3
+
+
+@needs_root
+def test_read_only_triton_cache_serves_hits_and_a_miss_does_not_fail(tmp_path, mounts):
+    root = tmp_path / "cache"
+    config = write_config(tmp_path / "c.yaml", {"workloads": {"triton-kernels": {"shapes": [1000]}},
+                                                "default_workloads": ["triton-kernels"]})
+    warm = run_cli("warm", "--config", str(config), "--cache-root", str(root),
+                   "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log"))
+    assert warm.returncode == 0 and read_json(tmp_path / "w.json")["new_entries"]["triton"] > 0
+    seeded = listing(root / "triton")
+    read_only(mounts, root)
+    exports = run_cli("env", "--cache-root", str(root))
+    assert "read-only" in exports.stderr and "seed" in exports.stderr
+
+    def kernels(shape: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", exports.stdout + f'"{sys.executable}" -m gpu_cache.workloads.triton_kernels '
+             f"--shape {shape}"], env=clean_environ(), capture_output=True, text=True)
+
+    hit = kernels(1000)
+    assert hit.returncode == 0, hit.stderr[-2000:]
+    summary = json.loads(hit.stdout.strip().splitlines()[-1])
+    assert summary["hits"] == summary["kernels"] == 5 and summary["misses"] == 0
+    # Without gpu-cache's seed manager, Triton on the read-only folder fails on a miss.
+    plain = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape",
+                            "4096"], env=clean_environ(TRITON_CACHE_DIR=str(root / "triton")),
+                           capture_output=True, text=True)
+    assert plain.returncode != 0 and "Read-only file system" in plain.stdout + plain.stderr
+    miss = kernels(4096)
+    assert miss.returncode == 0, miss.stderr[-2000:]
+    assert json.loads(miss.stdout.strip().splitlines()[-1])["misses"] > 0
+    assert listing(root / "triton") == seeded

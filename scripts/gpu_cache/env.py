@@ -20,6 +20,9 @@ from gpu_cache.fs import check_folder
 from gpu_cache.settings import Settings
 
 HOOK_DIR = Path(__file__).with_name("_hook")
+#: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
+SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
+SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
 
@@ -110,10 +113,21 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                                  min_free=settings.min_free_space, trusted_above=root)
             warnings += [f"{kind}: {line}" for line in check.warnings]
             # JAX reads a read-only cache (and warns on each failed write); Triton raises
-            # on a miss there, and the others write too, so they fall back.
+            # on a miss there, so it reads it as a seed under a node-local folder; the
+            # others write too, so they fall back.
             problem = check.problem or (
                 f"{root / kind} is read-only and {kind} fails when it cannot write"
-                if check.read_only and kind != "jax" else None)
+                if check.read_only and kind not in ("jax", "triton") else None)
+            if problem is None and check.read_only and kind == "triton":
+                fallback = node_local_fallback(kind)
+                if check_folder(fallback, trusted_above=fallback.parent).problem is None:
+                    wanted[var] = str(fallback)
+                    wanted[SEED_VAR] = str(root / kind)
+                    wanted["TRITON_CACHE_MANAGER"] = SEED_MANAGER
+                    adjusted[kind] = (f"{root / kind} is read-only: its kernels are read as a "
+                                      f"seed, new ones go to node-local {fallback}")
+                    continue
+                problem = f"{root / kind} is read-only and its node-local fallback failed"
             if problem is None:
                 wanted[var] = str(root / kind)
                 if kind == "jax" and check.network and xla_caches != "none":
@@ -148,7 +162,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    if settings.stats_hook and root is not None:
+    if (settings.stats_hook and root is not None) or SEED_VAR in exports.values:
         parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_DIR) not in parts:
             exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
