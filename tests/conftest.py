@@ -14,6 +14,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: Variables of the developer's shell that would leak into what a test measures.
 _LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
@@ -58,3 +59,27 @@ SMALL = {"workloads": {"jax-transformer": {"shapes": [16]}}}
 @pytest.fixture
 def cache_root(tmp_path: Path) -> Path:
     return tmp_path / "cache root"  # a space, on purpose: paths must be quoted everywhere
+
+
+# --- the real SLURM cluster (tests/slurm_cluster.py) -------------------------------------
+
+from slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A running single-node SLURM cluster with fake ``gpu:h100:1`` and ``gpu:a100:1``.
+
+    ``SLURM_CONF`` is exported into os.environ for the session so that sbatch and
+    ``snakemake --executor slurm`` reach it. Without the SLURM binaries the tests skip on a
+    developer's machine, and fail under CI (where .ci/install-slurm.sh installs them).
+    """
+    missing = missing_binaries()
+    if missing:
+        message = f"the SLURM test cluster needs {', '.join(missing)} (run .ci/install-slurm.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        cluster.activate()
+        yield cluster

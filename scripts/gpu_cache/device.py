@@ -19,6 +19,7 @@ class Device:
     name: str
     gpu_type: str
     count: int
+    visible_devices: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -69,6 +70,8 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
                 names = [by_id[v.strip()] for v in visible if v.strip() in by_id]
         except (OSError, subprocess.SubprocessError, IndexError):
             names = []
+    visible_text = environ.get("CUDA_VISIBLE_DEVICES")
     if not names:
-        return Device(name="cpu", gpu_type="cpu", count=0)
-    return Device(name=names[0], gpu_type=gpu_type_of(names[0]), count=len(names))
+        return Device(name="cpu", gpu_type="cpu", count=0, visible_devices=visible_text)
+    return Device(name=names[0], gpu_type=gpu_type_of(names[0]), count=len(names),
+                  visible_devices=visible_text)

@@ -19,6 +19,12 @@ class GpuType:
     workload_names: tuple[str, ...]
     gpus: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+
+    @property
+    def expected_device(self) -> str:
+        """The device type its jobs must see: ``device`` if configured, else the type's name."""
+        return self.device or self.name
 
 
 def gpu_types(settings: Settings) -> dict[str, GpuType]:
@@ -30,9 +36,21 @@ def gpu_types(settings: Settings) -> dict[str, GpuType]:
         return {here.gpu_type: GpuType(here.gpu_type, defaults, gpus=here.count)}
     return {
         name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec.get("gpus", 1)),
-                      dict(spec.get("resources") or {}))
+                      dict(spec.get("resources") or {}), spec.get("device"))
         for name, spec in configured.items()
     }
+
+
+def device_problems(expected: GpuType, seen: device.Device) -> list[str]:
+    """Why the device a job saw is not the one its GPU type promises (none when it is)."""
+    if seen.gpu_type != expected.expected_device:
+        return [f"device: expected a {expected.expected_device} for GPU type {expected.name}, "
+                f"but the job saw {seen.name} (check the type's resources, or its device key)"]
+    if seen.gpu_type != "cpu" and seen.count != expected.gpus:
+        return [f"device: GPU type {expected.name} promises {expected.gpus} visible GPU(s) per job "
+                f"but the job saw {seen.count}; JAX keys include the count, so the real jobs "
+                "would miss"]
+    return []
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 
 from gpu_cache import device, env
 from gpu_cache.settings import Settings
-from gpu_cache.warm import Phase, run_phase
+from gpu_cache.targets import device_problems, gpu_types
+from gpu_cache.warm import Phase, job_info, run_phase
 
 KINDS = ("jax", "triton")
 #: How many missed computations a problem line names before it says "and N more".
@@ -93,6 +94,10 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     warm = run_phase(settings, gpu_type, "validate", env.job_environ(exports), log)
     counts = {kind: _kind_counts(warm, kind) for kind in KINDS}
     missed = [m for kind in KINDS for m in _missed(warm, kind)]
+    seen = device.detect()
+    expected = gpu_types(settings).get(gpu_type)
+    if expected is not None:
+        cache_problems += device_problems(expected, seen)
     problems = judge(counts, missed, warm.failures(), cache_problems)
     observed = any(counts[k]["processes_observed"] for k in KINDS)
     notes = [] if observed else [
@@ -101,7 +106,7 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     warm_seconds = round(warm.seconds, 3)
     return {
         "gpu_type": gpu_type,
-        "device": device.detect().as_dict(),
+        "device": seen.as_dict(),
         "passed": not problems,
         "hits": sum(counts[k]["hits"] for k in KINDS),
         "misses": sum(counts[k]["misses"] for k in KINDS),
@@ -117,5 +122,6 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "missed": missed,
         "runs": warm.runs_as_dicts(),
         "cache_root": str(settings.cache_root),
+        "job": job_info(),
         **counts,
     }

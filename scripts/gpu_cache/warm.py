@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 import uuid
@@ -67,6 +69,11 @@ def run_phase(settings: Settings, gpu_type: str, phase: str, environ: Mapping[st
     return result
 
 
+def job_info() -> dict[str, str | None]:
+    """Where this step ran: host and SLURM job, to find it in sacct."""
+    return {"host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
 def warm(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     """Warm the caches for ``gpu_type`` and return the warm report.
 
@@ -84,6 +91,7 @@ def warm(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "gpu_type": gpu_type,
         "device": device.detect().as_dict(),
         "cache_root": str(settings.cache_root),
+        "job": job_info(),
         "seconds": round(phase.seconds, 3),
         "runs": phase.runs_as_dicts(),
         "new_entries": {kind: len(keys) for kind, keys in phase.new_keys.items()},

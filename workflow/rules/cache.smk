@@ -3,6 +3,8 @@
 
 
 rule preflight_cache:
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
     output:
         report="results/gpu-cache/preflight.json",
     log:
@@ -23,6 +25,9 @@ rule warm_cache:
         report="results/gpu-cache/warm/{gpu_type}.json",
     log:
         "logs/gpu-cache/warm/{gpu_type}.log",
+    # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
+    resources:
+        **gpu_cache_resources(),
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
@@ -40,6 +45,9 @@ rule validate_cache:
         report="results/gpu-cache/validate/{gpu_type}.json",
     log:
         "logs/gpu-cache/validate/{gpu_type}.log",
+    # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
+    resources:
+        **gpu_cache_resources(),
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
@@ -53,6 +61,8 @@ rule validate_cache:
 # A checkpoint whose inputs are everything else, so it runs last; a host overrides its
 # input with its own final outputs (`use rule prune_cache ... with: input: ...`).
 checkpoint prune_cache:
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
     input:
         validations=gpu_cache_validations(),
     output:
@@ -69,6 +79,8 @@ checkpoint prune_cache:
 
 
 rule cache_report:
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
     input:
         validations=gpu_cache_validations(),
         prune=gpu_cache_pruned,

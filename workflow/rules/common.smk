@@ -51,6 +51,19 @@ def gpu_cache_config(wildcards=None):
     return GPU_CACHE_CONFIG_JSON
 
 
+def gpu_cache_resources():
+    """Per-GPU-type SLURM resources of the warm and validate jobs, one function per resource
+    name that any type sets; a type that does not set it asks for nothing (None)."""
+    names = sorted({name for spec in GPU_CACHE_TYPES.values() for name in spec.resources})
+    for name in set(names) & {"mem_mb", "runtime"}:
+        lacking = [t for t, spec in GPU_CACHE_TYPES.items() if name not in spec.resources]
+        if lacking:  # Snakemake cannot leave a size or time resource unset for one wildcard
+            raise ValueError(f"gpu-cache config: gpu_types: {name} is set for some GPU types but not "
+                             f"for {', '.join(lacking)}; set it for every type or for none")
+    return {name: (lambda wildcards, name=name: GPU_CACHE_TYPES[wildcards.gpu_type].resources.get(name))
+            for name in names}
+
+
 def gpu_cache_validation(gpu_type):
     """The validation verdict of one GPU type: make a GPU rule depend on it."""
     return f"results/gpu-cache/validate/{gpu_type}.json"

@@ -2,8 +2,10 @@
 
 ``python -m gpu_cache.workloads.jax_transformer --shape 64`` compiles and runs one training
 step (``value_and_grad`` of a loss over the layers) for sequence length 64 and prints one
-JSON line. Its compiled programs depend only on the shape, so a second process with the
-same cache must hit every one of them.
+JSON line. ``--shape 256,512,1024`` runs several lengths in one process; ``--layers``,
+``--d-model``, ``--heads`` and ``--batch`` size the model (the defaults are small enough for a
+CPU; the GPU benchmark uses a 12-layer model). Its compiled programs depend only on these
+arguments, so a second process with the same cache must hit every one of them.
 """
 
 from __future__ import annotations
@@ -13,24 +15,33 @@ import json
 import sys
 import time
 
-LAYERS = 4
-D_MODEL = 128
-HEADS = 4
-D_FF = 4 * D_MODEL
 VOCAB = 512
-BATCH = 2
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="jax-transformer", description=__doc__)
-    parser.add_argument("--shape", required=True, help="sequence length, a positive integer")
+    parser.add_argument("--shape", required=True,
+                        help="sequence length(s): a positive integer, or several separated by commas")
+    parser.add_argument("--layers", default="4", help="transformer layers (default 4)")
+    parser.add_argument("--d-model", default="128", help="model width (default 128)")
+    parser.add_argument("--heads", default="4", help="attention heads (default 4)")
+    parser.add_argument("--batch", default="2", help="batch size (default 2)")
     args = parser.parse_args(argv)
     try:
-        args.shape = int(args.shape)
-        if args.shape <= 0:
-            raise ValueError
-    except ValueError:
-        parser.exit(2, f"jax-transformer: error: --shape must be a positive integer, not {args.shape!r}\n")
+        args.shapes = [_positive(part) for part in args.shape.split(",")]
+        args.layers, args.d_model, args.heads, args.batch = (
+            _positive(args.layers), _positive(args.d_model), _positive(args.heads), _positive(args.batch))
+        if args.d_model % args.heads:
+            raise ValueError("--d-model must be a multiple of --heads")
+    except ValueError as exc:
+        parser.exit(2, f"jax-transformer: error: sizes must be positive integers ({exc})\n")
     return args
 
 
@@ -39,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import jax
     import jax.numpy as jnp
+
+    LAYERS, D_MODEL, HEADS, BATCH = args.layers, args.d_model, args.heads, args.batch
+    D_FF = 4 * D_MODEL
 
     def init(key):
         keys = jax.random.split(key, 2 + 4 * LAYERS)
@@ -82,17 +96,20 @@ def main(argv: list[str] | None = None) -> int:
 
     step = jax.jit(jax.value_and_grad(loss))
     params = jax.jit(init)(jax.random.PRNGKey(0))
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (BATCH, args.shape), 0, VOCAB)
-    first = time.perf_counter()
-    value, grads = step(params, tokens)
-    value.block_until_ready()
-    first_call = time.perf_counter() - first
-    if not bool(jnp.isfinite(value)):
-        print(f"jax-transformer: error: loss is not finite ({value})", file=sys.stderr)
-        return 1
+    first_calls, losses = [], []
+    for length in args.shapes:
+        tokens = jax.random.randint(jax.random.PRNGKey(1), (BATCH, length), 0, VOCAB)
+        first = time.perf_counter()
+        value, _grads = step(params, tokens)
+        value.block_until_ready()
+        first_calls.append(round(time.perf_counter() - first, 3))
+        if not bool(jnp.isfinite(value)):
+            print(f"jax-transformer: error: loss is not finite ({value}) at length {length}", file=sys.stderr)
+            return 1
+        losses.append(round(float(value), 4))
     print(json.dumps({
-        "workload": "jax-transformer", "shape": args.shape, "loss": round(float(value), 4),
-        "device": str(jax.devices()[0].device_kind), "first_call_seconds": round(first_call, 3),
+        "workload": "jax-transformer", "shape": args.shape, "loss": losses,
+        "device": str(jax.devices()[0].device_kind), "first_call_seconds": first_calls,
         "seconds": round(time.perf_counter() - started, 3),
     }))
     return 0

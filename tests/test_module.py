@@ -1,0 +1,65 @@
+"""gpu-cache as a Snakemake module inside a host pipeline (tests/example_host), run locally."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO, clean_environ, read_json, run_snakemake
+
+HOST = REPO / "tests" / "example_host"
+MODULE = f"gpu_cache_snakefile={REPO / 'workflow' / 'Snakefile'}"
+
+
+def host_copy(tmp_path: Path) -> Path:
+    work = tmp_path / "host"
+    shutil.copytree(HOST, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "predictions"))
+    return work
+
+
+@pytest.mark.parametrize("prefix", [None, "cache-work"])
+def test_host_pipeline_waits_for_validation_and_prunes_last(tmp_path, prefix):
+    work = host_copy(tmp_path)
+    args = ["--cores", "2", "--config", MODULE] + ([f"gpu_cache_prefix={prefix}"] if prefix else [])
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    result = run_snakemake(work, *args, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = work / (prefix or ".") / "results" / "gpu-cache"
+    for gpu_type in ("h100", "a100"):
+        verdict = read_json(results / "validate" / f"{gpu_type}.json")
+        assert verdict["passed"] is True, verdict["problems"]
+    predictions = sorted((work / "predictions").glob("*.json"))
+    assert len(predictions) == 4
+    validations = [results / "validate" / f"{t}.json" for t in ("h100", "a100")]
+    for path in predictions:
+        prediction = read_json(path)
+        # Host jobs got the cache environment and were served by the warmed cache.
+        assert prediction["environment"]["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache" / "jax")
+        assert prediction["cache"]["requests"] > 0
+        assert prediction["cache"]["hits"] == prediction["cache"]["requests"]
+        assert path.stat().st_mtime >= min(v.stat().st_mtime for v in validations)
+    prune = results / "prune.json"
+    assert prune.stat().st_mtime >= max(p.stat().st_mtime for p in predictions)
+    assert (results / "summary.txt").exists()
+
+
+def test_host_and_module_lint_clean(tmp_path):
+    work = host_copy(tmp_path)
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    host = run_snakemake(work, "--lint", "--config", MODULE, env=env)
+    assert host.returncode == 0, host.stdout + host.stderr
+    ours = run_snakemake(REPO, "--lint", env=env)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+
+
+def test_a_validation_on_the_wrong_device_fails_and_says_so(tmp_path):
+    work = host_copy(tmp_path)
+    config = (work / "config" / "config.yaml").read_text()
+    config = config.replace("    h100:\n      workloads: [predict]\n      device: cpu", "    h100:\n      workloads: [predict]\n      device: h100")
+    assert "device: h100" in config
+    (work / "config" / "config.yaml").write_text(config)
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    result = run_snakemake(work, "--cores", "2", "--config", MODULE, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    verdict = read_json(work / "results" / "gpu-cache" / "validate" / "h100.json")
+    assert verdict["passed"] is False
+    assert any("expected a h100" in p and "saw cpu" in p for p in verdict["problems"])
