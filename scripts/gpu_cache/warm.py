@@ -84,7 +84,7 @@ def warm(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     env.warn_once(exports)
     started = time.time()
     phase = run_phase(settings, gpu_type, "warm", env.job_environ(exports), log)
-    broken = broken_since(settings, started)
+    broken = [] if "jax" in exports.problems else broken_since(settings, started)
     for line in broken:
         print(f"gpu-cache: warning: {line}", file=sys.stderr)
     return {
@@ -107,7 +107,10 @@ def broken_since(settings: Settings, since: float) -> list[str]:
     if settings.cache_root is None:
         return []
     time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
-    found = [e for e in jax_cache.scan(settings.cache_root / "jax", since - 1.0) if e.problem]
+    try:
+        found = [e for e in jax_cache.scan(settings.cache_root / "jax", since - 1.0) if e.problem]
+    except OSError:
+        return []  # unreadable: env.resolve has reported the folder already
     if not found:
         return []
     return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
