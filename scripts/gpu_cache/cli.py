@@ -12,6 +12,7 @@ from typing import Any, Iterator, TextIO
 
 from gpu_cache import __version__
 from gpu_cache.errors import UsageError
+from gpu_cache.fs import require_folder_or_missing
 from gpu_cache.settings import Settings, load_config_file, settings_from
 from gpu_cache.units import parse_age, parse_size
 
@@ -55,6 +56,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
+    p.add_argument("--no-fail", action="store_true",
+                   help="a cache root that is a file or a broken link is reported in the JSON, "
+                        "exit 0 (the workflow's prune rule uses this)")
 
     p = sub.add_parser("stats", help="entries, bytes, ages and hit rates per kind")
     _add_common(p)
@@ -70,6 +74,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "earlier runs' (from the stats hook's records)")
     p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
                                     "(default: the latest process that missed)")
+    p.add_argument("--fix", action="store_true",
+                   help="also remove broken entries (empty or truncated JAX entries, orphan halves, "
+                        "stale temporaries), as prune does, keeping every good one")
 
     p = sub.add_parser("summary", help="summarise validation and prune reports")
     p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
@@ -100,7 +107,12 @@ def _settings(args: argparse.Namespace) -> Settings:
             config = json.loads(args.config_json)
         except ValueError as exc:
             raise UsageError(f"--config-json is not JSON: {exc}") from None
-    return settings_from(config, cache_root=args.cache_root)
+    settings = settings_from(config, cache_root=args.cache_root)
+    if settings.shared_group is not None:
+        from gpu_cache.trust import share_with_group
+
+        share_with_group()  # what warm/validate start writes group-writable entries
+    return settings
 
 
 @contextmanager
@@ -174,13 +186,17 @@ def _run(args: argparse.Namespace) -> int:
             settings, max_size=max_size, max_age=max_age,
             dry_run=args.dry_run or limits["dry_run"],
             kinds=tuple(args.kind) if args.kind else ("jax", "triton"),
+            strict_root=not args.no_fail,
         )
         _emit(report, args.output, to_stdout=args.json)
         return 0
     if args.command == "stats":
         from gpu_cache import stats
 
-        report = stats.cache_stats(_settings(args))
+        settings = _settings(args)
+        if settings.cache_root is not None:
+            require_folder_or_missing(settings.cache_root)
+        report = stats.cache_stats(settings)
         sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else stats.render(report))
         return 0
     if args.command == "doctor" and args.explain:
@@ -198,7 +214,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from gpu_cache import doctor
 
-        report = doctor.preflight(_settings(args))
+        settings = _settings(args)
+        report = doctor.preflight(settings)
+        if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
+            from gpu_cache.prune import repair
+
+            fixed = repair(settings)
+            report["fixed"] = {kind: fixed[kind] for kind in ("jax", "triton")}
+            report["warnings"] += [str(p) for p in fixed["problems"]]
         if args.output:
             _emit(report, args.output, to_stdout=False)
         sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else doctor.render(report))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from importlib import metadata
 from typing import Any
 
@@ -26,30 +25,25 @@ def _version(package: str) -> str | None:
 def preflight(settings: Settings) -> dict[str, Any]:
     """Check every cache kind's folder (creating it) and collect what decides cache keys.
 
-    ``ok`` is False when a kind cannot use its folder; ``warnings`` are worth reading but
-    do not stop caching.
+    ``ok`` is False when a kind cannot use its folder (it then runs without a cache or on
+    a node-local fallback, as ``exports.problems`` says); ``warnings`` are worth reading
+    but do not stop caching. Never raises for filesystem trouble.
     """
     report: dict[str, Any] = {"cache_root": str(settings.cache_root) if settings.cache_root else None,
+                              "shared_group": settings.shared_group,
                               "kinds": {}, "warnings": [], "ok": True}
     if settings.cache_root is None:
         report["warnings"].append("caching is turned off (cache root 'none')")
     else:
         for kind in KINDS:
-            check = check_folder(settings.cache_root / kind)
+            check = check_folder(settings.cache_root / kind, shared_group=settings.shared_group,
+                                 min_free=settings.min_free_space, trusted_above=settings.cache_root)
             report["kinds"][kind] = check.as_dict()
             if check.problem:
                 report["ok"] = False
-            elif check.mode and stat.S_IMODE(os.stat(check.path).st_mode) & stat.S_IWOTH:
-                report["warnings"].append(
-                    f"{kind}: {check.path} is world-writable; whoever can write a cache can run "
-                    "code in every job that reads it (chmod o-w)")
-            if check.network and kind == "jax" and settings.xla_caches != "none":
-                report["warnings"].append(
-                    f"jax: {check.path} is on {check.fs_type}; set xla_caches: none (XLA's "
-                    "autotune cache fails atomic renames on network filesystems)")
     exports = env.resolve(settings)
     report["exports"] = exports.as_dict()
-    report["warnings"] += exports.messages()
+    report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     report["device"] = device.detect().as_dict()
     report["versions"] = {name: _version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in
@@ -64,11 +58,18 @@ def render(report: dict[str, Any]) -> str:
     for kind, check in report["kinds"].items():
         free = format_size(check["free_bytes"]) if check["free_bytes"] is not None else "?"
         state = "ok" if check["problem"] is None else f"PROBLEM: {check['problem']}"
-        lines.append(f"{kind:>9}: {state} ({check['fs_type']}, {free} free, {check['mode']}) {check['path']}")
+        if check["problem"] is None and check["read_only"]:
+            state = "read-only"
+        network = ", network" if check["network"] else ""
+        lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
+                     f"{check['mode']} group {check['group']}) {check['path']}")
     dev = report["device"]
     lines.append(f"   device: {dev['name']} x{dev['count']} (gpu_type {dev['gpu_type']})")
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]
+    for kind, fixed in report.get("fixed", {}).items():
+        lines.append(f"    fixed: {kind}: removed {fixed['entries_removed']} broken entries, "
+                     f"repaired {fixed['repaired']}")
     lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
     return "\n".join(lines) + "\n"

@@ -51,12 +51,14 @@ def _triton_scan(folder: Path, grace_seconds: float) -> list[Entry]:
     return out
 
 
-def scan(kind: str, folder: Path, grace_seconds: float = 3600.0) -> list[Entry]:
+def scan(kind: str, folder: Path, grace_seconds: float = 3600.0,
+         verify_after: float | None = None) -> list[Entry]:
     """Every entry of ``kind`` in ``folder``; temporary files younger than the grace period
-    are left out, since a writer may still own them."""
+    are left out, since a writer may still own them. ``verify_after``: decompress the JAX
+    entries written after that time to find truncated ones."""
     if kind == "jax":
         return [Entry("jax", e.key, e.name, e.size, e.last_use, e.problem, e)
-                for e in jax_cache.scan(folder)]
+                for e in jax_cache.scan(folder, verify_after)]
     if kind == "triton":
         return _triton_scan(folder, grace_seconds)
     raise ValueError(f"kind {kind!r} has no entry scanner")

@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import MutableMapping, Mapping
 
+from gpu_cache import trust
 from gpu_cache.fs import check_folder
 from gpu_cache.settings import Settings
 
 HOOK_DIR = Path(__file__).with_name("_hook")
+#: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
+SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
+SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
 
@@ -37,16 +41,21 @@ class Exports:
 
     ``values`` is what gpu-cache sets; ``kept`` maps each variable the user set to
     ``(their value, the value gpu-cache would have set)``; ``problems`` says, per cache
-    kind, why it runs without its cache or on a node-local fallback.
+    kind, why it runs without its cache or on a node-local fallback; ``adjusted`` says, per
+    kind, which setting gpu-cache changed from the config to keep the cache safe.
     """
 
     values: dict[str, str] = field(default_factory=dict)
     kept: dict[str, tuple[str, str]] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
+    adjusted: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings."""
         lines = [f"{kind}: {why}" for kind, why in self.problems.items()]
+        lines += [f"{kind}: {why}" for kind, why in self.adjusted.items()]
+        lines += self.warnings
         lines += [f"keeping your {name}={theirs!r} (gpu-cache would set {ours!r})"
                   for name, (theirs, ours) in self.kept.items()]
         return lines
@@ -56,6 +65,8 @@ class Exports:
             "exports": dict(self.values),
             "kept": {name: {"yours": t, "gpu_cache": o} for name, (t, o) in self.kept.items()},
             "problems": dict(self.problems),
+            "adjusted": dict(self.adjusted),
+            "warnings": list(self.warnings),
         }
 
 
@@ -76,13 +87,17 @@ def node_local_fallback(kind: str) -> Path:
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
     """Work out the exports for ``settings``; probes each cache folder (creates it).
 
-    Never raises for filesystem trouble: an unusable folder is reported in ``problems``
-    and that kind runs without a cache (JAX) or on a node-local folder (the others,
-    which cannot be switched off).
+    Never raises for filesystem trouble: an unusable or untrusted folder is reported in
+    ``problems`` and that kind runs without a cache (JAX) or on a node-local folder (the
+    others, which cannot be switched off). On a network filesystem XLA's extra caches are
+    kept off whatever the config says (they fail atomic renames there and crash).
     """
     environ = os.environ if environ is None else environ
     wanted: dict[str, str] = {}
     problems: dict[str, str] = {}
+    adjusted: dict[str, str] = {}
+    warnings: list[str] = []
+    xla_caches = settings.xla_caches
     root = settings.cache_root
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
@@ -94,36 +109,60 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             if _user_set(var, environ):
                 wanted[var] = str(root / kind)  # reported as kept below; theirs is used
                 continue
-            check = check_folder(root / kind)
-            if check.problem is None:
+            check = check_folder(root / kind, shared_group=settings.shared_group,
+                                 min_free=settings.min_free_space, trusted_above=root)
+            warnings += [f"{kind}: {line}" for line in check.warnings]
+            # JAX reads a read-only cache (and warns on each failed write); Triton raises
+            # on a miss there, so it reads it as a seed under a node-local folder; the
+            # others write too, so they fall back.
+            problem = check.problem or (
+                f"{root / kind} is read-only and {kind} fails when it cannot write"
+                if check.read_only and kind not in ("jax", "triton") else None)
+            if problem is None and check.read_only and kind == "triton":
+                fallback = node_local_fallback(kind)
+                if check_folder(fallback, trusted_above=fallback.parent).problem is None:
+                    wanted[var] = str(fallback)
+                    wanted[SEED_VAR] = str(root / kind)
+                    wanted["TRITON_CACHE_MANAGER"] = SEED_MANAGER
+                    adjusted[kind] = (f"{root / kind} is read-only: its kernels are read as a "
+                                      f"seed, new ones go to node-local {fallback}")
+                    continue
+                problem = f"{root / kind} is read-only and its node-local fallback failed"
+            if problem is None:
                 wanted[var] = str(root / kind)
+                if kind == "jax" and check.network and xla_caches != "none":
+                    adjusted[kind] = (
+                        f"{root / kind} is on {check.fs_type}, where XLA's autotune cache fails "
+                        f"atomic renames and crashes; exporting "
+                        f"JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none instead of {xla_caches!r}")
+                    xla_caches = "none"
             elif kind == "jax":
                 wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-                problems[kind] = f"{check.problem}; JAX runs without its persistent cache"
+                problems[kind] = f"{problem}; JAX runs without its persistent cache"
             else:
                 fallback = node_local_fallback(kind)
-                local = check_folder(fallback)
+                local = check_folder(fallback, trusted_above=fallback.parent)
                 if local.problem is None:
                     wanted[var] = str(fallback)
-                    problems[kind] = f"{check.problem}; using node-local {fallback} instead"
+                    problems[kind] = f"{problem}; using node-local {fallback} instead"
                 else:
-                    problems[kind] = f"{check.problem}; node-local fallback failed too: {local.problem}"
+                    problems[kind] = f"{problem}; node-local fallback failed too: {local.problem}"
         if "JAX_COMPILATION_CACHE_DIR" in wanted:
             wanted["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
             wanted["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-            wanted["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = settings.xla_caches
+            wanted["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = xla_caches
         if "TRITON_CACHE_DIR" in wanted:
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
         if settings.stats_hook and "jax" not in problems:
             wanted["GPU_CACHE_RECORDS"] = str(root / "records")
-    exports = Exports(problems=problems)
+    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    if settings.stats_hook and root is not None:
+    if (settings.stats_hook and root is not None) or SEED_VAR in exports.values:
         parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_DIR) not in parts:
             exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
@@ -149,8 +188,14 @@ def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None)
 
 
 def export(settings: Settings, environ: MutableMapping[str, str] | None = None) -> Exports:
-    """Resolve, apply and warn: what the profile and the workflow call at start-up."""
+    """Resolve, apply and warn: what the profile and the workflow call at start-up.
+
+    In shared-group mode this also clears the group bits of this process's umask, which
+    every job started from it inherits (a umask cannot travel as an environment variable).
+    """
     environ = os.environ if environ is None else environ
+    if settings.shared_group is not None:
+        trust.share_with_group()
     exports = resolve(settings, environ)
     apply(exports, environ)
     warn_once(exports, environ)

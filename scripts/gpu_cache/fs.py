@@ -1,37 +1,80 @@
-"""Filesystem facts about a cache folder: can it be used, and what is it on."""
+"""Filesystem facts about a cache folder: can it be used, what is it on, is it trusted."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import shutil
 import stat
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-#: Filesystem types (as /proc/mounts names them) that are shared over the network.
-NETWORK_FS = frozenset({"nfs", "nfs4", "lustre", "beegfs", "gpfs", "cifs", "smb3", "fuse.sshfs",
-                        "ceph", "fuse.ceph", "glusterfs", "fuse.glusterfs", "panfs", "wekafs"})
+from gpu_cache import trust
+from gpu_cache.errors import UsageError
+
+#: Filesystem types (as /proc/mounts names them) shared over the network, by family.
+NETWORK_FAMILIES = {
+    "nfs": ("nfs", "nfs4"), "lustre": ("lustre",), "beegfs": ("beegfs",),
+    "gpfs": ("gpfs",), "cifs": ("cifs", "smb3", "smbfs"), "ceph": ("ceph", "fuse.ceph"),
+    "glusterfs": ("glusterfs", "fuse.glusterfs"), "sshfs": ("fuse.sshfs",), "panfs": ("panfs",),
+    "wekafs": ("wekafs",),
+}
+NETWORK_FS = frozenset(name for names in NETWORK_FAMILIES.values() for name in names)
+#: Node-local filesystems held in memory (lost at reboot, counted against the job's memory).
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+#: statfs(2) magic numbers, for when /proc/mounts names only a generic type (fuse, fuseblk).
+_MAGIC = {0x6969: "nfs", 0x0BD00BD0: "lustre", 0x19830326: "beegfs", 0x47504653: "gpfs",
+          0xFF534D42: "cifs", 0xFE534D42: "smb3", 0x00C36400: "ceph", 0x01021994: "tmpfs",
+          0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x794C7630: "overlay",
+          0x65735546: "fuse"}
+#: Below this much free space a cache folder gets a warning (JAX then writes empty entries).
+DEFAULT_MIN_FREE = 1 << 30
 
 
 @dataclass(frozen=True)
 class FolderCheck:
-    """What a probe of one cache folder found. ``problem`` is None when it is usable."""
+    """What a probe of one cache folder found. ``problem`` is None when it is usable;
+    ``read_only`` when it can be read but not written (hits, no new entries); ``warnings``
+    are worth reading but do not stop caching."""
 
     path: str
     fs_type: str
+    family: str
     network: bool
     free_bytes: int | None
     owner_uid: int | None
+    group: str | None
     mode: str | None
     problem: str | None
+    read_only: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
+def _statfs_magic(path: str) -> int | None:
+    """The f_type of statfs(2) (os.statvfs does not expose it), or None where unavailable."""
+
+    class _StatFs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return None
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    buf = _StatFs()
+    if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        return None
+    return buf.f_type & 0xFFFFFFFF
+
+
 def fs_type(path: Path) -> str:
-    """The type of the filesystem that holds ``path`` (its longest mount prefix), or ``unknown``."""
+    """The type of the filesystem that holds ``path`` (its longest mount prefix in
+    /proc/mounts, refined by the statfs magic when that says only ``fuse``), or ``unknown``."""
     target = os.path.realpath(path)
     best, best_type = "", "unknown"
     try:
@@ -46,7 +89,44 @@ def fs_type(path: Path) -> str:
                     best, best_type = mount_point, fields[2]
     except OSError:
         pass
+    if best_type in ("unknown", "fuse", "fuseblk"):
+        magic = _statfs_magic(target)
+        if magic is not None and _MAGIC.get(magic, "fuse") != "fuse":
+            best_type = _MAGIC[magic]
     return best_type
+
+
+def family(kind: str) -> str:
+    """The family a filesystem type belongs to: a network family (nfs, lustre, beegfs, gpfs,
+    ...), ``tmpfs``, ``fuse`` (an unnamed FUSE filesystem: maybe remote), ``local`` or ``unknown``."""
+    for name, members in NETWORK_FAMILIES.items():
+        if kind in members:
+            return name
+    if kind in MEMORY_FS:
+        return "tmpfs"
+    if kind.startswith("fuse"):
+        return "fuse"
+    return "unknown" if kind == "unknown" else "local"
+
+
+def require_folder_or_missing(path: Path) -> None:
+    """For commands that read an existing cache (prune, stats): a root that does not exist
+    is empty, but one that is a file or a broken link is a mistake in the arguments.
+
+    Raises:
+        UsageError: ``path`` is a file, a dangling symbolic link or a link loop.
+    """
+    try:
+        path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise UsageError(f"cache root {path} is a dangling symbolic link") from None
+        return
+    except OSError as exc:  # ELOOP, ENOTDIR, EACCES
+        raise UsageError(f"cache root {path} cannot be used: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise UsageError(f"cache root {path} is a file, not a folder; pass the folder that holds "
+                         "jax/ and triton/ with --cache-root")
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -56,44 +136,78 @@ def _existing_ancestor(path: Path) -> Path:
     return current
 
 
-def check_folder(path: Path, create: bool = True) -> FolderCheck:
-    """Probe ``path`` as a cache folder: create it, write a file, rename it, delete it.
+def _probe_write(path: Path) -> tuple[str, int | None] | None:
+    """Write a file and atomically rename it, as the caches do; why that failed (and the
+    errno), or None."""
+    probe = path / f".gpu-cache-probe-{uuid.uuid4().hex}"
+    renamed = probe.with_suffix(".renamed")
+    step = "write a file"
+    try:
+        probe.write_bytes(b"probe")
+        step = "rename a file atomically"
+        os.replace(probe, renamed)
+        step = "delete a file"
+        renamed.unlink()
+        return None
+    except OSError as exc:
+        for leftover in (probe, renamed):
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+        return f"cannot {step} in {path}: {exc.strerror or exc}", exc.errno
 
-    Never raises for filesystem trouble: what went wrong is in ``problem``, in words a
-    user can act on.
+
+def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
+                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None) -> FolderCheck:
+    """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
+    set), check that it is trusted, write a file, rename it, delete it, and measure it.
+
+    ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
+    root and the kind folder); default: only ``path``. Never raises for filesystem trouble:
+    what went wrong is in ``problem``, in words a user can act on.
     """
     problem: str | None = None
+    read_only = False
     try:
         if path.is_symlink() and not path.exists():
             problem = f"{path} is a dangling or looping symbolic link"
         elif path.exists() and not path.is_dir():
             problem = f"{path} exists and is not a folder"
         elif create:
-            path.mkdir(parents=True, exist_ok=True)
+            trust.make_folder(path, shared_group)
     except OSError as exc:
         problem = f"cannot create {path}: {exc.strerror or exc}"
     if problem is None and path.is_dir():
-        probe = path / f".gpu-cache-probe-{uuid.uuid4().hex}"
-        try:
-            probe.write_bytes(b"probe")
-            os.replace(probe, probe.with_suffix(".renamed"))
-            probe.with_suffix(".renamed").unlink()
-        except OSError as exc:
-            problem = f"cannot write in {path}: {exc.strerror or exc}"
-            for leftover in (probe, probe.with_suffix(".renamed")):
-                try:
-                    leftover.unlink()
-                except OSError:
-                    pass
+        problem = trust.distrust(path, shared_group, trusted_above)
+    if problem is None and path.is_dir():
+        failed = _probe_write(path)
+        # A read-only mount or another user's folder can still serve hits.
+        if failed and failed[1] in (errno.EROFS, errno.EACCES, errno.EPERM) \
+                and os.access(path, os.R_OK | os.X_OK):
+            read_only = True
+        elif failed:
+            problem = failed[0]
     where = path if path.exists() else _existing_ancestor(path)
     try:
         info = where.stat()
-        owner, mode = info.st_uid, stat.filemode(info.st_mode)
+        owner, mode, group = info.st_uid, stat.filemode(info.st_mode), trust.group_name(info.st_gid)
     except OSError:
-        owner, mode = None, None
+        owner, mode, group = None, None, None
     try:
-        free = shutil.disk_usage(where).free
+        free: int | None = shutil.disk_usage(where).free
     except OSError:
         free = None
     kind = fs_type(where)
-    return FolderCheck(str(path), kind, kind in NETWORK_FS, free, owner, mode, problem)
+    fam = family(kind)
+    warnings = []
+    if read_only:
+        warnings.append(f"{path} is read-only: it serves hits but takes no new entries")
+    if problem is None and free is not None and free < min_free:
+        warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
+                        "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
+    if fam == "fuse":
+        warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
+                        "network filesystem (node-local cache, compile before fanning out)")
+    return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
+                       problem, read_only, warnings)

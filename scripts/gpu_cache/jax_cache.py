@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 import re
+import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
+#: A ``-cache`` file younger than this may still be being written (JAX writes in place).
+WRITE_GRACE_SECONDS = 1.0
+VERIFIED_STAMP = ".gpu-cache-verified"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))-(?P<suffix>cache|atime)$")
 
 
@@ -23,7 +29,9 @@ class JaxEntry:
     """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
 
     ``problem`` says why it is broken (then pruning removes it whatever its age): an empty
-    ``-cache`` file (a full disk) or an ``-atime`` without its ``-cache``. ``needs_atime``
+    ``-cache`` file (a full disk), one that does not decompress (truncated by a full disk
+    or a killed writer; checked only when scanning with ``verify``), or an ``-atime``
+    without its ``-cache``. ``needs_atime``
     marks a ``-cache`` without ``-atime`` in a size-capped cache: JAX reads every ``-atime``
     when it evicts, so such an entry makes every later write fail until it is repaired.
     """
@@ -48,9 +56,42 @@ def _read_atime(path: Path) -> float | None:
     return int.from_bytes(data, "little") / 1e9
 
 
-def scan(folder: Path) -> list[JaxEntry]:
-    """All entries in a JAX cache folder (missing folder: none). Never raises for races:
-    a file that disappears while scanning is skipped."""
+def undecompressable(path: Path) -> str | None:
+    """Why the ``-cache`` file at ``path`` cannot be what JAX wrote, or None.
+
+    JAX compresses with zstd when ``zstandard`` is importable, else with zlib, and puts a
+    4-byte compile time before the executable. A zstd entry is only checked where
+    ``zstandard`` is installed (elsewhere JAX would never look it up: the compression is
+    part of the key).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None  # gone or unreadable: not this check's business
+    try:
+        if data.startswith(_ZSTD_MAGIC):
+            try:
+                import zstandard  # type: ignore[import-not-found]
+            except ImportError:
+                return None
+            plain = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        else:
+            decompressor = zlib.decompressobj()
+            plain = decompressor.decompress(data)
+            if not decompressor.eof:
+                return "truncated -cache file (the writer ran out of space or was killed)"
+    except Exception as exc:  # zlib.error, zstandard.ZstdError: both mean corrupt
+        return f"-cache file does not decompress ({type(exc).__name__}: {exc})"
+    if len(plain) <= 4:
+        return "-cache file holds no executable"
+    return None
+
+
+def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
+    """All entries in a JAX cache folder (missing folder: none). With ``verify_after`` (a
+    time), each ``-cache`` file modified after it and older than
+    :data:`WRITE_GRACE_SECONDS` is decompressed to find broken ones. Never raises for
+    races: a file that disappears while scanning is skipped."""
     halves: dict[str, dict[str, tuple[Path, os.stat_result]]] = {}
     names: dict[str, str] = {}
     try:
@@ -82,6 +123,9 @@ def scan(folder: Path) -> list[JaxEntry]:
             problem = "-atime without -cache"
         elif cache[1].st_size == 0:
             problem = "empty -cache file (written while the disk was full)"
+        elif verify_after is not None and verify_after < cache[1].st_mtime \
+                < time.time() - WRITE_GRACE_SECONDS:
+            problem = undecompressable(cache[0])
         entries.append(JaxEntry(
             key=key, name=names[key],
             cache_path=cache[0] if cache else None, atime_path=atime[0] if atime else None,
@@ -90,6 +134,26 @@ def scan(folder: Path) -> list[JaxEntry]:
             needs_atime=capped and cache is not None and atime is None and problem is None,
         ))
     return entries
+
+
+def verified_until(folder: Path) -> float:
+    """When a prune last verified this folder's entries (0: never). Entries written later
+    are verified by the next prune; the ones before were checked already."""
+    try:
+        return (folder / VERIFIED_STAMP).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def mark_verified(folder: Path, when: float) -> None:
+    """Record that every entry written before ``when`` was verified.
+
+    Raises:
+        OSError: the stamp cannot be written.
+    """
+    stamp = folder / VERIFIED_STAMP
+    stamp.touch()
+    os.utime(stamp, (when, when))
 
 
 def write_atime(folder: Path, entry: JaxEntry) -> None:

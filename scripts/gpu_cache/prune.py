@@ -11,6 +11,7 @@ from pathlib import Path
 from gpu_cache import entries as entries_mod
 from gpu_cache import jax_cache
 from gpu_cache.errors import UsageError
+from gpu_cache.fs import require_folder_or_missing
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_size
 
@@ -57,10 +58,14 @@ def plan(entries: list[entries_mod.Entry], max_size: int, max_age: float, now: f
 
 
 def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: bool,
-               now: float | None = None, grace_seconds: float = 3600.0) -> KindReport:
-    """Prune one kind's folder; the caller holds the prune lock."""
+               now: float | None = None, grace_seconds: float = 3600.0,
+               verify_all: bool = False) -> KindReport:
+    """Prune one kind's folder; the caller holds the prune lock. JAX entries written since
+    the last prune (all of them with ``verify_all``) are decompressed to find broken ones."""
     now = time.time() if now is None else now
-    found = entries_mod.scan(kind, folder, grace_seconds)
+    started = time.time()
+    verify_after = 0.0 if verify_all or kind != "jax" else jax_cache.verified_until(folder)
+    found = entries_mod.scan(kind, folder, grace_seconds, verify_after)
     report = KindReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                         dry_run=dry_run)
     if kind == "jax" and not dry_run:
@@ -83,19 +88,40 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
         report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
                                "last_use": entry.last_use, "reason": reason})
     report.bytes_after = report.bytes_before - report.bytes_removed
+    if kind == "jax" and not dry_run and folder.is_dir() and not report.errors:
+        try:
+            # Younger entries were skipped (maybe mid-write): the next prune verifies them.
+            jax_cache.mark_verified(folder, started - jax_cache.WRITE_GRACE_SECONDS)
+        except OSError as exc:
+            report.errors.append(f"cannot record the verification: {exc.strerror or exc}")
     return report
+
+
+def repair(settings: Settings) -> dict[str, object]:
+    """Remove broken entries only (empty, truncated, orphan halves, stale temporaries) and
+    give lone ``-cache`` files of a capped cache their ``-atime``: ``doctor --fix``.
+
+    Raises:
+        UsageError: the root is a file or a broken link.
+    """
+    return prune(settings, max_size=sys.maxsize, max_age=float("inf"), dry_run=False,
+                 verify_all=True)
 
 
 def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
           kinds: tuple[str, ...] = entries_mod.PRUNABLE_KINDS, lock_timeout: float = 600.0,
-          ) -> dict[str, object]:
+          verify_all: bool = False, strict_root: bool = True) -> dict[str, object]:
     """Prune every kind under the cache root and return the report (the prune.json content).
 
-    Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, or an
-    unusable root, nothing is touched and the report says why.
+    Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
+    missing root, or a root that cannot be locked, nothing is touched and the report says
+    why. ``verify_all``: decompress every JAX entry, not only those since the last prune.
+    ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
+    reported (the workflow's prune must never fail a run because of the cache).
 
     Raises:
-        UsageError: an unknown kind was asked for.
+        UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
+            or a broken link.
     """
     for kind in kinds:
         if kind not in entries_mod.PRUNABLE_KINDS:
@@ -107,6 +133,13 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     root = settings.cache_root
     if root is None:
         result["problems"] = ["caching is turned off; nothing to prune"]
+        return result | empty
+    try:
+        require_folder_or_missing(root)
+    except UsageError as exc:
+        if strict_root:
+            raise
+        result["problems"] = [f"{exc}; nothing pruned"]
         return result | empty
     if not root.is_dir():
         result["problems"] = [f"cache root {root} does not exist; nothing to prune"]
@@ -127,7 +160,8 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
         lock = None
     try:
         for kind in kinds:
-            report = prune_kind(kind, root / kind, max_size, max_age, dry_run)
+            report = prune_kind(kind, root / kind, max_size, max_age, dry_run,
+                                verify_all=verify_all)
             result[kind] = report.as_dict()
             verb = "would remove" if dry_run else "removed"
             print(f"gpu-cache prune: {kind}: {verb} {report.entries_removed} of "

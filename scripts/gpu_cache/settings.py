@@ -67,6 +67,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     filled = _fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
+              ("min_free_space", parse_size, filled["min_free_space"]),
               ("prune.max_age", parse_age, filled["prune"]["max_age"])]
     checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
                for name, workload in filled["workloads"].items()]
@@ -130,6 +131,8 @@ class Settings:
     cache_root: Path | None
     xla_caches: str = "none"
     stats_hook: bool = True
+    shared_group: str | None = None
+    min_free_space: int = 1 << 30
     config: dict[str, Any] = field(default_factory=dict)
 
     def kind_dir(self, kind: str) -> Path:
@@ -153,13 +156,20 @@ def settings_from(
     """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment.
 
     Raises:
-        UsageError: the config does not match the schema.
+        UsageError: the config does not match the schema, or names a shared_group that
+            does not exist here.
     """
     filled = validate_config(config)
+    if filled["shared_group"] is not None:
+        from gpu_cache.trust import group_id
+
+        group_id(filled["shared_group"])
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
     return Settings(
         cache_root=root,
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
+        shared_group=filled["shared_group"],
+        min_free_space=parse_size(filled["min_free_space"]),
         config=filled,
     )

@@ -123,6 +123,9 @@ def validate(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "speedup": round(cold_seconds / warm_seconds, 2) if cold_seconds and warm_seconds else None,
         "problems": problems,
         "notes": notes,
+        # Everything the cache environment fell back from or adjusted (node-local folders,
+        # read-only roots, refused folders, low space), also when it does not fail validation.
+        "cache_warnings": exports.messages(),
         "missed": missed,
         "explain": explanations,
         "runs": warm.runs_as_dicts(),

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TextIO
 
-from gpu_cache import device, entries, env, records
+from gpu_cache import device, entries, env, jax_cache, records
 from gpu_cache.settings import Settings
 from gpu_cache.targets import workloads_of
 from gpu_cache.workload import RunResult, python_for, run_command
@@ -83,7 +83,11 @@ def warm(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
     """
     exports = env.resolve(settings)
     env.warn_once(exports)
+    started = time.time()
     phase = run_phase(settings, gpu_type, "warm", env.job_environ(exports), log)
+    broken = [] if "jax" in exports.problems else broken_since(settings, started)
+    for line in broken:
+        print(f"gpu-cache: warning: {line}", file=sys.stderr)
     return {
         "gpu_type": gpu_type,
         "device": device.detect().as_dict(),
@@ -92,5 +96,23 @@ def warm(settings: Settings, gpu_type: str, log: TextIO) -> dict[str, Any]:
         "seconds": round(phase.seconds, 3),
         "runs": phase.runs_as_dicts(),
         "new_entries": {kind: len(keys) for kind, keys in phase.new_keys.items()},
-        "problems": [f"{kind}: {why}" for kind, why in exports.problems.items()] + phase.failures(),
+        "problems": [f"{kind}: {why}" for kind, why in exports.problems.items()] + phase.failures()
+        + broken,
+        "cache_warnings": exports.messages(),
     }
+
+
+def broken_since(settings: Settings, since: float) -> list[str]:
+    """A problem line when JAX entries written since ``since`` are empty or truncated
+    (a full disk or a killed writer); JAX itself never repairs them."""
+    if settings.cache_root is None:
+        return []
+    time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
+    try:
+        found = [e for e in jax_cache.scan(settings.cache_root / "jax", since - 1.0) if e.problem]
+    except OSError:
+        return []  # unreadable: env.resolve has reported the folder already
+    if not found:
+        return []
+    return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
+            "is the disk full? `gpu-cache doctor --fix` or the next prune removes them"]

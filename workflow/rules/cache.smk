@@ -75,7 +75,7 @@ checkpoint prune_cache:
     conda:
         "../envs/gpu-cache.yaml"
     shell:
-        "{params.cli} prune --config-json {params.config:q} --output {output.report} 2> {log}"
+        "{params.cli} prune --no-fail --config-json {params.config:q} --output {output.report} 2> {log}"
 
 
 rule cache_report:
