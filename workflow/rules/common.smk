@@ -82,3 +82,12 @@ def gpu_cache_summary():
 def gpu_cache_pruned(wildcards):
     """prune.json, once the prune checkpoint has run."""
     return checkpoints.prune_cache.get().output.report
+
+
+def gpu_cache_plots():
+    """The report's plots: request them to have them in `snakemake --report`."""
+    return [
+        "results/gpu-cache/plots/cold_warm.svg",
+        "results/gpu-cache/plots/cache_size.svg",
+        "results/gpu-cache/plots/hit_rates.svg",
+    ]

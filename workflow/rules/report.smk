@@ -31,13 +31,5 @@ rule cache_plots:
         "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} plots --config-json {params.config:q} --validate {input.validations}"
-        " --prune {input.prune} --outdir results/gpu-cache/plots > {log} 2>&1"
+        " --prune {input.prune} --outdir \"$(dirname {output.cold_warm:q})\" > {log} 2>&1"
 
-
-def gpu_cache_plots():
-    """The report's plots: request them to have them in `snakemake --report`."""
-    return [
-        "results/gpu-cache/plots/cold_warm.svg",
-        "results/gpu-cache/plots/cache_size.svg",
-        "results/gpu-cache/plots/hit_rates.svg",
-    ]
