@@ -63,3 +63,46 @@ def test_a_validation_on_the_wrong_device_fails_and_says_so(tmp_path):
     verdict = read_json(work / "results" / "gpu-cache" / "validate" / "h100.json")
     assert verdict["passed"] is False
     assert any("expected a h100" in p and "saw cpu" in p for p in verdict["problems"])
+
+
+HOST_RULE_KINDS = """
+module gpu_cache:
+    snakefile: {snakefile!r}
+    config: {{"cache_root": {cache!r}}}
+
+use rule * from gpu_cache as gpu_cache_*
+
+rule all:
+    input: "shell.txt", "script.txt", "run.txt"
+    default_target: True
+
+rule by_shell:
+    output: "shell.txt"
+    shell: "echo $JAX_COMPILATION_CACHE_DIR > {{output}}"
+
+rule by_script:
+    output: "script.txt"
+    script: "dump.py"
+
+rule by_run:
+    output: "run.txt"
+    run:
+        import os
+        with open(output[0], "w") as stream:
+            stream.write(os.environ["JAX_COMPILATION_CACHE_DIR"] + "\\n")
+"""
+
+
+def test_every_kind_of_host_rule_gets_the_cache_environment(tmp_path):
+    """shell, script and run rules of a host that uses no gpu-cache profile."""
+    work = tmp_path / "host"
+    work.mkdir()
+    cache = tmp_path / "cache"
+    (work / "Snakefile").write_text(HOST_RULE_KINDS.format(
+        snakefile=str(REPO / "workflow" / "Snakefile"), cache=str(cache)))
+    (work / "dump.py").write_text(
+        "import os\nopen(snakemake.output[0], 'w').write(os.environ['JAX_COMPILATION_CACHE_DIR'] + '\\n')\n")
+    result = run_snakemake(work, "--cores", "1", env=clean_environ())
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("shell", "script", "run"):
+        assert (work / f"{name}.txt").read_text().strip() == str(cache / "jax"), name

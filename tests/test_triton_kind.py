@@ -73,3 +73,32 @@ def test_prune_repairs_incomplete_groups_and_stale_temp_folders(cache_root, tmp_
     assert reasons[broken.name].startswith("broken")
     assert reasons[f"{stale_home.name}/{stale.name}"].startswith("broken: stale temporary")
     assert not broken.exists() and not stale.exists() and stale_home.exists()
+
+
+def test_stats_flag_incomplete_stale_and_copied_groups(cache_root, tmp_path):
+    warm(cache_root, tmp_path)
+    folder = cache_root / "triton"
+    incomplete, stale_home = sorted(folder.iterdir())[:2]
+    next(p for p in incomplete.iterdir() if p.suffix == ".cubin").unlink()
+    stale = stale_home / "tmp.pid_999999_0123456789ab-cdef-0123-4567-89abcdef0123"
+    stale.mkdir()
+    old = time.time() - 7200
+    for path in (incomplete, stale, *incomplete.iterdir()):
+        os.utime(path, (old, old))
+    report = json.loads(run_cli("stats", "--json", "--cache-root", str(cache_root)).stdout)["kinds"]["triton"]
+    problems = {row["key"]: row["problem"] for row in report["broken_entries"]}
+    assert report["broken"] == 2
+    assert incomplete.name in problems and f"{stale_home.name}/{stale.name}" in problems
+    text = run_cli("stats", "--cache-root", str(cache_root)).stdout
+    assert f"broken: {incomplete.name}" in text
+
+    # A cache copied to another path: its manifests still name the old files.
+    copy_root = tmp_path / "copied"
+    import shutil
+
+    shutil.copytree(cache_root / "triton", copy_root / "triton")
+    for path in (copy_root / "triton").rglob("*"):
+        os.utime(path, (old, old))
+    copied = json.loads(run_cli("stats", "--json", "--cache-root", str(copy_root)).stdout)["kinds"]["triton"]
+    outside = [row for row in copied["broken_entries"] if "outside" in row["problem"]]
+    assert len(outside) >= 3, copied["broken_entries"]

@@ -35,6 +35,10 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
             "entries": len(found),
             "bytes": sum(e.size for e in found),
             "broken": sum(1 for e in found if e.problem),
+            # What prune would repair: incomplete or copied Triton groups, stale temporaries,
+            # empty or truncated JAX entries, orphan halves.
+            "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
+                               for e in found if e.problem][:TOP],
             "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
             "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
             "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
@@ -86,6 +90,8 @@ def render(stats: dict[str, Any]) -> str:
         lines.append(f"{kind:>7}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
         for row in info["by_function"][:5]:
             lines.append(f"         {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
+        for row in info["broken_entries"]:
+            lines.append(f"         broken: {row['key']} ({row['name']}): {row['problem']}")
     for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type")):
         groups = stats["usage"].get(axis) or {}
         if groups:
