@@ -144,6 +144,12 @@ def _wrap_jax_cache_key():
         local.in_get, local.tee = True, None
         try:
             key = original_get(module, devices, compile_options, backend, *args, **kwargs)
+        except Exception as exc:
+            # A jax whose key code the tee does not fit: compute the key plainly; the job
+            # must never fail because of the hook (a real jax error raises again here).
+            local.in_get, local.tee = False, None
+            _STATS.warn("jax cache key parts", exc)
+            key = original_get(module, devices, compile_options, backend, *args, **kwargs)
         finally:
             local.in_get = False
         try:
