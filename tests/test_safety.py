@@ -341,8 +341,10 @@ def test_full_disk_during_warm_then_doctor_fix_removes_broken_entries(tmp_path, 
     assert any("broken" in p and "doctor --fix" in p for p in report["problems"])
     assert "gpu-cache: warning: jax:" in warm.stderr
     broken = [e for e in jax_cache.scan(root / "jax", verify_after=0.0) if e.problem]
-    problems = {e.problem.split(" ")[0] for e in broken}
-    assert problems == {"empty", "truncated"}, broken  # both happen; JAX wrote them in place
+    # Both happen, since JAX writes in place: empty files, and cut-off ones (which read as
+    # "truncated" or "holds no executable" depending on zlib or zstd compression).
+    assert any(e.size == 0 and e.problem.startswith("empty") for e in broken), broken
+    assert any(e.size > 0 for e in broken), broken
     # JAX itself never repairs them: every later run warns and recompiles.
     env = jax_env(root / "jax")
     again = subprocess.run([sys.executable, "-c", GROWING], env=env, capture_output=True, text=True)
