@@ -169,12 +169,18 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     return exports
 
 
+def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:
+    """``GPU_CACHE_MANAGED`` once ``exports`` are applied over ``environ``: the names gpu-cache
+    set before and now (PYTHONPATH is merged, never owned)."""
+    return ",".join(sorted(managed_names(environ) | (set(exports.values) - {"PYTHONPATH"})))
+
+
 def apply(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
     """Set ``exports.values`` in ``environ`` (default ``os.environ``) and mark them as ours."""
     environ = os.environ if environ is None else environ
+    managed = _managed_after(exports, environ)
     environ.update(exports.values)
-    ours = managed_names(environ) | (set(exports.values) - {"PYTHONPATH"})
-    environ[MANAGED_VAR] = ",".join(sorted(ours))
+    environ[MANAGED_VAR] = managed
 
 
 def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
@@ -205,8 +211,7 @@ def export(settings: Settings, environ: MutableMapping[str, str] | None = None) 
 def shell_lines(exports: Exports) -> str:
     """``export NAME=value`` lines that ``eval "$(gpu-cache env)"`` runs."""
     values = dict(exports.values)
-    managed = ",".join(sorted(set(values) - {"PYTHONPATH"}))
-    values[MANAGED_VAR] = managed
+    values[MANAGED_VAR] = _managed_after(exports, os.environ)
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
