@@ -7,7 +7,6 @@ from importlib import metadata
 from typing import Any
 
 from gpu_cache import device, env
-from gpu_cache.fs import check_folder
 from gpu_cache.settings import KINDS, Settings
 from gpu_cache.units import format_size
 
@@ -32,16 +31,16 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report: dict[str, Any] = {"cache_root": str(settings.cache_root) if settings.cache_root else None,
                               "shared_group": settings.shared_group,
                               "kinds": {}, "warnings": [], "ok": True}
+    exports = env.resolve(settings)
     if settings.cache_root is None:
         report["warnings"].append("caching is turned off (cache root 'none')")
     else:
         for kind in KINDS:
-            check = check_folder(settings.cache_root / kind, shared_group=settings.shared_group,
-                                 min_free=settings.min_free_space, trusted_above=settings.cache_root)
+            # resolve probed the kinds it exports; one the user pointed elsewhere is probed here.
+            check = exports.checks.get(kind) or env.check_kind(settings, kind)
             report["kinds"][kind] = check.as_dict()
             if check.problem:
                 report["ok"] = False
-    exports = env.resolve(settings)
     report["exports"] = exports.as_dict()
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     report["device"] = device.detect().as_dict()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import MutableMapping, Mapping
 
 from gpu_cache import trust
-from gpu_cache.fs import check_folder
+from gpu_cache.fs import FolderCheck, check_folder
 from gpu_cache.settings import Settings
 
 HOOK_DIR = Path(__file__).with_name("_hook")
@@ -42,7 +42,9 @@ class Exports:
     ``values`` is what gpu-cache sets; ``kept`` maps each variable the user set to
     ``(their value, the value gpu-cache would have set)``; ``problems`` says, per cache
     kind, why it runs without its cache or on a node-local fallback; ``adjusted`` says, per
-    kind, which setting gpu-cache changed from the config to keep the cache safe.
+    kind, which setting gpu-cache changed from the config to keep the cache safe; ``checks``
+    holds the probe of each kind's folder under the root (kinds the user pointed elsewhere
+    are not probed).
     """
 
     values: dict[str, str] = field(default_factory=dict)
@@ -50,6 +52,7 @@ class Exports:
     problems: dict[str, str] = field(default_factory=dict)
     adjusted: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    checks: dict[str, FolderCheck] = field(default_factory=dict)
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings."""
@@ -84,6 +87,14 @@ def node_local_fallback(kind: str) -> Path:
     return Path(tempfile.gettempdir()) / f"gpu-cache-{os.getuid()}" / kind
 
 
+def check_kind(settings: Settings, kind: str) -> FolderCheck:
+    """Probe one kind's folder under the (set) cache root, as the settings ask: created
+    group-shared in shared-group mode, trusted from the root down, with enough free space."""
+    assert settings.cache_root is not None
+    return check_folder(settings.cache_root / kind, shared_group=settings.shared_group,
+                        min_free=settings.min_free_space, trusted_above=settings.cache_root)
+
+
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
     """Work out the exports for ``settings``; probes each cache folder (creates it).
 
@@ -97,6 +108,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     problems: dict[str, str] = {}
     adjusted: dict[str, str] = {}
     warnings: list[str] = []
+    checks: dict[str, FolderCheck] = {}
     xla_caches = settings.xla_caches
     root = settings.cache_root
     if root is None:
@@ -109,8 +121,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             if _user_set(var, environ):
                 wanted[var] = str(root / kind)  # reported as kept below; theirs is used
                 continue
-            check = check_folder(root / kind, shared_group=settings.shared_group,
-                                 min_free=settings.min_free_space, trusted_above=root)
+            check = checks[kind] = check_kind(settings, kind)
             warnings += [f"{kind}: {line}" for line in check.warnings]
             # JAX reads a read-only cache (and warns on each failed write); Triton raises
             # on a miss there, so it reads it as a seed under a node-local folder; the
@@ -156,7 +167,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
         if settings.stats_hook and "jax" not in problems:
             wanted["GPU_CACHE_RECORDS"] = str(root / "records")
-    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings)
+    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)
