@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from gpu_cache import __version__
+from gpu_cache.entries import PRUNABLE_KINDS
 from gpu_cache.errors import UsageError
 from gpu_cache.fs import require_folder_or_missing
 from gpu_cache.settings import Settings, load_config_file, settings_from
@@ -51,7 +52,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--max-size", help="largest size per kind, like 10G (default: config, 10G)")
     p.add_argument("--max-age", help="remove entries unused for longer, like 30d (default: config, 30d)")
-    p.add_argument("--kind", action="append", choices=None, metavar="KIND",
+    p.add_argument("--kind", action="append", metavar="KIND",
                    help="prune only this kind (jax, triton); repeatable")
     p.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     p.add_argument("--json", action="store_true", help="print the JSON report")
@@ -185,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
         report = prune(
             settings, max_size=max_size, max_age=max_age,
             dry_run=args.dry_run or limits["dry_run"],
-            kinds=tuple(args.kind) if args.kind else ("jax", "triton"),
+            kinds=tuple(args.kind or PRUNABLE_KINDS),
             strict_root=not args.no_fail,
         )
         _emit(report, args.output, to_stdout=args.json)
@@ -220,7 +221,7 @@ def _run(args: argparse.Namespace) -> int:
             from gpu_cache.prune import repair
 
             fixed = repair(settings)
-            report["fixed"] = {kind: fixed[kind] for kind in ("jax", "triton")}
+            report["fixed"] = {kind: fixed[kind] for kind in PRUNABLE_KINDS}
             report["warnings"] += [str(p) for p in fixed["problems"]]
         if args.output:
             _emit(report, args.output, to_stdout=False)

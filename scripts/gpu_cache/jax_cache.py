@@ -30,10 +30,10 @@ class JaxEntry:
 
     ``problem`` says why it is broken (then pruning removes it whatever its age): an empty
     ``-cache`` file (a full disk), one that does not decompress (truncated by a full disk
-    or a killed writer; checked only when scanning with ``verify``), or an ``-atime``
-    without its ``-cache``. ``needs_atime``
-    marks a ``-cache`` without ``-atime`` in a size-capped cache: JAX reads every ``-atime``
-    when it evicts, so such an entry makes every later write fail until it is repaired.
+    or a killed writer; checked only when scanning with ``verify_after``), or an ``-atime``
+    without its ``-cache``. ``needs_atime`` marks a ``-cache`` without ``-atime`` in a
+    size-capped cache: JAX reads every ``-atime`` when it evicts, so such an entry makes
+    every later write fail until it is repaired.
     """
 
     key: str
