@@ -65,7 +65,8 @@ def gpu_cache_resources():
 
 
 def gpu_cache_validation(gpu_type):
-    """The validation verdict of one GPU type: make a GPU rule depend on it."""
+    """The validation verdict of one GPU type (a host including this workflow as a module
+    depends on `rules.gpu_cache_validate_cache.output.report` instead: it carries the prefix)."""
     return f"results/gpu-cache/validate/{gpu_type}.json"
 
 
