@@ -68,11 +68,11 @@ def test_least_recently_used_go_first_until_under_the_cap(root):
     by_use = sorted(uses, key=uses.get)
     cap = sum(sizes.values()) - sizes[by_use[0]] - 1  # forces out the two oldest
     report = prune(settings_from({}, cache_root=str(root)), max_size=cap, max_age=1e9, dry_run=False)
-    removed = [r["key"] for r in report["jax"]["removed"]]
+    removed = [r["key"] for r in report.kinds["jax"].removed]
     assert removed == by_use[:2]
     left = {e.key for e in jax_cache.scan(root / "jax")}
     assert left == set(by_use[2:])
-    assert report["jax"]["bytes_after"] == sum(sizes[k] for k in left) <= cap
+    assert report.kinds["jax"].bytes_after == sum(sizes[k] for k in left) <= cap
 
 
 def test_entries_unused_longer_than_max_age_go(root):
@@ -80,8 +80,8 @@ def test_entries_unused_longer_than_max_age_go(root):
     uses = age_entries(entries, start_days_ago=40)  # 40, 39, 38, 37 days ago
     report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=38.5 * 86400,
                    dry_run=False)
-    assert report["jax"]["entries_removed"] == 2
-    assert all(r["reason"] == "unused longer than max_age" for r in report["jax"]["removed"])
+    assert report.kinds["jax"].entries_removed == 2
+    assert all(r["reason"] == "unused longer than max_age" for r in report.kinds["jax"].removed)
     assert len(jax_cache.scan(root / "jax")) == 2
 
 
@@ -90,10 +90,10 @@ def test_dry_run_deletes_nothing_and_reports_the_same(root):
     settings = settings_from({}, cache_root=str(root))
     dry = prune(settings, max_size=0, max_age=1e9, dry_run=True)
     assert sorted(p.name for p in (root / "jax").iterdir()) == before
-    assert dry["jax"]["dry_run"] is True and dry["jax"]["entries_removed"] == 4
+    assert dry.kinds["jax"].dry_run is True and dry.kinds["jax"].entries_removed == 4
     real = prune(settings, max_size=0, max_age=1e9, dry_run=False)
-    assert real["jax"]["entries_removed"] == dry["jax"]["entries_removed"]
-    assert real["jax"]["bytes_removed"] == dry["jax"]["bytes_removed"]
+    assert real.kinds["jax"].entries_removed == dry.kinds["jax"].entries_removed
+    assert real.kinds["jax"].bytes_removed == dry.kinds["jax"].bytes_removed
 
 
 def test_capped_cache_loses_whole_pairs_and_keeps_working(tmp_path):
@@ -121,7 +121,7 @@ def test_atime_sidecar_counts_as_last_use(tmp_path):
     os.utime(fresh.atime_path, (old, old))  # only the recorded time says "used now"
     report = prune(settings_from({}, cache_root=str(tmp_path)), max_size=1 << 40, max_age=30 * 86400,
                    dry_run=False)
-    assert [r["key"] for r in report["jax"]["removed"]] == [sorted(e.key for e in entries)[1]]
+    assert [r["key"] for r in report.kinds["jax"].removed] == [sorted(e.key for e in entries)[1]]
 
 
 def test_broken_entries_are_repaired(root):
@@ -131,7 +131,7 @@ def test_broken_entries_are_repaired(root):
     orphan = folder / ("jit_gone-" + "0" * 64 + "-atime")
     orphan.write_bytes(time.time_ns().to_bytes(8, "little"))
     report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=1e9, dry_run=False)
-    reasons = {r["key"]: r["reason"] for r in report["jax"]["removed"]}
+    reasons = {r["key"]: r["reason"] for r in report.kinds["jax"].removed}
     assert "empty -cache" in reasons[victim.key]
     assert "without -cache" in reasons[orphan.name.removesuffix("-atime")]
     assert len(jax_cache.scan(folder)) == 3
@@ -162,7 +162,7 @@ def test_a_lone_cache_file_in_a_capped_cache_gets_its_atime_back(tmp_path):
     lone = entries[0]
     lone.atime_path.unlink()  # what a pruner that deletes -atime alone leaves behind
     report = prune(settings_from({}, cache_root=str(tmp_path)), max_size=1 << 40, max_age=1e9, dry_run=False)
-    assert report["jax"]["repaired"] == 1 and report["jax"]["entries_removed"] == 0
+    assert report.kinds["jax"].repaired == 1 and report.kinds["jax"].entries_removed == 0
     assert (folder / f"{lone.key}-atime").exists()
     # A capped JAX evicts again, reading every -atime: this write must work.
     more = fill_jax_cache(folder, n=3, max_size=1 << 30, start=10)

@@ -1,9 +1,35 @@
 """gpu-cache: warm, validate, prune and observe the JIT compile caches of GPU jobs.
 
 The public entry points are the CLI (``gpu-cache`` / ``python -m gpu_cache``) and the
-modules it is built from: :mod:`gpu_cache.settings` (config and cache root),
-:mod:`gpu_cache.env` (the exported environment), :mod:`gpu_cache.warm`,
-:mod:`gpu_cache.validate`, :mod:`gpu_cache.prune` and :mod:`gpu_cache.stats`.
+modules it is built from: :mod:`gpu_cache.kinds` (the cache kinds), :mod:`gpu_cache.settings`
+(config and cache root), :mod:`gpu_cache.env` (the exported environment),
+:mod:`gpu_cache.warm`, :mod:`gpu_cache.validate`, :mod:`gpu_cache.prune`,
+:mod:`gpu_cache.stats` and the report types of :mod:`gpu_cache.reports`.
+
+Progress and warnings go through :mod:`logging` (logger ``gpu_cache``), which prints them
+on stderr as ``gpu-cache: ...`` and ``gpu-cache: warning: ...`` lines.
 """
 
+import logging
+import sys
+
 __version__ = "0.1.0"
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (a test may replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        prefix = "gpu-cache: warning: " if record.levelno >= logging.WARNING else "gpu-cache: "
+        try:
+            sys.stderr.write(f"{prefix}{record.getMessage()}\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stderr must not break the caller
+            self.handleError(record)
+
+
+_logger = logging.getLogger(__name__)
+if not _logger.handlers:
+    _logger.addHandler(_StderrHandler())
+    _logger.setLevel(logging.INFO)
+    _logger.propagate = False  # Snakemake's own handlers would print it a second time

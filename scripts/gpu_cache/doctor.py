@@ -6,8 +6,8 @@ import os
 from importlib import metadata
 from typing import Any
 
-from gpu_cache import device, env
-from gpu_cache.settings import KINDS, Settings
+from gpu_cache import device, env, kinds
+from gpu_cache.settings import Settings
 from gpu_cache.units import format_size
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
@@ -35,7 +35,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     if settings.cache_root is None:
         report["warnings"].append("caching is turned off (cache root 'none')")
     else:
-        for kind in KINDS:
+        for kind in kinds.KINDS:
             # resolve probed the kinds it exports; one the user pointed elsewhere is probed here.
             check = exports.checks.get(kind) or env.check_kind(settings, kind)
             report["kinds"][kind] = check.as_dict()
@@ -45,9 +45,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     report["device"] = device.detect().as_dict()
     report["versions"] = {name: _version(name) for name in KEY_PACKAGES}
-    report["key_environment"] = {name: os.environ.get(name) for name in
-                                 ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES",
-                                  "TRITON_DEFAULT_FP_FUSION", "TRITON_DISABLE_LINE_INFO")}
+    report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
 
 

@@ -1,4 +1,8 @@
-"""Cache entries of every kind behind one shape, for pruning and statistics."""
+"""Cache entries of every kind behind one shape, for pruning and statistics.
+
+Each inventoried kind has a ``scan_<kind>`` and a ``remove_<kind>`` here; the registry in
+:mod:`gpu_cache.kinds` says which kind uses which.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache import jax_cache, triton_cache
-
-#: Kinds whose entries gpu-cache can list and prune.
-PRUNABLE_KINDS = ("jax", "triton")
 
 
 @dataclass
@@ -24,7 +25,24 @@ class Entry:
     source: object  # the kind's own record of the entry, for removal
 
 
-def _triton_scan(folder: Path, grace_seconds: float) -> list[Entry]:
+def scan_jax(folder: Path, grace_seconds: float, verify_after: float | None) -> list[Entry]:
+    """JAX entries; ``verify_after``: decompress those written after that time."""
+    return [Entry("jax", e.key, e.name, e.size, e.last_use, e.problem, e)
+            for e in jax_cache.scan(folder, verify_after)]
+
+
+def remove_jax(folder: Path, entry: Entry) -> None:
+    """Remove a JAX entry: ``-cache`` first, then ``-atime``.
+
+    Raises:
+        OSError: a file could not be removed.
+    """
+    assert isinstance(entry.source, jax_cache.JaxEntry)
+    jax_cache.remove(folder, entry.source)
+
+
+def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+    """Triton key folders, stale writers' temporary folders, and trash left by a removal."""
     try:
         inventory = triton_cache.scan(folder)
     except triton_cache.TritonCacheError:
@@ -51,32 +69,13 @@ def _triton_scan(folder: Path, grace_seconds: float) -> list[Entry]:
     return out
 
 
-def scan(kind: str, folder: Path, grace_seconds: float = 3600.0,
-         verify_after: float | None = None) -> list[Entry]:
-    """Every entry of ``kind`` in ``folder``; temporary files younger than the grace period
-    are left out, since a writer may still own them. ``verify_after``: decompress the JAX
-    entries written after that time to find truncated ones."""
-    if kind == "jax":
-        return [Entry("jax", e.key, e.name, e.size, e.last_use, e.problem, e)
-                for e in jax_cache.scan(folder, verify_after)]
-    if kind == "triton":
-        return _triton_scan(folder, grace_seconds)
-    raise ValueError(f"kind {kind!r} has no entry scanner")
-
-
-def remove(kind: str, folder: Path, entry: Entry) -> None:
-    """Remove one whole entry so that no reader ever sees part of it.
-
-    Triton entries are renamed into a trash folder (atomic on one filesystem) and then
-    deleted, so a reader finds either the whole group or none of it.
+def remove_triton(folder: Path, entry: Entry) -> None:
+    """Remove a Triton entry: a key folder is renamed into a trash folder (atomic on one
+    filesystem) and then deleted, so a reader finds either the whole group or none of it.
 
     Raises:
         OSError: the entry could not be removed.
     """
-    if kind == "jax":
-        assert isinstance(entry.source, jax_cache.JaxEntry)
-        jax_cache.remove(folder, entry.source)
-        return
     source = entry.source
     if isinstance(source, triton_cache.TritonEntry):
         triton_cache.remove_entry(folder, source.key)
@@ -84,11 +83,3 @@ def remove(kind: str, folder: Path, entry: Entry) -> None:
         triton_cache.remove_temp_dir(source)
     else:
         triton_cache.empty_trash(folder)
-
-
-def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
-    """The keys present per prunable kind (temporary folders included), to diff before/after."""
-    if cache_root is None:
-        return {kind: set() for kind in PRUNABLE_KINDS}
-    return {kind: {e.key for e in scan(kind, cache_root / kind, grace_seconds=0.0)}
-            for kind in PRUNABLE_KINDS}

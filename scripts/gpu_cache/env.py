@@ -7,18 +7,20 @@ set again, e.g. when a workflow's config names another cache root than the profi
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import MutableMapping, Mapping
+from collections.abc import Mapping, MutableMapping
 
-from gpu_cache import trust
+from gpu_cache import kinds, trust
 from gpu_cache.fs import FolderCheck, check_folder
+from gpu_cache.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.settings import Settings
 
+log = logging.getLogger(__name__)
 HOOK_DIR = Path(__file__).with_name("_hook")
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
 SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
@@ -26,13 +28,6 @@ SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
 
-#: The variable that points each kind at its folder.
-KIND_VARS = {
-    "jax": "JAX_COMPILATION_CACHE_DIR",
-    "triton": "TRITON_CACHE_DIR",
-    "inductor": "TORCHINDUCTOR_CACHE_DIR",
-    "cuda": "CUDA_CACHE_PATH",
-}
 
 
 @dataclass
@@ -91,8 +86,58 @@ def check_kind(settings: Settings, kind: str) -> FolderCheck:
     """Probe one kind's folder under the (set) cache root, as the settings ask: created
     group-shared in shared-group mode, trusted from the root down, with enough free space."""
     assert settings.cache_root is not None
-    return check_folder(settings.cache_root / kind, shared_group=settings.shared_group,
-                        min_free=settings.min_free_space, trusted_above=settings.cache_root)
+    return check_folder(kinds.KINDS[kind].folder(settings.cache_root),
+                        shared_group=settings.shared_group, min_free=settings.min_free_space,
+                        trusted_above=settings.cache_root)
+
+
+@dataclass
+class _Placement:
+    """Where one kind's cache goes: variables to set, and why it is not the shared folder."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    problem: str | None = None
+    adjusted: str | None = None
+    xla_caches_off: bool = False  # XLA's own caches must stay off (a network filesystem)
+
+
+def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> _Placement:
+    """Decide where ``kind`` caches, from the probe of its folder under ``root``."""
+    folder = kind.folder(root)
+    problem = check.problem
+    if problem is None and check.read_only:
+        if kind.read_only is ReadOnlyUse.READ:
+            pass  # the tool reads it and warns on each failed write
+        elif kind.read_only is ReadOnlyUse.SEED:
+            fallback = node_local_fallback(kind.name)
+            if check_folder(fallback, trusted_above=fallback.parent).problem is None:
+                return _Placement(
+                    {kind.env_var: str(fallback), SEED_VAR: str(folder),
+                     "TRITON_CACHE_MANAGER": SEED_MANAGER},
+                    adjusted=f"{folder} is read-only: its kernels are read as a seed, new ones "
+                             f"go to node-local {fallback}")
+            problem = f"{folder} is read-only and its node-local fallback failed"
+        else:
+            problem = f"{folder} is read-only and {kind.name} fails when it cannot write"
+    if problem is None:
+        placed = _Placement({kind.env_var: str(folder)})
+        if kind.name == "jax" and check.network and xla_caches != "none":
+            placed.adjusted = (
+                f"{folder} is on {check.fs_type}, where XLA's autotune cache fails atomic renames "
+                f"and crashes; exporting JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none instead of "
+                f"{xla_caches!r}")
+            placed.xla_caches_off = True
+        return placed
+    if kind.switch_off is not None:
+        name, value = kind.switch_off
+        return _Placement({name: value}, problem=f"{problem}; {kind.name} runs without its "
+                                                 "persistent cache")
+    fallback = node_local_fallback(kind.name)
+    local = check_folder(fallback, trusted_above=fallback.parent)
+    if local.problem is None:
+        return _Placement({kind.env_var: str(fallback)},
+                          problem=f"{problem}; using node-local {fallback} instead")
+    return _Placement(problem=f"{problem}; node-local fallback failed too: {local.problem}")
 
 
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
@@ -117,47 +162,20 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         problems["all"] = "caching is turned off (cache root 'none')"
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
-        for kind, var in KIND_VARS.items():
-            if _user_set(var, environ):
-                wanted[var] = str(root / kind)  # reported as kept below; theirs is used
+        for kind in kinds.KINDS.values():
+            if _user_set(kind.env_var, environ):
+                wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
                 continue
-            check = checks[kind] = check_kind(settings, kind)
-            warnings += [f"{kind}: {line}" for line in check.warnings]
-            # JAX reads a read-only cache (and warns on each failed write); Triton raises
-            # on a miss there, so it reads it as a seed under a node-local folder; the
-            # others write too, so they fall back.
-            problem = check.problem or (
-                f"{root / kind} is read-only and {kind} fails when it cannot write"
-                if check.read_only and kind not in ("jax", "triton") else None)
-            if problem is None and check.read_only and kind == "triton":
-                fallback = node_local_fallback(kind)
-                if check_folder(fallback, trusted_above=fallback.parent).problem is None:
-                    wanted[var] = str(fallback)
-                    wanted[SEED_VAR] = str(root / kind)
-                    wanted["TRITON_CACHE_MANAGER"] = SEED_MANAGER
-                    adjusted[kind] = (f"{root / kind} is read-only: its kernels are read as a "
-                                      f"seed, new ones go to node-local {fallback}")
-                    continue
-                problem = f"{root / kind} is read-only and its node-local fallback failed"
-            if problem is None:
-                wanted[var] = str(root / kind)
-                if kind == "jax" and check.network and xla_caches != "none":
-                    adjusted[kind] = (
-                        f"{root / kind} is on {check.fs_type}, where XLA's autotune cache fails "
-                        f"atomic renames and crashes; exporting "
-                        f"JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none instead of {xla_caches!r}")
-                    xla_caches = "none"
-            elif kind == "jax":
-                wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-                problems[kind] = f"{problem}; JAX runs without its persistent cache"
-            else:
-                fallback = node_local_fallback(kind)
-                local = check_folder(fallback, trusted_above=fallback.parent)
-                if local.problem is None:
-                    wanted[var] = str(fallback)
-                    problems[kind] = f"{problem}; using node-local {fallback} instead"
-                else:
-                    problems[kind] = f"{problem}; node-local fallback failed too: {local.problem}"
+            check = checks[kind.name] = check_kind(settings, kind.name)
+            warnings += [f"{kind.name}: {line}" for line in check.warnings]
+            how = _place(kind, root, check, xla_caches)
+            wanted.update(how.values)
+            if how.problem:
+                problems[kind.name] = how.problem
+            if how.adjusted:
+                adjusted[kind.name] = how.adjusted
+            if how.xla_caches_off:
+                xla_caches = "none"
         if "JAX_COMPILATION_CACHE_DIR" in wanted:
             wanted["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
             wanted["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
@@ -200,7 +218,7 @@ def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None)
     lines = exports.messages()
     if lines and environ.get(WARNED_VAR) != "1":
         for line in lines:
-            print(f"gpu-cache: warning: {line}", file=sys.stderr)
+            log.warning("%s", line)
         environ[WARNED_VAR] = "1"
 
 

@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache on disk: entries, their last use, safe removal.
 
-Layout (jax ``lru_cache.py``): ``<key>-cache`` holds the compressed executable,
+Layout (``jax/_src/lru_cache.py`` in the jax sources): ``<key>-cache`` holds the compressed executable,
 ``<key>-atime`` (only with a size cap) the last use as 8 little-endian bytes of
 nanoseconds, and ``.lockfile`` guards both when a cap is set. ``<key>`` is
 ``<module name>-<sha256 hex>``.
@@ -15,7 +15,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_SUFFIX = "-cache"
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
 WRITE_GRACE_SECONDS = 1.0

@@ -1,11 +1,20 @@
-"""Per-process records written by the startup hook (``_hook/sitecustomize.py``)."""
+"""Per-process records written by the startup hook (``_hook/sitecustomize.py``).
+
+A record is whatever a process left in the records folder, so every field is checked as
+it is read: a value of the wrong type counts as absent.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from gpu_cache import kinds
+from gpu_cache.reports import KindTotals, Missed
 
 
 def records_dir(cache_root: Path) -> Path:
@@ -31,17 +40,46 @@ def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def totals(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Hits, misses and compile seconds per kind summed over records, with missed names."""
-    out: dict[str, dict[str, Any]] = {}
-    for kind in ("jax", "triton"):
-        seen = [r[kind] for r in records if isinstance(r.get(kind), dict)]
-        out[kind] = {
-            "processes": len(seen),
-            "hits": sum(int(s.get("hits", 0)) for s in seen),
-            "misses": sum(int(s.get("misses", 0)) for s in seen),
-            "compile_seconds": round(sum(float(s.get("compile_seconds", 0.0)) for s in seen), 3),
-            "saved_seconds": round(sum(float(s.get("saved_seconds", 0.0)) for s in seen), 3),
-            "missed": [m for s in seen for m in s.get("missed", [])],
-        }
+def count(value: Any) -> int:
+    """A non-negative whole count from a record's field; anything else is 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0
+    return max(0, int(value))
+
+
+def seconds(value: Any) -> float:
+    """Non-negative seconds from a record's field; anything else is 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return max(0.0, float(value))
+
+
+def part(record: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The record's section for one kind, when it has a valid one."""
+    section = record.get(kind)
+    return section if isinstance(section, dict) else None
+
+
+def missed_of(section: dict[str, Any], kind: str) -> list[Missed]:
+    """The missed computations a record's section names."""
+    missed = section.get("missed")
+    if not isinstance(missed, list):
+        return []
+    return [Missed(kind, str(m.get("name", "?")), str(m.get("key", "")))
+            for m in missed if isinstance(m, dict)]
+
+
+def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
+    """Hits, misses and compile seconds per observed kind summed over records, with missed names."""
+    out: dict[str, KindTotals] = {}
+    for kind in kinds.OBSERVED:
+        sections = [s for s in (part(r, kind) for r in found) if s is not None]
+        out[kind] = KindTotals(
+            processes=len(sections),
+            hits=sum(count(s.get("hits")) for s in sections),
+            misses=sum(count(s.get("misses")) for s in sections),
+            compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
+            saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
+            missed=[m for s in sections for m in missed_of(s, kind)],
+        )
     return out

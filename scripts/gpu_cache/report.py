@@ -7,12 +7,12 @@ per rule (from the stats hook's records).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from html import escape
 from pathlib import Path
-from typing import Any
 
+from gpu_cache.reports import PruneReport, Usage, Verdict
+from gpu_cache.summary import load_prune, load_verdict
 from gpu_cache.units import format_size
 
 #: Colours of the series, in order (colour-blind safe: Okabe-Ito).
@@ -55,15 +55,15 @@ def bar_chart(title: str, rows: list[str], series: dict[str, list[float]],
     return "\n".join(out) + "\n"
 
 
-def cold_warm_chart(verdicts: list[dict[str, Any]]) -> str:
+def cold_warm_chart(verdicts: list[Verdict]) -> str:
     """Cold (no cache) vs warm (fresh process, warmed cache) seconds per GPU type and
     workload, summed over each workload's shapes."""
     cold: dict[str, float] = defaultdict(float)
     warm: dict[str, float] = defaultdict(float)
     for verdict in verdicts:
-        for runs, into in ((verdict.get("cold_runs") or [], cold), (verdict.get("runs") or [], warm)):
+        for runs, into in ((verdict.cold_runs, cold), (verdict.runs, warm)):
             for run in runs:
-                into[f"{verdict.get('gpu_type')} / {run.get('workload')}"] += float(run.get("seconds") or 0.0)
+                into[f"{verdict.gpu_type} / {run.workload}"] += run.seconds
     rows = sorted(set(cold) | set(warm))
     values = {"cold (no cache)": [cold.get(r, 0.0) for r in rows],
               "warm (cache)": [warm.get(r, 0.0) for r in rows]}
@@ -74,47 +74,45 @@ def cold_warm_chart(verdicts: list[dict[str, Any]]) -> str:
     return bar_chart("Cold vs warm start, per GPU type / workload", rows, values, labels)
 
 
-def cache_size_chart(prune: dict[str, Any]) -> str:
+def cache_size_chart(prune: PruneReport | None) -> str:
     """Bytes per cache kind before and after pruning."""
-    kinds = [k for k in ("jax", "triton") if isinstance(prune.get(k), dict)]
-    values = {"before pruning": [float(prune[k].get("bytes_before", 0)) for k in kinds],
-              "after pruning": [float(prune[k].get("bytes_after", 0)) for k in kinds]}
-    labels = {"before pruning": [f"{format_size(int(prune[k].get('bytes_before', 0)))}, "
-                                 f"{prune[k].get('entries_before', 0)} entries" for k in kinds],
-              "after pruning": [f"{format_size(int(prune[k].get('bytes_after', 0)))}, "
-                                f"{prune[k].get('entries_removed', 0)} removed"
-                                + (" (dry run)" if prune[k].get("dry_run") else "") for k in kinds]}
-    return bar_chart("Cache size per kind", kinds, values, labels)
+    by_kind = prune.kinds if prune else {}
+    rows = list(by_kind)
+    values = {"before pruning": [float(k.bytes_before) for k in by_kind.values()],
+              "after pruning": [float(k.bytes_after) for k in by_kind.values()]}
+    labels = {"before pruning": [f"{format_size(k.bytes_before)}, {k.entries_before} entries"
+                                 for k in by_kind.values()],
+              "after pruning": [f"{format_size(k.bytes_after)}, {k.entries_removed} removed"
+                                + (" (dry run)" if k.dry_run else "") for k in by_kind.values()]}
+    return bar_chart("Cache size per kind", rows, values, labels)
 
 
-def hit_rate_chart(by_rule: dict[str, dict[str, float]]) -> str:
-    """Hit rate (hits / (hits + misses), JAX and Triton together) per rule."""
+def hit_rate_chart(by_rule: dict[str, Usage]) -> str:
+    """Hit rate (hits / (hits + misses), all observed kinds together) per rule."""
     rows = sorted(by_rule)
     rates, labels = [], []
     for rule in rows:
-        counts = by_rule[rule]
-        hits = counts.get("jax_hits", 0) + counts.get("triton_hits", 0)
-        misses = counts.get("jax_misses", 0) + counts.get("triton_misses", 0)
-        rates.append(100.0 * hits / (hits + misses) if hits + misses else 0.0)
-        labels.append(f"{rates[-1]:.0f}%  ({int(hits)} hits, {int(misses)} misses, "
-                      f"{int(counts.get('processes', 0))} process{'es' if counts.get('processes', 0) != 1 else ''})")
+        u = by_rule[rule]
+        rates.append(100.0 * (u.hit_rate or 0.0))
+        labels.append(f"{rates[-1]:.0f}%  ({u.total_hits} hits, {u.total_misses} misses, "
+                      f"{u.processes} process{'es' if u.processes != 1 else ''})")
     return bar_chart("Cache hit rate per rule", rows, {"hit rate": rates}, {"hit rate": labels})
 
 
-def write_plots(verdict_paths: list[Path], prune_path: Path | None, usage: dict[str, Any],
+def write_plots(verdict_paths: list[Path], prune_path: Path | None, by_rule: dict[str, Usage],
                 outdir: Path) -> list[Path]:
     """Write cold_warm.svg, cache_size.svg and hit_rates.svg into ``outdir``.
 
     Raises:
-        OSError: a verdict or prune.json cannot be read, or a plot cannot be written.
-        ValueError: a verdict or prune.json is not JSON.
+        UsageError: a verdict or prune.json cannot be read or is not such a report.
+        OSError: a plot cannot be written.
     """
-    verdicts = [json.loads(Path(p).read_text()) for p in verdict_paths]
-    prune = json.loads(prune_path.read_text()) if prune_path else {}
+    verdicts = [load_verdict(p) for p in verdict_paths]
+    prune = load_prune(prune_path) if prune_path else None
     outdir.mkdir(parents=True, exist_ok=True)
     charts = {"cold_warm.svg": cold_warm_chart(verdicts),
               "cache_size.svg": cache_size_chart(prune),
-              "hit_rates.svg": hit_rate_chart(usage.get("by_rule") or {})}
+              "hit_rates.svg": hit_rate_chart(by_rule)}
     written = []
     for name, svg in charts.items():
         (outdir / name).write_text(svg)

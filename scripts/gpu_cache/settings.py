@@ -20,8 +20,6 @@ from gpu_cache.units import parse_age, parse_size
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
 OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
-#: The cache kinds gpu-cache exports, each in a subfolder of the cache root.
-KINDS = ("jax", "triton", "inductor", "cuda")
 
 
 def load_schema() -> dict[str, Any]:
@@ -125,27 +123,69 @@ def resolve_cache_root(
 
 
 @dataclass(frozen=True)
+class WorkloadConfig:
+    """A workload entry of the config: a command template (None for a built-in) run once
+    per shape, stopped after ``timeout_seconds``."""
+
+    command: str | None
+    shapes: tuple[Any, ...]
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One target GPU type: its name (the gpu_type wildcard), workloads, GPUs per job, resources."""
+
+    name: str
+    workload_names: tuple[str, ...]
+    gpus: int = 1
+    resources: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+
+    @property
+    def expected_device(self) -> str:
+        """The device type its jobs must see: ``device`` if configured, else the type's name."""
+        return self.device or self.name
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """How validation runs and judges (config key ``validate``)."""
+
+    measure_cold: bool = True
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """The prune checkpoint's limits (config key ``prune``), parsed."""
+
+    max_size: int = 10 << 30
+    max_age_seconds: float = 30 * 86400.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
 class Settings:
-    """Everything the CLI commands need, resolved from config, flags and environment."""
+    """Everything the commands need, resolved from config, flags and environment.
+
+    Each config key has a typed field; ``config`` keeps the validated mapping itself, which
+    the workflow hands to the CLI of each rule (``--config-json``).
+    """
 
     cache_root: Path | None
     xla_caches: str = "none"
     stats_hook: bool = True
     shared_group: str | None = None
     min_free_space: int = 1 << 30
+    python: str | None = None
+    triton_targets: tuple[str, ...] = ("sm_90",)
+    default_workloads: tuple[str, ...] = ("jax-transformer",)
+    workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
+    gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    validate: ValidateConfig = ValidateConfig()
+    prune: PruneConfig = PruneConfig()
     config: dict[str, Any] = field(default_factory=dict)
-
-    def kind_dir(self, kind: str) -> Path:
-        """Folder of one cache kind under the root.
-
-        Raises:
-            UsageError: caching is turned off or the kind is unknown.
-        """
-        if kind not in KINDS:
-            raise UsageError(f"unknown cache kind {kind!r}; known kinds: {', '.join(KINDS)}")
-        if self.cache_root is None:
-            raise UsageError("caching is turned off (cache root is 'none'); set --cache-root")
-        return self.cache_root / kind
 
 
 def settings_from(
@@ -165,11 +205,24 @@ def settings_from(
 
         group_id(filled["shared_group"])
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
+    defaults = tuple(filled["default_workloads"])
     return Settings(
         cache_root=root,
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
         shared_group=filled["shared_group"],
         min_free_space=parse_size(filled["min_free_space"]),
+        python=filled["python"],
+        triton_targets=tuple(filled["triton_targets"]),
+        default_workloads=defaults,
+        workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
+                                        parse_age(entry["timeout"]))
+                   for name, entry in filled["workloads"].items()},
+        gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
+                                 dict(spec["resources"]), spec["device"])
+                   for name, spec in filled["gpu_types"].items()},
+        validate=ValidateConfig(**filled["validate"]),
+        prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
+                          parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),
         config=filled,
     )

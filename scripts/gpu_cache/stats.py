@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import entries, records
+from gpu_cache import kinds, records
+from gpu_cache.reports import Usage
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_age, format_size
 
@@ -22,8 +23,8 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     if root is None:
         return out
     now = time.time()
-    for kind in entries.PRUNABLE_KINDS:
-        found = entries.scan(kind, root / kind)
+    for kind in kinds.PRUNABLE:
+        found = kinds.scan(kind, kinds.KINDS[kind].folder(root))
         by_function: Counter[str] = Counter()
         bytes_by_function: Counter[str] = Counter()
         for entry in found:
@@ -31,7 +32,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
             bytes_by_function[entry.name] += entry.size
         uses = [e.last_use for e in found]
         out["kinds"][kind] = {
-            "path": str(root / kind),
+            "path": str(kinds.KINDS[kind].folder(root)),
             "entries": len(found),
             "bytes": sum(e.size for e in found),
             "broken": sum(1 for e in found if e.problem),
@@ -46,34 +47,28 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
             "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
                             for name, count in by_function.most_common(TOP)],
         }
-    out["usage"] = usage(root)
+    out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
+                    for axis, groups in usage(root).items()}
     return out
 
 
-def usage(root: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """Hits, misses, seconds saved and processes per rule and per GPU type, from the
-    stats hook's records under ``root``."""
-    groups: dict[str, dict[str, Counter[str]]] = {"by_rule": defaultdict(Counter),
-                                                  "by_gpu_type": defaultdict(Counter)}
+def usage(root: Path) -> dict[str, dict[str, Usage]]:
+    """Hits, misses, seconds saved and processes per rule (``by_rule``) and per GPU type
+    (``by_gpu_type``), from the stats hook's records under ``root``."""
+    groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
+                                           "by_gpu_type": defaultdict(Usage)}
     for record in records.read(records.records_dir(root)):
         for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
             bucket = groups[axis][f"{value or '-'}"]
-            bucket["processes"] += 1
-            for kind in ("jax", "triton"):
-                part = record.get(kind)
-                if isinstance(part, dict):
-                    bucket[f"{kind}_hits"] += int(part.get("hits", 0))
-                    bucket[f"{kind}_misses"] += int(part.get("misses", 0))
-                    bucket["saved_seconds"] += float(part.get("saved_seconds", 0.0))
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for axis, by in groups.items():
-        out[axis] = {}
-        for name, counts in by.items():
-            hits = counts["jax_hits"] + counts["triton_hits"]
-            total = hits + counts["jax_misses"] + counts["triton_misses"]
-            out[axis][name] = {**counts, "saved_seconds": round(counts["saved_seconds"], 3),
-                               "hit_rate": round(hits / total, 4) if total else None}
-    return out
+            bucket.processes += 1
+            for kind in kinds.OBSERVED:
+                section = records.part(record, kind)
+                if section is not None:
+                    bucket.hits[kind] = bucket.hits.get(kind, 0) + records.count(section.get("hits"))
+                    bucket.misses[kind] = (bucket.misses.get(kind, 0)
+                                           + records.count(section.get("misses")))
+                    bucket.saved_seconds += records.seconds(section.get("saved_seconds"))
+    return {axis: dict(by) for axis, by in groups.items()}
 
 
 def render(stats: dict[str, Any]) -> str:
@@ -96,10 +91,9 @@ def render(stats: dict[str, Any]) -> str:
         groups = stats["usage"].get(axis) or {}
         if groups:
             lines.append(f"by {title}:")
-            for name, c in sorted(groups.items()):
-                hits = c.get("jax_hits", 0) + c.get("triton_hits", 0)
-                misses = c.get("jax_misses", 0) + c.get("triton_misses", 0)
-                rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "-"
-                lines.append(f"  {name}: {int(hits)} hits, {int(misses)} misses ({rate} hit rate), "
-                             f"{c.get('saved_seconds', 0.0):.1f} s saved, {int(c.get('processes', 0))} processes")
+            for name, counts in sorted(groups.items()):
+                u = Usage.from_dict(counts)
+                rate = f"{100 * u.hit_rate:.0f}%" if u.hit_rate is not None else "-"
+                lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
+                             f"rate), {u.saved_seconds:.1f} s saved, {u.processes} processes")
     return "\n".join(lines) + "\n"

@@ -7,14 +7,36 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.errors import UsageError
+from gpu_cache.reports import PruneReport, Verdict
 from gpu_cache.units import format_size
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_json(path: Path) -> Any:
+    """The JSON in ``path``.
+
+    Raises:
+        UsageError: it cannot be read or is not JSON.
+    """
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Raises: UsageError: ``path`` cannot be read or is not a validation verdict."""
+    try:
+        return Verdict.from_dict(load_json(path))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def load_prune(path: Path) -> PruneReport:
+    """Raises: UsageError: ``path`` cannot be read or is not a prune report."""
+    try:
+        return PruneReport.from_dict(load_json(path))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def render(validations: list[Path], prune: Path | None) -> str:
@@ -25,22 +47,20 @@ def render(validations: list[Path], prune: Path | None) -> str:
     """
     lines = ["gpu-cache summary"]
     for path in validations:
-        v = _load(path)
-        cold = f"{v['cold_seconds']:.1f} s" if v.get("cold_seconds") is not None else "not measured"
-        speedup = f" ({v['speedup']:.1f}x)" if v.get("speedup") else ""
-        verdict = "PASSED" if v["passed"] else "FAILED"
-        lines.append(f"  {v['gpu_type']} on {v['device']['name']}: {verdict}: {v['hits']} hits, "
-                     f"{v['misses']} misses, {v['new_entries']} new entries; cold {cold}, "
-                     f"warm {v['warm_seconds']:.1f} s{speedup}")
-        lines += [f"    problem: {p}" for p in v.get("problems", [])]
+        v = load_verdict(path)
+        cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
+        speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""
+        verdict = "PASSED" if v.passed else "FAILED"
+        lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
+                     f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
+                     f"warm {v.warm_seconds:.1f} s{speedup}")
+        lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
-        p = _load(prune)
-        verb = "would remove" if p.get("dry_run") else "removed"
-        for kind in ("jax", "triton"):
-            k = p.get(kind)
-            if isinstance(k, dict):
-                lines.append(f"  {kind} cache: {format_size(k['bytes_after'])} in "
-                             f"{k['entries_before'] - k['entries_removed']} entries after pruning "
-                             f"({verb} {k['entries_removed']}, {format_size(k['bytes_removed'])})")
-        lines += [f"    prune: {problem}" for problem in p.get("problems", [])]
+        p = load_prune(prune)
+        verb = "would remove" if p.dry_run else "removed"
+        for kind, k in p.kinds.items():
+            lines.append(f"  {kind} cache: {format_size(k.bytes_after)} in {k.entries_after} "
+                         f"entries after pruning ({verb} {k.entries_removed}, "
+                         f"{format_size(k.bytes_removed)})")
+        lines += [f"    prune: {problem}" for problem in p.problems]
     return "\n".join(lines) + "\n"

@@ -2,43 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from gpu_cache import device
-from gpu_cache.errors import UsageError
-from gpu_cache.settings import Settings
-from gpu_cache.workload import Workload, resolve_workload
-
-
-@dataclass(frozen=True)
-class GpuType:
-    """One target GPU type: its name (the gpu_type wildcard), workloads, GPUs per job, resources."""
-
-    name: str
-    workload_names: tuple[str, ...]
-    gpus: int = 1
-    resources: dict[str, Any] = field(default_factory=dict)
-    device: str | None = None
-
-    @property
-    def expected_device(self) -> str:
-        """The device type its jobs must see: ``device`` if configured, else the type's name."""
-        return self.device or self.name
+from gpu_cache.settings import GpuType, Settings
 
 
 def gpu_types(settings: Settings) -> dict[str, GpuType]:
     """The configured GPU types; when none are, the one type of this machine (``cpu`` without a GPU)."""
-    configured = settings.config.get("gpu_types") or {}
-    defaults = tuple(settings.config.get("default_workloads") or ())
-    if not configured:
-        here = device.detect()
-        return {here.gpu_type: GpuType(here.gpu_type, defaults, gpus=here.count)}
-    return {
-        name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec.get("gpus", 1)),
-                      dict(spec.get("resources") or {}), spec.get("device"))
-        for name, spec in configured.items()
-    }
+    if settings.gpu_types:
+        return settings.gpu_types
+    here = device.detect()
+    return {here.gpu_type: GpuType(here.gpu_type, settings.default_workloads, gpus=here.count)}
 
 
 def device_problems(expected: GpuType, seen: device.Device) -> list[str]:
@@ -51,15 +24,3 @@ def device_problems(expected: GpuType, seen: device.Device) -> list[str]:
                 f"but the job saw {seen.count}; JAX keys include the count, so the real jobs "
                 "would miss"]
     return []
-
-
-def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
-    """The resolved workloads of one GPU type.
-
-    Raises:
-        UsageError: the type is not configured, or names an unknown workload.
-    """
-    types = gpu_types(settings)
-    if gpu_type not in types:
-        raise UsageError(f"unknown GPU type {gpu_type!r}; configured types: {', '.join(types)}")
-    return [resolve_workload(settings, name) for name in types[gpu_type].workload_names]

@@ -50,7 +50,7 @@ KIND_EMPTY = "empty"
 KIND_UNKNOWN = "unknown"
 
 
-class TritonCacheError(Exception):
+class TritonCacheError(OSError):
     """A cache directory or entry cannot be scanned or removed as asked."""
 
 
@@ -82,7 +82,6 @@ class TritonEntry:
         kernel: the kernel name, from ``__grp__<kernel>.json`` (or from the file names when the
             manifest is missing); for a module, its name (``cuda_utils``); else ``None``.
         bytes: total size of the regular files in it, temp directories included.
-        files: number of regular files in it, temp directories included.
         mtime: newest modification time of it and its files (seconds since the epoch).
         complete: for a kernel, the manifest is valid JSON with ``child_paths``, names the
             ``<kernel>.json`` metadata, and every child it names exists in this directory; for a
@@ -99,7 +98,6 @@ class TritonEntry:
     kind: str
     kernel: str | None
     bytes: int
-    files: int
     mtime: float
     complete: bool
     points_outside: bool
@@ -135,11 +133,6 @@ class TritonInventory:
     def kernels(self) -> tuple[TritonEntry, ...]:
         """The entries of kind ``kernel``."""
         return tuple(e for e in self.entries if e.kind == KIND_KERNEL)
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes in entries and other paths (temp directories are counted in their entries)."""
-        return sum(e.bytes for e in self.entries) + sum(o.bytes for o in self.others)
 
 
 def _tree_size(path: Path) -> tuple[int, int, float]:
@@ -215,7 +208,7 @@ def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
             names.add(child)
         else:
             problems.append(f"unexpected non-regular file {child}")
-    size, count, newest = _tree_size(path)
+    size, _count, newest = _tree_size(path)
     newest = max(newest, path.stat().st_mtime)
     manifests = sorted(n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json"))
     modules = sorted(n for n in names if n.endswith(".so"))
@@ -249,7 +242,7 @@ def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
         problems.append("unrecognised contents: " + ", ".join(sorted(names)))
     if temps:
         problems.append(f"{len(temps)} temp dir(s) left by writers")
-    entry = TritonEntry(path.name, path, kind, kernel, size, count, newest, complete, outside, tuple(problems))
+    entry = TritonEntry(path.name, path, kind, kernel, size, newest, complete, outside, tuple(problems))
     return entry, temps
 
 

@@ -103,7 +103,7 @@ def prefill(args: argparse.Namespace) -> int:
         "runs": runs,
         "entries": len(inv.entries),
         "kernel_entries_complete": sum(1 for e in inv.kernels if e.complete and not e.points_outside),
-        "bytes": inv.total_bytes,
+        "bytes": sum(e.bytes for e in inv.entries),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("cache_dir", "shapes", "entries", "bytes")}))

@@ -41,7 +41,7 @@ wildcard_constraints:
 
 def gpu_cache_cli(wildcards=None):
     """The gpu-cache command, runnable from any job without installing the package."""
-    python = GPU_CACHE_SETTINGS.config.get("python") or sys.executable
+    python = GPU_CACHE_SETTINGS.python or sys.executable
     scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
     return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m gpu_cache"
 

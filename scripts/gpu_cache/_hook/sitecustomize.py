@@ -15,6 +15,7 @@ import os
 import sys
 
 _RECORD_VERSION = 1
+#: The modules whose caches this hook observes: a copy of gpu_cache.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
 
 
@@ -52,7 +53,7 @@ def _on_jax(jax_module):
     counters = {
         "/jax/compilation_cache/compile_requests_use_cache": "requests",
         "/jax/compilation_cache/cache_hits": "hits",
-        "/jax/compilation_cache/cache_misses": "writes",  # counts write attempts (FACTS.md)
+        "/jax/compilation_cache/cache_misses": "writes",  # counts write attempts, not misses
     }
     durations = {
         "/jax/core/compile/backend_compile_duration": "compile_seconds",
@@ -276,9 +277,12 @@ class _ImportWatcher:
         return spec
 
 
-#: Environment variables that change JAX cache keys or where the cache is; kept in records.
+#: Environment variables that change cache keys or where a cache is; kept in records.
+#: A copy of gpu_cache.kinds.KEY_ENVIRONMENT (this hook may not import gpu_cache); a test
+#: fails when the two drift apart.
 _KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
-            "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS")
+            "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
+            "TRITON_DISABLE_LINE_INFO")
 
 
 def _snakemake_target(max_depth=12):

@@ -1,0 +1,126 @@
+"""The cache kinds gpu-cache manages: one registry that every other module reads.
+
+Adding a kind means adding one :class:`CacheKind` to :data:`KINDS`: env exports its
+variable, doctor probes its folder, and when it has an inventory, stats counts it, prune
+bounds it, warm and validate diff it, and the report plots it. The startup hook
+(``_hook/sitecustomize.py``, standard library only) keeps its own copy of
+:data:`WATCHED_MODULES` and :data:`KEY_ENVIRONMENT`; a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from gpu_cache import entries
+from gpu_cache.entries import Entry
+
+
+class ReadOnlyUse(Enum):
+    """How a kind uses a cache folder that it can read but not write."""
+
+    READ = "read"  # the tool reads it as is and only warns when a write fails (JAX)
+    SEED = "seed"  # read through gpu-cache's seed cache manager; new entries node-local (Triton)
+    FALLBACK = "fallback"  # the tool fails when it cannot write: use a node-local folder
+
+
+@dataclass(frozen=True)
+class CacheKind:
+    """One kind of compile cache, kept in ``<cache root>/<name>``.
+
+    ``switch_off``: the variable and value that run the tool without any cache when its
+    folder cannot be used (None: the tool always writes somewhere, so it gets a node-local
+    folder). ``watched_module``: the top-level module whose import makes the startup hook
+    count this kind's hits and misses (None: not observed). ``scan``/``remove``: the
+    inventory (None: exported, but not yet counted or pruned). ``last_use``: where the
+    inventory reads an entry's last use, for the README and stats.
+    """
+
+    name: str
+    env_var: str
+    read_only: ReadOnlyUse
+    switch_off: tuple[str, str] | None = None
+    watched_module: str | None = None
+    scan: Callable[[Path, float, float | None], list[Entry]] | None = None
+    remove: Callable[[Path, Entry], None] | None = None
+    last_use: str = ""
+
+    def folder(self, cache_root: Path) -> Path:
+        """This kind's folder under ``cache_root``."""
+        return cache_root / self.name
+
+    @property
+    def prunable(self) -> bool:
+        return self.scan is not None and self.remove is not None
+
+
+KINDS: dict[str, CacheKind] = {
+    kind.name: kind for kind in (
+        CacheKind(
+            "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
+            switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
+            scan=entries.scan_jax, remove=entries.remove_jax,
+            last_use="JAX's -atime record where a size cap made JAX keep one, else the -cache "
+                     "file's mtime, which the startup hook sets on every hit"),
+        CacheKind(
+            "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
+            scan=entries.scan_triton, remove=entries.remove_triton,
+            last_use="the newest mtime in the key folder; the startup hook touches the folder "
+                     "on every hit"),
+        CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK),
+        CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK),
+    )
+}
+#: Kinds whose entries gpu-cache lists and prunes.
+PRUNABLE: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.prunable)
+#: Kinds whose hits and misses the startup hook records (and validation counts).
+OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
+#: Top-level modules the startup hook watches.
+WATCHED_MODULES: tuple[str, ...] = tuple(KINDS[name].watched_module or "" for name in OBSERVED)
+#: Environment variables that change cache keys or where a cache is: kept in each record,
+#: shown by doctor, compared by explain.
+KEY_ENVIRONMENT: tuple[str, ...] = (
+    "XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
+    "TRITON_DISABLE_LINE_INFO",
+)
+
+
+def kind(name: str) -> CacheKind:
+    """The registered kind called ``name``.
+
+    Raises:
+        KeyError: no such kind.
+    """
+    return KINDS[name]
+
+
+def scan(name: str, folder: Path, grace_seconds: float = 3600.0,
+         verify_after: float | None = None) -> list[Entry]:
+    """Every entry of kind ``name`` in ``folder``; a kind without an inventory has none.
+    Temporary files younger than the grace period are left out (a writer may own them);
+    ``verify_after``: decompress the JAX entries written after that time."""
+    scanner = KINDS[name].scan
+    return scanner(folder, grace_seconds, verify_after) if scanner else []
+
+
+def remove(name: str, folder: Path, entry: Entry) -> None:
+    """Remove one whole entry of kind ``name`` so that no reader sees part of it.
+
+    Raises:
+        OSError: the entry could not be removed.
+    """
+    remover = KINDS[name].remove
+    if remover is None:
+        raise ValueError(f"cache kind {name!r} has no inventory to remove entries from")
+    remover(folder, entry)
+
+
+def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
+    """The keys present per prunable kind (temporary folders included), to diff before/after."""
+    if cache_root is None:
+        return {name: set() for name in PRUNABLE}
+    return {name: {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
+            for name in PRUNABLE}
