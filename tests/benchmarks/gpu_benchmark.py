@@ -229,7 +229,7 @@ def main() -> int:
             started = time.perf_counter()
             try:
                 result = SECTIONS[name](Path(scratch), args.quick)
-            except Exception as exc:  # one broken section must not lose the others' figures
+            except Exception as exc:  # noqa: BLE001 - one broken section must not lose the others' figures
                 result = {"error": repr(exc)}
             result = {"section": name, "machine": machine(),
                       "seconds": round(time.perf_counter() - started, 1), **result}
