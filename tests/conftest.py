@@ -1,69 +1,23 @@
-"""Shared test helpers: a clean environment, the CLI and Snakemake as real subprocesses."""
+"""Fixtures only; the helpers the tests share are in helpers.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+# The package from this checkout's scripts/ (not an installed copy), and tests/ for helpers.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: Variables of the developer's shell that would leak into what a test measures.
-_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
-
-
-def clean_environ(**extra: str) -> dict[str, str]:
-    """os.environ without any cache variable, plus ``extra``."""
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(_LEAKY_PREFIXES) and k != "PYTHONPATH"}
-    environ["PYTHONPATH"] = str(SCRIPTS)
-    environ.update(extra)
-    return environ
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``python -m gpu_cache ARGS`` in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "gpu_cache", *args], env=env or clean_environ(),
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def run_snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None,
-                  timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """The real ``snakemake`` CLI in ``workdir``."""
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir,
-                          env=env or clean_environ(), capture_output=True, text=True, timeout=timeout)
-
-
-def write_config(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-#: A small built-in workload for tests: one short sequence keeps each JAX process ~2 s.
-SMALL = {"workloads": {"jax-transformer": {"shapes": [16]}}}
+from slurm_cluster import SlurmCluster, missing_binaries
 
 
 @pytest.fixture
 def cache_root(tmp_path: Path) -> Path:
     return tmp_path / "cache root"  # a space, on purpose: paths must be quoted everywhere
-
-
-# --- the real SLURM cluster (tests/slurm_cluster.py) -------------------------------------
-
-from slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -62,9 +62,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Callable, Iterable, Mapping, Sequence
+from typing import IO
 
 __all__ = [
     "SLURM_BINARIES",
@@ -306,7 +307,7 @@ class SlurmCluster:
             os.environ["SLURM_CONF"] = str(self.slurm_conf)
             self._activated = True
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         """Start all daemons and wait until the node is idle. Returns ``self``.
 
         Raises:
@@ -384,7 +385,7 @@ class SlurmCluster:
         if survivors:
             raise SlurmClusterError("processes survived stop(): " + ", ".join(survivors))
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.start()
 
     def __exit__(
@@ -440,13 +441,14 @@ class SlurmCluster:
         out = self.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout
         return dict(re.findall(r"(\S+?)=(\S*)", out))
 
-    def sacct(self, job_id: int | str, fields: Iterable[str] = ("JobID", "State", "AllocTRES")) -> list[dict[str, str]]:
+    def sacct(self, job_id: int | str,
+              fields: Iterable[str] = ("JobID", "State", "AllocTRES")) -> list[dict[str, str]]:
         """``sacct -P`` rows (job and steps) for ``job_id`` as dicts."""
         names = list(fields)
         out = self.run(
             ["sacct", "-n", "-P", "-j", str(job_id), "-o", ",".join(names)]
         ).stdout
-        return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line]
+        return [dict(zip(names, line.split("|"), strict=False)) for line in out.splitlines() if line]
 
     def wait_accounted(
         self,
@@ -526,7 +528,8 @@ class SlurmCluster:
         if workdir:
             Path(workdir, "pids.json").unlink(missing_ok=True)
             try:
-                if DEFAULT_CONF_LINK.is_symlink() and os.readlink(DEFAULT_CONF_LINK) == str(Path(workdir, "etc")):
+                ours = str(Path(workdir, "etc"))
+                if DEFAULT_CONF_LINK.is_symlink() and os.readlink(DEFAULT_CONF_LINK) == ours:
                     DEFAULT_CONF_LINK.unlink()
             except OSError:
                 pass
@@ -579,10 +582,12 @@ class SlurmCluster:
                 return  # another running cluster owns it; leave it alone
             link.unlink()  # stale link of a previous run
         elif link.exists():
-            warnings.warn(f"{link} exists and is not ours: srun inside Snakemake SLURM jobs may not find this cluster")
+            warnings.warn(f"{link} exists and is not ours: srun inside Snakemake SLURM jobs may not find "
+                          "this cluster", stacklevel=2)
             return  # a real slurmd configless cache; not ours to replace
         if Path("/etc/slurm/slurm.conf").exists():
-            warnings.warn("/etc/slurm/slurm.conf exists and takes precedence over the /run/slurm/conf link")
+            warnings.warn("/etc/slurm/slurm.conf exists and takes precedence over the /run/slurm/conf link",
+                          stacklevel=2)
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(self.conf_dir, target_is_directory=True)
         self.default_conf_linked = True
@@ -607,6 +612,8 @@ class SlurmCluster:
         devices = self._gpu_devices()
         gres = ",".join(f"gpu:{t}:{n}" for t, n in self.gpus.items() if n > 0)
         tres = ",".join(["gres/gpu"] + [f"gres/gpu:{t}" for t in self.gpus])
+        node = (f"NodeName={self.nodename} NodeAddr=127.0.0.1 CPUs={self.cpus} "
+                f"RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN")
         slurm_conf = f"""\
 # Written by tests/slurm_cluster.py; single node, everything as root.
 ClusterName={self.cluster_name}
@@ -653,7 +660,7 @@ AccountingStorageTRES={tres}
 AccountingStoragePass={munge_socket}
 MailProg=/bin/true
 JobCompType=jobcomp/none
-NodeName={self.nodename} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN
+{node}
 PartitionName={self.partition} Nodes={self.nodename} Default=YES MaxTime=INFINITE State=UP
 """
         self.slurm_conf.write_text(slurm_conf)
@@ -694,7 +701,7 @@ StorageLoc=slurm_acct_db
         if user is not None:  # a direct child (not under runuser), so that we can reap it
             entry = pwd.getpwnam(user)
             uid, gid, groups = entry.pw_uid, entry.pw_gid, []
-        out = open(self.log_dir / f"{name}.stdout.log", "ab")
+        out = open(self.log_dir / f"{name}.stdout.log", "ab")  # noqa: SIM115 - closed by stop()
         self._log_handles.append(out)
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -2,10 +2,9 @@
 
 import subprocess
 
-from conftest import clean_environ, run_cli
-
 from gpu_cache import env
 from gpu_cache.settings import settings_from
+from helpers import clean_environ, run_cli
 
 
 def test_every_kind_gets_an_absolute_folder_under_the_root(cache_root):
@@ -73,7 +72,8 @@ def test_a_root_that_cannot_be_created_degrades_with_reasons(tmp_path):
 def test_shell_lines_work_with_eval(cache_root):
     result = run_cli("env", "--cache-root", str(cache_root))
     assert result.returncode == 0, result.stderr
-    shown = subprocess.run(["bash", "-c", result.stdout + 'echo "$JAX_COMPILATION_CACHE_DIR|$GPU_CACHE_MANAGED"'],
+    echo = 'echo "$JAX_COMPILATION_CACHE_DIR|$GPU_CACHE_MANAGED"'
+    shown = subprocess.run(["bash", "-c", result.stdout + echo],
                            capture_output=True, text=True, env=clean_environ()).stdout.strip()
     folder, managed = shown.split("|")
     assert folder == str(cache_root / "jax")

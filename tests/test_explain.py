@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, clean_environ, run_cli
 
-HOOK = SCRIPTS / "gpu_cache" / "_hook"
+from helpers import jax_job_env, run_cli
+
 # Uses an integer constant, so JAX_ENABLE_X64 changes the program's dtypes.
 PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.sin(x) + jnp.arange(4))(jnp.ones(4)))"
 
 
 def run_jax(cache_root: Path, jax_dir: Path | None = None, extra_path: str = "", **env: str) -> None:
     """One real JAX process with the stats hook and the persistent cache."""
-    environ = clean_environ(
-        JAX_COMPILATION_CACHE_DIR=str(jax_dir or cache_root / "jax"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        GPU_CACHE_RECORDS=str(cache_root / "records"),
-        PYTHONPATH=os.pathsep.join(p for p in (str(HOOK), extra_path, str(SCRIPTS)) if p), **env)
+    environ = jax_job_env(jax_dir or cache_root / "jax", records=cache_root / "records",
+                          extra_path=[extra_path], **env)
     done = subprocess.run([sys.executable, "-c", PROGRAM], env=environ, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -10,18 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import SCRIPTS, clean_environ, run_cli, run_snakemake
+from helpers import clean_environ, jax_job_env, run_cli, run_snakemake
 
-HOOK = SCRIPTS / "gpu_cache" / "_hook"
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
 
 def hook_env(cache_root: Path, *more_path: str, **extra: str) -> dict[str, str]:
-    return clean_environ(
-        JAX_COMPILATION_CACHE_DIR=str(cache_root / "jax"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        GPU_CACHE_RECORDS=str(cache_root / "records"),
-        PYTHONPATH=os.pathsep.join([str(HOOK), *more_path, str(SCRIPTS)]), **extra)
+    return jax_job_env(cache_root / "jax", records=cache_root / "records", extra_path=more_path, **extra)
 
 
 def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -77,7 +72,7 @@ def test_a_broken_hook_never_breaks_the_job(cache_root, tmp_path):
     (cache_root / "records").write_text("not a folder")
     done = python(JAX_PROGRAM, hook_env(cache_root))
     assert done.returncode == 0
-    warnings = [l for l in done.stderr.splitlines() if l.startswith("gpu-cache: warning")]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("gpu-cache: warning")]
     assert len(warnings) == 1 and "writing the record" in warnings[0]
 
 

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_environ, read_json, run_cli
 
 from gpu_cache import jax_cache
 from gpu_cache.prune import prune
 from gpu_cache.settings import settings_from
+from helpers import jax_job_env, read_json, run_cli
 
 FILL = """
 import jax, jax.numpy as jnp, numpy as np
@@ -24,9 +24,7 @@ def fill_jax_cache(folder: Path, n: int = 4, size: int = 64, max_size: int | Non
                    start: int = 0) -> list:
     """Compile ``n`` distinct real programs into a JAX cache folder; return its entries."""
     before = len(jax_cache.scan(folder))
-    env = clean_environ(JAX_COMPILATION_CACHE_DIR=str(folder), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-                        JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none")
+    env = jax_job_env(folder, shared_fs=True)
     if max_size is not None:
         env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(max_size)
     subprocess.run([sys.executable, "-c", FILL.format(n=n, size=size, start=start)], env=env, check=True)
@@ -77,7 +75,7 @@ def test_least_recently_used_go_first_until_under_the_cap(root):
 
 def test_entries_unused_longer_than_max_age_go(root):
     entries = jax_cache.scan(root / "jax")
-    uses = age_entries(entries, start_days_ago=40)  # 40, 39, 38, 37 days ago
+    age_entries(entries, start_days_ago=40)  # 40, 39, 38, 37 days ago
     report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=38.5 * 86400,
                    dry_run=False)
     assert report.kinds["jax"].entries_removed == 2

@@ -2,8 +2,7 @@
 
 import base64
 
-from conftest import REPO, SMALL, clean_environ, run_snakemake
-from test_workflow import PROFILE, SNAKEFILE, workdir_with_config
+from helpers import PROFILE, REPO, SMALL, SNAKEFILE, clean_environ, run_snakemake, workdir_with_config
 
 PLOTS = ("cold_warm.svg", "cache_size.svg", "hit_rates.svg")
 CAPTIONS = ("**Cold vs warm start.**", "**Cache size per kind, before and after pruning.**",
@@ -29,7 +28,7 @@ def test_the_report_holds_the_three_plots_with_captions(tmp_path):
         assert f"results/gpu-cache/plots/{name}" in html
         embedded = base64.b64encode((plots / name).read_bytes()).decode()
         assert embedded in html, f"{name} is not embedded in the report"
-    for caption_file, start in zip(("cold_warm", "cache_size", "hit_rates"), CAPTIONS):
+    for caption_file, start in zip(("cold_warm", "cache_size", "hit_rates"), CAPTIONS, strict=True):
         text = (REPO / "workflow" / "report" / f"{caption_file}.rst").read_text()
         assert text.startswith(start)
         # Snakemake renders the reST caption to HTML: its plain first words are in the report.

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, clean_environ, read_json, run_cli, run_snakemake, write_config
 
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import family, fs_type
+from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, run_snakemake, write_config
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="mounts, chown and groupadd need root")
@@ -52,14 +52,6 @@ def python_workload(tmp_path: Path, name: str, source: str, **extra) -> Path:
     return write_config(tmp_path / f"{name}.yaml", {
         "workloads": {name: {"command": f"{{python}} '{script}'"}},
         "default_workloads": [name], "validate": {"measure_cold": False}, **extra})
-
-
-def jax_env(folder: Path, **extra: str) -> dict[str, str]:
-    """A process environment with JAX's cache in ``folder``, as gpu-cache exports it."""
-    return clean_environ(JAX_COMPILATION_CACHE_DIR=str(folder),
-                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-                         JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none", **extra)
 
 
 def mount(*args: str) -> None:
@@ -253,8 +245,8 @@ def test_eight_warmers_on_one_empty_cache(tmp_path):
     kernels = inventory.kernels
     assert kernels and all(k.complete and not k.problems for k in kernels)
     assert not inventory.temp_dirs  # no writer left half a file behind
-    validate = run_cli("validate", "--config", str(config), "--cache-root", str(root),
-                       "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "log"))
+    run_cli("validate", "--config", str(config), "--cache-root", str(root),
+            "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "log"))
     verdict = read_json(tmp_path / "v.json")
     assert verdict["passed"] is True and verdict["misses"] == 0, verdict["problems"]
     assert verdict["jax"]["hits"] == 3 and verdict["triton"]["hits"] >= len(kernels)
@@ -269,7 +261,7 @@ FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
 def twelve_entries(tmp_path_factory) -> Path:
     """A JAX cache with 12 real entries, made once."""
     folder = tmp_path_factory.mktemp("twelve") / "jax"
-    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_env(folder), check=True)
+    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
     assert len(jax_cache.scan(folder)) == 12
     return folder
 
@@ -292,7 +284,7 @@ def test_prune_while_eight_readers_load_the_cache(tmp_path, twelve_entries):
     stop = tmp_path / "stop"
     # A half-removed or half-read entry raises with JAX_RAISE_PERSISTENT_CACHE_ERRORS and
     # fails the reader.
-    env = jax_env(root / "jax", JAX_RAISE_PERSISTENT_CACHE_ERRORS="true")
+    env = jax_job_env(root / "jax", shared_fs=True, JAX_RAISE_PERSISTENT_CACHE_ERRORS="true")
     readers = start_many(8, [sys.executable, "-c", READER, str(stop)], env)
     for reader in readers:
         assert reader.stdout.readline().strip() == "ready"
@@ -346,7 +338,7 @@ def test_full_disk_during_warm_then_doctor_fix_removes_broken_entries(tmp_path, 
     assert any(e.size == 0 and e.problem.startswith("empty") for e in broken), broken
     assert any(e.size > 0 for e in broken), broken
     # JAX itself never repairs them: every later run warns and recompiles.
-    env = jax_env(root / "jax")
+    env = jax_job_env(root / "jax", shared_fs=True)
     again = subprocess.run([sys.executable, "-c", GROWING], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and warnings_about_reads(again.stderr) > 0
     fixed = run_cli("doctor", "--fix", "--json", "--cache-root", str(root))
@@ -362,7 +354,7 @@ def test_prune_killed_with_sigkill_leaves_a_working_cache_that_the_next_prune_co
     """Capped cache (-atime files): 12 real recent entries and 3000 old copies to remove."""
     folder = tmp_path / "root" / "jax"
     shutil.copytree(twelve_entries, folder)
-    env = jax_env(folder, JAX_COMPILATION_CACHE_MAX_SIZE=str(1 << 30))
+    env = jax_job_env(folder, shared_fs=True, JAX_COMPILATION_CACHE_MAX_SIZE=str(1 << 30))
     subprocess.run([sys.executable, "-c", FILLER, "12"], env=env, check=True)  # writes -atime
     real = {e.key for e in jax_cache.scan(folder)}
     sample = next(e for e in jax_cache.scan(folder))

@@ -28,8 +28,8 @@ this cluster, are recorded next to the tests that prove them:
   ``MinJobAge=600`` (>= 3 x the initial interval) the plugin uses ``squeue``;
   ``--slurm-status-command sacct`` takes the same time (14.6 s), because
   slurmdbd is running. Without slurmdbd, sacct fails and Snakemake hangs
-  (FACTS.md). ``--slurm-requeue`` is not needed. The partition needs no setting (the cluster's default partition
-  is used). The account cannot be guessed (harmless warning "Unable to
+  (FACTS.md). ``--slurm-requeue`` is not needed. The partition needs no setting (the cluster's default
+  partition is used). The account cannot be guessed (harmless warning "Unable to
   guess SLURM account. Trying to proceed without."); ``--slurm-no-account``
   does not silence it in 2.8.0.
 * Environment: a variable set in the parent snakemake process reaches the
@@ -65,7 +65,7 @@ SNAKEMAKE_TIMEOUT_S = 150
 def _env_file(path: Path) -> dict[str, str]:
     """Parse ``KEY=VALUE`` lines written by ``env``."""
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {key: value for key, value in pairs}
+    return dict(pairs)
 
 
 # ----------------------------------------------------------------- plain sbatch

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, clean_environ, read_json
+
+from helpers import REPO, clean_environ, read_json
 
 pytestmark = pytest.mark.slurm
 TIMEOUT = 420

@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from conftest import read_json, run_cli
+from helpers import read_json, run_cli
 
 TRITON = json.dumps({"default_workloads": ["triton-kernels"],
                      "workloads": {"triton-kernels": {"shapes": [1000]}},
@@ -45,7 +45,8 @@ def test_prune_removes_whole_groups_least_recently_used_first(cache_root, tmp_pa
     for key in keys[:2]:  # the two least recently used
         for path in [folder / key, *(folder / key).iterdir()]:
             os.utime(path, (old, old))
-    result = run_cli("prune", "--cache-root", str(cache_root), "--max-age", "2d", "--kind", "triton", "--json")
+    result = run_cli("prune", "--cache-root", str(cache_root), "--max-age", "2d", "--kind", "triton",
+                     "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert sorted(r["key"] for r in report["triton"]["removed"]) == keys[:2]

@@ -18,25 +18,18 @@ from typing import Any
 
 import pytest
 
+from gpu_cache import triton_cache
+from helpers import REPO, clean_environ
+
 pytest.importorskip("triton")
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-from gpu_cache import triton_cache  # noqa: E402
 
 SHAPE = "1000"  # not a multiple of 16: exercises the unaligned specialisation too
 KERNELS_PER_TARGET = 5
 
 
 def _env(cache: Path | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "GPU_CACHE_"))}
-    env["PYTHONPATH"] = str(SCRIPTS)
-    if cache is not None:
-        env["TRITON_CACHE_DIR"] = str(cache)
-    env.update(extra)
-    return env
+    mine = {"TRITON_CACHE_DIR": str(cache)} if cache is not None else {}
+    return clean_environ(**(mine | extra))
 
 
 def _workload(cache: Path | None, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -85,7 +78,8 @@ def test_cold_run_compiles_every_kernel(built: tuple[Path, dict[str, Any]]) -> N
     inv = triton_cache.scan(cache)
     assert len(inv.kernels) == KERNELS_PER_TARGET
     assert all(e.complete and not e.points_outside for e in inv.kernels)
-    assert {e.kernel for e in inv.kernels} == {"vector_add_kernel", "row_softmax_kernel", "tiled_matmul_kernel"}
+    kernels = {"vector_add_kernel", "row_softmax_kernel", "tiled_matmul_kernel"}
+    assert {e.kernel for e in inv.kernels} == kernels
 
 
 LISTENER_PROBE = """
@@ -136,7 +130,8 @@ def test_targets_from_environment(cache_copy: Path) -> None:
     (["--shape", "64", "--mode", "jit"], "set", "GPU"),
     ([], "set", "--shape"),
 ])
-def test_bad_arguments_exit_2_with_one_line(args: list[str], cache: str | None, needle: str, tmp_path: Path) -> None:
+def test_bad_arguments_exit_2_with_one_line(args: list[str], cache: str | None, needle: str,
+                                            tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     proc = _workload(tmp_path / "c" if cache else None, *args, HOME=str(home))

@@ -1,14 +1,16 @@
 """Real Snakemake runs: the default workflow through the profile, and the profile on a stranger's workflow."""
 
-import os
-import shutil
-from pathlib import Path
 
-import yaml
-from conftest import REPO, SMALL, clean_environ, read_json, run_cli, run_snakemake
-
-SNAKEFILE = str(REPO / "workflow" / "Snakefile")
-PROFILE = str(REPO / "profiles" / "gpu-cache")
+from helpers import (
+    PROFILE,
+    SMALL,
+    SNAKEFILE,
+    clean_environ,
+    read_json,
+    run_cli,
+    run_snakemake,
+    workdir_with_config,
+)
 
 STRANGER = """
 rule all:
@@ -18,15 +20,6 @@ rule dump:
     output: "env.txt"
     shell: "env | grep -E '^(JAX_|TRITON_|TORCHINDUCTOR_|CUDA_CACHE_|GPU_CACHE_ROOT)' | sort > {output}"
 """
-
-
-def workdir_with_config(tmp_path: Path, extra: dict) -> Path:
-    """A working directory holding the embedded default config, changed by ``extra``."""
-    work = tmp_path / "work"
-    (work / "config").mkdir(parents=True)
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text()) | extra
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    return work
 
 
 def test_default_workflow_warms_validates_prunes_and_summarises(tmp_path):

@@ -35,9 +35,9 @@ FLA = [sys.executable, str(REPO / "tests" / "benchmarks" / "fla_workload.py")]
 
 
 def jax_command(quick: bool) -> list[str]:
-    size = (["--layers", "2", "--d-model", "64", "--heads", "4", "--batch", "2", "--shape", "16,32,64"] if quick
-            else ["--layers", "12", "--d-model", "1024", "--heads", "16", "--batch", "8",
-                  "--shape", "256,512,1024"])
+    size = (["--layers", "2", "--d-model", "64", "--heads", "4", "--batch", "2", "--shape", "16,32,64"]
+            if quick else ["--layers", "12", "--d-model", "1024", "--heads", "16", "--batch", "8",
+                           "--shape", "256,512,1024"])
     return [sys.executable, "-m", "gpu_cache.workloads.jax_transformer", *size]
 
 
@@ -67,7 +67,7 @@ def finish(process: subprocess.Popen[str], started: float) -> dict[str, Any]:
     process.returncode = os.waitstatus_to_exitcode(status)
     out = process.stdout.read() if process.stdout else ""
     err = process.stderr.read() if process.stderr else ""
-    line = next((l for l in reversed(out.splitlines()) if l.startswith("{")), "{}")
+    line = next((text for text in reversed(out.splitlines()) if text.startswith("{")), "{}")
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
             "returncode": process.returncode, "result": json.loads(line),
             "stderr_tail": err[-800:] if process.returncode else ""}
@@ -119,11 +119,11 @@ def section_triton(scratch: Path, quick: bool) -> dict[str, Any]:
 
 
 def section_fla(scratch: Path, quick: bool) -> dict[str, Any]:
-    return three_cases(FLA + ["--tokens", "2048"], scratch)
+    return three_cases([*FLA, "--tokens", "2048"], scratch)
 
 
 def section_fanout(scratch: Path, quick: bool, workers: int = 8) -> dict[str, Any]:
-    command = FLA + ["--tokens", "2048"]
+    command = [*FLA, "--tokens", "2048"]
     storm_root = scratch / "storm"
     storm = run_many(command, [cache_environ(storm_root, scratch) for _ in range(workers)])
     fan_root = scratch / "fanout"
@@ -181,7 +181,8 @@ def section_overhead(scratch: Path, quick: bool, repeats: int = 5) -> dict[str, 
                                           if p != str(env.HOOK_DIR))
     timings: dict[str, list[float]] = {}
     programs = {"python_pass": [sys.executable, "-c", "pass"],
-                "import_jax_and_jit": [sys.executable, "-c", "import jax, jax.numpy as j; jax.jit(j.sin)(1.0)"]}
+                "import_jax_and_jit": [sys.executable, "-c",
+                                       "import jax, jax.numpy as j; jax.jit(j.sin)(1.0)"]}
     for _ in range(repeats):
         for name, program in programs.items():
             for label, environ in (("without_hook", plain), ("with_hook", hooked)):
@@ -208,7 +209,8 @@ def machine() -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the JSON results")
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to test the script)")
@@ -227,10 +229,10 @@ def main() -> int:
             started = time.perf_counter()
             try:
                 result = SECTIONS[name](Path(scratch), args.quick)
-            except Exception as exc:  # one broken section must not lose the others' figures
+            except Exception as exc:  # noqa: BLE001 - one broken section must not lose the others' figures
                 result = {"error": repr(exc)}
-            result = {"section": name, "machine": machine(), "seconds": round(time.perf_counter() - started, 1),
-                      **result}
+            result = {"section": name, "machine": machine(),
+                      "seconds": round(time.perf_counter() - started, 1), **result}
         (out / f"gpu_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"== {name} ({result['seconds']} s)")
         print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1)[:3000], flush=True)

@@ -34,8 +34,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpu_cache import triton_cache
 
@@ -74,7 +75,8 @@ def run_workload(shape: int, cache: Path, extra: Sequence[str], env_extra: dict[
                           env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"workload --shape {shape} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"workload --shape {shape} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     summary["process_wall_seconds"] = round(wall, 3)
     return summary
@@ -139,7 +141,8 @@ def gpu(args: argparse.Namespace) -> int:
     # Warm the OS page cache for torch/triton imports so that process times compare compile work.
     jit = ["--mode", args.workload_mode]
     if args.workload_mode == "jit":
-        subprocess.run([sys.executable, "-c", "import torch, triton; torch.zeros(1, device='cuda')"], check=True)
+        subprocess.run([sys.executable, "-c", "import torch, triton; torch.zeros(1, device='cuda')"],
+                       check=True)
     runs: dict[str, list[dict[str, Any]]] = {"prefilled": [], "cold": [], "warm": []}
     new_entries: dict[str, dict[str, str]] = {}
     errors: list[str] = []
@@ -153,8 +156,9 @@ def gpu(args: argparse.Namespace) -> int:
         after = entry_keys(target_cache) if target_cache.exists() else {}
         new_entries[label] = {k: v for k, v in after.items() if k not in before}
     if errors:
-        failed = {"device": _device_name(), "errors": errors, "runs": runs, "carried_cache_check": carried_check,
-                  "gpu_side_key_components": key_components(), "cpu_side_prefill": pre}
+        failed = {"device": _device_name(), "errors": errors, "runs": runs,
+                  "carried_cache_check": carried_check, "gpu_side_key_components": key_components(),
+                  "cpu_side_prefill": pre}
         Path(args.out).write_text(json.dumps(failed, indent=2) + "\n")
         print("\n".join(errors), file=sys.stderr)
         return 1
@@ -186,7 +190,8 @@ def gpu(args: argparse.Namespace) -> int:
             "kernels": len(per_kernel),
             "hits": hits,
             "misses": misses,
-            "new_kernel_entries_on_gpu": sum(1 for v in new_entries["prefilled"].values() if v.startswith("kernel")),
+            "new_kernel_entries_on_gpu": sum(
+                1 for v in new_entries["prefilled"].values() if v.startswith("kernel")),
             "new_other_entries_on_gpu": sorted(new_entries["prefilled"].values()),
         },
         "seconds": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -20,33 +21,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from gpu_cache import device, env  # noqa: E402
-from gpu_cache.doctor import KEY_PACKAGES, _version  # noqa: E402
-from gpu_cache.settings import settings_from  # noqa: E402
-from gpu_cache.workload import python_for, resolve_workload, run_command  # noqa: E402
+from gpu_cache import device, env
+from gpu_cache.doctor import KEY_PACKAGES, _version
+from gpu_cache.settings import settings_from
+from gpu_cache.workload import python_for, resolve_workload, run_command
 
 
 def measure(workload_name: str, repeats: int, shapes: list[str] | None) -> dict:
     config = {"workloads": {workload_name: {"shapes": shapes}}} if shapes else {}
     results: dict[str, list[float]] = {"no_cache": [], "cold_cache": [], "warm_cache": []}
-    log = open("/dev/null", "w")
-    for repeat in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="gpu-cache-bench-") as scratch:
-            for case in ("no_cache", "cold_cache", "warm_cache"):
-                root = "none" if case == "no_cache" else str(Path(scratch) / "cache")
-                settings = settings_from(config, cache_root=root)
-                workload = resolve_workload(settings, workload_name)
-                environ = env.job_environ(env.resolve(settings))
-                if case == "no_cache":
-                    environ["TRITON_CACHE_DIR"] = str(Path(scratch) / f"throwaway-{repeat}")
-                total = 0.0
-                for shape, command in workload.commands(python_for(settings), "bench"):
-                    run = run_command(workload, shape, command, environ, log)
-                    if not run.ok:
-                        raise SystemExit(f"benchmark: {workload_name} shape {shape} failed ({run.returncode})")
-                    total += run.seconds
-                results[case].append(total)
-                print(f"repeat {repeat + 1}/{repeats} {case}: {total:.2f} s", file=sys.stderr)
+    with open(os.devnull, "w") as log:
+        for repeat in range(repeats):
+            with tempfile.TemporaryDirectory(prefix="gpu-cache-bench-") as scratch:
+                for case in ("no_cache", "cold_cache", "warm_cache"):
+                    root = "none" if case == "no_cache" else str(Path(scratch) / "cache")
+                    settings = settings_from(config, cache_root=root)
+                    workload = resolve_workload(settings, workload_name)
+                    environ = env.job_environ(env.resolve(settings))
+                    if case == "no_cache":
+                        environ["TRITON_CACHE_DIR"] = str(Path(scratch) / f"throwaway-{repeat}")
+                    total = 0.0
+                    for shape, command in workload.commands(python_for(settings), "bench"):
+                        run = run_command(workload, shape, command, environ, log)
+                        if not run.ok:
+                            raise SystemExit(
+                            f"benchmark: {workload_name} shape {shape} failed ({run.returncode})")
+                        total += run.seconds
+                    results[case].append(total)
+                    print(f"repeat {repeat + 1}/{repeats} {case}: {total:.2f} s", file=sys.stderr)
     medians = {case: statistics.median(values) for case, values in results.items()}
     return {
         "workload": workload_name,
@@ -63,7 +65,8 @@ def measure(workload_name: str, repeats: int, shapes: list[str] | None) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", default="jax-transformer")
     parser.add_argument("--shapes", help="comma-separated shapes (default: the workload's)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -75,7 +78,8 @@ def main() -> int:
           f"median of {args.repeats}, all shapes, whole processes:")
     print(f"  no cache   {m['no_cache']:6.2f} s")
     print(f"  cold cache {m['cold_cache']:6.2f} s  ({m['cold_cache'] / m['no_cache']:.2f}x of no cache)")
-    print(f"  warm cache {m['warm_cache']:6.2f} s  ({result['speedup_warm_vs_no_cache']:.2f}x faster than no cache)")
+    speedup = result["speedup_warm_vs_no_cache"]
+    print(f"  warm cache {m['warm_cache']:6.2f} s  ({speedup:.2f}x faster than no cache)")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

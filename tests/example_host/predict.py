@@ -22,8 +22,14 @@ import jax.numpy as jnp  # noqa: E402
 counts = {"requests": 0, "hits": 0}
 events = {"/jax/compilation_cache/compile_requests_use_cache": "requests",
           "/jax/compilation_cache/cache_hits": "hits"}
-jax.monitoring.register_event_listener(
-    lambda event, **_: counts.__setitem__(events[event], counts[events[event]] + 1) if event in events else None)
+
+
+def count(event: str, **_) -> None:
+    if event in events:
+        counts[events[event]] += 1
+
+
+jax.monitoring.register_event_listener(count)
 
 
 @jax.jit

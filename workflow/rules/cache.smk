@@ -3,17 +3,17 @@
 
 
 rule preflight_cache:
-    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
-    localrule: True
     output:
         report="results/gpu-cache/preflight.json",
     log:
         "logs/gpu-cache/preflight.log",
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
+    conda:
+        "../envs/gpu-cache.yaml"
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
-    conda:
-        "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} doctor --config-json {params.config:q} --no-fail --output {output.report} > {log} 2>&1"
 
@@ -25,14 +25,14 @@ rule warm_cache:
         report="results/gpu-cache/warm/{gpu_type}.json",
     log:
         "logs/gpu-cache/warm/{gpu_type}.log",
+    conda:
+        "../envs/gpu-cache.yaml"
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
         **gpu_cache_resources(),
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
-    conda:
-        "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} warm --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
         " --output {output.report} --log {log}"
@@ -45,14 +45,14 @@ rule validate_cache:
         report="results/gpu-cache/validate/{gpu_type}.json",
     log:
         "logs/gpu-cache/validate/{gpu_type}.log",
+    conda:
+        "../envs/gpu-cache.yaml"
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
         **gpu_cache_resources(),
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
-    conda:
-        "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} validate --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
         " --output {output.report} --log {log}"
@@ -61,26 +61,24 @@ rule validate_cache:
 # A checkpoint whose inputs are everything else, so it runs last; a host overrides its
 # input with its own final outputs (`use rule prune_cache ... with: input: ...`).
 checkpoint prune_cache:
-    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
-    localrule: True
     input:
         validations=gpu_cache_validations(),
     output:
         report="results/gpu-cache/prune.json",
     log:
         "logs/gpu-cache/prune.log",
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
+    conda:
+        "../envs/gpu-cache.yaml"
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
-    conda:
-        "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} prune --no-fail --config-json {params.config:q} --output {output.report} 2> {log}"
 
 
 rule cache_report:
-    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
-    localrule: True
     input:
         validations=gpu_cache_validations(),
         prune=gpu_cache_pruned,
@@ -88,10 +86,12 @@ rule cache_report:
         summary="results/gpu-cache/summary.txt",
     log:
         "logs/gpu-cache/summary.log",
-    params:
-        cli=gpu_cache_cli,
+    # Cheap bookkeeping: runs where Snakemake runs, not on a GPU node.
+    localrule: True
     conda:
         "../envs/gpu-cache.yaml"
+    params:
+        cli=gpu_cache_cli,
     shell:
         "{params.cli} summary --validate {input.validations} --prune {input.prune}"
         " --output {output.summary} 2> {log}"

@@ -58,10 +58,14 @@ def gpu_cache_resources():
     for name in set(names) & {"mem_mb", "runtime"}:
         lacking = [t for t, spec in GPU_CACHE_TYPES.items() if name not in spec.resources]
         if lacking:  # Snakemake cannot leave a size or time resource unset for one wildcard
-            raise ValueError(f"gpu-cache config: gpu_types: {name} is set for some GPU types but not "
-                             f"for {', '.join(lacking)}; set it for every type or for none")
-    return {name: (lambda wildcards, name=name: GPU_CACHE_TYPES[wildcards.gpu_type].resources.get(name))
-            for name in names}
+            raise ValueError(
+                f"gpu-cache config: gpu_types: {name} is set for some GPU types but not "
+                f"for {', '.join(lacking)}; set it for every type or for none"
+            )
+    return {
+        name: (lambda wildcards, name=name: GPU_CACHE_TYPES[wildcards.gpu_type].resources.get(name))
+        for name in names
+    }
 
 
 def gpu_cache_validation(gpu_type):

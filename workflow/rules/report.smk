@@ -24,12 +24,11 @@ rule cache_plots:
         ),
     log:
         "logs/gpu-cache/plots.log",
+    conda:
+        "../envs/gpu-cache.yaml"
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
-    conda:
-        "../envs/gpu-cache.yaml"
     shell:
         "{params.cli} plots --config-json {params.config:q} --validate {input.validations}"
-        " --prune {input.prune} --outdir \"$(dirname {output.cold_warm:q})\" > {log} 2>&1"
-
+        ' --prune {input.prune} --outdir "$(dirname {output.cold_warm:q})" > {log} 2>&1'

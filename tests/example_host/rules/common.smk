@@ -7,7 +7,9 @@ SAMPLES = config["samples"]  # sample -> {gpu_type, tokens}
 
 def validation_of(wildcards):
     """The validation verdict of the sample's GPU type (the module's path, prefix included)."""
-    return expand(rules.gpu_cache_validate_cache.output.report, gpu_type=SAMPLES[wildcards.sample]["gpu_type"])
+    return expand(
+        rules.gpu_cache_validate_cache.output.report, gpu_type=SAMPLES[wildcards.sample]["gpu_type"]
+    )
 
 
 def gpu_resource(name):

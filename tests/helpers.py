@@ -1,0 +1,100 @@
+"""Helpers the tests share: paths, a clean environment, the CLI and Snakemake as real subprocesses,
+configs and working directories, and a JAX job's environment. (Fixtures live in conftest.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+HOOK = SCRIPTS / "gpu_cache" / "_hook"
+SNAKEFILE = str(REPO / "workflow" / "Snakefile")
+PROFILE = str(REPO / "profiles" / "gpu-cache")
+#: The example host pipeline that includes gpu-cache as a module, and the --config that points it here.
+HOST = REPO / "tests" / "example_host"
+MODULE = f"gpu_cache_snakefile={SNAKEFILE}"
+
+#: A small built-in workload for tests: one short sequence keeps each JAX process ~2 s.
+SMALL = {"workloads": {"jax-transformer": {"shapes": [16]}}}
+
+#: Variables of the developer's shell that would leak into what a test measures.
+_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """os.environ without any cache variable, plus ``extra``."""
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES) and k != "PYTHONPATH"
+    }
+    environ["PYTHONPATH"] = str(SCRIPTS)
+    environ.update(extra)
+    return environ
+
+
+def jax_job_env(jax_dir: Path, *, records: Path | None = None, extra_path: Sequence[str] = (),
+                shared_fs: bool = False, **extra: str) -> dict[str, str]:
+    """A clean environment for a JAX process with its persistent cache in ``jax_dir``, writing
+    every compile (no minimum compile time).
+
+    records: also load the stats hook (first on PYTHONPATH), writing its records there;
+      ``extra_path`` goes between the hook and scripts/ ("" entries are dropped).
+    shared_fs: also what gpu-cache exports on a shared filesystem: no minimum entry size and
+      no XLA caches inside the cache folder.
+    ``extra`` is set last and wins.
+    """
+    environ = {"JAX_COMPILATION_CACHE_DIR": str(jax_dir), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    if shared_fs:
+        environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+        environ["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = "none"
+    hook = [str(HOOK)] if records is not None else []
+    if records is not None:
+        environ["GPU_CACHE_RECORDS"] = str(records)
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (*hook, *extra_path, str(SCRIPTS)) if p)
+    return clean_environ(**(environ | extra))
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python -m gpu_cache ARGS`` in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "gpu_cache", *args], env=env or clean_environ(),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def run_snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None,
+                  timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The real ``snakemake`` CLI in ``workdir``."""
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=workdir,
+                          env=env or clean_environ(), capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def workdir_with_config(tmp_path: Path, extra: dict) -> Path:
+    """A working directory holding the embedded default config, changed by ``extra``."""
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text()) | extra
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    return work
+
+
+def host_copy(tmp_path: Path) -> Path:
+    """A copy of the example host pipeline, without what earlier runs left in it."""
+    work = tmp_path / "host"
+    shutil.copytree(HOST, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "predictions"))
+    return work
