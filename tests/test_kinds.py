@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from conftest import SCRIPTS
-
 from gpu_cache import env, kinds
 from gpu_cache.settings import settings_from
+from helpers import SCRIPTS
 
 HOOK = SCRIPTS / "gpu_cache" / "_hook" / "sitecustomize.py"
 

@@ -10,10 +10,8 @@ import pytest
 
 from helpers import MODULE, REPO, clean_environ, host_copy, run_snakemake
 
-#: What ruff checks; its configuration is [tool.ruff] in pyproject.toml. scripts/ waits for
-#: `ruff check --fix scripts` after the gpu_cache refactor (issue 10); then drop the mark.
-RUFF_PATHS = [pytest.param("scripts", marks=pytest.mark.xfail(
-    strict=True, reason="scripts/ has ruff findings until the refactor lands")), "tests"]
+#: What ruff checks; its configuration is [tool.ruff] in pyproject.toml.
+RUFF_PATHS = ("scripts", "tests")
 #: Snakefiles and .smk files; snakefmt's configuration is [tool.snakefmt] in pyproject.toml.
 SNAKEFMT_PATHS = ("workflow", "tests/example_host")
 

@@ -7,6 +7,7 @@ from gpu_cache.device import gpu_type_of
 from gpu_cache.entries import Entry
 from gpu_cache.explain import explain_key, explain_records
 from gpu_cache.prune import plan
+from gpu_cache.reports import KindCounts, Missed
 from gpu_cache.validate import NAMED_MISSES, judge
 
 DAY = 86400.0
@@ -33,8 +34,6 @@ def test_plan_calls_a_broken_entry_broken_whatever_its_age():
     assert result == [("bad", "broken: 0-byte -cache file")]
 
 
-@pytest.mark.xfail(strict=True, reason="plan() says 'broken, then too old' but today removes both in "
-                   "scan order; remove this marker once it sorts them")
 def test_plan_removes_broken_entries_before_too_old_ones_whatever_the_scan_order():
     result = planned([entry("old", days_ago=40), entry("bad", days_ago=0, problem="0-byte -cache file")])
     assert result == [("bad", "broken: 0-byte -cache file"), ("old", "unused longer than max_age")]
@@ -72,12 +71,12 @@ def test_plan_lru_ties_go_by_key():
 # --- validate.judge(counts, missed, failures, cache_problems) -> problems ----------------------
 
 
-def counts(jax_misses: int = 0, triton_misses: int = 0) -> dict[str, dict]:
-    return {"jax": {"misses": jax_misses}, "triton": {"misses": triton_misses}}
+def counts(jax_misses: int = 0, triton_misses: int = 0) -> dict[str, KindCounts]:
+    return {"jax": KindCounts(misses=jax_misses), "triton": KindCounts(misses=triton_misses)}
 
 
-def missed(kind: str, *names: str) -> list[dict[str, str]]:
-    return [{"kind": kind, "name": name, "key": f"{name}-key"} for name in names]
+def missed(kind: str, *names: str) -> list[Missed]:
+    return [Missed(kind, name, f"{name}-key") for name in names]
 
 
 def test_judge_passes_without_misses_failures_or_problems():

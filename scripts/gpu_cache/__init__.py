@@ -24,7 +24,7 @@ class _StderrHandler(logging.Handler):
         try:
             sys.stderr.write(f"{prefix}{record.getMessage()}\n")
             sys.stderr.flush()
-        except Exception:  # a closed stderr must not break the caller
+        except Exception:  # noqa: BLE001 - a closed stderr must not break the caller
             self.handleError(record)
 
 

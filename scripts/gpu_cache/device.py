@@ -6,8 +6,8 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Mapping
 
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 

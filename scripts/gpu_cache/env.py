@@ -11,9 +11,9 @@ import logging
 import os
 import shlex
 import tempfile
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping, MutableMapping
 
 from gpu_cache import kinds, trust
 from gpu_cache.fs import FolderCheck, check_folder

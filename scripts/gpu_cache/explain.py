@@ -77,7 +77,8 @@ def _specific_causes(changed: list[str], now: dict[str, Any], before: dict[str, 
                     f"visible devices changed from {ctx_before.get('device_count')} x "
                     f"{ctx_before.get('device_kinds')} to {ctx_now.get('device_count')} x "
                     f"{ctx_now.get('device_kinds')} (CUDA_VISIBLE_DEVICES "
-                    f"{env_before.get('CUDA_VISIBLE_DEVICES')!r} -> {env_now.get('CUDA_VISIBLE_DEVICES')!r}): "
+                    f"{env_before.get('CUDA_VISIBLE_DEVICES')!r} -> "
+                    f"{env_now.get('CUDA_VISIBLE_DEVICES')!r}): "
                     "warm with the same number of visible GPUs as the jobs")
         elif part == "compression" and ctx_now.get("compression") != ctx_before.get("compression"):
             causes.append(f"compression changed from {ctx_before.get('compression')} to "

@@ -79,7 +79,7 @@ def undecompressable(path: Path) -> str | None:
             plain = decompressor.decompress(data)
             if not decompressor.eof:
                 return "truncated -cache file (the writer ran out of space or was killed)"
-    except Exception as exc:  # zlib.error, zstandard.ZstdError: both mean corrupt
+    except Exception as exc:  # noqa: BLE001 - zlib.error, zstandard.ZstdError: both mean corrupt
         return f"-cache file does not decompress ({type(exc).__name__}: {exc})"
     if len(plain) <= 4:
         return "-cache file holds no executable"

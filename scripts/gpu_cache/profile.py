@@ -27,7 +27,7 @@ def export_from_profile() -> None:
 
     try:
         env.export(settings_from({}))
-    except Exception as exc:  # a profile that raises stops snakemake with an obscure message
+    except Exception as exc:  # noqa: BLE001 - a raising profile stops snakemake obscurely
         print(f"gpu-cache: warning: cache environment not exported ({exc})", file=sys.stderr)
 
 

@@ -40,7 +40,8 @@ def bar_chart(title: str, rows: list[str], series: dict[str, list[float]],
     y = _TOP
     for index, row in enumerate(rows):
         group = len(series) * (_BAR + 3)
-        out.append(f'<text x="{_LEFT - 8}" y="{y + group / 2 + 4:.0f}" text-anchor="end">{escape(row)}</text>')
+        out.append(f'<text x="{_LEFT - 8}" y="{y + group / 2 + 4:.0f}" text-anchor="end">'
+                   f'{escape(row)}</text>')
         for number, (name, values) in enumerate(series.items()):
             value = values[index]
             bar = max(1.0, plot_width * value / peak) if value > 0 else 0.0

@@ -79,8 +79,8 @@ def make_folder(path: Path, shared_group: str | None) -> None:
 def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
     info = folder.stat()
     me = os.geteuid()
-    fix_group = ("or share it with a team: `chgrp -R GROUP {p} && chmod -R g+ws {p}` and set "
-                 "`shared_group: GROUP` in the config").format(p=folder)
+    fix_group = (f"or share it with a team: `chgrp -R GROUP {folder} && chmod -R g+ws {folder}` and set "
+                 "`shared_group: GROUP` in the config")
     if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
         return (f"{folder} is world-writable, so anyone could plant code that your jobs run; "
                 f"refusing it. Fix: `chmod o-w {folder}`, {fix_group}")

@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     def attention(x, layer):
         batch, seq, _ = x.shape
         q, k, v = jnp.split(x @ layer["qkv"], 3, axis=-1)
-        heads = lambda t: t.reshape(batch, seq, HEADS, D_MODEL // HEADS).transpose(0, 2, 1, 3)
+
+        def heads(t):
+            return t.reshape(batch, seq, HEADS, D_MODEL // HEADS).transpose(0, 2, 1, 3)
+
         q, k, v = heads(q), heads(k), heads(v)
         scores = q @ k.transpose(0, 1, 3, 2) / (D_MODEL // HEADS) ** 0.5
         mask = jnp.tril(jnp.ones((seq, seq), bool))

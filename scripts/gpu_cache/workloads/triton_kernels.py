@@ -44,8 +44,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import triton
 import triton.language as tl
@@ -270,7 +271,7 @@ class _Recorder:
             self.current.cache_hit = bool(cache_hit)
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["_Recorder"]:
+    def installed(self) -> Iterator[_Recorder]:
         previous = triton.knobs.compilation.listener
 
         def chained(**kwargs: Any) -> None:
@@ -397,9 +398,9 @@ def run_aot(shape: int, capabilities: Sequence[int]) -> list[KernelEvent]:
                 start = time.perf_counter()
                 try:
                     _invoke(case, _mock_tensors(case), launch=False)
-                except Exception as exc:  # noqa: BLE001 - Triton raises many types; report one line
+                except Exception as exc:
                     raise WorkloadError(f"compiling {case.name} for sm_{cap} failed: {type(exc).__name__}: "
-                                        f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from exc
+                                        f"{last_line(exc)}") from exc
                 event.seconds = time.perf_counter() - start
     return recorder.events
 
@@ -439,7 +440,8 @@ def _check(case: KernelCase, tensors: Mapping[str, Any]) -> None:
     err = float((got - want).abs().max()) if got.numel() else 0.0
     bound = case.tolerance * max(1.0, float(want.abs().max()) if want.numel() else 0.0)
     if not torch.isfinite(got).all() or err > bound:
-        raise WorkloadError(f"{case.name}: result differs from the reference (max abs error {err:g} > {bound:g})")
+        raise WorkloadError(f"{case.name}: result differs from the reference "
+                            f"(max abs error {err:g} > {bound:g})")
 
 
 def run_jit(shape: int) -> tuple[str, list[KernelEvent]]:
@@ -470,7 +472,7 @@ def run_jit(shape: int) -> tuple[str, list[KernelEvent]]:
             try:
                 _invoke(case, tensors, launch=True)
                 torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001 - report one line
+            except Exception as exc:
                 raise WorkloadError(f"{case.name} on {target} failed: {type(exc).__name__}: {exc}") from exc
             event.seconds = time.perf_counter() - start
             _check(case, tensors)
@@ -500,12 +502,20 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def last_line(exc: BaseException) -> str:
+    """The last non-empty line of an exception's message (compilers print long logs)."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else ""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m gpu_cache.workloads.triton_kernels",
-                            description="Compile (and on a GPU run) the built-in Triton workload for one shape.")
+                            description="Compile (and on a GPU run) the built-in Triton workload "
+                                        "for one shape.")
     parser.add_argument("--shape", type=int, required=True, help=f"problem size N ({SHAPE_MIN}..{SHAPE_MAX})")
     parser.add_argument("--targets", default=None,
-                        help=f"aot targets, e.g. sm_80,sm_90 (default: ${ENV_TARGETS}, else {DEFAULT_TARGET})")
+                        help=f"aot targets, e.g. sm_80,sm_90 "
+                             f"(default: ${ENV_TARGETS}, else {DEFAULT_TARGET})")
     parser.add_argument("--mode", choices=("auto", "jit", "aot"), default="auto",
                         help="jit: launch on the GPU; aot: compile only; auto: jit if a GPU is visible")
     return parser
@@ -525,7 +535,7 @@ def summary_json(shape: int, mode: str, targets: Sequence[str], events: Sequence
         "misses": sum(1 for e in events if e.cache_hit is False),
         "cache_dir": cache_dir,
         "triton": triton.__version__,
-        "python": "%d.%d" % sys.version_info[:2],
+        "python": "{}.{}".format(*sys.version_info[:2]),
         "events": [{"case": e.case, "kernel": e.kernel, "target": e.target, "cache_hit": e.cache_hit,
                     "seconds": round(e.seconds, 4)} for e in events],
     })
