@@ -237,6 +237,68 @@ def test_two_prunes_at_once_on_one_mount_serialize(sshfs_root, twelve_entries):
         sorted(p.name for p in (root / "jax").iterdir())
 
 
+def test_prune_on_one_node_while_another_node_reads(sshfs_mount, tmp_path, twelve_entries):
+    """Readers through a second mount (another node) while a prune runs through the first. The
+    second client's attribute cache still shows removed entries for a while, so JAX's
+    ``exists()`` then ``read_bytes()`` fails with FileNotFoundError there (with
+    JAX_RAISE_PERSISTENT_CACHE_ERRORS=true that kills the reader: measured, not asserted); with
+    JAX's default it is a warning and a recompile: no job fails, no half entry is read."""
+    other_node = sshfs_mount.mount()
+    root = sshfs_mount.mount_point / "cache"
+    shutil.copytree(twelve_entries, root / "jax")
+    stop = tmp_path / "stop"
+    readers = start_many(4, [sys.executable, "-c", READER, str(stop)],
+                         jax_env(other_node / "cache" / "jax"))
+    for reader in readers:
+        assert reader.stdout.readline().strip() == "ready"
+    pruned = run_cli("prune", "--json", "--max-size", "20K", "--cache-root", str(root))
+    stop.touch()
+    results = finish(readers)
+    assert pruned.returncode == 0 and json.loads(pruned.stdout)["jax"]["entries_removed"] > 0
+    assert [code for code, _ in results] == [0] * 4, [err[-800:] for _c, err in results]
+    for _code, err in results:  # a read that fails finds no file; it never reads half of one
+        reads = [line for line in err.splitlines()
+                 if "Error reading persistent compilation cache entry" in line]
+        assert all("FileNotFoundError" in line for line in reads), reads
+        print(f"reader on the other mount: {len(reads)} reads found no file")  # shown with -s
+    assert all(e.problem is None for e in jax_cache.scan(root / "jax", verify_after=0.0))
+
+
+def test_the_prune_lock_does_not_exclude_a_prune_through_a_second_mount(sshfs_mount, twelve_entries):
+    """What the doctor's lock warning says, with gpu-cache's own prune: while a process holds
+    ``<root>/.prune.lock`` through one mount, a prune through that mount waits, and a prune
+    through a second mount of the same folder (another node) runs at once."""
+    other_node = sshfs_mount.mount()
+    root = sshfs_mount.mount_point / "cache"
+    shutil.copytree(twelve_entries, root / "jax")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root / ".prune.lock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    waiting = None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "gpu_cache", "prune", "--json", "--max-size", "20K",
+             "--cache-root", str(root)], env=clean_environ(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        elsewhere = run_cli("prune", "--json", "--max-size", "20K", "--cache-root",
+                            str(other_node / "cache"), timeout=60)
+        assert elsewhere.returncode == 0, elsewhere.stderr
+        report = json.loads(elsewhere.stdout)
+        assert report["problems"] == [] and report["jax"]["entries_removed"] > 0
+        assert waiting.poll() is None  # same mount: still waiting for the lock
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    # It then prunes a cache that is already pruned (its mount may still list the removed
+    # entries for a while: removing a file that is gone is not an error).
+    assert json.loads(out)["problems"] == []
+    left = jax_cache.scan(sshfs_mount.server_dir / "cache" / "jax", verify_after=0.0)
+    assert len(left) == 12 - report["jax"]["entries_removed"]
+    assert all(e.problem is None for e in left)
+
+
 # ---------------------------------------------------------------- file locks on sshfs
 
 HOLD = ("import filelock, sys\n"
