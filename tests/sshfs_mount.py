@@ -51,9 +51,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Mapping, Sequence
+from typing import IO
 
 __all__ = [
     "SSHFS_BINARIES",
@@ -263,7 +264,7 @@ class SshfsMount:
 
     # ------------------------------------------------------------------ public API
 
-    def start(self) -> "SshfsMount":
+    def start(self) -> SshfsMount:
         """Start sshd and mount :attr:`server_dir` on :attr:`mount_point`. Returns ``self``.
 
         Raises:
@@ -374,7 +375,7 @@ class SshfsMount:
             parts.append(f"--- {path.name}\n{_tail(path, lines)}")
         return "\n".join(parts)
 
-    def __enter__(self) -> "SshfsMount":
+    def __enter__(self) -> SshfsMount:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
