@@ -37,3 +37,29 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         cluster.activate()
         yield cluster
+
+
+# --- a real network filesystem: sshfs over loopback (tests/sshfs_mount.py) ---------------
+
+from sshfs_mount import SshfsMount, missing_requirements  # noqa: E402
+
+
+@pytest.fixture
+def sshfs_mount(tmp_path: Path):
+    """A running loopback sshfs mount (``.mount_point`` shows ``.server_dir``), unmounted and
+    its sshd stopped after the test, pass or fail. Skips on a developer's machine without
+    sshd/sshfs/``/dev/fuse``/root; fails under CI (where .ci/install-sshfs.sh installs them)."""
+    missing = missing_requirements()
+    if missing:
+        message = f"the sshfs tests need {', '.join(missing)} (run .ci/install-sshfs.sh as root)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with SshfsMount(tmp_path / "sshfs") as share:
+        yield share
+
+
+@pytest.fixture
+def sshfs_root(sshfs_mount: SshfsMount) -> Path:
+    """The mounted folder of a fresh loopback sshfs mount (type ``fuse.sshfs``)."""
+    return sshfs_mount.mount_point

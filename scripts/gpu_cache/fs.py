@@ -206,6 +206,11 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
     if problem is None and free is not None and free < min_free:
         warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
                         "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
+    if kind in NETWORK_FS:  # measured on sshfs: a lock through one mount does not stop a second
+        may = "" if fam == "sshfs" else "may "  # elsewhere it depends on the filesystem and mount
+        warnings.append(f"{path} is on {kind}: file locks there {may}lock only within one machine, "
+                        f"so prunes (and JAX's size-cap lock) on two nodes {may or 'do '}not exclude "
+                        "each other; prune from one node at a time")
     if fam == "fuse":
         warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
                         "network filesystem (node-local cache, compile before fanning out)")
