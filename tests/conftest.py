@@ -16,14 +16,20 @@ SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: Variables of the developer's shell that would leak into what a test measures.
-_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
+#: Variables of the developer's shell that would leak into what a test measures (the
+#: container ones too: a developer's bind list would change what a container test sees).
+_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_",
+                   "APPTAINER_", "APPTAINERENV_", "SINGULARITY_", "SINGULARITYENV_")
+#: ... except these, which configure the test infrastructure, not gpu-cache
+#: (GPU_CACHE_TEST_ROOTS: where .ci/build-roots.sh put the container roots).
+_KEPT_PREFIXES = ("GPU_CACHE_TEST_",)
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
     """os.environ without any cache variable, plus ``extra``."""
     environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(_LEAKY_PREFIXES) and k != "PYTHONPATH"}
+               if (k.startswith(_KEPT_PREFIXES) or not k.startswith(_LEAKY_PREFIXES))
+               and k != "PYTHONPATH"}
     environ["PYTHONPATH"] = str(SCRIPTS)
     environ.update(extra)
     return environ
@@ -83,3 +89,35 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         cluster.activate()
         yield cluster
+
+
+# --- container roots and the apptainer stand-in (tests/containers.py, tests/bin/apptainer) ---
+
+import containers  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def container_root() -> "containers.ContainerRoot":
+    """The default isolated root (Python 3.9, jax 0.4.30; see tests/containers.py).
+
+    Its ``environ(**extra)`` gives a clean environment with tests/bin (the ``apptainer``
+    stand-in) first on ``PATH``, for ``snakemake --sdm apptainer`` runs; ``exec(...)`` runs a
+    command in it. Skips when the root or bwrap is missing on a developer's machine, and fails
+    under CI (where .ci/build-roots.sh builds it).
+    """
+    root, problem = containers.find_root()
+    if root is None:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return root
+
+
+@pytest.fixture
+def unbound_dir():
+    """A new host folder that containers do not see unless it is bound; removed afterwards."""
+    import shutil
+
+    path = containers.unbound_host_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
