@@ -113,7 +113,9 @@ def find_root(name: str = DEFAULT_ROOT) -> tuple[ContainerRoot | None, str | Non
         return None, f"unreadable manifest {manifest_path}: {error}"
     root = ContainerRoot(name, path, manifest)
     probe = subprocess.run([str(APPTAINER), "exec", root.image, "true"],
-                           env=with_bin_first(dict(os.environ)), cwd=tempfile.gettempdir(),
+                           env=with_bin_first({k: v for k, v in os.environ.items()
+                                               if not k.startswith(("APPTAINER", "SINGULARITY"))}),
+                           cwd=tempfile.gettempdir(),
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         return None, f"the apptainer stand-in cannot run {root.image}: {probe.stderr.strip()}"
