@@ -63,3 +63,35 @@ def sshfs_mount(tmp_path: Path):
 def sshfs_root(sshfs_mount: SshfsMount) -> Path:
     """The mounted folder of a fresh loopback sshfs mount (type ``fuse.sshfs``)."""
     return sshfs_mount.mount_point
+
+
+# --- container roots and the apptainer stand-in (tests/containers.py, tests/bin/apptainer) ---
+
+import containers  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def container_root() -> containers.ContainerRoot:
+    """The default isolated root (Python 3.9, jax 0.4.30; see tests/containers.py).
+
+    Its ``environ(**extra)`` gives a clean environment with tests/bin (the ``apptainer``
+    stand-in) first on ``PATH``, for ``snakemake --sdm apptainer`` runs; ``exec(...)`` runs a
+    command in it. Skips when the root or bwrap is missing on a developer's machine, and fails
+    under CI (where .ci/build-roots.sh builds it).
+    """
+    root, problem = containers.find_root()
+    if root is None:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return root
+
+
+@pytest.fixture
+def unbound_dir():
+    """A new host folder that containers do not see unless it is bound; removed afterwards."""
+    import shutil
+
+    path = containers.unbound_host_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

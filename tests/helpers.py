@@ -26,14 +26,19 @@ MODULE = f"gpu_cache_snakefile={SNAKEFILE}"
 SMALL = {"workloads": {"jax-transformer": {"shapes": [16]}}}
 
 #: Variables of the developer's shell that would leak into what a test measures.
-_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
+#: (the container ones too: a developer's bind list would change what a container test sees)
+_LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_",
+                   "APPTAINER_", "APPTAINERENV_", "SINGULARITY_", "SINGULARITYENV_")
+#: ... except these, which configure the test infrastructure, not gpu-cache
+#: (GPU_CACHE_TEST_ROOTS: where .ci/build-roots.sh put the container roots).
+_KEPT_PREFIXES = ("GPU_CACHE_TEST_",)
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
     """os.environ without any cache variable, plus ``extra``."""
-    environ = {
-        k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES) and k != "PYTHONPATH"
-    }
+    environ = {k: v for k, v in os.environ.items()
+               if (k.startswith(_KEPT_PREFIXES) or not k.startswith(_LEAKY_PREFIXES))
+               and k != "PYTHONPATH"}
     environ["PYTHONPATH"] = str(SCRIPTS)
     environ.update(extra)
     return environ

@@ -298,7 +298,7 @@ class SshfsMount:
                    "UserKnownHostsFile=/dev/null", f"port={self.port}", "BatchMode=yes",
                    "LogLevel=ERROR", *self.sshfs_options]
         name = "sshfs-" + where.name
-        log = open(self.log_dir / f"{name}.log", "ab")
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the daemon writes it until stop()
         self._log_handles.append(log)
         proc = subprocess.Popen(
             [_which("sshfs") or "sshfs", "-f", "-o", ",".join(options),
@@ -434,7 +434,7 @@ class SshfsMount:
                                   text=True, timeout=30, check=False)
             if test.returncode != 0:
                 raise SshfsMountError(f"sshd rejects its configuration: {test.stderr.strip()}")
-            log = open(self.log_dir / "sshd.log", "ab")
+            log = open(self.log_dir / "sshd.log", "ab")  # noqa: SIM115 - the daemon writes it until stop()
             self._log_handles.append(log)
             # -D: stay in the foreground (our child); -e: log to stderr (the log file).
             self._sshd = subprocess.Popen([sshd, "-D", "-e", "-f", str(self.sshd_config)],

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, clean_environ, read_json, run_cli, write_config
+
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import check_folder
+from helpers import SMALL, clean_environ, read_json, run_cli, write_config
 
 #: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed).
 JAX_AND_TRITON = {
