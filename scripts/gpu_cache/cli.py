@@ -317,8 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _keep_path_bytes() -> None:
+    """Print paths that are not valid UTF-8 (argv and the filesystem give them as surrogate
+    escapes) as their own bytes, as the shell and `ls` do, instead of failing to encode them."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and stream.errors == "strict":
+            reconfigure(errors="surrogateescape")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    _keep_path_bytes()
     try:
         args = build_parser().parse_args(argv)
         handler: Handler = args.handler

@@ -48,10 +48,22 @@ class Exports:
     adjusted: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     checks: dict[str, FolderCheck] = field(default_factory=dict)
+    root_problem: str | None = None
 
     def messages(self) -> list[str]:
-        """One line per thing the user should know, for warnings."""
-        lines = [f"{kind}: {why}" for kind, why in self.problems.items()]
+        """One line per thing the user should know, for warnings; a cache root that cannot
+        be used at all is one line for every kind."""
+        lines = []
+        problems = dict(self.problems)
+        if self.root_problem:
+            prefix = self.root_problem + "; "
+            outcomes = []
+            for kind, why in self.problems.items():
+                if why.startswith(prefix):
+                    rest = problems.pop(kind)[len(prefix):]
+                    outcomes.append(rest if rest.startswith(kind) else f"{kind}: {rest}")
+            lines.append(prefix + "; ".join(outcomes))
+        lines += [f"{kind}: {why}" for kind, why in problems.items()]
         lines += [f"{kind}: {why}" for kind, why in self.adjusted.items()]
         lines += self.warnings
         lines += [f"keeping your {name}={theirs!r} (gpu-cache would set {ours!r})"
@@ -154,6 +166,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     adjusted: dict[str, str] = {}
     warnings: list[str] = []
     checks: dict[str, FolderCheck] = {}
+    root_problem: str | None = None
     xla_caches = settings.xla_caches
     root = settings.cache_root
     if root is None:
@@ -162,11 +175,16 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         problems["all"] = "caching is turned off (cache root 'none')"
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
+        root_check: FolderCheck | None = None
         for kind in kinds.KINDS.values():
             if _user_set(kind.env_var, environ):
                 wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
                 continue
-            check = checks[kind.name] = check_kind(settings, kind.name)
+            if root_check is None:  # a root that cannot be made or trusted fails every kind alike
+                root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
+                                          trusted_above=root, probe=False)
+                root_problem = root_check.problem
+            check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
             warnings += [f"{kind.name}: {line}" for line in check.warnings]
             how = _place(kind, root, check, xla_caches)
             wanted.update(how.values)
@@ -185,7 +203,8 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
         if settings.stats_hook and "jax" not in problems:
             wanted["GPU_CACHE_RECORDS"] = str(root / "records")
-    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks)
+    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
+                      root_problem=root_problem)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)

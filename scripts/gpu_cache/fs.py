@@ -74,11 +74,15 @@ def _statfs_magic(path: str) -> int | None:
 
 def fs_type(path: Path) -> str:
     """The type of the filesystem that holds ``path`` (its longest mount prefix in
-    /proc/mounts, refined by the statfs magic when that says only ``fuse``), or ``unknown``."""
-    target = os.path.realpath(path)
+    /proc/mounts, refined by the statfs magic when that says only ``fuse``), or ``unknown``.
+    Never raises."""
+    try:
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return "unknown"
     best, best_type = "", "unknown"
     try:
-        with open("/proc/mounts") as mounts:
+        with open("/proc/mounts", errors="surrogateescape") as mounts:
             for line in mounts:
                 fields = line.split()
                 if len(fields) < 3:
@@ -90,7 +94,10 @@ def fs_type(path: Path) -> str:
     except OSError:
         pass
     if best_type in ("unknown", "fuse", "fuseblk"):
-        magic = _statfs_magic(target)
+        try:
+            magic = _statfs_magic(target)
+        except (OSError, ValueError):
+            magic = None
         if magic is not None and _MAGIC.get(magic, "fuse") != "fuse":
             best_type = _MAGIC[magic]
     return best_type
@@ -130,10 +137,49 @@ def require_folder_or_missing(path: Path) -> None:
 
 
 def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest ancestor that can be looked at (exists, and the path to it can
+    be searched); ``/`` at worst. Never raises."""
     current = path
-    while not current.exists() and current != current.parent:
-        current = current.parent
+    while current != current.parent:
+        try:
+            os.stat(current)
+            return current
+        except (OSError, ValueError):
+            current = current.parent
     return current
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder (or a link to one). Never raises: on Python 3.11
+    ``Path.is_dir()`` raises PermissionError and ENAMETOOLONG."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def why_not(exc: OSError) -> str:
+    """What an OSError means for a cache path, with what to do about it, in a few words."""
+    hints = {
+        errno.EACCES: "permission denied: you cannot enter or write a folder on that path; "
+                      "choose a cache root you own",
+        errno.EPERM: "operation not permitted: choose a cache root you own",
+        errno.ENAMETOOLONG: "a name on that path is too long (at most 255 bytes per name); "
+                            "choose a shorter cache root",
+        errno.ENOTDIR: "a part of that path is a file, not a folder; choose another cache root",
+        errno.ELOOP: "too many symbolic links (a link loop) on that path",
+        errno.EROFS: "read-only filesystem",
+        errno.ENOSPC: "no space left on the device",
+    }
+    return hints.get(exc.errno or 0, exc.strerror or str(exc))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _probe_write(path: Path) -> tuple[str, int | None] | None:
@@ -155,32 +201,49 @@ def _probe_write(path: Path) -> tuple[str, int | None] | None:
                 leftover.unlink()
             except OSError:
                 pass
-        return f"cannot {step} in {path}: {exc.strerror or exc}", exc.errno
+        return f"cannot {step} in {path}: {why_not(exc)}", exc.errno
 
 
 def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
-                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None) -> FolderCheck:
+                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
+                 probe: bool = True) -> FolderCheck:
     """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
-    set), check that it is trusted, write a file, rename it, delete it, and measure it.
+    set), check that it is trusted (:mod:`gpu_cache.trust`), write a file, rename it, delete
+    it (unless ``probe`` is False), and measure it.
 
     ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
-    root and the kind folder); default: only ``path``. Never raises for filesystem trouble:
-    what went wrong is in ``problem``, in words a user can act on.
+    root and the kind folder); default: only ``path``. Never raises for filesystem trouble
+    (permissions, over-long names, a file on the path, link loops, names that are not UTF-8):
+    what went wrong is in ``problem``, one sentence a user can act on.
     """
     problem: str | None = None
     read_only = False
     try:
-        if path.is_symlink() and not path.exists():
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except (OSError, ValueError) as exc:
+        info = None
+        problem = f"cannot use {path}: {why_not(exc) if isinstance(exc, OSError) else exc}"
+    if problem is None:
+        is_dir = _is_dir(path)
+        if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \
+                not _exists(path):
             problem = f"{path} is a dangling or looping symbolic link"
-        elif path.exists() and not path.is_dir():
+        elif info is not None and not is_dir:
             problem = f"{path} exists and is not a folder"
         elif create:
-            trust.make_folder(path, shared_group)
-    except OSError as exc:
-        problem = f"cannot create {path}: {exc.strerror or exc}"
-    if problem is None and path.is_dir():
+            try:
+                trust.make_folder(path, shared_group)
+            except OSError as exc:
+                problem = f"cannot create {path}: {why_not(exc)}"
+    is_dir = _is_dir(path)
+    if problem is None and is_dir and not os.access(path, os.X_OK):
+        problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
+                   "choose a cache root you own")
+    if problem is None and is_dir:
         problem = trust.distrust(path, shared_group, trusted_above)
-    if problem is None and path.is_dir():
+    if problem is None and is_dir and probe:
         failed = _probe_write(path)
         # A read-only mount or another user's folder can still serve hits.
         if failed and failed[1] in (errno.EROFS, errno.EACCES, errno.EPERM) \
@@ -188,7 +251,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
             read_only = True
         elif failed:
             problem = failed[0]
-    where = path if path.exists() else _existing_ancestor(path)
+    where = _existing_ancestor(path)
     try:
         info = where.stat()
         owner, mode, group = info.st_uid, stat.filemode(info.st_mode), trust.group_name(info.st_gid)

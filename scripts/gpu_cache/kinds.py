@@ -122,5 +122,10 @@ def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
     """The keys present per prunable kind (temporary folders included), to diff before/after."""
     if cache_root is None:
         return {name: set() for name in PRUNABLE}
-    return {name: {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
-            for name in PRUNABLE}
+    keys: dict[str, set[str]] = {}
+    for name in PRUNABLE:
+        try:
+            keys[name] = {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
+        except (OSError, ValueError):
+            keys[name] = set()  # unusable folder: env.resolve has said so, and the kind is elsewhere
+    return keys

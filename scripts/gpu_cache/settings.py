@@ -105,8 +105,12 @@ def resolve_cache_root(
 
     ``explicit`` (from ``--cache-root`` or the config) wins; else ``$GPU_CACHE_ROOT``; else
     ``$XDG_CACHE_HOME/gpu-cache``; else ``~/.cache/gpu-cache``. A value in
-    :data:`OFF_WORDS` turns caching off. ``~`` is expanded and a relative path is made
-    absolute against the current directory, since each job has its own cwd.
+    :data:`OFF_WORDS` turns caching off. ``~`` and ``~/...`` are expanded with ``$HOME``,
+    ``~user/...`` to that user's home (as ``os.path.expanduser`` does), and a relative path is
+    made absolute against the current directory, since each job has its own cwd.
+
+    Raises:
+        UsageError: ``~user`` names no user here.
     """
     environ = os.environ if environ is None else environ
     if explicit is None:
@@ -118,9 +122,19 @@ def resolve_cache_root(
     if explicit.strip().lower() in OFF_WORDS:
         return None
     home = environ.get("HOME")
-    if explicit.startswith("~") and home:
+    if (explicit == "~" or explicit.startswith("~/")) and home:
         explicit = home + explicit[1:]
-    return Path(os.path.abspath(os.path.expanduser(explicit)))
+    elif explicit.startswith("~"):  # ~user/...: that user's home, as the shell has it
+        expanded = os.path.expanduser(explicit)
+        if expanded == explicit:
+            user = explicit[1:].split("/", 1)[0]
+            if not user:
+                raise UsageError(f"cache root {explicit}: $HOME is not set and your user has no "
+                                 "home in the password database (write the absolute path)")
+            raise UsageError(f"cache root {explicit}: no user {user!r} on this machine, so "
+                             f"~{user} cannot be expanded (write the absolute path)")
+        explicit = expanded
+    return Path(os.path.abspath(explicit))
 
 
 @dataclass(frozen=True)
