@@ -69,7 +69,8 @@ def mounts():
 
 def tmpfs(mounts: list[Path], where: Path, size: str) -> Path:
     where.mkdir(parents=True, exist_ok=True)
-    mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where))
+    # mode 0755: a fresh tmpfs is 1777, which gpu-cache refuses (others could plant entries)
+    mount("-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where))
     mounts.append(where)
     return where
 
@@ -125,7 +126,7 @@ def test_world_writable_cache_is_refused_and_jobs_still_run(tmp_path):
     assert result.returncode == 0
     exports = json.loads(result.stdout)
     why = exports["problems"]["jax"]
-    assert "world-writable" in why and f"chmod o-w {root / 'jax'}" in why
+    assert "world-writable" in why and f"chmod o-w,g-w {root / 'jax'}" in why  # 777: group root too
     assert exports["exports"]["JAX_ENABLE_COMPILATION_CACHE"] == "false"
     assert "JAX_COMPILATION_CACHE_DIR" not in exports["exports"]
     doctor = run_cli("doctor", "--cache-root", str(root))

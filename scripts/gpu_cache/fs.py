@@ -224,7 +224,8 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
         info = None
     except (OSError, ValueError) as exc:
         info = None
-        problem = f"cannot use {path}: {why_not(exc) if isinstance(exc, OSError) else exc}"
+        why = why_not(exc) if isinstance(exc, OSError) else str(exc)
+        problem = f"cannot {'create' if create else 'use'} {path}: {why}"
     if problem is None:
         is_dir = _is_dir(path)
         if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \

@@ -1,0 +1,432 @@
+"""The trust rule and filesystem trouble, each made for real.
+
+Who can add a file to a cache folder can run code in every job that reads it, so gpu-cache
+refuses a folder that anyone but its owner (and root, and the members of ``shared_group``)
+can write: world-writable (sticky bit or not), group-writable by another group, or writable
+through a POSIX ACL. A cache path that cannot be used (inside another user's 0700 folder,
+a 300-byte name, a file on the path) never fails a command or a job: one warning line, and
+the kind runs without its cache (JAX) or node-locally (the others).
+
+Faults are real: chmod/chgrp, groupadd/useradd, ACLs written as the kernel's extended
+attribute, planting as user ``nobody`` with ``runuser``, and the CLI run as another user.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_cache.errors import UsageError
+from gpu_cache.settings import resolve_cache_root
+from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, write_config
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown, groupadd, useradd, runuser need root")
+
+#: A config that runs no workload: the commands check the cache folders and return quickly.
+NO_WORK = {"default_workloads": []}
+
+
+def one_config(folder: Path, config: dict) -> Path:
+    path = write_config(folder / "config.yaml", config)
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A folder other users can reach (pytest's own folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="gpu-cache-trust-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def team_group() -> Iterator[str]:
+    """A real group, made for the test and deleted after it."""
+    name = f"gpucachet{os.getpid() % 100000}"
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+@pytest.fixture
+def private_user(base: Path) -> Iterator[str]:
+    """A real user with a user-private group (useradd --user-group) and a home under ``base``."""
+    name = f"gpucacheu{os.getpid() % 100000}"
+    home = base / "home" / name
+    subprocess.run(["useradd", "--user-group", "--no-create-home", "--home-dir", str(home),
+                    "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None,
+            module: tuple[str, ...] = ("-m", "gpu_cache")) -> subprocess.CompletedProcess[str]:
+    """``python -m gpu_cache ARGS`` as ``user`` (with runuser). This interpreter and checkout
+    may live where the user cannot reach (here /root/.pyenv): then both are bind-mounted
+    into ``base`` in a private mount namespace for the one command."""
+    environ = {k: v for k, v in (env or clean_environ()).items() if k != "PYTHONPATH"}
+    tmp = base / f"tmp-{user}"
+    tmp.mkdir(exist_ok=True)
+    shutil.chown(tmp, user=user)
+    environ["TMPDIR"] = str(tmp)  # node-local fallbacks land here, removed with base
+    python, scripts = sys.executable, REPO / "scripts"
+    reachable = subprocess.run(["runuser", "-u", user, "--", "test", "-x", python, "-a", "-r",
+                                str(scripts / "gpu_cache" / "config.schema.yaml")]).returncode == 0
+    binds: list[str] = []
+    if not reachable:
+        if sys.prefix != sys.base_prefix:
+            pytest.skip("this interpreter is a virtual environment that other users cannot reach")
+        (base / "py").mkdir(exist_ok=True)
+        (base / "repo").mkdir(exist_ok=True)
+        binds = [sys.prefix, str(base / "py"), str(REPO), str(base / "repo")]
+        python = str(base / "py" / Path(sys.executable).relative_to(sys.prefix))
+        scripts = base / "repo" / "scripts"
+        environ["LD_LIBRARY_PATH"] = str(base / "py" / "lib")  # its libpython, not the system's
+    environ["PYTHONPATH"] = str(scripts)
+    command = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in environ.items()),
+               python, *module, *args]
+    if binds:
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"',
+                   "sh", *binds, *command]
+    return subprocess.run(command, capture_output=True, text=True, cwd=base, timeout=300)
+
+
+def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
+
+
+def warning_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("gpu-cache: warning:")]
+
+
+# ---------------------------------------------------------------- world-writable
+
+
+def test_a_root_owned_1777_jax_folder_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "jax").mkdir(parents=True)
+    os.chmod(root / "jax", 0o1777)  # like /tmp: world-writable with the sticky bit
+    result = run_cli("env", "--json", "--cache-root", str(root))
+    assert result.returncode == 0, result.stderr
+    exports = json.loads(result.stdout)
+    why = exports["problems"]["jax"]
+    assert "world-writable" in why and "sticky bit" in why
+    assert f"`chmod o-w,g-w {root / 'jax'}`" in why  # 1777: group root can write too
+    assert exports["exports"]["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    assert "JAX_COMPILATION_CACHE_DIR" not in exports["exports"]
+    assert "triton" not in exports["problems"]  # only the planted-in folder is refused
+    doctor = run_cli("doctor", "--cache-root", str(root))
+    assert doctor.returncode == 1 and "world-writable" in doctor.stdout
+    os.chmod(root / "jax", 0o755)  # the fix the message gives, applied: trusted again
+    fixed = json.loads(run_cli("env", "--json", "--cache-root", str(root)).stdout)
+    assert fixed["exports"]["JAX_COMPILATION_CACHE_DIR"] == str(root / "jax")
+
+
+ATTACKER = """\
+import json, os
+import jax, numpy as np
+folder = os.environ["JAX_COMPILATION_CACHE_DIR"]
+names = []
+for f in (lambda x: x + 1.0, lambda x: x * 0.0 + 100.0):  # the victim's program, then the evil one
+    before = set(os.listdir(folder))
+    jax.jit(f)(np.ones(3, np.float32)).block_until_ready()
+    (name,) = set(os.listdir(folder)) - before
+    names.append(name)
+print(json.dumps(names))
+"""
+VICTIM = """\
+import sys
+import jax, numpy as np
+value = float(jax.jit(lambda x: x + 1.0)(np.ones(3, np.float32))[0])
+open(sys.argv[1], "w").write(repr(value))
+"""
+
+
+def test_an_entry_planted_by_another_user_in_a_1777_folder_is_never_served(base):
+    """The attack end to end: nobody plants an evil executable under the victim's key in a
+    root-owned 1777 jax/; plain JAX serves it (x + 1.0 gives 100.0); through gpu-cache the
+    folder is refused, the job still runs and computes 2.0."""
+    attacker_dir = base / "attacker"
+    attacker_dir.mkdir()
+    (base / "attacker.py").write_text(ATTACKER)
+    found = subprocess.run([sys.executable, str(base / "attacker.py")], capture_output=True, text=True,
+                           env=jax_job_env(attacker_dir, shared_fs=True), timeout=120)
+    assert found.returncode == 0, found.stderr
+    victim_key, evil_entry = json.loads(found.stdout)
+    for path in (attacker_dir, *attacker_dir.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    root = base / "cache"
+    (root / "jax").mkdir(parents=True)
+    os.chmod(root / "jax", 0o1777)
+    plant = subprocess.run(["runuser", "-u", "nobody", "--", "cp", str(attacker_dir / evil_entry),
+                            str(root / "jax" / victim_key)], capture_output=True, text=True)
+    assert plant.returncode == 0, plant.stderr  # the sticky bit did not stop it
+    victim = base / "victim.py"
+    victim.write_text(VICTIM)
+    # Plain JAX on that folder (what gpu-cache exported before): the planted code runs.
+    plain = subprocess.run([sys.executable, str(victim), str(base / "plain.txt")], capture_output=True,
+                           text=True, env=jax_job_env(root / "jax", shared_fs=True), timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert (base / "plain.txt").read_text() == "100.0"
+    # Through gpu-cache: refused, and the job runs without the cache, correctly.
+    config = write_config(base / "victim.yaml", {
+        "workloads": {"victim": {"command": f"{{python}} '{victim}' '{base / 'warm.txt'}'"}},
+        "default_workloads": ["victim"]})
+    warm = run_cli("warm", "--config", str(config), "--cache-root", str(root),
+                   "--output", str(base / "warm.json"), "--log", str(base / "warm.log"))
+    assert warm.returncode == 0, warm.stderr
+    no_traceback(warm)
+    assert (base / "warm.txt").read_text() == "2.0"
+    report = read_json(base / "warm.json")
+    assert "jax" in report["kinds_without_cache"]
+    assert any("world-writable" in p for p in report["problems"])
+    assert [line for line in warning_lines(warm.stderr) if "jax" in line and "world-writable" in line]
+
+
+# ---------------------------------------------------------------- group-writable
+
+
+def test_a_folder_writable_by_another_group_is_refused_unless_it_is_the_shared_group(tmp_path, team_group):
+    root = tmp_path / "root"
+    (root / "jax").mkdir(parents=True)
+    shutil.chown(root / "jax", group=team_group)
+    os.chmod(root / "jax", 0o775)
+    refused = json.loads(run_cli("env", "--json", "--cache-root", str(root)).stdout)
+    why = refused["problems"]["jax"]
+    assert f"writable by group {team_group}" in why
+    assert f"`chmod g-w {root / 'jax'}`" in why and "shared_group: GROUP" in why
+    assert refused["exports"]["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    config = write_config(tmp_path / "c.yaml", {"shared_group": team_group})
+    shared = json.loads(run_cli("env", "--json", "--config", str(config), "--cache-root",
+                                str(root)).stdout)
+    assert "jax" not in shared["problems"]
+    assert shared["exports"]["JAX_COMPILATION_CACHE_DIR"] == str(root / "jax")
+    # Group 0 is never a private group: writable by group root is refused, even in root's
+    # own folder (in shared-group mode gpu-cache hands the folders it owns to the group).
+    other = tmp_path / "other"
+    (other / "jax").mkdir(parents=True)
+    shutil.chown(other / "jax", group=0)
+    os.chmod(other / "jax", 0o775)
+    again = json.loads(run_cli("env", "--json", "--cache-root", str(other)).stdout)
+    assert "writable by group root" in again["problems"]["jax"]
+
+
+def test_a_user_private_group_may_write_until_it_has_another_member(base, private_user):
+    """With umask 002 every folder a user makes is writable by their private group: trusted,
+    as long as that group is really private (here checked as the user, with runuser)."""
+    home = Path(pwd.getpwnam(private_user).pw_dir)
+    root = home / "cache"
+    (root / "jax").mkdir(parents=True)
+    for folder in (home, root, root / "jax"):
+        shutil.chown(folder, user=private_user, group=private_user)
+        folder.chmod(0o775)
+    (base / "home").chmod(0o755)
+    config = one_config(base, NO_WORK)
+    alone = as_user(private_user, base, "env", "--json", "--config", str(config), "--cache-root", str(root))
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["exports"]["JAX_COMPILATION_CACHE_DIR"] == str(root / "jax")
+    subprocess.run(["gpasswd", "-a", "nobody", private_user], check=True, capture_output=True)
+    assert "nobody" in grp.getgrnam(private_user).gr_mem
+    shared = as_user(private_user, base, "env", "--json", "--config", str(config), "--cache-root", str(root))
+    assert shared.returncode == 0, shared.stderr
+    why = json.loads(shared.stdout)["problems"]["jax"]
+    assert f"{root} is writable by group {private_user}" in why and "chmod g-w" in why
+
+
+# ---------------------------------------------------------------- ACLs
+
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+NO_ID = 0xFFFFFFFF
+
+
+def set_acl(folder: Path, *entries: tuple[int, int, int], default: bool = False) -> None:
+    """Write a POSIX ACL as the kernel stores it (what `setfacl` does; not installed here):
+    version 2, then (tag, perm, id) little-endian entries."""
+    data = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    name = "system.posix_acl_default" if default else "system.posix_acl_access"
+    try:
+        os.setxattr(folder, name, data)
+    except OSError as exc:
+        message = f"this filesystem takes no POSIX ACLs ({exc.strerror})"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def nobody_can_add_a_file(folder: Path) -> bool:
+    return subprocess.run(["runuser", "-u", "nobody", "--", "touch", str(folder / "planted")],
+                          capture_output=True).returncode == 0
+
+
+def test_an_acl_that_lets_another_user_write_is_refused(base, team_group):
+    root = base / "cache"
+    jax = root / "jax"
+    jax.mkdir(parents=True)
+    jax.chmod(0o755)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    team = grp.getgrnam(team_group).gr_gid
+
+    def env_json(*extra: str) -> dict:
+        result = run_cli("env", "--json", *extra, "--cache-root", str(root))
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    set_acl(jax, (USER_OBJ, 7, NO_ID), (USER, 7, nobody), (GROUP_OBJ, 5, NO_ID), (MASK, 7, NO_ID),
+            (OTHER, 5, NO_ID))
+    assert nobody_can_add_a_file(jax)  # the fault is real: the mode alone (775) would say "group"
+    why = env_json()["problems"]["jax"]
+    assert "ACL" in why and "user nobody" in why and f"`setfacl -b {jax}`" in why
+    # The same entry masked to r-x grants no write: trusted.
+    (jax / "planted").unlink()
+    set_acl(jax, (USER_OBJ, 7, NO_ID), (USER, 7, nobody), (GROUP_OBJ, 5, NO_ID), (MASK, 5, NO_ID),
+            (OTHER, 5, NO_ID))
+    assert not nobody_can_add_a_file(jax)
+    assert "jax" not in env_json()["problems"]
+    # A named group with write: refused, unless it is the shared_group.
+    set_acl(jax, (USER_OBJ, 7, NO_ID), (GROUP_OBJ, 5, NO_ID), (GROUP, 7, team), (MASK, 7, NO_ID),
+            (OTHER, 5, NO_ID))
+    assert f"group {team_group}" in env_json()["problems"]["jax"]
+    # (last: shared-group mode hands the root, which is ours, to the group)
+    config = write_config(base / "c.yaml", {"shared_group": team_group})
+    assert "jax" not in env_json("--config", str(config))["problems"]
+
+
+def test_a_default_acl_that_lets_another_user_write_inside_is_refused(tmp_path):
+    """A default ACL hands write to nobody in every folder JAX or Triton creates inside
+    (a Triton key folder, say), so it is refused like an access ACL."""
+    jax = tmp_path / "cache" / "jax"
+    jax.mkdir(parents=True)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    set_acl(jax, (USER_OBJ, 7, NO_ID), (USER, 7, nobody), (GROUP_OBJ, 5, NO_ID), (MASK, 7, NO_ID),
+            (OTHER, 5, NO_ID), default=True)
+    (jax / "key-folder").mkdir()
+    assert os.getxattr(jax / "key-folder", "system.posix_acl_access")  # inherited for real
+    result = run_cli("env", "--json", "--cache-root", str(tmp_path / "cache"))
+    why = json.loads(result.stdout)["problems"]["jax"]
+    assert "default ACL" in why and "user nobody" in why and f"`setfacl -k {jax}`" in why
+
+
+# ---------------------------------------------------------------- filesystem trouble
+
+#: Each fault: (how to make the root from ``base``, run as nobody?, what the one line says).
+FAULTS = {
+    "inside another user's 0700 folder": "permission denied",
+    "a 300-byte folder name": "too long",
+    "a file on the path": "is a file, not a folder",
+}
+
+
+def make_fault(base: Path, fault: str) -> Path:
+    if fault == "inside another user's 0700 folder":
+        private = base / "private"
+        private.mkdir(mode=0o700)  # root's, and the CLI runs as nobody
+        return private / "cache"
+    if fault == "a 300-byte folder name":
+        return base / ("x" * 300) / "cache"
+    blocker = base / "a-file"
+    blocker.write_text("not a folder")
+    return blocker / "cache"
+
+
+COMMANDS = (("env",), ("env", "--json"), ("doctor", "--no-fail"), ("warm",), ("validate",))
+EXPORT = ("-c", "import sys; from gpu_cache import env, settings; "
+                "env.export(settings.settings_from({'default_workloads': []}, cache_root=sys.argv[1]))")
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
+    """env, env --json, doctor --no-fail, warm, validate and the workflow's parse-time export
+    (env.export): exit 0, no traceback, one warning line that says why and what to do;
+    JAX runs without its cache, the others node-locally."""
+    root = make_fault(base, fault)
+    config = one_config(base, NO_WORK)
+    as_nobody = fault == "inside another user's 0700 folder"
+
+    def run(*args: str, module: tuple[str, ...] = ("-m", "gpu_cache")) -> subprocess.CompletedProcess[str]:
+        if as_nobody:
+            return as_user("nobody", base, *args, module=module)
+        environ = clean_environ(TMPDIR=str(base))
+        return subprocess.run([sys.executable, *module, *args], capture_output=True, text=True,
+                              env=environ, cwd=base, timeout=300)
+
+    for command in COMMANDS:
+        result = run(*command, "--config", str(config), "--cache-root", str(root))
+        assert result.returncode == 0, (command, result.stderr)
+        no_traceback(result)
+        lines = warning_lines(result.stderr)
+        if command != ("env", "--json") and command[0] != "doctor":
+            assert len(lines) == 1, (command, result.stderr)
+            assert FAULTS[fault] in lines[0] and "choose a" in lines[0]
+            assert "jax runs without its persistent cache" in lines[0] and "node-local" in lines[0]
+        if command == ("env", "--json"):
+            exports = json.loads(result.stdout)["exports"]
+            assert exports["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+            assert not exports["TRITON_CACHE_DIR"].startswith(str(root))
+            user = "nobody" if as_nobody else "root"
+            assert exports["TRITON_CACHE_DIR"].startswith(str(base)), exports  # TMPDIR's node-local
+            assert f"gpu-cache-{pwd.getpwnam(user).pw_uid}" in exports["TRITON_CACHE_DIR"]
+        if command[0] == "doctor":
+            assert FAULTS[fault] in result.stdout and "result: some caches cannot be used" in result.stdout
+    exported = run(str(root), module=EXPORT)
+    assert exported.returncode == 0, exported.stderr
+    no_traceback(exported)
+    assert len(warning_lines(exported.stderr)) == 1 and FAULTS[fault] in exported.stderr
+
+
+def test_a_root_whose_name_is_not_utf8_works_and_prints_its_bytes(base):
+    """Linux names are bytes: a root that is not valid UTF-8 is used as is, and `env` prints
+    its exact bytes even where stdout is strict UTF-8 (a UTF-8 locale; PYTHONIOENCODING)."""
+    root_bytes = os.fsencode(base) + b"/caf\xe9-\xff/cache"
+    root = os.fsdecode(root_bytes)
+    environ = clean_environ(PYTHONIOENCODING="utf-8", TMPDIR=str(base))
+    config = one_config(base, NO_WORK)
+    for command in COMMANDS:
+        result = subprocess.run([sys.executable, "-m", "gpu_cache", *command, "--config", str(config),
+                                 "--cache-root", root], capture_output=True, env=environ, timeout=300)
+        assert result.returncode == 0, (command, result.stderr)
+        assert b"Traceback" not in result.stderr and not warning_lines(os.fsdecode(result.stderr))
+    shown = subprocess.run(["sh", "-c", 'eval "$("$@")" && printf %s "$JAX_COMPILATION_CACHE_DIR"', "sh",
+                            sys.executable, "-m", "gpu_cache", "env", "--config", str(config),
+                            "--cache-root", root], capture_output=True, env=environ, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == root_bytes + b"/jax"
+    assert os.path.isdir(root_bytes + b"/jax")
+
+
+# ---------------------------------------------------------------- ~user
+
+
+def test_tilde_user_is_that_users_home(tmp_path, private_user):
+    home = Path(pwd.getpwnam(private_user).pw_dir)
+    environ = {"HOME": str(tmp_path / "my-home")}
+    assert resolve_cache_root(f"~{private_user}/cache", environ) == home / "cache"
+    assert resolve_cache_root("~nobody/cache", environ) == Path(pwd.getpwnam("nobody").pw_dir) / "cache"
+    assert resolve_cache_root("~/cache", environ) == tmp_path / "my-home" / "cache"  # $HOME for ~
+    assert resolve_cache_root("~", environ) == tmp_path / "my-home"
+    with pytest.raises(UsageError, match="no user 'no-such-user-xyz'"):
+        resolve_cache_root("~no-such-user-xyz/cache", environ)
+    result = run_cli("env", "--json", "--cache-root", f"~{private_user}/cache",
+                     env=clean_environ(HOME=str(tmp_path / "my-home")))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["exports"]["GPU_CACHE_ROOT"] == str(home / "cache")
+    bad = run_cli("env", "--cache-root", "~no-such-user-xyz/cache")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no user" in bad.stderr
