@@ -228,6 +228,13 @@ def test_a_folder_writable_by_another_group_is_refused_unless_it_is_the_shared_g
     os.chmod(other / "jax", 0o775)
     again = json.loads(run_cli("env", "--json", "--cache-root", str(other)).stdout)
     assert "writable by group root" in again["problems"]["jax"]
+    # gpu-cache's own folders are never group-writable, even under umask 002, so it never
+    # refuses what it made itself.
+    fresh = subprocess.run([sys.executable, "-m", "gpu_cache", "env", "--json", "--cache-root",
+                            str(tmp_path / "fresh" / "root")], capture_output=True, text=True,
+                           env=clean_environ(), preexec_fn=lambda: os.umask(0o002), timeout=120)
+    assert json.loads(fresh.stdout)["problems"] == {}, fresh.stdout
+    assert (tmp_path / "fresh" / "root" / "jax").stat().st_mode & 0o022 == 0
 
 
 def test_a_user_private_group_may_write_until_it_has_another_member(base, private_user):

@@ -193,7 +193,9 @@ def _acl_group_obj_writes(entries: list[AclEntry]) -> bool:
 
 def make_folder(path: Path, shared_group: str | None) -> None:
     """Create ``path`` and its missing parents; in shared-group mode give each folder that
-    this call creates, or that the user owns, the group and :data:`SHARED_MODE`.
+    this call creates, or that the user owns, the group and :data:`SHARED_MODE`. Otherwise
+    the folders it creates are never group- or world-writable, whatever the umask (with
+    ``umask 002`` and a primary group that is not private, they would be refused).
 
     Raises:
         OSError: a folder cannot be created, or its group cannot be set.
@@ -207,7 +209,13 @@ def make_folder(path: Path, shared_group: str | None) -> None:
         except FileNotFoundError:
             missing.append(current)
             current = current.parent
-    path.mkdir(parents=True, exist_ok=True)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o755)  # the umask may take more away, never add
+        except FileExistsError:
+            pass  # made meanwhile by another process: judged like any existing folder
+    if not missing:
+        path.mkdir(exist_ok=True)  # exists: raises only when it is not a folder
     if shared_group is None:
         return
     gid = group_id(shared_group)
