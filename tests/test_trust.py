@@ -93,7 +93,10 @@ def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None
     binds: list[str] = []
     if not reachable:
         if sys.prefix != sys.base_prefix:
-            pytest.skip("this interpreter is a virtual environment that other users cannot reach")
+            message = f"{user} cannot reach this virtual environment's interpreter ({sys.executable})"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
         (base / "py").mkdir(exist_ok=True)
         (base / "repo").mkdir(exist_ok=True)
         binds = [sys.prefix, str(base / "py"), str(REPO), str(base / "repo")]

@@ -55,14 +55,12 @@ class Exports:
         be used at all is one line for every kind."""
         lines = []
         problems = dict(self.problems)
-        if self.root_problem:
-            prefix = self.root_problem + "; "
-            outcomes = []
-            for kind, why in self.problems.items():
-                if why.startswith(prefix):
-                    rest = problems.pop(kind)[len(prefix):]
-                    outcomes.append(rest if rest.startswith(kind) else f"{kind}: {rest}")
-            lines.append(prefix + "; ".join(outcomes))
+        prefix = f"{self.root_problem}; " if self.root_problem else None
+        alike = [kind for kind, why in problems.items() if prefix and why.startswith(prefix)]
+        if prefix and alike:  # "jax: <why>; jax runs without ...; triton: using node-local ..."
+            first = alike[0]
+            lines.append("; ".join([f"{first}: {problems.pop(first)}",
+                                    *(f"{kind}: {problems.pop(kind)[len(prefix):]}" for kind in alike[1:])]))
         lines += [f"{kind}: {why}" for kind, why in problems.items()]
         lines += [f"{kind}: {why}" for kind, why in self.adjusted.items()]
         lines += self.warnings

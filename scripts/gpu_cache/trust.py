@@ -142,12 +142,6 @@ def parse_acl(data: bytes) -> list[AclEntry]:
             for offset in range(_ACL_HEADER.size, len(data), _ACL_ENTRY.size)]
 
 
-def encode_acl(entries: list[AclEntry]) -> bytes:
-    """The extended-attribute form of ``entries`` (for tests and tools; see :func:`parse_acl`)."""
-    return _ACL_HEADER.pack(_ACL_VERSION) + b"".join(
-        _ACL_ENTRY.pack(e.tag, e.perm, e.id) for e in entries)
-
-
 def read_acl(folder: Path, name: str = ACL_ACCESS) -> list[AclEntry] | None:
     """The ACL ``name`` of ``folder``, or None when it has none (or the filesystem has no ACLs).
 
