@@ -37,6 +37,7 @@ import functools
 import grp
 import os
 import pwd
+import shlex
 import stat
 import struct
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ def _share_hint(shared_group: str | None) -> str:
 def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
     info = folder.stat()
     me = os.geteuid()
+    quoted = shlex.quote(str(folder))  # in the commands a user copies
     shared_gid = group_id(shared_group) if shared_group is not None else None
     mode = stat.S_IMODE(info.st_mode)
     owner = _user_name(info.st_uid)
@@ -239,12 +241,12 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
         if shared_gid is None:
             return (f"{folder} is owned by {owner}, not by you ({_user_name(me)}), and whoever "
                     f"owns a cache can run code in your jobs, so it is refused; fix: "
-                    f"`chown -R {_user_name(me)} {folder}`, use a cache root of your own, or, "
-                    f"for a team cache, `chgrp -R GROUP {folder} && chmod -R g+ws {folder}` and "
+                    f"`chown -R {_user_name(me)} {quoted}`, use a cache root of your own, or, "
+                    f"for a team cache, `chgrp -R GROUP {quoted} && chmod -R g+ws {quoted}` and "
                     "set `shared_group: GROUP` in the config")
         return (f"{folder} is owned by {owner} and its group is {group_name(info.st_gid)}, not "
                 f"the shared_group {shared_group}, so it is refused; fix: `chgrp -R "
-                f"{shared_group} {folder} && chmod -R g+ws {folder}`")
+                f"{shared_group} {quoted} && chmod -R g+ws {quoted}`")
     acls = {name: read_acl(folder, name) for name in (ACL_ACCESS, ACL_DEFAULT)}
     group_writes = bool(mode & stat.S_IWGRP)
     if acls[ACL_ACCESS]:  # with an ACL the mode's group bits are its mask: ask the entries
@@ -259,7 +261,7 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
             what += f" and writable by group {group_name(info.st_gid)}"
         bits = ",".join(bit for bit, on in (("o-w", world), ("g-w", bad_group)) if on)
         return (f"{folder} is {what}, so others could plant compiled code that your jobs "
-                f"would run, and it is refused; fix: `chmod {bits} {folder}`"
+                f"would run, and it is refused; fix: `chmod {bits} {quoted}`"
                 f"{_share_hint(shared_group) if bad_group else ''}")
     for name, entries in acls.items():
         writers = acl_writers(entries or [], info.st_uid, info.st_gid, shared_gid)
@@ -268,7 +270,7 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
             flag = "-b" if name == ACL_ACCESS else "-k"
             return (f"{folder} has {which} that lets {', '.join(writers)} write, so others could "
                     f"plant compiled code that your jobs would run, and it is refused; fix: "
-                    f"`setfacl {flag} {folder}`"
+                    f"`setfacl {flag} {quoted}`"
                     f"{_share_hint(shared_group) if any(w.startswith('group') for w in writers) else ''}")
     return None
 
