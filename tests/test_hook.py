@@ -55,7 +55,7 @@ def test_no_record_and_no_imports_in_a_process_without_jax_or_triton(cache_root)
     assert hooked.returncode == 0 and hooked.stderr == ""
     added = set(json.loads(hooked.stdout)) - set(plain) - {"json", "json.decoder", "json.scanner",
                                                             "json.encoder", "_json"}
-    assert added <= {"sitecustomize", "importlib.machinery", "importlib.util"}, added
+    assert added <= {"sitecustomize"}, added
     assert not (cache_root / "records").exists()
 
 
