@@ -7,6 +7,7 @@ one line and exit code 1; never a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import sys
@@ -93,7 +94,10 @@ def _env(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(exports.as_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(env.shell_lines(exports))
+        # The bytes of each path as they are on disk, also when they are not UTF-8.
+        sys.stdout.flush()
+        sys.stdout.buffer.write(env.shell_lines(exports).encode("utf-8", "surrogateescape"))
+        sys.stdout.buffer.flush()
         env.warn_once(exports, environ={})
     return 0
 
@@ -319,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # a path that is not UTF-8 prints escaped
+            stream.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(argv)
         handler: Handler = args.handler

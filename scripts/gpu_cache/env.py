@@ -162,7 +162,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         problems["all"] = "caching is turned off (cache root 'none')"
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
-        for kind in kinds.KINDS.values():
+        for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
             if _user_set(kind.env_var, environ):
                 wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
                 continue
@@ -184,7 +184,8 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
         if settings.stats_hook and "jax" not in problems:
-            wanted["GPU_CACHE_RECORDS"] = str(root / "records")
+            records = kinds.KINDS["records"]
+            wanted[records.env_var] = str(records.folder(root))
     exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:

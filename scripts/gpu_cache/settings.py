@@ -20,6 +20,8 @@ from gpu_cache.units import parse_age, parse_size
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
+#: A config file larger than this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
 OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
 
 
@@ -55,6 +57,11 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     import jsonschema  # deferred: only config-reading commands pay for it
 
+    if config is not None and not isinstance(config, Mapping):
+        raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
+    if _too_big(config):
+        raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
+                         "(YAML aliases nested too deep?)")
     config = dict(config or {})
     schema = load_schema()
     validator = jsonschema.Draft202012Validator(schema)
@@ -62,7 +69,8 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if errors:
         error = errors[0]
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise UsageError(f"config key {where}: {error.message}")
+        message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
+        raise UsageError(f"config key {where}: {message}")
     filled = _fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
@@ -78,23 +86,57 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return filled
 
 
+#: A config holds a few hundred values; more means a YAML alias bomb (a few hundred bytes
+#: whose aliases expand to billions of nodes), which would hang the schema check.
+MAX_CONFIG_NODES = 100_000
+
+
+def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
+    """Whether ``value`` has more than ``budget`` nodes, counting a shared (aliased) node
+    each time it is reached; stops counting as soon as the budget is spent."""
+    stack = [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a YAML or JSON config file.
 
     Raises:
-        UsageError: the file cannot be read, is not YAML, or does not match the schema.
+        UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
+            unreasonably large, or does not match the schema.
     """
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
+                         "right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
-    return validate_config(data)
+    try:
+        return validate_config(data)
+    except UsageError as exc:
+        raise UsageError(f"config file {path}: {exc}") from None
 
 
 def resolve_cache_root(
@@ -118,9 +160,9 @@ def resolve_cache_root(
     if explicit.strip().lower() in OFF_WORDS:
         return None
     home = environ.get("HOME")
-    if explicit.startswith("~") and home:
-        explicit = home + explicit[1:]
-    return Path(os.path.abspath(os.path.expanduser(explicit)))
+    if home and (explicit == "~" or explicit.startswith("~/")):
+        explicit = home + explicit[1:]  # the given environment's home, not this process's
+    return Path(os.path.abspath(os.path.expanduser(explicit)))  # ~user: that user's home
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def cold_environ(exports: env.Exports, scratch: Path) -> dict[str, str]:
     """A job environment with every cache off or empty: the honest cold baseline."""
     environ = env.job_environ(exports)
     environ.pop("GPU_CACHE_RECORDS", None)
-    for kind in kinds.KINDS.values():
+    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
         if kind.switch_off is not None:
             environ[kind.switch_off[0]] = kind.switch_off[1]
         else:
