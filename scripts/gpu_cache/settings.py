@@ -184,6 +184,9 @@ class GpuType:
     gpus: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
     device: str | None = None
+    container: str | None = None
+    conda: str | None = None
+    python: str | None = None
 
     @property
     def expected_device(self) -> str:
@@ -262,7 +265,8 @@ def settings_from(
                                         parse_age(entry["timeout"]))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
-                                 dict(spec["resources"]), spec["device"])
+                                 dict(spec["resources"]), spec["device"], spec["container"],
+                                 spec["conda"], spec["python"] or filled["python"])
                    for name, spec in filled["gpu_types"].items()},
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
