@@ -168,7 +168,9 @@ def _prune(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run or settings.prune.dry_run,
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json)
-    return 0
+    for line in report.software_mismatches:
+        log.warning("software mismatch: %s", line)
+    return 1 if report.software_mismatches and settings.validate.strict else 0
 
 
 def _stats(args: argparse.Namespace) -> int:

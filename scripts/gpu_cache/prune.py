@@ -129,6 +129,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     if not root.is_dir():
         result.problems = [f"cache root {root} does not exist; nothing to prune"]
         return result
+    from gpu_cache.stats import software_mismatches
+
+    result.software_mismatches = software_mismatches(root)
     import filelock
 
     lock: filelock.FileLock | None = filelock.FileLock(str(root / LOCK_NAME), timeout=lock_timeout)

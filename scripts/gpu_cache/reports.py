@@ -136,6 +136,8 @@ class PhaseResult:
     broken: list[str] = field(default_factory=list)
     #: What the cache environment fell back from or adjusted (filled in on the host).
     cache_warnings: list[str] = field(default_factory=list)
+    #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
+    expects: list[str] = field(default_factory=list)
 
     WHAT = "a workload runner's result"
 
@@ -178,6 +180,7 @@ class PhaseResult:
             cache_root=data.get("cache_root") if isinstance(data.get("cache_root"), str) else None,
             broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
             cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
+            expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
         )
 
 
@@ -302,12 +305,15 @@ class PruneReport:
     max_age_seconds: float
     problems: list[str] = field(default_factory=list)
     kinds: dict[str, KindPruneReport] = field(default_factory=dict)
+    #: Jobs whose software differs from what warmed their GPU type (stats.software_mismatches).
+    software_mismatches: list[str] = field(default_factory=list)
 
     WHAT = "a prune report (prune.json)"
 
     def as_dict(self) -> dict[str, Any]:
         return {"cache_root": self.cache_root, "dry_run": self.dry_run, "max_size": self.max_size,
                 "max_age_seconds": self.max_age_seconds, "problems": self.problems,
+                "software_mismatches": self.software_mismatches,
                 **{name: asdict(report) for name, report in self.kinds.items()}}
 
     @classmethod
@@ -321,7 +327,8 @@ class PruneReport:
                    float(_number(data.get("max_age_seconds", 0), cls.WHAT, "max_age_seconds")),
                    [str(p) for p in problems],
                    {name: KindPruneReport.from_dict(data[name]) for name in kinds.KINDS
-                    if isinstance(data.get(name), dict)})
+                    if isinstance(data.get(name), dict)},
+                   [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)])
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Command:
     template: str
     timeout_seconds: float
     builtin: bool = False
+    expects: tuple[str, ...] = ()  # the cache kinds it compiles for
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """Raises: KeyError, TypeError, ValueError: not a plan."""
         return cls(str(data["phase"]), str(data["gpu_type"]),
-                   tuple(Command(**c) for c in data["commands"]),
+                   tuple(Command(**{**c, "expects": tuple(c.get("expects") or ())})
+                         for c in data["commands"]),
                    {str(k): str(v) for k, v in dict(data.get("environ") or {}).items()},
                    bool(data.get("record", True)), data.get("python"))
 
@@ -154,7 +156,8 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     result = PhaseResult(plan.phase, plan.gpu_type, run_id, device=device.detect(environ).as_dict(),
                          software=software.identity(environ),
                          job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
-                         cache_root=str(root) if root else None)
+                         cache_root=str(root) if root else None,
+                         expects=sorted({kind for c in plan.commands for kind in c.expects}))
     started, wall = time.perf_counter(), time.time()
     for number, command in enumerate(plan.commands, 1):
         where = (f"{plan.phase} [{plan.gpu_type}] {number}/{len(plan.commands)}: {command.workload} "

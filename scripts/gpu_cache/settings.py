@@ -173,6 +173,7 @@ class WorkloadConfig:
     command: str | None
     shapes: tuple[Any, ...]
     timeout_seconds: float
+    expects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ def settings_from(
         triton_targets=tuple(filled["triton_targets"]),
         default_workloads=defaults,
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
-                                        parse_age(entry["timeout"]))
+                                        parse_age(entry["timeout"]), tuple(entry["expects"]))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],

@@ -49,6 +49,21 @@ def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
     return list(by_key.values())
 
 
+def unobserved(phase: PhaseResult) -> list[str]:
+    """A problem for each kind the workloads compile for but no process of the pass asked
+    its cache about (only where the pass counted from records)."""
+    problems = []
+    for kind in phase.expects:
+        totals = phase.recorded.get(kind)
+        if totals is None or totals.hits + totals.misses or phase.new_keys.get(kind):
+            continue
+        problems.append(
+            f"{kind}: no process asked the {kind} cache for anything, although the workloads "
+            f"compile for {kind}: the startup hook did not run in them (PYTHONPATH removed, as "
+            "in conda jobs, or not bound into their container) or they could not see the cache")
+    return problems
+
+
 def judge(counts: dict[str, KindCounts], missed: list[Missed],
           failures: list[str], cache_problems: list[str]) -> list[str]:
     """The problems that fail a validation, each a sentence a user can act on."""
@@ -101,7 +116,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     expected = gpu_types(settings).get(gpu_type)
     if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
-    problems = judge(counts, missed, warm.failures(), cache_problems)
+    problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
     explanations: list[dict] = []
     if counts["jax"].misses and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)

@@ -12,16 +12,17 @@ from gpu_cache.settings import Settings
 from gpu_cache.targets import gpu_types
 from gpu_cache.units import parse_age
 
-#: Built-in workloads: name -> (module, default shapes, what it is).
-BUILTINS: dict[str, tuple[str, list[Any], str]] = {
+#: Built-in workloads: name -> (module, default shapes, what it is, the kinds it compiles for).
+BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
     "jax-transformer": (
         "gpu_cache.workloads.jax_transformer", [32, 64, 128],
-        "4 pre-norm transformer layers, value_and_grad, per sequence length",
+        "4 pre-norm transformer layers, value_and_grad, per sequence length", ("jax",),
     ),
     "triton-kernels": (
         # 1000 and 4096 specialise differently (divisibility by 16): 10 distinct kernels.
         "gpu_cache.workloads.triton_kernels", [1000, 4096],
         "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
+        ("triton",),
     ),
 }
 
@@ -35,6 +36,7 @@ class Workload:
     shapes: tuple[Any, ...]
     timeout_seconds: float
     builtin: bool
+    expects: tuple[str, ...] = ()
 
     def commands(self, python: str, gpu_type: str) -> list[tuple[Any, str]]:
         """``(shape, shell command)`` for each shape.
@@ -71,12 +73,12 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
             if "{shape}" in entry.command:
                 raise UsageError(f"workload {name}: its command uses {{shape}}, so give it shapes")
             shapes = ("-",)
-        return Workload(name, entry.command, shapes, timeout, builtin=False)
+        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects)
     if name in BUILTINS:
-        module, shapes, _about = BUILTINS[name]
+        module, shapes, _about, expects = BUILTINS[name]
         command = f"{{python}} -m {module} --shape {{shape}}"
         return Workload(name, command, (entry.shapes if entry else ()) or tuple(shapes), timeout,
-                        builtin=True)
+                        builtin=True, expects=(entry.expects if entry else ()) or expects)
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
@@ -111,7 +113,7 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     for workload in workloads_of(settings, gpu_type):
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
-                             workload.builtin) for shape in workload.shapes]
+                             workload.builtin, workload.expects) for shape in workload.shapes]
     environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
                "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
     python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
