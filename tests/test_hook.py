@@ -3,14 +3,18 @@ sitecustomize, never breaking a job, the rule of a Snakemake job, and last use f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from helpers import clean_environ, jax_job_env, run_cli, run_snakemake
+import pytest
+
+from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli, run_snakemake
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
@@ -51,7 +55,7 @@ def test_no_record_and_no_imports_in_a_process_without_jax_or_triton(cache_root)
     assert hooked.returncode == 0 and hooked.stderr == ""
     added = set(json.loads(hooked.stdout)) - set(plain) - {"json", "json.decoder", "json.scanner",
                                                             "json.encoder", "_json"}
-    assert added <= {"sitecustomize", "importlib.machinery", "importlib.util"}, added
+    assert added <= {"sitecustomize"}, added
     assert not (cache_root / "records").exists()
 
 
@@ -111,3 +115,256 @@ def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
     assert not stale.exists()
     assert all(entry.exists() for entry in entries)
     assert json.loads(result.stdout)["jax"]["entries_removed"] == 1
+
+
+# --- Several copies of the hook, and faults that must never break the job (issue 11) -------
+
+#: The last version of the hook before it marked itself (the marker), as an "old copy".
+#: The hook as it was before it marked itself (commit bd030ffd), as a job may still carry it.
+OLD_HOOK = REPO / "tests" / "fixtures" / "hook-before-marker"
+#: A fake ``jax`` with just what the hook hooks: monitoring, the cache key and the cache log.
+FAKE_JAX = {
+    "__init__.py": "from jax import monitoring\nfrom jax._src import compiler\n"
+                   "def compile_many(n, hit=False, prefix='f'):\n"
+                   "    for i in range(n):\n"
+                   "        compiler.compile(f'{prefix}{i}', hit)\n",
+    "monitoring.py": "_events, _durations = [], []\n"
+                     "def register_event_listener(f): _events.append(f)\n"
+                     "def register_event_duration_secs_listener(f): _durations.append(f)\n"
+                     "def record_event(name):\n"
+                     "    for f in _events: f(name)\n",
+    "_src/__init__.py": "",
+    "_src/cache_key.py": "import hashlib\n"
+                         "def _log_cache_key_hash(hash_obj, last_serialized, hashfn=None): pass\n"
+                         "def get(module, devices, compile_options, backend, compression_algorithm='zlib'):\n"
+                         "    h = hashlib.sha256()\n"
+                         "    for part in ('computation', 'compile_options'):\n"
+                         "        h.update(f'{module}/{part}'.encode())\n"
+                         "        _log_cache_key_hash(h, part)\n"
+                         "    return f'jit_{module}-{h.hexdigest()}'\n",
+    "_src/compiler.py": "from jax import monitoring\nfrom jax._src import cache_key\n"
+                        "def log_persistent_cache_hit(module_name, cache_key): pass\n"
+                        "def log_persistent_cache_miss(module_name, cache_key): pass\n"
+                        "def compile(name, hit):\n"
+                        "    key = cache_key.get(name, [], None, None)\n"
+                        "    monitoring.record_event('/jax/compilation_cache/compile_requests_use_cache')\n"
+                        "    if hit:\n"
+                        "        monitoring.record_event('/jax/compilation_cache/cache_hits')\n"
+                        "        log_persistent_cache_hit(f'jit_{name}', key)\n"
+                        "    else:\n"
+                        "        log_persistent_cache_miss(f'jit_{name}', key)\n",
+}
+#: A job on the fake jax: compiles, prints, and exits with its own code.
+FAKE_PROGRAM = "import jax; jax.compile_many(3); print('the job ran'); raise SystemExit(3)"
+#: A user's sitecustomize that counts its runs in $RUNS_FILE.
+COUNTING_SITE = "import os\nwith open(os.environ['RUNS_FILE'], 'a') as f:\n    f.write('ran\\n')\n"
+
+
+def fake_jax(tmp_path: Path, **replace: str) -> Path:
+    """A folder for PYTHONPATH with a fake top-level ``jax``; ``replace`` maps a file of it
+    to other text (an empty module stands for a jax whose internals differ)."""
+    folder = tmp_path / "fake"
+    for name, text in (FAKE_JAX | replace).items():
+        (folder / "jax" / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "jax" / name).write_text(text)
+    return folder
+
+
+def user_site(tmp_path: Path, text: str = COUNTING_SITE) -> Path:
+    folder = tmp_path / "mine"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(text)
+    return folder
+
+
+def hook_copy(tmp_path: Path, how: str) -> Path:
+    """Another copy of the hook folder: this checkout through a symlink, a second checkout,
+    or the last hook version before the marker (from git)."""
+    if how == "symlink":
+        (tmp_path / "other-checkout").symlink_to(REPO, target_is_directory=True)
+        return tmp_path / "other-checkout" / HOOK.relative_to(REPO)
+    folder = tmp_path / f"{how}-hook"
+    if how == "copy":
+        shutil.copytree(HOOK, folder, ignore=shutil.ignore_patterns("__pycache__"))
+        return folder
+    return OLD_HOOK
+
+
+def warnings_in(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("gpu-cache: warning")]
+
+
+def same_as_without_the_hook(code: str, hooked: dict[str, str], fake: Path, *,
+                             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with the hook and without it: same exit code and stdout, and stderr
+    differs by one gpu-cache warning line at most. Returns the hooked run."""
+    bare = clean_environ(PYTHONPATH=os.pathsep.join([str(fake), str(SCRIPTS)]))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
+                           text=True, timeout=60) for env in (bare, hooked)]
+    plain, done = runs
+    assert (done.returncode, done.stdout) == (plain.returncode, plain.stdout), done.stderr
+    others = [line for line in done.stderr.splitlines() if not line.startswith("gpu-cache: warning")]
+    assert others == plain.stderr.splitlines()
+    assert len(warnings_in(done.stderr)) <= 1, done.stderr
+    return done
+
+
+@contextlib.contextmanager
+def mounted(*command: str, target: Path):
+    """``mount COMMAND... TARGET`` for the block (root only: skip elsewhere); unmounted after."""
+    made = subprocess.run(["mount", *command, str(target)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount here: {made.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+def test_two_copies_of_the_hook_act_as_one_in_a_real_jax_job(cache_root, tmp_path, how):
+    # The profile from one checkout and the workflow from another (or the same checkout
+    # through a symlink): before, every Python job died with RecursionError in find_spec.
+    runs = tmp_path / "runs"
+    env = hook_env(cache_root, str(hook_copy(tmp_path, how)), str(user_site(tmp_path)),
+                   RUNS_FILE=str(runs))
+    done = python(JAX_PROGRAM, env)
+    assert done.returncode == 0 and "RecursionError" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr == "" and done.stdout.startswith("[1.62")
+    (record,) = records_of(cache_root)
+    assert record["jax"]["misses"] >= 1
+    assert runs.read_text() == "ran\n"  # the user's own sitecustomize: exactly once
+    plain = python("print('plain')", env)  # a process without jax: silent, no record
+    assert (plain.returncode, plain.stdout, plain.stderr) == (0, "plain\n", "")
+    assert runs.read_text() == "ran\nran\n" and len(records_of(cache_root)) == 1
+
+
+@pytest.mark.parametrize("order", ["old after ours", "old before ours", "three copies"])
+def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
+    old, fake, mine = hook_copy(tmp_path, "old"), fake_jax(tmp_path), user_site(tmp_path)
+    runs = tmp_path / "runs"
+    hooks = {"old after ours": [HOOK, old], "old before ours": [old, HOOK],
+             "three copies": [HOOK, old, hook_copy(tmp_path, "copy")]}[order]
+    env = clean_environ(GPU_CACHE_RECORDS=str(cache_root / "records"), RUNS_FILE=str(runs),
+                        PYTHONPATH=os.pathsep.join(map(str, [*hooks, mine, fake, SCRIPTS])))
+    done = python(FAKE_PROGRAM, env)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "the job ran\n", "")
+    assert runs.read_text() == "ran\n"
+    (record,) = records_of(cache_root)  # one watcher: the first copy's (the old one's, if first)
+    assert record["jax"]["requests"] == 3
+
+
+def test_a_users_sitecustomize_that_raises_is_reported_as_python_does(cache_root, tmp_path):
+    fake = fake_jax(tmp_path)
+    mine = user_site(tmp_path, "raise ValueError('the user broke it')\n")
+    env = hook_env(cache_root, str(mine), str(fake))
+    bare = clean_environ(PYTHONPATH=os.pathsep.join([str(mine), str(fake), str(SCRIPTS)]))
+    plain, done = (python(FAKE_PROGRAM, e) for e in (bare, env))
+    assert (done.returncode, done.stdout, done.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    assert "ValueError: the user broke it" in done.stderr and done.stdout == "the job ran\n"
+    assert len(records_of(cache_root)) == 1
+    # One that calls sys.exit stops the interpreter's start, with or without the hook.
+    (mine / "sitecustomize.py").write_text("import sys\nsys.exit(4)\n")
+    plain, done = (python(FAKE_PROGRAM, e) for e in (bare, env))
+    assert (done.returncode, done.stdout) == (plain.returncode, plain.stdout) == (1, "")
+    assert done.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] == "SystemExit: 4"
+
+
+def test_a_records_folder_that_links_outside_the_root_is_refused(cache_root, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    cache_root.mkdir()
+    (cache_root / "records").symlink_to(outside, target_is_directory=True)
+    fake = fake_jax(tmp_path)
+    done = same_as_without_the_hook(FAKE_PROGRAM, hook_env(cache_root, str(fake)), fake)
+    assert "symbolic link" in warnings_in(done.stderr)[0]
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("fault", ["a file", "a FIFO", "a dangling symlink", "read-only", "full"])
+def test_a_records_folder_that_cannot_take_the_record_never_changes_the_job(cache_root, tmp_path, fault):
+    fake, records = fake_jax(tmp_path), cache_root / "records"
+    records.parent.mkdir(parents=True)
+    env = hook_env(cache_root, str(fake))
+    with contextlib.ExitStack() as stack:
+        if fault == "a file":
+            records.write_text("not a folder")
+        elif fault == "a FIFO":
+            os.mkfifo(records)
+        elif fault == "a dangling symlink":
+            records.symlink_to(tmp_path / "nowhere")
+        elif fault == "read-only":
+            records.mkdir()
+            stack.enter_context(mounted("--bind", str(records), target=records))
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(records)], check=True)
+        else:  # a 200 KiB tmpfs, filled up
+            records.mkdir()
+            stack.enter_context(mounted("-t", "tmpfs", "-o", "size=200k", "tmpfs", target=records))
+            with contextlib.suppress(OSError), open(records / "filler", "wb") as stream:
+                while True:
+                    stream.write(b"x" * 4096)
+                    stream.flush()
+        done = same_as_without_the_hook(FAKE_PROGRAM, env, fake)
+        assert len(warnings_in(done.stderr)) == 1 and "writing the record" in done.stderr
+        if records.is_dir():  # nothing left behind, not even a half-written temporary file
+            assert sorted(p.name for p in records.iterdir()) == (["filler"] if fault == "full" else [])
+
+
+@pytest.mark.parametrize("value", ["", "records"])
+def test_gpu_cache_records_empty_or_relative_writes_nothing(tmp_path, value):
+    fake, work = fake_jax(tmp_path), tmp_path / "work"
+    work.mkdir()
+    env = clean_environ(GPU_CACHE_RECORDS=value,
+                        PYTHONPATH=os.pathsep.join(map(str, [HOOK, fake, SCRIPTS])))
+    done = same_as_without_the_hook(FAKE_PROGRAM, env, fake, cwd=work)
+    assert list(work.iterdir()) == []  # a relative folder would land in every job's cwd
+    assert ("absolute" in done.stderr) == bool(value)
+
+
+@pytest.mark.parametrize("fault", ["sys.argv missing", "sys.stderr None", "sys.stderr closed",
+                                   "jax internals differ"])
+def test_an_odd_process_still_gets_its_record_and_its_own_output(cache_root, tmp_path, fault):
+    code = {"sys.argv missing": "import sys; del sys.argv; ",  # as in an embedded interpreter
+            "sys.stderr None": "import sys; sys.stderr = None; ",
+            "sys.stderr closed": "import sys; sys.stderr.close(); ",
+            "jax internals differ": ""}[fault] + FAKE_PROGRAM
+    replace = {"_src/cache_key.py": "", "_src/compiler.py": "from jax import monitoring\n"
+               "def compile(name, hit):\n"
+               "    monitoring.record_event('/jax/compilation_cache/compile_requests_use_cache')\n"}
+    fake = fake_jax(tmp_path, **(replace if fault == "jax internals differ" else {}))
+    done = same_as_without_the_hook(code, hook_env(cache_root, str(fake)), fake)
+    (record,) = records_of(cache_root)
+    assert record["jax"]["requests"] == 3
+    assert record["argv"] == ([] if fault == "sys.argv missing" else ["-c"])
+    if fault == "jax internals differ":  # counts still, names and key parts lost, one warning
+        assert record["jax"]["missed"] == [] and len(warnings_in(done.stderr)) == 1
+    else:
+        assert len(record["jax"]["missed"]) == 3 and done.stderr == ""
+
+
+def test_an_unreadable_proc_leaves_the_record_without_a_rule(cache_root, tmp_path):
+    fake = fake_jax(tmp_path)
+    env = hook_env(cache_root, str(fake))
+    script = f"mount -t tmpfs none /proc && exec {sys.executable} -c \"{FAKE_PROGRAM}\""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          env=env, capture_output=True, text=True, timeout=60)
+    if "unshare failed" in done.stderr or "mount:" in done.stderr:
+        pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "the job ran\n", "")
+    (record,) = records_of(cache_root)
+    assert record["rule"] is None and record["jax"]["requests"] == 3
+
+
+def test_a_record_stays_small_whatever_the_number_of_compiles(cache_root, tmp_path):
+    program = ("import jax; jax.compile_many(3000); jax.compile_many(2500, hit=True, prefix='g'); "
+               "print('the job ran')")
+    fake = fake_jax(tmp_path)
+    done = same_as_without_the_hook(program, hook_env(cache_root, str(fake)), fake)
+    assert done.stderr == ""
+    (path,) = (cache_root / "records").glob("*.json")
+    (record,) = records_of(cache_root)
+    jax_part = record["jax"]
+    assert (jax_part["requests"], jax_part["hits"], jax_part["misses"]) == (5500, 2500, 3000)
+    assert len(jax_part["missed"]) == len(jax_part["hit_keys"]) == len(jax_part["key_parts"]) == 1000
+    assert jax_part["dropped"] == {"missed": 2000, "hit_keys": 1500, "key_parts": 4500}
+    assert path.stat().st_size < 400_000

@@ -6,43 +6,102 @@ imports ``jax`` or ``triton``, it registers their cache listeners; at exit it wr
 JSON record into ``$GPU_CACHE_RECORDS``. On each cache hit it sets the entry's mtime to
 now, which is gpu-cache's record of last use (file atimes are unreliable: noatime mounts).
 
-Rules it keeps: standard library only; never breaks a job (any error is swallowed with one
-warning line); does nothing without ``$GPU_CACHE_RECORDS``; and it runs the user's own
-``sitecustomize`` (the next one on ``sys.path``) instead of shadowing it.
+Rules it keeps:
+
+- standard library only, and nothing but the watcher in a process without jax or triton;
+- never breaks a job: any error is swallowed with at most one warning line on stderr (none
+  when stderr is closed), and the job's exit code and output stay as without the hook;
+- does nothing without an absolute ``$GPU_CACHE_RECORDS``;
+- one per process: several copies of this file on ``sys.path`` (two checkouts, or one reached
+  through a symlink) act as one. The first copy that runs marks the process (an attribute of
+  ``sys``); any later copy that still gets run does nothing; the copies, and older versions of
+  the hook, are skipped when the next ``sitecustomize`` is looked for;
+- it runs the user's own ``sitecustomize`` (the next one on ``sys.path`` that is not a copy
+  of this hook) exactly once, instead of shadowing it, and reports its errors as Python does;
+- records are small (at most ``_MAX_ITEMS`` names per list, the rest counted in ``dropped``)
+  and written without following symlinks: a records folder that is a symlink is refused, and
+  the record is created under a unique temporary name (``.<name>-<random>.json.tmp``, which
+  prune removes when stale) with ``O_CREAT | O_EXCL | O_NOFOLLOW``, then renamed.
 """
 
 import os
 import sys
 
+#: Marks this file as gpu-cache's startup hook: a copy of it found later on ``sys.path`` is
+#: recognised by this text (in its source or its bytecode) and never run. Keep it verbatim.
+_HOOK_MARKER = "gpu-cache startup hook: one per process"
+#: Names that every version of the hook before the marker has (source and bytecode): such an
+#: older copy later on ``sys.path`` is skipped too.
+_LEGACY_SIGNS = (b"_ImportWatcher", b"_run_user_sitecustomize", b"GPU_CACHE_RECORDS")
+#: The attribute of ``sys`` that says that a copy of the hook already runs in this process.
+_SYS_MARK = "_gpu_cache_startup_hook"
+
 _RECORD_VERSION = 1
 #: The modules whose caches this hook observes: a copy of gpu_cache.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
+#: At most this many entries in each list (and key_parts) of a record; the rest are counted.
+_MAX_ITEMS = 1000
+#: At most this many characters in each name, key or argument a record keeps.
+_MAX_TEXT = 500
+
+
+def _stderr(text):
+    """Write to stderr when there is one; never raises."""
+    try:
+        stream = sys.stderr
+        if stream is not None:
+            stream.write(text)
+            stream.flush()
+    except Exception:
+        pass
+
+
+def _text(value, limit=_MAX_TEXT):
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class _Stats:
     def __init__(self):
         self.warned = False
+        self.folder = None
         self.libraries = set()
         self.jax = {"requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0,
                     "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_parts": {},
-                    "key_context": {}}
+                    "key_context": {}, "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
         self.triton = {"hits": 0, "misses": 0, "compile_seconds": 0.0,
-                       "hit_keys": [], "missed": []}
+                       "hit_keys": [], "missed": [], "dropped": {"hit_keys": 0, "missed": 0}}
 
     def warn(self, what, exc):
-        if not self.warned:
-            self.warned = True
-            sys.stderr.write(f"gpu-cache: warning: stats hook disabled part of itself ({what}: {exc!r})\n")
+        """One warning line per process at most; never raises."""
+        if self.warned:
+            return
+        self.warned = True
+        try:
+            detail = _text(repr(exc), 300)
+        except Exception:
+            detail = type(exc).__name__
+        _stderr(f"gpu-cache: warning: stats hook disabled part of itself ({what}: {detail})\n")
 
 
 _STATS = _Stats()
 
 
+def _keep(stats, field, item):
+    """Append to a record's list, up to _MAX_ITEMS; count what does not fit."""
+    items = stats[field]
+    if len(items) < _MAX_ITEMS:
+        items.append(item)
+    else:
+        stats["dropped"][field] += 1
+
+
 def _touch(path):
-    """Mark a cache entry as used now; a read-only cache just goes unmarked."""
+    """Mark a cache entry as used now (never through a symlink); a read-only cache just goes
+    unmarked."""
     try:
-        os.utime(path)
-    except OSError:
+        os.utime(path, follow_symlinks=False)
+    except (OSError, NotImplementedError):
         pass
 
 
@@ -154,8 +213,13 @@ def _wrap_jax_cache_key():
         finally:
             local.in_get = False
         try:
+            parts = stats["key_parts"]
             if local.tee is not None:
-                stats["key_parts"][key] = local.tee.parts
+                name = _text(key)
+                if name in parts or len(parts) < _MAX_ITEMS:
+                    parts[name] = local.tee.parts
+                else:
+                    stats["dropped"]["key_parts"] += 1
             context = stats["key_context"]
             if not context:
                 flat = list(getattr(devices, "flat", devices))
@@ -192,7 +256,7 @@ def _wrap_jax_cache_logging():
 
     def on_hit(module_name, cache_key, *args, **kwargs):
         try:
-            stats["hit_keys"].append(cache_key)
+            _keep(stats, "hit_keys", _text(cache_key))
             folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
             if folder:
                 _touch(os.path.join(folder, f"{cache_key}-cache"))
@@ -202,7 +266,7 @@ def _wrap_jax_cache_logging():
 
     def on_miss(module_name, cache_key, *args, **kwargs):
         try:
-            stats["missed"].append({"name": module_name, "key": cache_key})
+            _keep(stats, "missed", {"name": _text(module_name), "key": _text(cache_key)})
         except Exception as exc:
             _STATS.warn("jax miss", exc)
         return original_miss(module_name, cache_key, *args, **kwargs)
@@ -226,11 +290,11 @@ def _on_triton(triton_module):
             if cache_hit:
                 stats["hits"] += 1
                 if folder:
-                    stats["hit_keys"].append(os.path.basename(folder))
+                    _keep(stats, "hit_keys", _text(os.path.basename(folder)))
                     _touch(folder)
             else:
                 stats["misses"] += 1
-                stats["missed"].append({"name": name, "key": os.path.basename(folder or "")})
+                _keep(stats, "missed", {"name": _text(name), "key": _text(os.path.basename(folder or ""))})
                 micros = getattr(times, "ir_initialization", 0) + getattr(times, "store_results", 0)
                 micros += sum(d for _stage, d in getattr(times, "lowering_stages", []))
                 stats["compile_seconds"] += micros / 1e6
@@ -246,11 +310,38 @@ def _on_triton(triton_module):
 _HANDLERS = {"jax": _on_jax, "triton": _on_triton}
 
 
-class _ImportWatcher:
-    """A meta-path finder that runs a handler right after a watched top-level import."""
+class _Watcher:
+    """A meta-path finder that runs a handler right after a watched top-level import.
+
+    Its ``find_spec`` asks the other finders for the spec. It never raises (an error means
+    "not mine": the import goes on as without the hook) and is re-entrancy-safe: asked again
+    by the same thread while it asks (another watcher that asks every finder, e.g. an older
+    copy of this hook), it answers None, so two watchers never call each other forever.
+    """
+
+    def __init__(self):
+        import _thread
+
+        self._ident = _thread.get_ident
+        self._busy = set()
 
     def find_spec(self, name, path=None, target=None):
-        if name not in _WATCHED or name in _STATS.libraries:
+        if name not in _WATCHED:
+            return None
+        me = self._ident()
+        if me in self._busy:
+            return None
+        self._busy.add(me)
+        try:
+            return self._find_spec(name, path, target)
+        except Exception as exc:
+            _STATS.warn("import watcher", exc)
+            return None
+        finally:
+            self._busy.discard(me)
+
+    def _find_spec(self, name, path, target):
+        if name in _STATS.libraries:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -267,6 +358,8 @@ class _ImportWatcher:
 
         def exec_module(module):
             original_exec(module)
+            if name in _STATS.libraries:  # reloaded: the listeners are there already
+                return
             _STATS.libraries.add(name)
             try:
                 _HANDLERS[name](module)
@@ -285,6 +378,22 @@ _KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILAT
             "TRITON_DISABLE_LINE_INFO")
 
 
+def _read_small(path, limit=1 << 20):
+    """At most ``limit`` bytes of a regular file (or a /proc file); never blocks on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _snakemake_target(max_depth=12):
     """``(rule, wildcards)`` from the nearest ancestor ``snakemake ... --target-jobs R:W``.
 
@@ -298,17 +407,15 @@ def _snakemake_target(max_depth=12):
         if pid <= 1:
             break
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as stream:
-                argv = stream.read().decode("utf-8", "replace").split("\0")
-            with open(f"/proc/{pid}/stat", "rb") as stream:
-                stat = stream.read().decode("utf-8", "replace")
+            argv = _read_small(f"/proc/{pid}/cmdline").decode("utf-8", "replace").split("\0")
+            stat = _read_small(f"/proc/{pid}/stat", 1 << 16).decode("utf-8", "replace")
         except OSError:
             break
         if "--target-jobs" in argv and any("snakemake" in a for a in argv[:3]):
             at = argv.index("--target-jobs") + 1
             if at < len(argv):
                 rule, _, wildcards = argv[at].strip("'\"").partition(":")
-                return rule or None, wildcards or None
+                return _text(rule) or None, _text(wildcards) or None
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return None, None
 
@@ -331,66 +438,176 @@ def _job_info():
     }
 
 
-def _write_record():
-    if not _STATS.libraries:
-        return
+def _record(time, socket):
+    argv = getattr(sys, "argv", None)  # an embedded interpreter may have none
+    record = {"version": _RECORD_VERSION, "time": time.time(), "host": socket.gethostname(),
+              "pid": os.getpid(),
+              "argv": [_text(a) for a in argv[:3]] if isinstance(argv, (list, tuple)) else [],
+              **_job_info(), "libraries": sorted(_STATS.libraries)}
+    if "jax" in _STATS.libraries:
+        jax_stats = dict(_STATS.jax)
+        jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
+        record["jax"] = jax_stats
+        context = jax_stats["key_context"]
+        if context:
+            record["device"] = {"platform": context.get("platform"),
+                                "kinds": context.get("device_kinds"),
+                                "count": context.get("device_count")}
+    if "triton" in _STATS.libraries:
+        record["triton"] = dict(_STATS.triton)
+    return record
+
+
+def _save(folder, name, data):
+    """Write ``data`` as ``folder/name`` through a unique temporary file and a rename, never
+    following a symlink: the folder itself must not be one (whoever could swap it for a link
+    would send records outside the cache root), and the temporary file is created new."""
+    import errno
+    import stat
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        folder_fd = os.open(folder, flags)
+    except OSError as exc:  # ELOOP or ENOTDIR for a symlink, as the kernel decides
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise OSError(exc.errno, "the records folder is a symbolic link: refused", folder) from None
+        raise
+    try:
+        temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666, dir_fd=folder_fd)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    if written <= 0:
+                        raise OSError(errno.EIO, "short write", temp)
+                    view = view[written:]
+            finally:
+                os.close(fd)
+            os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except BaseException:
+            try:
+                os.unlink(temp, dir_fd=folder_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(folder_fd)
+
+
+def _write_record():
+    """At exit: one record for a process that imported jax or triton. Never raises."""
+    try:
+        if not _STATS.libraries:
+            return
         import json
         import socket
         import time
 
-        record = {"version": _RECORD_VERSION, "time": time.time(), "host": socket.gethostname(),
-                  "pid": os.getpid(), "argv": sys.argv[:3], **_job_info(),
-                  "libraries": sorted(_STATS.libraries)}
-        if "jax" in _STATS.libraries:
-            jax_stats = dict(_STATS.jax)
-            jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
-            record["jax"] = jax_stats
-            context = jax_stats["key_context"]
-            if context:
-                record["device"] = {"platform": context.get("platform"),
-                                    "kinds": context.get("device_kinds"),
-                                    "count": context.get("device_count")}
-        if "triton" in _STATS.libraries:
-            record["triton"] = dict(_STATS.triton)
-        folder = os.environ["GPU_CACHE_RECORDS"]
+        folder = _STATS.folder
+        if not os.path.isabs(folder):
+            raise ValueError(f"GPU_CACHE_RECORDS is not an absolute path: {folder!r}")
+        record = _record(time, socket)
+        host = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(record["host"]))[:100]
+        name = f"{time.time_ns()}-{host}-{record['pid']}.json"
+        data = json.dumps(record, default=str).encode("utf-8", "replace")
         os.makedirs(folder, exist_ok=True)
-        name = f"{time.time_ns()}-{record['host']}-{record['pid']}.json"
-        temp = os.path.join(folder, f".{name}.tmp")
-        with open(temp, "w") as stream:
-            json.dump(record, stream)
-        os.replace(temp, os.path.join(folder, name))
+        _save(folder, name, data)
     except Exception as exc:
         _STATS.warn("writing the record", exc)
 
 
-def _run_user_sitecustomize():
-    """Run the next ``sitecustomize`` on sys.path, so a user's own one still runs."""
-    import importlib.machinery
-    import importlib.util
+def _is_hook_copy(path):
+    """Whether the file at ``path`` is a copy of this hook, of this version or an older one."""
+    try:
+        data = _read_small(path)
+    except OSError:
+        return False
+    return _HOOK_MARKER.encode() in data or all(sign in data for sign in _LEGACY_SIGNS)
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    search = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", search)
-    if spec is None or spec.loader is None:
+
+def _file_id(path):
+    try:
+        info = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return (info.st_dev, info.st_ino)
+
+
+def _run_user_sitecustomize(here):
+    """Run the next ``sitecustomize`` on sys.path that is not a copy of this hook (this file
+    through another path, another checkout's, an older version's), so a user's own one still
+    runs, once. Its errors are reported as Python's ``site`` reports them without the hook."""
+    # importlib.machinery.PathFinder and importlib.util.module_from_spec, as loaded at start
+    # (importing importlib.util would cost more than everything else the hook does).
+    bootstrap = sys.modules.get("_frozen_importlib")
+    external = sys.modules.get("_frozen_importlib_external")
+    path_finder = getattr(external, "PathFinder", None)
+    module_from_spec = getattr(bootstrap, "module_from_spec", None)
+    if path_finder is None or module_from_spec is None:
+        import importlib.machinery
+        import importlib.util
+
+        path_finder, module_from_spec = importlib.machinery.PathFinder, importlib.util.module_from_spec
+    seen = {_file_id(here)} if here else set()
+    for entry in list(sys.path):
+        try:
+            spec = path_finder.find_spec("sitecustomize", [entry])
+        except Exception:
+            continue
+        if spec is None or spec.loader is None:
+            continue
+        if spec.origin and spec.has_location:
+            found = _file_id(spec.origin)
+            if found in seen:
+                continue
+            seen.add(found)
+            if _is_hook_copy(spec.origin):
+                continue
+        module = module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            if isinstance(exc, ImportError) and exc.name == "sitecustomize":
+                return
+            if sys.flags.verbose:
+                sys.excepthook(*sys.exc_info())
+            else:
+                _stderr("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+                        f"{exc.__class__.__name__}: {exc}\n")
         return
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
 
 
 def _install():
-    if os.environ.get("GPU_CACHE_RECORDS"):
-        import atexit
+    folder = os.environ.get("GPU_CACHE_RECORDS")
+    if not folder:
+        return
+    # An older copy of this hook (before the marker) that ran first watches and records
+    # already: a second watcher would only write a second record.
+    if any(type(finder).__name__ == "_ImportWatcher" for finder in sys.meta_path):
+        return
+    import atexit
 
-        sys.meta_path.insert(0, _ImportWatcher())
-        atexit.register(_write_record)
+    _STATS.folder = folder
+    sys.meta_path.insert(0, _Watcher())
+    atexit.register(_write_record)
 
 
-try:
-    _install()
-except Exception as _exc:  # never break the interpreter's start
-    _STATS.warn("install", _exc)
-try:
-    _run_user_sitecustomize()
-except Exception as _exc:
-    sys.stderr.write(f"gpu-cache: warning: your sitecustomize raised {_exc!r}\n")
+def _main():
+    if getattr(sys, _SYS_MARK, None) is not None:
+        return  # another copy of this hook runs in this process, and ran the user's one
+    here = globals().get("__file__")
+    try:
+        setattr(sys, _SYS_MARK, {"file": here, "marker": _HOOK_MARKER})
+        _install()
+    except Exception as exc:  # never break the interpreter's start
+        _STATS.warn("install", exc)
+    try:
+        _run_user_sitecustomize(here)
+    except Exception as exc:  # the hook's own fault: the user's errors are reported inside
+        _STATS.warn("finding your sitecustomize", exc)
+
+
+_main()
