@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_cache import env, kinds
+from gpu_cache import env, kinds, software
 from gpu_cache.settings import settings_from
 from helpers import SCRIPTS
 
@@ -23,6 +23,8 @@ def _hook_constant(name: str) -> tuple[str, ...]:
 def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("_WATCHED") == kinds.WATCHED_MODULES
     assert _hook_constant("_KEY_ENV") == kinds.KEY_ENVIRONMENT
+    assert _hook_constant("_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("_KEY_PACKAGES") == software.KEY_PACKAGES
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
