@@ -28,13 +28,13 @@ def test_the_hooks_copies_match_the_registry():
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
-    exports = env.resolve(settings_from({}, cache_root=str(tmp_path)), {})
+    exports = env.resolve(settings_from({"bytecode_cache": True}, cache_root=str(tmp_path)), {})
     for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
         assert exports.values[kind.env_var] == str(tmp_path / kind.name)
         assert (tmp_path / kind.name).is_dir()
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "records")
+    assert kinds.PRUNABLE == ("jax", "triton", "bytecode", "records")
     assert kinds.OBSERVED == ("jax", "triton")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

@@ -129,3 +129,43 @@ def remove_record(folder: Path, entry: Entry) -> None:
         os.unlink(folder / entry.key)
     except FileNotFoundError:
         pass
+
+
+def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+    """Each ``.pyc`` file under the bytecode folder is one entry (key: its path below the
+    folder); Python writes it through a temporary file and a rename, so a ``.pyc`` is whole,
+    and a leftover temporary older than the grace period is broken."""
+    out = []
+    now = time.time()
+    for parent, folders, names in os.walk(folder):
+        folders[:] = [f for f in folders if not os.path.islink(os.path.join(parent, f))]
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            temporary = not name.endswith(".pyc")
+            if temporary and now - info.st_mtime < grace_seconds:
+                continue  # an interpreter may be writing it
+            problem = None
+            if not stat.S_ISREG(info.st_mode):
+                problem = "not a regular file"
+            elif temporary:
+                problem = "temporary file of an interpreter that was killed"
+            out.append(Entry("bytecode", os.path.relpath(path, folder), name.split(".", 1)[0],
+                             info.st_size, info.st_mtime, problem, Path(path)))
+    return out
+
+
+def remove_bytecode(folder: Path, entry: Entry) -> None:
+    """Delete one ``.pyc`` (a link is removed itself, never followed); an interpreter that
+    needs it again recompiles its source.
+
+    Raises:
+        OSError: it could not be removed (other than already being gone).
+    """
+    try:
+        os.unlink(folder / entry.key)
+    except FileNotFoundError:
+        pass

@@ -167,6 +167,8 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
         for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+            if not kind.enabled(settings):
+                continue
             if _user_set(kind.env_var, environ):
                 wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
                 continue
@@ -196,7 +198,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    if (settings.stats_hook and root is not None) or SEED_VAR in exports.values:
+    hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
+        or kinds.KINDS["bytecode"].env_var in exports.values  # the hook sets the bytecode folder
+    if hook_needed:
         parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_DIR) not in parts:
             exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])

@@ -37,8 +37,13 @@ class CacheKind:
     inventory (None: exported, but not yet counted or pruned). ``last_use``: where the
     inventory reads an entry's last use, for the README and stats. ``exported``: env points
     the kind's variable at its folder and doctor probes it (the records folder is set up by
-    env on its own terms, only with the stats hook).
+    env on its own terms, only with the stats hook). ``enabled_by``: the boolean setting
+    that turns an opt-in kind on.
     """
+
+    def enabled(self, settings: object) -> bool:
+        """Whether ``settings`` (a :class:`gpu_cache.settings.Settings`) export this kind."""
+        return self.exported and (self.enabled_by is None or bool(getattr(settings, self.enabled_by)))
 
     name: str
     env_var: str
@@ -49,6 +54,7 @@ class CacheKind:
     remove: Callable[[Path, Entry], None] | None = None
     last_use: str = ""
     exported: bool = True
+    enabled_by: str | None = None
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -73,6 +79,10 @@ KINDS: dict[str, CacheKind] = {
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK),
+        # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
+        CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
+                  scan=entries.scan_bytecode, remove=entries.remove_bytecode,
+                  last_use="when the .pyc file was written (Python never rewrites a current one)"),
         CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,

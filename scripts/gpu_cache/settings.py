@@ -223,6 +223,7 @@ class Settings:
     cache_root: Path | None
     xla_caches: str = "none"
     stats_hook: bool = True
+    bytecode_cache: bool = False
     shared_group: str | None = None
     min_free_space: int = 1 << 30
     python: str | None = None
@@ -257,6 +258,7 @@ def settings_from(
         cache_root=root,
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
+        bytecode_cache=filled["bytecode_cache"],
         shared_group=filled["shared_group"],
         min_free_space=parse_size(filled["min_free_space"]),
         python=filled["python"],

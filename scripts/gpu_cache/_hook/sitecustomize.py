@@ -640,8 +640,26 @@ def _usable_triton_folder():
             "container?\n")
 
 
+def _bytecode_folder():
+    """With gpu-cache's bytecode cache on (``$GPU_CACHE_BYTECODE``), write and read this
+    process's bytecode in a folder of this interpreter and image alone: Python trusts a .pyc
+    whose source has the same mtime and size, which two images with normalised mtimes share.
+    Overrides the image's PYTHONDONTWRITEBYTECODE for the imports that follow."""
+    folder = os.environ.get("GPU_CACHE_BYTECODE")
+    if not folder or not os.path.isabs(folder):
+        return
+    import zlib
+
+    image = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), "")
+    identity = "\0".join([os.path.realpath(sys.executable or ""), sys.version, image])
+    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(identity.encode('utf-8', 'replace')):08x}"
+    sys.pycache_prefix = os.path.join(folder, tag)
+    sys.dont_write_bytecode = False
+
+
 def _install():
     _usable_triton_folder()
+    _bytecode_folder()
     folder = os.environ.get("GPU_CACHE_RECORDS")
     if not folder:
         return
