@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from gpu_cache import env, kinds
+from gpu_cache import env, kinds, software
 from gpu_cache.settings import settings_from
 from helpers import SCRIPTS
 
@@ -23,16 +23,18 @@ def _hook_constant(name: str) -> tuple[str, ...]:
 def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("_WATCHED") == kinds.WATCHED_MODULES
     assert _hook_constant("_KEY_ENV") == kinds.KEY_ENVIRONMENT
+    assert _hook_constant("_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("_KEY_PACKAGES") == software.KEY_PACKAGES
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
-    exports = env.resolve(settings_from({}, cache_root=str(tmp_path)), {})
-    for kind in kinds.KINDS.values():
+    exports = env.resolve(settings_from({"bytecode_cache": True}, cache_root=str(tmp_path)), {})
+    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
         assert exports.values[kind.env_var] == str(tmp_path / kind.name)
         assert (tmp_path / kind.name).is_dir()
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton")
+    assert kinds.PRUNABLE == ("jax", "triton", "bytecode", "records")
     assert kinds.OBSERVED == ("jax", "triton")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,37 +92,39 @@ def _env(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(exports.as_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(env.shell_lines(exports))
+        # The bytes of each path as they are on disk, also when they are not UTF-8.
+        sys.stdout.flush()
+        sys.stdout.buffer.write(env.shell_lines(exports).encode("utf-8", "surrogateescape"))
+        sys.stdout.buffer.flush()
         env.warn_once(exports, environ={})
     return 0
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from gpu_cache import jax_cache
-    from gpu_cache.warm import broken_since, warm
+    from gpu_cache.warm import warm
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
-    started = time.time()
     with _log_stream(args.log) as output:
         report = warm(settings, gpu_type, output)
-    if "jax" not in report.kinds_without_cache and "all" not in report.kinds_without_cache:
-        time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
-        broken = broken_since(settings, started)
-        for line in broken:
-            log.warning("%s", line)
-        report.problems += broken
+    for line in report.broken:
+        log.warning("%s", line)
     _emit(report.as_dict(), args.output, to_stdout=args.output is None)
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gpu_cache.validate import validate
+    from gpu_cache import env
+    from gpu_cache.validate import judge_phases, validate
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
-    with _log_stream(args.log) as output:
-        verdict = validate(settings, gpu_type, output)
+    if args.phases:
+        exports = env.resolve(settings)
+        verdict = judge_phases(settings, gpu_type, _load_phases(Path(args.phases)), exports)
+    else:
+        with _log_stream(args.log) as output:
+            verdict = validate(settings, gpu_type, output)
     _emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if not verdict.passed:
         for problem in verdict.problems:
@@ -131,6 +132,22 @@ def _validate(args: argparse.Namespace) -> int:
         if settings.validate.strict:
             return 1
     return 0
+
+
+def _load_phases(path: Path) -> dict[str, Any]:
+    """The validation passes the workload runner wrote (a mapping of phase to result, or
+    one validate pass)."""
+    from gpu_cache.reports import PhaseResult
+    from gpu_cache.summary import load_json
+
+    data = load_json(path)
+    try:
+        if isinstance(data, dict) and "validate" in data:
+            return {name: None if value is None else PhaseResult.from_dict(value)
+                    for name, value in data.items()}
+        return {"validate": PhaseResult.from_dict(data)}
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -150,7 +167,9 @@ def _prune(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run or settings.prune.dry_run,
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json)
-    return 0
+    for line in report.software_mismatches:
+        log.warning("software mismatch: %s", line)
+    return 1 if report.software_mismatches and settings.validate.strict else 0
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -268,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpu-type", help="GPU type to work on (default: this machine's)")
         p.add_argument("--output", metavar="FILE", help="write the JSON report here (default: stdout)")
         p.add_argument("--log", metavar="FILE", help="append the workloads' output here (default: stderr)")
+        if name == "validate":
+            p.add_argument("--phases", metavar="FILE",
+                           help="judge the passes the workload runner ran in the jobs' software "
+                                "(the workflow's check_cache output) instead of running them here")
 
     p = _command(sub, "prune", _prune, "remove broken, old and least recently used entries")
     p.add_argument("--max-size", help="largest size per kind, like 10G (default: config, 10G)")

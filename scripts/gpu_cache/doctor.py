@@ -35,7 +35,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     if settings.cache_root is None:
         report["warnings"].append("caching is turned off (cache root 'none')")
     else:
-        for kind in kinds.KINDS:
+        for kind in (k for k in kinds.EXPORTED if kinds.KINDS[k].enabled(settings)):
             # resolve probed the kinds it exports; one the user pointed elsewhere is probed here.
             check = exports.checks.get(kind) or env.check_kind(settings, kind)
             report["kinds"][kind] = check.as_dict()

@@ -6,6 +6,9 @@ Each inventoried kind has a ``scan_<kind>`` and a ``remove_<kind>`` here; the re
 
 from __future__ import annotations
 
+import os
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +86,86 @@ def remove_triton(folder: Path, entry: Entry) -> None:
         triton_cache.remove_temp_dir(source)
     else:
         triton_cache.empty_trash(folder)
+
+
+def scan_records(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+    """The records as entries of their own kind, so that prune bounds them by age and size:
+    each ``*.json`` file is one entry (last use: when it was written); a half-written
+    ``.*.json.tmp`` older than the grace period, or anything that is not a regular file, is
+    broken."""
+    try:
+        listing = list(os.scandir(folder))
+    except OSError:
+        return []
+    now = time.time()
+    out = []
+    for item in listing:
+        temporary = item.name.startswith(".") and item.name.endswith(".tmp")
+        if not (item.name.endswith(".json") or temporary):
+            continue
+        try:
+            info = item.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        problem = None
+        if not stat.S_ISREG(info.st_mode):
+            problem = "not a regular file"
+        elif temporary:
+            if now - info.st_mtime < grace_seconds:
+                continue  # a process may be writing it right now
+            problem = "half-written record of a process that was killed or ran out of space"
+        out.append(Entry("records", item.name, "record", info.st_size, info.st_mtime, problem,
+                         Path(item.path)))
+    return out
+
+
+def remove_record(folder: Path, entry: Entry) -> None:
+    """Delete one record (a link or node is removed itself, never followed).
+
+    Raises:
+        OSError: it could not be removed (other than already being gone).
+    """
+    try:
+        os.unlink(folder / entry.key)
+    except FileNotFoundError:
+        pass
+
+
+def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+    """Each ``.pyc`` file under the bytecode folder is one entry (key: its path below the
+    folder); Python writes it through a temporary file and a rename, so a ``.pyc`` is whole,
+    and a leftover temporary older than the grace period is broken."""
+    out = []
+    now = time.time()
+    for parent, folders, names in os.walk(folder):
+        folders[:] = [f for f in folders if not os.path.islink(os.path.join(parent, f))]
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            temporary = not name.endswith(".pyc")
+            if temporary and now - info.st_mtime < grace_seconds:
+                continue  # an interpreter may be writing it
+            problem = None
+            if not stat.S_ISREG(info.st_mode):
+                problem = "not a regular file"
+            elif temporary:
+                problem = "temporary file of an interpreter that was killed"
+            out.append(Entry("bytecode", os.path.relpath(path, folder), name.split(".", 1)[0],
+                             info.st_size, info.st_mtime, problem, Path(path)))
+    return out
+
+
+def remove_bytecode(folder: Path, entry: Entry) -> None:
+    """Delete one ``.pyc`` (a link is removed itself, never followed); an interpreter that
+    needs it again recompiles its source.
+
+    Raises:
+        OSError: it could not be removed (other than already being gone).
+    """
+    try:
+        os.unlink(folder / entry.key)
+    except FileNotFoundError:
+        pass

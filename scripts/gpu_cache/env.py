@@ -22,6 +22,10 @@ from gpu_cache.settings import Settings
 
 log = logging.getLogger(__name__)
 HOOK_DIR = Path(__file__).with_name("_hook")
+#: The folder that holds the gpu_cache package (and the hook): container jobs need to see it.
+PACKAGE_PARENT = HOOK_DIR.parent.parent
+#: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
+CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
 SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
@@ -174,7 +178,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
         root_check: FolderCheck | None = None
-        for kind in kinds.KINDS.values():
+        for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+            if not kind.enabled(settings):
+                continue
             if _user_set(kind.env_var, environ):
                 wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
                 continue
@@ -200,7 +206,8 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
         if settings.stats_hook and "jax" not in problems:
-            wanted["GPU_CACHE_RECORDS"] = str(root / "records")
+            records = kinds.KINDS["records"]
+            wanted[records.env_var] = str(records.folder(root))
     exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
                       root_problem=root_problem)
     for name, value in wanted.items():
@@ -208,17 +215,48 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    if (settings.stats_hook and root is not None) or SEED_VAR in exports.values:
+    hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
+        or kinds.KINDS["bytecode"].env_var in exports.values  # the hook sets the bytecode folder
+    if hook_needed:
         parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_DIR) not in parts:
             exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
+    if root is not None:
+        binds, skipped = container_binds([root, PACKAGE_PARENT], environ)
+        exports.values.update(binds)
+        exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
+                             "cannot hold ',' or ':'" for path in skipped]
     return exports
+
+
+def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict[str, str], list[Path]]:
+    """``APPTAINER_BIND`` and ``SINGULARITY_BIND`` with the existing ``paths`` added (at the
+    same path inside), so that container jobs see the cache root and the startup hook; and
+    the paths that cannot be written in a bind list.
+
+    A host's own binds are kept: Apptainer adds ``APPTAINER_BIND`` and ``APPTAINER_BINDPATH``
+    up, so a host that sets ``*_BINDPATH`` (with ``os.environ.setdefault``, before or after
+    gpu-cache) is untouched, and one that set ``*_BIND`` first gets ours appended. (Apptainer
+    ignores ``SINGULARITY_X`` when ``APPTAINER_X`` is set, hence both, with the same value.)
+    """
+    listable = [p for p in paths if "," not in str(p) and ":" not in str(p)]
+    skipped = [p for p in paths if p not in listable]
+    usable = [p for p in listable if os.path.isdir(p)]  # Apptainer refuses to bind a missing path
+    out = {}
+    for name in CONTAINER_BIND_VARS:
+        entries = [e for e in environ.get(name, "").split(",") if e]
+        sources = {e.split(":", 1)[0] for e in entries}
+        missing = [str(p) for p in usable if str(p) not in sources]
+        if missing:
+            out[name] = ",".join(entries + missing)
+    return out, skipped
 
 
 def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:
     """``GPU_CACHE_MANAGED`` once ``exports`` are applied over ``environ``: the names gpu-cache
-    set before and now (PYTHONPATH is merged, never owned)."""
-    return ",".join(sorted(managed_names(environ) | (set(exports.values) - {"PYTHONPATH"})))
+    set before and now (PYTHONPATH and the bind lists are merged, never owned)."""
+    merged = {"PYTHONPATH", *CONTAINER_BIND_VARS}
+    return ",".join(sorted(managed_names(environ) | (set(exports.values) - merged)))
 
 
 def apply(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:

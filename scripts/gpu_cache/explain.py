@@ -46,12 +46,16 @@ def _key_parts(record: dict[str, Any]) -> dict[str, dict[str, str]]:
     return parts if isinstance(parts, dict) else {}
 
 
+def _key_context(record: dict[str, Any]) -> dict[str, Any]:
+    context = (record.get("jax") or {}).get("key_context")
+    return context if isinstance(context, dict) else {}
+
+
 def _specific_causes(changed: list[str], now: dict[str, Any], before: dict[str, Any]) -> list[str]:
     """Sentences naming the concrete difference behind each changed part, where the
     records' environment and context show it."""
     env_now, env_before = now.get("env") or {}, before.get("env") or {}
-    ctx_now = (now.get("jax") or {}).get("key_context") or {}
-    ctx_before = (before.get("jax") or {}).get("key_context") or {}
+    ctx_now, ctx_before = _key_context(now), _key_context(before)
     causes = []
     for part in changed:
         if part == "XLA flags" and env_now.get("XLA_FLAGS") != env_before.get("XLA_FLAGS"):
@@ -102,6 +106,8 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     for each; ``compared_with`` is None when no earlier run computed the same name."""
     name = _name_of(key)
     parts = _key_parts(record).get(key)
+    if not isinstance(parts, dict):
+        parts = None
     result: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [],
                               "causes": []}
     if parts is None:
@@ -156,9 +162,10 @@ def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None
     for record in targets:
         start = float(record.get("time") or 0.0)
         earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
-        for miss in (record.get("jax") or {}).get("missed", []):
+        missed = (record.get("jax") or {}).get("missed")
+        for miss in missed if isinstance(missed, list) else []:
             key = miss.get("key") if isinstance(miss, dict) else None
-            if key and len(out) < limit:
+            if isinstance(key, str) and key and len(out) < limit:
                 out.append(explain_key(key, record, earlier))
     return out
 

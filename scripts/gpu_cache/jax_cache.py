@@ -20,7 +20,9 @@ ATIME_SUFFIX = "-atime"
 WRITE_GRACE_SECONDS = 1.0
 VERIFIED_STAMP = ".gpu-cache-verified"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))-(?P<suffix>cache|atime)$")
+#: ``<key>-cache``/``<key>-atime``; older jax (0.4.30, as images that pin it run) writes the
+#: executable as plain ``<key>`` and keeps no ``-atime``.
+_FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))(?:-(?P<suffix>cache|atime))?$")
 
 
 @dataclass
@@ -106,7 +108,7 @@ def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
         except OSError:
             continue
         key = match["key"]
-        halves.setdefault(key, {})[match["suffix"]] = (Path(item.path), info)
+        halves.setdefault(key, {})[match["suffix"] or "cache"] = (Path(item.path), info)
         names[key] = match["name"]
     # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
     capped = (folder / ".lockfile").exists() or any(len(parts) == 2 for parts in halves.values())

@@ -35,8 +35,15 @@ class CacheKind:
     folder). ``watched_module``: the top-level module whose import makes the startup hook
     count this kind's hits and misses (None: not observed). ``scan``/``remove``: the
     inventory (None: exported, but not yet counted or pruned). ``last_use``: where the
-    inventory reads an entry's last use, for the README and stats.
+    inventory reads an entry's last use, for the README and stats. ``exported``: env points
+    the kind's variable at its folder and doctor probes it (the records folder is set up by
+    env on its own terms, only with the stats hook). ``enabled_by``: the boolean setting
+    that turns an opt-in kind on.
     """
+
+    def enabled(self, settings: object) -> bool:
+        """Whether ``settings`` (a :class:`gpu_cache.settings.Settings`) export this kind."""
+        return self.exported and (self.enabled_by is None or bool(getattr(settings, self.enabled_by)))
 
     name: str
     env_var: str
@@ -46,6 +53,8 @@ class CacheKind:
     scan: Callable[[Path, float, float | None], list[Entry]] | None = None
     remove: Callable[[Path, Entry], None] | None = None
     last_use: str = ""
+    exported: bool = True
+    enabled_by: str | None = None
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -70,9 +79,19 @@ KINDS: dict[str, CacheKind] = {
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK),
+        # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
+        CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
+                  scan=entries.scan_bytecode, remove=entries.remove_bytecode,
+                  last_use="when the .pyc file was written (Python never rewrites a current one)"),
         CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK),
+        # Not a compile cache: the startup hook's per-process records, bounded like one.
+        CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
+                  scan=entries.scan_records, remove=entries.remove_record,
+                  last_use="when the process wrote it (the file's mtime)"),
     )
 }
+#: Kinds whose folder env exports and doctor probes.
+EXPORTED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.exported)
 #: Kinds whose entries gpu-cache lists and prunes.
 PRUNABLE: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.prunable)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
@@ -119,11 +138,11 @@ def remove(name: str, folder: Path, entry: Entry) -> None:
 
 
 def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
-    """The keys present per prunable kind (temporary folders included), to diff before/after."""
+    """The keys present per observed kind (temporary folders included), to diff before/after."""
     if cache_root is None:
-        return {name: set() for name in PRUNABLE}
+        return {name: set() for name in OBSERVED}
     keys: dict[str, set[str]] = {}
-    for name in PRUNABLE:
+    for name in OBSERVED:
         try:
             keys[name] = {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
         except (OSError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -10,10 +11,10 @@ from pathlib import Path
 from gpu_cache.errors import UsageError
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
-#: Profiles shipped in a checkout (profiles/ beside scripts/).
-SHIPPED = PACKAGE_PARENT.parent / "profiles"
+#: The shipped profiles: a link to the checkout's profiles/ folder, copied into a wheel.
+SHIPPED = Path(__file__).with_name("profiles")
 #: The line of the profile that install-profile fills with this package's location.
-SCRIPTS_LINE = 'gpu_cache_scripts = ""'
+SCRIPTS_LINE = '  - gpu_cache_scripts = ""'
 
 
 def export_from_profile() -> None:
@@ -43,10 +44,11 @@ def install_profile(name: str = "gpu-cache", target: Path | None = None, force: 
     Raises:
         UsageError: the profile is unknown, or the target exists (without ``force``).
     """
-    source = SHIPPED / name
-    if not (source / "config.yaml").is_file():
-        known = sorted(p.name for p in SHIPPED.iterdir()) if SHIPPED.is_dir() else []
+    known = sorted(p.name for p in SHIPPED.iterdir() if (p / "config.yaml").is_file()) \
+        if SHIPPED.is_dir() else []
+    if name not in known:
         raise UsageError(f"no shipped profile {name!r}; shipped profiles: {', '.join(known) or 'none'}")
+    source = SHIPPED / name
     target = target or default_profile_dir().with_name(name)
     if target.exists() and not force:
         if (target / "config.yaml").read_text() == _filled(source):
@@ -61,5 +63,8 @@ def install_profile(name: str = "gpu-cache", target: Path | None = None, force: 
 
 
 def _filled(source: Path) -> str:
+    """The shipped profile with this package's folder filled in, as a quoted YAML scalar (a
+    path may hold ``: `` or `` #``, which would end a plain one)."""
     text = (source / "config.yaml").read_text()
-    return text.replace(SCRIPTS_LINE, f"gpu_cache_scripts = {str(PACKAGE_PARENT)!r}", 1)
+    statement = f"gpu_cache_scripts = {str(PACKAGE_PARENT)!r}"
+    return text.replace(SCRIPTS_LINE, f"  - {json.dumps(statement)}", 1)

@@ -129,6 +129,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     if not root.is_dir():
         result.problems = [f"cache root {root} does not exist; nothing to prune"]
         return result
+    from gpu_cache.stats import software_mismatches
+
+    result.software_mismatches = software_mismatches(root)
     import filelock
 
     lock: filelock.FileLock | None = filelock.FileLock(str(root / LOCK_NAME), timeout=lock_timeout)
@@ -145,8 +148,13 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
         lock = None
     try:
         for kind in only:
-            report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age, dry_run,
-                                verify_all=verify_all)
+            try:
+                report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age,
+                                    dry_run, verify_all=verify_all)
+            except OSError as exc:  # an unreadable folder: the other kinds are still pruned
+                result.problems.append(f"{kind}: cannot prune {exc.filename or ''}: "
+                                       f"{exc.strerror or exc}")
+                continue
             result.kinds[kind] = report
             log.info("prune: %s: %s %d of %d entries, %s of %s", kind,
                      "would remove" if dry_run else "removed", report.entries_removed,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,28 +17,68 @@ from typing import Any
 from gpu_cache import kinds
 from gpu_cache.reports import KindTotals, Missed
 
+#: A record larger than this is not one the hook wrote.
+MAX_RECORD_BYTES = 16 << 20
+#: Top-level fields that must be text (or absent) for a record to be read as one.
+_TEXT_FIELDS = ("host", "rule", "wildcards", "gpu_type", "run_id", "slurm_job_id")
+
 
 def records_dir(cache_root: Path) -> Path:
     """Where the hook writes its records under a cache root."""
-    return cache_root / "records"
+    return kinds.KINDS["records"].folder(cache_root)
 
 
 def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
-    """Each record in ``folder`` (optionally of one run); unreadable files are skipped."""
+    """Each record in ``folder`` (optionally of one run), cleaned by :func:`clean`; files
+    that are not regular, too large or not JSON objects are skipped."""
     try:
         listing = list(os.scandir(folder))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return
     for item in listing:
         if not item.name.endswith(".json") or item.name.startswith("."):
             continue
-        try:
-            with open(item.path) as stream:
-                record = json.load(stream)
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and (run_id is None or record.get("run_id") == run_id):
+        record = clean(_load(item.path))
+        if record is not None and (run_id is None or record.get("run_id") == run_id):
             yield record
+
+
+def _load(path: str) -> Any:
+    """The JSON in a regular file of at most :data:`MAX_RECORD_BYTES`; None otherwise. Never
+    blocks on a FIFO or follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            return json.loads(stream.read(MAX_RECORD_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def clean(record: Any) -> dict[str, Any] | None:
+    """``record`` with every field a reader relies on made safe: ``time`` a finite number,
+    the text fields text or None, each kind's section a mapping or absent. None when it is
+    not a JSON object at all."""
+    if not isinstance(record, dict):
+        return None
+    record["time"] = seconds(record.get("time"))
+    for name in _TEXT_FIELDS:
+        if not isinstance(record.get(name), (str, type(None))):
+            record[name] = None
+    for kind in kinds.OBSERVED:
+        if kind in record and not isinstance(record[kind], dict):
+            del record[kind]
+    for name in ("env", "device"):
+        if not isinstance(record.get(name), dict):
+            record[name] = {}
+    return record
 
 
 def count(value: Any) -> int:
@@ -83,3 +124,4 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             missed=[m for s in sections for m in missed_of(s, kind)],
         )
     return out
+

@@ -100,6 +100,89 @@ class KindTotals:
     saved_seconds: float = 0.0
     missed: list[Missed] = field(default_factory=list)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> KindTotals:
+        data = _mapping(data, "a kind's recorded totals")
+        missed = data.get("missed") if isinstance(data.get("missed"), list) else []
+        number = lambda key: _number(data.get(key, 0), "a kind's recorded totals", key)  # noqa: E731
+        return cls(int(number("processes")), int(number("hits")), int(number("misses")),
+                   float(number("compile_seconds")), float(number("saved_seconds")),
+                   [Missed(str(m.get("kind", "?")), str(m.get("name", "?")), str(m.get("key", "")))
+                    for m in missed if isinstance(m, dict)])
+
+
+@dataclass
+class PhaseResult:
+    """One pass over a GPU type's workloads (warm, cold or validate), as the workload runner
+    saw it in the jobs' own software: ``warm/{gpu_type}.json`` is the warm pass.
+
+    ``new_keys``: entries that appeared per observed kind; ``recorded``: what the startup
+    hook's records of this pass (its ``run_id``) say per kind; ``software``: the runner's
+    interpreter and packages (the workloads' own, since they run with it); ``broken``: JAX
+    entries written now that are empty or truncated.
+    """
+
+    phase: str
+    gpu_type: str
+    run_id: str
+    seconds: float = 0.0
+    runs: list[RunResult] = field(default_factory=list)
+    new_keys: dict[str, list[str]] = field(default_factory=dict)
+    recorded: dict[str, KindTotals] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    job: dict[str, Any] = field(default_factory=dict)
+    cache_root: str | None = None
+    broken: list[str] = field(default_factory=list)
+    #: What the cache environment fell back from or adjusted (filled in on the host).
+    cache_warnings: list[str] = field(default_factory=list)
+    #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
+    expects: list[str] = field(default_factory=list)
+
+    WHAT = "a workload runner's result"
+
+    def failures(self) -> list[str]:
+        return [line for line in (run.failure() for run in self.runs) if line]
+
+    @property
+    def problems(self) -> list[str]:
+        return self.failures() + self.broken
+
+    @property
+    def new_entries(self) -> dict[str, int]:
+        return {kind: len(keys) for kind, keys in self.new_keys.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["seconds"] = round(self.seconds, 3)
+        out["runs"] = [r.as_dict() for r in self.runs]
+        out["new_entries"] = self.new_entries
+        out["problems"] = self.problems
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PhaseResult:
+        """Raises: UsageError: ``data`` is not a runner's result."""
+        data = _mapping(data, cls.WHAT)
+        _require(data, cls.WHAT, "phase", "gpu_type", "run_id", "runs")
+        recorded = data.get("recorded") if isinstance(data.get("recorded"), dict) else {}
+        new_keys = data.get("new_keys") if isinstance(data.get("new_keys"), dict) else {}
+        runs = data["runs"] if isinstance(data["runs"], list) else []
+        return cls(
+            phase=str(data["phase"]), gpu_type=str(data["gpu_type"]), run_id=str(data["run_id"]),
+            seconds=float(_number(data.get("seconds", 0.0), cls.WHAT, "seconds")),
+            runs=[RunResult.from_dict(r) for r in runs],
+            new_keys={str(k): [str(key) for key in v] for k, v in new_keys.items() if isinstance(v, list)},
+            recorded={str(k): KindTotals.from_dict(v) for k, v in recorded.items()},
+            device=data.get("device") if isinstance(data.get("device"), dict) else {},
+            software=data.get("software") if isinstance(data.get("software"), dict) else {},
+            job=data.get("job") if isinstance(data.get("job"), dict) else {},
+            cache_root=data.get("cache_root") if isinstance(data.get("cache_root"), str) else None,
+            broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
+            cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
+            expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
+        )
+
 
 @dataclass
 class Verdict:
@@ -120,6 +203,8 @@ class Verdict:
     cold_runs: list[RunResult] = field(default_factory=list)
     cache_root: str | None = None
     job: dict[str, Any] = field(default_factory=dict)
+    #: The software the validation ran with (the jobs' own where the type names its image).
+    software: dict[str, Any] = field(default_factory=dict)
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
 
@@ -153,7 +238,7 @@ class Verdict:
             "missed": [asdict(m) for m in self.missed], "explain": self.explain,
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
-            "cache_root": self.cache_root, "job": self.job,
+            "cache_root": self.cache_root, "job": self.job, "software": self.software,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -179,30 +264,8 @@ class Verdict:
             runs=[RunResult.from_dict(r) for r in lists["runs"]],
             cold_runs=[RunResult.from_dict(r) for r in lists["cold_runs"]],
             cache_root=data.get("cache_root"), job=data.get("job") or {},
+            software=data.get("software") if isinstance(data.get("software"), dict) else {},
         )
-
-
-@dataclass
-class WarmReport:
-    """What warming one GPU type did: ``results/gpu-cache/warm/{gpu_type}.json``."""
-
-    gpu_type: str
-    device: dict[str, Any]
-    cache_root: str | None
-    job: dict[str, Any]
-    seconds: float
-    runs: list[RunResult]
-    new_entries: dict[str, int]
-    problems: list[str]
-    cache_warnings: list[str]
-    #: Kinds that ran without their shared cache ("all" when caching is off).
-    kinds_without_cache: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["seconds"] = round(self.seconds, 3)
-        out["runs"] = [r.as_dict() for r in self.runs]
-        return out
 
 
 @dataclass
@@ -242,12 +305,15 @@ class PruneReport:
     max_age_seconds: float
     problems: list[str] = field(default_factory=list)
     kinds: dict[str, KindPruneReport] = field(default_factory=dict)
+    #: Jobs whose software differs from what warmed their GPU type (stats.software_mismatches).
+    software_mismatches: list[str] = field(default_factory=list)
 
     WHAT = "a prune report (prune.json)"
 
     def as_dict(self) -> dict[str, Any]:
         return {"cache_root": self.cache_root, "dry_run": self.dry_run, "max_size": self.max_size,
                 "max_age_seconds": self.max_age_seconds, "problems": self.problems,
+                "software_mismatches": self.software_mismatches,
                 **{name: asdict(report) for name, report in self.kinds.items()}}
 
     @classmethod
@@ -261,7 +327,8 @@ class PruneReport:
                    float(_number(data.get("max_age_seconds", 0), cls.WHAT, "max_age_seconds")),
                    [str(p) for p in problems],
                    {name: KindPruneReport.from_dict(data[name]) for name in kinds.KINDS
-                    if isinstance(data.get(name), dict)})
+                    if isinstance(data.get(name), dict)},
+                   [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)])
 
 
 @dataclass

@@ -20,6 +20,8 @@ from gpu_cache.units import parse_age, parse_size
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
+#: A config file larger than this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
 OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
 
 
@@ -55,6 +57,11 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     import jsonschema  # deferred: only config-reading commands pay for it
 
+    if config is not None and not isinstance(config, Mapping):
+        raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
+    if _too_big(config):
+        raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
+                         "(YAML aliases nested too deep?)")
     config = dict(config or {})
     schema = load_schema()
     validator = jsonschema.Draft202012Validator(schema)
@@ -62,7 +69,8 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if errors:
         error = errors[0]
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise UsageError(f"config key {where}: {error.message}")
+        message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
+        raise UsageError(f"config key {where}: {message}")
     filled = _fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
@@ -78,23 +86,57 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return filled
 
 
+#: A config holds a few hundred values; more means a YAML alias bomb (a few hundred bytes
+#: whose aliases expand to billions of nodes), which would hang the schema check.
+MAX_CONFIG_NODES = 100_000
+
+
+def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
+    """Whether ``value`` has more than ``budget`` nodes, counting a shared (aliased) node
+    each time it is reached; stops counting as soon as the budget is spent."""
+    stack = [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a YAML or JSON config file.
 
     Raises:
-        UsageError: the file cannot be read, is not YAML, or does not match the schema.
+        UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
+            unreasonably large, or does not match the schema.
     """
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
+                         "right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
-    return validate_config(data)
+    try:
+        return validate_config(data)
+    except UsageError as exc:
+        raise UsageError(f"config file {path}: {exc}") from None
 
 
 def resolve_cache_root(
@@ -145,6 +187,7 @@ class WorkloadConfig:
     command: str | None
     shapes: tuple[Any, ...]
     timeout_seconds: float
+    expects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,6 +199,9 @@ class GpuType:
     gpus: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
     device: str | None = None
+    container: str | None = None
+    conda: str | None = None
+    python: str | None = None
 
     @property
     def expected_device(self) -> str:
@@ -191,6 +237,7 @@ class Settings:
     cache_root: Path | None
     xla_caches: str = "none"
     stats_hook: bool = True
+    bytecode_cache: bool = False
     shared_group: str | None = None
     min_free_space: int = 1 << 30
     python: str | None = None
@@ -225,16 +272,18 @@ def settings_from(
         cache_root=root,
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
+        bytecode_cache=filled["bytecode_cache"],
         shared_group=filled["shared_group"],
         min_free_space=parse_size(filled["min_free_space"]),
         python=filled["python"],
         triton_targets=tuple(filled["triton_targets"]),
         default_workloads=defaults,
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
-                                        parse_age(entry["timeout"]))
+                                        parse_age(entry["timeout"]), tuple(entry["expects"]))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
-                                 dict(spec["resources"]), spec["device"])
+                                 dict(spec["resources"]), spec["device"], spec["container"],
+                                 spec["conda"], spec["python"] or filled["python"])
                    for name, spec in filled["gpu_types"].items()},
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),

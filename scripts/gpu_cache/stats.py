@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds, records
+from gpu_cache import kinds, records, software
 from gpu_cache.reports import Usage
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_age, format_size
@@ -49,7 +49,51 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         }
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root).items()}
+    out["software_mismatches"] = software_mismatches(root)
     return out
+
+
+#: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
+#: which software warmed and validated each GPU type.
+OWN_RULES = ("warm_cache", "validate_cache")
+
+
+def software_mismatches(root: Path) -> list[str]:
+    """One line per (rule, software) of jobs whose software differs from the software that
+    warmed and validated their GPU type's cache (from the records), with their hits: such
+    jobs miss, since cache keys hold the jax/jaxlib and triton versions and the Python ABI.
+
+    A record without a GPU type is compared with every type's warming software and named
+    only when it differs from all of them.
+    """
+    warmed: dict[str, dict[str, Any]] = {}  # gpu_type -> software of its latest own pass
+    jobs = []
+    for record in sorted(records.read(records.records_dir(root)), key=lambda r: r["time"]):
+        soft = record.get("software")
+        if not isinstance(soft, dict):
+            continue
+        if record.get("rule") in OWN_RULES:
+            warmed[record.get("gpu_type") or "-"] = soft
+        else:
+            jobs.append((record, soft))
+    found: dict[tuple[str, str, str], list[int]] = {}
+    for record, soft in jobs:
+        gpu_type = record.get("gpu_type")
+        references = [warmed[gpu_type]] if gpu_type in warmed else list(warmed.values())
+        if not references or not all(software.differences(ref, soft) for ref in references):
+            continue
+        key = (record.get("rule") or "-", software.describe(soft), software.describe(references[0]))
+        counts = found.setdefault(key, [0, 0, 0])
+        for kind in kinds.OBSERVED:
+            section = records.part(record, kind)
+            if section is not None:
+                counts[0] += records.count(section.get("hits"))
+                counts[1] += records.count(section.get("hits")) + records.count(section.get("misses"))
+        counts[2] += 1
+    return [f"warmed with {ref}; rule {rule} ran {ran}: {hits} of {lookups} hits in {n} "
+            f"process{'es' if n != 1 else ''}; warm it in the jobs' own software (gpu_types: "
+            "container, conda or python)"
+            for (rule, ran, ref), (hits, lookups, n) in sorted(found.items())]
 
 
 def usage(root: Path) -> dict[str, dict[str, Usage]]:
@@ -96,4 +140,5 @@ def render(stats: dict[str, Any]) -> str:
                 rate = f"{100 * u.hit_rate:.0f}%" if u.hit_rate is not None else "-"
                 lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
                              f"rate), {u.saved_seconds:.1f} s saved, {u.processes} processes")
+    lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
     return "\n".join(lines) + "\n"

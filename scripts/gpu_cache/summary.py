@@ -63,4 +63,5 @@ def render(validations: list[Path], prune: Path | None) -> str:
                          f"entries after pruning ({verb} {k.entries_removed}, "
                          f"{format_size(k.bytes_removed)})")
         lines += [f"    prune: {problem}" for problem in p.problems]
+        lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return "\n".join(lines) + "\n"

@@ -7,35 +7,24 @@ file name when the process is not ours) so the user knows what to look at.
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache import device, env, explain, kinds
-from gpu_cache.reports import KindCounts, Missed, Verdict
+from gpu_cache import env, explain, kinds, runner
+from gpu_cache.device import Device
+from gpu_cache.reports import KindCounts, Missed, PhaseResult, Verdict
 from gpu_cache.settings import Settings
 from gpu_cache.targets import device_problems, gpu_types
-from gpu_cache.warm import job_info
-from gpu_cache.workload import Phase, run_phase
+from gpu_cache.workload import plan_phase
 
 #: How many missed computations a problem line names before it says "and N more".
 NAMED_MISSES = 5
 
 
-def cold_environ(exports: env.Exports, scratch: Path) -> dict[str, str]:
-    """A job environment with every cache off or empty: the honest cold baseline."""
-    environ = env.job_environ(exports)
-    environ.pop("GPU_CACHE_RECORDS", None)
-    for kind in kinds.KINDS.values():
-        if kind.switch_off is not None:
-            environ[kind.switch_off[0]] = kind.switch_off[1]
-        else:
-            environ[kind.env_var] = str(kind.folder(scratch))
-    environ["CUDA_CACHE_DISABLE"] = "1"  # the driver's cache could serve PTX from earlier runs
-    return environ
-
-
-def kind_counts(phase: Phase, kind: str) -> KindCounts:
+def kind_counts(phase: PhaseResult, kind: str) -> KindCounts:
     """One kind's counts in a pass: misses from the records or from new entries, whichever
     saw more (a process without the hook still leaves new entries)."""
     recorded = phase.recorded.get(kind)
@@ -48,7 +37,7 @@ def kind_counts(phase: Phase, kind: str) -> KindCounts:
     )
 
 
-def missed_in(phase: Phase, kind: str) -> list[Missed]:
+def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
     """Missed computations by key: the hook's names, then new entries it did not see."""
     by_key: dict[str, Missed] = {}
     recorded = phase.recorded.get(kind)
@@ -58,6 +47,21 @@ def missed_in(phase: Phase, kind: str) -> list[Missed]:
         name = key.rsplit("-", 1)[0] if kind == "jax" else key
         by_key.setdefault(key, Missed(kind, name, key))
     return list(by_key.values())
+
+
+def unobserved(phase: PhaseResult) -> list[str]:
+    """A problem for each kind the workloads compile for but no process of the pass asked
+    its cache about (only where the pass counted from records)."""
+    problems = []
+    for kind in phase.expects:
+        totals = phase.recorded.get(kind)
+        if totals is None or totals.hits + totals.misses or phase.new_keys.get(kind):
+            continue
+        problems.append(
+            f"{kind}: no process asked the {kind} cache for anything, although the workloads "
+            f"compile for {kind}: the startup hook did not run in them (PYTHONPATH removed, as "
+            "in conda jobs, or not bound into their container) or they could not see the cache")
+    return problems
 
 
 def judge(counts: dict[str, KindCounts], missed: list[Missed],
@@ -78,29 +82,41 @@ def judge(counts: dict[str, KindCounts], missed: list[Missed],
     return problems
 
 
-def validate(settings: Settings, gpu_type: str, output: TextIO) -> Verdict:
-    """Validate the cache of ``gpu_type`` (the workloads' output goes to ``output``).
+def run_phases(settings: Settings, gpu_type: str, output: TextIO,
+               environ: Mapping[str, str] | None = None) -> dict[str, PhaseResult | None]:
+    """Run the validation passes of ``gpu_type`` in this interpreter's software: the cold
+    pass (when ``validate.measure_cold``; every cache off) and the validate pass (the warmed
+    cache, fresh processes). The workflow runs the same in the type's container or conda
+    environment (``gpu-cache`` there is :mod:`gpu_cache.runner`).
 
     Raises:
         UsageError: the GPU type or one of its workloads is unknown.
     """
-    exports = env.resolve(settings)
-    env.warn_once(exports)
-    cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
-                      if kind in ("jax", "all")]
+    environ = dict(os.environ if environ is None else environ)
     cold = None
     if settings.validate.measure_cold:
         with tempfile.TemporaryDirectory(prefix="gpu-cache-cold-") as scratch:
-            cold = run_phase(settings, gpu_type, "cold", cold_environ(exports, Path(scratch)),
-                             output, record=False)
-    warm = run_phase(settings, gpu_type, "validate", env.job_environ(exports), output)
+            cold = runner.run_plan(plan_phase(settings, gpu_type, "cold", record=False), output,
+                                   runner.cold_environ(environ, Path(scratch)))
+    warm = runner.run_plan(plan_phase(settings, gpu_type, "validate"), output, environ)
+    return {"cold": cold, "validate": warm}
+
+
+def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseResult | None],
+                 exports: env.Exports) -> Verdict:
+    """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`)."""
+    cold, warm = phases.get("cold"), phases["validate"]
+    assert warm is not None
+    cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
+                      if kind in ("jax", "all")]
     counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
     missed = [m for kind in kinds.OBSERVED for m in missed_in(warm, kind)]
-    seen = device.detect()
+    seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
+                  int(warm.device.get("count") or 0)) if warm.device else None
     expected = gpu_types(settings).get(gpu_type)
-    if expected is not None:
+    if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
-    problems = judge(counts, missed, warm.failures(), cache_problems)
+    problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
     explanations: list[dict] = []
     if counts["jax"].misses and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
@@ -112,7 +128,7 @@ def validate(settings: Settings, gpu_type: str, output: TextIO) -> Verdict:
         "(misses still count from new cache entries)"]
     return Verdict(
         gpu_type=gpu_type,
-        device=seen.as_dict(),
+        device=warm.device,
         passed=not problems,
         cold_seconds=round(cold.seconds, 3) if cold else None,
         warm_seconds=round(warm.seconds, 3),
@@ -125,5 +141,18 @@ def validate(settings: Settings, gpu_type: str, output: TextIO) -> Verdict:
         runs=warm.runs,
         cold_runs=cold.runs if cold else [],
         cache_root=str(settings.cache_root),
-        job=job_info(),
+        job=warm.job,
+        software=warm.software,
     )
+
+
+def validate(settings: Settings, gpu_type: str, output: TextIO) -> Verdict:
+    """Validate the cache of ``gpu_type`` here (the workloads' output goes to ``output``).
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown.
+    """
+    exports = env.resolve(settings)
+    env.warn_once(exports)
+    phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
+    return judge_phases(settings, gpu_type, phases, exports)

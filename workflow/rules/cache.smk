@@ -1,5 +1,6 @@
-# The cache rules, in pipeline order: preflight, warm, validate, prune (last), report.
-# Each calls the gpu_cache CLI; all logic lives in the package.
+# The cache rules, in pipeline order: preflight, warm, check, validate, prune (last), report.
+# Each calls the gpu_cache CLI, or its workload runner in the jobs' own software (warm and
+# check); all logic lives in the package.
 
 
 rule preflight_cache:
@@ -26,36 +27,59 @@ rule warm_cache:
     log:
         "logs/gpu-cache/warm/{gpu_type}.log",
     conda:
-        "../envs/gpu-cache.yaml"
+        gpu_cache_conda
+    # The jobs' own software, where the GPU type names it: the runner needs only Python.
+    container:
+        gpu_cache_container
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
         **gpu_cache_resources(),
     params:
-        cli=gpu_cache_cli,
-        config=gpu_cache_config,
+        runner=gpu_cache_runner,
+        plans=gpu_cache_plans("warm"),
     shell:
-        "{params.cli} warm --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
-        " --output {output.report} --log {log}"
+        "{params.runner} {params.plans} --output {output.report} --log {log}"
+
+
+rule check_cache:
+    input:
+        warm="results/gpu-cache/warm/{gpu_type}.json",
+    output:
+        passes="results/gpu-cache/check/{gpu_type}.json",
+    log:
+        "logs/gpu-cache/check/{gpu_type}.log",
+    conda:
+        gpu_cache_conda
+    # The same software as warm_cache: fresh processes of the jobs' software must hit.
+    container:
+        gpu_cache_container
+    # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
+    resources:
+        **gpu_cache_resources(),
+    params:
+        runner=gpu_cache_runner,
+        plans=gpu_cache_plans("cold", "validate"),
+    shell:
+        "{params.runner} {params.plans} --output {output.passes} --log {log}"
 
 
 rule validate_cache:
     input:
-        warm="results/gpu-cache/warm/{gpu_type}.json",
+        passes="results/gpu-cache/check/{gpu_type}.json",
     output:
         report="results/gpu-cache/validate/{gpu_type}.json",
     log:
         "logs/gpu-cache/validate/{gpu_type}.log",
+    # Cheap bookkeeping: judges what check_cache measured, where Snakemake runs.
+    localrule: True
     conda:
         "../envs/gpu-cache.yaml"
-    # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
-    resources:
-        **gpu_cache_resources(),
     params:
         cli=gpu_cache_cli,
         config=gpu_cache_config,
     shell:
         "{params.cli} validate --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
-        " --output {output.report} --log {log}"
+        " --phases {input.passes} --output {output.report} 2> {log}"
 
 
 # A checkpoint whose inputs are everything else, so it runs last; a host overrides its

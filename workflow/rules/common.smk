@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -20,6 +21,7 @@ from gpu_cache import env as gpu_cache_env
 from gpu_cache.errors import UsageError as GpuCacheUsageError
 from gpu_cache.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.targets import gpu_types as gpu_cache_gpu_types
+from gpu_cache.workload import plan_phase as gpu_cache_plan_phase
 
 validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
 try:
@@ -40,10 +42,68 @@ wildcard_constraints:
 
 
 def gpu_cache_cli(wildcards=None):
-    """The gpu-cache command, runnable from any job without installing the package."""
-    python = GPU_CACHE_SETTINGS.python or sys.executable
+    """The gpu-cache command for the bookkeeping rules, runnable without installing the
+    package: the conda environment's Python under --sdm conda (envs/gpu-cache.yaml), else
+    Snakemake's own (which has what gpu-cache needs: it brings pyyaml and jsonschema)."""
+    methods = workflow.deployment_settings.deployment_method
+    python = "python" if DeploymentMethod.CONDA in methods else shlex.quote(sys.executable)
     scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
-    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m gpu_cache"
+    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache"
+
+
+def gpu_cache_in_job_software(gpu_type):
+    """Whether warm and validate of this type run in its jobs' container or conda
+    environment: the type names one and Snakemake deploys that kind."""
+    spec = GPU_CACHE_TYPES[gpu_type]
+    methods = workflow.deployment_settings.deployment_method
+    return bool(
+        (spec.container and DeploymentMethod.APPTAINER in methods)
+        or (spec.conda and DeploymentMethod.CONDA in methods)
+    )
+
+
+def gpu_cache_container(wildcards):
+    """The container image of this GPU type's jobs (None: none)."""
+    return GPU_CACHE_TYPES[wildcards.gpu_type].container
+
+
+def gpu_cache_conda(wildcards):
+    """The conda environment of this GPU type's jobs (None: none); an environment file given
+    by a relative path is relative to the working directory, as the config's other paths."""
+    environment = GPU_CACHE_TYPES[wildcards.gpu_type].conda
+    if environment and environment.endswith((".yaml", ".yml")) and not os.path.isabs(environment):
+        return os.path.abspath(environment)
+    return environment
+
+
+def gpu_cache_runner(wildcards):
+    """The workload runner, with the Python of the type's jobs: the image's or conda
+    environment's own when warm and validate run there, else the type's `python`."""
+    spec = GPU_CACHE_TYPES[wildcards.gpu_type]
+    if gpu_cache_in_job_software(wildcards.gpu_type):
+        python = "python3"
+    else:
+        python = shlex.quote(spec.python or GPU_CACHE_SETTINGS.python or sys.executable)
+    scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
+    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.runner"
+
+
+def gpu_cache_plans(*phases):
+    """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
+    only when validate.measure_cold)."""
+
+    def plans(wildcards):
+        in_software = gpu_cache_in_job_software(wildcards.gpu_type)
+        chosen = [p for p in phases if p != "cold" or GPU_CACHE_SETTINGS.validate.measure_cold]
+        made = [
+            gpu_cache_plan_phase(
+                GPU_CACHE_SETTINGS, wildcards.gpu_type, p, record=p != "cold", in_job_software=in_software
+            )
+            for p in chosen
+        ]
+        return " ".join(f"--plan-json {shlex.quote(json.dumps(plan.as_dict()))}" for plan in made)
+
+    return plans
 
 
 def gpu_cache_config(wildcards=None):

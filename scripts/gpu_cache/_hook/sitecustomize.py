@@ -257,9 +257,11 @@ def _wrap_jax_cache_logging():
     def on_hit(module_name, cache_key, *args, **kwargs):
         try:
             _keep(stats, "hit_keys", _text(cache_key))
-            folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+            folder = _jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR")
             if folder:
-                _touch(os.path.join(folder, f"{cache_key}-cache"))
+                path = os.path.join(folder, f"{cache_key}-cache")
+                # older jax (0.4.30) names the entry by its key alone
+                _touch(path if os.path.lexists(path) else os.path.join(folder, cache_key))
         except Exception as exc:
             _STATS.warn("jax hit", exc)
         return original_hit(module_name, cache_key, *args, **kwargs)
@@ -438,6 +440,16 @@ def _job_info():
     }
 
 
+def _jax_cache_dir():
+    """The cache folder this process's JAX really used: a program may set its own with
+    ``jax.config.update("jax_compilation_cache_dir", ...)`` over the exported one."""
+    try:
+        folder = sys.modules["jax"].config.jax_compilation_cache_dir
+    except Exception:
+        return None
+    return _text(str(folder)) if folder else None
+
+
 def _record(time, socket):
     argv = getattr(sys, "argv", None)  # an embedded interpreter may have none
     record = {"version": _RECORD_VERSION, "time": time.time(), "host": socket.gethostname(),
@@ -447,6 +459,7 @@ def _record(time, socket):
     if "jax" in _STATS.libraries:
         jax_stats = dict(_STATS.jax)
         jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
+        jax_stats["cache_dir"] = _jax_cache_dir()
         record["jax"] = jax_stats
         context = jax_stats["key_context"]
         if context:
@@ -455,7 +468,33 @@ def _record(time, socket):
                                 "count": context.get("device_count")}
     if "triton" in _STATS.libraries:
         record["triton"] = dict(_STATS.triton)
+    record["software"] = _software()
     return record
+
+
+#: Variables that name the container image a process runs in; a copy of
+#: gpu_cache.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
+_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+#: Distributions whose versions decide whether a cache serves this process: a copy of
+#: gpu_cache.software.KEY_PACKAGES.
+_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard")
+
+
+def _software():
+    """This process's software, as gpu_cache.software.identity() names it (the record of a
+    job is compared with the software that warmed its GPU type's cache)."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "executable": _text(sys.executable)}
+    for name in _KEY_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except Exception:
+            out[name] = None
+    out["image"] = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), None)
+    out["conda_env"] = os.environ.get("CONDA_PREFIX") or None
+    return out
 
 
 def _save(folder, name, data):
@@ -580,7 +619,47 @@ def _run_user_sitecustomize(here):
         return
 
 
+def _usable_triton_folder():
+    """Point Triton at a node-local folder when the exported one cannot be created: Triton
+    creates it at start and raises in a read-only container image where the cache root is
+    not bound. Costs one stat where the folder exists."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder or os.path.isdir(folder):
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return
+    except OSError as exc:
+        why = exc
+    import tempfile
+
+    local = os.path.join(tempfile.gettempdir(), f"gpu-cache-{os.getuid()}", "triton")
+    os.environ["TRITON_CACHE_DIR"] = local
+    _stderr(f"gpu-cache: warning: Triton's cache folder {_text(folder)} cannot be created "
+            f"({why.strerror}); this process uses {local}. Is the cache root bound into the "
+            "container?\n")
+
+
+def _bytecode_folder():
+    """With gpu-cache's bytecode cache on (``$GPU_CACHE_BYTECODE``), write and read this
+    process's bytecode in a folder of this interpreter and image alone: Python trusts a .pyc
+    whose source has the same mtime and size, which two images with normalised mtimes share.
+    Overrides the image's PYTHONDONTWRITEBYTECODE for the imports that follow."""
+    folder = os.environ.get("GPU_CACHE_BYTECODE")
+    if not folder or not os.path.isabs(folder):
+        return
+    import zlib
+
+    image = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), "")
+    identity = "\0".join([os.path.realpath(sys.executable or ""), sys.version, image])
+    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(identity.encode('utf-8', 'replace')):08x}"
+    sys.pycache_prefix = os.path.join(folder, tag)
+    sys.dont_write_bytecode = False
+
+
 def _install():
+    _usable_triton_folder()
+    _bytecode_folder()
     folder = os.environ.get("GPU_CACHE_RECORDS")
     if not folder:
         return

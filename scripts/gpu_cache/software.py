@@ -1,0 +1,59 @@
+"""The software identity of a process: what decides whether a cache warmed by one process
+can serve another (cache keys include the jax/jaxlib and triton versions, the Python ABI,
+the CUDA driver), and where it ran (container image, conda environment).
+
+Standard library only, and Python 3.9 compatible: it runs inside the jobs' own software
+(a container image or a conda environment) through the workload runner.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+
+#: Distributions whose versions are part of cache keys or decide whether a cache works.
+KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard")
+#: Variables that name the container image a process runs in (Apptainer, Singularity).
+IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+#: The identity fields whose difference makes a warmed cache useless to a job.
+KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata is "not installed"
+        return None
+
+
+def identity(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """This interpreter's software: Python version and executable, the key packages'
+    versions (None when absent), and the image and conda environment it runs in."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+    }
+    out.update({name: _version(name) for name in KEY_PACKAGES})
+    out["image"] = next((environ[v] for v in IMAGE_VARIABLES if environ.get(v)), None)
+    out["conda_env"] = environ.get("CONDA_PREFIX") or None
+    return out
+
+
+def describe(software: Mapping[str, object]) -> str:
+    """A short phrase for messages: ``jax 0.10.2 (Python 3.11.7) in docker://x`` or ``on the host``."""
+    parts = [f"{name} {software[name]}" for name in ("jax", "triton", "torch") if software.get(name)]
+    text = ", ".join(parts) or "no jax/triton/torch"
+    text += f" (Python {software.get('python') or '?'})"
+    where = software.get("image") or software.get("conda_env")
+    return f"{text} in {where}" if where else f"{text} on the host"
+
+
+def differences(warmed: Mapping[str, object], ran: Mapping[str, object]) -> list[str]:
+    """The key fields in which a job's software differs from what warmed the cache; a field
+    that one side did not record is not a difference."""
+    return [name for name in KEY_FIELDS
+            if warmed.get(name) and ran.get(name) and warmed.get(name) != ran.get(name)]

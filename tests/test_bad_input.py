@@ -1,0 +1,175 @@
+"""Hostile or broken input that is not a cache entry: configs, records, reports, sizes, the
+profile's path. Each is one clear line and the documented exit code, never a traceback, and
+records are bounded like a cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, SCRIPTS, clean_environ, run_cli, run_snakemake
+
+#: 365 bytes of YAML whose aliases expand to 9^9 (387 million) strings.
+ALIAS_BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+    for prev, name in zip([None, *"abcdefgh"], "abcdefghi", strict=True))
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-cache: error:"), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"cache_root: \"\xff\xfe\"\n", "not UTF-8"),
+    (ALIAS_BOMB.encode(), "more than 100000 values"),
+    (b"[1, 2]\n", "must hold a mapping"),
+    (b"prune: {max_size: " + b"9" * 400 + b"G}\n", "prune.max_size"),
+])
+def test_a_bad_config_file_is_one_line_exit_2_and_quick(content, message, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_bytes(content)
+    started = time.monotonic()
+    result = run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "cache"))
+    assert time.monotonic() - started < 20  # the alias bomb took 28 s, then MemoryError
+    assert message in one_line_error(result)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config-json", "[1]"], "must be a JSON object"),
+    (["--config-json", '"text"'], "must be a JSON object"),
+])
+def test_a_config_that_is_not_a_mapping_is_one_line(args, message, tmp_path):
+    result = run_cli("env", *args, "--cache-root", str(tmp_path))
+    assert message in one_line_error(result)
+
+
+@pytest.mark.parametrize("flag", ["--max-size", "--max-age"])
+def test_a_400_digit_limit_names_its_own_flag(flag, tmp_path):
+    line = one_line_error(run_cli("prune", flag, "9" * 400, "--cache-root", str(tmp_path)))
+    assert flag in line and ("--max-age" if flag == "--max-size" else "--max-size") not in line
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '"x"', "null", '{"gpu_type": "cpu", "passed": "yes", '
+                                     '"warm_seconds": "fast"}'])
+@pytest.mark.parametrize("command", ["summary", "plots"])
+def test_summary_and_plots_of_a_file_that_is_no_report(command, content, tmp_path):
+    report = tmp_path / "cpu.json"
+    report.write_text(content)
+    extra = ["--outdir", str(tmp_path / "plots"), "--cache-root", str(tmp_path / "c")] \
+        if command == "plots" else []
+    line = one_line_error(run_cli(command, "--validate", str(report), *extra))
+    assert str(report) in line and "validation verdict" in line
+
+
+def write_record(folder: Path, name: str, record: object, age_days: float = 0.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(record if isinstance(record, str) else json.dumps(record))
+    when = time.time() - age_days * 86400
+    os.utime(path, (when, when))
+    return path
+
+
+#: Field values a record may hold that are not what the hook writes; 1e999 parses as inf.
+ODD_VALUES = ['NaN', '"many"', 'null', '1e999', '-1e999', '[1]', '{"a": 1}', 'true']
+
+
+def test_records_with_odd_values_are_read_as_absent(tmp_path):
+    records = tmp_path / "records"
+    for number, value in enumerate(ODD_VALUES):
+        text = (f'{{"time": {value}, "rule": {value}, "gpu_type": {value}, "run_id": {value}, '
+                f'"jax": {{"hits": {value}, "misses": {value}, "saved_seconds": {value}, '
+                f'"missed": {value}, "key_parts": {value}, "key_context": {value}}}, '
+                f'"triton": {value}, "env": {value}}}')
+        write_record(records, f"{number}.json", text)
+    write_record(records, "list.json", "[1, 2, 3]")
+    write_record(records, "deep.json", "[" * 100_000 + "]" * 100_000)
+    write_record(records, "good.json", {"time": time.time(), "rule": "predict", "gpu_type": "cpu",
+                                        "jax": {"hits": 3, "misses": 1, "saved_seconds": -2.5,
+                                                "missed": [{"name": "jit_f", "key": "jit_f-" + "0" * 64}]}})
+    for args in (["stats"], ["stats", "--json"], ["doctor", "--explain"], ["doctor", "--explain", "--json"]):
+        result = run_cli(*args, "--cache-root", str(tmp_path))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+    usage = json.loads(run_cli("stats", "--json", "--cache-root", str(tmp_path)).stdout)["usage"]
+    predict = usage["by_rule"]["predict"]
+    assert predict["jax_hits"] == 3 and predict["jax_misses"] == 1
+    assert predict["saved_seconds"] == 0.0  # a negative saving is not a saving
+    assert sum(group["processes"] for group in usage["by_rule"].values()) == len(ODD_VALUES) + 1
+
+
+def test_prune_bounds_the_records_by_age_and_cleans_half_written_ones(tmp_path):
+    records = tmp_path / "records"
+    for number in range(20):
+        write_record(records, f"old-{number}.json", {"time": 0, "rule": "x"}, age_days=40)
+    fresh = write_record(records, "fresh.json", {"time": time.time(), "rule": "x"})
+    stale = write_record(records, ".half.json.tmp", '{"time": 1', age_days=2)
+    young = write_record(records, ".young.json.tmp", '{"time": 1')
+    result = run_cli("prune", "--json", "--cache-root", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["records"]
+    assert report["entries_removed"] == 21 and report["entries_before"] == 22
+    assert sorted(p.name for p in records.iterdir()) == sorted([fresh.name, young.name])
+    assert not stale.exists()
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(tmp_path)).stdout)
+    assert stats["kinds"]["records"]["entries"] == 1
+
+
+def test_stats_on_a_cache_with_names_that_are_not_utf8(tmp_path):
+    jax = tmp_path / "jax"
+    jax.mkdir()
+    name = os.fsdecode(b"jit_\xff-" + b"0" * 64 + b"-cache")
+    (jax / name).write_bytes(b"")
+    for args in (["stats"], ["stats", "--json"], ["prune", "--dry-run", "--json"]):
+        result = run_cli(*args, "--cache-root", str(tmp_path))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+
+
+STRANGER = """
+rule all:
+    input: "env.txt"
+
+rule dump:
+    output: "env.txt"
+    shell: "env | grep -E '^(JAX_COMPILATION_CACHE_DIR|GPU_CACHE_ROOT)=' | sort > {output}"
+"""
+
+
+def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
+    checkout = tmp_path / "a #b: c"
+    shutil.copytree(SCRIPTS, checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "profiles", checkout / "profiles")
+    profile = tmp_path / "profile"
+    env = clean_environ(PYTHONPATH=str(checkout / "scripts"))
+    result = run_cli("install-profile", "--target", str(profile), env=env)
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "Snakefile").write_text(STRANGER)
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    env.pop("PYTHONPATH")  # only the installed profile can find gpu_cache
+    run = run_snakemake(work, "--profile", str(profile), "--cores", "1", env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"JAX_COMPILATION_CACHE_DIR={tmp_path / 'cache' / 'jax'}" in (work / "env.txt").read_text()
+
+
+def test_install_profile_from_a_non_editable_install(tmp_path):
+    target = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--target", str(target), str(REPO)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
+    env = clean_environ(PYTHONPATH=str(target))
+    result = run_cli("install-profile", "--target", str(tmp_path / "profile"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "export_from_profile" in (tmp_path / "profile" / "config.yaml").read_text()
