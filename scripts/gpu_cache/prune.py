@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from gpu_cache import jax_cache, kinds
+from gpu_cache import jax_cache, kinds, safe_io
 from gpu_cache.entries import Entry
 from gpu_cache.errors import UsageError
 from gpu_cache.fs import require_folder_or_missing
@@ -129,21 +130,21 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     if not root.is_dir():
         result.problems = [f"cache root {root} does not exist; nothing to prune"]
         return result
-    import filelock
-
-    lock: filelock.FileLock | None = filelock.FileLock(str(root / LOCK_NAME), timeout=lock_timeout)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
-        return result
-    except OSError as exc:
-        # A read-only root cannot take the lock; a dry run can still report.
-        if not dry_run:
-            result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror}); nothing pruned"]
+    with ExitStack() as held:
+        try:
+            # flock on a regular file, opened without following a symlink; a symlink, FIFO or
+            # device planted as the lock file is replaced, never followed or truncated.
+            held.enter_context(safe_io.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
+                                                      replace=not dry_run))
+        except safe_io.LockTimeout:
+            result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
             return result
-        lock = None
-    try:
+        except OSError as exc:
+            # A read-only root cannot take the lock; a dry run can still report.
+            if not dry_run:
+                result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
+                                   "nothing pruned"]
+                return result
         for kind in only:
             report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age, dry_run,
                                 verify_all=verify_all)
@@ -153,7 +154,4 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
             result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
-    finally:
-        if lock is not None:
-            lock.release()
     return result

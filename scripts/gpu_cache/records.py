@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds
+from gpu_cache import kinds, safe_io
 from gpu_cache.reports import KindTotals, Missed
 
 
@@ -32,9 +32,8 @@ def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
         if not item.name.endswith(".json") or item.name.startswith("."):
             continue
         try:
-            with open(item.path) as stream:
-                record = json.load(stream)
-        except (OSError, ValueError):
+            record = json.loads(safe_io.read_bounded(item.path, 16 << 20))  # a few KiB each
+        except (OSError, ValueError):  # gone, unreadable, not a regular file, too large
             continue
         if isinstance(record, dict) and (run_id is None or record.get("run_id") == run_id):
             yield record
