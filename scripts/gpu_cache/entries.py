@@ -88,9 +88,10 @@ def remove_triton(folder: Path, entry: Entry) -> None:
     elif isinstance(source, triton_cache.TempDir):
         triton_cache.remove_temp_dir(source)
     elif isinstance(source, triton_cache.OtherPath) and source.kind == "symlink":
-        try:
-            source.path.unlink()  # the link itself, never what it points to
-        except FileNotFoundError:
-            pass
+        if source.path.is_symlink():  # (a trash link is replaced by a folder on first use)
+            try:
+                source.path.unlink()  # the link itself, never what it points to
+            except FileNotFoundError:
+                pass
     else:
         triton_cache.empty_trash(folder)
