@@ -380,6 +380,11 @@ def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path,
     dangling.symlink_to(outside / "new.json")
     ok(prune_output(tmp_path / "root", dangling))
     assert dangling.is_symlink() and json.loads((outside / "new.json").read_text())["dry_run"] is True
+    # A link like /dev/stdout (this test's own): the report reaches the pipe it leads to.
+    stdout = tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
+    run = ok(prune_output(tmp_path / "root", stdout))
+    assert json.loads(run.stdout)["dry_run"] is True and stdout.is_symlink()
 
 
 def test_output_to_a_fifo_without_a_reader_is_refused_and_with_one_is_written(tmp_path):

@@ -28,9 +28,10 @@ VERIFIED_STAMP = ".gpu-cache-verified"
 LOCK_NAME = ".lockfile"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))-(?P<suffix>cache|atime)$")
-#: Temporary files of :func:`write_atime`: ``.<key>-atime.<pid>.<hex>.tmp`` (and the fixed
-#: ``.<key>-atime.tmp`` of gpu-cache before 0.2), removed by prune once stale.
-_TEMP_RE = re.compile(r"^\.(?P<key>.+-[0-9a-f]{64})-atime(\.\d+\.[0-9a-f]{8})?\.tmp$")
+#: Temporary files in a JAX folder: :func:`write_atime`'s (``.<key>-atime.<pid>.<hex>.tmp``,
+#: and the fixed ``.<key>-atime.tmp`` of earlier gpu-cache versions). JAX writes none; prune
+#: removes them once stale.
+_TEMP_RE = re.compile(r"^\..+\.tmp$")
 #: Verification stops (and calls the entry broken) past this many decompressed bytes, or
 #: :data:`VERIFY_MAX_RATIO` times the compressed size when that is larger. A compiled
 #: executable compresses 2-5x; a decompression bomb (zlib up to 1032x, zstd far more) is cut
@@ -278,6 +279,26 @@ def write_atime(folder: Path, entry: JaxEntry) -> None:
     path = folder / f"{entry.key}{ATIME_SUFFIX}"
     safe_io.replace_file(path, int(entry.last_use * 1e9).to_bytes(8, "little"))
     entry.atime_path = path
+
+
+def repair_lockfile(folder: Path) -> str | None:
+    """Remove a ``.lockfile`` that is not a regular file (a symlink, FIFO or device planted
+    there: JAX's ``filelock`` before 4.x opens it with ``O_TRUNC``, following a symlink, and
+    would truncate its target in every capped job). JAX makes a regular one on its next use.
+    Returns what was removed, in words, or None.
+
+    Raises:
+        OSError: it cannot be removed.
+    """
+    path = folder / LOCK_NAME
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return None
+    _unlink(path)
+    return f"{LOCK_NAME} was {safe_io.describe(info.st_mode)}"
 
 
 def _unlink(path: Path) -> None:

@@ -57,6 +57,12 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                              dry_run=dry_run)
     if not dry_run:
+        if kind == "jax":
+            try:
+                if jax_cache.repair_lockfile(folder):
+                    report.repaired += 1
+            except OSError as exc:
+                report.errors.append(f"{jax_cache.LOCK_NAME}: {exc.strerror or exc}")
         for entry in found:
             if isinstance(entry.source, jax_cache.JaxEntry) and entry.source.needs_atime:
                 try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 import secrets
 import stat
 import time
@@ -41,8 +40,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Read size of :func:`iter_chunks` and :func:`read_bounded`.
 CHUNK = 1 << 20
-#: Temporary files made by :func:`replace_file`: ``.<name>.<pid>.<8 hex>.tmp``.
-TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 class NotRegularFile(OSError):
@@ -94,6 +91,8 @@ def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> Ite
             raise NotRegularFile(path, describe(after.st_mode))
         if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
             raise NotRegularFile(path, "replaced while it was opened")
+        # O_NONBLOCK was only for the open (a FIFO swapped in); reads of a file may block.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         yield fd
     finally:
         os.close(fd)
@@ -134,8 +133,9 @@ def iter_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[byt
 
 
 def temp_name(name: str) -> str:
-    """A unique hidden name for a temporary file beside ``name`` (see :data:`TEMP_RE`)."""
-    return f".{name[:150]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    """A unique hidden name for a temporary file beside ``name``:
+    ``.<name>.<pid>.<8 hex digits>.tmp`` (prune removes stale ones it made in the JAX folder)."""
+    return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # within NAME_MAX
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -358,10 +358,13 @@ def _flock(fd: int, path: Path, deadline: float) -> bool:
 # --- what the user names as an output -----------------------------------------------------
 
 
-def _write_device(path: Path, data: bytes, what: str) -> None:
-    """Write ``data`` into a character device or FIFO as it is: no truncation, no rename."""
+def _write_device(path: Path, data: bytes, what: str, follow: bool = False) -> None:
+    """Write ``data`` into a character device or FIFO as it is: no truncation, no rename.
+    ``follow``: ``path`` is a symlink to it (``/dev/stdout``: opened through the link, which
+    reaches the very pipe or terminal even where its target has no path)."""
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
     except OSError as exc:
         if exc.errno == errno.ENXIO and what == "a FIFO":
             raise OSError(errno.ENXIO, "is a FIFO that no process reads; start its reader first",
@@ -399,21 +402,24 @@ def write_output(target: str | os.PathLike[str], data: bytes | str, what: str = 
         info: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
         info = None
-    if info is not None and stat.S_ISLNK(info.st_mode):
-        path = Path(os.path.realpath(path))
+    link = info is not None and stat.S_ISLNK(info.st_mode)
+    if link:
         try:
-            info = os.lstat(path)
+            info = os.stat(path)  # what the link leads to
         except FileNotFoundError:
             info = None  # a dangling link: its target is made
-        except OSError as exc:
+        except OSError as exc:  # ELOOP
             raise UsageError(f"{what} {target} cannot be followed: {exc.strerror or exc}") from None
-        if info is not None and stat.S_ISLNK(info.st_mode):
-            raise UsageError(f"{what} {target} is a symbolic link loop; nothing written")
+        if info is None or stat.S_ISREG(info.st_mode):
+            path = Path(os.path.realpath(path))  # replace the target, beside the target
+            if os.path.islink(path):
+                raise UsageError(f"{what} {target} leads to a symbolic link that cannot be "
+                                 "followed; nothing written")
     if info is None or stat.S_ISREG(info.st_mode):
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_file(path, payload, stat.S_IMODE(info.st_mode) if info is not None else None)
     elif stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode):
-        _write_device(path, payload, describe(info.st_mode))
+        _write_device(path, payload, describe(info.st_mode), follow=link)
     else:
         raise UsageError(f"{what} {target} is {describe(info.st_mode)}, not a file; "
                          "name a file to write (nothing written)")
