@@ -69,11 +69,14 @@ def _emit(report: dict[str, Any], output: str | None, to_stdout: bool = True) ->
 
 
 def _write_text(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` through a temporary file beside it and a rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.tmp")
-    temp.write_text(text)
-    temp.replace(target)
+    """Write ``text`` to the output ``target`` without ever replacing what it names, unless
+    that is a regular file (:func:`gpu_cache.safe_io.write_output`): a regular file or a new
+    path goes through a temporary file beside it and a rename; a symlink is followed; a
+    character device or FIFO is written to; a folder, socket or block device is refused
+    (exit 2); a FIFO that nobody reads is refused (exit 1)."""
+    from gpu_cache.safe_io import write_output
+
+    write_output(target, text, what="--output")
 
 
 def _gpu_type(settings: Settings, requested: str | None) -> str:
