@@ -118,16 +118,19 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from gpu_cache import env
-    from gpu_cache.validate import judge_phases, validate
+    from gpu_cache.validate import judge_phases, remember, run_phases
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
+    exports = env.resolve(settings)
     if args.phases:
-        exports = env.resolve(settings)
-        verdict = judge_phases(settings, gpu_type, _load_phases(Path(args.phases)), exports)
+        phases = _load_phases(Path(args.phases))
     else:
+        env.warn_once(exports)
         with _log_stream(args.log) as output:
-            verdict = validate(settings, gpu_type, output)
+            phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
+    verdict = judge_phases(settings, gpu_type, phases, exports)
+    remember(settings, verdict, phases["validate"])
     _emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if not verdict.passed:
         for problem in verdict.problems:

@@ -111,6 +111,7 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
             saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
             missed=[m for s in sections for m in missed_of(s, kind)],
+            hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
     return out
 

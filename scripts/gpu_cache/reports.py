@@ -26,6 +26,10 @@ def _require(data: dict[str, Any], what: str, *names: str) -> None:
         raise UsageError(f"not {what}: it lacks {', '.join(missing)}")
 
 
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _number(value: Any, what: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise UsageError(f"not {what}: {key} is {value!r}, not a number")
@@ -99,6 +103,7 @@ class KindTotals:
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     missed: list[Missed] = field(default_factory=list)
+    hit_keys: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Any) -> KindTotals:
@@ -108,7 +113,8 @@ class KindTotals:
         return cls(int(number("processes")), int(number("hits")), int(number("misses")),
                    float(number("compile_seconds")), float(number("saved_seconds")),
                    [Missed(str(m.get("kind", "?")), str(m.get("name", "?")), str(m.get("key", "")))
-                    for m in missed if isinstance(m, dict)])
+                    for m in missed if isinstance(m, dict)],
+                   [k for k in data.get("hit_keys") or [] if isinstance(k, str)])
 
 
 @dataclass
@@ -138,6 +144,12 @@ class PhaseResult:
     cache_warnings: list[str] = field(default_factory=list)
     #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
     expects: list[str] = field(default_factory=list)
+    #: What the pass depends on (runner.fingerprint): measurements and verdicts are reused by it.
+    fingerprint: str | None = None
+    #: Why the pass did not run (a warm pass whose inputs' last validation passed).
+    skipped: str | None = None
+    #: The stored pass this one reuses (a cold measurement of the same inputs).
+    reused: str | None = None
 
     WHAT = "a workload runner's result"
 
@@ -181,6 +193,9 @@ class PhaseResult:
             broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
             cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
             expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
+            fingerprint=_text_or_none(data.get("fingerprint")),
+            skipped=_text_or_none(data.get("skipped")),
+            reused=_text_or_none(data.get("reused")),
         )
 
 

@@ -213,8 +213,16 @@ class GpuType:
 class ValidateConfig:
     """How validation runs and judges (config key ``validate``)."""
 
-    measure_cold: bool = True
+    measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """How the warm step runs (config key ``warm``)."""
+
+    parallel: int | None = None
+    skip_when_valid: bool = True
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,7 @@ class Settings:
     default_workloads: tuple[str, ...] = ("jax-transformer",)
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
     gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    warm: WarmConfig = WarmConfig()
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
     config: dict[str, Any] = field(default_factory=dict)
@@ -285,6 +294,7 @@ def settings_from(
                                  dict(spec["resources"]), spec["device"], spec["container"],
                                  spec["conda"], spec["python"] or filled["python"])
                    for name, spec in filled["gpu_types"].items()},
+        warm=WarmConfig(**filled["warm"]),
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
                           parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),

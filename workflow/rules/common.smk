@@ -88,6 +88,13 @@ def gpu_cache_runner(wildcards):
     return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.runner"
 
 
+def gpu_cache_warm_threads(wildcards):
+    """Threads of a warm job: one per run of the type (its shapes run side by side), or
+    warm.parallel; Snakemake lowers it to --cores."""
+    plan = gpu_cache_plan_phase(GPU_CACHE_SETTINGS, wildcards.gpu_type, "warm")
+    return plan.parallel or max(1, len(plan.commands))
+
+
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
     only when validate.measure_cold)."""
