@@ -214,8 +214,9 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     child_env = dict(environ, **plan.environ, GPU_CACHE_RUN_ID=run_id)
     if not plan.record:
         child_env.pop("GPU_CACHE_RECORDS", None)
-    if plan.parallel > 1:  # several JAX processes on one GPU: none may take 75% of its memory
-        child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # Several JAX processes may share a GPU (shapes side by side, the host's jobs beside
+    # gpu-cache's): none may take 75% of its memory at start. Not part of any cache key.
+    child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     root = cache_root_of(environ)
     python = plan.python or sys.executable
     identity, seen = software.identity(environ), device.detect(environ).as_dict()
