@@ -173,9 +173,26 @@ def _prune(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run or settings.prune.dry_run,
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json)
+    if not args.json:
+        sys.stdout.write(_removed_lines(report))
     for line in report.software_mismatches:
         log.warning("software mismatch: %s", line)
     return 1 if report.software_mismatches and settings.validate.strict else 0
+
+
+def _removed_lines(report: Any, shown: int = 20) -> str:
+    """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
+    from gpu_cache.units import format_size
+
+    verb = "would remove" if report.dry_run else "removed"
+    lines = []
+    for kind, part in report.kinds.items():
+        for entry in part.removed[:shown]:
+            lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
+                         f"{format_size(entry['bytes'])}): {entry['reason']}")
+        if len(part.removed) > shown:
+            lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _stats(args: argparse.Namespace) -> int:

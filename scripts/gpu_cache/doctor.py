@@ -61,7 +61,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
                      f"{check['mode']} group {check['group']}) {check['path']}")
     dev = report["device"]
-    lines.append(f"   device: {dev['name']} x{dev['count']} (gpu_type {dev['gpu_type']})")
+    where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
+    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -38,12 +38,14 @@ def _number(value: Any, what: str, key: str) -> float:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run of one workload command: wall seconds and exit code (``None``: timed out)."""
+    """One run of one workload command: wall seconds and exit code (``None``: timed out);
+    ``error``: the last line a failed run printed (usually why, e.g. ``No module named 'jax'``)."""
 
     workload: str
     shape: Any
     seconds: float
     returncode: int | None
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -54,18 +56,19 @@ class RunResult:
         if self.ok:
             return None
         how = "timed out" if self.returncode is None else f"exited with code {self.returncode}"
-        return f"workload {self.workload} shape {self.shape} {how}"
+        why = f": {self.error}" if self.error else ""
+        return f"workload {self.workload} shape {self.shape} {how}{why}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "shape": self.shape, "seconds": round(self.seconds, 3),
-                "returncode": self.returncode}
+                "returncode": self.returncode, "error": self.error}
 
     @classmethod
     def from_dict(cls, data: Any) -> RunResult:
         data = _mapping(data, "a workload run")
         return cls(str(data.get("workload", "?")), data.get("shape"),
                    float(_number(data.get("seconds", 0.0), "a workload run", "seconds")),
-                   data.get("returncode"))
+                   data.get("returncode"), _text_or_none(data.get("error")))
 
 
 @dataclass

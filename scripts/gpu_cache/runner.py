@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -187,8 +187,10 @@ def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO) ->
     def one(number: int, command: Command) -> RunResult:
         where = f"{plan.phase} [{plan.gpu_type}] {number}/{total}: {command.workload} shape={command.shape}"
         log.info("%s ...", where)
-        with tempfile.TemporaryFile("w+") as own:
+        with tempfile.TemporaryFile("w+", errors="replace") as own:
             run = run_command(command, shell_command(command, python, plan.gpu_type), env, own)
+            if not run.ok:
+                run = replace(run, error=last_line(own))
             own.seek(0)
             with _OUTPUT_LOCK:
                 shutil.copyfileobj(own, output)
@@ -203,6 +205,15 @@ def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO) ->
 
     with ThreadPoolExecutor(max_workers=min(plan.parallel, total)) as pool:
         return list(pool.map(one, range(1, total + 1), plan.commands))
+
+
+def last_line(stream: TextIO, tail: int = 4096) -> str | None:
+    """The last line of a run's output that is not gpu-cache's own ``# exit`` note."""
+    stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, stream.tell() - tail))
+    lines = [line.strip() for line in stream.read().splitlines()]
+    text = [line for line in lines if line and not line.startswith(("# exit", "$ "))]
+    return text[-1][:300] if text else None
 
 
 def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = None) -> PhaseResult:
@@ -327,8 +338,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def with_threads(plan: Plan, threads: int) -> Plan:
     """``plan`` with its open parallelism (0) set to the job's threads."""
-    from dataclasses import replace
-
     return plan if plan.parallel else replace(plan, parallel=max(1, threads))
 
 

@@ -151,6 +151,13 @@ def gpu_cache_summary():
     return "results/gpu-cache/summary.txt"
 
 
+def gpu_cache_print_summary():
+    """Print the end-of-run summary, when this run wrote one."""
+    summary = Path(gpu_cache_summary())
+    if summary.is_file():
+        print(summary.read_text(), end="", file=sys.stderr)
+
+
 def gpu_cache_pruned(wildcards):
     """prune.json, once the prune checkpoint has run."""
     return checkpoints.prune_cache.get().output.report
