@@ -143,8 +143,10 @@ class PhaseResult:
     job: dict[str, Any] = field(default_factory=dict)
     cache_root: str | None = None
     broken: list[str] = field(default_factory=list)
-    #: What the cache environment fell back from or adjusted (filled in on the host).
+    #: What the cache environment fell back from or adjusted, and the kinds that run without
+    #: their cache and why (both filled in on the host, where the environment is resolved).
     cache_warnings: list[str] = field(default_factory=list)
+    cache_problems: list[str] = field(default_factory=list)
     #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
     expects: list[str] = field(default_factory=list)
     #: What the pass depends on (runner.fingerprint): measurements and verdicts are reused by it.
@@ -161,7 +163,7 @@ class PhaseResult:
 
     @property
     def problems(self) -> list[str]:
-        return self.failures() + self.broken
+        return self.cache_problems + self.failures() + self.broken
 
     @property
     def new_entries(self) -> dict[str, int]:
@@ -195,6 +197,7 @@ class PhaseResult:
             cache_root=data.get("cache_root") if isinstance(data.get("cache_root"), str) else None,
             broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
             cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
+            cache_problems=[str(p) for p in data.get("cache_problems") or [] if isinstance(p, str)],
             expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
             fingerprint=_text_or_none(data.get("fingerprint")),
             skipped=_text_or_none(data.get("skipped")),

@@ -24,4 +24,5 @@ def warm(settings: Settings, gpu_type: str, output: TextIO) -> PhaseResult:
     plan = runner.with_threads(plan_phase(settings, gpu_type, "warm"), os.cpu_count() or 1)
     result = runner.run_plan(plan, output, env.job_environ(exports))
     result.cache_warnings = exports.messages()
+    result.cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()]
     return result
