@@ -291,8 +291,8 @@ def save_state(path: Path | None, document: Mapping[str, Any]) -> None:
     try:
         path.parent.mkdir(exist_ok=True)
         safe_io.replace_file(path, (json.dumps(document, default=str) + "\n").encode())
-    except OSError as exc:
-        log.warning("cannot keep %s (%s): the next run measures again", path, exc.strerror or exc)
+    except OSError as exc:  # an unusable root, which the cache environment has reported
+        log.debug("cannot keep %s (%s): the next run measures again", path, exc.strerror or exc)
 
 
 def main(argv: list[str] | None = None) -> int:
