@@ -84,9 +84,9 @@ OWN_RULES = ("warm_cache", "validate_cache")
 #: them), to tell whether Triton entries built for a target serve a GPU type.
 COMPUTE_CAPABILITY = {
     "v100": 70, "t4": 75, "a100": 80, "a800": 80, "a30": 80, "a10": 86, "a16": 86, "a40": 86,
-    "a6000": 86, "rtx3090": 86, "rtx3080": 86, "l4": 89, "l40": 89, "l40s": 89, "rtx4090": 89,
-    "rtx6000": 89, "h100": 90, "h200": 90, "h800": 90, "h20": 90, "gh200": 90, "b100": 100,
-    "b200": 100, "gb200": 100, "b300": 103, "rtx5090": 120,
+    "rtxa6000": 86, "rtx3090": 86, "rtx3080": 86, "l4": 89, "l40": 89, "l40s": 89, "rtx4090": 89,
+    "h100": 90, "h200": 90, "h800": 90, "h20": 90, "gh200": 90, "b100": 100, "b200": 100,
+    "gb200": 100, "b300": 103, "rtx5090": 120,
 }
 _WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz", ".txz": "w:xz",
                 ".tar.bz2": "w:bz2", ".tbz2": "w:bz2"}
@@ -324,25 +324,29 @@ def _jax_candidates(folder: Path, wanted: set[str] | None,
 
 def _triton_candidates(folder: Path, wanted: set[str] | None,
                        skipped: list[dict[str, str]]) -> list[_Packed]:
+    """Triton's complete key folders: kernels (also those whose group file names another
+    path: a copied cache, rewritten on unpack) and autotune results."""
+    try:
+        inventory = triton_cache.scan(folder)
+    except triton_cache.TritonCacheError:
+        return []
     out = []
-    for entry in kinds.scan("triton", folder, grace_seconds=3600.0):
-        source = entry.source
-        if not isinstance(source, triton_cache.TritonEntry) or (wanted is not None
-                                                                 and entry.key not in wanted):
+    for source in inventory.entries:
+        if wanted is not None and source.key not in wanted:
             continue
         if source.kind == triton_cache.KIND_MODULE:
-            skipped.append({"kind": "triton", "key": entry.key,
+            skipped.append({"kind": "triton", "key": source.key,
                             "reason": f"native module {source.kernel} (built by this machine's C "
                                       "compiler for its Python; Triton rebuilds it in seconds)"})
             continue
         if source.kind not in (triton_cache.KIND_KERNEL, triton_cache.KIND_AUTOTUNE) or not source.complete:
-            skipped.append({"kind": "triton", "key": entry.key,
+            skipped.append({"kind": "triton", "key": source.key,
                             "reason": "; ".join(source.problems) or f"{source.kind} entry"})
             continue
         files = _regular_files(source.path)
-        record: dict[str, Any] = {"key": entry.key, "name": source.kernel, "kind": source.kind,
+        record: dict[str, Any] = {"key": source.key, "name": source.kernel, "kind": source.kind,
                                   "files": {n: os.lstat(p).st_size for n, p in files.items()},
-                                  "last_use": entry.last_use, "target": None}
+                                  "last_use": source.mtime, "target": None}
         record["size"] = sum(record["files"].values())
         if source.kernel and f"{source.kernel}.json" in files:
             try:
@@ -687,6 +691,7 @@ def _manifest_entries(manifest: Any) -> dict[str, list[dict[str, Any]]]:
             entry["last_use"] = (min(float(last_use), time.time())
                                  if isinstance(last_use, (int, float)) and last_use == last_use
                                  and last_use >= 0 else 0.0)
+            entry["size"] = sum(files.values())  # what is written, whatever the manifest says
             entries.append(entry)
         out[kind] = entries
     return out
@@ -824,7 +829,7 @@ def _open_archive(archive: Path) -> Iterator[_Archive]:
             assert reader is not None
             text = reader.read()
         except tarfile.TarError as exc:
-            raise UsageError(f"{archive} is not a tar archive ({exc})") from None
+            raise UsageError(f"{archive} is not a gpu-cache archive: not a tar file ({exc})") from None
         except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             raise UsageError(f"cannot read archive {archive}: {exc}") from None
         try:
@@ -1009,13 +1014,13 @@ def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
     trust.make_folder(folder, shared_group)
     why = trust.distrust(folder, shared_group, trusted_above=root)
     if why:
-        raise Refused(f"{why}; nothing written")
+        raise Refused(f"{why}; refused, nothing written")
     try:
         return os.open(folder, _DIR_FLAGS)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise Refused(f"{folder} is not a real folder (a symbolic link?); unpack writes only into "
-                          "real folders under the cache root; nothing written") from None
+                          "real folders under the cache root; refused, nothing written") from None
         raise
 
 
@@ -1033,6 +1038,32 @@ def _mtime(member: tarfile.TarInfo) -> float:
     value = member.mtime
     now = time.time()
     return min(float(value), now) if isinstance(value, (int, float)) and value >= 0 else now
+
+
+def _is_group(file_name: str) -> bool:
+    return file_name.startswith(triton_cache.GROUP_PREFIX) and file_name.endswith(".json")
+
+
+def _checked_group(entry: Mapping[str, Any], name: str, data: bytes) -> dict[str, Any]:
+    """A Triton group file's JSON, once it is shown to list only files of its entry.
+
+    Raises:
+        Refused: it is not such a group file.
+    """
+    try:
+        if len(data) > MAX_SMALL_JSON:
+            raise ValueError(f"{len(data)} bytes")
+        group = json.loads(data)
+        children = group["child_paths"]
+        if not isinstance(children, dict):
+            raise TypeError("child_paths is not a mapping")
+        for child in children:
+            if not _plain_name(child) or child not in entry["files"] or _is_group(child):
+                raise ValueError(f"it names {_shown(str(child))}, no file of the entry")
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise Refused(f"triton entry {entry['key']}: its group file {_shown(name)} is not Triton's "
+                      f"({exc}); refused, nothing written") from None
+    return group
 
 
 class _Writer:
@@ -1130,10 +1161,7 @@ class _TritonWriter(_Writer):
 
     def add(self, file_name: str, source: IO[bytes], member: tarfile.TarInfo) -> None:
         self.pending.discard(file_name)
-        if file_name.startswith(triton_cache.GROUP_PREFIX) and file_name.endswith(".json"):
-            if member.size > MAX_SMALL_JSON:
-                raise Refused(f"archive member {_shown(member.name)}: a group file of {member.size} "
-                              "bytes; refused")
+        if _is_group(file_name):
             self.group = (file_name, source.read(member.size), _mtime(member))
             return
         self._write(file_name, lambda fd: _copy(source, fd, member.size), _mtime(member))
@@ -1142,18 +1170,8 @@ class _TritonWriter(_Writer):
         if self.group is None:
             return None
         name, data, mtime = self.group
-        try:
-            group = json.loads(data)
-            children = group["child_paths"]
-            if not isinstance(children, dict):
-                raise TypeError("child_paths is not a mapping")
-            for child in children:
-                if not _plain_name(child) or child not in self.entry["files"]:
-                    raise ValueError(f"it names {_shown(str(child))}, no file of the entry")
-            group["child_paths"] = {child: str(final / child) for child in children}
-        except (ValueError, TypeError, KeyError) as exc:
-            raise Refused(f"triton entry {self.entry['key']}: its group file {name} is not "
-                          f"Triton's ({exc}); refused") from None
+        group = _checked_group(self.entry, name, data)
+        group["child_paths"] = {child: str(final / child) for child in group["child_paths"]}
         return name, json.dumps(group).encode(), mtime
 
     def finish(self) -> bool:
@@ -1223,18 +1241,21 @@ def unpack(root: Path | None, archive: Path, kinds_asked: Iterable[str] | None =
         if problems and not force:
             on = f" and GPU type {gpu_type}" if gpu_type else ""
             raise Refused(f"{archive} does not fit {target_words}{on}: {'; '.join(problems)}; "
-                          "nothing written (--force unpacks it anyway)")
+                          "refused, nothing written (--force unpacks it anyway)")
         report.forced = problems
-        # First pass: every member is safe and as the manifest says, before anything is written.
-        for _item in opened.members(root):
-            pass
         actions = _plan({k: entries[k] for k in chosen}, root)
         todo = [e for k in chosen for e in entries[k] if actions[id(e)] != "keep"]
         need = sum(e["size"] for e in todo)
         free = _free_space(root)
         if free is not None and need + SPACE_MARGIN > free:
             raise Refused(f"the archive's entries need {format_size(need)} under {root}, and only "
-                          f"{format_size(free)} is free there; nothing written")
+                          f"{format_size(free)} is free there; refused, nothing written")
+        # First pass: every member is safe and as the manifest says, before anything is written.
+        for member, tar, kind, entry, file_name in opened.members(root):
+            if kind == "triton" and _is_group(file_name):  # small: its paths are rewritten
+                reader = tar.extractfile(member)
+                assert reader is not None
+                _checked_group(entry, file_name, reader.read(min(member.size, MAX_SMALL_JSON + 1)))
         for kind in chosen:
             for name, action in (("written", "write"), ("replaced", "replace"), ("kept", "keep")):
                 getattr(report, name)[kind] = sum(1 for e in entries[kind] if actions[id(e)] == action)
