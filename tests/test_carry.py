@@ -335,6 +335,7 @@ def hostile_cases(outside: Path) -> dict[str, tuple[Callable[[dict[str, Any]], N
         "folder": (one_entry(), [special("jax", tarfile.DIRTYPE), good]),
         "huge member, manifest agrees": (one_entry(1 << 50), [special(JAX_FILE, tarfile.REGTYPE, 1 << 50)]),
         "huge member, manifest lies": (one_entry(), [special(JAX_FILE, tarfile.REGTYPE, 1 << 40)]),
+        "PAX header bomb": (one_entry(), [special(JAX_FILE, tarfile.XHDTYPE, 100 << 20), good]),
         "a file twice": (one_entry(), [good, good]),
         "a file missing": (one_entry(), []),
         "unsafe key in the manifest": (

@@ -72,6 +72,9 @@ CARRIED = ("jax", "triton")
 MAX_MANIFEST = 64 << 20
 #: Largest Triton metadata or group file read (a kernel's are a few KiB).
 MAX_SMALL_JSON = 1 << 20
+#: Most bytes read from the archive at once (a file's data is read in smaller chunks; a tar
+#: header is read whole, and a real one is a few KiB).
+MAX_READ = 8 << 20
 #: Room left for tar headers per member, and at the end of the archive.
 _HEADER_ROOM = 4096
 _END_ROOM = 64 << 10
@@ -599,6 +602,9 @@ class _Budget(io.RawIOBase):
         position = self.stream.tell()
         if size is None or size < 0:
             size = self.limit - position
+        if size > MAX_READ:  # tarfile reads a PAX or GNU long-name header whole
+            raise Refused(f"the archive has a tar header of {size} bytes (a header bomb?); refused, "
+                          "nothing written")
         self._check(position + size)
         return self.stream.read(size)
 
@@ -799,13 +805,14 @@ class _Archive:
                     current = id(entry)
                 yield member, tar, kind, entry, file_name
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
-            raise Refused(f"the archive is damaged ({exc}); refused") from None
+            raise Refused(f"the archive is damaged ({exc}); refused, nothing written") from None
         except OSError as exc:  # gzip.BadGzipFile, bz2's invalid data stream
-            raise Refused(f"the archive is damaged ({exc.strerror or exc}); refused") from None
+            raise Refused(f"the archive is damaged ({exc.strerror or exc}); refused, nothing "
+                          "written") from None
         if len(seen) != len(self.expected.by_member):
             missing = next(n for n in self.expected.by_member if n not in seen)
             raise Refused(f"the archive lacks {_shown(missing)}, which its manifest names "
-                          "(truncated?); refused")
+                          "(truncated?); refused, nothing written")
 
 
 @contextmanager
@@ -827,7 +834,7 @@ def _open_archive(archive: Path) -> Iterator[_Archive]:
                                  f"{MANIFEST_NAME}); make one with `gpu-cache pack`")
             reader = tar.extractfile(first)
             assert reader is not None
-            text = reader.read()
+            text = b"".join(iter(lambda: reader.read(safe_io.CHUNK), b""))
         except tarfile.TarError as exc:
             raise UsageError(f"{archive} is not a gpu-cache archive: not a tar file ({exc})") from None
         except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
