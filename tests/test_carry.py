@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from gpu_cache import carry, jax_cache, kinds, software
+from gpu_cache.settings import settings_from
 from helpers import SMALL, clean_environ, read_json, run_cli
 
 pytest.importorskip("triton")
@@ -111,7 +112,7 @@ def test_unpacked_elsewhere_validation_hits_everything(warmed: Path, archive: Pa
     result = unpack(archive, root)
     assert result.returncode == 0, result.stderr
     unpack_seconds = time.perf_counter() - started
-    assert "jax: 6 new" in result.stdout or "jax:" in result.stdout
+    assert "jax: 6 new, 0 replaced, 0 kept" in result.stdout and "triton: 5 new" in result.stdout
     for kind in carry.CARRIED:
         old, new = scan(warmed, kind), scan(root, kind)
         assert set(new) == set(old)
@@ -433,3 +434,20 @@ def test_dry_run_writes_nothing(archive: Path, tmp_path: Path) -> None:
 def test_help_lists_both_commands() -> None:
     result = run_cli("--help", env=clean_environ())
     assert "pack" in result.stdout and "unpack" in result.stdout
+
+
+def test_a_workload_of_your_own_is_told_by_its_script() -> None:
+    settings = settings_from({"workloads": {
+        "predict": {"command": "{python} tools/predict.py --tokens {shape}", "shapes": [8]},
+        "module": {"command": "{python} -m my_pkg.run --n {shape}", "shapes": [8]},
+        "inline": {"command": "{python} -c 'import jax'", "shapes": [8]}}}, cache_root="/tmp/x")
+    predict = carry.workload_matcher(settings, "predict")
+    assert predict(["tools/predict.py", "--tokens", "8"]) and predict(["/abs/tools/predict.py"])
+    assert not predict(["/abs/train.py"]) and not predict(["-c"]) and not predict({"x": 1})
+    module = carry.workload_matcher(settings, "module")
+    assert module(["/site-packages/my_pkg/run.py", "--n", "8"]) and module(["/src/my_pkg/run/__main__.py"])
+    assert not module(["/site-packages/other/run.py"])
+    assert not carry.workload_matcher(settings, "inline")(["-c"])
+    builtin = carry.workload_matcher(settings, "jax-transformer")
+    assert builtin(["/x/gpu_cache/workloads/jax_transformer.py", "--shape", "16"])
+    assert not builtin(["/x/gpu_cache/workloads/triton_kernels.py"])

@@ -204,7 +204,8 @@ def workload_matcher(settings: Any, name: str) -> Callable[[Any], bool]:
     if workload.builtin:
         module = BUILTINS[name][0]
         suffix = "/" + module.replace(".", "/") + ".py"
-        return lambda argv: bool(argv) and isinstance(argv[0], str) and argv[0].endswith(suffix)
+        return lambda argv: bool(argv) and isinstance(argv, list) and isinstance(argv[0], str) \
+            and argv[0].endswith(suffix)
     try:
         tokens = shlex.split(workload.command.replace("{", "").replace("}", ""))
     except ValueError:
@@ -214,7 +215,8 @@ def workload_matcher(settings: Any, name: str) -> Callable[[Any], bool]:
     script_names = {os.path.basename(t) for t in scripts}
 
     def matches(argv: Any) -> bool:
-        if not argv or not isinstance(argv[0], str) or argv[0] in ("", "-c", "-"):
+        if not argv or not isinstance(argv, list) or not isinstance(argv[0], str) \
+                or argv[0] in ("", "-c", "-"):
             return False
         first = argv[0]
         if first in scripts or os.path.basename(first) in script_names:
@@ -384,7 +386,8 @@ def _software_section(chosen: list[_Packed],
             if kind == "jax":
                 dev = record.get("device") or {}
                 jax_device["platforms"].add(dev.get("platform"))
-                jax_device["device_kinds"].update(k for k in dev.get("kinds") or [] if isinstance(k, str))
+                found = dev.get("kinds") if isinstance(dev.get("kinds"), list) else []
+                jax_device["device_kinds"].update(k for k in found if isinstance(k, str))
                 jax_device["device_counts"].add(dev.get("count"))
                 xla_caches.add((record.get("env") or {}).get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"))
         if identities:
@@ -396,7 +399,8 @@ def _software_section(chosen: list[_Packed],
     path_in_key = None
     if "jax" in by_kind:
         old = _version_tuple(by_kind["jax"][0].get("jax"))
-        path_in_key = bool(old) and old < (0, 11) and bool(xla_caches - {"none"})
+        if xla_caches:  # unknown without records
+            path_in_key = bool(old) and old < (0, 11) and bool(xla_caches - {"none"})
     soft = {"identity": newest, "by_kind": by_kind, "source": sources,
             "jax_path_in_key": path_in_key}
     all_types = sorted(set().union(*gpu_types.values())) if gpu_types else []
@@ -686,8 +690,9 @@ def _manifest_entries(manifest: Any) -> dict[str, list[dict[str, Any]]]:
                                                  else triton_cache.KEY_RE.match(key))
             good_files = all(_plain_name(n) and isinstance(s, int) and not isinstance(s, bool) and s >= 0
                              for n, s in files.items())
-            if kind == "jax" and good_key:
-                good_files = good_files and set(files) <= {f"{key}-cache", f"{key}-atime", key}
+            if kind == "jax" and good_key:  # the executable, and its last use where JAX kept one
+                good_files = good_files and set(files) <= {f"{key}-cache", f"{key}-atime", key} \
+                    and bool({f"{key}-cache", key} & set(files))
             if kind == "triton" and good_files:
                 good_files = not any(n.startswith("tmp.") for n in files)
             if not good_key or not good_files:
