@@ -261,6 +261,35 @@ def _plots(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack(args: argparse.Namespace) -> int:
+    from gpu_cache import carry
+
+    settings = _settings(args)
+    if settings.cache_root is None:
+        raise UsageError("pack needs a cache root (caching is turned off)")
+    matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
+    report = carry.pack(settings.cache_root, Path(args.archive), args.kind or carry.CARRIED,
+                        args.gpu_type, args.workload, matcher)
+    sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json
+                     else carry.render_pack(report))
+    return 0
+
+
+def _unpack(args: argparse.Namespace) -> int:
+    from gpu_cache import carry
+
+    settings = _settings(args)
+    try:
+        report = carry.unpack(settings.cache_root, Path(args.archive), args.kind, args.gpu_type,
+                              args.python, args.image, args.force, args.dry_run, settings.shared_group)
+    except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
+        print(f"gpu-cache: error: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json
+                     else carry.render_unpack(report))
+    return 0
+
+
 def _install_profile(args: argparse.Namespace) -> int:
     from gpu_cache.profile import install_profile
 
@@ -352,6 +381,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
     p.add_argument("--prune", metavar="FILE", help="prune.json")
     p.add_argument("--outdir", required=True, metavar="DIR", help="folder for the .svg files")
+
+    p = _command(sub, "pack", _pack, "write warmed cache entries into one archive, with a manifest")
+    p.add_argument("archive", metavar="ARCHIVE", help="the archive to write: .tar, .tar.gz/.tgz, "
+                                                      ".tar.xz/.txz or .tar.bz2/.tbz2")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   help="pack this kind (jax, triton); repeatable (default: both)")
+    p.add_argument("--gpu-type", help="only the entries this GPU type's warm and validate passes "
+                                      "used (from the records)")
+    p.add_argument("--workload", help="only the entries this workload's warm and validate passes "
+                                      "used (from the records)")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+
+    p = _command(sub, "unpack", _unpack, "check an archive against this target and add its entries "
+                                         "to the cache; exit 1 when refused")
+    p.add_argument("archive", metavar="ARCHIVE", help="an archive written by `gpu-cache pack`")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   help="unpack only this kind (jax, triton); repeatable (default: all in it)")
+    p.add_argument("--gpu-type", help="the GPU type the entries are for: JAX entries must have been "
+                                      "compiled on it, Triton ones for its compute capability")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--python", metavar="PY", help="the jobs' Python (run to learn its jax, "
+                                                       "triton and Python versions; default: this one)")
+    target.add_argument("--image", metavar="IMAGE", help="the jobs' container image (run with "
+                                                         "apptainer where there is one, else its name "
+                                                         "is compared)")
+    p.add_argument("--force", action="store_true", help="unpack even when the archive does not fit")
+    p.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
 
     p = _command(sub, "install-profile", _install_profile,
                  "install the Snakemake profile (--profile gpu-cache)", common=False)
