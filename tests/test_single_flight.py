@@ -142,6 +142,35 @@ def test_with_single_flight_off_they_storm(tmp_path, cache_root, what):
     assert not (cache_root / "locks").exists() or not any((cache_root / "locks").rglob("*.lock"))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
+def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tmp_path, cache_root):
+    """A read-only root: Triton reads it as a seed through gpu-cache's seed manager and writes
+    node-locally; the locks go node-local too, and N processes still compile each kernel once."""
+    run_cli("env", "--cache-root", str(cache_root))  # the kind folders, before the root turns read-only
+    local = tmp_path / "node-local"
+    local.mkdir()
+    subprocess.run(["mount", "--bind", str(cache_root), str(cache_root)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(cache_root)], check=True)
+        shown = json.loads(run_cli("env", "--json", "--cache-root", str(cache_root),
+                                   env=clean_environ(TMPDIR=str(local))).stdout)
+        exports = shown["exports"]
+        assert exports["TRITON_CACHE_MANAGER"] == env.SEED_MANAGER
+        locks = local / f"gpu-cache-{os.getuid()}" / "locks"
+        assert exports["GPU_CACHE_LOCKS"] == str(locks)
+        assert any("single-flight holds within this node only" in w for w in shown["warnings"])
+        environ = clean_environ(TMPDIR=str(local), TRITON_DEFAULT_FP_FUSION="1") | exports
+        runs = start_together(tmp_path, "triton", environ)
+    finally:
+        subprocess.run(["umount", "-l", str(cache_root)], capture_output=True)
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    misses = Counter(e["case"] for r in runs for e in json.loads(r.stdout.strip().splitlines()[-1])["events"]
+                     if not e["cache_hit"])
+    assert len(misses) == 5 and set(misses.values()) == {1}, misses
+    assert not any((cache_root / "triton").iterdir())  # nothing written to the seed
+    assert not any(locks.rglob("*.lock"))
+
+
 # --- leaders that die, stop or fail ------------------------------------------------------
 
 def _start_triton(environ: dict[str, str]) -> subprocess.Popen[str]:
