@@ -323,6 +323,21 @@ def test_a_failed_compile_releases_its_lock(cache_root, tmp_path):
     assert not any((cache_root / "locks" / "triton").glob("*.lock"))
 
 
+def test_a_jax_whose_internals_differ_runs_as_without_single_flight(tmp_path, cache_root):
+    """The fake jax of the hook tests has no compile_or_get_cached/_cache_read: the job's exit
+    code, output and stderr stay as without the hook, and the record says why it is off."""
+    from test_hook import FAKE_PROGRAM, fake_jax, same_as_without_the_hook
+
+    fake = fake_jax(tmp_path)
+    environ = job_env(cache_root)
+    environ["PYTHONPATH"] = os.pathsep.join([str(HOOK), str(fake), environ["PYTHONPATH"]])
+    done = same_as_without_the_hook(FAKE_PROGRAM, environ, fake)
+    assert done.returncode == 3 and "gpu-cache" not in done.stderr
+    (section,) = records(cache_root, "jax")
+    assert section["single_flight"]["state"] == "off: jax._src.compiler.compile_or_get_cached is missing"
+    assert section["misses"] == 3  # the rest of the record as ever
+
+
 # --- locks are not cache entries ---------------------------------------------------------
 
 HOLD = r'''
