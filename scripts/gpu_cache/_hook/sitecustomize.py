@@ -363,7 +363,7 @@ def _flight_stats(kind):
 
 
 #: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must
-#: have (as in jax 0.4.30 to 0.10.x). A jax whose internals differ runs without single-flight.
+#: have (jax 0.4.30, 0.10.2 and 0.11.2 have them). A jax whose internals differ runs without it.
 _JAX_FLIGHT_API = {
     "compile_or_get_cached": ("backend", "computation", "devices", "compile_options"),
     "_cache_read": ("module_name", "cache_key", "compile_options", "backend"),
