@@ -272,8 +272,9 @@ def test_a_stopped_leader_holds_waiters_no_longer_than_the_timeout(cache_root):
         os.kill(leader.pid, signal.SIGCONT)
     assert _finished(leader)["kernels"] == 5  # the leader, resumed, finishes too
     flights = [r["single_flight"] for r in records(cache_root, "triton")]
-    assert sum(f["gave_up"] for f in flights) >= 2  # each waiter gave up on the stopped key
-    assert all(f["wait_seconds"] < 3 * f["waited"] + 1 for f in flights)  # at most 3 s per key
+    # A waiter gives up on the stopped key after 3 s and compiles it; one still waiting may load that.
+    assert sum(f["gave_up"] for f in flights) >= 1, flights
+    assert all(f["wait_seconds"] < 3 * f["waited"] + 1 for f in flights), flights  # <= 3 s per key
     assert took < 60, took
     assert all(s["kernels"] == 5 for s in summaries)
     assert lock.parent.is_dir()

@@ -43,7 +43,7 @@ DEFAULT_TIMEOUT = 600.0
 #: What a leader that wrote no entry leaves in its lock file for the processes waiting on it.
 ABANDONED = b"abandoned\n"
 #: Longest sleep between two polls of a held lock.
-MAX_POLL = 0.05
+MAX_POLL = 0.02
 #: Errors of flock that mean "held by another process" (everything else: locks do not work).
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
@@ -166,8 +166,15 @@ class _Lock:
         self.thread = threading.get_ident()
 
     def release(self, wrote=True):
-        """Unlock (idempotent). ``wrote``: the entry is in the cache now; else the waiters
-        learn that this compile was abandoned and compile for themselves."""
+        """Unlock (idempotent; never raises). ``wrote``: the entry is in the cache now; else
+        the waiters learn that this compile was abandoned and compile for themselves."""
+        try:
+            self._release(wrote)
+        except Exception as exc:  # the kernel drops the lock at exit at the latest
+            if self.flight.warn is not None:
+                self.flight.warn("single-flight release", exc)
+
+    def _release(self, wrote):
         with self.flight.mutex:
             fd, self.fd = self.fd, None
             if self.flight.held.get((self.kind, self.name)) is self:
@@ -200,7 +207,10 @@ def _unlock(fd, path, wrote, unlink=True):
     except OSError:
         pass
     finally:
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _stale(fd, path):

@@ -58,9 +58,23 @@ class FlightCacheManager(FileCacheManager):
         if self._release is not None:  # this manager's earlier miss never put its group
             self._release()  # the finalizer releases it as abandoned, once
             self._release = None
-        lookup = self._lookup
-        group, lock = gpu_cache_flight.lead("triton", self.key, os.path.dirname(self.cache_dir),
-                                            read=lambda: lookup(filename), peek=lambda: lookup(filename))
+        raised = []
+
+        def lookup() -> dict[str, str] | None:
+            try:
+                return self._lookup(filename)
+            except BaseException as exc:  # Triton's own error: raised as without single-flight
+                raised.append(exc)
+                raise
+
+        try:
+            group, lock = gpu_cache_flight.lead("triton", self.key, os.path.dirname(self.cache_dir),
+                                                read=lookup, peek=lookup)
+        except Exception as exc:
+            if raised:
+                raise
+            gpu_cache_flight.disable("triton", f"failed: {exc!r}"[:300])
+            return None  # compile, as without single-flight
         if lock is not None:
             self._release = weakref.finalize(self, lock.release, False)
         return group
