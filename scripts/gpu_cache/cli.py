@@ -69,11 +69,14 @@ def _emit(report: dict[str, Any], output: str | None, to_stdout: bool = True) ->
 
 
 def _write_text(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` through a temporary file beside it and a rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.tmp")
-    temp.write_text(text)
-    temp.replace(target)
+    """Write ``text`` to the output ``target`` without ever replacing what it names, unless
+    that is a regular file (:func:`gpu_cache.safe_io.write_output`): a regular file or a new
+    path goes through a temporary file beside it and a rename; a symlink is followed; a
+    character device or FIFO is written to; a folder, socket or block device is refused
+    (exit 2); a FIFO that nobody reads is refused (exit 1)."""
+    from gpu_cache.safe_io import write_output
+
+    write_output(target, text, what="--output")
 
 
 def _gpu_type(settings: Settings, requested: str | None) -> str:
@@ -115,16 +118,19 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from gpu_cache import env
-    from gpu_cache.validate import judge_phases, validate
+    from gpu_cache.validate import judge_phases, remember, run_phases
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
+    exports = env.resolve(settings)
     if args.phases:
-        exports = env.resolve(settings)
-        verdict = judge_phases(settings, gpu_type, _load_phases(Path(args.phases)), exports)
+        phases = _load_phases(Path(args.phases))
     else:
+        env.warn_once(exports)
         with _log_stream(args.log) as output:
-            verdict = validate(settings, gpu_type, output)
+            phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
+    verdict = judge_phases(settings, gpu_type, phases, exports)
+    remember(settings, verdict, phases["validate"])
     _emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if not verdict.passed:
         for problem in verdict.problems:
@@ -167,9 +173,26 @@ def _prune(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run or settings.prune.dry_run,
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json)
+    if not args.json:
+        sys.stdout.write(_removed_lines(report))
     for line in report.software_mismatches:
         log.warning("software mismatch: %s", line)
     return 1 if report.software_mismatches and settings.validate.strict else 0
+
+
+def _removed_lines(report: Any, shown: int = 20) -> str:
+    """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
+    from gpu_cache.units import format_size
+
+    verb = "would remove" if report.dry_run else "removed"
+    lines = []
+    for kind, part in report.kinds.items():
+        for entry in part.removed[:shown]:
+            lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
+                         f"{format_size(entry['bytes'])}): {entry['reason']}")
+        if len(part.removed) > shown:
+            lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _stats(args: argparse.Namespace) -> int:

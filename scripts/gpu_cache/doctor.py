@@ -69,7 +69,8 @@ def render(report: dict[str, Any]) -> str:
     elif flight:
         lines.append(f"single-flight: off ({flight.get('problem')})")
     dev = report["device"]
-    lines.append(f"   device: {dev['name']} x{dev['count']} (gpu_type {dev['gpu_type']})")
+    where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
+    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -29,9 +29,10 @@ class Entry:
 
 
 def scan_jax(folder: Path, grace_seconds: float, verify_after: float | None) -> list[Entry]:
-    """JAX entries; ``verify_after``: decompress those written after that time."""
+    """JAX entries; ``verify_after``: decompress those written after that time. Temporary
+    files of an interrupted prune older than ``grace_seconds`` come as broken entries."""
     return [Entry("jax", e.key, e.name, e.size, e.last_use, e.problem, e)
-            for e in jax_cache.scan(folder, verify_after)]
+            for e in jax_cache.scan(folder, verify_after, temp_grace=grace_seconds)]
 
 
 def remove_jax(folder: Path, entry: Entry) -> None:
@@ -69,6 +70,11 @@ def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None =
         if other.kind == "trash":
             out.append(Entry("triton", other.path.name, "(trash)", other.bytes, 0.0,
                              "left over from an interrupted removal", other))
+        elif other.kind == "symlink":
+            # Triton writes real folders only; a link would make it load (or write) elsewhere.
+            out.append(Entry("triton", other.path.name, "(symbolic link)", 0, 0.0,
+                             "a symbolic link in the cache folder (never followed; prune removes "
+                             "the link itself)", other))
     return out
 
 
@@ -84,6 +90,12 @@ def remove_triton(folder: Path, entry: Entry) -> None:
         triton_cache.remove_entry(folder, source.key)
     elif isinstance(source, triton_cache.TempDir):
         triton_cache.remove_temp_dir(source)
+    elif isinstance(source, triton_cache.OtherPath) and source.kind == "symlink":
+        if source.path.is_symlink():  # (a trash link is replaced by a folder on first use)
+            try:
+                source.path.unlink()  # the link itself, never what it points to
+            except FileNotFoundError:
+                pass
     else:
         triton_cache.empty_trash(folder)
 

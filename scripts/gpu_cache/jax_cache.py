@@ -10,19 +10,41 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import stat
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from gpu_cache import safe_io
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
 WRITE_GRACE_SECONDS = 1.0
 VERIFIED_STAMP = ".gpu-cache-verified"
+LOCK_NAME = ".lockfile"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: ``<key>-cache``/``<key>-atime``; older jax (0.4.30, as images that pin it run) writes the
 #: executable as plain ``<key>`` and keeps no ``-atime``.
 _FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))(?:-(?P<suffix>cache|atime))?$")
+#: Temporary files in a JAX folder: :func:`write_atime`'s (``.<key>-atime.<pid>.<hex>.tmp``,
+#: and the fixed ``.<key>-atime.tmp`` of earlier gpu-cache versions). JAX writes none; prune
+#: removes them once stale.
+_TEMP_RE = re.compile(r"^\..+\.tmp$")
+#: Verification stops (and calls the entry broken) past this many decompressed bytes, or
+#: :data:`VERIFY_MAX_RATIO` times the compressed size when that is larger. A compiled
+#: executable compresses 2-5x; a decompression bomb (zlib up to 1032x, zstd far more) is cut
+#: off here after about a second of work, without ever holding more than a chunk.
+VERIFY_MAX_PLAIN = 512 << 20
+VERIFY_MAX_RATIO = 64
+#: Output per decompression step; zstd input is fed in steps this small because one zstd
+#: block of 4 input bytes can stand for 128 KiB of output.
+_PLAIN_STEP = 1 << 20
+_ZSTD_INPUT_STEP = 1 << 10
+_ZLIB_TYPE = type(zlib.decompressobj())
 
 
 @dataclass
@@ -49,52 +71,124 @@ class JaxEntry:
 
 def _read_atime(path: Path) -> float | None:
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = safe_io.read_bounded(path, 8)
+    except OSError:  # gone, unreadable, not a regular file, more than 8 bytes
         return None
     if len(data) != 8:
         return None
     return int.from_bytes(data, "little") / 1e9
 
 
+def _zstd_decompressor() -> Any:
+    """A streaming zstd decompressor of the library JAX itself would use, or None."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
+
+        return zstd.ZstdDecompressor()
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _inflate(chunks: Iterator[bytes], decompressor: Any, limit: int) -> int:
+    """Feed ``chunks`` through ``decompressor`` and count the output, holding at most one
+    bounded piece of it at a time; stop at the end of the stream or past ``limit`` bytes."""
+    total = 0
+    takes_max_length = isinstance(decompressor, _ZLIB_TYPE) or hasattr(decompressor, "needs_input")
+    for chunk in chunks:
+        if takes_max_length:  # zlib, compression.zstd
+            data = chunk
+            while True:
+                out = decompressor.decompress(data, _PLAIN_STEP)
+                total += len(out)
+                if decompressor.eof or total > limit:
+                    return total
+                data = getattr(decompressor, "unconsumed_tail", b"")
+                if not data and not out:
+                    break  # this chunk is used up and nothing is pending
+        else:  # zstandard's decompressobj has no max_length: feed it small pieces instead
+            for start in range(0, len(chunk), _ZSTD_INPUT_STEP):
+                total += len(decompressor.decompress(chunk[start:start + _ZSTD_INPUT_STEP]))
+                if decompressor.eof or total > limit:
+                    return total
+    return total
+
+
 def undecompressable(path: Path) -> str | None:
     """Why the ``-cache`` file at ``path`` cannot be what JAX wrote, or None.
 
-    JAX compresses with zstd when ``zstandard`` is importable, else with zlib, and puts a
-    4-byte compile time before the executable. A zstd entry is only checked where
-    ``zstandard`` is installed (elsewhere JAX would never look it up: the compression is
-    part of the key).
+    JAX compresses with zstd when ``zstandard`` (or Python 3.14's ``compression.zstd``) is
+    importable, else with zlib, and puts a 4-byte compile time before the executable. A zstd
+    entry is only checked where a zstd library is installed (elsewhere JAX would never look it
+    up: the compression is part of the key). The file is streamed: never more than a chunk of
+    it or of its output is held, and the output is bounded (:data:`VERIFY_MAX_PLAIN`). A stream
+    that ends before its end marker (zlib) or its frame's last block (zstd) is truncated; so is
+    a zstd frame that gives fewer bytes than its header announces.
     """
     try:
-        data = path.read_bytes()
+        size = os.lstat(path).st_size
+        chunks = safe_io.iter_chunks(path)
+        first = next(chunks, b"")
+    except safe_io.NotRegularFile as exc:
+        return f"-cache is {exc.what}, not a regular file"
     except OSError:
         return None  # gone or unreadable: not this check's business
+    limit = max(VERIFY_MAX_PLAIN, VERIFY_MAX_RATIO * size)
+    expected: int | None = None
+    if first.startswith(_ZSTD_MAGIC):
+        decompressor = _zstd_decompressor()
+        if decompressor is None:
+            return None
+        try:
+            import zstandard  # type: ignore[import-not-found]
+
+            announced = zstandard.get_frame_parameters(first[:18]).content_size
+            expected = announced if 0 <= announced < 1 << 62 else None
+        except Exception:  # noqa: BLE001 - no zstandard, or a header it cannot parse
+            expected = None
+    else:
+        decompressor = zlib.decompressobj()
     try:
-        if data.startswith(_ZSTD_MAGIC):
-            try:
-                import zstandard  # type: ignore[import-not-found]
-            except ImportError:
-                return None
-            plain = zstandard.ZstdDecompressor().decompressobj().decompress(data)
-        else:
-            decompressor = zlib.decompressobj()
-            plain = decompressor.decompress(data)
-            if not decompressor.eof:
-                return "truncated -cache file (the writer ran out of space or was killed)"
+        total = _inflate(_prepend(first, chunks), decompressor, limit)
     except Exception as exc:  # noqa: BLE001 - zlib.error, zstandard.ZstdError: both mean corrupt
         return f"-cache file does not decompress ({type(exc).__name__}: {exc})"
-    if len(plain) <= 4:
+    finally:
+        chunks.close()
+    if total > limit:
+        return (f"-cache file decompresses to more than {limit} bytes from {size} "
+                "(a decompression bomb?)")
+    if not getattr(decompressor, "eof", True) or (expected is not None and total != expected):
+        return "truncated -cache file (the writer ran out of space or was killed)"
+    if total <= 4:
         return "-cache file holds no executable"
     return None
 
 
-def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def scan(folder: Path, verify_after: float | None = None,
+         temp_grace: float | None = None) -> list[JaxEntry]:
     """All entries in a JAX cache folder (missing folder: none). With ``verify_after`` (a
     time), each ``-cache`` file modified after it and older than
-    :data:`WRITE_GRACE_SECONDS` is decompressed to find broken ones. Never raises for
-    races: a file that disappears while scanning is skipped."""
+    :data:`WRITE_GRACE_SECONDS` is decompressed to find broken ones. With ``temp_grace``
+    (seconds), temporary files of an interrupted prune older than that are listed too, as
+    broken entries. Never raises for races: a file that disappears while scanning is skipped.
+
+    A ``-cache`` or ``-atime`` name that is not a regular file (a symlink, a FIFO, a device,
+    a folder) makes its entry broken; it is never opened or followed.
+    """
     halves: dict[str, dict[str, tuple[Path, os.stat_result]]] = {}
     names: dict[str, str] = {}
+    temps: list[JaxEntry] = []
+    now = time.time()
     try:
         listing = list(os.scandir(folder))
     except (FileNotFoundError, NotADirectoryError):
@@ -102,6 +196,17 @@ def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
     for item in listing:
         match = _FILE_RE.match(item.name)
         if not match:
+            if temp_grace is not None and _TEMP_RE.match(item.name):
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if now - info.st_mtime >= temp_grace:
+                    temps.append(JaxEntry(
+                        key=item.name, name="(temporary)", cache_path=None, atime_path=Path(item.path),
+                        size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
+                        last_use=info.st_mtime,
+                        problem="stale temporary file of an interrupted prune"))
             continue
         try:
             info = item.stat(follow_symlinks=False)
@@ -111,16 +216,20 @@ def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
         halves.setdefault(key, {})[match["suffix"] or "cache"] = (Path(item.path), info)
         names[key] = match["name"]
     # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
-    capped = (folder / ".lockfile").exists() or any(len(parts) == 2 for parts in halves.values())
+    capped = os.path.lexists(folder / LOCK_NAME) or any(len(parts) == 2 for parts in halves.values())
     entries = []
     for key, parts in halves.items():
         cache = parts.get("cache")
         atime = parts.get("atime")
+        odd = [f"-{suffix} is {safe_io.describe(info.st_mode)}, not a regular file"
+               for suffix, (_p, info) in sorted(parts.items()) if not stat.S_ISREG(info.st_mode)]
         last_use = max((info.st_mtime for _p, info in parts.values()), default=0.0)
-        if atime is not None:
+        if atime is not None and not odd:
             last_use = max(last_use, _read_atime(atime[0]) or 0.0)
         problem = None
-        if cache is None:
+        if odd:
+            problem = "; ".join(odd)
+        elif cache is None:
             problem = "-atime without -cache"
         elif cache[1].st_size == 0:
             problem = "empty -cache file (written while the disk was full)"
@@ -130,44 +239,78 @@ def scan(folder: Path, verify_after: float | None = None) -> list[JaxEntry]:
         entries.append(JaxEntry(
             key=key, name=names[key],
             cache_path=cache[0] if cache else None, atime_path=atime[0] if atime else None,
-            size=sum(info.st_size for _p, info in parts.values()),
+            size=sum(info.st_size for _p, info in parts.values() if stat.S_ISREG(info.st_mode)),
             last_use=last_use, problem=problem,
             needs_atime=capped and cache is not None and atime is None and problem is None,
         ))
-    return entries
+    return entries + temps
 
 
 def verified_until(folder: Path) -> float:
     """When a prune last verified this folder's entries (0: never). Entries written later
-    are verified by the next prune; the ones before were checked already."""
+    are verified by the next prune; the ones before were checked already. A stamp that is
+    not a plain regular file, or that claims a time in the future, counts as never."""
     try:
-        return (folder / VERIFIED_STAMP).stat().st_mtime
+        info = os.lstat(folder / VERIFIED_STAMP)
     except OSError:
         return 0.0
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_mtime > time.time():
+        return 0.0
+    return info.st_mtime
 
 
 def mark_verified(folder: Path, when: float) -> None:
-    """Record that every entry written before ``when`` was verified.
+    """Record that every entry written before ``when`` was verified. A symlink or hard link
+    planted as the stamp is replaced, never followed.
 
     Raises:
         OSError: the stamp cannot be written.
     """
-    stamp = folder / VERIFIED_STAMP
-    stamp.touch()
-    os.utime(stamp, (when, when))
+    safe_io.touch_stamp(folder / VERIFIED_STAMP, when)
 
 
 def write_atime(folder: Path, entry: JaxEntry) -> None:
     """Give a lone ``-cache`` its ``-atime`` (its last use), so a capped JAX can evict again.
 
+    Written to a new, uniquely named temporary file and renamed into place: a name planted
+    in the folder is never written through.
+
     Raises:
         OSError: the sidecar cannot be written.
     """
     path = folder / f"{entry.key}{ATIME_SUFFIX}"
-    temp = folder / f".{entry.key}{ATIME_SUFFIX}.tmp"
-    temp.write_bytes(int(entry.last_use * 1e9).to_bytes(8, "little"))
-    os.replace(temp, path)
+    safe_io.replace_file(path, int(entry.last_use * 1e9).to_bytes(8, "little"))
     entry.atime_path = path
+
+
+def repair_lockfile(folder: Path) -> str | None:
+    """Remove a ``.lockfile`` that is not a regular file (a symlink, FIFO or device planted
+    there: JAX's ``filelock`` before 4.x opens it with ``O_TRUNC``, following a symlink, and
+    would truncate its target in every capped job). JAX makes a regular one on its next use.
+    Returns what was removed, in words, or None.
+
+    Raises:
+        OSError: it cannot be removed.
+    """
+    path = folder / LOCK_NAME
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return None
+    _unlink(path)
+    return f"{LOCK_NAME} was {safe_io.describe(info.st_mode)}"
+
+
+def _unlink(path: Path) -> None:
+    """Remove one name of an entry, never following it (a folder planted there goes too)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)  # fd-based: never follows a symlink inside
 
 
 def remove(folder: Path, entry: JaxEntry) -> None:
@@ -176,25 +319,13 @@ def remove(folder: Path, entry: JaxEntry) -> None:
     In that order a crash between the two leaves only a lone ``-atime``, which JAX ignores
     and the next prune removes; the reverse would leave a lone ``-cache`` that breaks every
     later write of a size-capped cache. When the cache has JAX's ``.lockfile``, the removal
-    holds it, so a capped reader never sees half an entry.
+    holds it, so a capped reader never sees half an entry (a ``.lockfile`` that is not a
+    regular file is removed, never followed, and JAX makes a new one).
 
     Raises:
         OSError: a file could not be removed (other than already being gone).
     """
-    lock_path = folder / ".lockfile"
-    lock = None
-    if lock_path.exists():
-        import filelock
-
-        lock = filelock.FileLock(str(lock_path), timeout=30)
-        lock.acquire()
-    try:
+    with safe_io.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
         for path in (entry.cache_path, entry.atime_path):
             if path is not None:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-    finally:
-        if lock is not None:
-            lock.release()
+                _unlink(path)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from gpu_cache import jax_cache, kinds
+from gpu_cache import jax_cache, kinds, safe_io
 from gpu_cache.entries import Entry
 from gpu_cache.errors import UsageError
 from gpu_cache.fs import require_folder_or_missing
@@ -56,6 +57,12 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                              dry_run=dry_run)
     if not dry_run:
+        if kind == "jax":
+            try:
+                if jax_cache.repair_lockfile(folder):
+                    report.repaired += 1
+            except OSError as exc:
+                report.errors.append(f"{jax_cache.LOCK_NAME}: {exc.strerror or exc}")
         for entry in found:
             if isinstance(entry.source, jax_cache.JaxEntry) and entry.source.needs_atime:
                 try:
@@ -132,21 +139,21 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     from gpu_cache.stats import software_mismatches
 
     result.software_mismatches = software_mismatches(root)
-    import filelock
-
-    lock: filelock.FileLock | None = filelock.FileLock(str(root / LOCK_NAME), timeout=lock_timeout)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
-        return result
-    except OSError as exc:
-        # A read-only root cannot take the lock; a dry run can still report.
-        if not dry_run:
-            result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror}); nothing pruned"]
+    with ExitStack() as held:
+        try:
+            # flock on a regular file, opened without following a symlink; a symlink, FIFO or
+            # device planted as the lock file is replaced, never followed or truncated.
+            held.enter_context(safe_io.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
+                                                      replace=not dry_run))
+        except safe_io.LockTimeout:
+            result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
             return result
-        lock = None
-    try:
+        except OSError as exc:
+            # A read-only root cannot take the lock; a dry run can still report.
+            if not dry_run:
+                result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
+                                   "nothing pruned"]
+                return result
         for kind in only:
             try:
                 report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age,
@@ -161,7 +168,4 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
             result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
-    finally:
-        if lock is not None:
-            lock.release()
     return result

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds
+from gpu_cache import kinds, safe_io
 from gpu_cache.reports import KindTotals, Missed
 
 #: A record larger than this is not one the hook wrote.
@@ -44,22 +43,12 @@ def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
 
 
 def _load(path: str) -> Any:
-    """The JSON in a regular file of at most :data:`MAX_RECORD_BYTES`; None otherwise. Never
-    blocks on a FIFO or follows a link."""
+    """The JSON in a regular file of at most :data:`MAX_RECORD_BYTES` (never blocking on a
+    FIFO nor following a link); None otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return json.loads(safe_io.read_bounded(path, MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError):  # gone, not regular, too large, not JSON
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            return json.loads(stream.read(MAX_RECORD_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def clean(record: Any) -> dict[str, Any] | None:
@@ -122,6 +111,22 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
             saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
             missed=[m for s in sections for m in missed_of(s, kind)],
+            hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
     return out
 
+
+
+def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded runs (processes sharing a run id: a warm or validate pass), latest first:
+    run id, when it ended, its rule and GPU type, and how many processes recorded."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for record in found:
+        run_id = record.get("run_id")
+        if not run_id:
+            continue
+        run = by_id.setdefault(run_id, {"run_id": run_id, "time": 0.0, "rule": record.get("rule"),
+                                         "gpu_type": record.get("gpu_type"), "processes": 0})
+        run["time"] = max(run["time"], record["time"])
+        run["processes"] += 1
+    return sorted(by_id.values(), key=lambda run: -run["time"])

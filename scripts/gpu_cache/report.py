@@ -11,7 +11,9 @@ from collections import defaultdict
 from html import escape
 from pathlib import Path
 
+from gpu_cache.errors import UsageError
 from gpu_cache.reports import PruneReport, Usage, Verdict
+from gpu_cache.safe_io import write_output
 from gpu_cache.summary import load_prune, load_verdict
 from gpu_cache.units import format_size
 
@@ -104,18 +106,26 @@ def write_plots(verdict_paths: list[Path], prune_path: Path | None, by_rule: dic
                 outdir: Path) -> list[Path]:
     """Write cold_warm.svg, cache_size.svg and hit_rates.svg into ``outdir``.
 
+    Each plot is written as :func:`gpu_cache.safe_io.write_output` writes an output: a
+    regular file is replaced through a temporary file and a rename, a symlink is followed, a
+    device or FIFO is written to, never replaced.
+
     Raises:
-        UsageError: a verdict or prune.json cannot be read or is not such a report.
+        UsageError: a verdict or prune.json cannot be read or is not such a report, or
+            ``outdir`` (or a plot's name in it) is not something a file can be written to.
         OSError: a plot cannot be written.
     """
     verdicts = [load_verdict(p) for p in verdict_paths]
     prune = load_prune(prune_path) if prune_path else None
-    outdir.mkdir(parents=True, exist_ok=True)
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"--outdir {outdir} is not a folder") from None
     charts = {"cold_warm.svg": cold_warm_chart(verdicts),
               "cache_size.svg": cache_size_chart(prune),
               "hit_rates.svg": hit_rate_chart(by_rule)}
     written = []
     for name, svg in charts.items():
-        (outdir / name).write_text(svg)
+        write_output(outdir / name, svg, what="plot")
         written.append(outdir / name)
     return written

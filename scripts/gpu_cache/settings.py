@@ -214,7 +214,7 @@ class GpuType:
 class ValidateConfig:
     """How validation runs and judges (config key ``validate``)."""
 
-    measure_cold: bool = True
+    measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
 
 
@@ -224,6 +224,14 @@ class SingleFlightConfig:
 
     enabled: bool = True
     timeout_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """How the warm step runs (config key ``warm``)."""
+
+    parallel: int | None = None
+    skip_when_valid: bool = True
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,7 @@ class Settings:
     default_workloads: tuple[str, ...] = ("jax-transformer",)
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
     gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    warm: WarmConfig = WarmConfig()
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
     single_flight: SingleFlightConfig = SingleFlightConfig()
@@ -295,6 +304,7 @@ def settings_from(
                                  dict(spec["resources"]), spec["device"], spec["container"],
                                  spec["conda"], spec["python"] or filled["python"])
                    for name, spec in filled["gpu_types"].items()},
+        warm=WarmConfig(**filled["warm"]),
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
                           parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),

@@ -50,6 +50,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root).items()}
     out["software_mismatches"] = software_mismatches(root)
+    out["runs"] = records.runs(list(records.read(records.records_dir(root))))[:TOP]
     return out
 
 
@@ -141,4 +142,9 @@ def render(stats: dict[str, Any]) -> str:
                 lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
                              f"rate), {u.saved_seconds:.1f} s saved, {u.processes} processes")
     lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
+    if stats.get("runs"):
+        lines.append("latest runs (for `gpu-cache doctor --explain --run-id`):")
+        lines += [f"  {run['run_id']}: {run['rule'] or '-'} on {run['gpu_type'] or '-'}, "
+                  f"{run['processes']} process(es), {format_age(time.time() - run['time'])} ago"
+                  for run in stats["runs"]]
     return "\n".join(lines) + "\n"

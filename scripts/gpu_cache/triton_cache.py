@@ -22,6 +22,7 @@ whole group or nothing, never a group with some children gone.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -29,8 +30,12 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpu_cache import safe_io
 
 KEY_RE = re.compile(r"^[A-Z2-7]{52}$")
 """A Triton cache key directory name: base32 of a SHA-256 digest, padding stripped."""
@@ -39,6 +44,9 @@ TEMP_RE = re.compile(r"^tmp\.pid_(\d+)_([0-9a-f-]{36})$")
 """A writer's temp directory inside a key directory (``tmp.pid_<pid>_<uuid4>``)."""
 
 GROUP_PREFIX = "__grp__"
+#: A group manifest larger than this is not read (Triton's are a few hundred bytes).
+MANIFEST_LIMIT = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TRASH_DIR_NAME = ".gpu-cache-trash"
 """Where removed entries go before deletion: it has a dot, lower case and dashes, none of which a
 base32 key can contain, so Triton never looks it up as a key."""
@@ -162,8 +170,9 @@ def _kernel_problems(path: Path, manifest: str, names: set[str]) -> tuple[bool, 
     kernel = manifest[len(GROUP_PREFIX):-len(".json")]
     problems: list[str] = []
     try:
-        with open(path / manifest, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(safe_io.read_bounded(path / manifest, MANIFEST_LIMIT))
+    except safe_io.NotRegularFile as exc:
+        return False, False, [f"{manifest} is {exc.what}, not a regular file"]
     except (OSError, ValueError) as exc:
         return False, False, [f"{manifest}: unreadable ({type(exc).__name__})"]
     children = data.get("child_paths") if isinstance(data, dict) else None
@@ -192,7 +201,11 @@ def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
     problems: list[str] = []
     for child in sorted(os.listdir(path)):
         child_path = path / child
-        if child_path.is_dir() and not child_path.is_symlink():
+        try:
+            mode = child_path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
             match = TEMP_RE.match(child)
             if match or child.startswith("tmp."):
                 size, _n, newest = _tree_size(child_path)
@@ -204,12 +217,12 @@ def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
                                      max(0.0, now - newest), size))
             else:
                 problems.append(f"unexpected directory {child}")
-        elif child_path.is_file() and not child_path.is_symlink():
+        elif stat.S_ISREG(mode):
             names.add(child)
         else:
-            problems.append(f"unexpected non-regular file {child}")
+            problems.append(f"unexpected {safe_io.describe(mode)} {child}")
     size, _count, newest = _tree_size(path)
-    newest = max(newest, path.stat().st_mtime)
+    newest = max(newest, path.lstat().st_mtime)
     manifests = sorted(n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json"))
     modules = sorted(n for n in names if n.endswith(".so"))
     autotune = sorted(n for n in names if n.endswith(".autotune.json"))
@@ -225,13 +238,13 @@ def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
             problems.append(f"{len(manifests)} group manifests in one key directory")
     elif modules:
         kind, kernel = KIND_MODULE, modules[0].split(".", 1)[0]
-        complete = (path / modules[0]).stat().st_size > 0
+        complete = (path / modules[0]).lstat().st_size > 0
         if not complete:
             problems.append(f"{modules[0]} is empty")
     elif autotune:
         kind = KIND_AUTOTUNE
         kernel = autotune[0][: -len(".autotune.json")]
-        complete = (path / autotune[0]).stat().st_size > 0
+        complete = (path / autotune[0]).lstat().st_size > 0
     elif kernel_files:
         kind, kernel = KIND_KERNEL, kernel_files[0].rsplit(".", 1)[0]
         problems.append("no __grp__ manifest (a writer stopped before finishing)")
@@ -289,13 +302,65 @@ def scan(cache_dir: str | os.PathLike[str]) -> TritonInventory:
     return TritonInventory(root, now, tuple(entries), tuple(temps), tuple(others), True, tuple(errors))
 
 
-def _move_to_trash(root: Path, victim: Path, label: str) -> Path:
-    """Atomically rename ``victim`` into the trash directory of ``root``; return its new path."""
-    trash = root / TRASH_DIR_NAME
-    trash.mkdir(exist_ok=True)
-    target = trash / f"{label}.{os.getpid()}.{uuid.uuid4().hex}"
-    os.rename(victim, target)  # same filesystem: atomic; a reader sees the whole entry or none
-    return target
+@contextmanager
+def _open_dir(name: str | os.PathLike[str], dir_fd: int | None = None,
+              follow: bool = False) -> Iterator[int]:
+    """A descriptor of the folder ``name`` (relative to ``dir_fd``), never through a symlink
+    unless ``follow`` (only for the cache folder itself, which the configuration names).
+
+    Raises:
+        OSError: it is gone, a symlink (ELOOP) or not a folder (ENOTDIR).
+    """
+    fd = os.open(name, _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _trash_fd(root_fd: int) -> int:
+    """A descriptor of the trash folder in the cache folder ``root_fd``, made when missing.
+    Anything else by that name (a symlink to a folder elsewhere, a file) is removed first:
+    removed entries never leave the cache folder."""
+    for _attempt in range(3):
+        try:
+            info = os.lstat(TRASH_DIR_NAME, dir_fd=root_fd)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            try:
+                os.unlink(TRASH_DIR_NAME, dir_fd=root_fd)  # never follows a symlink
+            except FileNotFoundError:
+                pass
+            info = None
+        if info is None:
+            try:
+                os.mkdir(TRASH_DIR_NAME, 0o777, dir_fd=root_fd)
+            except FileExistsError:
+                pass
+        try:
+            return os.open(TRASH_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # swapped or removed meanwhile: look again
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+    raise TritonCacheError(f"{TRASH_DIR_NAME} keeps being replaced by something other than a folder")
+
+
+def _move_to_trash(root_fd: int, name: str, label: str) -> tuple[int, str]:
+    """Atomically rename ``name`` (in the folder ``root_fd``) into the trash folder; return
+    the trash folder's descriptor (the caller closes it) and the new name there. Both ends
+    are descriptors of real folders: a symlink swapped in by name is never followed."""
+    trash_fd = _trash_fd(root_fd)
+    target = f"{label}.{os.getpid()}.{uuid.uuid4().hex}"
+    try:
+        # same filesystem: atomic; a reader sees the whole entry or none
+        os.rename(name, target, src_dir_fd=root_fd, dst_dir_fd=trash_fd)
+    except BaseException:
+        os.close(trash_fd)
+        raise
+    return trash_fd, target
 
 
 def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
@@ -317,21 +382,30 @@ def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
         raise TritonCacheError(f"{key!r} is not a Triton cache key")
     root = Path(cache_dir).absolute()
     victim = root / key
-    if not victim.exists() and not victim.is_symlink():
+    try:
+        info = victim.lstat()
+    except FileNotFoundError:
         return 0
-    if victim.is_symlink() or not victim.is_dir():
+    if not stat.S_ISDIR(info.st_mode):
         raise TritonCacheError(f"{victim} is not a key directory")
     size = _tree_size(victim)[0]
     try:
-        moved = _move_to_trash(root, victim, key)
-    except FileNotFoundError:
-        if victim.exists():  # the trash directory vanished under us: make it again, once
-            moved = _move_to_trash(root, victim, key)
-        else:
-            return 0  # another pruner won the race
+        with _open_dir(root, follow=True) as root_fd:
+            try:
+                trash_fd, moved = _move_to_trash(root_fd, key, key)
+            except FileNotFoundError:
+                if not os.path.lexists(victim):
+                    return 0  # another pruner won the race
+                # the trash directory vanished under us: make it again, once
+                trash_fd, moved = _move_to_trash(root_fd, key, key)
+    except TritonCacheError:
+        raise
     except OSError as exc:
         raise TritonCacheError(f"cannot move {victim} to the trash: {exc.strerror or exc}") from exc
-    shutil.rmtree(moved, ignore_errors=True)
+    try:
+        shutil.rmtree(moved, dir_fd=trash_fd, ignore_errors=True)
+    finally:
+        os.close(trash_fd)
     return size
 
 
@@ -350,7 +424,10 @@ def remove_temp_dir(temp: TempDir) -> int:
         return 0
     size = _tree_size(temp.path)[0]
     try:
-        shutil.rmtree(temp.path)
+        # through descriptors of the real folders: a key folder swapped for a symlink fails
+        with _open_dir(temp.path.parent.parent, follow=True) as root_fd, \
+                _open_dir(temp.path.parent.name, root_fd) as key_fd:
+            shutil.rmtree(temp.path.name, dir_fd=key_fd)
     except FileNotFoundError:
         return 0
     except OSError as exc:
@@ -362,27 +439,35 @@ def empty_trash(cache_dir: str | os.PathLike[str]) -> int:
     """Delete whatever :func:`remove_entry` left in the trash directory; return the bytes freed.
 
     The trash directory itself stays, so that a concurrent :func:`remove_entry` can still rename
-    into it.
+    into it. A trash name that is a symlink is never followed (nothing outside is deleted).
 
     Raises:
         TritonCacheError: a leftover cannot be deleted.
     """
-    trash = Path(cache_dir).absolute() / TRASH_DIR_NAME
-    if not trash.is_dir() or trash.is_symlink():
-        return 0
+    root = Path(cache_dir).absolute()
+    trash = root / TRASH_DIR_NAME
+    try:
+        with _open_dir(root, follow=True) as root_fd:
+            trash_fd = os.open(TRASH_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)
+    except OSError:
+        return 0  # missing, a symlink (ELOOP) or not a folder: nothing of ours to empty
     freed = 0
-    for child in os.listdir(trash):
-        path = trash / child
-        size = _tree_size(path)[0] if path.is_dir() and not path.is_symlink() else 0
-        try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                size = path.lstat().st_size
-                path.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise TritonCacheError(f"cannot delete {path}: {exc.strerror or exc}") from exc
-        freed += size
+    try:
+        for child in os.listdir(trash_fd):
+            path = trash / child
+            try:
+                info = os.lstat(child, dir_fd=trash_fd)
+                if stat.S_ISDIR(info.st_mode):
+                    size = _tree_size(path)[0]
+                    shutil.rmtree(child, dir_fd=trash_fd)
+                else:
+                    size = info.st_size if stat.S_ISREG(info.st_mode) else 0
+                    os.unlink(child, dir_fd=trash_fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise TritonCacheError(f"cannot delete {path}: {exc.strerror or exc}") from exc
+            freed += size
+    finally:
+        os.close(trash_fd)
     return freed
