@@ -75,7 +75,8 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
               ("min_free_space", parse_size, filled["min_free_space"]),
-              ("prune.max_age", parse_age, filled["prune"]["max_age"])]
+              ("prune.max_age", parse_age, filled["prune"]["max_age"]),
+              ("single_flight.timeout", parse_age, filled["single_flight"]["timeout"])]
     checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
                for name, workload in filled["workloads"].items()]
     for key, parse, value in checks:
@@ -218,6 +219,14 @@ class ValidateConfig:
 
 
 @dataclass(frozen=True)
+class SingleFlightConfig:
+    """Single-flight across processes (config key ``single_flight``), parsed."""
+
+    enabled: bool = True
+    timeout_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
 class WarmConfig:
     """How the warm step runs (config key ``warm``)."""
 
@@ -256,6 +265,7 @@ class Settings:
     warm: WarmConfig = WarmConfig()
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
+    single_flight: SingleFlightConfig = SingleFlightConfig()
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -298,5 +308,7 @@ def settings_from(
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
                           parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),
+        single_flight=SingleFlightConfig(filled["single_flight"]["enabled"],
+                                         parse_age(filled["single_flight"]["timeout"])),
         config=filled,
     )
