@@ -34,34 +34,38 @@ def _number(value: Any, what: str, key: str) -> float:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One run of one workload command: wall seconds and exit code (``None``: timed out)."""
+    """One run of one workload command: wall seconds and exit code (``None``: timed out);
+    ``error``: the last line it printed, when it failed (``No module named 'jax'``)."""
 
     workload: str
     shape: Any
     seconds: float
     returncode: int | None
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
 
     def failure(self) -> str | None:
-        """A problem line when the run failed, else None."""
+        """A problem line when the run failed (with its last line of output), else None."""
         if self.ok:
             return None
         how = "timed out" if self.returncode is None else f"exited with code {self.returncode}"
-        return f"workload {self.workload} shape {self.shape} {how}"
+        said = f": {self.error}" if self.error else ""
+        return f"workload {self.workload} shape {self.shape} {how}{said}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "shape": self.shape, "seconds": round(self.seconds, 3),
-                "returncode": self.returncode}
+                "returncode": self.returncode, "error": self.error}
 
     @classmethod
     def from_dict(cls, data: Any) -> RunResult:
         data = _mapping(data, "a workload run")
+        error = data.get("error")
         return cls(str(data.get("workload", "?")), data.get("shape"),
                    float(_number(data.get("seconds", 0.0), "a workload run", "seconds")),
-                   data.get("returncode"))
+                   data.get("returncode"), error if isinstance(error, str) else None)
 
 
 @dataclass
@@ -138,6 +142,8 @@ class PhaseResult:
     cache_warnings: list[str] = field(default_factory=list)
     #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
     expects: list[str] = field(default_factory=list)
+    #: Why this pass ran no workload: its job could not run on a node of its (optional) type.
+    unscheduled: str | None = None
 
     WHAT = "a workload runner's result"
 
@@ -181,6 +187,7 @@ class PhaseResult:
             broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
             cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
             expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
+            unscheduled=data.get("unscheduled") if isinstance(data.get("unscheduled"), str) else None,
         )
 
 
@@ -205,8 +212,20 @@ class Verdict:
     job: dict[str, Any] = field(default_factory=dict)
     #: The software the validation ran with (the jobs' own where the type names its image).
     software: dict[str, Any] = field(default_factory=dict)
+    #: ``passed``; ``failed`` (it ran and something missed or differs); ``error`` (no
+    #: workload run of the type ran to the end: they could not start, e.g. no jax in the
+    #: software they ran with); ``unscheduled`` (an optional type whose jobs found no node).
+    status: str = ""
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
+    STATUSES = ("passed", "failed", "error", "unscheduled")
+
+    @property
+    def outcome(self) -> str:
+        """The status, also for a verdict written before it had one."""
+        if self.status in self.STATUSES:
+            return self.status
+        return "passed" if self.passed else "failed"
 
     @property
     def hits(self) -> int:
@@ -229,7 +248,7 @@ class Verdict:
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpu_type": self.gpu_type, "device": self.device, "passed": self.passed,
-            "hits": self.hits, "misses": self.misses, "new_entries": self.new_entries,
+            "status": self.outcome, "hits": self.hits, "misses": self.misses, "new_entries": self.new_entries,
             "cold_seconds": self.cold_seconds, "warm_seconds": self.warm_seconds,
             "speedup": self.speedup, "problems": self.problems, "notes": self.notes,
             # Everything the cache environment fell back from or adjusted (node-local folders,
@@ -265,6 +284,7 @@ class Verdict:
             cold_runs=[RunResult.from_dict(r) for r in lists["cold_runs"]],
             cache_root=data.get("cache_root"), job=data.get("job") or {},
             software=data.get("software") if isinstance(data.get("software"), dict) else {},
+            status=str(data.get("status") or ""),
         )
 
 

@@ -13,6 +13,7 @@ builds its plan and judges its result.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -103,6 +104,7 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
         env["PYTHONPATH"] = os.pathsep.join([*parts, str(PACKAGE_PARENT)])
     output.write(f"$ {line}\n")
     output.flush()
+    offset = _position(output)
     started = time.perf_counter()
     process = subprocess.Popen(["bash", "-c", line], env=env, stdout=output, stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -113,9 +115,42 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
         process.wait()
         returncode = None
     seconds = time.perf_counter() - started
+    error = None if returncode == 0 else last_line(output, offset)
     output.write(f"# exit {returncode} after {seconds:.2f} s\n")
     output.flush()
-    return RunResult(command.workload, command.shape, seconds, returncode)
+    return RunResult(command.workload, command.shape, seconds, returncode, error)
+
+
+#: How much of a failed run's output is searched for its last line, and how long that line may be.
+TAIL_BYTES = 64 << 10
+LINE_CHARS = 300
+
+
+def _position(output: TextIO) -> int | None:
+    """Where the next byte of ``output`` lands, when it is a regular file (else None)."""
+    try:
+        return os.lseek(output.fileno(), 0, os.SEEK_END)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def last_line(output: TextIO, offset: int | None) -> str | None:
+    """The last non-empty line a run wrote to ``output`` since ``offset`` (its error, as
+    ``ModuleNotFoundError: No module named 'jax'``), cut to :data:`LINE_CHARS`; None when
+    the output is not a regular file or the run printed nothing."""
+    if offset is None:
+        return None
+    try:
+        end = os.lseek(output.fileno(), 0, os.SEEK_END)
+        start = max(offset, end - TAIL_BYTES)
+        data = os.pread(output.fileno(), end - start, start) if end > start else b""
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    if not lines:
+        return None
+    line = lines[-1]
+    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + " ..."
 
 
 def cache_root_of(environ: Mapping[str, str]) -> Path | None:
@@ -139,6 +174,17 @@ def broken_since(cache_root: Path | None, since: float) -> list[str]:
         return []
     return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
             "is the disk full? `gpu-cache doctor --fix` or the next prune removes them"]
+
+
+def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None = None) -> PhaseResult:
+    """The result of a pass that ran no workload because its job could not run on a node
+    of its GPU type (``why``), as the workflow asks on a later attempt of an optional type."""
+    environ = dict(os.environ if environ is None else environ)
+    root = cache_root_of(environ)
+    return PhaseResult(plan.phase, plan.gpu_type, f"{plan.phase}-{plan.gpu_type}-unscheduled",
+                       device=device.detect(environ).as_dict(), software=software.identity(environ),
+                       job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
+                       cache_root=str(root) if root else None, unscheduled=why)
 
 
 def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = None) -> PhaseResult:
@@ -187,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-json", required=True, action="append", help="a plan, as gpu-cache made it")
     parser.add_argument("--output", required=True, help="write the JSON result here")
     parser.add_argument("--log", help="append the workloads' output here (default: stderr)")
+    parser.add_argument("--unscheduled", metavar="WHY",
+                        help="run no workload: write each plan's result as unscheduled, for WHY")
     args = parser.parse_args(argv)
     try:
         plans = [Plan.from_dict(json.loads(text)) for text in args.plan_json]
@@ -197,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = {}
         for plan in plans:
+            if args.unscheduled:
+                output.write(f"# {plan.phase} [{plan.gpu_type}]: no workload run: {args.unscheduled}\n")
+                results[plan.phase] = unscheduled_result(plan, args.unscheduled).as_dict()
+                continue
             environ = None
             if plan.phase == "cold":
                 scratch = tempfile.mkdtemp(prefix="gpu-cache-cold-")
