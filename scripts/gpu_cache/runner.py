@@ -141,9 +141,15 @@ def last_line(output: TextIO, offset: int | None) -> str | None:
     if offset is None:
         return None
     try:
-        end = os.lseek(output.fileno(), 0, os.SEEK_END)
+        fd = output.fileno()
+        end = os.lseek(fd, 0, os.SEEK_END)
         start = max(offset, end - TAIL_BYTES)
-        data = os.pread(output.fileno(), end - start, start) if end > start else b""
+        # The log is opened for appending only: read it through a descriptor of its own.
+        reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(reader, end - start, start) if end > start else b""
+        finally:
+            os.close(reader)
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
         return None
     lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
