@@ -144,9 +144,12 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     expected = gpu_types(settings).get(gpu_type)
     if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
-    problems = judge(counts, missed, warm.failures(), cache_problems) + ([] if broken else unobserved(warm))
-    if broken:
-        problems.insert(0, broken)
+    if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
+        problems = [broken, *warm.failures(), *cache_problems]
+        counts = {kind: KindCounts() for kind in kinds.OBSERVED}
+        missed = []
+    else:
+        problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
     explanations: list[dict] = []
     if counts["jax"].misses and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
