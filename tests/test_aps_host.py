@@ -162,3 +162,39 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     for prediction in predictions(work).values():
         assert prediction["cache_dir_used"] == str(root / "jax")
         assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
+
+
+def write_record(root: Path, name: str, **fields) -> None:
+    (root / "records").mkdir(parents=True, exist_ok=True)
+    record = {"time": 1.0, "rule": None, "gpu_type": None, "env": {}, "device": {}} | fields
+    (root / "records" / f"{name}.json").write_text(json.dumps(record))
+
+
+def test_stats_by_device_folders_outside_the_root_and_no_negative_seconds_saved(tmp_path):
+    """What stats makes of records (written here, as the hook writes them): the device a
+    job of unknown type got, a folder set outside gpu-cache, and JAX's negative
+    "compile time saved" (retrieval slower than the compile) shown as 0."""
+    root = tmp_path / "cache"
+    h100 = {"kinds": ["NVIDIA H100 80GB HBM3"], "count": 1}
+    software_warm = {"python": "3.12.1", "jax": "0.9.1"}
+    write_record(root, "warm", rule="warm_cache", gpu_type="h100", device=h100, software=software_warm,
+                 jax={"hits": 0, "misses": 4, "cache_dir": str(root / "jax")})
+    write_record(root, "a100-warm", rule="warm_cache", gpu_type="a100",
+                 device={"kinds": ["NVIDIA A100-SXM4-80GB"]}, software={"python": "3.11.7", "jax": "0.10.2"},
+                 jax={"hits": 0, "misses": 4, "cache_dir": str(root / "jax")})
+    mine = "/scratch/mine/jax"
+    write_record(root, "job", rule="structure_inference", device=h100, software=software_warm,
+                 env={"JAX_COMPILATION_CACHE_DIR": mine},
+                 jax={"hits": 3, "misses": 1, "saved_seconds": -2.5, "cache_dir": mine})
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
+    assert stats["usage"]["by_device"]["h100"]["processes"] == 2
+    assert stats["usage"]["by_gpu_type"]["-"]["processes"] == 1
+    # The job of unknown type ran on an h100, with the software that warmed h100: no mismatch
+    # (a100 was warmed with other software, but the job did not run there).
+    assert stats["software_mismatches"] == []
+    (line,) = stats["outside_root"]
+    assert line.startswith(f"rule structure_inference used {mine} (outside the cache root {root})")
+    assert "its JAX_COMPILATION_CACHE_DIR was set outside gpu-cache: unset it" in line
+    text = run_cli("stats", "--cache-root", str(root)).stdout
+    assert "structure_inference: 3 hits, 1 misses (75% hit rate), 0.0 s saved, 1 processes" in text
+    assert not re.search(r"-[0-9.]+ s saved", text)
