@@ -141,9 +141,9 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     if other_key == key:
         here, there = (_cache_dir(record), _cache_dir(other))
         if here and there and here != there:  # e.g. a job's own --jax_compilation_cache_dir
-            result["causes"] = [f"the runs used different cache folders: this one {here}, the "
-                                f"earlier one {there} (`gpu-cache stats` names folders outside the "
-                                "cache root)"]
+            result["causes"] = [f"the same key was computed before, but in another cache folder: "
+                                f"this run used {here}, the earlier one {there} (`gpu-cache stats` "
+                                "names folders outside the cache root)"]
             return result
         result["causes"] = ["the same key was computed before, but its entry was not in the cache: "
                             "it was not written (compile faster than "
