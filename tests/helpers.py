@@ -10,7 +10,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +34,15 @@ _LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACH
 #: ... except these, which configure the test infrastructure, not gpu-cache
 #: (GPU_CACHE_TEST_ROOTS: where .ci/build-roots.sh put the container roots).
 _KEPT_PREFIXES = ("GPU_CACHE_TEST_",)
+
+
+def unavailable(message: str) -> NoReturn:
+    """Skip a test whose component (SLURM, sshd, a root filesystem, a mount) is missing on a
+    developer's machine; fail it under CI (``CI`` set), where .ci/run installs everything, so a
+    missing install step can never pass green."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def clean_environ(**extra: str) -> dict[str, str]:

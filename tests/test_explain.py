@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import jax_job_env, run_cli
+from helpers import jax_job_env, run_cli, unavailable
 
 # Uses an integer constant, so JAX_ENABLE_X64 changes the program's dtypes.
 PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.sin(x) + jnp.arange(4))(jnp.ones(4)))"
@@ -81,7 +81,7 @@ def zstandard_path(tmp_path_factory) -> str:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
                            str(target), "zstandard"], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"zstandard is not installed and cannot be: {done.stderr[-300:]}")
+        unavailable(f"zstandard is not installed and cannot be: {done.stderr[-300:]}")
     return str(target)
 
 

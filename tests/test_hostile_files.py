@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_environ, jax_job_env
+from helpers import clean_environ, jax_job_env, unavailable
 
 TIMEOUT = 60  # seconds; every command here takes about one
 #: Address-space cap of each CLI process: a reader that slurps /dev/zero or a bomb fails fast
@@ -114,7 +114,7 @@ def private_tmpfs(tmp_path: Path):
         stdout=subprocess.PIPE)
     try:
         if holder.stdout.readline() != b"ready\n":
-            pytest.skip("cannot mount a tmpfs in a private mount namespace here (needs root and unshare)")
+            unavailable("cannot mount a tmpfs in a private mount namespace here (needs root and unshare)")
         view = Path(f"/proc/{holder.pid}/root") / str(mount).lstrip("/")
         # Device nodes go only into that private tmpfs: never into this namespace's folders.
         assert os.stat(view).st_dev != os.stat(mount).st_dev
@@ -236,7 +236,7 @@ for i in range(3):
 
 @pytest.fixture(scope="module")
 def zstd_cache(tmp_path_factory) -> Path:
-    pytest.importorskip("zstandard")
+    import zstandard  # noqa: F401  # the test extra installs it: never skip silently
     folder = tmp_path_factory.mktemp("zstd") / "jax"
     subprocess.run([sys.executable, "-c", PROGRAMS], env=jax_job_env(folder, shared_fs=True),
                    check=True, timeout=300)

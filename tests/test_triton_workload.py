@@ -21,8 +21,6 @@ import pytest
 from gpu_cache import triton_cache
 from helpers import REPO, clean_environ
 
-pytest.importorskip("triton")
-
 SHAPE = "1000"  # not a multiple of 16: exercises the unaligned specialisation too
 KERNELS_PER_TARGET = 5
 

@@ -118,16 +118,19 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from gpu_cache import env
-    from gpu_cache.validate import judge_phases, validate
+    from gpu_cache.validate import judge_phases, remember, run_phases
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
+    exports = env.resolve(settings)
     if args.phases:
-        exports = env.resolve(settings)
-        verdict = judge_phases(settings, gpu_type, _load_phases(Path(args.phases)), exports)
+        phases = _load_phases(Path(args.phases))
     else:
+        env.warn_once(exports)
         with _log_stream(args.log) as output:
-            verdict = validate(settings, gpu_type, output)
+            phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
+    verdict = judge_phases(settings, gpu_type, phases, exports)
+    remember(settings, verdict, phases["validate"])
     _emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
         for problem in verdict.problems:
@@ -173,9 +176,26 @@ def _prune(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run or settings.prune.dry_run,
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json)
+    if not args.json:
+        sys.stdout.write(_removed_lines(report))
     for line in report.software_mismatches:
         log.warning("software mismatch: %s", line)
     return 1 if report.software_mismatches and settings.validate.strict else 0
+
+
+def _removed_lines(report: Any, shown: int = 20) -> str:
+    """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
+    from gpu_cache.units import format_size
+
+    verb = "would remove" if report.dry_run else "removed"
+    lines = []
+    for kind, part in report.kinds.items():
+        for entry in part.removed[:shown]:
+            lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
+                         f"{format_size(entry['bytes'])}): {entry['reason']}")
+        if len(part.removed) > shown:
+            lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -247,6 +267,35 @@ def _plots(args: argparse.Namespace) -> int:
     written = report.write_plots([Path(p) for p in args.validate],
                                  Path(args.prune) if args.prune else None, by_rule, Path(args.outdir))
     print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from gpu_cache import carry
+
+    settings = _settings(args)
+    if settings.cache_root is None:
+        raise UsageError("pack needs a cache root (caching is turned off)")
+    matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
+    report = carry.pack(settings.cache_root, Path(args.archive), args.kind or carry.CARRIED,
+                        args.gpu_type, args.workload, matcher)
+    sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json
+                     else carry.render_pack(report))
+    return 0
+
+
+def _unpack(args: argparse.Namespace) -> int:
+    from gpu_cache import carry
+
+    settings = _settings(args)
+    try:
+        report = carry.unpack(settings.cache_root, Path(args.archive), args.kind, args.gpu_type,
+                              args.python, args.image, args.force, args.dry_run, settings.shared_group)
+    except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
+        print(f"gpu-cache: error: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json
+                     else carry.render_unpack(report))
     return 0
 
 
@@ -341,6 +390,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", nargs="*", default=[], metavar="FILE", help="validate/{gpu_type}.json files")
     p.add_argument("--prune", metavar="FILE", help="prune.json")
     p.add_argument("--outdir", required=True, metavar="DIR", help="folder for the .svg files")
+
+    p = _command(sub, "pack", _pack, "write warmed cache entries into one archive, with a manifest")
+    p.add_argument("archive", metavar="ARCHIVE", help="the archive to write: .tar, .tar.gz/.tgz, "
+                                                      ".tar.xz/.txz or .tar.bz2/.tbz2")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   help="pack this kind (jax, triton); repeatable (default: both)")
+    p.add_argument("--gpu-type", help="only the entries this GPU type's warm and validate passes "
+                                      "used (from the records)")
+    p.add_argument("--workload", help="only the entries this workload's warm and validate passes "
+                                      "used (from the records)")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+
+    p = _command(sub, "unpack", _unpack, "check an archive against this target and add its entries "
+                                         "to the cache; exit 1 when refused")
+    p.add_argument("archive", metavar="ARCHIVE", help="an archive written by `gpu-cache pack`")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   help="unpack only this kind (jax, triton); repeatable (default: all in it)")
+    p.add_argument("--gpu-type", help="the GPU type the entries are for: JAX entries must have been "
+                                      "compiled on it, Triton ones for its compute capability")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--python", metavar="PY", help="the jobs' Python (run to learn its jax, "
+                                                       "triton and Python versions; default: this one)")
+    target.add_argument("--image", metavar="IMAGE", help="the jobs' container image (run with "
+                                                         "apptainer where there is one, else its name "
+                                                         "is compared)")
+    p.add_argument("--force", action="store_true", help="unpack even when the archive does not fit")
+    p.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
 
     p = _command(sub, "install-profile", _install_profile,
                  "install the Snakemake profile (--profile gpu-cache)", common=False)

@@ -9,7 +9,7 @@ from typing import Any
 from gpu_cache import device, env, kinds
 from gpu_cache.settings import Settings
 from gpu_cache.stats import outside_root
-from gpu_cache.units import format_size
+from gpu_cache.units import format_age, format_size
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -43,6 +43,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
             if check.problem:
                 report["ok"] = False
     report["exports"] = exports.as_dict()
+    report["single_flight"] = dict(exports.single_flight)
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
@@ -64,8 +65,16 @@ def render(report: dict[str, Any]) -> str:
         network = ", network" if check["network"] else ""
         lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
                      f"{check['mode']} group {check['group']}) {check['path']}")
+    flight = report.get("single_flight") or {}
+    if flight.get("enabled"):
+        scope = "; per node: locks hold within one node" if flight.get("per_node") else ""
+        lines.append(f"single-flight: on (locks in {flight['locks']}, a waiter compiles itself after "
+                     f"{format_age(float(flight['timeout_seconds']))}{scope})")
+    elif flight:
+        lines.append(f"single-flight: off ({flight.get('problem')})")
     dev = report["device"]
-    lines.append(f"   device: {dev['name']} x{dev['count']} (gpu_type {dev['gpu_type']})")
+    where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
+    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_cache import kinds, trust
-from gpu_cache.fs import FolderCheck, check_folder
+from gpu_cache.fs import FolderCheck, check_folder, flock_problem
 from gpu_cache.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.settings import Settings
 
@@ -31,7 +31,12 @@ SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
-
+#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off) and how
+#: long a waiter waits, in seconds.
+LOCKS_VAR = "GPU_CACHE_LOCKS"
+LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+#: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
+LOCKS_FOLDER = "locks"
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Exports:
     warnings: list[str] = field(default_factory=list)
     checks: dict[str, FolderCheck] = field(default_factory=dict)
     root_problem: str | None = None
+    single_flight: dict[str, object] = field(default_factory=dict)
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings; a cache root that cannot
@@ -79,6 +85,7 @@ class Exports:
             "problems": dict(self.problems),
             "adjusted": dict(self.adjusted),
             "warnings": list(self.warnings),
+            "single_flight": dict(self.single_flight),
         }
 
 
@@ -154,6 +161,45 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> 
     return _Placement(problem=f"{problem}; node-local fallback failed too: {local.problem}")
 
 
+def _place_locks(settings: Settings, root: Path, root_problem: str | None
+                 ) -> tuple[dict[str, str], dict[str, object], list[str]]:
+    """Where single-flight's lock files go: ``<root>/locks``, else (a read-only or unusable
+    root) a node-local folder; off where flock does not work in either. Returns the
+    variables, what doctor shows, and warnings."""
+    timeout = settings.single_flight.timeout_seconds
+    info: dict[str, object] = {"enabled": False, "locks": None, "timeout_seconds": timeout,
+                               "problem": None, "per_node": False}
+    if not settings.single_flight.enabled:
+        info["problem"] = "turned off in the config (single_flight.enabled: false)"
+        return {LOCKS_VAR: ""}, info, []
+    fallback = node_local_fallback(LOCKS_FOLDER)
+    places = [(fallback, fallback.parent, None)]
+    if root_problem is None:
+        places.insert(0, (root / LOCKS_FOLDER, root, settings.shared_group))
+    problems: list[str] = []
+    for folder, above, group in places:
+        check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
+        problem = check.problem or flock_problem(folder)
+        if problem:
+            problems.append(problem)
+            continue
+        warnings = []
+        if problems:
+            warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
+                            "so single-flight holds within this node only")
+        per_node = bool(problems) or check.network or check.family == "fuse"
+        if check.network or check.family == "fuse":
+            warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
+                            "within one node only (BeeGFS by default, Lustre with localflock): "
+                            "single-flight is per node there, and jobs on two nodes may compile "
+                            "the same key at once")
+        info.update(enabled=True, locks=str(folder), per_node=per_node)
+        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}"}, info, warnings
+    info["problem"] = problems[0]
+    return {LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
+                                   f"{'; '.join(problems)}"]
+
+
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
     """Work out the exports for ``settings``; probes each cache folder (creates it).
 
@@ -171,6 +217,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     root_problem: str | None = None
     xla_caches = settings.xla_caches
     root = settings.cache_root
+    single_flight: dict[str, object] = {
+        "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
+        "problem": "caching is turned off", "per_node": False}
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
         wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -208,15 +257,19 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         if settings.stats_hook and "jax" not in problems:
             records = kinds.KINDS["records"]
             wanted[records.env_var] = str(records.folder(root))
+        lock_values, single_flight, lock_warnings = _place_locks(settings, root, root_problem)
+        wanted.update(lock_values)
+        warnings += lock_warnings
     exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
-                      root_problem=root_problem)
+                      root_problem=root_problem, single_flight=single_flight)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
     hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
-        or kinds.KINDS["bytecode"].env_var in exports.values  # the hook sets the bytecode folder
+        or kinds.KINDS["bytecode"].env_var in exports.values \
+        or bool(exports.values.get(LOCKS_VAR))  # the hook does single-flight
     if hook_needed:
         parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_DIR) not in parts:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache import records
+from gpu_cache.errors import UsageError
 
 #: What each key part means when it changed, as the first words of a hint.
 PART_HINTS = {
@@ -183,8 +184,17 @@ def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None
 
 
 def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    """:func:`explain_records` over the records under ``cache_root``."""
-    return explain_records(list(records.read(records.records_dir(cache_root))), run_id)
+    """:func:`explain_records` over the records under ``cache_root``.
+
+    Raises:
+        UsageError: ``run_id`` names no recorded run (the message lists the latest ones).
+    """
+    found = list(records.read(records.records_dir(cache_root)))
+    if run_id is not None and not any(r.get("run_id") == run_id for r in found):
+        latest = [run["run_id"] for run in records.runs(found)[:5]]
+        raise UsageError(f"no records of run {run_id!r} under {cache_root}; latest runs: "
+                         f"{', '.join(latest) or 'none'} (`gpu-cache stats` lists them)")
+    return explain_records(found, run_id)
 
 
 def render(explanations: list[dict[str, Any]]) -> str:

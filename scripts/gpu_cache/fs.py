@@ -280,3 +280,37 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                         "network filesystem (node-local cache, compile before fanning out)")
     return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
                        problem, read_only, warnings)
+
+
+def flock_problem(folder: Path) -> str | None:
+    """Whether ``flock`` locks work in ``folder`` as single-flight needs them: two open file
+    descriptions of one file must exclude each other, and an unlock must let the second in.
+    What is wrong, in a few words, or None. Uses a probe file it removes; never raises."""
+    import fcntl
+
+    probe = folder / f".gpu-cache-flock-probe-{uuid.uuid4().hex}"
+    first = second = -1
+    try:
+        first = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        second = os.open(probe, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f"flock does not lock in {folder}: two opens of one file both got the lock"
+        except BlockingIOError:
+            pass
+        fcntl.flock(first, fcntl.LOCK_UN)
+        fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return f"flock is not supported in {folder} ({exc.strerror or exc})"
+        return f"cannot test flock in {folder}: {why_not(exc)}"
+    finally:
+        for fd in (first, second):
+            if fd >= 0:
+                os.close(fd)
+        try:
+            probe.unlink()
+        except OSError:
+            pass

@@ -51,15 +51,34 @@ def install_profile(name: str = "gpu-cache", target: Path | None = None, force: 
     source = SHIPPED / name
     target = target or default_profile_dir().with_name(name)
     if target.exists() and not force:
-        if (target / "config.yaml").read_text() == _filled(source):
+        try:
+            installed = (target / "config.yaml").read_text()
+        except OSError:
+            installed = None
+        if installed == _filled(source):
             return target
-        raise UsageError(f"{target} exists and differs; pass --force to replace it")
+        if installed is None or not _same_but_checkout(installed, source):
+            raise UsageError(f"{target} exists and differs from the shipped profile (edited?); "
+                             "pass --force to replace it")
+        # The same profile installed from another checkout: point it at this one.
     target.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
         if item.is_file():
             shutil.copy2(item, target / item.name)
     (target / "config.yaml").write_text(_filled(source))
     return target
+
+
+def _same_but_checkout(installed: str, source: Path) -> bool:
+    """Whether ``installed`` is the shipped profile as install-profile wrote it from any
+    checkout (only the package's folder differs)."""
+    shipped = (source / "config.yaml").read_text()
+    lines = installed.splitlines()
+    placeholder = [i for i, line in enumerate(shipped.splitlines()) if line == SCRIPTS_LINE]
+    if len(lines) != len(shipped.splitlines()) or not placeholder:
+        return False
+    lines[placeholder[0]] = SCRIPTS_LINE
+    return lines == shipped.splitlines()
 
 
 def _filled(source: Path) -> str:

@@ -111,6 +111,22 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
             saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
             missed=[m for s in sections for m in missed_of(s, kind)],
+            hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
     return out
 
+
+
+def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded runs (processes sharing a run id: a warm or validate pass), latest first:
+    run id, when it ended, its rule and GPU type, and how many processes recorded."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for record in found:
+        run_id = record.get("run_id")
+        if not run_id:
+            continue
+        run = by_id.setdefault(run_id, {"run_id": run_id, "time": 0.0, "rule": record.get("rule"),
+                                         "gpu_type": record.get("gpu_type"), "processes": 0})
+        run["time"] = max(run["time"], record["time"])
+        run["processes"] += 1
+    return sorted(by_id.values(), key=lambda run: -run["time"])

@@ -26,6 +26,10 @@ def _require(data: dict[str, Any], what: str, *names: str) -> None:
         raise UsageError(f"not {what}: it lacks {', '.join(missing)}")
 
 
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _number(value: Any, what: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise UsageError(f"not {what}: {key} is {value!r}, not a number")
@@ -35,7 +39,7 @@ def _number(value: Any, what: str, key: str) -> float:
 @dataclass(frozen=True)
 class RunResult:
     """One run of one workload command: wall seconds and exit code (``None``: timed out);
-    ``error``: the last line it printed, when it failed (``No module named 'jax'``)."""
+    ``error``: the last line a failed run printed (usually why, e.g. ``No module named 'jax'``)."""
 
     workload: str
     shape: Any
@@ -52,8 +56,8 @@ class RunResult:
         if self.ok:
             return None
         how = "timed out" if self.returncode is None else f"exited with code {self.returncode}"
-        said = f": {self.error}" if self.error else ""
-        return f"workload {self.workload} shape {self.shape} {how}{said}"
+        why = f": {self.error}" if self.error else ""
+        return f"workload {self.workload} shape {self.shape} {how}{why}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "shape": self.shape, "seconds": round(self.seconds, 3),
@@ -62,10 +66,9 @@ class RunResult:
     @classmethod
     def from_dict(cls, data: Any) -> RunResult:
         data = _mapping(data, "a workload run")
-        error = data.get("error")
         return cls(str(data.get("workload", "?")), data.get("shape"),
                    float(_number(data.get("seconds", 0.0), "a workload run", "seconds")),
-                   data.get("returncode"), error if isinstance(error, str) else None)
+                   data.get("returncode"), _text_or_none(data.get("error")))
 
 
 @dataclass
@@ -103,6 +106,7 @@ class KindTotals:
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     missed: list[Missed] = field(default_factory=list)
+    hit_keys: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Any) -> KindTotals:
@@ -112,7 +116,8 @@ class KindTotals:
         return cls(int(number("processes")), int(number("hits")), int(number("misses")),
                    float(number("compile_seconds")), float(number("saved_seconds")),
                    [Missed(str(m.get("kind", "?")), str(m.get("name", "?")), str(m.get("key", "")))
-                    for m in missed if isinstance(m, dict)])
+                    for m in missed if isinstance(m, dict)],
+                   [k for k in data.get("hit_keys") or [] if isinstance(k, str)])
 
 
 @dataclass
@@ -138,10 +143,18 @@ class PhaseResult:
     job: dict[str, Any] = field(default_factory=dict)
     cache_root: str | None = None
     broken: list[str] = field(default_factory=list)
-    #: What the cache environment fell back from or adjusted (filled in on the host).
+    #: What the cache environment fell back from or adjusted, and the kinds that run without
+    #: their cache and why (both filled in on the host, where the environment is resolved).
     cache_warnings: list[str] = field(default_factory=list)
+    cache_problems: list[str] = field(default_factory=list)
     #: The kinds the workloads compile for: a pass that saw no request for one is suspect.
     expects: list[str] = field(default_factory=list)
+    #: What the pass depends on (runner.fingerprint): measurements and verdicts are reused by it.
+    fingerprint: str | None = None
+    #: Why the pass did not run (a warm pass whose inputs' last validation passed).
+    skipped: str | None = None
+    #: The stored pass this one reuses (a cold measurement of the same inputs).
+    reused: str | None = None
     #: Why this pass ran no workload: its job could not run on a node of its (optional) type.
     unscheduled: str | None = None
 
@@ -152,7 +165,7 @@ class PhaseResult:
 
     @property
     def problems(self) -> list[str]:
-        return self.failures() + self.broken
+        return self.cache_problems + self.failures() + self.broken
 
     @property
     def new_entries(self) -> dict[str, int]:
@@ -186,8 +199,12 @@ class PhaseResult:
             cache_root=data.get("cache_root") if isinstance(data.get("cache_root"), str) else None,
             broken=[str(b) for b in data.get("broken") or [] if isinstance(b, str)],
             cache_warnings=[str(w) for w in data.get("cache_warnings") or [] if isinstance(w, str)],
+            cache_problems=[str(p) for p in data.get("cache_problems") or [] if isinstance(p, str)],
             expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
-            unscheduled=data.get("unscheduled") if isinstance(data.get("unscheduled"), str) else None,
+            fingerprint=_text_or_none(data.get("fingerprint")),
+            skipped=_text_or_none(data.get("skipped")),
+            reused=_text_or_none(data.get("reused")),
+            unscheduled=_text_or_none(data.get("unscheduled")),
         )
 
 

@@ -75,7 +75,8 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
               ("min_free_space", parse_size, filled["min_free_space"]),
-              ("prune.max_age", parse_age, filled["prune"]["max_age"])]
+              ("prune.max_age", parse_age, filled["prune"]["max_age"]),
+              ("single_flight.timeout", parse_age, filled["single_flight"]["timeout"])]
     checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
                for name, workload in filled["workloads"].items()]
     checks += [(f"gpu_types.{name}.queue_wait", parse_age, spec["queue_wait"])
@@ -219,8 +220,24 @@ class GpuType:
 class ValidateConfig:
     """How validation runs and judges (config key ``validate``)."""
 
-    measure_cold: bool = True
+    measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
+
+
+@dataclass(frozen=True)
+class SingleFlightConfig:
+    """Single-flight across processes (config key ``single_flight``), parsed."""
+
+    enabled: bool = True
+    timeout_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """How the warm step runs (config key ``warm``)."""
+
+    parallel: int | None = None
+    skip_when_valid: bool = True
 
 
 @dataclass(frozen=True)
@@ -251,8 +268,10 @@ class Settings:
     default_workloads: tuple[str, ...] = ("jax-transformer",)
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
     gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    warm: WarmConfig = WarmConfig()
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
+    single_flight: SingleFlightConfig = SingleFlightConfig()
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -292,8 +311,11 @@ def settings_from(
                                  spec["conda"], spec["python"] or filled["python"],
                                  spec["optional"], parse_age(spec["queue_wait"]))
                    for name, spec in filled["gpu_types"].items()},
+        warm=WarmConfig(**filled["warm"]),
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
                           parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),
+        single_flight=SingleFlightConfig(filled["single_flight"]["enabled"],
+                                         parse_age(filled["single_flight"]["timeout"])),
         config=filled,
     )

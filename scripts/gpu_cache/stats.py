@@ -52,6 +52,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
                     for axis, groups in usage(root).items()}
     out["software_mismatches"] = software_mismatches(root)
     out["outside_root"] = outside_root(root)
+    out["runs"] = records.runs(list(records.read(records.records_dir(root))))[:TOP]
     return out
 
 
@@ -199,4 +200,9 @@ def render(stats: dict[str, Any]) -> str:
                              f"rate), {max(0.0, u.saved_seconds):.1f} s saved, {u.processes} processes")
     lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
     lines += [f"outside the cache root: {line}" for line in stats.get("outside_root", [])]
+    if stats.get("runs"):
+        lines.append("latest runs (for `gpu-cache doctor --explain --run-id`):")
+        lines += [f"  {run['run_id']}: {run['rule'] or '-'} on {run['gpu_type'] or '-'}, "
+                  f"{run['processes']} process(es), {format_age(time.time() - run['time'])} ago"
+                  for run in stats["runs"]]
     return "\n".join(lines) + "\n"

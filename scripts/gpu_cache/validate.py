@@ -156,7 +156,10 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
     observed = any(c.processes_observed for c in counts.values())
-    notes = [] if observed else [
+    notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
+             f"({cold.reused}); validate.measure_cold: always measures it every time"] \
+        if cold is not None and cold.reused else []
+    notes += [] if observed else [
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
     return Verdict(
@@ -180,13 +183,17 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     )
 
 
-def validate(settings: Settings, gpu_type: str, output: TextIO) -> Verdict:
-    """Validate the cache of ``gpu_type`` here (the workloads' output goes to ``output``).
-
-    Raises:
-        UsageError: the GPU type or one of its workloads is unknown.
-    """
-    exports = env.resolve(settings)
-    env.warn_once(exports)
-    phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
-    return judge_phases(settings, gpu_type, phases, exports)
+def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
+    """Keep a passed verdict's inputs (the validate pass's fingerprint) so that the next warm
+    step of the same inputs only re-checks; forget them when the verdict failed."""
+    marker = runner.state_file(settings.cache_root, "passed", phase.fingerprint or "")
+    if marker is None or not phase.fingerprint:
+        return
+    keys = {kind: totals.hit_keys for kind, totals in phase.recorded.items() if totals.hit_keys}
+    if verdict.passed and keys:  # what the next warm step checks is still there
+        runner.save_state(marker, {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys})
+    else:
+        try:
+            marker.unlink()
+        except OSError:
+            pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TextIO
 
 from gpu_cache import env, runner
@@ -20,6 +21,8 @@ def warm(settings: Settings, gpu_type: str, output: TextIO) -> PhaseResult:
     """
     exports = env.resolve(settings)
     env.warn_once(exports)
-    result = runner.run_plan(plan_phase(settings, gpu_type, "warm"), output, env.job_environ(exports))
+    plan = runner.with_threads(plan_phase(settings, gpu_type, "warm"), os.cpu_count() or 1)
+    result = runner.run_plan(plan, output, env.job_environ(exports))
     result.cache_warnings = exports.messages()
+    result.cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()]
     return result

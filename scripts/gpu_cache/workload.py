@@ -117,4 +117,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
                "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
     python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
-    return Plan(phase, gpu_type, tuple(commands), environ, record, python)
+    # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
+    # told); validation runs them one after another, as the jobs start them.
+    parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
+    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
+    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse)

@@ -1,6 +1,7 @@
 """GPU benchmark: warm start, fan-out, end to end and overheads, measured side by side.
 
-    python tests/benchmarks/gpu_benchmark.py --out DIR [--sections jax,triton,fla,fanout,e2e,overhead]
+    python tests/benchmarks/gpu_benchmark.py --out DIR [--sections jax,triton,fla,fanout,e2e,overhead,
+                                                                   flight_jax,flight_fla,recheck,breakdown]
 
 Every case runs in fresh processes. "no cache" switches JAX's cache off and gives Triton an
 empty folder; "cold" is gpu-cache's environment on an empty cache root; "warm" is the same
@@ -41,14 +42,18 @@ def jax_command(quick: bool) -> list[str]:
     return [sys.executable, "-m", "gpu_cache.workloads.jax_transformer", *size]
 
 
-def cache_environ(root: Path | None, scratch: Path) -> dict[str, str]:
-    """gpu-cache's job environment on ``root``; ``None``: every cache off or empty."""
+def cache_environ(root: Path | None, scratch: Path, single_flight: bool = True) -> dict[str, str]:
+    """gpu-cache's job environment on ``root``; ``None``: every cache off or empty.
+    ``single_flight``: False is the storm (every process compiles what it misses)."""
     if root is None:
         environ = env.job_environ(env.resolve(settings_from({}, cache_root="none")))
         environ["TRITON_CACHE_DIR"] = str(scratch / f"empty-{uuid.uuid4().hex[:8]}")
         environ["CUDA_CACHE_DISABLE"] = "1"
     else:
-        environ = env.job_environ(env.resolve(settings_from({}, cache_root=str(root))))
+        config = {"single_flight": {"enabled": single_flight}}
+        environ = env.job_environ(env.resolve(settings_from(config, cache_root=str(root))))
+    # Eight processes share one GPU: none may take 75% of its memory at start.
+    environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     parts = [str(REPO / "scripts"), *environ.get("PYTHONPATH", "").split(os.pathsep)]
     environ["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
     environ["GPU_CACHE_RUN_ID"] = uuid.uuid4().hex
@@ -77,22 +82,125 @@ def run_one(command: list[str], environ: dict[str, str], cwd: Path | None = None
     run = finish(start(command, environ, cwd), time.perf_counter())
     root = environ.get("GPU_CACHE_RECORDS")
     if root:
-        run["cache"] = records.totals(list(records.read(Path(root), environ["GPU_CACHE_RUN_ID"])))
-        for kind in run["cache"].values():
-            kind["missed"] = len(kind["missed"])
+        run["cache"] = recorded(Path(root), environ["GPU_CACHE_RUN_ID"])
     return run
 
 
+def recorded(folder: Path, run_id: str) -> dict[str, Any]:
+    """The records of one run, per kind: counts and compile seconds (names left out)."""
+    totals = records.totals(list(records.read(folder, run_id)))
+    return {kind: {"processes": t.processes, "hits": t.hits, "misses": t.misses,
+                   "compile_seconds": t.compile_seconds, "saved_seconds": t.saved_seconds}
+            for kind, t in totals.items()}
+
+
 def run_many(command: list[str], environs: list[dict[str, str]]) -> dict[str, Any]:
-    """Start the processes together; wall is until the last one ends."""
+    """Start the processes together; wall is until the last one ends. The processes share one
+    run id, so their records sum up: compiles (misses) over all of them, per kind."""
+    run_id = uuid.uuid4().hex
+    environs = [dict(e, GPU_CACHE_RUN_ID=run_id) for e in environs]
     started = time.perf_counter()
     processes = [start(command, environ) for environ in environs]
     runs = [finish(p, started) for p in processes]
+    folder = environs[0].get("GPU_CACHE_RECORDS")
     return {"wall_seconds": round(time.perf_counter() - started, 3),
             "cpu_seconds": round(sum(r["cpu_seconds"] for r in runs), 2),
             "all_ok": all(r["returncode"] == 0 for r in runs),
             "worker_wall_seconds": [r["wall_seconds"] for r in runs],
+            "cache": recorded(Path(folder), run_id) if folder else None,
             "failures": [r["stderr_tail"] for r in runs if r["returncode"]]}
+
+
+def fan_out_cases(command: list[str], scratch: Path, workers: int) -> dict[str, Any]:
+    """The first fan-out on an empty cache, three ways, each on a root of its own: the storm
+    (single-flight off, no warm step), single-flight with no warm step, and one warm job then
+    the fan-out. The floor is one cold process plus ``workers`` warm ones (the third case's
+    parts); each case's wall and CPU are compared with the storm and the floor."""
+    storm = run_many(command, [cache_environ(scratch / "storm", scratch, single_flight=False)
+                               for _ in range(workers)])
+    flight = run_many(command, [cache_environ(scratch / "flight", scratch) for _ in range(workers)])
+    warm_started = time.perf_counter()
+    warm = run_one(command, cache_environ(scratch / "warm", scratch))
+    fan = run_many(command, [cache_environ(scratch / "warm", scratch) for _ in range(workers)])
+    warm_then = {"warm_job": warm, "fan_out": fan,
+                 "wall_seconds": round(time.perf_counter() - warm_started, 3),
+                 "cpu_seconds": round(warm["cpu_seconds"] + fan["cpu_seconds"], 2)}
+    floor_cpu = warm_then["cpu_seconds"]
+    return {
+        "workers": workers, "command": command[1:], "storm": storm, "single_flight": flight,
+        "warm_then_fan_out": warm_then,
+        "ratios": {
+            "single_flight_wall_vs_storm": round(flight["wall_seconds"] / storm["wall_seconds"], 3),
+            "warm_then_fan_out_wall_vs_storm": round(warm_then["wall_seconds"] / storm["wall_seconds"], 3),
+            "single_flight_cpu_vs_floor": round(flight["cpu_seconds"] / floor_cpu, 3),
+            "storm_cpu_vs_floor": round(storm["cpu_seconds"] / floor_cpu, 3),
+        },
+    }
+
+
+def section_flight_jax(scratch: Path, quick: bool, workers: int = 8) -> dict[str, Any]:
+    return fan_out_cases(jax_command(quick), scratch, workers)
+
+
+def section_flight_fla(scratch: Path, quick: bool, workers: int = 8) -> dict[str, Any]:
+    return fan_out_cases([*FLA, "--tokens", "2048"], scratch, workers)
+
+
+def section_recheck(scratch: Path, quick: bool) -> dict[str, Any]:
+    """The default workflow on this GPU (jax-transformer and triton-kernels), on an empty root,
+    then again in a new working directory on the same root: the re-run vs one validation pass,
+    and the warm step (shapes side by side) vs its slowest shape."""
+    root = scratch / "cache"
+    out: dict[str, Any] = {}
+    for run in ("first_run", "second_run"):
+        work = scratch / run
+        (work / "config").mkdir(parents=True)
+        config = {"default_workloads": ["jax-transformer", "triton-kernels"]}
+        (work / "config" / "config.yaml").write_text(json.dumps(config))
+        command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "workflow" / "Snakefile"),
+                   "--profile", str(REPO / "profiles" / "gpu-cache"), "--cores", str(os.cpu_count())]
+        result = run_one(command, dict(os.environ, GPU_CACHE_ROOT=str(root)), cwd=work)
+        results = work / "results" / "gpu-cache"
+        gpu_type = device.detect().gpu_type
+        warm = json.loads((results / "warm" / f"{gpu_type}.json").read_text())
+        check = json.loads((results / "check" / f"{gpu_type}.json").read_text())
+        verdict = json.loads((results / "validate" / f"{gpu_type}.json").read_text())
+        runs = [r["seconds"] for r in warm["runs"]]
+        result.update({
+            "passed": verdict["passed"], "hits": verdict["hits"], "misses": verdict["misses"],
+            "warm_seconds": warm["seconds"], "warm_skipped": warm["skipped"],
+            "slowest_shape_seconds": max(runs) if runs else None,
+            "validation_pass_seconds": check["validate"]["seconds"],
+            "cold_reused": check.get("cold", {}).get("reused") if check.get("cold") else None,
+        })
+        out[run] = result
+    first, second = out["first_run"], out["second_run"]
+    out["ratios"] = {
+        "rerun_vs_one_validation_pass": round(second["wall_seconds"] / second["validation_pass_seconds"], 3),
+        "warm_step_vs_slowest_shape": round(first["warm_seconds"] / first["slowest_shape_seconds"], 3)
+        if first["slowest_shape_seconds"] else None,
+    }
+    return out
+
+
+def section_breakdown(scratch: Path, quick: bool) -> dict[str, Any]:
+    """What one cold process of the fan-out workloads spends where: Python imports, CUDA
+    start, Triton compiles and JAX compiles (from the startup hook's records), the rest."""
+    root = scratch / "cache"
+    programs = {
+        "import_torch_fla": [sys.executable, "-c", "import torch, fla.ops.gated_delta_rule"],
+        "import_and_cuda_start": [sys.executable, "-c",
+                                  "import torch, fla.ops.gated_delta_rule; torch.zeros(1, device='cuda'); "
+                                  "torch.cuda.synchronize()"],
+        "import_jax": [sys.executable, "-c", "import jax"],
+        "import_jax_and_gpu_start": [sys.executable, "-c", "import jax, jax.numpy as j; "
+                                                           "j.ones(1).block_until_ready()"],
+    }
+    out: dict[str, Any] = {name: run_one(cmd, cache_environ(None, scratch))["wall_seconds"]
+                           for name, cmd in programs.items()}
+    out["fla_cold"] = run_one([*FLA, "--tokens", "2048"], cache_environ(root / "fla", scratch))
+    out["jax_cold"] = run_one(jax_command(quick), cache_environ(root / "jax", scratch))
+    return out
 
 
 def three_cases(command: list[str], scratch: Path) -> dict[str, Any]:
@@ -198,7 +306,9 @@ def section_overhead(scratch: Path, quick: bool, repeats: int = 5) -> dict[str, 
 
 
 SECTIONS = {"jax": section_jax, "triton": section_triton, "fla": section_fla,
-            "fanout": section_fanout, "e2e": section_e2e, "overhead": section_overhead}
+            "fanout": section_fanout, "e2e": section_e2e, "overhead": section_overhead,
+            "flight_jax": section_flight_jax, "flight_fla": section_flight_fla,
+            "recheck": section_recheck, "breakdown": section_breakdown}
 
 
 def machine() -> dict[str, Any]:

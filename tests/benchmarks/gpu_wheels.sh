@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch, into .whl/, the Python 3.12 wheels that gpu_benchmark.py needs on the H200 image
-# (which has jax, triton, torch, einops, pandas, psutil, pyyaml, filelock, but no snakemake):
+# (which has jax, triton, torch, einops, pandas, pyyaml, but no snakemake; filelock, wrapt, psutil
+# and typing_extensions were missing on some of its machines, so they travel too):
 # snakemake 9.27.1 and the dependencies the image lacks, and fla-core for the Triton library
 # workload. connection_pool has no wheel on the registry, so it is built here (pure Python).
 # Then, on the device: pip install --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -19,6 +20,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     snakemake-interface-report-plugins==1.3.0 snakemake-interface-logger-plugins==2.1.0 \
     snakemake-interface-scheduler-plugins==2.0.2 yte==1.9.4 dpath==2.2.0 conda-inject==1.3.2 \
     sqlmodel==0.0.37 SQLAlchemy==2.0.58 greenlet==3.5.6 pydantic==2.13.4 annotated-types==0.7.0 \
-    pydantic_core==2.46.4 typing-inspection==0.4.2 platformdirs==4.14.8 fla-core==0.6.0
+    pydantic_core==2.46.4 typing-inspection==0.4.2 platformdirs==4.14.8 fla-core==0.6.0 \
+    filelock==3.20.0 wrapt==1.17.3 psutil==7.1.3 typing_extensions==4.15.0
 python3 -m pip wheel -q --no-deps -w .whl connection_pool==0.0.3
 du -sh .whl

@@ -33,6 +33,8 @@ rule warm_cache:
     # The jobs' own software, where the GPU type names it: the runner needs only Python.
     container:
         gpu_cache_container
+    # The type's runs (shapes) compile side by side: Triton's compiles use one core each.
+    threads: gpu_cache_warm_threads
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
         **gpu_cache_resources(),
@@ -40,7 +42,7 @@ rule warm_cache:
         runner=gpu_cache_runner,
         plans=gpu_cache_plans("warm"),
     shell:
-        "{params.runner} {params.plans} --output {output.report} --log {log}"
+        "{params.runner} {params.plans} --threads {threads} --output {output.report} --log {log}"
 
 
 rule check_cache:

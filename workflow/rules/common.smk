@@ -96,6 +96,13 @@ def gpu_cache_runner(wildcards):
     return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.runner"
 
 
+def gpu_cache_warm_threads(wildcards):
+    """Threads of a warm job: one per run of the type (its shapes run side by side), or
+    warm.parallel; Snakemake lowers it to --cores."""
+    plan = gpu_cache_plan_phase(GPU_CACHE_SETTINGS, wildcards.gpu_type, "warm")
+    return plan.parallel or max(1, len(plan.commands))
+
+
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
     only when validate.measure_cold), and --unscheduled when an optional type's job runs
@@ -221,6 +228,13 @@ def gpu_cache_validations():
 def gpu_cache_summary():
     """The end-of-run summary: requesting it runs everything, pruning included."""
     return "results/gpu-cache/summary.txt"
+
+
+def gpu_cache_print_summary():
+    """Print the end-of-run summary, when this run wrote one."""
+    summary = Path(gpu_cache_summary())
+    if summary.is_file():
+        print(summary.read_text(), end="", file=sys.stderr)
 
 
 def gpu_cache_pruned(wildcards):

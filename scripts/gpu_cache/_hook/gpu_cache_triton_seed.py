@@ -1,23 +1,102 @@
-"""A Triton cache manager that reads a read-only seed cache and writes elsewhere.
+"""gpu-cache's Triton cache managers: single-flight, and a read-only seed cache under it.
 
-Triton raises on a miss when its cache folder cannot be written. gpu-cache points
-``TRITON_CACHE_DIR`` at a node-local folder, ``GPU_CACHE_TRITON_SEED`` at the read-only
-shared cache and ``TRITON_CACHE_MANAGER=gpu_cache_triton_seed:SeedOverlayCacheManager``
-(this module is on the jobs' ``PYTHONPATH``): hits come from the seed when it has them, new
-kernels go to the node-local folder, and nothing ever writes to the seed.
+``FlightCacheManager`` is Triton's file cache manager with single-flight across processes
+(``gpu_cache_flight``): the startup hook makes it Triton's cache manager
+(``triton.knobs.cache.manager_class``, in the process only: no ``TRITON_CACHE_MANAGER`` that a
+job without the hook on its path could not import) when ``$GPU_CACHE_LOCKS`` is set and you
+did not name a manager of your own.
+
+Where Triton compiles (``triton/compiler/compiler.py``, ``compile``): one manager per compile,
+``get_group(<kernel>.json)`` first; a hit returns at once; on a miss the stages are compiled,
+each written with ``put``, and ``put_group`` writes the group file last. So a miss here takes
+the key's lock (after re-reading the cache under it: a leader may have just written it) and
+``put_group`` releases it once the group is written. A compile that ends without
+``put_group`` (an error) releases it when its manager is garbage-collected (the exception and
+its frames are gone), at this thread's next miss of the same key, at process exit (the kernel
+drops the lock) and, for the waiters, after their timeout.
+
+``SeedOverlayCacheManager`` (``TRITON_CACHE_MANAGER=gpu_cache_triton_seed:SeedOverlayCacheManager``,
+exported when the cache root is read-only) reads a read-only seed cache and writes elsewhere:
+Triton raises on a miss when its cache folder cannot be written, so gpu-cache points
+``TRITON_CACHE_DIR`` at a node-local folder and ``GPU_CACHE_TRITON_SEED`` at the read-only
+shared cache: hits come from the seed when it has them, new kernels go to the node-local
+folder (single-flight there too), and nothing ever writes to the seed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
 
 from triton.runtime.cache import FileCacheManager
+
+try:
+    import gpu_cache_flight
+except ImportError:  # a copy of this file without its sibling: Triton's plain file cache
+    gpu_cache_flight = None
 
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
 
 
-class SeedOverlayCacheManager(FileCacheManager):
+class FlightCacheManager(FileCacheManager):
+    """Triton's file cache manager over ``$TRITON_CACHE_DIR``, where one process compiles a
+    kernel that several miss at once and the others load it."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        super().__init__(key, override, dump)
+        self._single_flight = gpu_cache_flight is not None and not (override or dump)
+        self._release = None
+
+    def _lookup(self, filename: str) -> dict[str, str] | None:
+        return FileCacheManager.get_group(self, filename)
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        group = self._lookup(filename)
+        if group is not None or not self._single_flight:
+            return group
+        if self._release is not None:  # this manager's earlier miss never put its group
+            self._release()  # the finalizer releases it as abandoned, once
+            self._release = None
+        raised = []
+
+        def lookup() -> dict[str, str] | None:
+            try:
+                return self._lookup(filename)
+            except BaseException as exc:  # Triton's own error: raised as without single-flight
+                raised.append(exc)
+                raise
+
+        try:
+            group, lock = gpu_cache_flight.lead("triton", self.key, os.path.dirname(self.cache_dir),
+                                                read=lookup, peek=lookup)
+        except Exception as exc:
+            if raised:
+                raise
+            gpu_cache_flight.disable("triton", f"failed: {exc!r}"[:300])
+            return None  # compile, as without single-flight
+        if lock is not None:
+            self._release = weakref.finalize(self, lock.release, False)
+        return group
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        try:
+            path = super().put_group(filename, group)
+        except BaseException:
+            self._done(False)
+            raise
+        self._done(True)
+        return path
+
+    def _done(self, wrote: bool) -> None:
+        release, self._release = self._release, None
+        detached = release.detach() if release is not None else None
+        if detached is not None:
+            _manager, lock_release, _args, _kwargs = detached
+            lock_release(wrote)
+
+
+class SeedOverlayCacheManager(FlightCacheManager):
     """Triton's file cache manager over ``$TRITON_CACHE_DIR``, with ``$GPU_CACHE_TRITON_SEED``
     consulted first for reads."""
 
@@ -33,7 +112,7 @@ class SeedOverlayCacheManager(FileCacheManager):
                 return path
         return super().get_file(filename)
 
-    def get_group(self, filename: str) -> dict[str, str] | None:
+    def _lookup(self, filename: str) -> dict[str, str] | None:
         # Same rules as FileCacheManager.get_group: a group counts only when every child exists.
         if self.seed_dir:
             try:
@@ -43,4 +122,4 @@ class SeedOverlayCacheManager(FileCacheManager):
                 children = None
             if isinstance(children, dict) and all(os.path.exists(p) for p in children.values()):
                 return dict(children)
-        return super().get_group(filename)
+        return super()._lookup(filename)

@@ -1,17 +1,22 @@
 """gpu-cache's startup hook: per-process cache statistics, without touching user code.
 
-gpu-cache puts this folder first on ``PYTHONPATH`` when ``stats_hook`` is on. In every
-Python process it only installs an import watcher (a few microseconds). When the process
-imports ``jax`` or ``triton``, it registers their cache listeners; at exit it writes one
-JSON record into ``$GPU_CACHE_RECORDS``. On each cache hit it sets the entry's mtime to
-now, which is gpu-cache's record of last use (file atimes are unreliable: noatime mounts).
+gpu-cache puts this folder first on ``PYTHONPATH`` when ``stats_hook`` or ``single_flight``
+is on. In every Python process it only installs an import watcher (a few microseconds). When
+the process imports ``jax`` or ``triton``, it registers their cache listeners; at exit it
+writes one JSON record into ``$GPU_CACHE_RECORDS``. On each cache hit it sets the entry's
+mtime to now, which is gpu-cache's record of last use (file atimes are unreliable: noatime
+mounts). With ``$GPU_CACHE_LOCKS`` set it also turns on single-flight (``gpu_cache_flight``
+next to this file): JAX's persistent-cache read and write for one key are wrapped, and
+Triton's cache manager becomes ``gpu_cache_triton_seed.FlightCacheManager``, so that of the
+processes that miss one key at once only one compiles it.
 
 Rules it keeps:
 
 - standard library only, and nothing but the watcher in a process without jax or triton;
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
-- does nothing without an absolute ``$GPU_CACHE_RECORDS``;
+- records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
+  it or an absolute ``$GPU_CACHE_LOCKS``;
 - one per process: several copies of this file on ``sys.path`` (two checkouts, or one reached
   through a symlink) act as one. The first copy that runs marks the process (an attribute of
   ``sys``); any later copy that still gets run does nothing; the copies, and older versions of
@@ -64,7 +69,8 @@ def _text(value, limit=_MAX_TEXT):
 class _Stats:
     def __init__(self):
         self.warned = False
-        self.folder = None
+        self.folder = None  # the records folder; None: no records
+        self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.libraries = set()
         self.jax = {"requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0,
                     "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_parts": {},
@@ -106,6 +112,17 @@ def _touch(path):
 
 
 def _on_jax(jax_module):
+    if _STATS.flight:
+        try:
+            _flight_jax()
+        except Exception as exc:  # the job runs as without single-flight
+            _flight_off("jax", f"not installed: {exc!r}"[:300])
+            _STATS.warn("jax single-flight", exc)
+    if _STATS.folder:
+        _jax_listeners()
+
+
+def _jax_listeners():
     from jax import monitoring
 
     stats = _STATS.jax
@@ -278,6 +295,17 @@ def _wrap_jax_cache_logging():
 
 
 def _on_triton(triton_module):
+    if _STATS.flight:
+        try:
+            _flight_triton(triton_module)
+        except Exception as exc:
+            _flight_off("triton", f"not installed: {exc!r}"[:300])
+            _STATS.warn("triton single-flight", exc)
+    if _STATS.folder:
+        _triton_listener(triton_module)
+
+
+def _triton_listener(triton_module):
     knobs = triton_module.knobs
     stats = _STATS.triton
     previous = knobs.compilation.listener
@@ -307,6 +335,182 @@ def _on_triton(triton_module):
                      cache_hit=cache_hit)
 
     knobs.compilation.listener = listener
+
+
+def _flight():
+    """gpu-cache's single-flight module (next to this file), told how this hook warns."""
+    import gpu_cache_flight
+
+    gpu_cache_flight.configure(_STATS.warn)
+    return gpu_cache_flight
+
+
+def _flight_off(kind, why):
+    try:
+        _flight().disable(kind, why)
+    except Exception:
+        pass
+
+
+def _flight_stats(kind):
+    """What single-flight did for ``kind``, for the record."""
+    if not _STATS.flight:
+        return {"state": "off: GPU_CACHE_LOCKS is not set"}
+    try:
+        return _flight().stats(kind)
+    except Exception as exc:
+        return {"state": _text(f"off: {exc!r}", 300)}
+
+
+#: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must
+#: have (jax 0.4.30, 0.10.2 and 0.11.2 have them). A jax whose internals differ runs without it.
+_JAX_FLIGHT_API = {
+    "compile_or_get_cached": ("backend", "computation", "devices", "compile_options"),
+    "_cache_read": ("module_name", "cache_key", "compile_options", "backend"),
+    "_cache_write": ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
+}
+
+
+def _jax_flight_mismatch(compiler):
+    """Why this jax's compiler does not fit JAX single-flight, or None."""
+    import inspect
+
+    for name, params in _JAX_FLIGHT_API.items():
+        func = getattr(compiler, name, None)
+        if not callable(func):
+            return f"jax._src.compiler.{name} is missing"
+        try:
+            names = tuple(inspect.signature(func).parameters)
+        except (TypeError, ValueError) as exc:
+            return f"jax._src.compiler.{name}: no signature ({exc})"
+        if names[:len(params)] != params:
+            return f"jax._src.compiler.{name}{names[:len(params)]} is not {name}{params}"
+    return None
+
+
+def _flight_jax():
+    """Single-flight around JAX's persistent cache, one key at a time.
+
+    ``compile_or_get_cached`` reads the cache with ``_cache_read`` (a miss: ``(None, None)``),
+    compiles, and writes with ``_cache_write``. On a miss the wrapped read takes the key's lock
+    (``gpu_cache_flight.lead``) and reads again under it: a hit is returned as JAX's own hit,
+    a miss leaves this process the key's leader. ``_cache_write`` releases the lock once the
+    entry is written (or was not: waiters then compile side by side), and a ``finally`` around
+    ``compile_or_get_cached`` releases whatever this call still holds (a failed compile).
+    Computations of several processes of one ``jax.distributed`` run are left alone: JAX shares
+    those between the processes itself, and only process 0 writes them.
+    """
+    import threading
+
+    flight = _flight()
+    from jax._src import compiler
+
+    why = _jax_flight_mismatch(compiler)
+    try:
+        from jax._src import distributed
+
+        state = distributed.global_state
+    except Exception as exc:
+        why = why or f"no jax._src.distributed.global_state ({exc!r})"
+    if why:
+        flight.disable("jax", why)
+        return
+    original_read = compiler._cache_read
+    original_write = compiler._cache_write
+    original_compile = compiler.compile_or_get_cached
+    local = threading.local()
+
+    def held():
+        mine = getattr(local, "held", None)
+        if mine is None:
+            mine = local.held = {}
+        return mine
+
+    def folder():
+        return _jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or ""
+
+    def cache_read(module_name, cache_key, *args, **kwargs):
+        result = original_read(module_name, cache_key, *args, **kwargs)
+        if result[0] is not None or not flight.enabled("jax") \
+                or getattr(state, "client", None) is not None:
+            return result
+        raised = []
+
+        def read():
+            try:
+                again = original_read(module_name, cache_key, *args, **kwargs)
+            except BaseException as exc:  # jax told to raise cache errors: as without the hook
+                raised.append(exc)
+                raise
+            return again if again[0] is not None else None
+
+        try:
+            found, lock = flight.lead("jax", cache_key, folder(), read)
+        except Exception as exc:
+            if raised:
+                raise
+            _STATS.warn("jax single-flight", exc)
+            return result
+        if found is not None:
+            return found
+        if lock is not None:
+            held()[cache_key] = lock
+        return result
+
+    def cache_write(cache_key, *args, **kwargs):
+        try:
+            return original_write(cache_key, *args, **kwargs)
+        finally:
+            lock = held().pop(cache_key, None)
+            if lock is not None:
+                lock.release(wrote=_jax_entry_written(folder(), cache_key))
+
+    def compile_or_get_cached(*args, **kwargs):
+        before = set(held())
+        try:
+            return original_compile(*args, **kwargs)
+        finally:
+            mine = held()
+            for key in [key for key in mine if key not in before]:
+                mine.pop(key).release(wrote=False)
+
+    compiler._cache_read = cache_read
+    compiler._cache_write = cache_write
+    compiler.compile_or_get_cached = compile_or_get_cached
+
+
+def _jax_entry_written(folder, cache_key):
+    """Whether JAX's cache folder holds the entry now (``<key>-cache``; the key alone on jax
+    0.4.30). Never raises."""
+    try:
+        return bool(folder) and (os.path.exists(os.path.join(folder, f"{cache_key}-cache"))
+                                 or os.path.exists(os.path.join(folder, cache_key)))
+    except Exception:
+        return False
+
+
+#: The Triton cache manager (next to this file) gpu-cache exports for a read-only cache root;
+#: it does single-flight too.
+_SEED_MODULE = "gpu_cache_triton_seed"
+
+
+def _flight_triton(triton_module):
+    """Make Triton's cache manager gpu-cache's single-flight one, in this process only (the
+    knob, not ``TRITON_CACHE_MANAGER``: a child without this folder on its path would fail
+    to import it). A manager you named stays, and single-flight is off for Triton then."""
+    flight = _flight()
+    cache_knobs = getattr(getattr(triton_module, "knobs", None), "cache", None)
+    if cache_knobs is None or not any("manager_class" in vars(k) for k in type(cache_knobs).__mro__):
+        flight.disable("triton", "this triton has no triton.knobs.cache.manager_class (< 3.4)")
+        return
+    theirs = os.environ.get("TRITON_CACHE_MANAGER")
+    if theirs:
+        if theirs.split(":", 1)[0] != _SEED_MODULE:
+            flight.disable("triton", _text(f"TRITON_CACHE_MANAGER={theirs} is your own", 300))
+        return  # gpu-cache's seed manager: single-flight is in it
+    import gpu_cache_triton_seed
+
+    cache_knobs.manager_class = gpu_cache_triton_seed.FlightCacheManager
 
 
 _HANDLERS = {"jax": _on_jax, "triton": _on_triton}
@@ -460,6 +664,7 @@ def _record(time, socket):
         jax_stats = dict(_STATS.jax)
         jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
         jax_stats["cache_dir"] = _jax_cache_dir()
+        jax_stats["single_flight"] = _flight_stats("jax")
         record["jax"] = jax_stats
         context = jax_stats["key_context"]
         if context:
@@ -468,6 +673,7 @@ def _record(time, socket):
                                 "count": context.get("device_count")}
     if "triton" in _STATS.libraries:
         record["triton"] = dict(_STATS.triton)
+        record["triton"]["single_flight"] = _flight_stats("triton")
     record["software"] = _software()
     return record
 
@@ -660,18 +866,21 @@ def _bytecode_folder():
 def _install():
     _usable_triton_folder()
     _bytecode_folder()
-    folder = os.environ.get("GPU_CACHE_RECORDS")
-    if not folder:
-        return
+    folder = os.environ.get("GPU_CACHE_RECORDS") or None
+    locks = os.environ.get("GPU_CACHE_LOCKS")
+    _STATS.flight = bool(locks) and os.path.isabs(locks)
     # An older copy of this hook (before the marker) that ran first watches and records
     # already: a second watcher would only write a second record.
-    if any(type(finder).__name__ == "_ImportWatcher" for finder in sys.meta_path):
+    if folder and any(type(finder).__name__ == "_ImportWatcher" for finder in sys.meta_path):
+        folder = None
+    if not folder and not _STATS.flight:
         return
-    import atexit
-
     _STATS.folder = folder
     sys.meta_path.insert(0, _Watcher())
-    atexit.register(_write_record)
+    if folder:
+        import atexit
+
+        atexit.register(_write_record)
 
 
 def _main():

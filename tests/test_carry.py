@@ -1,0 +1,453 @@
+"""Carry a warmed cache: ``gpu-cache pack`` and ``unpack``, for real.
+
+A root is warmed once on the CPU (the small JAX workload and the Triton kernels compiled ahead of
+time for sm_90), packed, and unpacked into fresh roots at other paths; a validation pass there,
+with the old root moved away, must hit everything. Mismatched targets, hostile archives, newer
+entries already there and last-use times are checked on the same archive or on archives built
+here member by member.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_cache import carry, jax_cache, kinds, software
+from gpu_cache.settings import settings_from
+from helpers import SMALL, clean_environ, read_json, run_cli
+
+pytest.importorskip("triton")
+
+CONFIG = json.dumps({
+    "workloads": {**SMALL["workloads"], "triton-kernels": {"shapes": [1000]}},
+    "default_workloads": ["jax-transformer", "triton-kernels"],
+    "triton_targets": ["sm_90"],
+    "validate": {"measure_cold": False},
+})
+OTHER_PYTHON = "/root/.pyenv/versions/3.9.18/bin/python"  # a Python without jax or triton
+HEX = "0" * 64
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache root warmed on the CPU: JAX entries and sm_90 Triton kernels (do not change it)."""
+    root = tmp_path_factory.mktemp("carry") / "warm root"
+    work = root.parent
+    result = run_cli("warm", "--config-json", CONFIG, "--cache-root", str(root),
+                     "--output", str(work / "warm.json"), "--log", str(work / "warm.log"))
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def archive(warmed: Path) -> Path:
+    path = warmed.parent / "carry.tar.gz"
+    result = run_cli("pack", str(path), "--cache-root", str(warmed))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("packed ")
+    return path
+
+
+def manifest_of(path: Path) -> dict[str, Any]:
+    with tarfile.open(path) as tar:
+        first = tar.next()
+        assert first is not None and first.name == carry.MANIFEST_NAME
+        reader = tar.extractfile(first)
+        assert reader is not None
+        return json.loads(reader.read())
+
+
+def scan(root: Path, kind: str) -> dict[str, Any]:
+    return {e.key: e for e in kinds.scan(kind, root / kind, grace_seconds=0.0)}
+
+
+def unpack(archive: Path, root: Path, *args: str) -> Any:
+    return run_cli("unpack", str(archive), "--cache-root", str(root), *args)
+
+
+def one_line(result: Any) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+# --- the round trip -----------------------------------------------------------------------
+
+
+def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
+    manifest = manifest_of(archive)
+    here = software.identity()
+    assert manifest["format"] == carry.FORMAT and manifest["gpu_cache_version"]
+    assert manifest["software"]["jax"] == here["jax"] and manifest["software"]["triton"] == here["triton"]
+    assert manifest["software_source"] == {"jax": "records of warm and validate passes",
+                                           "triton": "records of warm and validate passes"}
+    assert manifest["device"]["gpu_type"] == "cpu"
+    assert manifest["device"]["jax"]["platforms"] == ["cpu"]
+    assert manifest["device"]["triton"]["targets"] == ["sm_90"]
+    for kind in carry.CARRIED:
+        packed = {e["key"]: e for e in manifest["kinds"][kind]["entries"]}
+        assert set(packed) == set(scan(warmed, kind)), kind
+        for key, entry in scan(warmed, kind).items():
+            assert packed[key]["last_use"] == entry.last_use
+    assert len(manifest["kinds"]["triton"]["entries"]) == 5
+    assert manifest["skipped"] == []
+
+
+def test_unpacked_elsewhere_validation_hits_everything(warmed: Path, archive: Path, tmp_path: Path) -> None:
+    root = tmp_path / "elsewhere" / "new root"
+    started = time.perf_counter()
+    result = unpack(archive, root)
+    assert result.returncode == 0, result.stderr
+    unpack_seconds = time.perf_counter() - started
+    assert "jax: 6 new, 0 replaced, 0 kept" in result.stdout and "triton: 5 new" in result.stdout
+    for kind in carry.CARRIED:
+        old, new = scan(warmed, kind), scan(root, kind)
+        assert set(new) == set(old)
+        for key, entry in new.items():
+            assert entry.problem is None, (key, entry.problem)
+            assert entry.last_use == old[key].last_use, key  # last use survives the trip
+    for group in (root / "triton").glob("*/__grp__*.json"):
+        for child in json.loads(group.read_text())["child_paths"].values():
+            assert Path(child).parent == group.parent and Path(child).is_file()
+    # The old root is gone while the new one is validated: nothing may read it.
+    away = warmed.with_name("moved away")
+    warmed.rename(away)
+    try:
+        result = run_cli("validate", "--config-json", CONFIG, "--cache-root", str(root),
+                         "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "v.log"))
+    finally:
+        away.rename(warmed)
+    assert result.returncode == 0, result.stderr
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["misses"] == 0 and verdict["new_entries"] == 0
+    assert verdict["jax"]["hits"] == len(scan(warmed, "jax")) and verdict["jax"]["misses"] == 0
+    assert verdict["triton"] == {"hits": 5, "misses": 0, "new_entries": 0, "processes_observed": 1}
+    # Triton's own listener, through the hook's records: cache_hit=True for every kernel.
+    triton_records = [r for r in map(read_json, (root / "records").glob("*.json"))
+                      if r.get("rule") == "validate_cache" and "triton" in r]
+    assert [(r["triton"]["hits"], r["triton"]["missed"]) for r in triton_records] == [(5, [])]
+    assert unpack_seconds < 30
+
+
+def test_last_use_and_atime_survive(warmed: Path, tmp_path: Path) -> None:
+    """A size-capped cache's -atime records and every file time come back as they were."""
+    source = tmp_path / "capped"
+    shutil.copytree(warmed, source)
+    for number, entry in enumerate(scan(source, "jax").values()):
+        when = time.time() - 86400 * (number + 2) + 0.123456
+        os.utime(entry.source.cache_path, (when, when))
+        entry.source.last_use = when + 3600.5  # a use after the write, as JAX's -atime says
+        jax_cache.write_atime(source / "jax", entry.source)
+    for number, folder in enumerate(sorted((source / "triton").iterdir())):
+        when = time.time() - 3600 * (number + 2) + 0.25
+        for path in [*folder.iterdir(), folder]:
+            os.utime(path, (when, when))
+    path = tmp_path / "capped.tar"
+    assert run_cli("pack", str(path), "--cache-root", str(source)).returncode == 0
+    root = tmp_path / "new"
+    result = unpack(path, root)
+    assert result.returncode == 0, result.stderr
+    for kind in carry.CARRIED:
+        old, new = scan(source, kind), scan(root, kind)
+        assert {k: e.last_use for k, e in new.items()} == {k: e.last_use for k, e in old.items()}
+    for key, entry in scan(source, "jax").items():
+        copy = root / "jax" / f"{key}-atime"
+        assert copy.read_bytes() == entry.source.atime_path.read_bytes()
+        assert os.stat(root / "jax" / f"{key}-cache").st_mtime == os.stat(entry.source.cache_path).st_mtime
+
+
+def test_a_capped_target_gets_an_atime_for_each_entry(archive: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "jax").mkdir(parents=True)
+    (root / "jax" / jax_cache.LOCK_NAME).touch()  # JAX keeps one only with a size cap
+    assert unpack(archive, root, "--kind", "jax").returncode == 0
+    for key, entry in scan(root, "jax").items():
+        assert entry.source.atime_path is not None, key
+        assert int.from_bytes(entry.source.atime_path.read_bytes(), "little") / 1e9 == \
+            pytest.approx(entry.last_use, abs=1e-6)
+    assert not (root / "triton").exists()
+
+
+def test_existing_newer_entry_is_kept_and_older_one_replaced(archive: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert unpack(archive, root).returncode == 0
+    jax_keys = sorted(scan(root, "jax"))
+    newer, older = root / "jax" / f"{jax_keys[0]}-cache", root / "jax" / f"{jax_keys[1]}-cache"
+    original = older.read_bytes()
+    newer.write_bytes(b"compiled here later")  # and so used now: newer than the archive's
+    older.write_bytes(b"compiled here long ago")
+    long_ago = time.time() - 30 * 86400
+    os.utime(older, (long_ago, long_ago))
+    kept, replaced = sorted((root / "triton").iterdir())[:2]
+    (kept / "marker").write_text("used here later")
+    (replaced / "marker").write_text("old")
+    for path in [*replaced.iterdir(), replaced]:
+        os.utime(path, (long_ago, long_ago))
+    result = unpack(archive, root, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["replaced"] == {"jax": 1, "triton": 1}
+    assert report["written"] == {"jax": 0, "triton": 0}
+    assert newer.read_bytes() == b"compiled here later"
+    assert older.read_bytes() == original
+    assert (kept / "marker").exists() and not (replaced / "marker").exists()
+    assert scan(root, "triton")[replaced.name].problem is None
+
+
+# --- the target it is told --------------------------------------------------------------------
+
+
+def test_other_python_is_refused_with_one_line_then_forced(archive: Path, tmp_path: Path) -> None:
+    if not os.access(OTHER_PYTHON, os.X_OK):
+        if os.environ.get("CI"):
+            pytest.fail(f"{OTHER_PYTHON} is missing")
+        pytest.skip(f"{OTHER_PYTHON} is missing")
+    root = tmp_path / "root"
+    result = unpack(archive, root, "--python", OTHER_PYTHON)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert "has no jax (Python 3.9" in line and "has no triton" in line and "--force" in line
+    assert not root.exists()
+    result = unpack(archive, root, "--python", OTHER_PYTHON, "--force")
+    assert result.returncode == 0, result.stderr
+    assert "forced past" in result.stdout
+    assert len(scan(root, "jax")) == 6 and len(scan(root, "triton")) == 5
+
+
+def test_a_manifest_from_other_software_is_refused(archive: Path, tmp_path: Path) -> None:
+    def older_jax(manifest: dict[str, Any]) -> None:
+        for identity in manifest["software_by_kind"]["jax"]:
+            identity["jax"] = identity["jaxlib"] = "0.4.30"
+
+    edited = rebuild(archive, tmp_path / "edited.tar.gz", older_jax)
+    result = unpack(edited, tmp_path / "root")
+    assert result.returncode == 1
+    assert "jax entries were made with jax 0.4.30" in one_line(result)
+    assert not (tmp_path / "root").exists()
+    result = unpack(edited, tmp_path / "root", "--kind", "triton")  # the Triton half fits
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "root" / "jax").exists()
+
+
+@pytest.mark.parametrize("gpu_type,kinds_,fits", [
+    ("h200", [], False),  # the JAX entries were compiled on the CPU
+    ("h200", ["triton"], True),  # the CPU-to-H200 story: sm_90 kernels
+    ("sm_90", ["triton"], True),
+    ("a100", ["triton"], False),  # sm_80
+    ("cpu", [], True),
+])
+def test_gpu_type_is_checked(archive: Path, tmp_path: Path, gpu_type: str, kinds_: list[str],
+                             fits: bool) -> None:
+    args = ["--gpu-type", gpu_type, "--dry-run"] + [f"--kind={k}" for k in kinds_]
+    result = unpack(archive, tmp_path / "root", *args)
+    assert result.returncode == (0 if fits else 1), result.stderr
+    if not fits:
+        assert gpu_type in one_line(result)
+    else:
+        assert result.stdout.startswith("would unpack")
+    assert not (tmp_path / "root").exists()
+
+
+def test_image_is_run_to_learn_its_software(archive: Path, tmp_path: Path, container_root: Any) -> None:
+    root = tmp_path / "root"
+    result = run_cli("unpack", str(archive), "--cache-root", str(root), "--image", container_root.image,
+                     env=container_root.environ(), cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"jax {container_root.jax_version}" in one_line(result)
+    assert not root.exists()
+    # Without apptainer the image's name is all there is to compare: it is not the host's.
+    result = run_cli("unpack", str(archive), "--cache-root", str(root), "--image", container_root.image)
+    assert result.returncode == 1
+    assert "no apptainer" in one_line(result)
+
+
+# --- hostile archives -------------------------------------------------------------------------
+
+
+def rebuild(source: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None,
+            members: list[tuple[tarfile.TarInfo, bytes | None]] | None = None, keep: bool = True) -> Path:
+    """A copy of the archive ``source`` with its manifest edited and ``members`` appended
+    (``keep=False``: instead of its own members)."""
+    with tarfile.open(source) as tar:
+        own = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    manifest = json.loads(own[0][1])
+    if edit:
+        edit(manifest)
+    data = json.dumps(manifest).encode()
+    with tarfile.open(target, "w:gz", format=tarfile.PAX_FORMAT) as out:
+        info = tarfile.TarInfo(carry.MANIFEST_NAME)
+        info.size = len(data)
+        out.addfile(info, io.BytesIO(data))
+        for member, content in (own[1:] if keep else []) + (members or []):
+            out.addfile(member, io.BytesIO(content) if content is not None else None)
+    return target
+
+
+def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def special(name: str, kind: bytes, size: int = 0, link: str = "") -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, size
+    info.devmajor, info.devminor = 1, 3
+    return info, None
+
+
+def one_entry(size: int = 100) -> Callable[[dict[str, Any]], None]:
+    """A manifest edit: its only entry is one JAX file ``jit_x-000...-cache`` of ``size`` bytes."""
+    def edit(manifest: dict[str, Any]) -> None:
+        key = f"jit_x-{HEX}"
+        entry = {"key": key, "name": "jit_x", "files": {f"{key}-cache": size}, "size": size,
+                 "last_use": time.time() - 60}
+        manifest["kinds"] = {"jax": {"entries": [entry]}}
+    return edit
+
+
+JAX_FILE = f"jax/jit_x-{HEX}-cache"
+
+
+def hostile_cases(outside: Path) -> dict[str, tuple[Callable[[dict[str, Any]], None], list[Any]]]:
+    good = regular(JAX_FILE, b"x" * 100)
+    return {
+        "absolute path": (one_entry(), [good, regular(str(outside / "evil"), b"evil")]),
+        "dot-dot": (one_entry(), [good, regular("jax/../../outside/evil", b"evil")]),
+        "leading dot-dot": (one_entry(), [good, regular("../outside/evil", b"evil")]),
+        "symbolic link": (one_entry(), [special(JAX_FILE, tarfile.SYMTYPE, link=str(outside / "evil"))]),
+        "hard link": (one_entry(), [special(JAX_FILE, tarfile.LNKTYPE, link="/etc/passwd")]),
+        "device": (one_entry(), [special(JAX_FILE, tarfile.CHRTYPE)]),
+        "fifo": (one_entry(), [special(JAX_FILE, tarfile.FIFOTYPE)]),
+        "folder": (one_entry(), [special("jax", tarfile.DIRTYPE), good]),
+        "huge member, manifest agrees": (one_entry(1 << 50), [special(JAX_FILE, tarfile.REGTYPE, 1 << 50)]),
+        "huge member, manifest lies": (one_entry(), [special(JAX_FILE, tarfile.REGTYPE, 1 << 40)]),
+        "PAX header bomb": (one_entry(), [special(JAX_FILE, tarfile.XHDTYPE, 100 << 20), good]),
+        "a file twice": (one_entry(), [good, good]),
+        "a file missing": (one_entry(), []),
+        "unsafe key in the manifest": (
+            lambda m: m.update(kinds={"jax": {"entries": [{"key": f"../../outside/x-{HEX}",
+                                                           "files": {"evil": 4}, "last_use": 0}]}}),
+            [regular("jax/evil", b"evil")]),
+        "group file naming another path": (
+            lambda m: m.update(kinds={"triton": {"entries": [{
+                "key": "A" * 52, "files": {"__grp__k.json": 60, "k.json": 2}, "last_use": 0}]}}),
+            [regular(f"triton/{'A' * 52}/__grp__k.json",
+                     json.dumps({"child_paths": {"../../x": "/etc/passwd"}}).encode().ljust(60)),
+             regular(f"triton/{'A' * 52}/k.json", b"{}")]),
+    }
+
+
+@pytest.mark.parametrize("case", list(hostile_cases(Path("/x"))))
+def test_hostile_archive_is_refused_and_writes_nothing(archive: Path, tmp_path: Path, case: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    edit, members = hostile_cases(outside)[case]
+    hostile = rebuild(archive, tmp_path / "hostile.tar.gz", edit, members, keep=False)
+    root = tmp_path / "area" / "root"
+    result = unpack(hostile, root)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "refused" in one_line(result)
+    assert not root.exists()
+    assert files_under(tmp_path) == sorted(["hostile.tar.gz", "outside"])
+
+
+def test_not_a_gpu_cache_archive_is_a_usage_error(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tar"
+    with tarfile.open(plain, "w") as tar:
+        info, data = regular("hello.txt", b"hi")
+        tar.addfile(info, io.BytesIO(data))
+    for path in (plain, tmp_path / "missing.tar"):
+        result = unpack(path, tmp_path / "root")
+        assert result.returncode == 2 and "error" in one_line(result)
+    (tmp_path / "text.tar").write_text("not a tar file at all\n" * 100)
+    result = unpack(tmp_path / "text.tar", tmp_path / "root")
+    assert result.returncode == 2 and "not a gpu-cache archive" in one_line(result)
+    assert not (tmp_path / "root").exists()
+
+
+# --- what pack takes -------------------------------------------------------------------------
+
+
+def test_pack_selects_by_gpu_type_and_workload(warmed: Path, tmp_path: Path) -> None:
+    path = tmp_path / "t.tar.xz"
+    result = run_cli("pack", str(path), "--cache-root", str(warmed), "--workload", "triton-kernels", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5}
+    manifest = manifest_of(path)
+    assert manifest["selection"]["workload"] == "triton-kernels"
+    result = run_cli("pack", str(path), "--cache-root", str(warmed), "--gpu-type", "cpu",
+                     "--kind", "jax", "--json")
+    assert json.loads(result.stdout)["entries"] == {"jax": 6}
+    for args, needle in ((["--gpu-type", "h100"], "GPU type h100"), (["--workload", "nope"], "nope"),
+                         (["--kind", "bytecode"], "bytecode")):
+        result = run_cli("pack", str(tmp_path / "x.tar"), "--cache-root", str(warmed), *args)
+        assert result.returncode == 2 and needle in one_line(result)
+    result = run_cli("pack", str(tmp_path / "x.zip"), "--cache-root", str(warmed))
+    assert result.returncode == 2 and ".tar.gz" in one_line(result)
+    assert not (tmp_path / "x.tar").exists() and not (tmp_path / "x.zip").exists()
+
+
+def test_pack_leaves_broken_entries_out(warmed: Path, tmp_path: Path) -> None:
+    source = tmp_path / "broken"
+    shutil.copytree(warmed, source)
+    (source / "jax" / f"jit_empty-{HEX}-cache").write_bytes(b"")
+    whole = next((source / "jax").glob("jit_loss-*-cache"))
+    (source / "jax" / f"jit_cut-{'1' * 64}-cache").write_bytes(whole.read_bytes()[:1000])
+    half = sorted((source / "triton").iterdir())[0]
+    next(half.glob("*.cubin")).unlink()
+    long_ago = time.time() - 7200
+    for path in (*half.iterdir(), half):
+        os.utime(path, (long_ago, long_ago))
+    path = tmp_path / "b.tar"
+    result = run_cli("pack", str(path), "--cache-root", str(source), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["entries"] == {"jax": 6, "triton": 4}
+    reasons = {s["key"]: s["reason"] for s in report["skipped"]}
+    assert "empty" in reasons[f"jit_empty-{HEX}"] and "truncated" in reasons[f"jit_cut-{'1' * 64}"]
+    assert "cubin" in reasons[half.name]
+    assert manifest_of(path)["skipped"] == report["skipped"]
+
+
+def test_dry_run_writes_nothing(archive: Path, tmp_path: Path) -> None:
+    result = unpack(archive, tmp_path / "root", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("would unpack") and "jax: 6 new" in result.stdout
+    assert not (tmp_path / "root").exists()
+
+
+def test_help_lists_both_commands() -> None:
+    result = run_cli("--help", env=clean_environ())
+    assert "pack" in result.stdout and "unpack" in result.stdout
+
+
+def test_a_workload_of_your_own_is_told_by_its_script() -> None:
+    settings = settings_from({"workloads": {
+        "predict": {"command": "{python} tools/predict.py --tokens {shape}", "shapes": [8]},
+        "module": {"command": "{python} -m my_pkg.run --n {shape}", "shapes": [8]},
+        "inline": {"command": "{python} -c 'import jax'", "shapes": [8]}}}, cache_root="/tmp/x")
+    predict = carry.workload_matcher(settings, "predict")
+    assert predict(["tools/predict.py", "--tokens", "8"]) and predict(["/abs/tools/predict.py"])
+    assert not predict(["/abs/train.py"]) and not predict(["-c"]) and not predict({"x": 1})
+    module = carry.workload_matcher(settings, "module")
+    assert module(["/site-packages/my_pkg/run.py", "--n", "8"]) and module(["/src/my_pkg/run/__main__.py"])
+    assert not module(["/site-packages/other/run.py"])
+    assert not carry.workload_matcher(settings, "inline")(["-c"])
+    builtin = carry.workload_matcher(settings, "jax-transformer")
+    assert builtin(["/x/gpu_cache/workloads/jax_transformer.py", "--shape", "16"])
+    assert not builtin(["/x/gpu_cache/workloads/triton_kernels.py"])
