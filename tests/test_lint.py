@@ -13,7 +13,7 @@ from helpers import MODULE, REPO, clean_environ, host_copy, run_snakemake
 #: What ruff checks; its configuration is [tool.ruff] in pyproject.toml.
 RUFF_PATHS = ("scripts", "tests")
 #: Snakefiles and .smk files; snakefmt's configuration is [tool.snakefmt] in pyproject.toml.
-SNAKEFMT_PATHS = ("workflow", "tests/example_host")
+SNAKEFMT_PATHS = ("workflow", "tests/example_host", "tests/aps_host")
 
 
 def run_tool(*command: str) -> subprocess.CompletedProcess[str]:

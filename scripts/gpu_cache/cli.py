@@ -132,7 +132,10 @@ def _validate(args: argparse.Namespace) -> int:
     verdict = judge_phases(settings, gpu_type, phases, exports)
     remember(settings, verdict, phases["validate"])
     _emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
-    if not verdict.passed:
+    if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
+        for problem in verdict.problems:
+            print(f"gpu-cache: {gpu_type} {problem}", file=sys.stderr)
+    elif not verdict.passed:
         for problem in verdict.problems:
             print(f"gpu-cache: validation of {gpu_type} failed: {problem}", file=sys.stderr)
         if settings.validate.strict:
@@ -243,11 +246,17 @@ def _explain(args: argparse.Namespace) -> int:
 def _summary(args: argparse.Namespace) -> int:
     from gpu_cache import summary
 
-    text = summary.render([Path(p) for p in args.validate], Path(args.prune) if args.prune else None)
+    validations = [Path(p) for p in args.validate]
+    text = summary.render(validations, Path(args.prune) if args.prune else None)
     if args.output:
         _write_text(Path(args.output), text)
     sys.stdout.write(text)
-    return 0
+    # A type whose workloads could not even start is an error at the end of the run, not a
+    # quiet "FAILED" line (every host job still ran: they only missed their warm cache).
+    failed = summary.errors(validations)
+    for line in failed:
+        print(f"gpu-cache: ERROR: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _plots(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpu_cache import device, env, kinds
 from gpu_cache.settings import Settings
+from gpu_cache.stats import outside_root
 from gpu_cache.units import format_age, format_size
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
@@ -44,6 +45,9 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["exports"] = exports.as_dict()
     report["single_flight"] = dict(exports.single_flight)
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
+    # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
+    report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
+    report["warnings"] += report["outside_root"]
     report["device"] = device.detect().as_dict()
     report["versions"] = {name: _version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}

@@ -97,6 +97,12 @@ def _specific_causes(changed: list[str], now: dict[str, Any], before: dict[str, 
     return causes
 
 
+def _cache_dir(record: dict[str, Any]) -> str | None:
+    """The JAX cache folder a recorded process really used."""
+    folder = (record.get("jax") or {}).get("cache_dir")
+    return folder if isinstance(folder, str) and folder else None
+
+
 def _who(record: dict[str, Any]) -> dict[str, Any]:
     return {k: record.get(k) for k in ("time", "host", "pid", "rule", "gpu_type", "run_id")}
 
@@ -134,6 +140,12 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     other_parts = _key_parts(other)[other_key]
     result["compared_with"] = {"key": other_key, **_who(other)}
     if other_key == key:
+        here, there = (_cache_dir(record), _cache_dir(other))
+        if here and there and here != there:  # e.g. a job's own --jax_compilation_cache_dir
+            result["causes"] = [f"the same key was computed before, but in another cache folder: "
+                                f"this run used {here}, the earlier one {there} (`gpu-cache stats` "
+                                "names folders outside the cache root)"]
+            return result
         result["causes"] = ["the same key was computed before, but its entry was not in the cache: "
                             "it was not written (compile faster than "
                             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, smaller than "

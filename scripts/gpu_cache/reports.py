@@ -52,7 +52,7 @@ class RunResult:
         return self.returncode == 0
 
     def failure(self) -> str | None:
-        """A problem line when the run failed, else None."""
+        """A problem line when the run failed (with its last line of output), else None."""
         if self.ok:
             return None
         how = "timed out" if self.returncode is None else f"exited with code {self.returncode}"
@@ -155,6 +155,8 @@ class PhaseResult:
     skipped: str | None = None
     #: The stored pass this one reuses (a cold measurement of the same inputs).
     reused: str | None = None
+    #: Why this pass ran no workload: its job could not run on a node of its (optional) type.
+    unscheduled: str | None = None
 
     WHAT = "a workload runner's result"
 
@@ -202,6 +204,7 @@ class PhaseResult:
             fingerprint=_text_or_none(data.get("fingerprint")),
             skipped=_text_or_none(data.get("skipped")),
             reused=_text_or_none(data.get("reused")),
+            unscheduled=_text_or_none(data.get("unscheduled")),
         )
 
 
@@ -226,8 +229,20 @@ class Verdict:
     job: dict[str, Any] = field(default_factory=dict)
     #: The software the validation ran with (the jobs' own where the type names its image).
     software: dict[str, Any] = field(default_factory=dict)
+    #: ``passed``; ``failed`` (it ran and something missed or differs); ``error`` (no
+    #: workload run of the type ran to the end: they could not start, e.g. no jax in the
+    #: software they ran with); ``unscheduled`` (an optional type whose jobs found no node).
+    status: str = ""
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
+    STATUSES = ("passed", "failed", "error", "unscheduled")
+
+    @property
+    def outcome(self) -> str:
+        """The status, also for a verdict written before it had one."""
+        if self.status in self.STATUSES:
+            return self.status
+        return "passed" if self.passed else "failed"
 
     @property
     def hits(self) -> int:
@@ -250,7 +265,7 @@ class Verdict:
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpu_type": self.gpu_type, "device": self.device, "passed": self.passed,
-            "hits": self.hits, "misses": self.misses, "new_entries": self.new_entries,
+            "status": self.outcome, "hits": self.hits, "misses": self.misses, "new_entries": self.new_entries,
             "cold_seconds": self.cold_seconds, "warm_seconds": self.warm_seconds,
             "speedup": self.speedup, "problems": self.problems, "notes": self.notes,
             # Everything the cache environment fell back from or adjusted (node-local folders,
@@ -286,6 +301,7 @@ class Verdict:
             cold_runs=[RunResult.from_dict(r) for r in lists["cold_runs"]],
             cache_root=data.get("cache_root"), job=data.get("job") or {},
             software=data.get("software") if isinstance(data.get("software"), dict) else {},
+            status=str(data.get("status") or ""),
         )
 
 

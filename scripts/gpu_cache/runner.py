@@ -150,6 +150,17 @@ def broken_since(cache_root: Path | None, since: float) -> list[str]:
             "is the disk full? `gpu-cache doctor --fix` or the next prune removes them"]
 
 
+def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None = None) -> PhaseResult:
+    """The result of a pass that ran no workload because its job could not run on a node
+    of its GPU type (``why``), as the workflow asks on a later attempt of an optional type."""
+    environ = dict(os.environ if environ is None else environ)
+    root = cache_root_of(environ)
+    return PhaseResult(plan.phase, plan.gpu_type, f"{plan.phase}-{plan.gpu_type}-unscheduled",
+                       device=device.detect(environ).as_dict(), software=software.identity(environ),
+                       job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
+                       cache_root=str(root) if root else None, unscheduled=why)
+
+
 def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[str, Any]) -> str:
     """What a measurement or a verdict depends on: the GPU type, its runs (workload, shape,
     command), the software and the device. Passes of one type share it, whatever the phase."""
@@ -305,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="append the workloads' output here (default: stderr)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="the job's threads: runs at once where a plan leaves it open")
+    parser.add_argument("--unscheduled", metavar="WHY",
+                        help="run no workload: write each plan's result as unscheduled, for WHY")
     args = parser.parse_args(argv)
     try:
         plans = [with_threads(Plan.from_dict(json.loads(text)), args.threads) for text in args.plan_json]
@@ -315,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = {}
         for plan in plans:
+            if args.unscheduled:
+                output.write(f"# {plan.phase} [{plan.gpu_type}]: no workload run: {args.unscheduled}\n")
+                results[plan.phase] = unscheduled_result(plan, args.unscheduled).as_dict()
+                continue
             environ = None
             if plan.phase == "cold":
                 scratch = tempfile.mkdtemp(prefix="gpu-cache-cold-")

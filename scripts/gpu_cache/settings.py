@@ -79,6 +79,8 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
               ("single_flight.timeout", parse_age, filled["single_flight"]["timeout"])]
     checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
                for name, workload in filled["workloads"].items()]
+    checks += [(f"gpu_types.{name}.queue_wait", parse_age, spec["queue_wait"])
+               for name, spec in filled["gpu_types"].items()]
     for key, parse, value in checks:
         try:
             parse(value)
@@ -203,6 +205,10 @@ class GpuType:
     container: str | None = None
     conda: str | None = None
     python: str | None = None
+    #: The partition may lack this type: its warm and check jobs give up after
+    #: ``queue_wait_seconds`` in the queue and its verdict is then "unscheduled".
+    optional: bool = False
+    queue_wait_seconds: float = 2 * 3600.0
 
     @property
     def expected_device(self) -> str:
@@ -302,7 +308,8 @@ def settings_from(
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],
-                                 spec["conda"], spec["python"] or filled["python"])
+                                 spec["conda"], spec["python"] or filled["python"],
+                                 spec["optional"], parse_age(spec["queue_wait"]))
                    for name, spec in filled["gpu_types"].items()},
         warm=WarmConfig(**filled["warm"]),
         validate=ValidateConfig(**filled["validate"]),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds, records, software
+from gpu_cache import device, kinds, records, software
 from gpu_cache.reports import Usage
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_age, format_size
@@ -50,8 +51,54 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root).items()}
     out["software_mismatches"] = software_mismatches(root)
+    out["outside_root"] = outside_root(root)
     out["runs"] = records.runs(list(records.read(records.records_dir(root))))[:TOP]
     return out
+
+
+def device_seen(record: dict[str, Any]) -> str:
+    """The device type a recorded process computed on (``h100``, ``cpu``; from JAX's device
+    kinds), ``-`` when it did not say: the type a job really got when its partition may give
+    it any of several."""
+    kinds_seen = (record.get("device") or {}).get("kinds")
+    if isinstance(kinds_seen, list) and kinds_seen and isinstance(kinds_seen[0], str):
+        return device.gpu_type_of(kinds_seen[0])
+    return "-"
+
+
+def _under(path: str, root: Path) -> bool:
+    folder = os.path.normpath(path)
+    return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/"))
+
+
+def outside_root(root: Path) -> list[str]:
+    """One line per rule and folder of processes whose JAX cache folder was outside the
+    cache root (the hook records the folder JAX really used: a program may set its own
+    with a flag such as --jax_compilation_cache_dir), with their hits and the fix: gpu-cache
+    neither warms nor prunes such a folder."""
+    ours = kinds.KINDS["jax"].folder(root)
+    found: dict[tuple[str, str, bool], list[int]] = {}
+    for record in records.read(records.records_dir(root)):
+        section = records.part(record, "jax")
+        folder = section.get("cache_dir") if section else None
+        if not isinstance(folder, str) or not folder or _under(folder, root):
+            continue
+        exported = record["env"].get("JAX_COMPILATION_CACHE_DIR")
+        own_flag = not (isinstance(exported, str) and os.path.normpath(exported) == os.path.normpath(folder))
+        counts = found.setdefault((record.get("rule") or "-", folder, own_flag), [0, 0, 0])
+        counts[0] += 1
+        counts[1] += records.count(section.get("hits"))
+        counts[2] += records.count(section.get("hits")) + records.count(section.get("misses"))
+    lines = []
+    for (rule, folder, own_flag), (n, hits, lookups) in sorted(found.items()):
+        fix = ("its program sets its own folder (a flag such as --jax_compilation_cache_dir, or "
+               "jax.config.update): drop that flag or point it at $JAX_COMPILATION_CACHE_DIR"
+               if own_flag else
+               "its JAX_COMPILATION_CACHE_DIR was set outside gpu-cache: unset it")
+        lines.append(f"rule {rule} used {folder} (outside the cache root {root}) in {n} "
+                     f"process{'es' if n != 1 else ''}, {hits} of {lookups} hits; gpu-cache neither "
+                     f"warms nor prunes it: {fix} (gpu-cache's folder is {ours})")
+    return lines
 
 
 #: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
@@ -68,6 +115,7 @@ def software_mismatches(root: Path) -> list[str]:
     only when it differs from all of them.
     """
     warmed: dict[str, dict[str, Any]] = {}  # gpu_type -> software of its latest own pass
+    warmed_on: dict[str, str] = {}  # gpu_type -> the device its own pass saw
     jobs = []
     for record in sorted(records.read(records.records_dir(root)), key=lambda r: r["time"]):
         soft = record.get("software")
@@ -75,12 +123,17 @@ def software_mismatches(root: Path) -> list[str]:
             continue
         if record.get("rule") in OWN_RULES:
             warmed[record.get("gpu_type") or "-"] = soft
+            warmed_on[record.get("gpu_type") or "-"] = device_seen(record)
         else:
             jobs.append((record, soft))
     found: dict[tuple[str, str, str], list[int]] = {}
     for record, soft in jobs:
         gpu_type = record.get("gpu_type")
-        references = [warmed[gpu_type]] if gpu_type in warmed else list(warmed.values())
+        # A job without a type (its partition may give it any): the types warmed on the
+        # device it got, else every type.
+        same_device = [warmed[t] for t, seen in warmed_on.items() if seen == device_seen(record) != "-"]
+        references = ([warmed[gpu_type]] if gpu_type in warmed
+                      else same_device or list(warmed.values()))
         if not references or not all(software.differences(ref, soft) for ref in references):
             continue
         key = (record.get("rule") or "-", software.describe(soft), software.describe(references[0]))
@@ -98,12 +151,16 @@ def software_mismatches(root: Path) -> list[str]:
 
 
 def usage(root: Path) -> dict[str, dict[str, Usage]]:
-    """Hits, misses, seconds saved and processes per rule (``by_rule``) and per GPU type
-    (``by_gpu_type``), from the stats hook's records under ``root``."""
+    """Hits, misses, seconds saved and processes per rule (``by_rule``), per GPU type
+    (``by_gpu_type``: the type a job was planned for, ``-`` when its partition may give it
+    any) and per device it really computed on (``by_device``), from the stats hook's records
+    under ``root``."""
     groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
-                                           "by_gpu_type": defaultdict(Usage)}
+                                           "by_gpu_type": defaultdict(Usage),
+                                           "by_device": defaultdict(Usage)}
     for record in records.read(records.records_dir(root)):
-        for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
+        for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type")),
+                            ("by_device", device_seen(record))):
             bucket = groups[axis][f"{value or '-'}"]
             bucket.processes += 1
             for kind in kinds.OBSERVED:
@@ -132,7 +189,7 @@ def render(stats: dict[str, Any]) -> str:
             lines.append(f"         {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
         for row in info["broken_entries"]:
             lines.append(f"         broken: {row['key']} ({row['name']}): {row['problem']}")
-    for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type")):
+    for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type"), ("by_device", "device seen")):
         groups = stats["usage"].get(axis) or {}
         if groups:
             lines.append(f"by {title}:")
@@ -140,8 +197,9 @@ def render(stats: dict[str, Any]) -> str:
                 u = Usage.from_dict(counts)
                 rate = f"{100 * u.hit_rate:.0f}%" if u.hit_rate is not None else "-"
                 lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
-                             f"rate), {u.saved_seconds:.1f} s saved, {u.processes} processes")
+                             f"rate), {max(0.0, u.saved_seconds):.1f} s saved, {u.processes} processes")
     lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
+    lines += [f"outside the cache root: {line}" for line in stats.get("outside_root", [])]
     if stats.get("runs"):
         lines.append("latest runs (for `gpu-cache doctor --explain --run-id`):")
         lines += [f"  {run['run_id']}: {run['rule'] or '-'} on {run['gpu_type'] or '-'}, "

@@ -39,6 +39,21 @@ def load_prune(path: Path) -> PruneReport:
         raise UsageError(f"{path}: {exc}") from None
 
 
+def errors(validations: list[Path]) -> list[str]:
+    """One line per GPU type whose workloads could not even start (verdict status
+    ``error``): the run must not end as if the cache had been warmed.
+
+    Raises:
+        UsageError: a file cannot be read as a verdict.
+    """
+    found = []
+    for path in validations:
+        v = load_verdict(path)
+        if v.outcome == "error":
+            found.append(f"GPU type {v.gpu_type}: {v.problems[0] if v.problems else 'no workload ran'}")
+    return found
+
+
 def render(validations: list[Path], prune: Path | None) -> str:
     """A few lines per GPU type and one per cache kind.
 
@@ -48,9 +63,13 @@ def render(validations: list[Path], prune: Path | None) -> str:
     lines = ["gpu-cache summary"]
     for path in validations:
         v = load_verdict(path)
+        if v.outcome == "unscheduled":
+            lines.append(f"  {v.gpu_type}: UNSCHEDULED (optional type)")
+            lines += [f"    note: {p}" for p in v.problems]
+            continue
         cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
         speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""
-        verdict = "PASSED" if v.passed else "FAILED"
+        verdict = {"passed": "PASSED", "error": "ERROR"}.get(v.outcome, "FAILED")
         lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
                      f"warm {v.warm_seconds:.1f} s{speedup}")

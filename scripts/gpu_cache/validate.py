@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache import env, explain, kinds, runner
+from gpu_cache import env, explain, kinds, runner, software
 from gpu_cache.device import Device
 from gpu_cache.reports import KindCounts, Missed, PhaseResult, Verdict
 from gpu_cache.settings import Settings
@@ -102,11 +102,39 @@ def run_phases(settings: Settings, gpu_type: str, output: TextIO,
     return {"cold": cold, "validate": warm}
 
 
+def not_started(phase: PhaseResult) -> str | None:
+    """A problem line when no workload run of ``phase`` ran to the end (each one exited
+    with an error or timed out): the workloads could not even start in the software they
+    ran with, so the pass measured nothing. None when one run succeeded or none was made."""
+    if not phase.runs or any(run.ok for run in phase.runs):
+        return None
+    said = next((run.error for run in reversed(phase.runs) if run.error), None)
+    last = f"; the last one said: {said}" if said else ""
+    return (f"no workload run of GPU type {phase.gpu_type} ran to the end ({len(phase.runs)} of "
+            f"{len(phase.runs)} failed{last}). They ran with {software.describe(phase.software)}: "
+            f"give the type the jobs' own software (gpu_types.{phase.gpu_type}.container, conda or "
+            "python), or fix the workload's command")
+
+
+def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports) -> Verdict:
+    """The verdict of an optional type whose jobs found no node of it."""
+    return Verdict(
+        gpu_type=gpu_type, device=phase.device, passed=False, cold_seconds=None, warm_seconds=0.0,
+        problems=[f"not validated: {phase.unscheduled}; jobs that land on a {gpu_type} compile for "
+                  "themselves (and fill the cache)"],
+        kinds={kind: KindCounts() for kind in kinds.OBSERVED}, cache_warnings=exports.messages(),
+        job=phase.job, software=phase.software, status="unscheduled",
+        cache_root=phase.cache_root)
+
+
 def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseResult | None],
                  exports: env.Exports) -> Verdict:
     """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`)."""
     cold, warm = phases.get("cold"), phases["validate"]
     assert warm is not None
+    if warm.unscheduled:
+        return unscheduled_verdict(gpu_type, warm, exports)
+    broken = not_started(warm)
     cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
                       if kind in ("jax", "all")]
     counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
@@ -116,7 +144,12 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     expected = gpu_types(settings).get(gpu_type)
     if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
-    problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
+    if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
+        problems = [broken, *warm.failures(), *cache_problems]
+        counts = {kind: KindCounts() for kind in kinds.OBSERVED}
+        missed = []
+    else:
+        problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
     explanations: list[dict] = []
     if counts["jax"].misses and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
@@ -146,6 +179,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         cache_root=str(settings.cache_root),
         job=warm.job,
         software=warm.software,
+        status="error" if broken else ("failed" if problems else "passed"),
     )
 
 

@@ -26,6 +26,8 @@ rule warm_cache:
         report="results/gpu-cache/warm/{gpu_type}.json",
     log:
         "logs/gpu-cache/warm/{gpu_type}.log",
+    # An optional type's job that found no node is retried once as "unscheduled".
+    retries: gpu_cache_retries()
     conda:
         gpu_cache_conda
     # The jobs' own software, where the GPU type names it: the runner needs only Python.
@@ -50,6 +52,8 @@ rule check_cache:
         passes="results/gpu-cache/check/{gpu_type}.json",
     log:
         "logs/gpu-cache/check/{gpu_type}.log",
+    # An optional type's job that found no node is retried once as "unscheduled".
+    retries: gpu_cache_retries()
     conda:
         gpu_cache_conda
     # The same software as warm_cache: fresh processes of the jobs' software must hit.
@@ -118,6 +122,7 @@ rule cache_report:
         "../envs/gpu-cache.yaml"
     params:
         cli=gpu_cache_cli,
+    # Fails (after printing the summary) when a GPU type's workloads could not even start.
     shell:
         "{params.cli} summary --validate {input.validations} --prune {input.prune}"
-        " --output {output.summary} 2> {log}"
+        " --output {output.summary} 2> {log} || {{ cat {log} >&2; exit 1; }}"

@@ -19,6 +19,7 @@ if str(GPU_CACHE_SCRIPTS) not in sys.path:
 
 from gpu_cache import env as gpu_cache_env
 from gpu_cache.errors import UsageError as GpuCacheUsageError
+from gpu_cache.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.targets import gpu_types as gpu_cache_gpu_types
 from gpu_cache.workload import plan_phase as gpu_cache_plan_phase
@@ -30,8 +31,15 @@ except GpuCacheUsageError as error:
     raise ValueError(f"gpu-cache config: {error}") from None
 
 # Export at parse time: reaches every job of this workflow (and, as a module, of the host),
-# local or remote, even without the gpu-cache profile. A value the user set wins.
-gpu_cache_env.export(GPU_CACHE_SETTINGS)
+# local or remote, even without the gpu-cache profile. A value the user set wins. A dry run,
+# --lint or a listing runs no job: it exports nothing, so it creates no cache folder.
+if not gpu_cache_planning_only():
+    gpu_cache_env.export(GPU_CACHE_SETTINGS)
+
+# As a module, this workflow must not become the host's default target: Snakemake makes the
+# first rule it sees (or one marked default_target) the default. The Snakefile puts the
+# host's back after its own rules (gpu_cache_keep_host_target).
+GPU_CACHE_HOST_TARGET = workflow.default_target
 
 GPU_CACHE_TYPES = gpu_cache_gpu_types(GPU_CACHE_SETTINGS)
 GPU_CACHE_CONFIG_JSON = json.dumps(GPU_CACHE_SETTINGS.config, sort_keys=True)
@@ -97,10 +105,13 @@ def gpu_cache_warm_threads(wildcards):
 
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
-    only when validate.measure_cold)."""
+    only when validate.measure_cold), and --unscheduled when an optional type's job runs
+    no workload (gpu_cache_skip)."""
 
-    def plans(wildcards):
+    def plans(wildcards, input, resources):
         in_software = gpu_cache_in_job_software(wildcards.gpu_type)
+        attempt = getattr(resources, "gpu_cache_attempt", 1)
+        skip = gpu_cache_skip(wildcards.gpu_type, input, attempt)
         chosen = [p for p in phases if p != "cold" or GPU_CACHE_SETTINGS.validate.measure_cold]
         made = [
             gpu_cache_plan_phase(
@@ -108,7 +119,8 @@ def gpu_cache_plans(*phases):
             )
             for p in chosen
         ]
-        return " ".join(f"--plan-json {shlex.quote(json.dumps(plan.as_dict()))}" for plan in made)
+        args = [f"--plan-json {shlex.quote(json.dumps(plan.as_dict()))}" for plan in made]
+        return " ".join(args + ([f"--unscheduled {shlex.quote(skip)}"] if skip else []))
 
     return plans
 
@@ -118,21 +130,88 @@ def gpu_cache_config(wildcards=None):
     return GPU_CACHE_CONFIG_JSON
 
 
+def gpu_cache_is_module():
+    """Whether this workflow is included as a module of a host workflow."""
+    return not workflow.modifier.is_main_snakefile()
+
+
+def gpu_cache_keep_host_target():
+    """Give the host back the default target it had before including this workflow (none
+    yet: the host's own first rule, or its rule marked default_target, becomes it)."""
+    if gpu_cache_is_module():
+        workflow.default_target = GPU_CACHE_HOST_TARGET
+
+
+#: Optional GPU types (the partition may lack them): their jobs give up instead of waiting.
+GPU_CACHE_OPTIONAL = [name for name, spec in GPU_CACHE_TYPES.items() if spec.optional]
+#: Resources that put a job on a node of its GPU type; a job of an optional type that could
+#: not run there is retried without them (it then runs no workload: "unscheduled").
+GPU_CACHE_PLACEMENT = ("slurm_partition", "qos", "gres", "gpu", "gpu_model", "constraint", "slurm_extra")
+
+
+def gpu_cache_retries():
+    """Retries of warm_cache and check_cache: one when a type is optional, so that its job
+    that found no node is retried as "unscheduled" (0: Snakemake's --retries applies)."""
+    return 1 if GPU_CACHE_OPTIONAL else 0
+
+
+def gpu_cache_skip(gpu_type, input, attempt):
+    """Why a warm or check job of an optional type runs no workload (None: it runs them):
+    a later attempt (the first did not finish on a node of its type), or a check whose
+    warm was unscheduled. Reads the warm report only once it exists."""
+    if not GPU_CACHE_TYPES[gpu_type].optional:
+        return None
+    if attempt > 1:
+        return (
+            f"its job did not finish on a {gpu_type} node within "
+            f"gpu_types.{gpu_type}.queue_wait (no such node, rejected by SLURM, or dropped "
+            "at its --deadline; a job that started and failed is in its log)"
+        )
+    warm = getattr(input, "warm", None)
+    if warm and os.path.isfile(warm):
+        try:
+            with open(warm) as stream:
+                why = json.load(stream).get("unscheduled")
+        except (OSError, ValueError, AttributeError):
+            why = None
+        if why:
+            return f"its warm job was not scheduled ({why})"
+    return None
+
+
 def gpu_cache_resources():
-    """Per-GPU-type SLURM resources of the warm and validate jobs, one function per resource
-    name that any type sets; a type that does not set it asks for nothing (None)."""
-    names = sorted({name for spec in GPU_CACHE_TYPES.values() for name in spec.resources})
-    for name in set(names) & {"mem_mb", "runtime"}:
+    """Per-GPU-type SLURM resources of the warm and check jobs, one function per resource
+    name that any type sets; a type that does not set it asks for nothing (None). An
+    optional type's jobs carry a --deadline (queue_wait plus runtime), and ask for no GPU
+    when they run no workload (gpu_cache_skip)."""
+    names = {name for spec in GPU_CACHE_TYPES.values() for name in spec.resources}
+    if GPU_CACHE_OPTIONAL:
+        names.add("slurm_extra")
+    for name in names & {"mem_mb", "runtime"}:
         lacking = [t for t, spec in GPU_CACHE_TYPES.items() if name not in spec.resources]
         if lacking:  # Snakemake cannot leave a size or time resource unset for one wildcard
             raise ValueError(
                 f"gpu-cache config: gpu_types: {name} is set for some GPU types but not "
                 f"for {', '.join(lacking)}; set it for every type or for none"
             )
-    return {
-        name: (lambda wildcards, name=name: GPU_CACHE_TYPES[wildcards.gpu_type].resources.get(name))
-        for name in names
-    }
+
+    def resource(name):
+        def value(wildcards, input, attempt):
+            spec = GPU_CACHE_TYPES[wildcards.gpu_type]
+            if name in GPU_CACHE_PLACEMENT and gpu_cache_skip(wildcards.gpu_type, input, attempt):
+                return None
+            if name == "slurm_extra" and spec.optional:
+                # SLURM drops the job when it cannot end before the deadline.
+                wait = int(spec.queue_wait_seconds + 60 * spec.resources.get("runtime", 0))
+                return " ".join(filter(None, [spec.resources.get(name), f"--deadline=now+{wait}"]))
+            return spec.resources.get(name)
+
+        return value
+
+    out = {name: resource(name) for name in sorted(names)}
+    if GPU_CACHE_OPTIONAL:  # the attempt, for the command (params cannot see it)
+        out["gpu_cache_attempt"] = lambda wildcards, attempt: attempt
+    return out
 
 
 def gpu_cache_validation(gpu_type):

@@ -1,0 +1,200 @@
+"""gpu-cache as a module of an AlphaPulldownSnakemake-shaped host (tests/aps_host), as the
+README's module section says: its own `rule all`, structure inference in a `container:`
+rule (run through tests/bin/apptainer, the stand-in over bwrap: Python 3.9 and jax 0.4.30),
+binds set with os.environ.setdefault at parse time, GPU resources without a GPU model, and
+batches that pass their own --jax_compilation_cache_dir.
+
+Real Snakemake runs, a few seconds each; the cache root lies outside the container's
+default binds, so the jobs see it only because gpu-cache binds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+
+from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
+
+FIXTURE = REPO / "tests" / "aps_host"
+PROFILE_ARGS = ("--profile", "config/profiles/desktop", "--config", f"gpu_cache_workflow={SNAKEFILE}")
+
+
+def aps_copy(tmp_path: Path, **changes) -> Path:
+    """A copy of the fixture, with ``changes`` made to its config."""
+    work = tmp_path / "aps"
+    shutil.copytree(FIXTURE, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "output"))
+    if changes:
+        configure(work, **changes)
+    return work
+
+
+def configure(work: Path, **changes) -> None:
+    path = work / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    for key, value in changes.items():
+        config[key] = value
+    path.write_text(yaml.safe_dump(config))
+
+
+def records(root: Path, rule: str | None = None) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in sorted((root / "records").glob("*.json"))]
+    return [r for r in found if rule is None or r.get("rule") == rule]
+
+
+def predictions(work: Path) -> dict[str, dict]:
+    found = (work / "output" / "predictions").glob("*/ranking_debug.json")
+    return {p.parent.name: read_json(p) for p in found}
+
+
+def test_a_dry_run_and_lint_plan_the_hosts_target_and_create_no_cache_folder(container_root, tmp_path):
+    work = aps_copy(tmp_path)
+    root = tmp_path / "cache"
+    env = container_root.environ(GPU_CACHE_ROOT=str(root))
+    dry = run_snakemake(work, *PROFILE_ARGS, "-n", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    # The host's own `rule all` is the default target (gpu-cache's `all` is not), with
+    # gpu-cache's jobs in front of the inference.
+    jobs = dict(re.findall(r"^(\S+)\s+(\d+)$", dry.stdout, re.MULTILINE))
+    assert jobs.get("all") == "1" and "gpu_cache_all" not in jobs, dry.stdout
+    assert jobs["structure_inference"] == "3" and jobs["gpu_cache_warm_cache"] == "2"
+    assert jobs["gpu_cache_cache_report"] == "1"
+    lint = run_snakemake(work, *PROFILE_ARGS, "--lint", env=env)
+    assert "Traceback" not in lint.stderr, lint.stderr[-3000:]
+    assert not root.exists(), "a dry run or --lint created the cache root"
+
+
+def readme_blocks() -> list[str]:
+    """The Snakefile fragments of README.md's module section (python blocks, split at `...`)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Use it inside a pipeline, as a Snakemake module", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    return [part.strip("\n") for block in blocks for part in block.split("\n...\n") if part.strip()]
+
+
+def test_the_readme_module_section_is_what_the_fixture_uses():
+    snakefile = (FIXTURE / "workflow" / "Snakefile").read_text()
+    fragments = readme_blocks()
+    assert len(fragments) >= 5
+    for fragment in fragments:
+        assert fragment in snakefile, fragment
+    config = yaml.safe_load((FIXTURE / "config" / "config.yaml").read_text())
+    assert set(config["gpu_cache"]) <= {"gpu_types", "workloads", "validate"}
+
+
+def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container_root, unbound_dir, tmp_path):
+    root = unbound_dir / "cache"
+    work = aps_copy(tmp_path)
+    env = container_root.environ(GPU_CACHE_ROOT=str(root))
+    run = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = work / "results" / "gpu-cache"
+    validations = [results / "validate" / f"{t}.json" for t in ("h100", "a100")]
+    for path in validations:
+        verdict = read_json(path)
+        assert verdict["status"] == "passed", verdict["problems"]
+        assert verdict["software"]["jax"] == container_root.jax_version  # warmed in the image
+    # The host's target was built: every batch predicted, after every type's validation,
+    # each served by the warmed cache in the image, through the bind gpu-cache added next to
+    # the host's APPTAINER_BINDPATH.
+    done = sorted((work / "output" / "predictions").glob("*/completed_fold.txt"))
+    assert [p.parent.name for p in done] == ["A+B", "B", "C"]
+    finished = max(p.stat().st_mtime for p in done)
+    assert min(p.stat().st_mtime for p in done) >= max(v.stat().st_mtime for v in validations)
+    for fold, prediction in predictions(work).items():
+        assert prediction["cache"]["requests"] > 0
+        assert prediction["cache"]["hits"] == prediction["cache"]["requests"], fold
+        assert prediction["cache_dir_used"] == str(root / "jax")
+    assert (results / "summary.txt").read_text().count("PASSED") == 2
+    # The jobs' records name their rule (GPU_CACHE_RULE={rule}) and the device they got;
+    # their GPU type is unknown (any GPU of the partition).
+    jobs = records(root, "structure_inference")
+    assert len(jobs) == 3 and all(r["gpu_type"] is None for r in jobs)
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
+    assert stats["usage"]["by_rule"]["structure_inference"]["jax_misses"] == 0
+    assert stats["usage"]["by_device"]["cpu"]["processes"] == len(records(root))
+    assert stats["software_mismatches"] == [] and stats["outside_root"] == []
+
+    # Batches of two folds: the jobs pass their own --jax_compilation_cache_dir. And a GPU
+    # type whose warm runs with a Python that has no jax (as Snakemake's own environment).
+    configure(work, batch_size=2)
+    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    config["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
+                                              "workloads": ["inference"], "resources": {"runtime": 60}}
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    second = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    # The workloads of l4 could not start: an error at the end of the run, with its cause...
+    assert second.returncode != 0
+    assert "gpu-cache: ERROR: GPU type l4: no workload run" in second.stderr
+    assert "No module named 'jax'" in second.stderr
+    summary = second.stdout[second.stdout.index("gpu-cache summary"):]
+    assert "l4 on cpu: ERROR" in summary and "No module named 'jax'" in summary
+    verdict = read_json(results / "validate" / "l4.json")
+    assert verdict["status"] == "error" and verdict["passed"] is False
+    assert "ModuleNotFoundError: No module named 'jax'" in verdict["problems"][0]
+    assert all(run["error"] for run in verdict["runs"])
+    # ... after the host's jobs ran anyway (they only missed a warm cache for l4).
+    batches = {p.parent.name: p.stat().st_mtime
+               for p in (work / "output" / "predictions").glob("*/completed_fold.txt")}
+    assert batches["A+B"] > finished
+    # Those jobs used their own folder: the records show it, stats and doctor name it.
+    outside = str(work / "output" / ".jax_compilation_cache")
+    assert {p["cache_dir_used"] for f, p in predictions(work).items() if f in ("A+B", "B")} == {outside}
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
+    (line,) = stats["outside_root"]
+    assert line.startswith(f"rule structure_inference used {outside} (outside the cache root {root})")
+    assert "drop that flag or point it at $JAX_COMPILATION_CACHE_DIR" in line
+    assert f"outside the cache root: {line}" in run_cli("stats", "--cache-root", str(root)).stdout
+    doctor = run_cli("doctor", "--json", "--no-fail", "--cache-root", str(root))
+    assert json.loads(doctor.stdout)["outside_root"] == [line]
+
+    # The fix: point the flag at gpu-cache's folder; the jobs hit it again.
+    flags = {"--buckets": "32,64", "--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
+    configure(work, structure_inference_arguments=flags)
+    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    del config["gpu_cache"]["gpu_types"]["l4"]
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    third = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    assert third.returncode == 0, third.stderr[-4000:]
+    for prediction in predictions(work).values():
+        assert prediction["cache_dir_used"] == str(root / "jax")
+        assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
+
+
+def write_record(root: Path, name: str, **fields) -> None:
+    (root / "records").mkdir(parents=True, exist_ok=True)
+    record = {"time": 1.0, "rule": None, "gpu_type": None, "env": {}, "device": {}} | fields
+    (root / "records" / f"{name}.json").write_text(json.dumps(record))
+
+
+def test_stats_by_device_folders_outside_the_root_and_no_negative_seconds_saved(tmp_path):
+    """What stats makes of records (written here, as the hook writes them): the device a
+    job of unknown type got, a folder set outside gpu-cache, and JAX's negative
+    "compile time saved" (retrieval slower than the compile) shown as 0."""
+    root = tmp_path / "cache"
+    h100 = {"kinds": ["NVIDIA H100 80GB HBM3"], "count": 1}
+    software_warm = {"python": "3.12.1", "jax": "0.9.1"}
+    write_record(root, "warm", rule="warm_cache", gpu_type="h100", device=h100, software=software_warm,
+                 jax={"hits": 0, "misses": 4, "cache_dir": str(root / "jax")})
+    write_record(root, "a100-warm", rule="warm_cache", gpu_type="a100",
+                 device={"kinds": ["NVIDIA A100-SXM4-80GB"]}, software={"python": "3.11.7", "jax": "0.10.2"},
+                 jax={"hits": 0, "misses": 4, "cache_dir": str(root / "jax")})
+    mine = "/scratch/mine/jax"
+    write_record(root, "job", rule="structure_inference", device=h100, software=software_warm,
+                 env={"JAX_COMPILATION_CACHE_DIR": mine},
+                 jax={"hits": 3, "misses": 1, "saved_seconds": -2.5, "cache_dir": mine})
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
+    assert stats["usage"]["by_device"]["h100"]["processes"] == 2
+    assert stats["usage"]["by_gpu_type"]["-"]["processes"] == 1
+    # The job of unknown type ran on an h100, with the software that warmed h100: no mismatch
+    # (a100 was warmed with other software, but the job did not run there).
+    assert stats["software_mismatches"] == []
+    (line,) = stats["outside_root"]
+    assert line.startswith(f"rule structure_inference used {mine} (outside the cache root {root})")
+    assert "its JAX_COMPILATION_CACHE_DIR was set outside gpu-cache: unset it" in line
+    text = run_cli("stats", "--cache-root", str(root)).stdout
+    assert "structure_inference: 3 hits, 1 misses (75% hit rate), 0.0 s saved, 1 processes" in text
+    assert not re.search(r"-[0-9.]+ s saved", text)
