@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds, records, software
+from gpu_cache import kinds, records, software, verified
+from gpu_cache.entries import Entry
 from gpu_cache.reports import Usage
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_age, format_size
@@ -17,40 +19,66 @@ TOP = 10
 
 def cache_stats(settings: Settings) -> dict[str, Any]:
     """Entries, bytes, oldest and newest use per kind, top entries by size and by function,
-    and hit/miss totals per rule and GPU type from the stats hook's records."""
+    and hit/miss totals per rule and GPU type from the stats hook's records.
+
+    Reads what prune reads, without verifying anything new; a kind's verification record
+    (:mod:`gpu_cache.verified`) spares it manifests and ``-atime`` files read before, and
+    what it reads now is added to the record (best effort: a read-only cache keeps its own).
+    """
     root = settings.cache_root
     out: dict[str, Any] = {"cache_root": str(root) if root else None, "kinds": {}, "usage": {}}
     if root is None:
         return out
     now = time.time()
     for kind in kinds.PRUNABLE:
-        found = kinds.scan(kind, kinds.KINDS[kind].folder(root))
-        by_function: Counter[str] = Counter()
-        bytes_by_function: Counter[str] = Counter()
-        for entry in found:
-            by_function[entry.name] += 1
-            bytes_by_function[entry.name] += entry.size
-        uses = [e.last_use for e in found]
-        out["kinds"][kind] = {
-            "path": str(kinds.KINDS[kind].folder(root)),
-            "entries": len(found),
-            "bytes": sum(e.size for e in found),
-            "broken": sum(1 for e in found if e.problem),
-            # What prune would repair: incomplete or copied Triton groups, stale temporaries,
-            # empty or truncated JAX entries, orphan halves.
-            "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
-                               for e in found if e.problem][:TOP],
-            "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
-            "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
-            "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
-                            for e in sorted(found, key=lambda e: -e.size)[:TOP]],
-            "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
-                            for name, count in by_function.most_common(TOP)],
-        }
+        registered = kinds.KINDS[kind]
+        folder = registered.folder(root)
+        record = verified.Record.load(folder) if registered.verifies else None
+        found = kinds.scan(kind, folder, record=record)
+        if record is not None:
+            record.save()
+        out["kinds"][kind] = summarise(found, now)
+        out["kinds"][kind]["path"] = str(folder)
+        out["kinds"][kind]["last_use_from"] = registered.last_use
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root).items()}
     out["software_mismatches"] = software_mismatches(root)
     return out
+
+
+def summarise(found: list[Entry], now: float) -> dict[str, Any]:
+    """One kind's part of :func:`cache_stats`, in one pass over its entries."""
+    by_function: Counter[str] = Counter()
+    bytes_by_function: Counter[str] = Counter()
+    total = 0
+    oldest = newest = None
+    broken = []
+    for entry in found:
+        by_function[entry.name] += 1
+        bytes_by_function[entry.name] += entry.size
+        total += entry.size
+        use = entry.last_use
+        if oldest is None or use < oldest:
+            oldest = use
+        if newest is None or use > newest:
+            newest = use
+        if entry.problem:
+            broken.append(entry)
+    return {
+        "entries": len(found),
+        "bytes": total,
+        "broken": len(broken),
+        # What prune would repair: incomplete or copied Triton groups, stale temporaries,
+        # empty or truncated JAX entries, orphan halves.
+        "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
+                           for e in broken[:TOP]],
+        "oldest_use_age_seconds": round(now - oldest, 1) if oldest is not None else None,
+        "newest_use_age_seconds": round(now - newest, 1) if newest is not None else None,
+        "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
+                        for e in heapq.nlargest(TOP, found, key=lambda e: e.size)],
+        "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
+                        for name, count in by_function.most_common(TOP)],
+    }
 
 
 #: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
@@ -126,11 +154,11 @@ def render(stats: dict[str, Any]) -> str:
             ages = (f", last used {format_age(info['newest_use_age_seconds'])} to "
                     f"{format_age(info['oldest_use_age_seconds'])} ago")
         broken = f", {info['broken']} broken" if info["broken"] else ""
-        lines.append(f"{kind:>7}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
+        lines.append(f"{kind:>8}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
         for row in info["by_function"][:5]:
-            lines.append(f"         {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
+            lines.append(f"          {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
         for row in info["broken_entries"]:
-            lines.append(f"         broken: {row['key']} ({row['name']}): {row['problem']}")
+            lines.append(f"          broken: {row['key']} ({row['name']}): {row['problem']}")
     for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type")):
         groups = stats["usage"].get(axis) or {}
         if groups:
