@@ -158,24 +158,34 @@ def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None
     and a leftover temporary older than the grace period is broken."""
     out = []
     now = time.time()
-    for parent, folders, names in os.walk(folder):
-        folders[:] = [f for f in folders if not os.path.islink(os.path.join(parent, f))]
-        for name in names:
-            path = os.path.join(parent, name)
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue
-            temporary = not name.endswith(".pyc")
-            if temporary and now - info.st_mtime < grace_seconds:
-                continue  # an interpreter may be writing it
-            problem = None
-            if not stat.S_ISREG(info.st_mode):
-                problem = "not a regular file"
-            elif temporary:
-                problem = "temporary file of an interpreter that was killed"
-            out.append(Entry("bytecode", os.path.relpath(path, folder), name.split(".", 1)[0],
-                             info.st_size, info.st_mtime, problem, Path(path)))
+    base = os.fspath(folder)
+    skip = len(base) + 1
+    pending = [base]
+    while pending:
+        try:
+            listing = os.scandir(pending.pop())
+        except OSError:
+            continue
+        with listing:
+            for item in listing:
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(item.path)  # (a link to a folder is an entry: never followed)
+                    continue
+                name = item.name
+                temporary = not name.endswith(".pyc")
+                if temporary and now - info.st_mtime < grace_seconds:
+                    continue  # an interpreter may be writing it
+                problem = None
+                if not stat.S_ISREG(info.st_mode):
+                    problem = "not a regular file"
+                elif temporary:
+                    problem = "temporary file of an interpreter that was killed"
+                out.append(Entry("bytecode", item.path[skip:], name.split(".", 1)[0],
+                                 info.st_size, info.st_mtime, problem, item.path))
     return out
 
 

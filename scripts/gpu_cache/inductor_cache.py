@@ -107,7 +107,7 @@ def _library_problem(path: str, info: os.stat_result, scan: _Scan) -> str | None
         return None
     digest = 0
     if scan.record is not None:
-        digest = verified.digest(f"so\0{path}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}")
+        digest = verified.digest(4, verified.text(path), info.st_ino, info.st_size, info.st_mtime_ns)
         if scan.record.get(digest) is not None:
             return None
     problem = _elf_problem(path, info)

@@ -29,6 +29,8 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: ``<key>-cache``/``<key>-atime``; older jax (0.4.30, as images that pin it run) writes the
 #: executable as plain ``<key>`` and keeps no ``-atime``.
 _FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))(?:-(?P<suffix>cache|atime))?$")
+#: The ``-<sha256 hex>`` before a ``-cache``/``-atime`` suffix (matched in place: fast).
+_HASH_TAIL = re.compile(r"-[0-9a-f]{64}")
 #: Temporary files in a JAX folder: :func:`write_atime`'s (``.<key>-atime.<pid>.<hex>.tmp``,
 #: and the fixed ``.<key>-atime.tmp`` of earlier gpu-cache versions). JAX writes none; prune
 #: removes them once stale.
@@ -106,8 +108,7 @@ def _recorded_atime(key: str, path: str, info: os.stat_result,
     them), else read and recorded."""
     if record is None or not stat.S_ISREG(info.st_mode):
         return _read_atime(path, info)
-    digest = verified.digest(f"a\0{key}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}"
-                             f"\0{info.st_ctime_ns}")
+    digest = verified.digest(2, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
     known = record.get(digest)
     if known is not None:
         return None if known == _NO_TIME else known / 1e9
@@ -216,6 +217,7 @@ def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 #: restored without its times (JAX writes the file and its content at once); its content is
 #: then the only true last use. (Generous: a network filesystem's server clock may differ.)
 COPIED_TOLERANCE_SECONDS = 300.0
+COPIED = "-atime (file times ignored: copied without them)"
 
 
 def scan(folder: Path | str, verify_after: float | None = None,
@@ -243,80 +245,121 @@ def scan(folder: Path | str, verify_after: float | None = None,
     folder_text = os.fspath(folder)
     caches: dict[str, tuple[str, os.stat_result]] = {}
     atimes: dict[str, tuple[str, os.stat_result]] = {}
-    names: dict[str, str] = {}
     temps: list[JaxEntry] = []
     now = time.time()
     match = _FILE_RE.match
+    tail = _HASH_TAIL.fullmatch
     try:
         listing = os.scandir(folder_text)
     except (FileNotFoundError, NotADirectoryError):
         return []
     with listing:
         for item in listing:
-            found = match(item.name)
-            if found is None:
-                if temp_grace is not None and _TEMP_RE.match(item.name):
-                    try:
-                        info = item.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if now - info.st_mtime >= temp_grace:
-                        temps.append(JaxEntry(
-                            key=item.name, name="(temporary)", cache_file=None, atime_file=item.path,
-                            size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
-                            last_use=info.st_mtime,
-                            problem="stale temporary file of an interrupted prune"))
-                continue
+            name = item.name
+            size = len(name)
+            # The common names by slicing (a third of the regular expression's cost).
+            suffix = name[-5:]
+            if size > 71 and (suffix == "cache" or suffix == "atime") and name[-6] == "-" \
+                    and tail(name, size - 71, size - 6):
+                key = name[:-6]
+            else:
+                found = match(name)
+                if found is None:
+                    if temp_grace is not None and _TEMP_RE.match(name):
+                        try:
+                            info = item.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if now - info.st_mtime >= temp_grace:
+                            temps.append(JaxEntry(
+                                key=name, name="(temporary)", cache_file=None, atime_file=item.path,
+                                size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
+                                last_use=info.st_mtime,
+                                problem="stale temporary file of an interrupted prune"))
+                    continue
+                key, suffix = found.group("key", "suffix")
             try:
                 info = item.stat(follow_symlinks=False)
             except OSError:
                 continue
-            key, name, suffix = found.group("key", "name", "suffix")
             (atimes if suffix == "atime" else caches)[key] = (item.path, info)
-            names[key] = name
     # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
     capped = os.path.lexists(os.path.join(folder_text, LOCK_NAME)) \
         or any(key in caches for key in atimes)
     young = time.time() - WRITE_GRACE_SECONDS
     entries = []
     isreg = stat.S_ISREG
-    for key, name in names.items():
-        cache = caches.get(key)
-        atime = atimes.get(key)
-        problem = None
-        size = 0
-        last_use = 0.0
+    for key, cache in caches.items():
+        atime = atimes.pop(key, None) if atimes else None
+        info = cache[1]
+        if not isreg(info.st_mode) or (atime is not None and not isreg(atime[1].st_mode)):
+            entries.append(_pair(key, cache, atime, verify_after, young, record, capped))
+            continue
+        # Regular files (the common case, kept short): see _pair for the general one.
+        size = info.st_size
+        last_use = info.st_mtime
         source = "mtime"
-        for part in (cache, atime):
-            if part is not None:
-                info = part[1]
-                if isreg(info.st_mode):
-                    size += info.st_size
-                else:
-                    suffix = "cache" if part is cache else "atime"
-                    odd = f"-{suffix} is {safe_io.describe(info.st_mode)}, not a regular file"
-                    problem = odd if problem is None else f"{odd}; {problem}"
-                if info.st_mtime > last_use:
-                    last_use = info.st_mtime
-        if atime is not None and problem is None:
-            recorded = _recorded_atime(key, atime[0], atime[1], record)
+        if atime is not None:
+            sidecar = atime[1]
+            size += sidecar.st_size
+            if sidecar.st_mtime > last_use:
+                last_use = sidecar.st_mtime
+            recorded = _recorded_atime(key, atime[0], sidecar, record)
             if recorded is not None:
-                if abs(atime[1].st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
-                    last_use, source = recorded, "-atime (file times ignored: copied without them)"
+                if abs(sidecar.st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
+                    last_use, source = recorded, COPIED
                 else:
                     last_use, source = max(last_use, recorded), "-atime"
-        if problem is not None:
-            pass
-        elif cache is None:
-            problem = "-atime without -cache"
-        elif cache[1].st_size == 0:
-            problem = "empty -cache file (written while the disk was full)"
-        elif verify_after is not None and verify_after < cache[1].st_mtime < young:
-            problem = _verify(key, cache[0], cache[1], record)
-        entries.append(JaxEntry(
-            key, name, cache[0] if cache else None, atime[0] if atime else None, size, last_use,
-            problem, capped and cache is not None and atime is None and problem is None, source))
+        if info.st_size == 0:
+            problem: str | None = "empty -cache file (written while the disk was full)"
+        elif verify_after is not None and verify_after < info.st_mtime < young:
+            problem = _verify(key, cache[0], info, record)
+        else:
+            problem = None
+        entries.append(JaxEntry(key, key[:-65], cache[0], None if atime is None else atime[0], size,
+                                last_use, problem, capped and atime is None and problem is None,
+                                source))
+    for key, atime in atimes.items():  # -atime files without their -cache
+        entries.append(_pair(key, None, atime, verify_after, young, record, capped))
     return entries + temps
+
+
+def _pair(key: str, cache: tuple[str, os.stat_result] | None, atime: tuple[str, os.stat_result] | None,
+          verify_after: float | None, young: float, record: verified.Record | None,
+          capped: bool) -> JaxEntry:
+    """One entry with an ``-atime`` half, or whose ``-cache`` is not a regular file."""
+    problem = None
+    size = 0
+    last_use = 0.0
+    source = "mtime"
+    for part, suffix in ((cache, "cache"), (atime, "atime")):
+        if part is not None:
+            info = part[1]
+            if stat.S_ISREG(info.st_mode):
+                size += info.st_size
+            else:
+                odd = f"-{suffix} is {safe_io.describe(info.st_mode)}, not a regular file"
+                problem = odd if problem is None else f"{odd}; {problem}"
+            if info.st_mtime > last_use:
+                last_use = info.st_mtime
+    if atime is not None and problem is None:
+        recorded = _recorded_atime(key, atime[0], atime[1], record)
+        if recorded is not None:
+            if abs(atime[1].st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
+                last_use, source = recorded, COPIED
+            else:
+                last_use, source = max(last_use, recorded), "-atime"
+    if problem is not None:
+        pass
+    elif cache is None:
+        problem = "-atime without -cache"
+    elif cache[1].st_size == 0:
+        problem = "empty -cache file (written while the disk was full)"
+    elif verify_after is not None and verify_after < cache[1].st_mtime < young:
+        problem = _verify(key, cache[0], cache[1], record)
+    return JaxEntry(key, key[:-65], cache[0] if cache else None, atime[0] if atime else None, size,
+                    last_use, problem, capped and cache is not None and atime is None and problem is None,
+                    source)
 
 
 def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
@@ -324,7 +367,7 @@ def _verify(key: str, path: str, info: os.stat_result, record: verified.Record |
     (same name, inode and size); a whole one is recorded."""
     if record is None:
         return undecompressable(path)
-    digest = verified.digest(f"c\0{key}\0{info.st_ino}\0{info.st_size}")
+    digest = verified.digest(1, int(key[-16:], 16), info.st_ino, info.st_size)  # key: <name>-<hex>
     if record.get(digest) is not None:
         return None
     problem = undecompressable(path)

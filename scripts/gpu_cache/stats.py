@@ -36,13 +36,14 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         record = verified.Record.load(folder) if registered.verifies else None
         found = kinds.scan(kind, folder, record=record)
         if record is not None:
-            record.save()
+            record.save(complete=False)  # it verified nothing: keep what prune verified
         out["kinds"][kind] = summarise(found, now)
         out["kinds"][kind]["path"] = str(folder)
         out["kinds"][kind]["last_use_from"] = registered.last_use
+    found_records = list(records.read(records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
-                    for axis, groups in usage(root).items()}
-    out["software_mismatches"] = software_mismatches(root)
+                    for axis, groups in usage(root, found_records).items()}
+    out["software_mismatches"] = software_mismatches(root, found_records)
     return out
 
 
@@ -86,7 +87,7 @@ def summarise(found: list[Entry], now: float) -> dict[str, Any]:
 OWN_RULES = ("warm_cache", "validate_cache")
 
 
-def software_mismatches(root: Path) -> list[str]:
+def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) -> list[str]:
     """One line per (rule, software) of jobs whose software differs from the software that
     warmed and validated their GPU type's cache (from the records), with their hits: such
     jobs miss, since cache keys hold the jax/jaxlib and triton versions and the Python ABI.
@@ -96,7 +97,9 @@ def software_mismatches(root: Path) -> list[str]:
     """
     warmed: dict[str, dict[str, Any]] = {}  # gpu_type -> software of its latest own pass
     jobs = []
-    for record in sorted(records.read(records.records_dir(root)), key=lambda r: r["time"]):
+    if loaded is None:
+        loaded = list(records.read(records.records_dir(root)))
+    for record in sorted(loaded, key=lambda r: r["time"]):
         soft = record.get("software")
         if not isinstance(soft, dict):
             continue
@@ -124,12 +127,13 @@ def software_mismatches(root: Path) -> list[str]:
             for (rule, ran, ref), (hits, lookups, n) in sorted(found.items())]
 
 
-def usage(root: Path) -> dict[str, dict[str, Usage]]:
+def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Usage]]:
     """Hits, misses, seconds saved and processes per rule (``by_rule``) and per GPU type
-    (``by_gpu_type``), from the stats hook's records under ``root``."""
+    (``by_gpu_type``), from the stats hook's records under ``root`` (or those ``loaded``
+    from there already)."""
     groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
                                            "by_gpu_type": defaultdict(Usage)}
-    for record in records.read(records.records_dir(root)):
+    for record in records.read(records.records_dir(root)) if loaded is None else loaded:
         for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type"))):
             bucket = groups[axis][f"{value or '-'}"]
             bucket.processes += 1

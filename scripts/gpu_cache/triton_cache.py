@@ -220,8 +220,8 @@ def _check_manifest(path: str, key: str, manifest: str, names: dict[str, os.stat
     info = names[manifest]
     digest = 0
     if record is not None:
-        digest = verified.digest("\0".join((key, manifest, str(info.st_ino), str(info.st_size),
-                                            str(info.st_mtime_ns), *sorted(names))))
+        digest = verified.digest(3, verified.text("\0".join(sorted(names))), info.st_ino,
+                                 info.st_size, info.st_mtime_ns)
         if record.get(digest) is not None:
             return True, False, []
     outside, found = _kernel_problems(path, manifest, info)
@@ -241,42 +241,47 @@ def _scan_entry(path: str, key: str, folder_info: os.stat_result, now: float,
     names: dict[str, os.stat_result] = {}
     temps: list[TempDir] = []
     odd: list[tuple[str, str]] = []
+    manifests: list[str] = []
     size = 0
     newest = folder_info.st_mtime
+    isreg = stat.S_ISREG
     with os.scandir(path) as listing:
         for child in listing:
             try:
                 info = child.stat(follow_symlinks=False)
             except OSError:
                 continue
-            mode = info.st_mode
-            if stat.S_ISREG(mode):
-                names[child.name] = info
+            name = child.name
+            if isreg(info.st_mode):
+                names[name] = info
                 size += info.st_size
                 if info.st_mtime > newest:
                     newest = info.st_mtime
-            elif stat.S_ISDIR(mode):
+                if name.startswith(GROUP_PREFIX) and name.endswith(".json"):
+                    manifests.append(name)
+            elif stat.S_ISDIR(info.st_mode):
                 inner, _n, inner_newest = _tree_size(child.path)
                 size += inner
                 newest = max(newest, inner_newest)
-                match = TEMP_RE.match(child.name)
-                if match or child.name.startswith("tmp."):
+                match = TEMP_RE.match(name)
+                if match or name.startswith("tmp."):
                     temps.append(TempDir(Path(child.path), key, int(match.group(1)) if match else None,
                                          max(0.0, now - max(inner_newest, info.st_mtime)), inner))
                 else:
-                    odd.append((child.name, f"unexpected directory {child.name}"))
+                    odd.append((name, f"unexpected directory {name}"))
             else:
                 if info.st_mtime > newest:
                     newest = info.st_mtime
-                odd.append((child.name, f"unexpected {safe_io.describe(mode)} {child.name}"))
-    problems = [why for _name, why in sorted(odd)]
-    temps.sort(key=lambda t: t.path.name)
-    manifests = sorted(n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json"))
+                odd.append((name, f"unexpected {safe_io.describe(info.st_mode)} {name}"))
+    problems = [why for _name, why in sorted(odd)] if odd else []
     kind, kernel, complete, outside = KIND_UNKNOWN, None, False, False
     if manifests:
+        if len(manifests) > 1:
+            manifests.sort()
         kind, kernel = KIND_KERNEL, manifests[0][len(GROUP_PREFIX):-len(".json")]
         complete, outside, found = _check_manifest(path, key, manifests[0], names, record)
-        problems += found
+        if found:
+            problems += found
         if len(manifests) > 1:
             complete = False
             problems.append(f"{len(manifests)} group manifests in one key directory")
@@ -303,6 +308,7 @@ def _scan_entry(path: str, key: str, folder_info: os.stat_result, now: float,
         else:
             problems.append("unrecognised contents: " + ", ".join(sorted(names)))
     if temps:
+        temps.sort(key=lambda t: t.path.name)
         problems.append(f"{len(temps)} temp dir(s) left by writers")
     entry = TritonEntry(key, path, kind, kernel, size, newest, complete, outside, tuple(problems))
     return entry, temps

@@ -19,9 +19,9 @@ jobs), so a planted record can at worst hide a broken entry from a check, never 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
+import zlib
 from array import array
 from itertools import chain
 
@@ -34,15 +34,27 @@ MAGIC = b"gpu-cache verified v2\n"
 MAX_BYTES = 1 << 30
 
 
-def digest(text: str) -> int:
-    """A stable 64-bit digest of ``text`` (the same in every process, unlike ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogateescape"),
-                                          digest_size=8).digest(), "little")
+_MASK = (1 << 64) - 1
+
+
+def digest(*parts: int) -> int:
+    """A 64-bit digest of whole numbers (a file's inode, size, times; :func:`text`). The same
+    in every process: Python hashes numbers and tuples of them without a per-process seed
+    (only text and bytes get one). Another Python version may hash differently: its
+    digests then only miss, and the files are read again."""
+    return hash(parts) & _MASK
+
+
+def text(value: str) -> int:
+    """A stable number for ``value`` (a name, a list of names), to put into :func:`digest`."""
+    return zlib.crc32(value.encode("utf-8", "surrogateescape"))
 
 
 class Record:
     """The record of one folder: look digests up with :meth:`get`, add with :meth:`put`,
-    and :meth:`save` what this scan used or learned (digests it no longer met are dropped)."""
+    and :meth:`save` what this scan used or learned. A scan that verifies (prune, dry runs
+    included) meets every digest still current, so the others are dropped; ``stats`` does not
+    verify, so it keeps them (``complete=False``)."""
 
     def __init__(self, folder: str | os.PathLike[str], known: dict[int, int] | None = None) -> None:
         self.path = os.path.join(os.fspath(folder), NAME)
@@ -81,18 +93,21 @@ class Record:
             self.learned += 1
         self.kept[key] = value
 
-    @property
-    def changed(self) -> bool:
+    def changed(self, complete: bool = True) -> bool:
         """Whether :meth:`save` would write anything."""
-        return self.learned > 0 or len(self.kept) != len(self.known)
+        return self.learned > 0 or (complete and len(self.kept) != len(self.known))
 
-    def save(self) -> bool:
+    def save(self, complete: bool = True) -> bool:
         """Write the record when it changed, atomically (a name planted there is replaced,
-        never written through); True when written. Best effort: a folder that is gone or
-        read-only keeps its old record.
+        never written through); True when written. ``complete``: this scan looked every
+        digest up that is still current (it verified), so those it did not meet are dropped;
+        otherwise they are kept. Best effort: a folder that is gone or read-only keeps its
+        old record.
         """
-        if not self.changed or not os.path.isdir(os.path.dirname(self.path)):
+        if not self.changed(complete) or not os.path.isdir(os.path.dirname(self.path)):
             return False
+        if not complete:
+            self.kept = self.known | self.kept
         numbers = array("Q", chain.from_iterable(self.kept.items()))
         if sys.byteorder != "little":
             numbers.byteswap()
