@@ -163,6 +163,11 @@ def _load_phases(path: Path) -> dict[str, Any]:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    with kinds.no_cyclic_gc():  # millions of objects and no cycles
+        return _prune_now(args)
+
+
+def _prune_now(args: argparse.Namespace) -> int:
     from gpu_cache.prune import prune
     from gpu_cache.units import parse_age, parse_size
 
@@ -185,6 +190,11 @@ def _prune(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    with kinds.no_cyclic_gc():  # millions of objects and no cycles
+        return _stats_now(args)
+
+
+def _stats_now(args: argparse.Namespace) -> int:
     from gpu_cache import stats
     from gpu_cache.fs import require_folder_or_missing
 

@@ -135,7 +135,7 @@ def scan_records(folder: Path, grace_seconds: float, verify_after: float | None 
                 continue  # a process may be writing it right now
             problem = "half-written record of a process that was killed or ran out of space"
         out.append(Entry("records", item.name, "record", info.st_size, info.st_mtime, problem,
-                         Path(item.path)))
+                         item.path))
     return out
 
 

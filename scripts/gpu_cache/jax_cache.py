@@ -243,8 +243,9 @@ def scan(folder: Path | str, verify_after: float | None = None,
     a folder) makes its entry broken; it is never opened or followed.
     """
     folder_text = os.fspath(folder)
-    caches: dict[str, tuple[str, os.stat_result]] = {}
+    caches: list[tuple[str, str, os.stat_result]] = []  # (key, path, lstat): a list is cheaper
     atimes: dict[str, tuple[str, os.stat_result]] = {}
+    plain: dict[str, tuple[str, os.stat_result]] = {}  # jax 0.4.30's <key> without a suffix
     temps: list[JaxEntry] = []
     now = time.time()
     match = _FILE_RE.match
@@ -257,43 +258,54 @@ def scan(folder: Path | str, verify_after: float | None = None,
         for item in listing:
             name = item.name
             size = len(name)
-            # The common names by slicing (a third of the regular expression's cost).
+            # The common names by slicing (a third of the regular expression's cost); the
+            # "-<sha256 hex>" before the suffix is checked once per key, below.
             suffix = name[-5:]
-            if size > 71 and (suffix == "cache" or suffix == "atime") and name[-6] == "-" \
-                    and tail(name, size - 71, size - 6):
-                key = name[:-6]
-            else:
-                found = match(name)
-                if found is None:
-                    if temp_grace is not None and _TEMP_RE.match(name):
-                        try:
-                            info = item.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        if now - info.st_mtime >= temp_grace:
-                            temps.append(JaxEntry(
-                                key=name, name="(temporary)", cache_file=None, atime_file=item.path,
-                                size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
-                                last_use=info.st_mtime,
-                                problem="stale temporary file of an interrupted prune"))
+            if size > 71 and (suffix == "cache" or suffix == "atime") and name[-6] == "-":
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
                     continue
-                key, suffix = found.group("key", "suffix")
+                if suffix == "cache":
+                    caches.append((name[:-6], item.path, info))
+                else:
+                    atimes[name[:-6]] = (item.path, info)
+                continue
+            found = match(name)
+            if found is None:
+                if temp_grace is not None and _TEMP_RE.match(name):
+                    try:
+                        info = item.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if now - info.st_mtime >= temp_grace:
+                        temps.append(JaxEntry(
+                            key=name, name="(temporary)", cache_file=None, atime_file=item.path,
+                            size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
+                            last_use=info.st_mtime,
+                            problem="stale temporary file of an interrupted prune"))
+                continue
             try:
                 info = item.stat(follow_symlinks=False)
             except OSError:
                 continue
-            (atimes if suffix == "atime" else caches)[key] = (item.path, info)
+            key, suffix = found.group("key", "suffix")
+            (atimes if suffix == "atime" else plain)[key] = (item.path, info)
+    if plain:  # one entry per key: a <key>-cache name wins over a plain <key>
+        named = {key for key, _path, _info in caches}
+        caches += [(key, path, info) for key, (path, info) in plain.items() if key not in named]
     # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
     capped = os.path.lexists(os.path.join(folder_text, LOCK_NAME)) \
-        or any(key in caches for key in atimes)
+        or (bool(atimes) and any(key in atimes for key, _path, _info in caches))
     young = time.time() - WRITE_GRACE_SECONDS
     entries = []
     isreg = stat.S_ISREG
-    for key, cache in caches.items():
+    for key, path, info in caches:
         atime = atimes.pop(key, None) if atimes else None
-        info = cache[1]
+        if not tail(key, len(key) - 65):
+            continue  # "...-cache" without a hash before it: not JAX's
         if not isreg(info.st_mode) or (atime is not None and not isreg(atime[1].st_mode)):
-            entries.append(_pair(key, cache, atime, verify_after, young, record, capped))
+            entries.append(_pair(key, (path, info), atime, verify_after, young, record, capped))
             continue
         # Regular files (the common case, kept short): see _pair for the general one.
         size = info.st_size
@@ -304,7 +316,17 @@ def scan(folder: Path | str, verify_after: float | None = None,
             size += sidecar.st_size
             if sidecar.st_mtime > last_use:
                 last_use = sidecar.st_mtime
-            recorded = _recorded_atime(key, atime[0], sidecar, record)
+            recorded = None
+            if record is not None:  # _recorded_atime, inlined: this runs once per entry
+                digest = hash((2, sidecar.st_ino, sidecar.st_size, sidecar.st_mtime_ns,
+                               sidecar.st_ctime_ns)) & _NO_TIME
+                known = record.known.get(digest)
+                if known is not None:
+                    if record.complete:
+                        record.kept[digest] = known
+                    recorded = None if known == _NO_TIME else known / 1e9
+            if recorded is None:
+                recorded = _recorded_atime(key, atime[0], sidecar, record)
             if recorded is not None:
                 if abs(sidecar.st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
                     last_use, source = recorded, COPIED
@@ -313,13 +335,15 @@ def scan(folder: Path | str, verify_after: float | None = None,
         if info.st_size == 0:
             problem: str | None = "empty -cache file (written while the disk was full)"
         elif verify_after is not None and verify_after < info.st_mtime < young:
-            problem = _verify(key, cache[0], info, record)
+            problem = _verify(key, path, info, record)
         else:
             problem = None
-        entries.append(JaxEntry(key, key[:-65], cache[0], None if atime is None else atime[0], size,
+        entries.append(JaxEntry(key, key[:-65], path, None if atime is None else atime[0], size,
                                 last_use, problem, capped and atime is None and problem is None,
                                 source))
     for key, atime in atimes.items():  # -atime files without their -cache
+        if not tail(key, len(key) - 65):
+            continue
         entries.append(_pair(key, None, atime, verify_after, young, record, capped))
     return entries + temps
 

@@ -9,7 +9,9 @@ bounds it, warm and validate diff it, and the report plots it. The startup hook
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -153,9 +155,24 @@ def scan(name: str, folder: Path, grace_seconds: float = 3600.0,
     scanner = KINDS[name].scan
     if scanner is None:
         return []
-    if record is None:
-        return scanner(folder, grace_seconds, verify_after)
-    return scanner(folder, grace_seconds, verify_after, record)
+    with no_cyclic_gc():
+        if record is None:
+            return scanner(folder, grace_seconds, verify_after)
+        return scanner(folder, grace_seconds, verify_after, record)
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Python's cycle collector off while a scan makes its objects: a scan of a million
+    files makes millions of objects and no cycles, and each collection would walk them all
+    again (a fifth of the scan's time). Reference counting frees them as ever."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def remove(name: str, folder: Path, entry: Entry) -> None:

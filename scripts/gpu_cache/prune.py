@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 from contextlib import ExitStack
+from operator import attrgetter
 from pathlib import Path
 
 from gpu_cache import jax_cache, kinds, safe_io, verified
@@ -40,7 +41,9 @@ def plan(entries: list[Entry], max_size: int, max_age: float, now: float
             kept.append(entry)
     doomed = broken + old
     total = sum(e.size for e in kept)
-    for entry in sorted(kept, key=lambda e: (e.last_use, e.key)):
+    if total <= max_size:
+        return doomed  # (no need to sort a million entries)
+    for entry in sorted(kept, key=attrgetter("last_use", "key")):
         if total <= max_size:
             break
         doomed.append((entry, "least recently used over max_size"))

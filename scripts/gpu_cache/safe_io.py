@@ -109,8 +109,10 @@ def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = 
     with open_regular(path, dir_fd) as fd:
         chunks: list[bytes] = []
         total = 0
+        # os.read allocates what it is asked for: ask for the file's size (and a byte) first.
+        want = os.fstat(fd).st_size + 1
         while total <= limit:
-            chunk = os.read(fd, min(CHUNK, limit + 1 - total))
+            chunk = os.read(fd, min(CHUNK, limit + 1 - total, max(want - total, 1 << 12)))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -143,10 +145,11 @@ def read_known(path: str | os.PathLike[str], limit: int, known: os.stat_result) 
         after = os.fstat(fd)
         if not stat.S_ISREG(after.st_mode) or (after.st_dev, after.st_ino) != (known.st_dev, known.st_ino):
             raise NotRegularFile(path, "replaced while it was opened")
-        # O_NONBLOCK has no effect on a regular file's reads: no fcntl needed.
-        data = os.read(fd, limit + 1)
+        # O_NONBLOCK has no effect on a regular file's reads: no fcntl needed. The first read
+        # asks for the file's size and a byte (os.read allocates what it is asked for).
+        data = os.read(fd, min(limit + 1, after.st_size + 1, CHUNK))
         while len(data) <= limit and len(data) < after.st_size:  # (one read for a small file)
-            more = os.read(fd, limit + 1 - len(data))
+            more = os.read(fd, min(limit + 1 - len(data), CHUNK))
             if not more:
                 break
             data += more

@@ -33,10 +33,11 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     for kind in kinds.PRUNABLE:
         registered = kinds.KINDS[kind]
         folder = registered.folder(root)
-        record = verified.Record.load(folder) if registered.verifies else None
+        # It verifies nothing: the record keeps what prune verified (complete=False).
+        record = verified.Record.load(folder, complete=False) if registered.verifies else None
         found = kinds.scan(kind, folder, record=record)
         if record is not None:
-            record.save(complete=False)  # it verified nothing: keep what prune verified
+            record.save()
         out["kinds"][kind] = summarise(found, now)
         out["kinds"][kind]["path"] = str(folder)
         out["kinds"][kind]["last_use_from"] = registered.last_use

@@ -54,18 +54,22 @@ class Record:
     """The record of one folder: look digests up with :meth:`get`, add with :meth:`put`,
     and :meth:`save` what this scan used or learned. A scan that verifies (prune, dry runs
     included) meets every digest still current, so the others are dropped; ``stats`` does not
-    verify, so it keeps them (``complete=False``)."""
+    verify, so it keeps them (``complete=False``, which also spares it the bookkeeping)."""
 
-    def __init__(self, folder: str | os.PathLike[str], known: dict[int, int] | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike[str], known: dict[int, int] | None = None,
+                 complete: bool = True) -> None:
         self.path = os.path.join(os.fspath(folder), NAME)
         self.known: dict[int, int] = known or {}
         self.kept: dict[int, int] = {}
         self.learned = 0
+        #: The scan looks up every current digest (it verifies): :meth:`save` drops the rest.
+        self.complete = complete
 
     @classmethod
-    def load(cls, folder: str | os.PathLike[str]) -> Record:
-        """The record in ``folder``; an empty one when there is none (or none usable)."""
-        record = cls(folder)
+    def load(cls, folder: str | os.PathLike[str], complete: bool = True) -> Record:
+        """The record in ``folder``; an empty one when there is none (or none usable).
+        ``complete``: see :meth:`save`."""
+        record = cls(folder, complete=complete)
         try:
             data = safe_io.read_bounded(record.path, MAX_BYTES)
         except OSError:
@@ -83,7 +87,7 @@ class Record:
     def get(self, key: int) -> int | None:
         """The value recorded for ``key`` (kept for the next :meth:`save`), or None."""
         value = self.known.get(key)
-        if value is not None:
+        if value is not None and self.complete:
             self.kept[key] = value
         return value
 
@@ -93,20 +97,20 @@ class Record:
             self.learned += 1
         self.kept[key] = value
 
-    def changed(self, complete: bool = True) -> bool:
+    def changed(self) -> bool:
         """Whether :meth:`save` would write anything."""
-        return self.learned > 0 or (complete and len(self.kept) != len(self.known))
+        return self.learned > 0 or (self.complete and len(self.kept) != len(self.known))
 
-    def save(self, complete: bool = True) -> bool:
+    def save(self) -> bool:
         """Write the record when it changed, atomically (a name planted there is replaced,
-        never written through); True when written. ``complete``: this scan looked every
-        digest up that is still current (it verified), so those it did not meet are dropped;
-        otherwise they are kept. Best effort: a folder that is gone or read-only keeps its
-        old record.
+        never written through); True when written. A ``complete`` scan looked every digest
+        up that is still current (it verified), so those it did not meet are dropped;
+        otherwise (``stats``) they are kept. Best effort: a folder that is gone or read-only
+        keeps its old record.
         """
-        if not self.changed(complete) or not os.path.isdir(os.path.dirname(self.path)):
+        if not self.changed() or not os.path.isdir(os.path.dirname(self.path)):
             return False
-        if not complete:
+        if not self.complete:
             self.kept = self.known | self.kept
         numbers = array("Q", chain.from_iterable(self.kept.items()))
         if sys.byteorder != "little":
