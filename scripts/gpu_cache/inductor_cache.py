@@ -20,10 +20,16 @@ Pure standard library. The layout, as torch 2.13 writes it (``torch/_inductor/co
 * **Anything else** (``cache/<hash>`` autotune timings, ``dynamo/``, ``aoti_eager/``, ...): each
   file is an entry of its own; Inductor rebuilds what it misses.
 
-Broken: a ``.so`` that is empty or cut short (a killed linker or a full disk: Inductor finds
-the file, skips compiling and fails to load it, in every later job), a temporary file older
-than the grace period, something that is not a regular file. A ``.so`` younger than the grace
-period may be mid-link: it is left out, as are young temporary files.
+Broken: a ``.so`` that is empty or cut short (a killed linker or a full disk), a temporary
+file older than the grace period, something that is not a regular file. Inductor trusts a
+``.so`` that exists (it builds only missing ones): measured with torch 2.13 on the CPU, its
+CPU-feature probes (small programs built into the cache and loaded to see whether the CPU
+runs AVX-512, AVX2, ...) stay cut short for good, and every later job believes the CPU lacks
+those features: with one probe cut short it compiled other kernels, with all of them every
+``torch.compile`` failed to build its kernels. A ``.so`` is whole when its ELF headers end
+inside it (checked once per file state by a prune, dry runs included; ``stats`` counts only
+empty ones). A ``.so`` younger than the grace period may be mid-link: it is not judged, and
+young temporary files are left out.
 
 Last use: Inductor marks no hit on disk, so an entry's last use is the newest of its files'
 modification and access times (a hit loads the ``.so`` and reads the pickle; the access time
