@@ -7,8 +7,6 @@ one line and exit code 1; never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +18,13 @@ from gpu_cache.errors import UsageError
 from gpu_cache.settings import Settings, load_config_file, settings_from
 
 Handler = Callable[[argparse.Namespace], int]
-log = logging.getLogger(__name__)
+
+
+def _warn(message: str, *args: Any) -> None:
+    """A warning through the ``gpu_cache`` logger (logging is loaded only when one is due)."""
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,6 +40,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "config", None):
         config = load_config_file(args.config)
     if getattr(args, "config_json", None):
+        import json
+
         try:
             config = json.loads(args.config_json)
         except ValueError as exc:
@@ -63,6 +69,8 @@ def _log_stream(path: str | None) -> Iterator[TextIO]:
 def _dumps(report: Any, compact: bool = False) -> str:
     """JSON text; ``compact`` for reports that grow with the cache (a prune of a million
     entries lists each one): no indentation, so the C encoder writes it, ten times faster."""
+    import json  # (deferred: `gpu-cache env`, run at every Snakemake start, needs no JSON)
+
     if compact:
         return json.dumps(report, separators=(",", ":"), default=str) + "\n"
     return json.dumps(report, indent=2, default=str) + "\n"
@@ -102,7 +110,7 @@ def _env(args: argparse.Namespace) -> int:
 
     exports = env.resolve(_settings(args))
     if args.json:
-        sys.stdout.write(json.dumps(exports.as_dict(), indent=2) + "\n")
+        sys.stdout.write(_dumps(exports.as_dict()))
     else:
         # The bytes of each path as they are on disk, also when they are not UTF-8.
         sys.stdout.flush()
@@ -120,7 +128,7 @@ def _warm(args: argparse.Namespace) -> int:
     with _log_stream(args.log) as output:
         report = warm(settings, gpu_type, output)
     for line in report.broken:
-        log.warning("%s", line)
+        _warn("%s", line)
     _emit(report.as_dict(), args.output, to_stdout=args.output is None)
     return 0
 
@@ -185,7 +193,7 @@ def _prune_now(args: argparse.Namespace) -> int:
                    only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
     _emit(report.as_dict(), args.output, to_stdout=args.json, compact=True)
     for line in report.software_mismatches:
-        log.warning("software mismatch: %s", line)
+        _warn("software mismatch: %s", line)
     return 1 if report.software_mismatches and settings.validate.strict else 0
 
 
@@ -221,7 +229,7 @@ def _doctor(args: argparse.Namespace) -> int:
         report["warnings"] += fixed.problems
     if args.output:
         _emit(report, args.output, to_stdout=False)
-    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else doctor.render(report))
+    sys.stdout.write(_dumps(report) if args.json else doctor.render(report))
     return 0 if report["ok"] or args.no_fail else 1
 
 
@@ -234,7 +242,7 @@ def _explain(args: argparse.Namespace) -> int:
     explanations = explain.explain_cache(settings.cache_root, args.run_id)
     if args.output:
         _emit({"explain": explanations}, args.output, to_stdout=False)
-    sys.stdout.write(json.dumps(explanations, indent=2) + "\n" if args.json
+    sys.stdout.write(_dumps(explanations) if args.json
                      else explain.render(explanations))
     return 0
 

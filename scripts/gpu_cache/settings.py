@@ -7,7 +7,6 @@ Snakemake's ``validate``) and the CLI (here), so both accept exactly the same ke
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,7 +60,7 @@ def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     filled = dict(value)
     for key, sub in schema.get("properties", {}).items():
         if key not in filled and "default" in sub:
-            filled[key] = json.loads(json.dumps(sub["default"]))
+            filled[key] = copy.deepcopy(sub["default"])
         if key in filled:
             filled[key] = _fill_defaults(sub, filled[key])
     extra = schema.get("additionalProperties")
