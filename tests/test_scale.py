@@ -237,4 +237,4 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
     timed = {"stats", "stats_json", "prune_dry_run", "prune_dry_run_first", "prune"}
     assert timed <= set(size["ratio_to_walk"])
     assert result["jax_compression"] in ("zstd", "zlib")
-    assert set(result["startup"]["median_ms"]) == {"python_pass", "gpu_cache_env", "python_pass_with_hook"}
+    assert {"python_pass", "gpu_cache_env", "python_pass_with_hook"} <= set(result["startup"]["median_ms"])
