@@ -238,3 +238,11 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
     assert timed <= set(size["ratio_to_walk"])
     assert result["jax_compression"] in ("zstd", "zlib")
     assert {"python_pass", "gpu_cache_env", "python_pass_with_hook"} <= set(result["startup"]["median_ms"])
+
+
+def test_the_readme_says_where_each_kind_reads_last_use():
+    from gpu_cache import kinds
+
+    readme = (REPO / "README.md").read_text()
+    for name in kinds.PRUNABLE:
+        assert f"| `{name}` | {kinds.KINDS[name].last_use} |" in readme, name

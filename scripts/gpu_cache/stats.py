@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter, defaultdict
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -49,38 +50,34 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
 
 
 def summarise(found: list[Entry], now: float) -> dict[str, Any]:
-    """One kind's part of :func:`cache_stats`, in one pass over its entries."""
-    by_function: Counter[str] = Counter()
+    """One kind's part of :func:`cache_stats` (the counting, sums and extremes run in C)."""
+    by_function = Counter(map(_NAME, found))
+    top = by_function.most_common(TOP)
+    wanted = {name for name, _count in top}
     bytes_by_function: Counter[str] = Counter()
-    total = 0
-    oldest = newest = None
-    broken = []
     for entry in found:
-        by_function[entry.name] += 1
-        bytes_by_function[entry.name] += entry.size
-        total += entry.size
-        use = entry.last_use
-        if oldest is None or use < oldest:
-            oldest = use
-        if newest is None or use > newest:
-            newest = use
-        if entry.problem:
-            broken.append(entry)
+        if entry.name in wanted:
+            bytes_by_function[entry.name] += entry.size
+    broken = [entry for entry in found if entry.problem]
+    uses = list(map(_LAST_USE, found))
     return {
         "entries": len(found),
-        "bytes": total,
+        "bytes": sum(map(_SIZE, found)),
         "broken": len(broken),
         # What prune would repair: incomplete or copied Triton groups, stale temporaries,
         # empty or truncated JAX entries, orphan halves.
         "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
                            for e in broken[:TOP]],
-        "oldest_use_age_seconds": round(now - oldest, 1) if oldest is not None else None,
-        "newest_use_age_seconds": round(now - newest, 1) if newest is not None else None,
+        "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
+        "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
         "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
-                        for e in heapq.nlargest(TOP, found, key=lambda e: e.size)],
+                        for e in heapq.nlargest(TOP, found, key=_SIZE)],
         "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
-                        for name, count in by_function.most_common(TOP)],
+                        for name, count in top],
     }
+
+
+_NAME, _SIZE, _LAST_USE = attrgetter("name"), attrgetter("size"), attrgetter("last_use")
 
 
 #: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
