@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache import jax_cache, triton_cache
+from gpu_cache import cuda_cache, inductor_cache, jax_cache, triton_cache
+from gpu_cache.verified import Record
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
-    """One whole cache entry. ``problem`` is set for a broken one (pruning removes it)."""
+    """One whole cache entry. ``problem`` is set for a broken one (pruning removes it).
+    ``removable``: False for what gpu-cache counts but never removes (a CUDA cache whose
+    layout it does not recognise)."""
 
     kind: str
     key: str
@@ -26,13 +29,16 @@ class Entry:
     last_use: float
     problem: str | None
     source: object  # the kind's own record of the entry, for removal
+    removable: bool = True
 
 
-def scan_jax(folder: Path, grace_seconds: float, verify_after: float | None) -> list[Entry]:
-    """JAX entries; ``verify_after``: decompress those written after that time. Temporary
-    files of an interrupted prune older than ``grace_seconds`` come as broken entries."""
+def scan_jax(folder: Path, grace_seconds: float, verify_after: float | None = None,
+             record: Record | None = None) -> list[Entry]:
+    """JAX entries; ``verify_after``: decompress those written after that time (and not
+    verified before, by ``record``). Temporary files of an interrupted prune older than
+    ``grace_seconds`` come as broken entries."""
     return [Entry("jax", e.key, e.name, e.size, e.last_use, e.problem, e)
-            for e in jax_cache.scan(folder, verify_after, temp_grace=grace_seconds)]
+            for e in jax_cache.scan(folder, verify_after, temp_grace=grace_seconds, record=record)]
 
 
 def remove_jax(folder: Path, entry: Entry) -> None:
@@ -45,10 +51,11 @@ def remove_jax(folder: Path, entry: Entry) -> None:
     jax_cache.remove(folder, entry.source)
 
 
-def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                record: Record | None = None) -> list[Entry]:
     """Triton key folders, stale writers' temporary folders, and trash left by a removal."""
     try:
-        inventory = triton_cache.scan(folder)
+        inventory = triton_cache.scan(folder, record)
     except triton_cache.TritonCacheError:
         return []  # not a folder: doctor and env report it
     now = inventory.scanned_at
@@ -100,7 +107,8 @@ def remove_triton(folder: Path, entry: Entry) -> None:
         triton_cache.empty_trash(folder)
 
 
-def scan_records(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+def scan_records(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                 record: Record | None = None) -> list[Entry]:
     """The records as entries of their own kind, so that prune bounds them by age and size:
     each ``*.json`` file is one entry (last use: when it was written); a half-written
     ``.*.json.tmp`` older than the grace period, or anything that is not a regular file, is
@@ -127,7 +135,7 @@ def scan_records(folder: Path, grace_seconds: float, verify_after: float | None 
                 continue  # a process may be writing it right now
             problem = "half-written record of a process that was killed or ran out of space"
         out.append(Entry("records", item.name, "record", info.st_size, info.st_mtime, problem,
-                         Path(item.path)))
+                         item.path))
     return out
 
 
@@ -143,30 +151,41 @@ def remove_record(folder: Path, entry: Entry) -> None:
         pass
 
 
-def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[Entry]:
+def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                  record: Record | None = None) -> list[Entry]:
     """Each ``.pyc`` file under the bytecode folder is one entry (key: its path below the
     folder); Python writes it through a temporary file and a rename, so a ``.pyc`` is whole,
     and a leftover temporary older than the grace period is broken."""
     out = []
     now = time.time()
-    for parent, folders, names in os.walk(folder):
-        folders[:] = [f for f in folders if not os.path.islink(os.path.join(parent, f))]
-        for name in names:
-            path = os.path.join(parent, name)
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue
-            temporary = not name.endswith(".pyc")
-            if temporary and now - info.st_mtime < grace_seconds:
-                continue  # an interpreter may be writing it
-            problem = None
-            if not stat.S_ISREG(info.st_mode):
-                problem = "not a regular file"
-            elif temporary:
-                problem = "temporary file of an interpreter that was killed"
-            out.append(Entry("bytecode", os.path.relpath(path, folder), name.split(".", 1)[0],
-                             info.st_size, info.st_mtime, problem, Path(path)))
+    base = os.fspath(folder)
+    skip = len(base) + 1
+    pending = [base]
+    while pending:
+        try:
+            listing = os.scandir(pending.pop())
+        except OSError:
+            continue
+        with listing:
+            for item in listing:
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(item.path)  # (a link to a folder is an entry: never followed)
+                    continue
+                name = item.name
+                temporary = not name.endswith(".pyc")
+                if temporary and now - info.st_mtime < grace_seconds:
+                    continue  # an interpreter may be writing it
+                problem = None
+                if not stat.S_ISREG(info.st_mode):
+                    problem = "not a regular file"
+                elif temporary:
+                    problem = "temporary file of an interpreter that was killed"
+                out.append(Entry("bytecode", item.path[skip:], name.split(".", 1)[0],
+                                 info.st_size, info.st_mtime, problem, item.path))
     return out
 
 
@@ -181,3 +200,46 @@ def remove_bytecode(folder: Path, entry: Entry) -> None:
         os.unlink(folder / entry.key)
     except FileNotFoundError:
         pass
+
+
+def scan_inductor(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                  record: Record | None = None) -> list[Entry]:
+    """Inductor's entries (:mod:`gpu_cache.inductor_cache`): code files of one key with its
+    lock, FX graph and AOTAutograd key folders, every other file; with ``verify_after``,
+    each C++ kernel library is checked to be whole (once per file state, by ``record``)."""
+    return [Entry("inductor", e.key, e.name, e.size, e.last_use, e.problem, e)
+            for e in inductor_cache.scan(folder, grace_seconds, verify_after is not None, record)]
+
+
+def remove_inductor(folder: Path, entry: Entry) -> None:
+    """Remove an Inductor entry whole (a code entry under its lock; a key folder renamed
+    away first).
+
+    Raises:
+        OSError: it could not be removed (EBUSY: being compiled right now).
+    """
+    assert isinstance(entry.source, inductor_cache.InductorEntry)
+    inductor_cache.remove(folder, entry.source)
+
+
+def scan_cuda(folder: Path, grace_seconds: float, verify_after: float | None = None,
+              record: Record | None = None) -> list[Entry]:
+    """The CUDA driver's cache as one entry (:mod:`gpu_cache.cuda_cache`); one whose layout
+    is not recognised is counted but never removed."""
+    found = cuda_cache.scan(folder)
+    if found is None:
+        return []
+    name = cuda_cache.LAYOUT if found.recognised else \
+        f"(layout not recognised: {found.why_not}; counted, never pruned)"
+    return [Entry("cuda", cuda_cache.LAYOUT, name, found.size, found.last_use, None, found,
+                  removable=found.recognised)]
+
+
+def remove_cuda(folder: Path, entry: Entry) -> None:
+    """Remove the whole CUDA cache (the driver starts a new one).
+
+    Raises:
+        OSError: it could not be removed, or its layout was not recognised.
+    """
+    assert isinstance(entry.source, cuda_cache.CudaCache)
+    cuda_cache.remove(folder, entry.source)

@@ -7,7 +7,6 @@ set again, e.g. when a workflow's config names another cache root than the profi
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import tempfile
@@ -20,7 +19,6 @@ from gpu_cache.fs import FolderCheck, check_folder, flock_problem
 from gpu_cache.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.settings import Settings
 
-log = logging.getLogger(__name__)
 HOOK_DIR = Path(__file__).with_name("_hook")
 #: The folder that holds the gpu_cache package (and the hook): container jobs need to see it.
 PACKAGE_PARENT = HOOK_DIR.parent.parent
@@ -325,6 +323,9 @@ def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None)
     environ = os.environ if environ is None else environ
     lines = exports.messages()
     if lines and environ.get(WARNED_VAR) != "1":
+        import logging  # (loaded only when there is something to say)
+
+        log = logging.getLogger(__name__)
         for line in lines:
             log.warning("%s", line)
         environ[WARNED_VAR] = "1"

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import shutil
 import stat
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,6 +55,8 @@ class FolderCheck:
 
 def _statfs_magic(path: str) -> int | None:
     """The f_type of statfs(2) (os.statvfs does not expose it), or None where unavailable."""
+    import ctypes  # deferred: only a FUSE or unknown mount needs it (8 ms of imports)
+    import ctypes.util
 
     class _StatFs(ctypes.Structure):
         _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
@@ -185,7 +184,7 @@ def _exists(path: Path) -> bool:
 def _probe_write(path: Path) -> tuple[str, int | None] | None:
     """Write a file and atomically rename it, as the caches do; why that failed (and the
     errno), or None."""
-    probe = path / f".gpu-cache-probe-{uuid.uuid4().hex}"
+    probe = path / f".gpu-cache-probe-{os.urandom(16).hex()}"
     renamed = probe.with_suffix(".renamed")
     step = "write a file"
     try:
@@ -287,6 +286,7 @@ def flock_problem(folder: Path) -> str | None:
     descriptions of one file must exclude each other, and an unlock must let the second in.
     What is wrong, in a few words, or None. Uses a probe file it removes; never raises."""
     import fcntl
+    import uuid
 
     probe = folder / f".gpu-cache-flock-probe-{uuid.uuid4().hex}"
     first = second = -1

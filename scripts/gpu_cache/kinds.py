@@ -9,13 +9,30 @@ bounds it, warm and validate diff it, and the report plots it. The startup hook
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gpu_cache import entries
-from gpu_cache.entries import Entry
+if TYPE_CHECKING:
+    from gpu_cache.entries import Entry
+    from gpu_cache.verified import Record
+
+
+def _inventory(name: str) -> Callable[..., Any]:
+    """``gpu_cache.entries.<name>``, imported when first called: ``gpu-cache env`` and every
+    Snakemake start read this registry, and need none of the inventories."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from gpu_cache import entries
+
+        return getattr(entries, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 class ReadOnlyUse(Enum):
@@ -50,11 +67,12 @@ class CacheKind:
     read_only: ReadOnlyUse
     switch_off: tuple[str, str] | None = None
     watched_module: str | None = None
-    scan: Callable[[Path, float, float | None], list[Entry]] | None = None
+    scan: Callable[..., list[Entry]] | None = None
     remove: Callable[[Path, Entry], None] | None = None
     last_use: str = ""
     exported: bool = True
     enabled_by: str | None = None
+    verifies: bool = False
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -70,23 +88,34 @@ KINDS: dict[str, CacheKind] = {
         CacheKind(
             "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
             switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
-            scan=entries.scan_jax, remove=entries.remove_jax,
-            last_use="JAX's -atime record where a size cap made JAX keep one, else the -cache "
-                     "file's mtime, which the startup hook sets on every hit"),
+            scan=_inventory("scan_jax"), remove=_inventory("remove_jax"),
+            verifies=True,
+            last_use="the time in JAX's -atime record where a size cap made JAX keep one: it "
+                     "wins over file times, which a copy without times sets to 'now' (they "
+                     "count too only where the -atime file's own mtime agrees with it); "
+                     "else the -cache file's mtime, which the startup hook sets on every hit"),
         CacheKind(
             "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
-            scan=entries.scan_triton, remove=entries.remove_triton,
+            scan=_inventory("scan_triton"), remove=_inventory("remove_triton"), verifies=True,
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
-        CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK),
+        CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
+                  scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
+                  last_use="the newest modification or access time of the entry's files "
+                           "(Inductor marks no hit; a hit reads them, which moves the access "
+                           "time where the mount keeps it, at most daily with relatime)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
         CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
-                  scan=entries.scan_bytecode, remove=entries.remove_bytecode,
+                  scan=_inventory("scan_bytecode"), remove=_inventory("remove_bytecode"),
                   last_use="when the .pyc file was written (Python never rewrites a current one)"),
-        CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK),
+        # The driver bounds it itself (CUDA_CACHE_MAXSIZE); gpu-cache removes it only whole.
+        CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK,
+                  scan=_inventory("scan_cuda"), remove=_inventory("remove_cuda"),
+                  last_use="the newest modification or access time of any of its files (the "
+                           "whole cache is one entry)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
-                  scan=entries.scan_records, remove=entries.remove_record,
+                  scan=_inventory("scan_records"), remove=_inventory("remove_record"),
                   last_use="when the process wrote it (the file's mtime)"),
     )
 }
@@ -117,12 +146,33 @@ def kind(name: str) -> CacheKind:
 
 
 def scan(name: str, folder: Path, grace_seconds: float = 3600.0,
-         verify_after: float | None = None) -> list[Entry]:
+         verify_after: float | None = None, record: Record | None = None) -> list[Entry]:
     """Every entry of kind ``name`` in ``folder``; a kind without an inventory has none.
     Temporary files younger than the grace period are left out (a writer may own them);
-    ``verify_after``: decompress the JAX entries written after that time."""
+    ``verify_after``: verify the entries written after that time (JAX: decompress; Inductor:
+    check each kernel library). ``record`` (:class:`gpu_cache.verified.Record` of
+    ``folder``): what earlier scans read or verified, skipped now; the caller saves it."""
     scanner = KINDS[name].scan
-    return scanner(folder, grace_seconds, verify_after) if scanner else []
+    if scanner is None:
+        return []
+    with no_cyclic_gc():
+        if record is None:
+            return scanner(folder, grace_seconds, verify_after)
+        return scanner(folder, grace_seconds, verify_after, record)
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Python's cycle collector off while a scan makes its objects: a scan of a million
+    files makes millions of objects and no cycles, and each collection would walk them all
+    again (a fifth of the scan's time). Reference counting frees them as ever."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def remove(name: str, folder: Path, entry: Entry) -> None:

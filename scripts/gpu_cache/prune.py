@@ -7,9 +7,10 @@ import logging
 import sys
 import time
 from contextlib import ExitStack
+from operator import attrgetter
 from pathlib import Path
 
-from gpu_cache import jax_cache, kinds, safe_io
+from gpu_cache import jax_cache, kinds, safe_io, verified
 from gpu_cache.entries import Entry
 from gpu_cache.errors import UsageError
 from gpu_cache.fs import require_folder_or_missing
@@ -24,11 +25,14 @@ LOCK_NAME = ".prune.lock"
 
 def plan(entries: list[Entry], max_size: int, max_age: float, now: float
          ) -> list[tuple[Entry, str]]:
-    """Which entries go and why, in removal order: broken, then too old, then LRU over the cap."""
+    """Which entries go and why, in removal order: broken, then too old, then LRU over the cap.
+    Entries that are not ``removable`` are never planned (nor counted against the cap)."""
     broken: list[tuple[Entry, str]] = []
     old: list[tuple[Entry, str]] = []
     kept = []
     for entry in entries:
+        if not entry.removable:
+            continue
         if entry.problem:
             broken.append((entry, f"broken: {entry.problem}"))
         elif now - entry.last_use > max_age:
@@ -37,7 +41,9 @@ def plan(entries: list[Entry], max_size: int, max_age: float, now: float
             kept.append(entry)
     doomed = broken + old
     total = sum(e.size for e in kept)
-    for entry in sorted(kept, key=lambda e: (e.last_use, e.key)):
+    if total <= max_size:
+        return doomed  # (no need to sort a million entries)
+    for entry in sorted(kept, key=attrgetter("last_use", "key")):
         if total <= max_size:
             break
         doomed.append((entry, "least recently used over max_size"))
@@ -48,12 +54,16 @@ def plan(entries: list[Entry], max_size: int, max_age: float, now: float
 def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: bool,
                now: float | None = None, grace_seconds: float = 3600.0,
                verify_all: bool = False) -> KindPruneReport:
-    """Prune one kind's folder; the caller holds the prune lock. JAX entries written since
-    the last prune (all of them with ``verify_all``) are decompressed to find broken ones."""
+    """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
+    (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
+    decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
+    the entries (:mod:`gpu_cache.verified`; by a dry run too: that changes nothing that a
+    cache reads), so the next prune or dry run reads nothing it verified already."""
     now = time.time() if now is None else now
-    started = time.time()
-    verify_after = 0.0 if verify_all or kind != "jax" else jax_cache.verified_until(folder)
-    found = kinds.scan(kind, folder, grace_seconds, verify_after)
+    record = _record(kind, folder, fresh=verify_all)
+    found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
+    if record is not None:
+        record.save()
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                              dry_run=dry_run)
     if not dry_run:
@@ -82,13 +92,15 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
         report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
                                "last_use": entry.last_use, "reason": reason})
     report.bytes_after = report.bytes_before - report.bytes_removed
-    if kind == "jax" and not dry_run and folder.is_dir() and not report.errors:
-        try:
-            # Younger entries were skipped (maybe mid-write): the next prune verifies them.
-            jax_cache.mark_verified(folder, started - jax_cache.WRITE_GRACE_SECONDS)
-        except OSError as exc:
-            report.errors.append(f"cannot record the verification: {exc.strerror or exc}")
     return report
+
+
+def _record(kind: str, folder: Path, fresh: bool = False) -> verified.Record | None:
+    """The verification record of ``folder`` for a kind that keeps one (``fresh``: an empty
+    one, so that everything is verified again and recorded anew)."""
+    if not kinds.KINDS[kind].verifies:
+        return None
+    return verified.Record(folder) if fresh else verified.Record.load(folder)
 
 
 def repair(settings: Settings) -> PruneReport:

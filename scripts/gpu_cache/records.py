@@ -37,16 +37,20 @@ def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
     for item in listing:
         if not item.name.endswith(".json") or item.name.startswith("."):
             continue
-        record = clean(_load(item.path))
+        try:
+            info = item.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        record = clean(_load(item.path, info))
         if record is not None and (run_id is None or record.get("run_id") == run_id):
             yield record
 
 
-def _load(path: str) -> Any:
-    """The JSON in a regular file of at most :data:`MAX_RECORD_BYTES` (never blocking on a
-    FIFO nor following a link); None otherwise."""
+def _load(path: str, info: os.stat_result) -> Any:
+    """The JSON in a regular file of at most :data:`MAX_RECORD_BYTES` (``info``: its
+    ``lstat``; never blocking on a FIFO nor following a link); None otherwise."""
     try:
-        return json.loads(safe_io.read_bounded(path, MAX_RECORD_BYTES))
+        return json.loads(safe_io.read_known(path, MAX_RECORD_BYTES, info))
     except (OSError, ValueError, RecursionError):  # gone, not regular, too large, not JSON
         return None
 

@@ -323,6 +323,11 @@ class KindPruneReport:
     def entries_after(self) -> int:
         return self.entries_before - self.entries_removed
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a mapping: what ``dataclasses.asdict`` gives, without its deep copy
+        of every removed entry (a second per hundred thousand)."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
+
     @classmethod
     def from_dict(cls, data: Any) -> KindPruneReport:
         data = _mapping(data, "a kind's prune report")
@@ -351,7 +356,7 @@ class PruneReport:
         return {"cache_root": self.cache_root, "dry_run": self.dry_run, "max_size": self.max_size,
                 "max_age_seconds": self.max_age_seconds, "problems": self.problems,
                 "software_mismatches": self.software_mismatches,
-                **{name: asdict(report) for name, report in self.kinds.items()}}
+                **{name: report.as_dict() for name, report in self.kinds.items()}}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:

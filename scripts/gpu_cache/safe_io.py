@@ -109,8 +109,10 @@ def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = 
     with open_regular(path, dir_fd) as fd:
         chunks: list[bytes] = []
         total = 0
+        # os.read allocates what it is asked for: ask for the file's size (and a byte) first.
+        want = os.fstat(fd).st_size + 1
         while total <= limit:
-            chunk = os.read(fd, min(CHUNK, limit + 1 - total))
+            chunk = os.read(fd, min(CHUNK, limit + 1 - total, max(want - total, 1 << 12)))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -118,6 +120,44 @@ def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = 
     if total > limit:
         raise TooLarge(path, limit)
     return b"".join(chunks)
+
+
+def read_known(path: str | os.PathLike[str], limit: int, known: os.stat_result) -> bytes:
+    """The contents of a regular file that a scan has just ``lstat``-ed (``known``, e.g. from
+    ``os.scandir``), at most ``limit`` bytes: :func:`read_bounded` without its own ``lstat``
+    and ``fcntl``, for reading many small files at the cost of an open, an fstat and one read.
+    The file opened must still be that very file (same device and inode, a regular file).
+
+    Raises:
+        NotRegularFile: ``known`` is not a regular file, or the name now holds another file.
+        TooLarge: it holds more than ``limit`` bytes.
+        OSError: it cannot be read.
+    """
+    if not stat.S_ISREG(known.st_mode):
+        raise NotRegularFile(path, describe(known.st_mode))  # never open a device
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(path, "a symbolic link") from None
+        raise
+    try:
+        after = os.fstat(fd)
+        if not stat.S_ISREG(after.st_mode) or (after.st_dev, after.st_ino) != (known.st_dev, known.st_ino):
+            raise NotRegularFile(path, "replaced while it was opened")
+        # O_NONBLOCK has no effect on a regular file's reads: no fcntl needed. The first read
+        # asks for the file's size and a byte (os.read allocates what it is asked for).
+        data = os.read(fd, min(limit + 1, after.st_size + 1, CHUNK))
+        while len(data) <= limit and len(data) < after.st_size:  # (one read for a small file)
+            more = os.read(fd, min(limit + 1 - len(data), CHUNK))
+            if not more:
+                break
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(path, limit)
+    return data
 
 
 def iter_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[bytes]:

@@ -6,14 +6,12 @@ Snakemake's ``validate``) and the CLI (here), so both accept exactly the same ke
 
 from __future__ import annotations
 
-import json
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpu_cache.errors import UsageError
 from gpu_cache.units import parse_age, parse_size
@@ -25,8 +23,32 @@ MAX_CONFIG_BYTES = 1 << 20
 OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
 
 
+#: What :func:`validate_config` returns for a config that sets nothing (the profile's, and
+#: ``gpu-cache env`` without ``--config``): every key at its schema default. Such a config
+#: skips the schema check and the YAML parse (about 100 ms of jsonschema and yaml imports,
+#: paid at every Snakemake start). A key added to the schema needs its default here too:
+#: tests/test_scale.py fails until it matches the schema.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "cache_root": None,
+    "xla_caches": "none",
+    "shared_group": None,
+    "min_free_space": "1G",
+    "stats_hook": True,
+    "bytecode_cache": False,
+    "python": None,
+    "triton_targets": ["sm_90"],
+    "default_workloads": ["jax-transformer"],
+    "workloads": {},
+    "gpu_types": {},
+    "validate": {"measure_cold": True, "strict": False},
+    "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
+}
+
+
 def load_schema() -> dict[str, Any]:
     """The config schema as a dict."""
+    import yaml  # deferred: a config that sets nothing needs neither the schema nor yaml
+
     with SCHEMA_PATH.open() as stream:
         return yaml.safe_load(stream)
 
@@ -38,7 +60,7 @@ def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     filled = dict(value)
     for key, sub in schema.get("properties", {}).items():
         if key not in filled and "default" in sub:
-            filled[key] = json.loads(json.dumps(sub["default"]))
+            filled[key] = copy.deepcopy(sub["default"])
         if key in filled:
             filled[key] = _fill_defaults(sub, filled[key])
     extra = schema.get("additionalProperties")
@@ -55,10 +77,12 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     Raises:
         UsageError: a key is unknown or a value has the wrong type; the message names the key.
     """
-    import jsonschema  # deferred: only config-reading commands pay for it
-
     if config is not None and not isinstance(config, Mapping):
         raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
+    if not config:
+        return copy.deepcopy(DEFAULT_CONFIG)  # the schema's defaults, checked by a test
+    import jsonschema  # deferred: only configs that set something pay for it
+
     if _too_big(config):
         raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
                          "(YAML aliases nested too deep?)")
@@ -130,6 +154,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
+    import yaml
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import heapq
 import os
 import time
 from collections import Counter, defaultdict
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import device, kinds, records, software
+from gpu_cache import device, kinds, records, software, verified
+from gpu_cache.entries import Entry
 from gpu_cache.reports import Usage
 from gpu_cache.settings import Settings
 from gpu_cache.units import format_age, format_size
@@ -18,41 +21,34 @@ TOP = 10
 
 def cache_stats(settings: Settings) -> dict[str, Any]:
     """Entries, bytes, oldest and newest use per kind, top entries by size and by function,
-    and hit/miss totals per rule and GPU type from the stats hook's records."""
+    and hit/miss totals per rule and GPU type from the stats hook's records.
+
+    Reads what prune reads, without verifying anything new; a kind's verification record
+    (:mod:`gpu_cache.verified`) spares it manifests and ``-atime`` files read before, and
+    what it reads now is added to the record (best effort: a read-only cache keeps its own).
+    """
     root = settings.cache_root
     out: dict[str, Any] = {"cache_root": str(root) if root else None, "kinds": {}, "usage": {}}
     if root is None:
         return out
     now = time.time()
     for kind in kinds.PRUNABLE:
-        found = kinds.scan(kind, kinds.KINDS[kind].folder(root))
-        by_function: Counter[str] = Counter()
-        bytes_by_function: Counter[str] = Counter()
-        for entry in found:
-            by_function[entry.name] += 1
-            bytes_by_function[entry.name] += entry.size
-        uses = [e.last_use for e in found]
-        out["kinds"][kind] = {
-            "path": str(kinds.KINDS[kind].folder(root)),
-            "entries": len(found),
-            "bytes": sum(e.size for e in found),
-            "broken": sum(1 for e in found if e.problem),
-            # What prune would repair: incomplete or copied Triton groups, stale temporaries,
-            # empty or truncated JAX entries, orphan halves.
-            "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
-                               for e in found if e.problem][:TOP],
-            "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
-            "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
-            "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
-                            for e in sorted(found, key=lambda e: -e.size)[:TOP]],
-            "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
-                            for name, count in by_function.most_common(TOP)],
-        }
+        registered = kinds.KINDS[kind]
+        folder = registered.folder(root)
+        # It verifies nothing: the record keeps what prune verified (complete=False).
+        record = verified.Record.load(folder, complete=False) if registered.verifies else None
+        found = kinds.scan(kind, folder, record=record)
+        if record is not None:
+            record.save()
+        out["kinds"][kind] = summarise(found, now)
+        out["kinds"][kind]["path"] = str(folder)
+        out["kinds"][kind]["last_use_from"] = registered.last_use
+    found_records = list(records.read(records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
-                    for axis, groups in usage(root).items()}
-    out["software_mismatches"] = software_mismatches(root)
-    out["outside_root"] = outside_root(root)
-    out["runs"] = records.runs(list(records.read(records.records_dir(root))))[:TOP]
+                    for axis, groups in usage(root, found_records).items()}
+    out["software_mismatches"] = software_mismatches(root, found_records)
+    out["outside_root"] = outside_root(root, found_records)
+    out["runs"] = records.runs(found_records)[:TOP]
     return out
 
 
@@ -71,14 +67,14 @@ def _under(path: str, root: Path) -> bool:
     return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/"))
 
 
-def outside_root(root: Path) -> list[str]:
+def outside_root(root: Path, loaded: list[dict[str, Any]] | None = None) -> list[str]:
     """One line per rule and folder of processes whose JAX cache folder was outside the
     cache root (the hook records the folder JAX really used: a program may set its own
     with a flag such as --jax_compilation_cache_dir), with their hits and the fix: gpu-cache
     neither warms nor prunes such a folder."""
     ours = kinds.KINDS["jax"].folder(root)
     found: dict[tuple[str, str, bool], list[int]] = {}
-    for record in records.read(records.records_dir(root)):
+    for record in records.read(records.records_dir(root)) if loaded is None else loaded:
         section = records.part(record, "jax")
         folder = section.get("cache_dir") if section else None
         if not isinstance(folder, str) or not folder or _under(folder, root):
@@ -101,12 +97,43 @@ def outside_root(root: Path) -> list[str]:
     return lines
 
 
+def summarise(found: list[Entry], now: float) -> dict[str, Any]:
+    """One kind's part of :func:`cache_stats` (the counting, sums and extremes run in C)."""
+    by_function = Counter(map(_NAME, found))
+    top = by_function.most_common(TOP)
+    wanted = {name for name, _count in top}
+    bytes_by_function: Counter[str] = Counter()
+    for entry in found:
+        if entry.name in wanted:
+            bytes_by_function[entry.name] += entry.size
+    broken = [entry for entry in found if entry.problem]
+    uses = list(map(_LAST_USE, found))
+    return {
+        "entries": len(found),
+        "bytes": sum(map(_SIZE, found)),
+        "broken": len(broken),
+        # What prune would repair: incomplete or copied Triton groups, stale temporaries,
+        # empty or truncated JAX entries, orphan halves.
+        "broken_entries": [{"key": e.key, "name": e.name, "bytes": e.size, "problem": e.problem}
+                           for e in broken[:TOP]],
+        "oldest_use_age_seconds": round(now - min(uses), 1) if uses else None,
+        "newest_use_age_seconds": round(now - max(uses), 1) if uses else None,
+        "top_entries": [{"key": e.key, "name": e.name, "bytes": e.size}
+                        for e in heapq.nlargest(TOP, found, key=_SIZE)],
+        "by_function": [{"name": name, "entries": count, "bytes": bytes_by_function[name]}
+                        for name, count in top],
+    }
+
+
+_NAME, _SIZE, _LAST_USE = attrgetter("name"), attrgetter("size"), attrgetter("last_use")
+
+
 #: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
 #: which software warmed and validated each GPU type.
 OWN_RULES = ("warm_cache", "validate_cache")
 
 
-def software_mismatches(root: Path) -> list[str]:
+def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) -> list[str]:
     """One line per (rule, software) of jobs whose software differs from the software that
     warmed and validated their GPU type's cache (from the records), with their hits: such
     jobs miss, since cache keys hold the jax/jaxlib and triton versions and the Python ABI.
@@ -117,7 +144,9 @@ def software_mismatches(root: Path) -> list[str]:
     warmed: dict[str, dict[str, Any]] = {}  # gpu_type -> software of its latest own pass
     warmed_on: dict[str, str] = {}  # gpu_type -> the device its own pass saw
     jobs = []
-    for record in sorted(records.read(records.records_dir(root)), key=lambda r: r["time"]):
+    if loaded is None:
+        loaded = list(records.read(records.records_dir(root)))
+    for record in sorted(loaded, key=lambda r: r["time"]):
         soft = record.get("software")
         if not isinstance(soft, dict):
             continue
@@ -150,15 +179,15 @@ def software_mismatches(root: Path) -> list[str]:
             for (rule, ran, ref), (hits, lookups, n) in sorted(found.items())]
 
 
-def usage(root: Path) -> dict[str, dict[str, Usage]]:
+def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Usage]]:
     """Hits, misses, seconds saved and processes per rule (``by_rule``), per GPU type
     (``by_gpu_type``: the type a job was planned for, ``-`` when its partition may give it
     any) and per device it really computed on (``by_device``), from the stats hook's records
-    under ``root``."""
+    under ``root`` (or those ``loaded`` from there already)."""
     groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
                                            "by_gpu_type": defaultdict(Usage),
                                            "by_device": defaultdict(Usage)}
-    for record in records.read(records.records_dir(root)):
+    for record in records.read(records.records_dir(root)) if loaded is None else loaded:
         for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type")),
                             ("by_device", device_seen(record))):
             bucket = groups[axis][f"{value or '-'}"]
@@ -184,11 +213,11 @@ def render(stats: dict[str, Any]) -> str:
             ages = (f", last used {format_age(info['newest_use_age_seconds'])} to "
                     f"{format_age(info['oldest_use_age_seconds'])} ago")
         broken = f", {info['broken']} broken" if info["broken"] else ""
-        lines.append(f"{kind:>7}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
+        lines.append(f"{kind:>8}: {info['entries']} entries, {format_size(info['bytes'])}{ages}{broken}")
         for row in info["by_function"][:5]:
-            lines.append(f"         {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
+            lines.append(f"          {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
         for row in info["broken_entries"]:
-            lines.append(f"         broken: {row['key']} ({row['name']}): {row['problem']}")
+            lines.append(f"          broken: {row['key']} ({row['name']}): {row['problem']}")
     for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type"), ("by_device", "device seen")):
         groups = stats["usage"].get(axis) or {}
         if groups:

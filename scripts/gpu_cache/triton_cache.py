@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_cache import safe_io
+from gpu_cache import safe_io, verified
 
 KEY_RE = re.compile(r"^[A-Z2-7]{52}$")
 """A Triton cache key directory name: base32 of a SHA-256 digest, padding stripped."""
@@ -77,13 +77,13 @@ class TempDir:
     bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass is five times slower to make)
 class TritonEntry:
     """One key directory of the cache.
 
     Attributes:
         key: the key directory's name.
-        path: its path.
+        folder: its path, as text (``path`` gives it as a path).
         kind: ``kernel`` (a compiled kernel group, or the remains of one), ``module`` (a gcc-built
             helper module such as ``cuda_utils`` or ``__triton_launcher``), ``autotune``
             (autotuning results), ``empty`` or ``unknown``.
@@ -102,7 +102,7 @@ class TritonEntry:
     """
 
     key: str
-    path: Path
+    folder: str
     kind: str
     kernel: str | None
     bytes: int
@@ -110,6 +110,11 @@ class TritonEntry:
     complete: bool
     points_outside: bool
     problems: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The key directory's path."""
+        return Path(self.folder)
 
 
 @dataclass(frozen=True)
@@ -143,160 +148,220 @@ class TritonInventory:
         return tuple(e for e in self.entries if e.kind == KIND_KERNEL)
 
 
-def _tree_size(path: Path) -> tuple[int, int, float]:
-    """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored."""
+def _tree_size(path: str | os.PathLike[str]) -> tuple[int, int, float]:
+    """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored.
+    One ``lstat`` per name (``os.scandir``)."""
     total = count = 0
     newest = 0.0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue  # removed while we walked
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-                count += 1
-            newest = max(newest, st.st_mtime)
+    pending = [os.fspath(path)]
+    while pending:
+        try:
+            listing = os.scandir(pending.pop())
+        except OSError:
+            continue  # removed while we walked
+        with listing:
+            for item in listing:
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(item.path)
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                    count += 1
+                if st.st_mtime > newest:
+                    newest = st.st_mtime
     return total, count, newest
 
 
-def _inside(child: str, directory: Path) -> bool:
-    """True when the (absolute or relative) path ``child`` lies directly in ``directory``."""
-    return os.path.normpath(os.path.dirname(os.path.abspath(child))) == os.path.normpath(str(directory))
+def _inside(child: str, directory: str) -> bool:
+    """True when the (absolute or relative) path ``child`` lies directly in ``directory``
+    (normalised and absolute)."""
+    head = child.rpartition("/")[0]
+    if head == directory:
+        return True  # Triton's own manifests: absolute paths into the key folder
+    return os.path.normpath(os.path.dirname(os.path.abspath(child))) == directory
 
 
-def _kernel_problems(path: Path, manifest: str, names: set[str]) -> tuple[bool, bool, list[str]]:
-    """Check one group manifest: (complete, points_outside, problems)."""
+def _kernel_problems(path: str, manifest: str, info: os.stat_result) -> tuple[bool, list[str]]:
+    """Read one group manifest: (points_outside, problems); problems also name the children
+    the manifest lists, as ``missing child <name>`` for each (the caller drops those present)."""
     kernel = manifest[len(GROUP_PREFIX):-len(".json")]
     problems: list[str] = []
     try:
-        data = json.loads(safe_io.read_bounded(path / manifest, MANIFEST_LIMIT))
+        data = json.loads(safe_io.read_known(os.path.join(path, manifest), MANIFEST_LIMIT, info))
     except safe_io.NotRegularFile as exc:
-        return False, False, [f"{manifest} is {exc.what}, not a regular file"]
+        return False, [f"{manifest} is {exc.what}, not a regular file"]
     except (OSError, ValueError) as exc:
-        return False, False, [f"{manifest}: unreadable ({type(exc).__name__})"]
+        return False, [f"{manifest}: unreadable ({type(exc).__name__})"]
     children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict):
-        return False, False, [f"{manifest}: no child_paths mapping"]
+        return False, [f"{manifest}: no child_paths mapping"]
     outside = False
     for child_name, child_path in children.items():
         if not isinstance(child_path, str):
             problems.append(f"{manifest}: child {child_name!r} has no path")
             continue
-        if not _inside(child_path, path):
+        if not outside and not _inside(child_path, path):
             outside = True
-        if child_name not in names:
-            problems.append(f"missing child {child_name}")
+        problems.append(f"\0{child_name}")  # "missing" unless present: see _check_manifest
     if f"{kernel}.json" not in children:
         problems.append(f"{manifest} does not list {kernel}.json")
+    return outside, problems
+
+
+def _check_manifest(path: str, key: str, manifest: str, names: dict[str, os.stat_result],
+                    record: verified.Record | None) -> tuple[bool, bool, list[str]]:
+    """Check one group manifest against the files present: (complete, points_outside,
+    problems). A group ``record`` saw whole before (the same manifest file, the same names
+    beside it) is not read again."""
+    info = names[manifest]
+    digest = 0
+    if record is not None:
+        digest = verified.digest(3, verified.text("\0".join(sorted(names))), info.st_ino,
+                                 info.st_size, info.st_mtime_ns)
+        if record.get(digest) is not None:
+            return True, False, []
+    outside, found = _kernel_problems(path, manifest, info)
+    problems = [f"missing child {p[1:]}" if p.startswith("\0") else p
+                for p in found if not (p.startswith("\0") and p[1:] in names)]
     complete = not problems
     if outside:
         problems.append("manifest names paths outside this entry (copied or moved cache)")
+    elif complete and record is not None:
+        record.put(digest, 1)
     return complete, outside, problems
 
 
-def _scan_entry(path: Path, now: float) -> tuple[TritonEntry, list[TempDir]]:
-    names: set[str] = set()
+def _scan_entry(path: str, key: str, folder_info: os.stat_result, now: float,
+                record: verified.Record | None = None) -> tuple[TritonEntry, list[TempDir]]:
+    """One key folder: one ``lstat`` per name in it (and in writers' temp folders)."""
+    names: dict[str, os.stat_result] = {}
     temps: list[TempDir] = []
-    problems: list[str] = []
-    for child in sorted(os.listdir(path)):
-        child_path = path / child
-        try:
-            mode = child_path.lstat().st_mode
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(mode):
-            match = TEMP_RE.match(child)
-            if match or child.startswith("tmp."):
-                size, _n, newest = _tree_size(child_path)
-                try:
-                    newest = max(newest, child_path.lstat().st_mtime)
-                except OSError:
-                    continue
-                temps.append(TempDir(child_path, path.name, int(match.group(1)) if match else None,
-                                     max(0.0, now - newest), size))
+    odd: list[tuple[str, str]] = []
+    manifests: list[str] = []
+    size = 0
+    newest = folder_info.st_mtime
+    isreg = stat.S_ISREG
+    with os.scandir(path) as listing:
+        for child in listing:
+            try:
+                info = child.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            name = child.name
+            if isreg(info.st_mode):
+                names[name] = info
+                size += info.st_size
+                if info.st_mtime > newest:
+                    newest = info.st_mtime
+                if name.startswith(GROUP_PREFIX) and name.endswith(".json"):
+                    manifests.append(name)
+            elif stat.S_ISDIR(info.st_mode):
+                inner, _n, inner_newest = _tree_size(child.path)
+                size += inner
+                newest = max(newest, inner_newest)
+                match = TEMP_RE.match(name)
+                if match or name.startswith("tmp."):
+                    temps.append(TempDir(Path(child.path), key, int(match.group(1)) if match else None,
+                                         max(0.0, now - max(inner_newest, info.st_mtime)), inner))
+                else:
+                    odd.append((name, f"unexpected directory {name}"))
             else:
-                problems.append(f"unexpected directory {child}")
-        elif stat.S_ISREG(mode):
-            names.add(child)
-        else:
-            problems.append(f"unexpected {safe_io.describe(mode)} {child}")
-    size, _count, newest = _tree_size(path)
-    newest = max(newest, path.lstat().st_mtime)
-    manifests = sorted(n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json"))
-    modules = sorted(n for n in names if n.endswith(".so"))
-    autotune = sorted(n for n in names if n.endswith(".autotune.json"))
-    kernel_files = sorted(n for n in names if n.endswith((".source", ".ttir", ".cubin", ".json"))
-                          and n not in manifests and n not in autotune)
+                if info.st_mtime > newest:
+                    newest = info.st_mtime
+                odd.append((name, f"unexpected {safe_io.describe(info.st_mode)} {name}"))
+    problems = [why for _name, why in sorted(odd)] if odd else []
     kind, kernel, complete, outside = KIND_UNKNOWN, None, False, False
     if manifests:
+        if len(manifests) > 1:
+            manifests.sort()
         kind, kernel = KIND_KERNEL, manifests[0][len(GROUP_PREFIX):-len(".json")]
-        complete, outside, found = _kernel_problems(path, manifests[0], names)
-        problems += found
+        complete, outside, found = _check_manifest(path, key, manifests[0], names, record)
+        if found:
+            problems += found
         if len(manifests) > 1:
             complete = False
             problems.append(f"{len(manifests)} group manifests in one key directory")
-    elif modules:
-        kind, kernel = KIND_MODULE, modules[0].split(".", 1)[0]
-        complete = (path / modules[0]).lstat().st_size > 0
-        if not complete:
-            problems.append(f"{modules[0]} is empty")
-    elif autotune:
-        kind = KIND_AUTOTUNE
-        kernel = autotune[0][: -len(".autotune.json")]
-        complete = (path / autotune[0]).lstat().st_size > 0
-    elif kernel_files:
-        kind, kernel = KIND_KERNEL, kernel_files[0].rsplit(".", 1)[0]
-        problems.append("no __grp__ manifest (a writer stopped before finishing)")
-    elif not names and not temps:
-        kind = KIND_EMPTY
-        problems.append("empty key directory")
     else:
-        problems.append("unrecognised contents: " + ", ".join(sorted(names)))
+        modules = sorted(n for n in names if n.endswith(".so"))
+        autotune = sorted(n for n in names if n.endswith(".autotune.json"))
+        kernel_files = sorted(n for n in names if n.endswith((".source", ".ttir", ".cubin", ".json"))
+                              and n not in autotune)
+        if modules:
+            kind, kernel = KIND_MODULE, modules[0].split(".", 1)[0]
+            complete = names[modules[0]].st_size > 0
+            if not complete:
+                problems.append(f"{modules[0]} is empty")
+        elif autotune:
+            kind = KIND_AUTOTUNE
+            kernel = autotune[0][: -len(".autotune.json")]
+            complete = names[autotune[0]].st_size > 0
+        elif kernel_files:
+            kind, kernel = KIND_KERNEL, kernel_files[0].rsplit(".", 1)[0]
+            problems.append("no __grp__ manifest (a writer stopped before finishing)")
+        elif not names and not temps:
+            kind = KIND_EMPTY
+            problems.append("empty key directory")
+        else:
+            problems.append("unrecognised contents: " + ", ".join(sorted(names)))
     if temps:
+        temps.sort(key=lambda t: t.path.name)
         problems.append(f"{len(temps)} temp dir(s) left by writers")
-    entry = TritonEntry(path.name, path, kind, kernel, size, newest, complete, outside, tuple(problems))
+    entry = TritonEntry(key, path, kind, kernel, size, newest, complete, outside, tuple(problems))
     return entry, temps
 
 
-def scan(cache_dir: str | os.PathLike[str]) -> TritonInventory:
+def scan(cache_dir: str | os.PathLike[str], record: verified.Record | None = None) -> TritonInventory:
     """Inventory a Triton cache directory.
 
     A missing directory gives an empty inventory with ``exists=False``. Entries that vanish or
     cannot be read while scanning (other processes may prune or write concurrently) are left out
-    and named in ``errors``.
+    and named in ``errors``. One ``lstat`` per name, one listing per folder; a group manifest
+    is read unless ``record`` (:class:`gpu_cache.verified.Record` of this folder) saw the
+    very same group whole before.
 
     Raises:
         TritonCacheError: ``cache_dir`` exists but is not a directory, or cannot be listed.
     """
-    root = Path(cache_dir).absolute()
+    root_text = os.path.abspath(cache_dir)
+    root = Path(root_text)
     now = time.time()
-    if not root.exists():
-        return TritonInventory(root, now, exists=False)
-    if not root.is_dir():
-        raise TritonCacheError(f"{root} is not a directory")
     try:
-        names = sorted(os.listdir(root))
+        listing = sorted(os.scandir(root_text), key=lambda item: item.name)
+    except FileNotFoundError:
+        return TritonInventory(root, now, exists=False)
+    except NotADirectoryError:
+        raise TritonCacheError(f"{root} is not a directory") from None
     except OSError as exc:
+        if not os.path.isdir(root_text):
+            if not os.path.lexists(root_text):
+                return TritonInventory(root, now, exists=False)
+            raise TritonCacheError(f"{root} is not a directory") from None
         raise TritonCacheError(f"cannot list {root}: {exc.strerror or exc}") from exc
     entries: list[TritonEntry] = []
     temps: list[TempDir] = []
     others: list[OtherPath] = []
     errors: list[str] = []
-    for name in names:
-        path = root / name
+    key_match = KEY_RE.match
+    for item in listing:
+        name = item.name
         try:
-            if path.is_symlink():
-                others.append(OtherPath(path, "symlink", 0))
-            elif path.is_dir() and KEY_RE.match(name):
-                entry, entry_temps = _scan_entry(path, now)
-                entries.append(entry)
-                temps.extend(entry_temps)
-            elif path.is_dir():
-                kind = "trash" if name == TRASH_DIR_NAME else "directory"
-                others.append(OtherPath(path, kind, _tree_size(path)[0]))
-            else:
-                others.append(OtherPath(path, "file", path.lstat().st_size))
+            if item.is_symlink():
+                others.append(OtherPath(Path(item.path), "symlink", 0))
+            elif item.is_dir(follow_symlinks=False):
+                if key_match(name):
+                    entry, entry_temps = _scan_entry(item.path, name, item.stat(follow_symlinks=False),
+                                                     now, record)
+                    entries.append(entry)
+                    temps.extend(entry_temps)
+                else:
+                    kind = "trash" if name == TRASH_DIR_NAME else "directory"
+                    others.append(OtherPath(Path(item.path), kind, _tree_size(item.path)[0]))
+            elif name != verified.NAME:
+                others.append(OtherPath(Path(item.path), "file", item.stat(follow_symlinks=False).st_size))
         except OSError as exc:
             errors.append(f"{name}: {exc.strerror or exc}")
     return TritonInventory(root, now, tuple(entries), tuple(temps), tuple(others), True, tuple(errors))
