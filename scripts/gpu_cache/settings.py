@@ -35,11 +35,13 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "min_free_space": "1G",
     "stats_hook": True,
     "bytecode_cache": False,
+    "single_flight": {"enabled": True, "timeout": "10m"},
     "python": None,
     "triton_targets": ["sm_90"],
     "default_workloads": ["jax-transformer"],
     "workloads": {},
     "gpu_types": {},
+    "warm": {"parallel": None, "skip_when_valid": True},
     "validate": {"measure_cold": True, "strict": False},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
 }
