@@ -114,3 +114,17 @@ def host_copy(tmp_path: Path) -> Path:
     work = tmp_path / "host"
     shutil.copytree(HOST, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "predictions"))
     return work
+
+
+#: A JAX program that reloads 12 cached programs (jnp.sin(x) * (i + 1)) round after round, printing
+#: "ready" after the first, until the file named by its argument exists: a reader under load.
+READER = ("import jax, jax.numpy as jnp, numpy as np, pathlib, sys\n"
+          "stop = pathlib.Path(sys.argv[1])\n"
+          "rounds = 0\n"
+          "while not stop.exists() or rounds < 2:\n"
+          "    for i in range(12):\n"
+          "        jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n"
+          "    jax.clear_caches()  # the next round reads the disk cache again\n"
+          "    rounds += 1\n"
+          "    if rounds == 1:\n"
+          "        print('ready', flush=True)\n")

@@ -19,7 +19,7 @@ import pytest
 
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import check_folder
-from helpers import SMALL, clean_environ, read_json, run_cli, write_config
+from helpers import READER, SMALL, clean_environ, read_json, run_cli, write_config
 
 #: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed).
 JAX_AND_TRITON = {
@@ -36,16 +36,6 @@ TINY = ("import jax, jax.numpy as jnp, numpy as np\n"
 FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
           "for i in range(int(sys.argv[1])):\n"
           "    jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n")
-READER = ("import jax, jax.numpy as jnp, numpy as np, pathlib, sys\n"
-          "stop = pathlib.Path(sys.argv[1])\n"
-          "rounds = 0\n"
-          "while not stop.exists() or rounds < 2:\n"
-          "    for i in range(12):\n"
-          "        jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n"
-          "    jax.clear_caches()  # the next round reads the disk cache again\n"
-          "    rounds += 1\n"
-          "    if rounds == 1:\n"
-          "        print('ready', flush=True)\n")
 LOCK_PHRASE = "file locks there lock only within one machine"
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import family, fs_type
-from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, run_snakemake, write_config
+from helpers import READER, REPO, clean_environ, jax_job_env, read_json, run_cli, run_snakemake, write_config
 
 IS_ROOT = os.geteuid() == 0
 # Under CI (root there) a test never skips for this: it would fail instead.
@@ -269,16 +269,6 @@ def twelve_entries(tmp_path_factory) -> Path:
     return folder
 
 
-READER = ("import jax, jax.numpy as jnp, numpy as np, pathlib, sys\n"
-          "stop = pathlib.Path(sys.argv[1])\n"
-          "rounds = 0\n"
-          "while not stop.exists() or rounds < 2:\n"
-          "    for i in range(12):\n"
-          "        jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n"
-          "    jax.clear_caches()  # the next round reads the disk cache again\n"
-          "    rounds += 1\n"
-          "    if rounds == 1:\n"
-          "        print('ready', flush=True)\n")
 
 
 def test_prune_while_eight_readers_load_the_cache(tmp_path, twelve_entries):

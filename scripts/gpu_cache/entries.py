@@ -139,8 +139,9 @@ def scan_records(folder: Path, grace_seconds: float, verify_after: float | None 
     return out
 
 
-def remove_record(folder: Path, entry: Entry) -> None:
-    """Delete one record (a link or node is removed itself, never followed).
+def remove_file(folder: Path, entry: Entry) -> None:
+    """Delete an entry that is one file (a record, a ``.pyc``): a link or node is removed
+    itself, never followed; a process that needs it again writes or compiles it anew.
 
     Raises:
         OSError: it could not be removed (other than already being gone).
@@ -187,19 +188,6 @@ def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None
                 out.append(Entry("bytecode", item.path[skip:], name.split(".", 1)[0],
                                  info.st_size, info.st_mtime, problem, item.path))
     return out
-
-
-def remove_bytecode(folder: Path, entry: Entry) -> None:
-    """Delete one ``.pyc`` (a link is removed itself, never followed); an interpreter that
-    needs it again recompiles its source.
-
-    Raises:
-        OSError: it could not be removed (other than already being gone).
-    """
-    try:
-        os.unlink(folder / entry.key)
-    except FileNotFoundError:
-        pass
 
 
 def scan_inductor(folder: Path, grace_seconds: float, verify_after: float | None = None,

@@ -106,7 +106,7 @@ KINDS: dict[str, CacheKind] = {
                            "time where the mount keeps it, at most daily with relatime)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
         CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
-                  scan=_inventory("scan_bytecode"), remove=_inventory("remove_bytecode"),
+                  scan=_inventory("scan_bytecode"), remove=_inventory("remove_file"),
                   last_use="when the .pyc file was written (Python never rewrites a current one)"),
         # The driver bounds it itself (CUDA_CACHE_MAXSIZE); gpu-cache removes it only whole.
         CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK,
@@ -115,7 +115,7 @@ KINDS: dict[str, CacheKind] = {
                            "whole cache is one entry)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
-                  scan=_inventory("scan_records"), remove=_inventory("remove_record"),
+                  scan=_inventory("scan_records"), remove=_inventory("remove_file"),
                   last_use="when the process wrote it (the file's mtime)"),
     )
 }
