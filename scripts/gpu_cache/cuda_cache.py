@@ -40,7 +40,7 @@ TRASH_DIR_NAME = triton_cache.TRASH_DIR_NAME
 LAYOUT = "ComputeCache"
 
 
-@dataclass(slots=True)
+@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
 class CudaCache:
     """What :func:`scan` found: the cache as one entry."""
 

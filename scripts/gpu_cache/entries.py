@@ -16,7 +16,7 @@ from gpu_cache import cuda_cache, inductor_cache, jax_cache, triton_cache
 from gpu_cache.verified import Record
 
 
-@dataclass(slots=True)
+@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
 class Entry:
     """One whole cache entry. ``problem`` is set for a broken one (pruning removes it).
     ``removable``: False for what gpu-cache counts but never removes (a CUDA cache whose

@@ -71,7 +71,7 @@ NAMES = {"fxgraph": "FX graph", "aotautograd": "AOTAutograd graph", "lock": "(lo
          "trash": "(trash)", "temporary": "(temporary)"}
 
 
-@dataclass(slots=True)
+@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
 class InductorEntry:
     """One whole entry. ``key``: its path below the Inductor folder (a code entry: the shard
     and key, ``7t/c7tj...``; a key folder: ``fxgraph/h3/fh3...``). ``what``: ``code``,

@@ -48,7 +48,7 @@ _ZSTD_INPUT_STEP = 1 << 10
 _ZLIB_TYPE = type(zlib.decompressobj())
 
 
-@dataclass(slots=True)
+@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
 class JaxEntry:
     """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
 

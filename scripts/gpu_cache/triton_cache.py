@@ -77,7 +77,7 @@ class TempDir:
     bytes: int
 
 
-@dataclass(slots=True)  # (not frozen: a frozen dataclass is five times slower to make)
+@dataclass  # (not frozen: five times slower to make; no slots=: the runner runs on Python 3.9)
 class TritonEntry:
     """One key directory of the cache.
 
