@@ -128,3 +128,27 @@ READER = ("import jax, jax.numpy as jnp, numpy as np, pathlib, sys\n"
           "    rounds += 1\n"
           "    if rounds == 1:\n"
           "        print('ready', flush=True)\n")
+
+
+# --- several JAX processes at once (the concurrency and network-filesystem tests) ---------
+
+#: Three tiny programs, one cache entry each: fast on 2 cores, distinct keys.
+TINY = ("import jax, jax.numpy as jnp, numpy as np\n"
+        "for i in range(3):\n"
+        "    jax.jit(lambda x, i=i: jnp.tanh(x @ x.T) * (i + 1))(np.ones((32, 32), np.float32))"
+        ".block_until_ready()\n")
+#: ``N`` programs (the first argument), one small entry each; READER reloads the first 12.
+FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
+          "for i in range(int(sys.argv[1])):\n"
+          "    jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n")
+
+
+def start_many(n: int, command: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
+    """Start ``n`` copies of ``command`` together, their output piped."""
+    return [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(n)]
+
+
+def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    """Each process's exit code and stderr, once all have ended."""
+    return [(p.wait(timeout=timeout), p.communicate()[1]) for p in processes]

@@ -19,7 +19,19 @@ import pytest
 
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import check_folder
-from helpers import READER, SMALL, clean_environ, read_json, run_cli, write_config
+from helpers import (
+    FILLER,
+    READER,
+    SMALL,
+    TINY,
+    clean_environ,
+    finish,
+    jax_job_env,
+    read_json,
+    run_cli,
+    start_many,
+    write_config,
+)
 
 #: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed).
 JAX_AND_TRITON = {
@@ -29,31 +41,11 @@ JAX_AND_TRITON = {
 }
 
 # Three tiny programs, one entry each (as in test_safety): fast on 2 cores, distinct keys.
-TINY = ("import jax, jax.numpy as jnp, numpy as np\n"
-        "for i in range(3):\n"
-        "    jax.jit(lambda x, i=i: jnp.tanh(x @ x.T) * (i + 1))(np.ones((32, 32), np.float32))"
-        ".block_until_ready()\n")
-FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
-          "for i in range(int(sys.argv[1])):\n"
-          "    jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n")
 LOCK_PHRASE = "file locks there lock only within one machine"
 
 
-def jax_env(folder: Path, **extra: str) -> dict[str, str]:
-    """A process environment with JAX's cache in ``folder``, as gpu-cache exports it."""
-    return clean_environ(JAX_COMPILATION_CACHE_DIR=str(folder),
-                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-                         JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none", **extra)
 
 
-def start_many(n: int, command: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
-    return [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(n)]
-
-
-def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.communicate()[1]) for p in processes]
 
 
 def warnings_about_reads(stderr: str) -> int:
@@ -64,7 +56,7 @@ def warnings_about_reads(stderr: str) -> int:
 def twelve_entries(tmp_path_factory) -> Path:
     """A JAX cache with 12 real entries, made once on local disk (copied onto sshfs per test)."""
     folder = tmp_path_factory.mktemp("twelve") / "jax"
-    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_env(folder), check=True)
+    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
     assert len(jax_cache.scan(folder)) == 12
     return folder
 
@@ -189,7 +181,7 @@ def test_prune_while_four_readers_load_the_cache_over_sshfs(sshfs_root, tmp_path
     # just removed (about 1 in 3 runs here): JAX then warns once and compiles again. That is
     # JAX's own race (with JAX_RAISE_PERSISTENT_CACHE_ERRORS it raises instead); what must
     # hold is that no reader fails and no half entry is ever served.
-    env = jax_env(root / "jax")
+    env = jax_job_env(root / "jax", shared_fs=True)
     readers = start_many(4, [sys.executable, "-c", READER, str(stop)], env)
     for reader in readers:
         assert reader.stdout.readline().strip() == "ready"
@@ -240,7 +232,7 @@ def test_prune_on_one_node_while_another_node_reads(sshfs_mount, tmp_path, twelv
     shutil.copytree(twelve_entries, root / "jax")
     stop = tmp_path / "stop"
     readers = start_many(4, [sys.executable, "-c", READER, str(stop)],
-                         jax_env(other_node / "cache" / "jax"))
+                         jax_job_env(other_node / "cache" / "jax", shared_fs=True))
     for reader in readers:
         assert reader.stdout.readline().strip() == "ready"
     pruned = run_cli("prune", "--json", "--max-size", "20K", "--cache-root", str(root))

@@ -23,7 +23,20 @@ import pytest
 
 from gpu_cache import jax_cache, triton_cache
 from gpu_cache.fs import family, fs_type
-from helpers import READER, REPO, clean_environ, jax_job_env, read_json, run_cli, run_snakemake, write_config
+from helpers import (
+    FILLER,
+    READER,
+    REPO,
+    TINY,
+    clean_environ,
+    finish,
+    jax_job_env,
+    read_json,
+    run_cli,
+    run_snakemake,
+    start_many,
+    write_config,
+)
 
 IS_ROOT = os.geteuid() == 0
 # Under CI (root there) a test never skips for this: it would fail instead.
@@ -31,10 +44,6 @@ needs_root = pytest.mark.skipif(not IS_ROOT and not os.environ.get("CI"),
                                 reason="mounts, chown and groupadd need root")
 
 # Three tiny programs, one entry each: fast on 2 cores, distinct keys.
-TINY = ("import jax, jax.numpy as jnp, numpy as np\n"
-        "for i in range(3):\n"
-        "    jax.jit(lambda x, i=i: jnp.tanh(x @ x.T) * (i + 1))(np.ones((32, 32), np.float32))"
-        ".block_until_ready()\n")
 # Eight programs of growing size (3 to 7 KiB entries): more than a 16 KiB tmpfs holds.
 GROWING = ("import jax, jax.numpy as jnp, numpy as np\n"
            "def prog(i):\n"
@@ -220,13 +229,6 @@ def shared_group_mode(tmp_path: Path, root: Path, team_group: str) -> None:
 # ---------------------------------------------------------------- concurrency
 
 
-def start_many(n: int, command: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
-    return [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(n)]
-
-
-def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
-    return [(p.wait(timeout=timeout), p.communicate()[1]) for p in processes]
 
 
 def test_eight_warmers_on_one_empty_cache(tmp_path):
@@ -255,9 +257,6 @@ def test_eight_warmers_on_one_empty_cache(tmp_path):
     assert verdict["jax"]["hits"] == 3 and verdict["triton"]["hits"] >= len(kernels)
 
 
-FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
-          "for i in range(int(sys.argv[1])):\n"
-          "    jax.jit(lambda x, i=i: jnp.sin(x) * (i + 1))(np.ones(8, np.float32)).block_until_ready()\n")
 
 
 @pytest.fixture(scope="module")
