@@ -164,8 +164,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _load_phases(path: Path) -> dict[str, Any]:
     """The validation passes the workload runner wrote (a mapping of phase to result, or
     one validate pass)."""
-    from gpu_cache.commands.summary import load_json
     from gpu_cache.core.reports import PhaseResult
+    from gpu_cache.core.safe_io import load_json
 
     data = load_json(path)
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from gpu_cache.core.errors import UsageError
 
@@ -169,6 +171,22 @@ def read_known(path: str | os.PathLike[str], limit: int, known: os.stat_result) 
     if len(data) > limit:
         raise TooLarge(path, limit)
     return data
+
+
+#: The largest JSON report or verdict a command reads (they are kilobytes).
+JSON_LIMIT = 64 << 20
+
+
+def load_json(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> Any:
+    """The JSON in the regular file ``path`` (a FIFO or device is refused, never waited on).
+
+    Raises:
+        UsageError: it cannot be read, is not a regular file, is too large or is not JSON.
+    """
+    try:
+        return json.loads(read_bounded(path, limit))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def iter_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[bytes]:

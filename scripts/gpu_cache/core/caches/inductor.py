@@ -112,13 +112,13 @@ def _library_problem(path: str, info: os.stat_result, scan: _Scan) -> str | None
         digest = verified.digest(4, verified.text(path), info.st_ino, info.st_size, info.st_mtime_ns)
         if scan.record.get(digest) is not None:
             return None
-    problem = _elf_problem(path, info)
+    problem = elf_problem(path, info)
     if problem is None and scan.record is not None:
         scan.record.put(digest, 1)
     return problem
 
 
-def _elf_problem(path: str, info: os.stat_result) -> str | None:
+def elf_problem(path: str, info: os.stat_result) -> str | None:
     try:
         try:
             fd = os.open(path, safe_io.READ_FLAGS | _NOATIME)
