@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import jax_cache, settings, verified
+from gpu_cache.config import settings
+from gpu_cache.core import verified
+from gpu_cache.core.caches import jax as jax_cache
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli
 
 DAY = 86400.0
@@ -47,7 +49,7 @@ def broken_keys(report: dict) -> set[str]:
 
 
 def test_the_built_in_defaults_are_the_schemas():
-    assert settings._fill_defaults(settings.load_schema(), {}) == settings.DEFAULT_CONFIG
+    assert settings.fill_defaults(settings.load_schema(), {}) == settings.DEFAULT_CONFIG
     first, second = settings.validate_config({}), settings.validate_config(None)
     assert first == second == settings.DEFAULT_CONFIG
     first["prune"]["max_size"] = "1G"  # a copy: the defaults stay as they are
@@ -241,7 +243,7 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
 
 
 def test_the_docs_say_where_each_kind_reads_last_use():
-    from gpu_cache import kinds
+    from gpu_cache.core import kinds
 
     docs = (REPO / "docs" / "observe.md").read_text()
     for name in kinds.PRUNABLE:

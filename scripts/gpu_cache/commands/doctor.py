@@ -1,0 +1,86 @@
+"""Preflight checks: can each cache folder be used, what is it on, and what will the jobs see."""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any
+
+from gpu_cache.commands.stats import outside_root
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.units import format_age, format_size
+from gpu_cache.core import device, kinds
+from gpu_cache.jobenv import env
+
+#: Packages whose versions are part of cache keys or decide whether a cache works.
+KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def preflight(settings: Settings) -> dict[str, Any]:
+    """Check every cache kind's folder (creating it) and collect what decides cache keys.
+
+    ``ok`` is False when a kind cannot use its folder (it then runs without a cache or on
+    a node-local fallback, as ``exports.problems`` says); ``warnings`` are worth reading
+    but do not stop caching. Never raises for filesystem trouble.
+    """
+    report: dict[str, Any] = {"cache_root": str(settings.cache_root) if settings.cache_root else None,
+                              "shared_group": settings.shared_group,
+                              "kinds": {}, "warnings": [], "ok": True}
+    exports = env.resolve(settings)
+    if settings.cache_root is None:
+        report["warnings"].append("caching is turned off (cache root 'none')")
+    else:
+        for kind in (k for k in kinds.EXPORTED if kinds.KINDS[k].enabled(settings)):
+            # resolve probed the kinds it exports; one the user pointed elsewhere is probed here.
+            check = exports.checks.get(kind) or env.check_kind(settings, kind)
+            report["kinds"][kind] = check.as_dict()
+            if check.problem:
+                report["ok"] = False
+    report["exports"] = exports.as_dict()
+    report["single_flight"] = dict(exports.single_flight)
+    report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
+    # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
+    report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
+    report["warnings"] += report["outside_root"]
+    report["device"] = device.detect().as_dict()
+    report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
+    report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    """The human-readable form of :func:`preflight`."""
+    lines = [f"cache root: {report['cache_root'] or 'none (caching off)'}"]
+    for kind, check in report["kinds"].items():
+        free = format_size(check["free_bytes"]) if check["free_bytes"] is not None else "?"
+        state = "ok" if check["problem"] is None else f"PROBLEM: {check['problem']}"
+        if check["problem"] is None and check["read_only"]:
+            state = "read-only"
+        network = ", network" if check["network"] else ""
+        lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
+                     f"{check['mode']} group {check['group']}) {check['path']}")
+    flight = report.get("single_flight") or {}
+    if flight.get("enabled"):
+        scope = "; per node: locks hold within one node" if flight.get("per_node") else ""
+        lines.append(f"single-flight: on (locks in {flight['locks']}, a waiter compiles itself after "
+                     f"{format_age(float(flight['timeout_seconds']))}{scope})")
+    elif flight:
+        lines.append(f"single-flight: off ({flight.get('problem')})")
+    dev = report["device"]
+    where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
+    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
+    lines.append(f" versions: {versions}")
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    for kind, fixed in report.get("fixed", {}).items():
+        lines.append(f"    fixed: {kind}: removed {fixed['entries_removed']} broken entries, "
+                     f"repaired {fixed['repaired']}")
+    lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,212 @@
+"""Why did a JAX computation miss? Diff the cache-key parts of two runs and name the cause.
+
+The stats hook records, per JAX cache key, a hash of each part that
+``jax._src.cache_key.get`` feeds into the key (computation, jaxlib version, backend version,
+XLA flags, compile options, accelerator config, compression, custom hook), plus the
+process's key-relevant environment (``XLA_FLAGS``, ``JAX_ENABLE_X64``,
+``CUDA_VISIBLE_DEVICES``, the cache folder, the XLA-caches setting) and context (device
+count and kinds, compression algorithm, jaxlib). A miss is explained by comparing its parts
+with those of the closest earlier key of the same computation name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.core import hook_records
+from gpu_cache.core.errors import UsageError
+
+#: What each key part means when it changed, as the first words of a hint.
+PART_HINTS = {
+    "computation": "the program itself (its IR) changed: other shapes or dtypes "
+                   "(JAX_ENABLE_X64), a value baked into the program, changed source code, or a "
+                   "Pallas/Triton kernel whose Python file lies at another path (the path is part "
+                   "of the kernel's IR)",
+    "jax_lib version": "another jaxlib version is installed",
+    "backend version": "another platform version (GPU driver, CUDA plugin or runtime)",
+    "XLA flags": "XLA_FLAGS (or --xla_* command-line flags) differ",
+    "compile_options": "the compile options differ (on jax <= 0.10 they hold the cache folder's "
+                       "path unless XLA caches are 'none'; also replica/partition counts)",
+    "accelerator_config": "the device topology differs: another number of visible devices "
+                          "(CUDA_VISIBLE_DEVICES, --gres) or another device model; even a "
+                          "single-device jit misses when the visible GPU count changes",
+    "compression": "the compression algorithm differs: zstandard is importable in one "
+                   "environment only (JAX then uses zstd, else zlib)",
+    "custom_hook": "jax's custom cache-key hook returned something else",
+}
+
+
+def _name_of(key: str) -> str:
+    return key.rsplit("-", 1)[0]
+
+
+def _key_parts(record: dict[str, Any]) -> dict[str, dict[str, str]]:
+    part = record.get("jax")
+    parts = part.get("key_parts") if isinstance(part, dict) else None
+    return parts if isinstance(parts, dict) else {}
+
+
+def _key_context(record: dict[str, Any]) -> dict[str, Any]:
+    context = (record.get("jax") or {}).get("key_context")
+    return context if isinstance(context, dict) else {}
+
+
+def _specific_causes(changed: list[str], now: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """Sentences naming the concrete difference behind each changed part, where the
+    records' environment and context show it."""
+    env_now, env_before = now.get("env") or {}, before.get("env") or {}
+    ctx_now, ctx_before = _key_context(now), _key_context(before)
+    causes = []
+    for part in changed:
+        if part == "XLA flags" and env_now.get("XLA_FLAGS") != env_before.get("XLA_FLAGS"):
+            causes.append(f"XLA_FLAGS changed from {env_before.get('XLA_FLAGS')!r} to "
+                          f"{env_now.get('XLA_FLAGS')!r}: export the same XLA_FLAGS when warming "
+                          "and in the jobs")
+        elif part == "compile_options":
+            dirs = (env_before.get("JAX_COMPILATION_CACHE_DIR"), env_now.get("JAX_COMPILATION_CACHE_DIR"))
+            xla = (env_before.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"),
+                   env_now.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"))
+            if dirs[0] != dirs[1] and any(x != "none" for x in xla):
+                causes.append(f"the cache folder's path is in the key (jax <= 0.10 with XLA caches "
+                              f"{xla[0] or 'default'!s}/{xla[1] or 'default'!s}): {dirs[0]} vs "
+                              f"{dirs[1]}; set xla_caches: none (JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"
+                              "=none) or use the same path everywhere")
+            elif xla[0] != xla[1]:
+                causes.append(f"JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES changed from {xla[0]!r} to "
+                              f"{xla[1]!r}")
+        elif part == "accelerator_config":
+            if (ctx_now.get("device_count"), ctx_now.get("device_kinds")) != (
+                    ctx_before.get("device_count"), ctx_before.get("device_kinds")):
+                causes.append(
+                    f"visible devices changed from {ctx_before.get('device_count')} x "
+                    f"{ctx_before.get('device_kinds')} to {ctx_now.get('device_count')} x "
+                    f"{ctx_now.get('device_kinds')} (CUDA_VISIBLE_DEVICES "
+                    f"{env_before.get('CUDA_VISIBLE_DEVICES')!r} -> "
+                    f"{env_now.get('CUDA_VISIBLE_DEVICES')!r}): "
+                    "warm with the same number of visible GPUs as the jobs")
+        elif part == "compression" and ctx_now.get("compression") != ctx_before.get("compression"):
+            causes.append(f"compression changed from {ctx_before.get('compression')} to "
+                          f"{ctx_now.get('compression')}: install zstandard in both environments "
+                          "or in neither")
+        elif part == "computation" and env_now.get("JAX_ENABLE_X64") != env_before.get("JAX_ENABLE_X64"):
+            causes.append(f"JAX_ENABLE_X64 changed from {env_before.get('JAX_ENABLE_X64')!r} to "
+                          f"{env_now.get('JAX_ENABLE_X64')!r}, which changes dtypes in the program")
+        elif part == "jax_lib version" and ctx_now.get("jaxlib") != ctx_before.get("jaxlib"):
+            causes.append(f"jaxlib changed from {ctx_before.get('jaxlib')} to {ctx_now.get('jaxlib')}")
+    return causes
+
+
+def _cache_dir(record: dict[str, Any]) -> str | None:
+    """The JAX cache folder a recorded process really used."""
+    folder = (record.get("jax") or {}).get("cache_dir")
+    return folder if isinstance(folder, str) and folder else None
+
+
+def _who(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record.get(k) for k in ("time", "host", "pid", "rule", "gpu_type", "run_id")}
+
+
+def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """Explain why ``key`` (computed by the process of ``record``) missed, against
+    ``earlier`` records (any order). The result names the changed key parts and a cause
+    for each; ``compared_with`` is None when no earlier run computed the same name."""
+    name = _name_of(key)
+    parts = _key_parts(record).get(key)
+    if not isinstance(parts, dict):
+        parts = None
+    result: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [],
+                              "causes": []}
+    if parts is None:
+        result["causes"] = ["the stats hook recorded no key parts for this key (jax internals "
+                            "changed, or an older gpu-cache wrote the record)"]
+        return result
+    best: tuple[int, float, str, dict[str, Any]] | None = None
+    for other in earlier:
+        if other is record:
+            continue
+        for other_key, other_parts in _key_parts(other).items():
+            if _name_of(other_key) != name or not isinstance(other_parts, dict):
+                continue
+            differ = sum(1 for p in set(parts) | set(other_parts) if parts.get(p) != other_parts.get(p))
+            candidate = (differ, -float(other.get("time") or 0.0), other_key, other)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+    if best is None:
+        result["causes"] = [f"no earlier run computed {name}: a first compile (was it part of the "
+                            "warm-up workload?)"]
+        return result
+    _differ, _t, other_key, other = best
+    other_parts = _key_parts(other)[other_key]
+    result["compared_with"] = {"key": other_key, **_who(other)}
+    if other_key == key:
+        here, there = (_cache_dir(record), _cache_dir(other))
+        if here and there and here != there:  # e.g. a job's own --jax_compilation_cache_dir
+            result["causes"] = [f"the same key was computed before, but in another cache folder: "
+                                f"this run used {here}, the earlier one {there} (`gpu-cache stats` "
+                                "names folders outside the cache root)"]
+            return result
+        result["causes"] = ["the same key was computed before, but its entry was not in the cache: "
+                            "it was not written (compile faster than "
+                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, smaller than "
+                            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES, a failed write) or was pruned, "
+                            "or the runs used different cache folders"]
+        return result
+    changed = [p for p in parts if parts.get(p) != other_parts.get(p)]
+    changed += [p for p in other_parts if p not in parts]
+    result["changed"] = changed
+    specific = _specific_causes(changed, record, other)
+    generic = [f"{p}: {PART_HINTS.get(p, 'this key part changed')}" for p in changed]
+    result["causes"] = specific + generic
+    return result
+
+
+def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None,
+                    limit: int = 20) -> list[dict[str, Any]]:
+    """Explain the JAX misses of one run (``run_id``), or else of the latest record with
+    misses, against every record written before them. At most ``limit`` explanations."""
+    ordered = sorted(all_records, key=lambda r: float(r.get("time") or 0.0))
+    if run_id is not None:
+        targets = [r for r in ordered if r.get("run_id") == run_id]
+    else:
+        with_misses = [r for r in ordered if (r.get("jax") or {}).get("missed")]
+        targets = with_misses[-1:]
+    out: list[dict[str, Any]] = []
+    for record in targets:
+        start = float(record.get("time") or 0.0)
+        earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
+        missed = (record.get("jax") or {}).get("missed")
+        for miss in missed if isinstance(missed, list) else []:
+            key = miss.get("key") if isinstance(miss, dict) else None
+            if isinstance(key, str) and key and len(out) < limit:
+                out.append(explain_key(key, record, earlier))
+    return out
+
+
+def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """:func:`explain_records` over the records under ``cache_root``.
+
+    Raises:
+        UsageError: ``run_id`` names no recorded run (the message lists the latest ones).
+    """
+    found = list(hook_records.read(hook_records.records_dir(cache_root)))
+    if run_id is not None and not any(r.get("run_id") == run_id for r in found):
+        latest = [run["run_id"] for run in hook_records.runs(found)[:5]]
+        raise UsageError(f"no records of run {run_id!r} under {cache_root}; latest runs: "
+                         f"{', '.join(latest) or 'none'} (`gpu-cache stats` lists them)")
+    return explain_records(found, run_id)
+
+
+def render(explanations: list[dict[str, Any]]) -> str:
+    """The human-readable form of :func:`explain_records`."""
+    if not explanations:
+        return "no recorded JAX misses to explain\n"
+    lines = []
+    for item in explanations:
+        other = item["compared_with"]
+        against = (f" (vs {other['key'][:60]} from {other.get('rule') or other.get('run_id') or '-'} on "
+                   f"{other.get('host')})" if other else "")
+        changed = ", ".join(item["changed"]) or "-"
+        lines.append(f"{item['name']}: changed key parts: {changed}{against}")
+        lines += [f"  - {cause}" for cause in item["causes"]]
+    return "\n".join(lines) + "\n"

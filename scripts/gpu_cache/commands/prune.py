@@ -1,0 +1,184 @@
+"""Pruning: broken entries, then entries unused for too long, then least recently used
+ones until each kind fits its size cap. Whole entries only, under a lock."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from contextlib import ExitStack
+from operator import attrgetter
+from pathlib import Path
+
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.units import format_size
+from gpu_cache.core import kinds, safe_io, verified
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.entries import Entry
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import KindPruneReport, PruneReport
+from gpu_cache.jobenv.fs import require_folder_or_missing
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".prune.lock"
+
+
+def plan(entries: list[Entry], max_size: int, max_age: float, now: float
+         ) -> list[tuple[Entry, str]]:
+    """Which entries go and why, in removal order: broken, then too old, then LRU over the cap.
+    Entries that are not ``removable`` are never planned (nor counted against the cap)."""
+    broken: list[tuple[Entry, str]] = []
+    old: list[tuple[Entry, str]] = []
+    kept = []
+    for entry in entries:
+        if not entry.removable:
+            continue
+        if entry.problem:
+            broken.append((entry, f"broken: {entry.problem}"))
+        elif now - entry.last_use > max_age:
+            old.append((entry, "unused longer than max_age"))
+        else:
+            kept.append(entry)
+    doomed = broken + old
+    total = sum(e.size for e in kept)
+    if total <= max_size:
+        return doomed  # (no need to sort a million entries)
+    for entry in sorted(kept, key=attrgetter("last_use", "key")):
+        if total <= max_size:
+            break
+        doomed.append((entry, "least recently used over max_size"))
+        total -= entry.size
+    return doomed
+
+
+def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: bool,
+               now: float | None = None, grace_seconds: float = 3600.0,
+               verify_all: bool = False) -> KindPruneReport:
+    """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
+    (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
+    decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
+    the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
+    cache reads), so the next prune or dry run reads nothing it verified already."""
+    now = time.time() if now is None else now
+    record = _record(kind, folder, fresh=verify_all)
+    found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
+    if record is not None:
+        record.save()
+    report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
+                             dry_run=dry_run)
+    if not dry_run:
+        if kind == "jax":
+            try:
+                if jax_cache.repair_lockfile(folder):
+                    report.repaired += 1
+            except OSError as exc:
+                report.errors.append(f"{jax_cache.LOCK_NAME}: {exc.strerror or exc}")
+        for entry in found:
+            if isinstance(entry.source, jax_cache.JaxEntry) and entry.source.needs_atime:
+                try:
+                    jax_cache.write_atime(folder, entry.source)
+                    report.repaired += 1
+                except OSError as exc:
+                    report.errors.append(f"{entry.key}: cannot write its -atime: {exc.strerror or exc}")
+    for entry, reason in plan(found, max_size, max_age, now):
+        if not dry_run:
+            try:
+                kinds.remove(kind, folder, entry)
+            except OSError as exc:
+                report.errors.append(f"{entry.key}: {exc.strerror or exc}")
+                continue
+        report.entries_removed += 1
+        report.bytes_removed += entry.size
+        report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
+                               "last_use": entry.last_use, "reason": reason})
+    report.bytes_after = report.bytes_before - report.bytes_removed
+    return report
+
+
+def _record(kind: str, folder: Path, fresh: bool = False) -> verified.Record | None:
+    """The verification record of ``folder`` for a kind that keeps one (``fresh``: an empty
+    one, so that everything is verified again and recorded anew)."""
+    if not kinds.KINDS[kind].verifies:
+        return None
+    return verified.Record(folder) if fresh else verified.Record.load(folder)
+
+
+def repair(settings: Settings) -> PruneReport:
+    """Remove broken entries only (empty, truncated, orphan halves, stale temporaries) and
+    give lone ``-cache`` files of a capped cache their ``-atime``: ``doctor --fix``.
+
+    Raises:
+        UsageError: the root is a file or a broken link.
+    """
+    return prune(settings, max_size=sys.maxsize, max_age=float("inf"), dry_run=False,
+                 verify_all=True)
+
+
+def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
+          only: tuple[str, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
+          verify_all: bool = False, strict_root: bool = True) -> PruneReport:
+    """Prune every kind (or the kinds in ``only``) under the cache root and return the report.
+
+    Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
+    missing root, or a root that cannot be locked, nothing is touched and the report says
+    why. ``verify_all``: decompress every JAX entry, not only those since the last prune.
+    ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
+    reported (the workflow's prune must never fail a run because of the cache).
+
+    Raises:
+        UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
+            or a broken link.
+    """
+    for kind in only:
+        if kind not in kinds.PRUNABLE:
+            raise UsageError(f"cannot prune kind {kind!r}; prunable kinds: {', '.join(kinds.PRUNABLE)}")
+    result = PruneReport(str(settings.cache_root), dry_run, max_size, max_age,
+                         kinds={kind: KindPruneReport(dry_run=dry_run) for kind in only})
+    root = settings.cache_root
+    if root is None:
+        result.problems = ["caching is turned off; nothing to prune"]
+        return result
+    try:
+        require_folder_or_missing(root)
+    except UsageError as exc:
+        if strict_root:
+            raise
+        result.problems = [f"{exc}; nothing pruned"]
+        return result
+    if not root.is_dir():
+        result.problems = [f"cache root {root} does not exist; nothing to prune"]
+        return result
+    from gpu_cache.commands.stats import software_mismatches
+
+    result.software_mismatches = software_mismatches(root)
+    with ExitStack() as held:
+        try:
+            # flock on a regular file, opened without following a symlink; a symlink, FIFO or
+            # device planted as the lock file is replaced, never followed or truncated.
+            held.enter_context(safe_io.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
+                                                      replace=not dry_run))
+        except safe_io.LockTimeout:
+            result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
+            return result
+        except OSError as exc:
+            # A read-only root cannot take the lock; a dry run can still report.
+            if not dry_run:
+                result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
+                                   "nothing pruned"]
+                return result
+        for kind in only:
+            try:
+                report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age,
+                                    dry_run, verify_all=verify_all)
+            except OSError as exc:  # an unreadable folder: the other kinds are still pruned
+                result.problems.append(f"{kind}: cannot prune {exc.filename or ''}: "
+                                       f"{exc.strerror or exc}")
+                continue
+            result.kinds[kind] = report
+            log.info("prune: %s: %s %d of %d entries, %s of %s", kind,
+                     "would remove" if dry_run else "removed", report.entries_removed,
+                     report.entries_before, format_size(report.bytes_removed),
+                     format_size(report.bytes_before))
+            result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
+    return result

@@ -1,0 +1,73 @@
+"""The short end-of-run summary: verdict, hits, misses, cold vs warm, cache size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_cache.config.units import format_size
+from gpu_cache.core import safe_io
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PruneReport, Verdict
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Raises: UsageError: ``path`` cannot be read or is not a validation verdict."""
+    try:
+        return Verdict.from_dict(safe_io.load_json(path))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def load_prune(path: Path) -> PruneReport:
+    """Raises: UsageError: ``path`` cannot be read or is not a prune report."""
+    try:
+        return PruneReport.from_dict(safe_io.load_json(path))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def errors(validations: list[Path]) -> list[str]:
+    """One line per GPU type whose workloads could not even start (verdict status
+    ``error``): the run must not end as if the cache had been warmed.
+
+    Raises:
+        UsageError: a file cannot be read as a verdict.
+    """
+    found = []
+    for path in validations:
+        v = load_verdict(path)
+        if v.outcome == "error":
+            found.append(f"GPU type {v.gpu_type}: {v.problems[0] if v.problems else 'no workload ran'}")
+    return found
+
+
+def render(validations: list[Path], prune: Path | None) -> str:
+    """A few lines per GPU type and one per cache kind.
+
+    Raises:
+        UsageError: a file cannot be read as JSON.
+    """
+    lines = ["gpu-cache summary"]
+    for path in validations:
+        v = load_verdict(path)
+        if v.outcome == "unscheduled":
+            lines.append(f"  {v.gpu_type}: UNSCHEDULED (optional type)")
+            lines += [f"    note: {p}" for p in v.problems]
+            continue
+        cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
+        speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""
+        verdict = {"passed": "PASSED", "error": "ERROR"}.get(v.outcome, "FAILED")
+        lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
+                     f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
+                     f"warm {v.warm_seconds:.1f} s{speedup}")
+        lines += [f"    problem: {p}" for p in v.problems]
+    if prune is not None:
+        p = load_prune(prune)
+        verb = "would remove" if p.dry_run else "removed"
+        for kind, k in p.kinds.items():
+            lines.append(f"  {kind} cache: {format_size(k.bytes_after)} in {k.entries_after} "
+                         f"entries after pruning ({verb} {k.entries_removed}, "
+                         f"{format_size(k.bytes_removed)})")
+        lines += [f"    prune: {problem}" for problem in p.problems]
+        lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,201 @@
+"""Validate: re-run a GPU type's workloads in fresh processes and prove the cache serves them.
+
+The verdict passes only when every run succeeded, nothing missed and nothing new was
+written. A miss names the computation (from the stats hook, or from the new entry's
+file name when the process is not ours) so the user knows what to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from gpu_cache.commands import explain
+from gpu_cache.commands.workload import plan_phase
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.targets import device_problems, gpu_types
+from gpu_cache.core import kinds, runner, software
+from gpu_cache.core.device import Device
+from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
+from gpu_cache.jobenv import env
+
+#: How many missed computations a problem line names before it says "and N more".
+NAMED_MISSES = 5
+
+
+def kind_counts(phase: PhaseResult, kind: str) -> KindCounts:
+    """One kind's counts in a pass: misses from the records or from new entries, whichever
+    saw more (a process without the hook still leaves new entries)."""
+    recorded = phase.recorded.get(kind)
+    new = phase.new_keys.get(kind, [])
+    return KindCounts(
+        hits=recorded.hits if recorded else 0,
+        misses=max(recorded.misses if recorded else 0, len(new)),
+        new_entries=len(new),
+        processes_observed=recorded.processes if recorded else 0,
+    )
+
+
+def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
+    """Missed computations by key: the hook's names, then new entries it did not see."""
+    by_key: dict[str, Missed] = {}
+    recorded = phase.recorded.get(kind)
+    for miss in recorded.missed if recorded else []:
+        by_key.setdefault(miss.key, miss)
+    for key in phase.new_keys.get(kind, []):
+        name = key.rsplit("-", 1)[0] if kind == "jax" else key
+        by_key.setdefault(key, Missed(kind, name, key))
+    return list(by_key.values())
+
+
+def unobserved(phase: PhaseResult) -> list[str]:
+    """A problem for each kind the workloads compile for but no process of the pass asked
+    its cache about (only where the pass counted from records)."""
+    problems = []
+    for kind in phase.expects:
+        totals = phase.recorded.get(kind)
+        if totals is None or totals.hits + totals.misses or phase.new_keys.get(kind):
+            continue
+        problems.append(
+            f"{kind}: no process asked the {kind} cache for anything, although the workloads "
+            f"compile for {kind}: the startup hook did not run in them (PYTHONPATH removed, as "
+            "in conda jobs, or not bound into their container) or they could not see the cache")
+    return problems
+
+
+def judge(counts: dict[str, KindCounts], missed: list[Missed],
+          failures: list[str], cache_problems: list[str]) -> list[str]:
+    """The problems that fail a validation, each a sentence a user can act on."""
+    problems = list(cache_problems) + list(failures)
+    for kind, count in counts.items():
+        if count.misses:
+            names = [m.name for m in missed if m.kind == kind]
+            shown = ", ".join(names[:NAMED_MISSES])
+            more = f" and {len(names) - NAMED_MISSES} more" if len(names) > NAMED_MISSES else ""
+            problems.append(
+                f"{kind}: {count.misses} compilation(s) missed in a fresh process after "
+                f"warming: {shown}{more}. Their cache key changes between runs (a value baked "
+                "into the program, an environment or flag difference, or a different GPU count); "
+                "`gpu-cache doctor --explain` names which key part changed"
+            )
+    return problems
+
+
+def run_phases(settings: Settings, gpu_type: str, output: TextIO,
+               environ: Mapping[str, str] | None = None) -> dict[str, PhaseResult | None]:
+    """Run the validation passes of ``gpu_type`` in this interpreter's software: the cold
+    pass (when ``validate.measure_cold``; every cache off) and the validate pass (the warmed
+    cache, fresh processes). The workflow runs the same in the type's container or conda
+    environment (``gpu-cache`` there is :mod:`gpu_cache.core.runner`).
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    cold = None
+    if settings.validate.measure_cold:
+        with tempfile.TemporaryDirectory(prefix="gpu-cache-cold-") as scratch:
+            cold = runner.run_plan(plan_phase(settings, gpu_type, "cold", record=False), output,
+                                   runner.cold_environ(environ, Path(scratch)))
+    warm = runner.run_plan(plan_phase(settings, gpu_type, "validate"), output, environ)
+    return {"cold": cold, "validate": warm}
+
+
+def not_started(phase: PhaseResult) -> str | None:
+    """A problem line when no workload run of ``phase`` ran to the end (each one exited
+    with an error or timed out): the workloads could not even start in the software they
+    ran with, so the pass measured nothing. None when one run succeeded or none was made."""
+    if not phase.runs or any(run.ok for run in phase.runs):
+        return None
+    said = next((run.error for run in reversed(phase.runs) if run.error), None)
+    last = f"; the last one said: {said}" if said else ""
+    return (f"no workload run of GPU type {phase.gpu_type} ran to the end ({len(phase.runs)} of "
+            f"{len(phase.runs)} failed{last}). They ran with {software.describe(phase.software)}: "
+            f"give the type the jobs' own software (gpu_types.{phase.gpu_type}.container, conda or "
+            "python), or fix the workload's command")
+
+
+def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports) -> Verdict:
+    """The verdict of an optional type whose jobs found no node of it."""
+    return Verdict(
+        gpu_type=gpu_type, device=phase.device, passed=False, cold_seconds=None, warm_seconds=0.0,
+        problems=[f"not validated: {phase.unscheduled}; jobs that land on a {gpu_type} compile for "
+                  "themselves (and fill the cache)"],
+        kinds={kind: KindCounts() for kind in kinds.OBSERVED}, cache_warnings=exports.messages(),
+        job=phase.job, software=phase.software, status="unscheduled",
+        cache_root=phase.cache_root)
+
+
+def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseResult | None],
+                 exports: env.Exports) -> Verdict:
+    """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`)."""
+    cold, warm = phases.get("cold"), phases["validate"]
+    assert warm is not None
+    if warm.unscheduled:
+        return unscheduled_verdict(gpu_type, warm, exports)
+    broken = not_started(warm)
+    cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
+                      if kind in ("jax", "all")]
+    counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
+    missed = [m for kind in kinds.OBSERVED for m in missed_in(warm, kind)]
+    seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
+                  int(warm.device.get("count") or 0)) if warm.device else None
+    expected = gpu_types(settings).get(gpu_type)
+    if expected is not None and seen is not None:
+        cache_problems += device_problems(expected, seen)
+    if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
+        problems = [broken, *warm.failures(), *cache_problems]
+        counts = {kind: KindCounts() for kind in kinds.OBSERVED}
+        missed = []
+    else:
+        problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
+    explanations: list[dict] = []
+    if counts["jax"].misses and settings.cache_root is not None:
+        explanations = explain.explain_cache(settings.cache_root, warm.run_id)
+        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
+                     for e in explanations[:NAMED_MISSES] if e["causes"]]
+    observed = any(c.processes_observed for c in counts.values())
+    notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
+             f"({cold.reused}); validate.measure_cold: always measures it every time"] \
+        if cold is not None and cold.reused else []
+    notes += [] if observed else [
+        "hits were not observed: the workloads ran no Python process with the stats hook "
+        "(misses still count from new cache entries)"]
+    return Verdict(
+        gpu_type=gpu_type,
+        device=warm.device,
+        passed=not problems,
+        cold_seconds=round(cold.seconds, 3) if cold else None,
+        warm_seconds=round(warm.seconds, 3),
+        problems=problems,
+        kinds=counts,
+        notes=notes,
+        cache_warnings=exports.messages(),
+        missed=missed,
+        explain=explanations,
+        runs=warm.runs,
+        cold_runs=cold.runs if cold else [],
+        cache_root=str(settings.cache_root),
+        job=warm.job,
+        software=warm.software,
+        status="error" if broken else ("failed" if problems else "passed"),
+    )
+
+
+def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
+    """Keep a passed verdict's inputs (the validate pass's fingerprint) so that the next warm
+    step of the same inputs only re-checks; forget them when the verdict failed."""
+    marker = runner.state_file(settings.cache_root, "passed", phase.fingerprint or "")
+    if marker is None or not phase.fingerprint:
+        return
+    keys = {kind: totals.hit_keys for kind, totals in phase.recorded.items() if totals.hit_keys}
+    if verdict.passed and keys:  # what the next warm step checks is still there
+        runner.save_state(marker, {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys})
+    else:
+        try:
+            marker.unlink()
+        except OSError:
+            pass

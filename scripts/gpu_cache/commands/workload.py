@@ -1,0 +1,124 @@
+"""Workloads: what warm and validate run, once per shape, each in a fresh process."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.targets import gpu_types
+from gpu_cache.config.units import parse_age
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.runner import Command, Plan
+
+#: Built-in workloads: name -> (module, default shapes, what it is, the kinds it compiles for).
+BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
+    "jax-transformer": (
+        "gpu_cache.workloads.jax_transformer", [32, 64, 128],
+        "4 pre-norm transformer layers, value_and_grad, per sequence length", ("jax",),
+    ),
+    "triton-kernels": (
+        # 1000 and 4096 specialise differently (divisibility by 16): 10 distinct kernels.
+        "gpu_cache.workloads.triton_kernels", [1000, 4096],
+        "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
+        ("triton",),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A command template run once per shape; ``builtin`` when gpu-cache ships it."""
+
+    name: str
+    command: str
+    shapes: tuple[Any, ...]
+    timeout_seconds: float
+    builtin: bool
+    expects: tuple[str, ...] = ()
+
+    def commands(self, python: str, gpu_type: str) -> list[tuple[Any, str]]:
+        """``(shape, shell command)`` for each shape.
+
+        Raises:
+            UsageError: the template names a placeholder other than shape, python, gpu_type.
+        """
+        out = []
+        for shape in self.shapes:
+            values = {"shape": shlex.quote(str(shape)), "python": shlex.quote(python),
+                      "gpu_type": shlex.quote(gpu_type)}
+            try:
+                out.append((shape, self.command.format_map(values)))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise UsageError(
+                    f"workload {self.name}: command template {self.command!r} is not valid "
+                    f"({exc!r}); it may use {{shape}}, {{python}} and {{gpu_type}}; "
+                    "write {{ and }} for literal braces"
+                ) from None
+        return out
+
+
+def resolve_workload(settings: Settings, name: str) -> Workload:
+    """The workload called ``name``: a user entry in config, or a built-in.
+
+    Raises:
+        UsageError: the name is neither a built-in nor configured with a command.
+    """
+    entry = settings.workloads.get(name)
+    timeout = entry.timeout_seconds if entry else parse_age("2h")
+    if entry is not None and entry.command is not None:
+        shapes = entry.shapes
+        if not shapes:
+            if "{shape}" in entry.command:
+                raise UsageError(f"workload {name}: its command uses {{shape}}, so give it shapes")
+            shapes = ("-",)
+        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects)
+    if name in BUILTINS:
+        module, shapes, _about, expects = BUILTINS[name]
+        command = f"{{python}} -m {module} --shape {{shape}}"
+        return Workload(name, command, (entry.shapes if entry else ()) or tuple(shapes), timeout,
+                        builtin=True, expects=(entry.expects if entry else ()) or expects)
+    known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
+    raise UsageError(
+        f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
+        f"workloads.{name}.command in the config"
+    )
+
+
+def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
+    """The resolved workloads of one GPU type.
+
+    Raises:
+        UsageError: the type is not configured, or names an unknown workload.
+    """
+    types = gpu_types(settings)
+    if gpu_type not in types:
+        raise UsageError(f"unknown GPU type {gpu_type!r}; configured types: {', '.join(types)}")
+    return [resolve_workload(settings, name) for name in types[gpu_type].workload_names]
+
+
+def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = True,
+               in_job_software: bool = False) -> Plan:
+    """The plan of one pass (``phase``: warm, cold, validate) over ``gpu_type``'s workloads,
+    for :func:`gpu_cache.core.runner.run_plan`. ``in_job_software``: the runner runs in the type's
+    container or conda environment, whose own interpreter is then ``{python}``; else the
+    type's ``python``.
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown, or a command template
+            names a placeholder other than shape, python and gpu_type.
+    """
+    commands = []
+    for workload in workloads_of(settings, gpu_type):
+        workload.commands(settings.python or "python3", gpu_type)  # checks the template
+        commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
+                             workload.builtin, workload.expects) for shape in workload.shapes]
+    environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
+               "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
+    python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
+    # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
+    # told); validation runs them one after another, as the jobs start them.
+    parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
+    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
+    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse)

@@ -1,0 +1,349 @@
+"""Configuration: the JSON schema, its defaults, and the cache root.
+
+One schema (``workflow/schemas/config.schema.yaml``) serves the workflow (through
+Snakemake's ``validate``) and the CLI (here), so both accept exactly the same keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.config.units import parse_age, parse_size
+from gpu_cache.core.errors import UsageError
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+#: Values of a cache root that turn caching off.
+#: A config file larger than this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+OFF_WORDS = frozenset({"", "none", "off", "false", "no", "0"})
+
+
+#: What :func:`validate_config` returns for a config that sets nothing (the profile's, and
+#: ``gpu-cache env`` without ``--config``): every key at its schema default. Such a config
+#: skips the schema check and the YAML parse (about 100 ms of jsonschema and yaml imports,
+#: paid at every Snakemake start). A key added to the schema needs its default here too:
+#: tests/test_scale.py fails until it matches the schema.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "cache_root": None,
+    "xla_caches": "none",
+    "shared_group": None,
+    "min_free_space": "1G",
+    "stats_hook": True,
+    "bytecode_cache": False,
+    "single_flight": {"enabled": True, "timeout": "10m"},
+    "python": None,
+    "triton_targets": ["sm_90"],
+    "default_workloads": ["jax-transformer"],
+    "workloads": {},
+    "gpu_types": {},
+    "warm": {"parallel": None, "skip_when_valid": True},
+    "validate": {"measure_cold": True, "strict": False},
+    "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
+}
+
+
+def load_schema() -> dict[str, Any]:
+    """The config schema as a dict."""
+    import yaml  # deferred: a config that sets nothing needs neither the schema nor yaml
+
+    with SCHEMA_PATH.open() as stream:
+        return yaml.safe_load(stream)
+
+
+def fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Return ``value`` with each missing key that the schema gives a default filled in."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    filled = dict(value)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in filled and "default" in sub:
+            filled[key] = copy.deepcopy(sub["default"])
+        if key in filled:
+            filled[key] = fill_defaults(sub, filled[key])
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in filled:
+            if key not in schema.get("properties", {}):
+                filled[key] = fill_defaults(extra, filled[key])
+    return filled
+
+
+def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check ``config`` against the schema and return it with defaults filled in.
+
+    Raises:
+        UsageError: a key is unknown or a value has the wrong type; the message names the key.
+    """
+    if config is not None and not isinstance(config, Mapping):
+        raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
+    if not config:
+        return copy.deepcopy(DEFAULT_CONFIG)  # the schema's defaults, checked by a test
+    import jsonschema  # deferred: only configs that set something pay for it
+
+    if _too_big(config):
+        raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
+                         "(YAML aliases nested too deep?)")
+    config = dict(config or {})
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
+        raise UsageError(f"config key {where}: {message}")
+    filled = fill_defaults(schema, config)
+    # Values the schema cannot check: sizes and ages must parse.
+    checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
+              ("min_free_space", parse_size, filled["min_free_space"]),
+              ("prune.max_age", parse_age, filled["prune"]["max_age"]),
+              ("single_flight.timeout", parse_age, filled["single_flight"]["timeout"])]
+    checks += [(f"workloads.{name}.timeout", parse_age, workload["timeout"])
+               for name, workload in filled["workloads"].items()]
+    checks += [(f"gpu_types.{name}.queue_wait", parse_age, spec["queue_wait"])
+               for name, spec in filled["gpu_types"].items()]
+    for key, parse, value in checks:
+        try:
+            parse(value)
+        except UsageError as exc:
+            raise UsageError(f"config key {key}: {exc}") from None
+    return filled
+
+
+#: A config holds a few hundred values; more means a YAML alias bomb (a few hundred bytes
+#: whose aliases expand to billions of nodes), which would hang the schema check.
+MAX_CONFIG_NODES = 100_000
+
+
+def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
+    """Whether ``value`` has more than ``budget`` nodes, counting a shared (aliased) node
+    each time it is reached; stops counting as soon as the budget is spent."""
+    stack = [value]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return True
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a YAML or JSON config file.
+
+    Raises:
+        UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
+            unreasonably large, or does not match the schema.
+    """
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
+                         "right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    try:
+        return validate_config(data)
+    except UsageError as exc:
+        raise UsageError(f"config file {path}: {exc}") from None
+
+
+def resolve_cache_root(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path | None:
+    """The absolute cache root, or None when caching is turned off.
+
+    ``explicit`` (from ``--cache-root`` or the config) wins; else ``$GPU_CACHE_ROOT``; else
+    ``$XDG_CACHE_HOME/gpu-cache``; else ``~/.cache/gpu-cache``. A value in
+    :data:`OFF_WORDS` turns caching off. ``~`` and ``~/...`` are expanded with ``$HOME``,
+    ``~user/...`` to that user's home (as ``os.path.expanduser`` does), and a relative path is
+    made absolute against the current directory, since each job has its own cwd.
+
+    Raises:
+        UsageError: ``~user`` names no user here.
+    """
+    environ = os.environ if environ is None else environ
+    if explicit is None:
+        explicit = environ.get("GPU_CACHE_ROOT")
+    if explicit is None:
+        xdg = environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg else Path(environ.get("HOME") or Path.home()) / ".cache"
+        explicit = str(base / "gpu-cache")
+    if explicit.strip().lower() in OFF_WORDS:
+        return None
+    home = environ.get("HOME")
+    if (explicit == "~" or explicit.startswith("~/")) and home:
+        explicit = home + explicit[1:]
+    elif explicit.startswith("~"):  # ~user/...: that user's home, as the shell has it
+        expanded = os.path.expanduser(explicit)
+        if expanded == explicit:
+            user = explicit[1:].split("/", 1)[0]
+            if not user:
+                raise UsageError(f"cache root {explicit}: $HOME is not set and your user has no "
+                                 "home in the password database (write the absolute path)")
+            raise UsageError(f"cache root {explicit}: no user {user!r} on this machine, so "
+                             f"~{user} cannot be expanded (write the absolute path)")
+        explicit = expanded
+    return Path(os.path.abspath(explicit))
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """A workload entry of the config: a command template (None for a built-in) run once
+    per shape, stopped after ``timeout_seconds``."""
+
+    command: str | None
+    shapes: tuple[Any, ...]
+    timeout_seconds: float
+    expects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One target GPU type: its name (the gpu_type wildcard), workloads, GPUs per job, resources."""
+
+    name: str
+    workload_names: tuple[str, ...]
+    gpus: int = 1
+    resources: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    container: str | None = None
+    conda: str | None = None
+    python: str | None = None
+    #: The partition may lack this type: its warm and check jobs give up after
+    #: ``queue_wait_seconds`` in the queue and its verdict is then "unscheduled".
+    optional: bool = False
+    queue_wait_seconds: float = 2 * 3600.0
+
+    @property
+    def expected_device(self) -> str:
+        """The device type its jobs must see: ``device`` if configured, else the type's name."""
+        return self.device or self.name
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """How validation runs and judges (config key ``validate``)."""
+
+    measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class SingleFlightConfig:
+    """Single-flight across processes (config key ``single_flight``), parsed."""
+
+    enabled: bool = True
+    timeout_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """How the warm step runs (config key ``warm``)."""
+
+    parallel: int | None = None
+    skip_when_valid: bool = True
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """The prune checkpoint's limits (config key ``prune``), parsed."""
+
+    max_size: int = 10 << 30
+    max_age_seconds: float = 30 * 86400.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the commands need, resolved from config, flags and environment.
+
+    Each config key has a typed field; ``config`` keeps the validated mapping itself, which
+    the workflow hands to the CLI of each rule (``--config-json``).
+    """
+
+    cache_root: Path | None
+    xla_caches: str = "none"
+    stats_hook: bool = True
+    bytecode_cache: bool = False
+    shared_group: str | None = None
+    min_free_space: int = 1 << 30
+    python: str | None = None
+    triton_targets: tuple[str, ...] = ("sm_90",)
+    default_workloads: tuple[str, ...] = ("jax-transformer",)
+    workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
+    gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    warm: WarmConfig = WarmConfig()
+    validate: ValidateConfig = ValidateConfig()
+    prune: PruneConfig = PruneConfig()
+    single_flight: SingleFlightConfig = SingleFlightConfig()
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def settings_from(
+    config: Mapping[str, Any] | None = None,
+    cache_root: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment.
+
+    Raises:
+        UsageError: the config does not match the schema, or names a shared_group that
+            does not exist here.
+    """
+    filled = validate_config(config)
+    if filled["shared_group"] is not None:
+        from gpu_cache.jobenv.trust import group_id
+
+        group_id(filled["shared_group"])
+    root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
+    defaults = tuple(filled["default_workloads"])
+    return Settings(
+        cache_root=root,
+        xla_caches=filled["xla_caches"],
+        stats_hook=filled["stats_hook"],
+        bytecode_cache=filled["bytecode_cache"],
+        shared_group=filled["shared_group"],
+        min_free_space=parse_size(filled["min_free_space"]),
+        python=filled["python"],
+        triton_targets=tuple(filled["triton_targets"]),
+        default_workloads=defaults,
+        workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
+                                        parse_age(entry["timeout"]), tuple(entry["expects"]))
+                   for name, entry in filled["workloads"].items()},
+        gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
+                                 dict(spec["resources"]), spec["device"], spec["container"],
+                                 spec["conda"], spec["python"] or filled["python"],
+                                 spec["optional"], parse_age(spec["queue_wait"]))
+                   for name, spec in filled["gpu_types"].items()},
+        warm=WarmConfig(**filled["warm"]),
+        validate=ValidateConfig(**filled["validate"]),
+        prune=PruneConfig(parse_size(filled["prune"]["max_size"]),
+                          parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),
+        single_flight=SingleFlightConfig(filled["single_flight"]["enabled"],
+                                         parse_age(filled["single_flight"]["timeout"])),
+        config=filled,
+    )

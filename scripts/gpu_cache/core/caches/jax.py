@@ -1,0 +1,462 @@
+"""JAX's persistent compilation cache on disk: entries, their last use, safe removal.
+
+Layout (``jax/_src/lru_cache.py`` in the jax sources): ``<key>-cache`` holds the compressed executable,
+``<key>-atime`` (only with a size cap) the last use as 8 little-endian bytes of
+nanoseconds, and ``.lockfile`` guards both when a cap is set. ``<key>`` is
+``<module name>-<sha256 hex>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.core import safe_io, verified
+
+ATIME_SUFFIX = "-atime"
+#: A ``-cache`` file younger than this may still be being written (JAX writes in place).
+WRITE_GRACE_SECONDS = 1.0
+LOCK_NAME = ".lockfile"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: ``<key>-cache``/``<key>-atime``; older jax (0.4.30, as images that pin it run) writes the
+#: executable as plain ``<key>`` and keeps no ``-atime``.
+_FILE_RE = re.compile(r"^(?P<key>(?P<name>.+)-(?P<hash>[0-9a-f]{64}))(?:-(?P<suffix>cache|atime))?$")
+#: The ``-<sha256 hex>`` before a ``-cache``/``-atime`` suffix (matched in place: fast).
+_HASH_TAIL = re.compile(r"-[0-9a-f]{64}")
+#: Temporary files in a JAX folder: :func:`write_atime`'s (``.<key>-atime.<pid>.<hex>.tmp``,
+#: and the fixed ``.<key>-atime.tmp`` of earlier gpu-cache versions). JAX writes none; prune
+#: removes them once stale.
+_TEMP_RE = re.compile(r"^\..+\.tmp$")
+#: Verification stops (and calls the entry broken) past this many decompressed bytes, or
+#: :data:`VERIFY_MAX_RATIO` times the compressed size when that is larger. A compiled
+#: executable compresses 2-5x; a decompression bomb (zlib up to 1032x, zstd far more) is cut
+#: off here after about a second of work, without ever holding more than a chunk.
+VERIFY_MAX_PLAIN = 512 << 20
+VERIFY_MAX_RATIO = 64
+#: Output per decompression step; zstd input is fed in steps this small because one zstd
+#: block of 4 input bytes can stand for 128 KiB of output.
+_PLAIN_STEP = 1 << 20
+_ZSTD_INPUT_STEP = 1 << 10
+_ZLIB_TYPE = type(zlib.decompressobj())
+
+
+@dataclass
+class JaxEntry:
+    """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
+
+    ``problem`` says why it is broken (then pruning removes it whatever its age): an empty
+    ``-cache`` file (a full disk), one that does not decompress (truncated by a full disk
+    or a killed writer; checked only when scanning with ``verify_after``), or an ``-atime``
+    without its ``-cache``. ``needs_atime`` marks a ``-cache`` without ``-atime`` in a
+    size-capped cache: JAX reads every ``-atime`` when it evicts, so such an entry makes
+    every later write fail until it is repaired. ``last_use_source`` says where
+    ``last_use`` came from (see :func:`scan`).
+
+    The paths are kept as text (``cache_file``, ``atime_file``; a million ``Path`` objects
+    cost a second); ``cache_path`` and ``atime_path`` give them as paths.
+    """
+
+    key: str
+    name: str
+    cache_file: str | None
+    atime_file: str | None
+    size: int
+    last_use: float
+    problem: str | None
+    needs_atime: bool = False
+    last_use_source: str = "mtime"
+
+    @property
+    def cache_path(self) -> Path | None:
+        return None if self.cache_file is None else Path(self.cache_file)
+
+    @property
+    def atime_path(self) -> Path | None:
+        return None if self.atime_file is None else Path(self.atime_file)
+
+    @atime_path.setter
+    def atime_path(self, value: str | os.PathLike[str] | None) -> None:
+        self.atime_file = None if value is None else os.fspath(value)
+
+
+def _read_atime(path: str, info: os.stat_result) -> float | None:
+    try:
+        data = safe_io.read_known(path, 8, info)
+    except OSError:  # gone, unreadable, not a regular file, more than 8 bytes
+        return None
+    if len(data) != 8:
+        return None
+    return int.from_bytes(data, "little") / 1e9
+
+
+#: The value a record keeps for an ``-atime`` file that holds no time (not 8 bytes).
+_NO_TIME = (1 << 64) - 1
+
+
+def _recorded_atime(key: str, path: str, info: os.stat_result,
+                    record: verified.Record | None) -> float | None:
+    """The time in an ``-atime`` file, from ``record`` when it read this very file before
+    (same inode, size, mtime and ctime: JAX rewrites the file on every use, which changes
+    them), else read and recorded."""
+    if record is None or not stat.S_ISREG(info.st_mode):
+        return _read_atime(path, info)
+    digest = verified.digest(2, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    known = record.get(digest)
+    if known is not None:
+        return None if known == _NO_TIME else known / 1e9
+    when = _read_atime(path, info)
+    if when is not None:
+        record.put(digest, int(when * 1e9) & _NO_TIME)
+    return when
+
+
+def _zstd_decompressor() -> Any:
+    """A streaming zstd decompressor of the library JAX itself would use, or None."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
+
+        return zstd.ZstdDecompressor()
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _inflate(chunks: Iterator[bytes], decompressor: Any, limit: int) -> int:
+    """Feed ``chunks`` through ``decompressor`` and count the output, holding at most one
+    bounded piece of it at a time; stop at the end of the stream or past ``limit`` bytes."""
+    total = 0
+    takes_max_length = isinstance(decompressor, _ZLIB_TYPE) or hasattr(decompressor, "needs_input")
+    for chunk in chunks:
+        if takes_max_length:  # zlib, compression.zstd
+            data = chunk
+            while True:
+                out = decompressor.decompress(data, _PLAIN_STEP)
+                total += len(out)
+                if decompressor.eof or total > limit:
+                    return total
+                data = getattr(decompressor, "unconsumed_tail", b"")
+                if not data and not out:
+                    break  # this chunk is used up and nothing is pending
+        else:  # zstandard's decompressobj has no max_length: feed it small pieces instead
+            for start in range(0, len(chunk), _ZSTD_INPUT_STEP):
+                total += len(decompressor.decompress(chunk[start:start + _ZSTD_INPUT_STEP]))
+                if decompressor.eof or total > limit:
+                    return total
+    return total
+
+
+def undecompressable(path: Path) -> str | None:
+    """Why the ``-cache`` file at ``path`` cannot be what JAX wrote, or None.
+
+    JAX compresses with zstd when ``zstandard`` (or Python 3.14's ``compression.zstd``) is
+    importable, else with zlib, and puts a 4-byte compile time before the executable. A zstd
+    entry is only checked where a zstd library is installed (elsewhere JAX would never look it
+    up: the compression is part of the key). The file is streamed: never more than a chunk of
+    it or of its output is held, and the output is bounded (:data:`VERIFY_MAX_PLAIN`). A stream
+    that ends before its end marker (zlib) or its frame's last block (zstd) is truncated; so is
+    a zstd frame that gives fewer bytes than its header announces.
+    """
+    try:
+        size = os.lstat(path).st_size
+        chunks = safe_io.iter_chunks(path)
+        first = next(chunks, b"")
+    except safe_io.NotRegularFile as exc:
+        return f"-cache is {exc.what}, not a regular file"
+    except OSError:
+        return None  # gone or unreadable: not this check's business
+    limit = max(VERIFY_MAX_PLAIN, VERIFY_MAX_RATIO * size)
+    expected: int | None = None
+    if first.startswith(_ZSTD_MAGIC):
+        decompressor = _zstd_decompressor()
+        if decompressor is None:
+            return None
+        try:
+            import zstandard  # type: ignore[import-not-found]
+
+            announced = zstandard.get_frame_parameters(first[:18]).content_size
+            expected = announced if 0 <= announced < 1 << 62 else None
+        except Exception:  # noqa: BLE001 - no zstandard, or a header it cannot parse
+            expected = None
+    else:
+        decompressor = zlib.decompressobj()
+    try:
+        total = _inflate(_prepend(first, chunks), decompressor, limit)
+    except Exception as exc:  # noqa: BLE001 - zlib.error, zstandard.ZstdError: both mean corrupt
+        return f"-cache file does not decompress ({type(exc).__name__}: {exc})"
+    finally:
+        chunks.close()
+    if total > limit:
+        return (f"-cache file decompresses to more than {limit} bytes from {size} "
+                "(a decompression bomb?)")
+    if not getattr(decompressor, "eof", True) or (expected is not None and total != expected):
+        return "truncated -cache file (the writer ran out of space or was killed)"
+    if total <= 4:
+        return "-cache file holds no executable"
+    return None
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+#: An ``-atime`` file whose mtime is further than this from the time it holds was copied or
+#: restored without its times (JAX writes the file and its content at once); its content is
+#: then the only true last use. (Generous: a network filesystem's server clock may differ.)
+COPIED_TOLERANCE_SECONDS = 300.0
+COPIED = "-atime (file times ignored: copied without them)"
+
+
+def scan(folder: Path | str, verify_after: float | None = None,
+         temp_grace: float | None = None, record: verified.Record | None = None) -> list[JaxEntry]:
+    """All entries in a JAX cache folder (missing folder: none). With ``verify_after`` (a
+    time), each ``-cache`` file modified after it and older than
+    :data:`WRITE_GRACE_SECONDS` is decompressed to find broken ones. With ``temp_grace``
+    (seconds), temporary files of an interrupted prune older than that are listed too, as
+    broken entries. Never raises for races: a file that disappears while scanning is skipped.
+
+    ``record`` (:class:`gpu_cache.core.verified.Record` of this folder): what earlier scans read or
+    verified; an entry verified whole before (same name, inode and size: JAX never rewrites
+    an entry) is not decompressed again, and an ``-atime`` file read before (same inode, size,
+    mtime and ctime) is not read again. What this scan learns is added to it.
+
+    Last use: where JAX keeps an ``-atime`` record (a size cap), the time it holds. When the
+    ``-atime`` file's own mtime agrees with it, the files' times are trusted too (the newest
+    wins: the startup hook marks a hit in the ``-cache`` mtime even where JAX runs without a
+    cap); when it does not (a copy or restore without times made every mtime "now"), the
+    recorded time alone counts. Without an ``-atime``, the newest mtime.
+
+    A ``-cache`` or ``-atime`` name that is not a regular file (a symlink, a FIFO, a device,
+    a folder) makes its entry broken; it is never opened or followed.
+    """
+    folder_text = os.fspath(folder)
+    caches: list[tuple[str, str, os.stat_result]] = []  # (key, path, lstat): a list is cheaper
+    atimes: dict[str, tuple[str, os.stat_result]] = {}
+    plain: dict[str, tuple[str, os.stat_result]] = {}  # jax 0.4.30's <key> without a suffix
+    temps: list[JaxEntry] = []
+    now = time.time()
+    match = _FILE_RE.match
+    tail = _HASH_TAIL.fullmatch
+    try:
+        listing = os.scandir(folder_text)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    with listing:
+        for item in listing:
+            name = item.name
+            size = len(name)
+            # The common names by slicing (a third of the regular expression's cost); the
+            # "-<sha256 hex>" before the suffix is checked once per key, below.
+            suffix = name[-5:]
+            if size > 71 and (suffix == "cache" or suffix == "atime") and name[-6] == "-":
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if suffix == "cache":
+                    caches.append((name[:-6], item.path, info))
+                else:
+                    atimes[name[:-6]] = (item.path, info)
+                continue
+            found = match(name)
+            if found is None:
+                if temp_grace is not None and _TEMP_RE.match(name):
+                    try:
+                        info = item.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if now - info.st_mtime >= temp_grace:
+                        temps.append(JaxEntry(
+                            key=name, name="(temporary)", cache_file=None, atime_file=item.path,
+                            size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
+                            last_use=info.st_mtime,
+                            problem="stale temporary file of an interrupted prune"))
+                continue
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            key, suffix = found.group("key", "suffix")
+            (atimes if suffix == "atime" else plain)[key] = (item.path, info)
+    if plain:  # one entry per key: a <key>-cache name wins over a plain <key>
+        named = {key for key, _path, _info in caches}
+        caches += [(key, path, info) for key, (path, info) in plain.items() if key not in named]
+    # JAX keeps -atime files and a .lockfile only with a size cap; a lone -atime proves nothing.
+    capped = os.path.lexists(os.path.join(folder_text, LOCK_NAME)) \
+        or (bool(atimes) and any(key in atimes for key, _path, _info in caches))
+    young = time.time() - WRITE_GRACE_SECONDS
+    entries = []
+    isreg = stat.S_ISREG
+    for key, path, info in caches:
+        atime = atimes.pop(key, None) if atimes else None
+        if not tail(key, len(key) - 65):
+            continue  # "...-cache" without a hash before it: not JAX's
+        if not isreg(info.st_mode) or (atime is not None and not isreg(atime[1].st_mode)):
+            entries.append(_pair(key, (path, info), atime, verify_after, young, record, capped))
+            continue
+        # Regular files (the common case, kept short): see _pair for the general one.
+        size = info.st_size
+        last_use = info.st_mtime
+        source = "mtime"
+        if atime is not None:
+            sidecar = atime[1]
+            size += sidecar.st_size
+            if sidecar.st_mtime > last_use:
+                last_use = sidecar.st_mtime
+            recorded = None
+            if record is not None:  # _recorded_atime, inlined: this runs once per entry
+                digest = hash((2, sidecar.st_ino, sidecar.st_size, sidecar.st_mtime_ns,
+                               sidecar.st_ctime_ns)) & _NO_TIME
+                known = record.known.get(digest)
+                if known is not None:
+                    if record.complete:
+                        record.kept[digest] = known
+                    recorded = None if known == _NO_TIME else known / 1e9
+            if recorded is None:
+                recorded = _recorded_atime(key, atime[0], sidecar, record)
+            if recorded is not None:
+                if abs(sidecar.st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
+                    last_use, source = recorded, COPIED
+                else:
+                    last_use, source = max(last_use, recorded), "-atime"
+        if info.st_size == 0:
+            problem: str | None = "empty -cache file (written while the disk was full)"
+        elif verify_after is not None and verify_after < info.st_mtime < young:
+            problem = _verify(key, path, info, record)
+        else:
+            problem = None
+        entries.append(JaxEntry(key, key[:-65], path, None if atime is None else atime[0], size,
+                                last_use, problem, capped and atime is None and problem is None,
+                                source))
+    for key, atime in atimes.items():  # -atime files without their -cache
+        if not tail(key, len(key) - 65):
+            continue
+        entries.append(_pair(key, None, atime, verify_after, young, record, capped))
+    return entries + temps
+
+
+def _pair(key: str, cache: tuple[str, os.stat_result] | None, atime: tuple[str, os.stat_result] | None,
+          verify_after: float | None, young: float, record: verified.Record | None,
+          capped: bool) -> JaxEntry:
+    """One entry with an ``-atime`` half, or whose ``-cache`` is not a regular file."""
+    problem = None
+    size = 0
+    last_use = 0.0
+    source = "mtime"
+    for part, suffix in ((cache, "cache"), (atime, "atime")):
+        if part is not None:
+            info = part[1]
+            if stat.S_ISREG(info.st_mode):
+                size += info.st_size
+            else:
+                odd = f"-{suffix} is {safe_io.describe(info.st_mode)}, not a regular file"
+                problem = odd if problem is None else f"{odd}; {problem}"
+            if info.st_mtime > last_use:
+                last_use = info.st_mtime
+    if atime is not None and problem is None:
+        recorded = _recorded_atime(key, atime[0], atime[1], record)
+        if recorded is not None:
+            if abs(atime[1].st_mtime - recorded) > COPIED_TOLERANCE_SECONDS:
+                last_use, source = recorded, COPIED
+            else:
+                last_use, source = max(last_use, recorded), "-atime"
+    if problem is not None:
+        pass
+    elif cache is None:
+        problem = "-atime without -cache"
+    elif cache[1].st_size == 0:
+        problem = "empty -cache file (written while the disk was full)"
+    elif verify_after is not None and verify_after < cache[1].st_mtime < young:
+        problem = _verify(key, cache[0], cache[1], record)
+    return JaxEntry(key, key[:-65], cache[0] if cache else None, atime[0] if atime else None, size,
+                    last_use, problem, capped and cache is not None and atime is None and problem is None,
+                    source)
+
+
+def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
+    """:func:`undecompressable`, skipped for an entry that ``record`` says was verified whole
+    (same name, inode and size); a whole one is recorded."""
+    if record is None:
+        return undecompressable(path)
+    digest = verified.digest(1, int(key[-16:], 16), info.st_ino, info.st_size)  # key: <name>-<hex>
+    if record.get(digest) is not None:
+        return None
+    problem = undecompressable(path)
+    if problem is None:
+        record.put(digest, 1)
+    return problem
+
+
+def write_atime(folder: Path, entry: JaxEntry) -> None:
+    """Give a lone ``-cache`` its ``-atime`` (its last use), so a capped JAX can evict again.
+
+    Written to a new, uniquely named temporary file and renamed into place: a name planted
+    in the folder is never written through.
+
+    Raises:
+        OSError: the sidecar cannot be written.
+    """
+    path = folder / f"{entry.key}{ATIME_SUFFIX}"
+    safe_io.replace_file(path, int(entry.last_use * 1e9).to_bytes(8, "little"))
+    entry.atime_path = path
+
+
+def repair_lockfile(folder: Path) -> str | None:
+    """Remove a ``.lockfile`` that is not a regular file (a symlink, FIFO or device planted
+    there: JAX's ``filelock`` before 4.x opens it with ``O_TRUNC``, following a symlink, and
+    would truncate its target in every capped job). JAX makes a regular one on its next use.
+    Returns what was removed, in words, or None.
+
+    Raises:
+        OSError: it cannot be removed.
+    """
+    path = folder / LOCK_NAME
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return None
+    _unlink(path)
+    return f"{LOCK_NAME} was {safe_io.describe(info.st_mode)}"
+
+
+def _unlink(path: str | os.PathLike[str]) -> None:
+    """Remove one name of an entry, never following it (a folder planted there goes too)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)  # fd-based: never follows a symlink inside
+
+
+def remove(folder: Path, entry: JaxEntry) -> None:
+    """Delete one entry as a whole: ``-cache`` first, then ``-atime``.
+
+    In that order a crash between the two leaves only a lone ``-atime``, which JAX ignores
+    and the next prune removes; the reverse would leave a lone ``-cache`` that breaks every
+    later write of a size-capped cache. When the cache has JAX's ``.lockfile``, the removal
+    holds it, so a capped reader never sees half an entry (a ``.lockfile`` that is not a
+    regular file is removed, never followed, and JAX makes a new one).
+
+    Raises:
+        OSError: a file could not be removed (other than already being gone).
+    """
+    with safe_io.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
+        for path in (entry.cache_file, entry.atime_file):
+            if path is not None:
+                _unlink(path)

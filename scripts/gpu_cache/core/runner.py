@@ -1,0 +1,376 @@
+"""The workload runner: runs one pass over a GPU type's workloads in fresh processes and
+reports what it did to the caches.
+
+It runs inside the jobs' own software: the workflow starts it in the GPU type's container
+image or conda environment (through Snakemake's ``container:``/``conda:``), so what warms
+and validates the cache is the Python, jax and triton the jobs will run. It therefore needs
+only the standard library, on Python 3.9 or later; the host (``gpu-cache warm``/``validate``)
+builds its plan and judges its result.
+
+``python -m gpu_cache.core.runner --plan-json JSON --output FILE [--log FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, safe_io, software
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PhaseResult, RunResult
+
+log = logging.getLogger(__name__)
+_OUTPUT_LOCK = threading.Lock()  # one run's output at a time into the log
+
+
+@dataclass(frozen=True)
+class Command:
+    """One workload run: its name, shape, shell command template ({python}, {shape} and
+    {gpu_type} are filled in here) and how long it may take."""
+
+    workload: str
+    shape: Any
+    template: str
+    timeout_seconds: float
+    builtin: bool = False
+    expects: tuple[str, ...] = ()  # the cache kinds it compiles for
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pass over a GPU type's workloads, as the host planned it.
+
+    ``environ``: variables set for the workloads on top of the runner's own environment (the
+    run id, the GPU type, the rule name for records); ``record``: count hits and misses from
+    the startup hook's records (off for the cold pass); ``python``: the interpreter that
+    ``{python}`` names (None: the runner's own, i.e. the job's); ``parallel``: runs at once;
+    ``reuse``: a cold pass reuses its last measurement of the same inputs, and a warm pass is
+    skipped when the last validation of the same inputs passed (see :func:`fingerprint`).
+    """
+
+    phase: str
+    gpu_type: str
+    commands: tuple[Command, ...]
+    environ: dict[str, str] = field(default_factory=dict)
+    record: bool = True
+    python: str | None = None
+    parallel: int = 1
+    reuse: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "gpu_type": self.gpu_type,
+                "commands": [vars(c) for c in self.commands], "environ": self.environ,
+                "record": self.record, "python": self.python, "parallel": self.parallel,
+                "reuse": self.reuse}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Raises: KeyError, TypeError, ValueError: not a plan."""
+        return cls(str(data["phase"]), str(data["gpu_type"]),
+                   tuple(Command(**{**c, "expects": tuple(c.get("expects") or ())})
+                         for c in data["commands"]),
+                   {str(k): str(v) for k, v in dict(data.get("environ") or {}).items()},
+                   bool(data.get("record", True)), data.get("python"),
+                   max(0, int(data.get("parallel", 1))), bool(data.get("reuse", False)))
+
+
+def shell_command(command: Command, python: str, gpu_type: str) -> str:
+    """The command line of one run: the template with shell-quoted values filled in.
+
+    Raises:
+        KeyError, IndexError, ValueError: the template names another placeholder.
+    """
+    import shlex
+
+    return command.template.format_map({"shape": shlex.quote(str(command.shape)),
+                                        "python": shlex.quote(python),
+                                        "gpu_type": shlex.quote(gpu_type)})
+
+
+def run_command(command: Command, line: str, environ: Mapping[str, str], output: TextIO) -> RunResult:
+    """Run one command line in a fresh shell, its output appended to ``output``; the whole
+    process group is stopped when the command's timeout passes."""
+    env = dict(environ)
+    if command.builtin:  # built-in workloads are modules of this package
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([*parts, str(PACKAGE_PARENT)])
+    output.write(f"$ {line}\n")
+    output.flush()
+    started = time.perf_counter()
+    process = subprocess.Popen(["bash", "-c", line], env=env, stdout=output, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        returncode: int | None = process.wait(timeout=command.timeout_seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        returncode = None
+    seconds = time.perf_counter() - started
+    output.write(f"# exit {returncode} after {seconds:.2f} s\n")
+    output.flush()
+    return RunResult(command.workload, command.shape, seconds, returncode)
+
+
+def cache_root_of(environ: Mapping[str, str]) -> Path | None:
+    """The cache root the job's environment names (None: caching off or not set)."""
+    root = environ.get("GPU_CACHE_ROOT")
+    return Path(root) if root and root != "none" and os.path.isabs(root) else None
+
+
+def broken_since(cache_root: Path | None, since: float) -> list[str]:
+    """A problem line when JAX entries written since ``since`` are empty or truncated (a
+    full disk or a killed writer; JAX itself never repairs them). Entries younger than
+    :data:`jax_cache.WRITE_GRACE_SECONDS` are not checked (they may be mid-write)."""
+    if cache_root is None:
+        return []
+    try:
+        found = [e for e in jax_cache.scan(kinds.KINDS["jax"].folder(cache_root), since - 1.0)
+                 if e.problem]
+    except OSError:
+        return []  # unreadable: the cache environment reported the folder already
+    if not found:
+        return []
+    return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
+            "is the disk full? `gpu-cache doctor --fix` or the next prune removes them"]
+
+
+def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None = None) -> PhaseResult:
+    """The result of a pass that ran no workload because its job could not run on a node
+    of its GPU type (``why``), as the workflow asks on a later attempt of an optional type."""
+    environ = dict(os.environ if environ is None else environ)
+    root = cache_root_of(environ)
+    return PhaseResult(plan.phase, plan.gpu_type, f"{plan.phase}-{plan.gpu_type}-unscheduled",
+                       device=device.detect(environ).as_dict(), software=software.identity(environ),
+                       job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
+                       cache_root=str(root) if root else None, unscheduled=why)
+
+
+def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[str, Any]) -> str:
+    """What a measurement or a verdict depends on: the GPU type, its runs (workload, shape,
+    command), the software and the device. Passes of one type share it, whatever the phase."""
+    import hashlib
+
+    inputs = {"gpu_type": plan.gpu_type, "python": plan.python,
+              "runs": [[c.workload, str(c.shape), c.template] for c in plan.commands],
+              "software": dict(software_identity), "device": dict(seen)}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def state_file(root: Path | None, what: str, key: str) -> Path | None:
+    """Where a measurement or verdict of these inputs is kept: ``<root>/state/<what>-<key>.json``
+    (small files, one per set of inputs; not a cache kind)."""
+    return root / "state" / f"{what}-{key}.json" if root is not None else None
+
+
+def _reused(plan: Plan, path: Path | None, result: PhaseResult) -> PhaseResult | None:
+    """The stored result of an earlier pass of the same inputs, or None."""
+    if not plan.reuse or path is None:
+        return None
+    try:
+        earlier = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
+    except (OSError, ValueError, UsageError):
+        return None
+    earlier.run_id, earlier.reused = result.run_id, str(path)
+    return earlier
+
+
+def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO) -> list[RunResult]:
+    """The plan's runs, ``plan.parallel`` at a time, each one's output kept apart and appended
+    to ``output`` in order when it ends."""
+    total = len(plan.commands)
+
+    def one(number: int, command: Command) -> RunResult:
+        where = f"{plan.phase} [{plan.gpu_type}] {number}/{total}: {command.workload} shape={command.shape}"
+        log.info("%s ...", where)
+        with tempfile.TemporaryFile("w+", errors="replace") as own:
+            run = run_command(command, shell_command(command, python, plan.gpu_type), env, own)
+            if not run.ok:
+                run = replace(run, error=last_line(own))
+            own.seek(0)
+            with _OUTPUT_LOCK:
+                shutil.copyfileobj(own, output)
+                output.flush()
+        status = "ok" if run.ok else ("timed out" if run.returncode is None else f"exit {run.returncode}")
+        log.info("%s: %.1f s, %s", where, run.seconds, status)
+        return run
+
+    if plan.parallel <= 1 or total <= 1:
+        return [one(n, c) for n, c in enumerate(plan.commands, 1)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(plan.parallel, total)) as pool:
+        return list(pool.map(one, range(1, total + 1), plan.commands))
+
+
+def last_line(stream: TextIO, tail: int = 4096) -> str | None:
+    """The last line of a run's output that is not gpu-cache's own ``# exit`` note."""
+    stream.seek(0, os.SEEK_END)
+    stream.seek(max(0, stream.tell() - tail))
+    lines = [line.strip() for line in stream.read().splitlines()]
+    text = [line for line in lines if line and not line.startswith(("# exit", "$ "))]
+    return text[-1][:300] if text else None
+
+
+def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = None) -> PhaseResult:
+    """Run every command of ``plan`` in fresh processes with ``environ`` (default: this
+    process's) plus the plan's variables, and report what the caches saw."""
+    environ = dict(os.environ if environ is None else environ)
+    # Tells this pass's records apart from all others (made here: a plan is the same each time).
+    run_id = f"{plan.phase}-{plan.gpu_type}-{uuid.uuid4().hex[:12]}"
+    child_env = dict(environ, **plan.environ, GPU_CACHE_RUN_ID=run_id)
+    if not plan.record:
+        child_env.pop("GPU_CACHE_RECORDS", None)
+    # Several JAX processes may share a GPU (shapes side by side, the host's jobs beside
+    # gpu-cache's): none may take 75% of its memory at start. Not part of any cache key.
+    child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    root = cache_root_of(environ)
+    python = plan.python or sys.executable
+    identity, seen = software.identity(environ), device.detect(environ).as_dict()
+    key = fingerprint(plan, identity, seen)
+    result = PhaseResult(plan.phase, plan.gpu_type, run_id, device=seen, software=identity,
+                         job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
+                         cache_root=str(root) if root else None,
+                         expects=sorted({kind for c in plan.commands for kind in c.expects}),
+                         fingerprint=key)
+    if plan.phase == "cold":
+        earlier = _reused(plan, state_file(root, "cold", key), result)
+        if earlier is not None:
+            log.info("cold [%s]: reusing the measurement of the same inputs (%s)", plan.gpu_type,
+                     earlier.reused)
+            return earlier
+    if plan.phase == "warm" and plan.reuse and still_valid(root, state_file(root, "passed", key)):
+        result.skipped = ("the last validation of the same workloads, shapes, software and device "
+                          "passed, and every entry it hit is still there: validation re-checks")
+        log.info("warm [%s]: skipped: %s", plan.gpu_type, result.skipped)
+        return result
+    before = kinds.snapshot(root)
+    started, wall = time.perf_counter(), time.time()
+    result.runs = _run_all(plan, python, child_env, output)
+    result.seconds = time.perf_counter() - started
+    after = kinds.snapshot(root)
+    result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
+    if plan.record and root is not None and "GPU_CACHE_RECORDS" in child_env:
+        found = list(hook_records.read(Path(child_env["GPU_CACHE_RECORDS"]), run_id))
+        result.recorded = hook_records.totals(found)
+    if plan.phase == "warm" and environ.get("JAX_ENABLE_COMPILATION_CACHE") != "false":
+        time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
+        result.broken = broken_since(root, wall)
+    if plan.phase == "cold" and not result.failures():
+        save_state(state_file(root, "cold", key), result.as_dict())
+    return result
+
+
+def still_valid(root: Path | None, marker: Path | None) -> bool:
+    """Whether a passed verdict's marker exists and every entry its validation hit is still in
+    the cache (a prune since then makes the warm step run again)."""
+    if root is None or marker is None:
+        return False
+    try:
+        keys = json.loads(safe_io.read_bounded(marker, 16 << 20))["keys"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    jax_folder, triton_folder = kinds.KINDS["jax"].folder(root), kinds.KINDS["triton"].folder(root)
+    present = {
+        "jax": lambda k: (jax_folder / f"{k}-cache").is_file() or (jax_folder / k).is_file(),
+        "triton": lambda k: (triton_folder / k).is_dir(),
+    }
+    return isinstance(keys, dict) and bool(keys) and all(
+        kind in present and isinstance(found, list) and all(present[kind](str(k)) for k in found)
+        for kind, found in keys.items())
+
+
+def save_state(path: Path | None, document: Mapping[str, Any]) -> None:
+    """Keep a small state file; a root that cannot take it only loses the reuse."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(exist_ok=True)
+        safe_io.replace_file(path, (json.dumps(document, default=str) + "\n").encode())
+    except OSError as exc:  # an unusable root, which the cache environment has reported
+        log.debug("cannot keep %s (%s): the next run measures again", path, exc.strerror or exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the plans given as JSON, one after the other; write the result as JSON: one plan's
+    result, or with several a mapping from each plan's phase to its result. Exit 2 for a bad
+    plan."""
+    parser = argparse.ArgumentParser(prog="python -m gpu_cache.core.runner",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan-json", required=True, action="append", help="a plan, as gpu-cache made it")
+    parser.add_argument("--output", required=True, help="write the JSON result here")
+    parser.add_argument("--log", help="append the workloads' output here (default: stderr)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="the job's threads: runs at once where a plan leaves it open")
+    parser.add_argument("--unscheduled", metavar="WHY",
+                        help="run no workload: write each plan's result as unscheduled, for WHY")
+    args = parser.parse_args(argv)
+    try:
+        plans = [with_threads(Plan.from_dict(json.loads(text)), args.threads) for text in args.plan_json]
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"gpu-cache runner: error: not a plan: {exc!r}", file=sys.stderr)
+        return 2
+    output = open(args.log, "a") if args.log else sys.stderr  # noqa: SIM115 - stderr is not ours to close
+    try:
+        results = {}
+        for plan in plans:
+            if args.unscheduled:
+                output.write(f"# {plan.phase} [{plan.gpu_type}]: no workload run: {args.unscheduled}\n")
+                results[plan.phase] = unscheduled_result(plan, args.unscheduled).as_dict()
+                continue
+            environ = None
+            if plan.phase == "cold":
+                scratch = tempfile.mkdtemp(prefix="gpu-cache-cold-")
+                environ = cold_environ(os.environ, Path(scratch))
+            try:
+                results[plan.phase] = run_plan(plan, output, environ).as_dict()
+            finally:
+                if environ is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        if output is not sys.stderr:
+            output.close()
+    target = Path(args.output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    document = results[plans[0].phase] if len(plans) == 1 else results
+    temp.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    os.replace(temp, target)
+    return 0
+
+
+def with_threads(plan: Plan, threads: int) -> Plan:
+    """``plan`` with its open parallelism (0) set to the job's threads."""
+    return plan if plan.parallel else replace(plan, parallel=max(1, threads))
+
+
+def cold_environ(environ: Mapping[str, str], scratch: Path) -> dict[str, str]:
+    """``environ`` with every cache off or in the empty ``scratch``: the honest cold baseline."""
+    environ = dict(environ)
+    environ.pop("GPU_CACHE_RECORDS", None)
+    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+        if kind.switch_off is not None:
+            environ[kind.switch_off[0]] = kind.switch_off[1]
+        else:
+            environ[kind.env_var] = str(kind.folder(scratch))
+    environ["CUDA_CACHE_DISABLE"] = "1"  # the driver's cache could serve PTX from earlier runs
+    return environ
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,361 @@
+"""The cache environment every job gets, and how it is applied without overriding the user.
+
+A variable the user set explicitly wins and is reported. A variable gpu-cache set earlier
+in the same process tree (listed in ``GPU_CACHE_MANAGED``) is gpu-cache's own and may be
+set again, e.g. when a workflow's config names another cache root than the profile did.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpu_cache.config.settings import Settings
+from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds
+from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
+from gpu_cache.jobenv import trust
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem
+
+#: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
+CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
+#: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
+SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
+SEED_VAR = "GPU_CACHE_TRITON_SEED"
+MANAGED_VAR = "GPU_CACHE_MANAGED"
+WARNED_VAR = "GPU_CACHE_WARNED"
+#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off) and how
+#: long a waiter waits, in seconds.
+LOCKS_VAR = "GPU_CACHE_LOCKS"
+LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+#: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
+LOCKS_FOLDER = "locks"
+
+
+@dataclass
+class Exports:
+    """The resolved environment.
+
+    ``values`` is what gpu-cache sets; ``kept`` maps each variable the user set to
+    ``(their value, the value gpu-cache would have set)``; ``problems`` says, per cache
+    kind, why it runs without its cache or on a node-local fallback; ``adjusted`` says, per
+    kind, which setting gpu-cache changed from the config to keep the cache safe; ``checks``
+    holds the probe of each kind's folder under the root (kinds the user pointed elsewhere
+    are not probed).
+    """
+
+    values: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, tuple[str, str]] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    adjusted: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    checks: dict[str, FolderCheck] = field(default_factory=dict)
+    root_problem: str | None = None
+    single_flight: dict[str, object] = field(default_factory=dict)
+
+    def messages(self) -> list[str]:
+        """One line per thing the user should know, for warnings; a cache root that cannot
+        be used at all is one line for every kind."""
+        lines = []
+        problems = dict(self.problems)
+        prefix = f"{self.root_problem}; " if self.root_problem else None
+        alike = [kind for kind, why in problems.items() if prefix and why.startswith(prefix)]
+        if prefix and alike:  # "jax: <why>; jax runs without ...; triton: using node-local ..."
+            first = alike[0]
+            lines.append("; ".join([f"{first}: {problems.pop(first)}",
+                                    *(f"{kind}: {problems.pop(kind)[len(prefix):]}" for kind in alike[1:])]))
+        lines += [f"{kind}: {why}" for kind, why in problems.items()]
+        lines += [f"{kind}: {why}" for kind, why in self.adjusted.items()]
+        lines += self.warnings
+        lines += [f"keeping your {name}={theirs!r} (gpu-cache would set {ours!r})"
+                  for name, (theirs, ours) in self.kept.items()]
+        return lines
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "exports": dict(self.values),
+            "kept": {name: {"yours": t, "gpu_cache": o} for name, (t, o) in self.kept.items()},
+            "problems": dict(self.problems),
+            "adjusted": dict(self.adjusted),
+            "warnings": list(self.warnings),
+            "single_flight": dict(self.single_flight),
+        }
+
+
+def managed_names(environ: Mapping[str, str]) -> set[str]:
+    """Names gpu-cache itself set earlier in this process tree."""
+    return {name for name in environ.get(MANAGED_VAR, "").split(",") if name}
+
+
+def _user_set(name: str, environ: Mapping[str, str]) -> bool:
+    return name in environ and name not in managed_names(environ)
+
+
+def node_local_fallback(kind: str) -> Path:
+    """A per-user folder on local disk for a kind whose shared folder cannot be used."""
+    return Path(tempfile.gettempdir()) / f"gpu-cache-{os.getuid()}" / kind
+
+
+def check_kind(settings: Settings, kind: str) -> FolderCheck:
+    """Probe one kind's folder under the (set) cache root, as the settings ask: created
+    group-shared in shared-group mode, trusted from the root down, with enough free space."""
+    assert settings.cache_root is not None
+    return check_folder(kinds.KINDS[kind].folder(settings.cache_root),
+                        shared_group=settings.shared_group, min_free=settings.min_free_space,
+                        trusted_above=settings.cache_root)
+
+
+@dataclass
+class _Placement:
+    """Where one kind's cache goes: variables to set, and why it is not the shared folder."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    problem: str | None = None
+    adjusted: str | None = None
+    xla_caches_off: bool = False  # XLA's own caches must stay off (a network filesystem)
+
+
+def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> _Placement:
+    """Decide where ``kind`` caches, from the probe of its folder under ``root``."""
+    folder = kind.folder(root)
+    problem = check.problem
+    if problem is None and check.read_only:
+        if kind.read_only is ReadOnlyUse.READ:
+            pass  # the tool reads it and warns on each failed write
+        elif kind.read_only is ReadOnlyUse.SEED:
+            fallback = node_local_fallback(kind.name)
+            if check_folder(fallback, trusted_above=fallback.parent).problem is None:
+                return _Placement(
+                    {kind.env_var: str(fallback), SEED_VAR: str(folder),
+                     "TRITON_CACHE_MANAGER": SEED_MANAGER},
+                    adjusted=f"{folder} is read-only: its kernels are read as a seed, new ones "
+                             f"go to node-local {fallback}")
+            problem = f"{folder} is read-only and its node-local fallback failed"
+        else:
+            problem = f"{folder} is read-only and {kind.name} fails when it cannot write"
+    if problem is None:
+        placed = _Placement({kind.env_var: str(folder)})
+        if kind.name == "jax" and check.network and xla_caches != "none":
+            placed.adjusted = (
+                f"{folder} is on {check.fs_type}, where XLA's autotune cache fails atomic renames "
+                f"and crashes; exporting JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none instead of "
+                f"{xla_caches!r}")
+            placed.xla_caches_off = True
+        return placed
+    if kind.switch_off is not None:
+        name, value = kind.switch_off
+        return _Placement({name: value}, problem=f"{problem}; {kind.name} runs without its "
+                                                 "persistent cache")
+    fallback = node_local_fallback(kind.name)
+    local = check_folder(fallback, trusted_above=fallback.parent)
+    if local.problem is None:
+        return _Placement({kind.env_var: str(fallback)},
+                          problem=f"{problem}; using node-local {fallback} instead")
+    return _Placement(problem=f"{problem}; node-local fallback failed too: {local.problem}")
+
+
+def _place_locks(settings: Settings, root: Path, root_problem: str | None
+                 ) -> tuple[dict[str, str], dict[str, object], list[str]]:
+    """Where single-flight's lock files go: ``<root>/locks``, else (a read-only or unusable
+    root) a node-local folder; off where flock does not work in either. Returns the
+    variables, what doctor shows, and warnings."""
+    timeout = settings.single_flight.timeout_seconds
+    info: dict[str, object] = {"enabled": False, "locks": None, "timeout_seconds": timeout,
+                               "problem": None, "per_node": False}
+    if not settings.single_flight.enabled:
+        info["problem"] = "turned off in the config (single_flight.enabled: false)"
+        return {LOCKS_VAR: ""}, info, []
+    fallback = node_local_fallback(LOCKS_FOLDER)
+    places = [(fallback, fallback.parent, None)]
+    if root_problem is None:
+        places.insert(0, (root / LOCKS_FOLDER, root, settings.shared_group))
+    problems: list[str] = []
+    for folder, above, group in places:
+        check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
+        problem = check.problem or flock_problem(folder)
+        if problem:
+            problems.append(problem)
+            continue
+        warnings = []
+        if problems:
+            warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
+                            "so single-flight holds within this node only")
+        per_node = bool(problems) or check.network or check.family == "fuse"
+        if check.network or check.family == "fuse":
+            warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
+                            "within one node only (BeeGFS by default, Lustre with localflock): "
+                            "single-flight is per node there, and jobs on two nodes may compile "
+                            "the same key at once")
+        info.update(enabled=True, locks=str(folder), per_node=per_node)
+        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}"}, info, warnings
+    info["problem"] = problems[0]
+    return {LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
+                                   f"{'; '.join(problems)}"]
+
+
+def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
+    """Work out the exports for ``settings``; probes each cache folder (creates it).
+
+    Never raises for filesystem trouble: an unusable or untrusted folder is reported in
+    ``problems`` and that kind runs without a cache (JAX) or on a node-local folder (the
+    others, which cannot be switched off). On a network filesystem XLA's extra caches are
+    kept off whatever the config says (they fail atomic renames there and crash).
+    """
+    environ = os.environ if environ is None else environ
+    wanted: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    adjusted: dict[str, str] = {}
+    warnings: list[str] = []
+    checks: dict[str, FolderCheck] = {}
+    root_problem: str | None = None
+    xla_caches = settings.xla_caches
+    root = settings.cache_root
+    single_flight: dict[str, object] = {
+        "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
+        "problem": "caching is turned off", "per_node": False}
+    if root is None:
+        wanted["GPU_CACHE_ROOT"] = "none"
+        wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        problems["all"] = "caching is turned off (cache root 'none')"
+    else:
+        wanted["GPU_CACHE_ROOT"] = str(root)
+        root_check: FolderCheck | None = None
+        for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+            if not kind.enabled(settings):
+                continue
+            if _user_set(kind.env_var, environ):
+                wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
+                continue
+            if root_check is None:  # a root that cannot be made or trusted fails every kind alike
+                root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
+                                          trusted_above=root, probe=False)
+                root_problem = root_check.problem
+            check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
+            warnings += [f"{kind.name}: {line}" for line in check.warnings]
+            how = _place(kind, root, check, xla_caches)
+            wanted.update(how.values)
+            if how.problem:
+                problems[kind.name] = how.problem
+            if how.adjusted:
+                adjusted[kind.name] = how.adjusted
+            if how.xla_caches_off:
+                xla_caches = "none"
+        if "JAX_COMPILATION_CACHE_DIR" in wanted:
+            wanted["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+            wanted["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+            wanted["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = xla_caches
+        if "TRITON_CACHE_DIR" in wanted:
+            # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
+            wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
+        if settings.stats_hook and "jax" not in problems:
+            records = kinds.KINDS["records"]
+            wanted[records.env_var] = str(records.folder(root))
+        lock_values, single_flight, lock_warnings = _place_locks(settings, root, root_problem)
+        wanted.update(lock_values)
+        warnings += lock_warnings
+    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
+                      root_problem=root_problem, single_flight=single_flight)
+    for name, value in wanted.items():
+        if _user_set(name, environ) and environ[name] != value:
+            exports.kept[name] = (environ[name], value)
+        else:
+            exports.values[name] = value
+    hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
+        or kinds.KINDS["bytecode"].env_var in exports.values \
+        or bool(exports.values.get(LOCKS_VAR))  # the hook does single-flight
+    if hook_needed:
+        parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(HOOK_DIR) not in parts:
+            exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
+    if root is not None:
+        binds, skipped = container_binds([root, PACKAGE_PARENT], environ)
+        exports.values.update(binds)
+        exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
+                             "cannot hold ',' or ':'" for path in skipped]
+    return exports
+
+
+def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict[str, str], list[Path]]:
+    """``APPTAINER_BIND`` and ``SINGULARITY_BIND`` with the existing ``paths`` added (at the
+    same path inside), so that container jobs see the cache root and the startup hook; and
+    the paths that cannot be written in a bind list.
+
+    A host's own binds are kept: Apptainer adds ``APPTAINER_BIND`` and ``APPTAINER_BINDPATH``
+    up, so a host that sets ``*_BINDPATH`` (with ``os.environ.setdefault``, before or after
+    gpu-cache) is untouched, and one that set ``*_BIND`` first gets ours appended. (Apptainer
+    ignores ``SINGULARITY_X`` when ``APPTAINER_X`` is set, hence both, with the same value.)
+    """
+    listable = [p for p in paths if "," not in str(p) and ":" not in str(p)]
+    skipped = [p for p in paths if p not in listable]
+    usable = [p for p in listable if os.path.isdir(p)]  # Apptainer refuses to bind a missing path
+    out = {}
+    for name in CONTAINER_BIND_VARS:
+        entries = [e for e in environ.get(name, "").split(",") if e]
+        sources = {e.split(":", 1)[0] for e in entries}
+        missing = [str(p) for p in usable if str(p) not in sources]
+        if missing:
+            out[name] = ",".join(entries + missing)
+    return out, skipped
+
+
+def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:
+    """``GPU_CACHE_MANAGED`` once ``exports`` are applied over ``environ``: the names gpu-cache
+    set before and now (PYTHONPATH and the bind lists are merged, never owned)."""
+    merged = {"PYTHONPATH", *CONTAINER_BIND_VARS}
+    return ",".join(sorted(managed_names(environ) | (set(exports.values) - merged)))
+
+
+def apply(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``exports.values`` in ``environ`` (default ``os.environ``) and mark them as ours."""
+    environ = os.environ if environ is None else environ
+    managed = _managed_after(exports, environ)
+    environ.update(exports.values)
+    environ[MANAGED_VAR] = managed
+
+
+def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
+    """Print the exports' messages to stderr, once per process tree."""
+    environ = os.environ if environ is None else environ
+    lines = exports.messages()
+    if lines and environ.get(WARNED_VAR) != "1":
+        import logging  # (loaded only when there is something to say)
+
+        log = logging.getLogger(__name__)
+        for line in lines:
+            log.warning("%s", line)
+        environ[WARNED_VAR] = "1"
+
+
+def export(settings: Settings, environ: MutableMapping[str, str] | None = None) -> Exports:
+    """Resolve, apply and warn: what the profile and the workflow call at start-up.
+
+    In shared-group mode this also clears the group bits of this process's umask, which
+    every job started from it inherits (a umask cannot travel as an environment variable).
+    """
+    environ = os.environ if environ is None else environ
+    if settings.shared_group is not None:
+        trust.share_with_group()
+    exports = resolve(settings, environ)
+    apply(exports, environ)
+    warn_once(exports, environ)
+    return exports
+
+
+def shell_lines(exports: Exports) -> str:
+    """``export NAME=value`` lines that ``eval "$(gpu-cache env)"`` runs."""
+    values = dict(exports.values)
+    values[MANAGED_VAR] = _managed_after(exports, os.environ)
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def job_environ(exports: Exports, base: Mapping[str, str] | None = None,
+                **extra: str) -> dict[str, str]:
+    """The environment of a child process: ``base`` (default os.environ) with the exports
+    applied, plus ``extra`` variables (e.g. GPU_CACHE_RUN_ID)."""
+    environ = dict(os.environ if base is None else base)
+    apply(exports, environ)
+    environ.update(extra)
+    return environ

@@ -1,0 +1,316 @@
+"""Filesystem facts about a cache folder: can it be used, what is it on, is it trusted."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpu_cache.core.errors import UsageError
+from gpu_cache.jobenv import trust
+
+#: Filesystem types (as /proc/mounts names them) shared over the network, by family.
+NETWORK_FAMILIES = {
+    "nfs": ("nfs", "nfs4"), "lustre": ("lustre",), "beegfs": ("beegfs",),
+    "gpfs": ("gpfs",), "cifs": ("cifs", "smb3", "smbfs"), "ceph": ("ceph", "fuse.ceph"),
+    "glusterfs": ("glusterfs", "fuse.glusterfs"), "sshfs": ("fuse.sshfs",), "panfs": ("panfs",),
+    "wekafs": ("wekafs",),
+}
+NETWORK_FS = frozenset(name for names in NETWORK_FAMILIES.values() for name in names)
+#: Node-local filesystems held in memory (lost at reboot, counted against the job's memory).
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+#: statfs(2) magic numbers, for when /proc/mounts names only a generic type (fuse, fuseblk).
+_MAGIC = {0x6969: "nfs", 0x0BD00BD0: "lustre", 0x19830326: "beegfs", 0x47504653: "gpfs",
+          0xFF534D42: "cifs", 0xFE534D42: "smb3", 0x00C36400: "ceph", 0x01021994: "tmpfs",
+          0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x794C7630: "overlay",
+          0x65735546: "fuse"}
+#: Below this much free space a cache folder gets a warning (JAX then writes empty entries).
+DEFAULT_MIN_FREE = 1 << 30
+
+
+@dataclass(frozen=True)
+class FolderCheck:
+    """What a probe of one cache folder found. ``problem`` is None when it is usable;
+    ``read_only`` when it can be read but not written (hits, no new entries); ``warnings``
+    are worth reading but do not stop caching."""
+
+    path: str
+    fs_type: str
+    family: str
+    network: bool
+    free_bytes: int | None
+    owner_uid: int | None
+    group: str | None
+    mode: str | None
+    problem: str | None
+    read_only: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _statfs_magic(path: str) -> int | None:
+    """The f_type of statfs(2) (os.statvfs does not expose it), or None where unavailable."""
+    import ctypes  # deferred: only a FUSE or unknown mount needs it (8 ms of imports)
+    import ctypes.util
+
+    class _StatFs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return None
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    buf = _StatFs()
+    if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        return None
+    return buf.f_type & 0xFFFFFFFF
+
+
+def fs_type(path: Path) -> str:
+    """The type of the filesystem that holds ``path`` (its longest mount prefix in
+    /proc/mounts, refined by the statfs magic when that says only ``fuse``), or ``unknown``.
+    Never raises."""
+    try:
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return "unknown"
+    best, best_type = "", "unknown"
+    try:
+        with open("/proc/mounts", errors="surrogateescape") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount_point = fields[1].replace("\\040", " ")
+                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, fields[2]
+    except OSError:
+        pass
+    if best_type in ("unknown", "fuse", "fuseblk"):
+        try:
+            magic = _statfs_magic(target)
+        except (OSError, ValueError):
+            magic = None
+        if magic is not None and _MAGIC.get(magic, "fuse") != "fuse":
+            best_type = _MAGIC[magic]
+    return best_type
+
+
+def family(kind: str) -> str:
+    """The family a filesystem type belongs to: a network family (nfs, lustre, beegfs, gpfs,
+    ...), ``tmpfs``, ``fuse`` (an unnamed FUSE filesystem: maybe remote), ``local`` or ``unknown``."""
+    for name, members in NETWORK_FAMILIES.items():
+        if kind in members:
+            return name
+    if kind in MEMORY_FS:
+        return "tmpfs"
+    if kind.startswith("fuse"):
+        return "fuse"
+    return "unknown" if kind == "unknown" else "local"
+
+
+def require_folder_or_missing(path: Path) -> None:
+    """For commands that read an existing cache (prune, stats): a root that does not exist
+    is empty, but one that is a file or a broken link is a mistake in the arguments.
+
+    Raises:
+        UsageError: ``path`` is a file, a dangling symbolic link or a link loop.
+    """
+    try:
+        path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise UsageError(f"cache root {path} is a dangling symbolic link") from None
+        return
+    except OSError as exc:  # ELOOP, ENOTDIR, EACCES
+        raise UsageError(f"cache root {path} cannot be used: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise UsageError(f"cache root {path} is a file, not a folder; pass the folder that holds "
+                         "jax/ and triton/ with --cache-root")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest ancestor that can be looked at (exists, and the path to it can
+    be searched); ``/`` at worst. Never raises."""
+    current = path
+    while current != current.parent:
+        try:
+            os.stat(current)
+            return current
+        except (OSError, ValueError):
+            current = current.parent
+    return current
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder (or a link to one). Never raises: on Python 3.11
+    ``Path.is_dir()`` raises PermissionError and ENAMETOOLONG."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def why_not(exc: OSError) -> str:
+    """What an OSError means for a cache path, with what to do about it, in a few words."""
+    hints = {
+        errno.EACCES: "permission denied: you cannot enter or write a folder on that path; "
+                      "choose a cache root you own",
+        errno.EPERM: "operation not permitted: choose a cache root you own",
+        errno.ENAMETOOLONG: "a name on that path is too long (at most 255 bytes per name); "
+                            "choose a shorter cache root",
+        errno.ENOTDIR: "a part of that path is a file, not a folder; choose another cache root",
+        errno.ELOOP: "too many symbolic links (a link loop) on that path",
+        errno.EROFS: "read-only filesystem",
+        errno.ENOSPC: "no space left on the device",
+    }
+    return hints.get(exc.errno or 0, exc.strerror or str(exc))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _probe_write(path: Path) -> tuple[str, int | None] | None:
+    """Write a file and atomically rename it, as the caches do; why that failed (and the
+    errno), or None."""
+    probe = path / f".gpu-cache-probe-{os.urandom(16).hex()}"
+    renamed = probe.with_suffix(".renamed")
+    step = "write a file"
+    try:
+        probe.write_bytes(b"probe")
+        step = "rename a file atomically"
+        os.replace(probe, renamed)
+        step = "delete a file"
+        renamed.unlink()
+        return None
+    except OSError as exc:
+        for leftover in (probe, renamed):
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+        return f"cannot {step} in {path}: {why_not(exc)}", exc.errno
+
+
+def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
+                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
+                 probe: bool = True) -> FolderCheck:
+    """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
+    set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
+    it (unless ``probe`` is False), and measure it.
+
+    ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
+    root and the kind folder); default: only ``path``. Never raises for filesystem trouble
+    (permissions, over-long names, a file on the path, link loops, names that are not UTF-8):
+    what went wrong is in ``problem``, one sentence a user can act on.
+    """
+    problem: str | None = None
+    read_only = False
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except (OSError, ValueError) as exc:
+        info = None
+        why = why_not(exc) if isinstance(exc, OSError) else str(exc)
+        problem = f"cannot {'create' if create else 'use'} {path}: {why}"
+    if problem is None:
+        is_dir = _is_dir(path)
+        if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \
+                not _exists(path):
+            problem = f"{path} is a dangling or looping symbolic link"
+        elif info is not None and not is_dir:
+            problem = f"{path} exists and is not a folder"
+        elif create:
+            try:
+                trust.make_folder(path, shared_group)
+            except OSError as exc:
+                problem = f"cannot create {path}: {why_not(exc)}"
+    is_dir = _is_dir(path)
+    if problem is None and is_dir and not os.access(path, os.X_OK):
+        problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
+                   "choose a cache root you own")
+    if problem is None and is_dir:
+        problem = trust.distrust(path, shared_group, trusted_above)
+    if problem is None and is_dir and probe:
+        failed = _probe_write(path)
+        # A read-only mount or another user's folder can still serve hits.
+        if failed and failed[1] in (errno.EROFS, errno.EACCES, errno.EPERM) \
+                and os.access(path, os.R_OK | os.X_OK):
+            read_only = True
+        elif failed:
+            problem = failed[0]
+    where = _existing_ancestor(path)
+    try:
+        info = where.stat()
+        owner, mode, group = info.st_uid, stat.filemode(info.st_mode), trust.group_name(info.st_gid)
+    except OSError:
+        owner, mode, group = None, None, None
+    try:
+        free: int | None = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    kind = fs_type(where)
+    fam = family(kind)
+    warnings = []
+    if read_only:
+        warnings.append(f"{path} is read-only: it serves hits but takes no new entries")
+    if problem is None and free is not None and free < min_free:
+        warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
+                        "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
+    if kind in NETWORK_FS:  # measured on sshfs: a lock through one mount does not stop a second
+        may = "" if fam == "sshfs" else "may "  # elsewhere it depends on the filesystem and mount
+        warnings.append(f"{path} is on {kind}: file locks there {may}lock only within one machine, "
+                        f"so prunes (and JAX's size-cap lock) on two nodes {may or 'do '}not exclude "
+                        "each other; prune from one node at a time")
+    if fam == "fuse":
+        warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
+                        "network filesystem (node-local cache, compile before fanning out)")
+    return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
+                       problem, read_only, warnings)
+
+
+def flock_problem(folder: Path) -> str | None:
+    """Whether ``flock`` locks work in ``folder`` as single-flight needs them: two open file
+    descriptions of one file must exclude each other, and an unlock must let the second in.
+    What is wrong, in a few words, or None. Uses a probe file it removes; never raises."""
+    import fcntl
+    import uuid
+
+    probe = folder / f".gpu-cache-flock-probe-{uuid.uuid4().hex}"
+    first = second = -1
+    try:
+        first = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        second = os.open(probe, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f"flock does not lock in {folder}: two opens of one file both got the lock"
+        except BlockingIOError:
+            pass
+        fcntl.flock(first, fcntl.LOCK_UN)
+        fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return f"flock is not supported in {folder} ({exc.strerror or exc})"
+        return f"cannot test flock in {folder}: {why_not(exc)}"
+    finally:
+        for fd in (first, second):
+            if fd >= 0:
+                os.close(fd)
+        try:
+            probe.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,308 @@
+"""Who may write a cache: whoever can add a file to a cache folder can run code in every job
+that reads it (JAX and Triton load what they find under the key they compute; nothing is
+signed). So a cache folder (the cache root, each kind's folder, and every folder from the
+root down to it) is trusted only when nobody but its owner, root, and, in shared-group mode,
+the members of ``shared_group`` can add files to it:
+
+- **owner**: the current user or root (root can change your jobs anyway). A folder owned by
+  another user is trusted only in shared-group mode, when its group is ``shared_group``.
+  gpu-cache creates the folders of a shared cache group-writable with the setgid bit
+  (:data:`SHARED_MODE`), so that everything below keeps the group.
+- **others**: a world-writable folder is refused, with or without the sticky bit. The sticky
+  bit (as on ``/tmp``) stops others from deleting or renaming your files, not from adding
+  theirs, and an entry planted under your key before you compile it is served to you.
+- **group**: a group-writable folder is refused unless its group is ``shared_group``, or the
+  owner's user-private group: a group named like the owner, which is the owner's primary
+  group, lists no other member in the group database and is no other user's primary group
+  (the usual layout with ``umask 002``, where every folder a user makes is group-writable by a
+  group of one). Group 0 never counts as a private group: container platforms such as
+  OpenShift run arbitrary user ids in group 0 that no group or password entry lists, so a
+  folder writable by group 0 is refused unless ``shared_group`` names that group.
+- **ACL**: a POSIX ACL (``system.posix_acl_access``) that grants write to a named user other
+  than the owner and root, to a named group, or to the owning group (each through the ACL's
+  mask) is judged as above: a named user is refused, a group is accepted only when it is
+  ``shared_group`` or the owner's private group. A default ACL
+  (``system.posix_acl_default``) is judged the same way, since it decides who can write the
+  folders that JAX and Triton create inside.
+
+Every refusal is one sentence that says what is wrong and how to fix it (``chmod o-w,g-w``,
+``setfacl -b``, or ``shared_group: GROUP``). :func:`distrust` never raises for filesystem
+trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.check_folder` reports.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import grp
+import os
+import pwd
+import shlex
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_cache.core.errors import UsageError
+
+#: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
+SHARED_MODE = 0o2770
+
+#: Extended attributes of a POSIX ACL (Linux's binary format, see acl/include/acl_ea.h).
+ACL_ACCESS = "system.posix_acl_access"
+ACL_DEFAULT = "system.posix_acl_default"
+_ACL_VERSION = 2
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+ACL_WRITE = 0x02
+#: errno values of getxattr that mean "no ACL here" (none set, or a filesystem without ACLs).
+_NO_ACL = {errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def group_id(name: str) -> int:
+    """The id of group ``name`` (a name or a number).
+
+    Raises:
+        UsageError: no such group on this machine.
+    """
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        if name.isdigit():
+            return int(name)
+        raise UsageError(f"config key shared_group: no group {name!r} on this machine "
+                         "(see `getent group`)") from None
+
+
+def group_name(gid: int) -> str:
+    """The name of group ``gid``, or the number as text."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@functools.lru_cache(maxsize=64)
+def private_group(uid: int, gid: int) -> bool:
+    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
+    primary group, with no other member listed and no other user's primary group. Group 0
+    never is (see the module's docstring)."""
+    if gid == 0:
+        return False
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    if group.gr_name != user.pw_name or user.pw_gid != gid:
+        return False
+    if any(member != user.pw_name for member in group.gr_mem):
+        return False
+    try:
+        others = [entry.pw_name for entry in pwd.getpwall() if entry.pw_gid == gid and entry.pw_uid != uid]
+    except OSError:
+        return False
+    return not others
+
+
+def _group_may_write(gid: int, owner: int, shared_gid: int | None) -> bool:
+    """Whether members of group ``gid`` may add files to a folder of ``owner``."""
+    return gid == shared_gid or private_group(owner, gid)
+
+
+@dataclass(frozen=True)
+class AclEntry:
+    """One entry of a POSIX ACL: its tag (ACL_USER, ...), permission bits and id."""
+
+    tag: int
+    perm: int
+    id: int
+
+
+def parse_acl(data: bytes) -> list[AclEntry]:
+    """The entries of an ACL in Linux's extended-attribute format (little-endian: a u32
+    version 2, then 8-byte entries of u16 tag, u16 perm, u32 id).
+
+    Raises:
+        ValueError: not that format.
+    """
+    if len(data) < _ACL_HEADER.size or (len(data) - _ACL_HEADER.size) % _ACL_ENTRY.size:
+        raise ValueError(f"an ACL of {len(data)} bytes")
+    (version,) = _ACL_HEADER.unpack_from(data)
+    if version != _ACL_VERSION:
+        raise ValueError(f"ACL version {version}")
+    return [AclEntry(*_ACL_ENTRY.unpack_from(data, offset))
+            for offset in range(_ACL_HEADER.size, len(data), _ACL_ENTRY.size)]
+
+
+def read_acl(folder: Path, name: str = ACL_ACCESS) -> list[AclEntry] | None:
+    """The ACL ``name`` of ``folder``, or None when it has none (or the filesystem has no ACLs).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not in the format :func:`parse_acl` knows.
+    """
+    try:
+        data = os.getxattr(folder, name)
+    except OSError as exc:
+        if exc.errno in _NO_ACL:
+            return None
+        raise
+    return parse_acl(data)
+
+
+def acl_writers(entries: list[AclEntry], owner: int, gid: int,
+                shared_gid: int | None) -> list[str]:
+    """Who besides the owner and root gets write through ``entries`` and must not: e.g.
+    ``["user nobody", "group staff"]``. Named entries and the owning group are limited by the
+    mask entry (when there is one); "other" is judged as world-writable."""
+    mask = next((e.perm for e in entries if e.tag == ACL_MASK), 0o7)
+    writers = []
+    for entry in entries:
+        if entry.tag == ACL_OTHER:
+            writers += ["everyone (other)"] if entry.perm & ACL_WRITE else []
+            continue
+        if not entry.perm & mask & ACL_WRITE:
+            continue
+        if entry.tag == ACL_USER and entry.id not in (owner, 0):
+            writers.append(f"user {_user_name(entry.id)}")
+        elif entry.tag == ACL_GROUP and not _group_may_write(entry.id, owner, shared_gid):
+            writers.append(f"group {group_name(entry.id)}")
+        elif entry.tag == ACL_GROUP_OBJ and not _group_may_write(gid, owner, shared_gid):
+            writers.append(f"group {group_name(gid)} (its owning group)")
+    return writers
+
+
+def _acl_group_obj_writes(entries: list[AclEntry]) -> bool:
+    mask = next((e.perm for e in entries if e.tag == ACL_MASK), 0o7)
+    return any(e.tag == ACL_GROUP_OBJ and e.perm & mask & ACL_WRITE for e in entries)
+
+
+def make_folder(path: Path, shared_group: str | None) -> None:
+    """Create ``path`` and its missing parents; in shared-group mode give each folder that
+    this call creates, or that the user owns, the group and :data:`SHARED_MODE`. Otherwise
+    the folders it creates are never group- or world-writable, whatever the umask (with
+    ``umask 002`` and a primary group that is not private, they would be refused).
+
+    Raises:
+        OSError: a folder cannot be created, or its group cannot be set.
+    """
+    missing = []
+    current = path
+    while current != current.parent:
+        try:
+            os.lstat(current)
+            break
+        except FileNotFoundError:
+            missing.append(current)
+            current = current.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o755)  # the umask may take more away, never add
+        except FileExistsError:
+            pass  # made meanwhile by another process: judged like any existing folder
+    if not missing:
+        path.mkdir(exist_ok=True)  # exists: raises only when it is not a folder
+    if shared_group is None:
+        return
+    gid = group_id(shared_group)
+    for folder in [*missing, path]:
+        info = folder.stat()
+        if info.st_uid != os.geteuid():
+            continue  # another member's folder: distrust() checks its group
+        if info.st_gid != gid:
+            os.chown(folder, -1, gid)
+        if stat.S_IMODE(info.st_mode) & SHARED_MODE != SHARED_MODE:
+            os.chmod(folder, stat.S_IMODE(info.st_mode) | SHARED_MODE)
+
+
+def _share_hint(shared_group: str | None) -> str:
+    if shared_group is not None:
+        return ""
+    return ", or, for a team cache, set `shared_group: GROUP` in the config"
+
+
+def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
+    info = folder.stat()
+    me = os.geteuid()
+    quoted = shlex.quote(str(folder))  # in the commands a user copies
+    shared_gid = group_id(shared_group) if shared_group is not None else None
+    mode = stat.S_IMODE(info.st_mode)
+    owner = _user_name(info.st_uid)
+    if info.st_uid not in (me, 0) and (shared_gid is None or info.st_gid != shared_gid):
+        if shared_gid is None:
+            return (f"{folder} is owned by {owner}, not by you ({_user_name(me)}), and whoever "
+                    f"owns a cache can run code in your jobs, so it is refused; fix: "
+                    f"`chown -R {_user_name(me)} {quoted}`, use a cache root of your own, or, "
+                    f"for a team cache, `chgrp -R GROUP {quoted} && chmod -R g+ws {quoted}` and "
+                    "set `shared_group: GROUP` in the config")
+        return (f"{folder} is owned by {owner} and its group is {group_name(info.st_gid)}, not "
+                f"the shared_group {shared_group}, so it is refused; fix: `chgrp -R "
+                f"{shared_group} {quoted} && chmod -R g+ws {quoted}`")
+    acls = {name: read_acl(folder, name) for name in (ACL_ACCESS, ACL_DEFAULT)}
+    group_writes = bool(mode & stat.S_IWGRP)
+    if acls[ACL_ACCESS]:  # with an ACL the mode's group bits are its mask: ask the entries
+        group_writes = _acl_group_obj_writes(acls[ACL_ACCESS])
+    world = bool(mode & stat.S_IWOTH)
+    bad_group = group_writes and not _group_may_write(info.st_gid, info.st_uid, shared_gid)
+    if world or bad_group:
+        what = "world-writable" if world else f"writable by group {group_name(info.st_gid)}"
+        if world and mode & stat.S_ISVTX:
+            what += " (the sticky bit stops others deleting your entries, not planting theirs)"
+        if world and bad_group:
+            what += f" and writable by group {group_name(info.st_gid)}"
+        bits = ",".join(bit for bit, on in (("o-w", world), ("g-w", bad_group)) if on)
+        return (f"{folder} is {what}, so others could plant compiled code that your jobs "
+                f"would run, and it is refused; fix: `chmod {bits} {quoted}`"
+                f"{_share_hint(shared_group) if bad_group else ''}")
+    for name, entries in acls.items():
+        writers = acl_writers(entries or [], info.st_uid, info.st_gid, shared_gid)
+        if writers:
+            which = "an ACL" if name == ACL_ACCESS else "a default ACL (inherited by new folders)"
+            flag = "-b" if name == ACL_ACCESS else "-k"
+            return (f"{folder} has {which} that lets {', '.join(writers)} write, so others could "
+                    f"plant compiled code that your jobs would run, and it is refused; fix: "
+                    f"`setfacl {flag} {quoted}`"
+                    f"{_share_hint(shared_group) if any(w.startswith('group') for w in writers) else ''}")
+    return None
+
+
+def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None) -> str | None:
+    """Why ``path`` (and every folder from ``trusted_above`` down to it) must not be used as a
+    cache, or None when it may. Never raises for filesystem trouble."""
+    folders = [path]
+    if trusted_above is not None and path.is_relative_to(trusted_above):
+        current = path.parent
+        while current.is_relative_to(trusted_above):
+            folders.append(current)
+            if current == trusted_above:
+                break
+            current = current.parent
+    for folder in reversed(folders):
+        try:
+            why = _distrust_one(folder, shared_group)
+        except OSError as exc:
+            return f"cannot inspect {folder} (so it is not trusted): {exc.strerror or exc}"
+        except ValueError as exc:  # an ACL in an unknown format, a NUL in the path
+            return f"cannot inspect {folder} (so it is not trusted): {exc}"
+        if why:
+            return why
+    return None
+
+
+def share_with_group() -> None:
+    """Let the group write what this process and its children create (clear the umask's
+    group bits). The caches create files with the default mode, so with the usual umask 022
+    a team member could read but not extend another member's Triton key folders, nor
+    refresh JAX's ``-atime`` files. A umask cannot be exported as an environment
+    variable; this changes it for this process, which the jobs it starts inherit."""
+    current = os.umask(0)
+    os.umask(current & ~0o070)
