@@ -383,20 +383,15 @@ def _clean(folder: Path, data: Mapping[str, Any]) -> None:
             for pid in processes_referencing(str(marker)):
                 terminate(pid, grace=5.0)
     for point in data.get("mounts") or []:
-        _unmount_host(str(point))
+        unmount(HOST, str(point))
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _unmount_host(point: str) -> str | None:
-    """Unmount ``point`` on :data:`HOST` if something is mounted there; why that failed, or None."""
-    return unmount(HOST, point, mounted=lambda: mounted_type(point))
-
-
-def unmount(node: Node, point: str, mounted: Callable[[], str | None] | None = None) -> str | None:
-    """Unmount ``point`` on ``node``: ``fusermount3 -u`` for a FUSE mount (fails with EBUSY while a
-    process uses it), else or then a lazy ``umount -l``. Why it failed, or None."""
-    check = mounted or (lambda: node.mounted_type(point))
-    kind = check()
+def unmount(node: Node, point: str) -> str | None:
+    """Unmount ``point`` on ``node`` if something is mounted there: ``fusermount3 -u`` for a FUSE
+    mount (fails with EBUSY while a process uses it), else or then a lazy ``umount -l``. Why it
+    failed, or None."""
+    kind = node.mounted_type(point)
     if kind is None:
         return None
     errors = []
@@ -404,7 +399,7 @@ def unmount(node: Node, point: str, mounted: Callable[[], str | None] | None = N
     attempts = ([[fusermount, "-u", point]] if fusermount and kind.startswith("fuse") else [])
     for argv in [*attempts, ["umount", "-l", point]]:
         result = node.run(argv, timeout=30)
-        if check() is None:
+        if node.mounted_type(point) is None:
             return None
         errors.append(f"{' '.join(argv)}: {(result.stderr or result.stdout).strip()}")
     return "; ".join(errors)
@@ -478,18 +473,16 @@ class Daemons:
 
     def spawn(self, name: str, argv: Sequence[str], *, node: Node = HOST, user: str | None = None,
               env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
-              stdout: int | None = None) -> subprocess.Popen[Any]:
+              ) -> subprocess.Popen[Any]:
         """Start a daemon in the foreground on ``node``, in a session of its own; its output goes to
-        ``<log_dir>/<name>.log`` (or a pipe, with ``stdout=subprocess.PIPE``)."""
+        ``<log_dir>/<name>.log``."""
         binary = which(argv[0])
         if binary is None:
             raise self.error(f"{argv[0]} is not installed")
-        if stdout is None:
-            log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the daemon writes it until stop()
-            self._handles.append(log)
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the daemon writes it until stop()
+        self._handles.append(log)
         proc = node.popen([binary, *argv[1:]], env=env, cwd=cwd if cwd is not None else self.workdir,
-                          user=user, stdin=subprocess.DEVNULL,
-                          stdout=stdout if stdout is not None else log, stderr=subprocess.STDOUT,
+                          user=user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                           start_new_session=True)
         self.procs[name] = proc
         self._nodes[name] = node
