@@ -15,10 +15,12 @@ from nodes import missing as nodes_missing
 from slurm_cluster import SlurmCluster, missing_binaries
 from sshfs_mount import SshfsMount, missing_requirements
 
-#: A test that uses one of these needs a daemon, a mount or a container: marked ``slow``.
+#: A test that uses one of these is marked ``slow``: it needs a daemon, a mount or a container, or
+#: shares a module's cache that takes seconds to compile (the first user pays for it).
 SLOW_FIXTURES = frozenset({
     "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
     "unbound_dir", "mounts", "private_tmpfs",
+    "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache",
 })
 
 

@@ -125,6 +125,7 @@ def test_prune_bounds_the_records_by_age_and_cleans_half_written_ones(tmp_path):
     assert stats["kinds"]["records"]["entries"] == 1
 
 
+@pytest.mark.slow
 def test_stats_on_a_cache_with_names_that_are_not_utf8(tmp_path):
     jax = tmp_path / "jax"
     jax.mkdir()
@@ -147,6 +148,7 @@ rule dump:
 """
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     checkout = tmp_path / "a #b: c"
     shutil.copytree(SCRIPTS, checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
@@ -165,6 +167,7 @@ def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     assert f"JAX_COMPILATION_CACHE_DIR={tmp_path / 'cache' / 'jax'}" in (work / "env.txt").read_text()
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_non_editable_install(tmp_path):
     target = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",

@@ -368,6 +368,7 @@ def test_hostile_archive_is_refused_and_writes_nothing(archive: Path, tmp_path: 
     assert files_under(tmp_path) == sorted(["hostile.tar.gz", "outside"])
 
 
+@pytest.mark.slow
 def test_not_a_gpu_cache_archive_is_a_usage_error(tmp_path: Path) -> None:
     plain = tmp_path / "plain.tar"
     with tarfile.open(plain, "w") as tar:

@@ -93,6 +93,7 @@ def hits_per_key(sections: list[dict]) -> Counter:
     return Counter(k for s in sections for k in s["hit_keys"])
 
 
+@pytest.mark.slow
 def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
     runs = start_together(tmp_path, "jax", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
@@ -111,6 +112,7 @@ def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
     assert list((cache_root / "locks" / "jax").iterdir()) == []  # leaders remove their lock files
 
 
+@pytest.mark.slow
 def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
     runs = start_together(tmp_path, "triton", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
@@ -127,6 +129,7 @@ def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
     assert list((cache_root / "locks" / "triton").iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["jax", "triton"])
 def test_with_single_flight_off_they_storm(tmp_path, cache_root, what):
     """Today's behaviour, for comparison: every process that misses compiles (counts shown)."""
@@ -142,6 +145,7 @@ def test_with_single_flight_off_they_storm(tmp_path, cache_root, what):
     assert not (cache_root / "locks").exists() or not any((cache_root / "locks").rglob("*.lock"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
 def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tmp_path, cache_root):
     """A read-only root: Triton reads it as a seed through gpu-cache's seed manager and writes
@@ -241,6 +245,7 @@ def _finished(proc: subprocess.Popen[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_killed_leader_releases_its_lock_at_once(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "5m"}})
     leader = _start_triton(environ)
@@ -259,6 +264,7 @@ def test_a_killed_leader_releases_its_lock_at_once(cache_root):
     assert not any((cache_root / "locks" / "triton").glob("*.lock"))  # and cleaned its lock file
 
 
+@pytest.mark.slow
 def test_a_stopped_leader_holds_waiters_no_longer_than_the_timeout(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "3s"}})
     leader = _start_triton(environ)
@@ -302,6 +308,7 @@ time.sleep(float(sys.argv[1]))
 '''
 
 
+@pytest.mark.slow
 def test_a_failed_compile_releases_its_lock(cache_root, tmp_path):
     """A compile error ends without put_group: the lock is released once the error is handled
     (the manager is collected), not at the timeout or at exit."""
@@ -350,6 +357,7 @@ time.sleep(120)
 '''
 
 
+@pytest.mark.slow
 def test_locks_are_not_counted_by_stats_nor_removed_by_prune(tmp_path, cache_root):
     runs = start_together(tmp_path, "triton", job_env(cache_root), n=2)
     assert all(r.returncode == 0 for r in runs)
@@ -434,6 +442,7 @@ def _no_flock_prefix(tmp_path: Path) -> list[str]:
     return prefix
 
 
+@pytest.mark.slow
 def test_where_flock_fails_single_flight_is_off_and_jobs_run_as_before(tmp_path, cache_root):
     prefix = _no_flock_prefix(tmp_path)
     environ = job_env(cache_root)  # resolved where flock works: the jobs then meet a kernel that fails it

@@ -166,6 +166,7 @@ open(sys.argv[1], "w").write(repr(value))
 """
 
 
+@pytest.mark.slow
 def test_an_entry_planted_by_another_user_in_a_1777_folder_is_never_served(base):
     """The attack end to end: nobody plants an evil executable under the victim's key in a
     root-owned 1777 jax/; plain JAX serves it (x + 1.0 gives 100.0); through gpu-cache the
@@ -364,6 +365,7 @@ EXPORT = ("-c", "import sys; from gpu_cache import env, settings; "
                 "env.export(settings.settings_from({'default_workloads': []}, cache_root=sys.argv[1]))")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     """env, env --json, doctor --no-fail, warm, validate and the workflow's parse-time export
@@ -404,6 +406,7 @@ def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     assert len(warning_lines(exported.stderr)) == 1 and FAULTS[fault] in exported.stderr
 
 
+@pytest.mark.slow
 def test_a_root_whose_name_is_not_utf8_works_and_prints_its_bytes(base):
     """Linux names are bytes: a root that is not valid UTF-8 is used as is, and `env` prints
     its exact bytes even where stdout is strict UTF-8 (a UTF-8 locale; PYTHONIOENCODING)."""
