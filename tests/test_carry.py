@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from gpu_cache import carry
@@ -91,6 +92,7 @@ def files_under(path: Path) -> list[str]:
 
 def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
     manifest = manifest_of(archive)
+    jsonschema.validate(manifest, carry.SCHEMA)  # what unpack reads of it
     here = software.identity()
     assert manifest["format"] == carry.FORMAT and manifest["gpu_cache_version"]
     assert manifest["software"]["jax"] == here["jax"] and manifest["software"]["triton"] == here["triton"]
@@ -104,6 +106,7 @@ def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
         assert set(packed) == set(scan(warmed, kind)), kind
         for key, entry in scan(warmed, kind).items():
             assert packed[key]["last_use"] == entry.last_use
+            assert set(packed[key]["sha256"]) == set(packed[key]["files"])
     assert len(manifest["kinds"]["triton"]["entries"]) == 5
     assert manifest["skipped"] == []
 

@@ -305,8 +305,8 @@ def _pack(args: argparse.Namespace) -> int:
     if settings.cache_root is None:
         raise UsageError("pack needs a cache root (caching is turned off)")
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
-    report = carry.pack(settings.cache_root, Path(args.archive), args.kind or carry.CARRIED,
-                        args.gpu_type, args.workload, matcher)
+    report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                        gpu_type=args.gpu_type, workload=args.workload, matcher=matcher)
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_pack(report))
     return 0
 
@@ -316,13 +316,16 @@ def _unpack(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        report = carry.unpack(settings.cache_root, Path(args.archive), args.kind, args.gpu_type,
-                              args.python, args.image, args.force, args.dry_run, settings.shared_group)
+        report = carry.unpack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                              gpu_type=args.gpu_type, python=args.python, image=args.image,
+                              force=args.force, dry_run=args.dry_run, shared_group=settings.shared_group)
     except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
         print(f"gpu-cache: error: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_unpack(report))
-    return 0
+    for line in report.failures():  # entries damaged in the archive: never a success
+        print(f"gpu-cache: error: {line}", file=sys.stderr)
+    return 1 if report.damaged else 0
 
 
 def _install_profile(args: argparse.Namespace) -> int:
