@@ -371,6 +371,33 @@ def test_hostile_archive_is_refused_and_writes_nothing(archive: Path, tmp_path: 
     assert files_under(tmp_path) == sorted(["hostile.tar.gz", "outside"])
 
 
+TRITON_KEY = "A" * 52
+
+
+@pytest.mark.parametrize("file_name", [f"../../jax/jit_x-{HEX}-cache", "sub/k.json", "..", ".k.json"])
+def test_a_triton_file_name_with_a_path_is_refused_by_the_manifest_check(
+        archive: Path, tmp_path: Path, file_name: str) -> None:
+    """A Triton entry whose file is ``../../jax/<key>-cache`` stays inside the root, so the tar
+    filter passes it; carry's own check of the manifest's names must refuse it (#19)."""
+    data = b"\x78\x9c" + b"planted" * 10
+
+    def edit(manifest: dict[str, Any]) -> None:
+        manifest["kinds"] = {"triton": {"entries": [
+            {"key": TRITON_KEY, "files": {file_name: len(data)}, "last_use": time.time()}]}}
+
+    hostile = rebuild(archive, tmp_path / "hostile.tar", edit,
+                      [regular(f"triton/{TRITON_KEY}/{file_name}", data)], keep=False)
+    root = tmp_path / "root"
+    (root / "jax").mkdir(parents=True)
+    (root / "jax" / f"jit_y-{HEX}-cache").write_bytes(b"an entry of this cache")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = unpack(hostile, root)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "unsafe triton entry" in one_line(result) and "nothing written" in one_line(result)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert files_under(root) == ["jax", f"jax/jit_y-{HEX}-cache"]
+
+
 def test_not_a_gpu_cache_archive_is_a_usage_error(tmp_path: Path) -> None:
     plain = tmp_path / "plain.tar"
     with tarfile.open(plain, "w") as tar:
