@@ -1,7 +1,7 @@
 """The archive's format: the manifest, the entries it names, and what unpack accepts of them.
 
 :func:`read_manifest` is the one gate between an archive's bytes and the code that writes:
-the JSON must match :data:`SCHEMA` (types and ranges, checked with jsonschema), then every
+the JSON must match :data:`SCHEMA` (types and ranges), then every
 key and file name must be one that an entry of its kind can have (checked here, never left to
 the tar filter: a Triton entry whose file is ``../../jax/...`` would write into another kind's
 folder inside the root, where no filter looks; #19).
@@ -22,7 +22,9 @@ from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
 
 FORMAT = "gpu-cache-archive"
-FORMAT_VERSION = 1
+#: 2: every file's SHA-256 in the manifest (#21: damage that keeps sizes is found before it is
+#: written); version 1 had none, so its entries cannot be checked: pack them again.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "gpu-cache-manifest.json"
 #: Largest manifest unpack reads (about 300 bytes per entry: some 200,000 entries).
 MAX_MANIFEST = 64 << 20
@@ -37,7 +39,7 @@ _TEXT = {"type": ["string", "null"]}
 _TEXTS = {"type": "array", "items": {"type": "string"}}
 _ENTRY = {
     "type": "object",
-    "required": ["key", "files"],
+    "required": ["key", "files", "sha256"],
     "properties": {
         "key": {"type": "string", "minLength": 1},
         "name": _TEXT,
@@ -51,12 +53,12 @@ _ENTRY = {
 }
 #: What unpack reads of a manifest (other fields are pack's report, and ignored).
 SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$schema": "http://json-schema.org/draft-07/schema#",
     "type": "object",
     "required": ["format", "format_version", "kinds"],
     "properties": {
         "format": {"const": FORMAT},
-        "format_version": {"type": "integer", "minimum": 1},
+        "format_version": {"const": FORMAT_VERSION},
         "kinds": {
             "type": "object",
             "propertyNames": {"enum": list(CARRIED)},
@@ -129,18 +131,17 @@ class ManifestEntry:
     ``kind``: the cache kind (``jax``, ``triton``); ``files``: file name -> bytes; ``name``:
     the computation or kernel; ``last_use``: seconds since the epoch; ``triton_kind``: Triton's
     ``kernel`` or ``autotune``; ``target``: the Triton target (``sm_90``); ``sha256``: file
-    name -> its SHA-256 (None in archives of gpu-cache before 0.2, which unpack checks by
-    structure only).
+    name -> its SHA-256.
     """
 
     kind: str
     key: str
     files: dict[str, int]
+    sha256: dict[str, str]
     last_use: float = 0.0
     name: str | None = None
     triton_kind: str | None = None
     target: str | None = None
-    sha256: dict[str, str] | None = None
 
     @property
     def size(self) -> int:
@@ -157,19 +158,20 @@ class ManifestEntry:
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "name": self.name, "files": self.files,
-                               "size": self.size, "last_use": self.last_use}
+                               "sha256": self.sha256, "size": self.size, "last_use": self.last_use}
         if self.kind == "triton":
             out.update(kind=self.triton_kind, target=self.target)
-        if self.sha256 is not None:
-            out["sha256"] = self.sha256
         return out
 
 
 @cache
 def _validator() -> Any:
-    import jsonschema  # deferred: only pack and unpack need it
+    """The schema compiled to Python by fastjsonschema (which Snakemake's nbformat brings):
+    many times faster than jsonschema on a manifest of many entries
+    (tests/benchmarks/carry_scale.py measures both)."""
+    import fastjsonschema
 
-    return jsonschema.Draft202012Validator(SCHEMA)
+    return fastjsonschema.compile(SCHEMA)
 
 
 def _no_constant(name: str) -> float:
@@ -204,13 +206,17 @@ def read_manifest(manifest: Any) -> dict[str, list[ManifestEntry]]:
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise UsageError(f"the archive's format version {shown(str(version))} is newer than this "
                          f"gpu-cache reads ({FORMAT_VERSION}); update gpu-cache")
-    import jsonschema
+    if version == 1:
+        raise UsageError("the archive was packed by an older gpu-cache, without the digests that "
+                         "tell damage in transit; pack it again with this one")
+    import fastjsonschema
 
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
-    if error is not None:
-        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise UsageError(f"the archive's manifest is not valid at {shown(where)}: "
-                         f"{shown(error.message)[1:-1]}; nothing written")
+    try:
+        _validator()(manifest)
+    except fastjsonschema.JsonSchemaValueException as exc:  # "data.kinds.jax... must be ..."
+        where, _, rule = exc.message.partition(" must ")
+        raise UsageError(f"the archive's manifest is not valid: {shown(where[5:] or '(top)')[1:-1]} must "
+                         f"{shown(rule)[1:-1]}; nothing written") from None
     out: dict[str, list[ManifestEntry]] = {}
     members: set[str] = set()
     for kind, part in manifest["kinds"].items():
@@ -219,12 +225,12 @@ def read_manifest(manifest: Any) -> dict[str, list[ManifestEntry]]:
 
 
 def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
-    key, files, sha256 = raw["key"], raw["files"], raw.get("sha256")
-    for name in (key, *files, *(sha256 or ())):
+    key, files, sha256 = raw["key"], raw["files"], raw["sha256"]
+    for name in (key, *files, *sha256):
         if not file_name(name):
             raise UsageError(f"the archive's manifest names {shown(name)}, which no file can be "
                              "called; nothing written")
-    if sha256 is not None and set(sha256) != set(files):
+    if set(sha256) != set(files):
         raise UsageError(f"the archive's manifest gives the {kind} entry {shown(key)} digests of "
                          "other files than its own; nothing written")
     if kind == "jax":  # the executable, and its last use where JAX kept one
@@ -236,9 +242,8 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
         raise Refused(f"the archive's manifest names an unsafe {kind} entry {shown(key)} (a path "
                       "in a file name, or a name an entry of that kind does not have)")
     last_use = min(float(raw.get("last_use", 0.0)), time.time())  # a future one would always win
-    entry = ManifestEntry(kind, key, dict(files), last_use, raw.get("name"),
-                          raw.get("kind") if kind == "triton" else None, raw.get("target"),
-                          dict(sha256) if sha256 is not None else None)
+    entry = ManifestEntry(kind, key, dict(files), dict(sha256), last_use, raw.get("name"),
+                          raw.get("kind") if kind == "triton" else None, raw.get("target"))
     for file in files:
         name = entry.member(file)
         if name in members:

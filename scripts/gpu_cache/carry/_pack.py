@@ -70,8 +70,8 @@ def _packed(kind: str, key: str, paths: dict[str, Path], last_use: float, **more
     """An entry of the files at ``paths``, with each one's size and digest."""
     sizes = {name: os.lstat(path).st_size for name, path in paths.items()}
     digests = {name: _sha256(path) for name, path in paths.items()}
-    return _Packed(ManifestEntry(kind, key, sizes, min(max(0.0, last_use), time.time()),
-                                 sha256=digests, **more), paths)
+    return _Packed(ManifestEntry(kind, key, sizes, digests, min(max(0.0, last_use), time.time()),
+                                 **more), paths)
 
 
 def _jax_candidates(folder: Path, wanted: set[str] | None, skipped: list[dict[str, str]]) -> list[_Packed]:
@@ -322,7 +322,7 @@ def _add_file(tar: tarfile.TarFile, entry: ManifestEntry, name: str, path: Path)
         with os.fdopen(os.dup(fd), "rb") as stream:
             hashing = _Hashing(stream)
             tar.addfile(_tar_info(entry.member(name), info.st_size, info.st_mtime), hashing)
-    if entry.sha256 is not None and hashing.digest.hexdigest() != entry.sha256[name]:
+    if hashing.digest.hexdigest() != entry.sha256[name]:
         raise changed
 
 

@@ -60,45 +60,39 @@ def group_problem(entry: ManifestEntry, name: str, data: bytes) -> str | None:
     return None
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _digest_problem(entry: ManifestEntry, file_name: str, digest: str) -> str | None:
-    if entry.sha256 is not None and entry.sha256[file_name] != digest:
+    if entry.sha256[file_name] != digest:
         return f"{shown(file_name)} differs from what was packed (its SHA-256)"
     return None
 
 
 def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: ManifestEntry,
                    file_name: str) -> str | None:
-    """Why a member cannot be written as the manifest names it (damaged), or None; read
-    through once, never held whole (a group file, a few KiB, is).
+    """Why a member is not what was packed (damaged), or None; read through once, never
+    held whole (a group file, a few KiB, is).
 
     Raises:
-        Refused: a group file that names paths outside its entry, as packed (not damage: an
-            archive made to write elsewhere).
+        Refused: a group file, as packed, that is not Triton's (it names paths outside its
+            entry: an archive made to write elsewhere, not damage).
     """
-    digest = hashlib.sha256()
-    if entry.kind == "triton" and is_group(file_name):
-        data = reader.read(min(member.size, MAX_SMALL_JSON + 1))
-        digest.update(data)
-        damaged = _digest_problem(entry, file_name, digest.hexdigest()) if len(data) == member.size else None
-        problem = group_problem(entry, file_name, data)
-        if damaged or (problem and entry.sha256 is None and _looks_damaged(data)):
-            return damaged or problem
-        if problem:
+    if entry.kind == "triton" and is_group(file_name):  # small: read whole, its paths rewritten
+        if member.size > MAX_SMALL_JSON:
+            raise Refused(f"triton entry {shown(entry.key)}: its group file {shown(file_name)} holds "
+                          f"{member.size} bytes, not Triton's")
+        data = reader.read(member.size)
+        damaged = _digest_problem(entry, file_name, sha256(data))
+        problem = damaged or group_problem(entry, file_name, data)
+        if problem and not damaged:  # as packed: an archive made to write elsewhere
             raise Refused(f"triton entry {shown(entry.key)}: {problem}")
-        return None
+        return damaged
+    digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
     return _digest_problem(entry, file_name, digest.hexdigest())
-
-
-def _looks_damaged(data: bytes) -> bool:
-    """A group file that is not even JSON: damage, where no digest tells (an archive of
-    gpu-cache before 0.2); valid JSON that names other paths is an attack."""
-    try:
-        json.loads(data)
-    except (ValueError, RecursionError):
-        return True
-    return False
 
 
 def _copy(source: MemberReader, fd: int, size: int, digest: Any) -> None:
@@ -234,7 +228,7 @@ class TritonWriter(Writer):
         self.pending.discard(file_name)
         if is_group(file_name):
             data = source.read(member.size)
-            problem = _digest_problem(self.entry, file_name, hashlib.sha256(data).hexdigest())
+            problem = _digest_problem(self.entry, file_name, sha256(data))
             if problem:
                 raise Damaged(problem)
             self.group = (file_name, data, member_mtime(member))

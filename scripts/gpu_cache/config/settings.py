@@ -144,14 +144,17 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
             unreasonably large, or does not match the schema.
     """
-    try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_CONFIG_BYTES + 1)
+    from gpu_cache.core import safe_io
+
+    try:  # a link the user names is followed; a FIFO or device is refused before it is opened (#21)
+        raw = safe_io.read_bounded(os.path.realpath(path), MAX_CONFIG_BYTES)
+    except safe_io.NotRegularFile as exc:
+        raise UsageError(f"config file {path} is {exc.what}, not a regular file") from None
+    except safe_io.TooLarge:
+        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
+                         "right file?") from None
     except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
-                         "right file?")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
