@@ -38,15 +38,12 @@ times, and JAX's ``-atime`` its content, so the least-recently-used order surviv
 
 from gpu_cache.core.kinds import CARRIED
 
-from ._choose import describe_for, workload_matcher
-from ._fit import COMPUTE_CAPABILITY, fit_problems, target_of_gpu_type, target_software
+from ._choose import workload_matcher
 from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, SCHEMA, ManifestEntry, Refused
 from ._pack import PackReport, pack, render_pack
 from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
-    "CARRIED", "COMPUTE_CAPABILITY", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA",
-    "ManifestEntry", "PackReport", "Refused", "UnpackReport", "describe_for", "fit_problems", "pack",
-    "render_pack", "render_unpack", "target_of_gpu_type", "target_software", "unpack",
-    "workload_matcher",
+    "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
+    "Refused", "UnpackReport", "pack", "render_pack", "render_unpack", "unpack", "workload_matcher",
 ]

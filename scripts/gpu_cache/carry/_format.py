@@ -28,6 +28,8 @@ FORMAT_VERSION = 2
 MANIFEST_NAME = "gpu-cache-manifest.json"
 #: Largest manifest unpack reads (about 300 bytes per entry: some 200,000 entries).
 MAX_MANIFEST = 64 << 20
+#: Largest Triton group or metadata file read (a kernel's are a few KiB).
+MAX_SMALL_JSON = 1 << 20
 #: Largest file of an entry a manifest may announce, and the latest last use (seconds since
 #: the epoch, some 30,000 years): beyond them a number is damage or an attack, not a cache.
 MAX_FILE_BYTES = 1 << 56

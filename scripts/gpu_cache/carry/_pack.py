@@ -27,10 +27,17 @@ from gpu_cache.core.kinds import CARRIED, KINDS, scan
 
 from ._choose import dropped, keys_of, own_records, software_section
 from ._common import CREATE_FLAGS, Progress, log
-from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ManifestEntry, plain_name, printable, shown
+from ._format import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_SMALL_JSON,
+    ManifestEntry,
+    plain_name,
+    printable,
+    shown,
+)
 
-#: Largest Triton metadata file read for the kernel's target (a kernel's are a few KiB).
-MAX_SMALL_JSON = 1 << 20
 _WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz", ".txz": "w:xz",
                 ".tar.bz2": "w:bz2", ".tbz2": "w:bz2"}
 

@@ -29,10 +29,7 @@ from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
 from ._common import CREATE_FLAGS, DIR_FLAGS
-from ._format import ManifestEntry, Refused, is_group, plain_name, shown
-
-#: Largest Triton group or metadata file read (a kernel's are a few KiB).
-MAX_SMALL_JSON = 1 << 20
+from ._format import MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
 
 
 class Damaged(Exception):
