@@ -538,7 +538,8 @@ def test_damage_in_transit_never_replaces_a_good_entry(warmed: Path, tmp_path: P
     entries = manifest_of(tar_path)["kinds"]
     damaged = {kind: entries[kind]["entries"][::2] for kind in carry.CARRIED}
     flip_in_place(tar_path, {f"jax/{name}" for e in damaged["jax"] for name in e["files"]}
-                  | {f"triton/{e['key']}/{name}" for e in damaged["triton"] for name in e["files"]})
+                  | {f"triton/{e['key']}/{name}" for e in damaged["triton"] for name in e["files"]
+                     if not name.startswith("__grp__")})  # (a group file is checked on its own)
     before = contents(root)
     for dry in (["--dry-run"], []):
         result = unpack(tar_path, root, "--json", *dry)

@@ -5,8 +5,8 @@
 * ``pack`` and ``unpack`` of a JAX cache of ``--entries`` entries of ``--entry-kib`` each (zlib
   streams, as JAX writes without zstandard), beside one bare read of the same files (the page
   cache warm for all three): pack reads each file to check it decompresses, to take its digest
-  and to add it; unpack reads the archive twice (digests first, then the writes) and checks each
-  entry as it writes it.
+  and to add it; unpack goes through the archive twice (each member's safety first, then the
+  writes) and checks each entry as it writes it (digests, JAX's decompression).
 * the manifest check (:func:`gpu_cache.carry._format.read_manifest`) of a manifest of
   ``--manifest`` entries, beside jsonschema's check of the same schema.
 

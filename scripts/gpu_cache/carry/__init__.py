@@ -26,12 +26,13 @@ Then one regular-file member per file of each entry, entry after entry: ``jax/<k
 anything: a manifest that does not fit the target it is told (software, GPU type), a member
 that is not a regular file or not named by the manifest, a size that differs from the
 manifest's, more bytes than the disk holds. A manifest it cannot read (wrong types, numbers
-out of range) is bad input (exit 2). A first pass reads every member (its digest); an entry
-whose files are not what was packed is :attr:`UnpackReport.damaged`: never written, the entry
-already there kept. A second pass writes: every entry whole, checked again before it is put in
-place (a JAX file through a temporary file and a rename, with JAX's lock held where the cache
-has one; a Triton key folder built in a temporary folder with its group file's absolute paths
-rewritten to the new root, then renamed into place). An entry already there with a newer (or
+out of range) is bad input (exit 2). Then it writes every entry whole, and checks it before it
+is put in place (its files' digests, a JAX executable decompressed, a Triton group naming only
+files of its entry): a JAX file through a temporary file and a rename, with JAX's lock held
+where the cache has one; a Triton key folder built in a temporary folder with its group file's
+absolute paths rewritten to the new root, then renamed into place. An entry whose files are not
+what was packed is :attr:`UnpackReport.damaged`: never written, the entry already there kept
+(a dry run reads every file to find them). An entry already there with a newer (or
 the same) last use is kept; an older or broken one is replaced. Files keep their modification
 times, and JAX's ``-atime`` its content, so the least-recently-used order survives.
 """

@@ -1,9 +1,10 @@
 """``gpu-cache unpack``: check an archive against the target, then write its entries whole.
 
-A first pass reads the whole archive before anything is written: every member safe and as the
-manifest says, every file's digest, every group file Triton's; entries found damaged are left
-out (and reported), the rest must fit the disk. The second pass writes, each entry through a
-writer that checks it again before it is put in place (:mod:`._writers`).
+A first pass goes through the whole archive before anything is written: every member safe and
+as the manifest says, every group file Triton's (a dry run also checks every file's digest).
+The second pass writes, each entry through a writer that checks it (digests, and as its kind
+reads it) before it is put in place (:mod:`._writers`); an entry found damaged in either pass
+is not written, and is reported.
 """
 
 from __future__ import annotations
@@ -138,13 +139,15 @@ def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
         raise
 
 
-def _damage(opened: Archive, root: Path, todo: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def _damage(opened: Archive, root: Path, todo: set[tuple[str, str]],
+            read_all: bool) -> dict[tuple[str, str], str]:
     """First pass: every member safe and as the manifest says; why each entry to write is
-    damaged, for those that are."""
+    damaged, for those found so (``read_all``: every file read and checked, else only the
+    group files: the writers check the rest as they write)."""
     damaged: dict[tuple[str, str], str] = {}
     for data, member, entry, file_name in opened.members(root):
         if entry.ident in todo and entry.ident not in damaged:
-            problem = member_problem(data, member, entry, file_name)
+            problem = member_problem(data, member, entry, file_name, read_all)
             if problem:
                 damaged[entry.ident] = problem
     return damaged
@@ -199,7 +202,7 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
         if free is not None and need + SPACE_MARGIN > free:
             raise Refused(f"the archive's entries need {format_size(need)} under {root}, and only "
                           f"{format_size(free)} is free there")
-        for ident, reason in _damage(opened, root, set(todo)).items():
+        for ident, reason in _damage(opened, root, set(todo), read_all=dry_run).items():
             report.damaged.append({"kind": ident[0], "key": ident[1], "reason": reason})
             need -= todo.pop(ident).size
             del actions[ident]

@@ -68,15 +68,16 @@ def _digest_problem(entry: ManifestEntry, file_name: str, digest: str) -> str | 
 
 
 def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: ManifestEntry,
-                   file_name: str) -> str | None:
-    """Why a member is not what was packed (damaged), or None; read through once, never
-    held whole (a group file, a few KiB, is).
+                   file_name: str, read_all: bool) -> str | None:
+    """Why a member is not what was packed (damaged), or None: a Triton group file is read
+    (a few KiB: its paths are rewritten); with ``read_all``, every other file too, in chunks
+    (a dry run, which writes nothing to check as it goes).
 
     Raises:
         Refused: a group file, as packed, that is not Triton's (it names paths outside its
             entry: an archive made to write elsewhere, not damage).
     """
-    if entry.kind == "triton" and is_group(file_name):  # small: read whole, its paths rewritten
+    if entry.kind == "triton" and is_group(file_name):
         if member.size > MAX_SMALL_JSON:
             raise Refused(f"triton entry {shown(entry.key)}: its group file {shown(file_name)} holds "
                           f"{member.size} bytes, not Triton's")
@@ -86,6 +87,8 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
         if problem and not damaged:  # as packed: an archive made to write elsewhere
             raise Refused(f"triton entry {shown(entry.key)}: {problem}")
         return damaged
+    if not read_all:
+        return None
     digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
