@@ -360,7 +360,7 @@ def make_fault(base: Path, fault: str) -> Path:
 
 
 COMMANDS = (("env",), ("env", "--json"), ("doctor", "--no-fail"), ("warm",), ("validate",))
-EXPORT = ("-c", "import sys; from gpu_cache import env, settings; "
+EXPORT = ("-c", "import sys; from gpu_cache.config import settings; from gpu_cache.jobenv import env; "
                 "env.export(settings.settings_from({'default_workloads': []}, cache_root=sys.argv[1]))")
 
 
