@@ -56,7 +56,7 @@ def load_schema() -> dict[str, Any]:
         return yaml.safe_load(stream)
 
 
-def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+def fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     """Return ``value`` with each missing key that the schema gives a default filled in."""
     if not isinstance(value, dict) or schema.get("type") != "object":
         return value
@@ -65,12 +65,12 @@ def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
         if key not in filled and "default" in sub:
             filled[key] = copy.deepcopy(sub["default"])
         if key in filled:
-            filled[key] = _fill_defaults(sub, filled[key])
+            filled[key] = fill_defaults(sub, filled[key])
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict):
         for key in filled:
             if key not in schema.get("properties", {}):
-                filled[key] = _fill_defaults(extra, filled[key])
+                filled[key] = fill_defaults(extra, filled[key])
     return filled
 
 
@@ -98,7 +98,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
         raise UsageError(f"config key {where}: {message}")
-    filled = _fill_defaults(schema, config)
+    filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
               ("min_free_space", parse_size, filled["min_free_space"]),
