@@ -7,7 +7,7 @@
   cache warm for all three): pack reads each file to check it decompresses, to take its digest
   and to add it; unpack goes through the archive twice (each member's safety first, then the
   writes) and checks each entry as it writes it (digests, JAX's decompression).
-* the manifest check (:func:`gpu_cache.carry._format.read_manifest`) of a manifest of
+* the manifest check (:func:`gpu_cache.carry.carry.read_manifest`) of a manifest of
   ``--manifest`` entries, beside jsonschema's check of the same schema.
 
 Prints the figures as JSON (and writes them to ``--out``), with the machine.
@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from gpu_cache import carry
-from gpu_cache.carry import _format
 from gpu_cache.core import safe_io
 
 
@@ -87,13 +86,13 @@ def main() -> int:
         "unpack_seconds": _seconds(lambda: carry.unpack(root=work / "target", archive=archive)),
     }
     text = _manifest(args.manifest)
-    manifest = _format.parse_manifest(text)
+    manifest = carry.parse_manifest(text)
     import jsonschema
 
     figures["manifest"] = {
         "entries": args.manifest, "bytes": len(text),
-        "json_seconds": _seconds(lambda: _format.parse_manifest(text)),
-        "check_seconds": _seconds(lambda: _format.read_manifest(manifest)),
+        "json_seconds": _seconds(lambda: carry.parse_manifest(text)),
+        "check_seconds": _seconds(lambda: carry.read_manifest(manifest)),
         "jsonschema_seconds": _seconds(lambda: jsonschema.Draft7Validator(carry.SCHEMA).validate(manifest)),
     }
     report = json.dumps(figures, indent=2)

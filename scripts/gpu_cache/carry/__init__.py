@@ -40,11 +40,21 @@ times, and JAX's ``-atime`` its content, so the least-recently-used order surviv
 from gpu_cache.core.kinds import CARRIED
 
 from ._choose import workload_matcher
-from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, SCHEMA, ManifestEntry, Refused
+from ._format import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SCHEMA,
+    ManifestEntry,
+    Refused,
+    parse_manifest,
+    read_manifest,
+)
 from ._pack import PackReport, pack, render_pack
 from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
     "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
-    "Refused", "UnpackReport", "pack", "render_pack", "render_unpack", "unpack", "workload_matcher",
+    "Refused", "UnpackReport", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
+    "unpack", "workload_matcher",
 ]

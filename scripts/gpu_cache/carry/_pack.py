@@ -26,7 +26,7 @@ from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
 
 from ._choose import dropped, keys_of, own_records, software_section
-from ._common import CREATE_FLAGS, Progress, log
+from ._common import Progress, log
 from ._format import (
     FORMAT,
     FORMAT_VERSION,
@@ -283,7 +283,7 @@ def _write_archive(target: Path, mode: str, manifest: dict[str, Any], chosen: li
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(safe_io.temp_name(target.name))
-    fd = os.open(temp, CREATE_FLAGS, 0o644)
+    fd = os.open(temp, safe_io.CREATE_FLAGS, 0o644)
     try:
         with os.fdopen(fd, "wb") as raw, \
                 tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]

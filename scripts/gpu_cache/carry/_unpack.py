@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import format_size
+from gpu_cache.core import safe_io
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import KINDS, scan
 from gpu_cache.jobenv import trust
 
 from ._archive import Archive, open_archive
-from ._common import DIR_FLAGS, Progress, log
+from ._common import Progress, log
 from ._fit import fit_problems, target_software
 from ._format import ManifestEntry, Refused, printable, shown
 from ._pack import check_kinds
@@ -131,7 +132,7 @@ def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
     if why:
         raise Refused(why)
     try:
-        return os.open(folder, DIR_FLAGS)
+        return os.open(folder, safe_io.DIR_FLAGS)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise Refused(f"{folder} is not a real folder (a symbolic link?); unpack writes only into "

@@ -28,7 +28,6 @@ from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
-from ._common import CREATE_FLAGS, DIR_FLAGS
 from ._format import MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
 
 
@@ -155,7 +154,7 @@ class JaxWriter(Writer):
 
     def _temp(self, file_name: str, fill: Callable[[int], None], mtime: float) -> None:
         temp = safe_io.temp_name(file_name)
-        fd = os.open(temp, CREATE_FLAGS, 0o666, dir_fd=self.dir_fd)
+        fd = os.open(temp, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.dir_fd)
         self.temps[file_name] = temp
         try:
             fill(fd)
@@ -213,11 +212,11 @@ class TritonWriter(Writer):
         self.replace = replace
         self.temp = safe_io.temp_name(entry.key)
         os.mkdir(self.temp, 0o777, dir_fd=dir_fd)
-        self.fd: int | None = os.open(self.temp, DIR_FLAGS, dir_fd=dir_fd)
+        self.fd: int | None = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=dir_fd)
         self.group: tuple[str, bytes, float] | None = None
 
     def _write(self, file_name: str, fill: Callable[[int], None], mtime: float) -> None:
-        fd = os.open(file_name, CREATE_FLAGS, 0o666, dir_fd=self.fd)
+        fd = os.open(file_name, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.fd)
         try:
             fill(fd)
             os.utime(fd, (mtime, mtime))
