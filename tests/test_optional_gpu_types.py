@@ -1,8 +1,8 @@
-"""A GPU type the partition may lack (optional, the default for a type with SLURM resources)
-on a real SLURM cluster: a host job
-that may land on any GPU of the partition waits for every type's verdict, and a type that
-SLURM cannot schedule is retried once without its GPU, marked "unscheduled", and holds
-nothing back. The test cluster has fake h100 and a100 GPUs and no h200."""
+"""A GPU type the partition may lack (optional: the default for a type with SLURM resources)
+on a real SLURM cluster: a host job that may land on any GPU of the partition waits for every
+type's verdict, and a type that SLURM cannot schedule is retried once without its GPU, marked
+"unscheduled", and holds nothing back. The test cluster has fake h100 and a100 GPUs and no
+h200."""
 
 from __future__ import annotations
 

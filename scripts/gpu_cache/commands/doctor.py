@@ -71,7 +71,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
-    report["warnings"] += report["outside_root"]
+    report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
     report["device"] = device.detect().as_dict()
     report["gres"] = cluster_gres(settings)
     report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
