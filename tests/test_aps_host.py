@@ -11,16 +11,24 @@ default binds, so the jobs see it only because gpu-cache binds it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
 
 FIXTURE = REPO / "tests" / "aps_host"
 PROFILE_ARGS = ("--profile", "config/profiles/desktop", "--config", f"gpu_cache_workflow={SNAKEFILE}")
+#: Longest a run of the look-alike through SLURM may take.
+SLURM_TIMEOUT = 600
 
 
 def aps_copy(tmp_path: Path, **changes) -> Path:
@@ -206,6 +214,61 @@ def assert_explained(root: Path) -> None:
     assert {rule for rule, u in usage.items() if u["jax_misses"]} == set(causes)
     for rule, counts in usage.items():
         assert sum(c["misses"] for c in causes.get(rule, [])) == counts["jax_misses"], (rule, causes)
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_cluster, container_root,
+                                                                      unbound_dir, tmp_path):
+    """The look-alike through SLURM (its own profile, like AlphaPulldownSnakemake's): two GPU
+    types named as SLURM names them, h100, which the partition has, and h200, which it lacks.
+    Neither says optional: a type with SLURM resources is optional by default (#25), so h200's
+    rejected warm job ends unscheduled at once and the predictions (on any GPU of the
+    partition) run after h100's validation."""
+    partition = slurm_cluster.partition
+    work = aps_copy(tmp_path, slurm_partition=partition)
+    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    image = config["prediction_container"]
+    config["gpu_cache"]["gpu_types"] = {
+        name: {"container": image, "device": "cpu", "workloads": ["inference"],
+               "resources": {"slurm_partition": partition, "gpu": 1, "gpu_model": name, "runtime": 10}}
+        for name in ("h100", "h200")}
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    root = unbound_dir / "cache"
+    env = container_root.environ(GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--config",
+               f"gpu_cache_workflow={SNAKEFILE}", "--slurm-init-seconds-before-status-checks", "1",
+               "--jobs", "4", "--nocolor"]
+    started = time.time()
+    process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = process.communicate(timeout=SLURM_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        log, _ = process.communicate()
+        slurm_cluster.run(["scancel", "--full", "-p", partition], check=False)
+        pytest.fail(f"the pipeline stalled ({SLURM_TIMEOUT} s):\n{log[-5000:]}")
+    assert process.returncode == 0, log[-5000:]
+    results = work / "results" / "gpu-cache"
+    assert read_json(results / "validate" / "h100.json")["status"] == "passed"
+    h200 = results / "validate" / "h200.json"
+    assert read_json(h200)["status"] == "unscheduled"
+    assert read_json(results / "warm" / "h200.json")["unscheduled"].startswith(
+        "its job did not finish on a h200 node")
+    # Unscheduled at once (sbatch rejected it), not after its queue_wait (2 h) and runtime.
+    assert h200.stat().st_mtime - started < SLURM_TIMEOUT
+    done = sorted((work / "output" / "predictions").glob("*/completed_fold.txt"))
+    assert [p.parent.name for p in done] == ["A+B", "B", "C"]
+    summary = (results / "summary.txt").read_text()
+    assert "h200: UNSCHEDULED (optional type)" in summary and "h100 on cpu: PASSED" in summary
+    assert f"in {image}" in summary
+    # The predictions ran as SLURM jobs on a GPU of the partition, hitting the warmed cache.
+    jobs = records(root, "structure_inference")
+    assert len(jobs) == 3 and all(r["slurm_job_id"] for r in jobs)
+    rows = slurm_cluster.wait_accounted(jobs[0]["slurm_job_id"])
+    assert "gres/gpu" in rows[0]["AllocTRES"], rows
+    for prediction in predictions(work).values():
+        assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
 
 
 def write_record(root: Path, name: str, **fields) -> None:
