@@ -203,26 +203,41 @@ def _records(cache_root: Path, run_id: str | None) -> list[dict[str, Any]]:
     return found
 
 
-#: At most this many missed computations are explained one by one per cause.
+#: At most this many missed computations are explained one by one per rule and kind.
 KEYS_PER_CAUSE = 20
 #: Why the warm pass misses: that is its job.
 WARMING = ("the warm pass compiles what the cache lacks (expected: a warm step that finds "
            "everything only re-checks)")
 
 
-def _first_computed(record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[str]:
-    """The JAX keys a process computed that no earlier process did: the misses of a jax that
-    names none (it logs no missed computation) are among them."""
-    seen = {key for other in earlier for key in _key_parts(other)}
-    return [key for key in _key_parts(record) if key not in seen]
+class _Seen:
+    """What the processes before the one being explained computed: JAX keys (and the records
+    by computation name, the only ones :func:`explain_key` compares with) and Triton keys.
+    Grown record by record, so accounting for N records reads each once."""
+
+    def __init__(self) -> None:
+        self.jax: set[str] = set()
+        self.by_name: dict[str, list[dict[str, Any]]] = {}
+        self.triton: set[str] = set()
+
+    def add(self, record: dict[str, Any]) -> None:
+        for key in _key_parts(record):
+            self.jax.add(key)
+            named = self.by_name.setdefault(_name_of(key), [])
+            if not named or named[-1] is not record:
+                named.append(record)
+        part = hook_records.part(record, "triton")
+        if part is not None:
+            self.triton.update(k for k in part.get("hit_keys") or [] if isinstance(k, str))
+            self.triton.update(m.key for m in hook_records.missed_of(part, "triton"))
+
+    def explain(self, key: str, record: dict[str, Any]) -> dict[str, Any]:
+        return explain_key(key, record, self.by_name.get(_name_of(key), []))
 
 
-def _triton_key(miss: Missed, earlier: list[dict[str, Any]]) -> dict[str, Any]:
-    seen = any(miss.key in (part.get("hit_keys") or []) or
-               any(isinstance(m, dict) and m.get("key") == miss.key for m in part.get("missed") or [])
-               for part in (hook_records.part(r, "triton") for r in earlier) if part)
+def _triton_key(miss: Missed, seen: _Seen) -> dict[str, Any]:
     cause = ("an earlier process used this kernel's entry: it was removed since (pruned) or that "
-             "process used another Triton folder" if seen else
+             "process used another Triton folder" if miss.key in seen.triton else
              f"no earlier process compiled {miss.name}: a first compile (was it part of the warm-up "
              "workload?)")
     return {"name": miss.name, "key": miss.key, "compared_with": None, "changed": [], "causes": [cause]}
@@ -233,16 +248,17 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
     ``by_rule``), split by cause: the warm pass's own compiles, a JAX folder outside the
     cache root, software other than what warmed the type (both as stats words them, with
     when a finding was last seen once it no longer holds), and otherwise the missed
-    computations one by one (:func:`explain_key`): those the hook named, or, for a jax that
-    names none, those inferred from the keys no earlier process computed."""
+    computations one by one (:func:`explain_key`, at most :data:`KEYS_PER_CAUSE` per rule
+    and kind): those the hook named, or, for a jax that names none, those inferred from the
+    keys no earlier process computed."""
     ordered = sorted(found, key=lambda r: float(r.get("time") or 0.0))
     findings = {f.key: f.text for f in stats.outside_findings(cache_root, ordered, now)
                 + stats.mismatch_findings(cache_root, ordered, now)}
     warmed, warmed_on = stats.warmed_software(ordered)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for index, record in enumerate(ordered):
+    seen = _Seen()
+    for record in ordered:
         rule = record.get("rule") or "-"
-        earlier = ordered[:index]
         for kind in kinds.OBSERVED:
             section = hook_records.part(record, kind)
             misses = hook_records.count(section.get("misses")) if section else 0
@@ -262,35 +278,37 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
                 ran = software.describe(record["software"])
                 causes = [(findings[rule, ran, software.describe(reference)], misses, [])]
             else:
-                causes = _by_key(record, kind, section, misses, earlier)
+                room = KEYS_PER_CAUSE - sum(len(c["keys"]) for c in group["causes"].values())
+                causes = _by_key(record, kind, section, misses, seen, room)
             for cause, count, keys in causes:
                 entry = group["causes"].setdefault(cause, {"cause": cause, "misses": 0, "processes": 0,
                                                            "keys": []})
                 entry["misses"] += count
                 entry["processes"] += 1
-                entry["keys"] += keys[:KEYS_PER_CAUSE - len(entry["keys"])]
+                entry["keys"] += keys
+        seen.add(record)
     return [{**g, "causes": sorted(g["causes"].values(), key=lambda c: -c["misses"])}
             for _key, g in sorted(groups.items())]
 
 
-def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: int,
-            earlier: list[dict[str, Any]]) -> list[tuple[str, int, list[dict[str, Any]]]]:
+def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: int, seen: _Seen,
+            room: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
     """A process's misses of one kind explained computation by computation: (cause, how
-    many, explanations)."""
+    many, at most ``room`` explanations in all)."""
     named = hook_records.missed_of(section, kind)[:misses]
     if kind == "triton":
-        keys = [_triton_key(m, earlier) for m in named]
+        keys = [_triton_key(m, seen) for m in named[:room]]
         out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
     else:
-        keys = [explain_key(m.key, record, earlier) for m in named]
+        keys = [seen.explain(m.key, record) for m in named[:room]]
         out = [("computations the process missed (one by one below)", len(named), keys)]
     rest = misses - len(named)
     if rest and kind == "jax":
         soft = record.get("software")
         version = soft.get("jax") if isinstance(soft, dict) else None
         which = f"jax {version}" if isinstance(version, str) else "this jax"
-        first = _first_computed(record, earlier)
-        inferred = [explain_key(key, record, earlier) for key in first[:rest]]
+        first = [key for key in _key_parts(record) if key not in seen.jax]
+        inferred = [seen.explain(key, record) for key in first[:min(rest, room - len(keys))]]
         out.append((f"{which} does not name the computations that missed: explained "
                     "here are those of its keys that no earlier process computed", rest, inferred)
                    if first else
