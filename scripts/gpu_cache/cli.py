@@ -263,11 +263,10 @@ def _explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.cache_root is None:
         raise UsageError("--explain needs a cache root (caching is turned off)")
-    explanations = explain.explain_cache(settings.cache_root, args.run_id)
+    report = explain.account_cache(settings.cache_root, args.run_id)
     if args.output:
-        _emit({"explain": explanations}, args.output, to_stdout=False)
-    sys.stdout.write(_dumps(explanations) if args.json
-                     else explain.render(explanations))
+        _emit(report, args.output, to_stdout=False)
+    sys.stdout.write(_dumps(report) if args.json else explain.render_account(report))
     return 0
 
 
@@ -402,10 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
     p.add_argument("--explain", action="store_true",
-                   help="explain why JAX computations missed: diff their cache-key parts against "
+                   help="account for every miss `gpu-cache stats` counts, by rule and cause, and "
+                        "explain why computations missed: diff their cache-key parts against "
                         "earlier runs' (from the stats hook's records)")
     p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
-                                    "(default: the latest process that missed)")
+                                    "(default: every record; key by key, the latest that missed)")
     p.add_argument("--fix", action="store_true",
                    help="also remove broken entries (empty or truncated JAX entries, orphan halves, "
                         "stale temporaries), as prune does, keeping every good one")
