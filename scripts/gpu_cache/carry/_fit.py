@@ -22,9 +22,10 @@ from ._format import printable
 #: them), to tell whether Triton entries built for a target serve a GPU type.
 COMPUTE_CAPABILITY = {
     "v100": 70, "t4": 75, "a100": 80, "a800": 80, "a30": 80, "a10": 86, "a16": 86, "a40": 86,
-    "rtxa6000": 86, "rtx3090": 86, "rtx3080": 86, "l4": 89, "l40": 89, "l40s": 89, "rtx4090": 89,
+    "rtxa6000": 86, "rtx3090": 86, "rtx3090ti": 86, "rtx3080": 86, "l4": 89, "l40": 89, "l40s": 89,
+    "rtx4090": 89, "rtx6000ada": 89,
     "h100": 90, "h200": 90, "h800": 90, "h20": 90, "gh200": 90, "b100": 100, "b200": 100,
-    "gb200": 100, "b300": 103, "rtx5090": 120,
+    "gb200": 100, "b300": 103, "rtx5090": 120, "rtxpro6000blackwell": 120, "rtxpro4500blackwell": 120,
 }
 
 
@@ -33,7 +34,7 @@ def target_of_gpu_type(gpu_type: str) -> str | None:
     (``sm_90``) is itself; None when unknown."""
     if re.fullmatch(r"sm_\d{2,3}", gpu_type):
         return gpu_type
-    capability = COMPUTE_CAPABILITY.get(gpu_type)
+    capability = COMPUTE_CAPABILITY.get(gpu_type.split("-mig")[0])  # a MIG slice: its GPU's
     return f"sm_{capability}" if capability else None
 
 
