@@ -121,9 +121,10 @@ def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
 
 # --- Several copies of the hook, and faults that must never break the job (issue 11) -------
 
-#: The last version of the hook before it marked itself (the marker), as an "old copy".
 #: The hook as it was before it marked itself (commit bd030ffd), as a job may still carry it.
 OLD_HOOK = REPO / "tests" / "fixtures" / "hook-before-marker"
+#: The hook as one file, before it was split into pieces (commit 49c8287): it has the marker.
+WHOLE_HOOK = REPO / "tests" / "fixtures" / "hook-before-split"
 #: A fake ``jax`` with just what the hook hooks: monitoring, the cache key and the cache log.
 FAKE_JAX = {
     "__init__.py": "from jax import monitoring\nfrom jax._src import compiler\n"
@@ -181,7 +182,7 @@ def user_site(tmp_path: Path, text: str = COUNTING_SITE) -> Path:
 
 def hook_copy(tmp_path: Path, how: str) -> Path:
     """Another copy of the hook folder: this checkout through a symlink, a second checkout,
-    or the last hook version before the marker (from git)."""
+    the last hook version before the marker, or the last one in one file."""
     if how == "symlink":
         (tmp_path / "other-checkout").symlink_to(REPO, target_is_directory=True)
         return tmp_path / "other-checkout" / HOOK.relative_to(REPO)
@@ -189,7 +190,7 @@ def hook_copy(tmp_path: Path, how: str) -> Path:
     if how == "copy":
         shutil.copytree(HOOK, folder, ignore=shutil.ignore_patterns("__pycache__"))
         return folder
-    return OLD_HOOK
+    return {"old": OLD_HOOK, "whole": WHOLE_HOOK}[how]
 
 
 def warnings_in(stderr: str) -> list[str]:
@@ -241,12 +242,15 @@ def test_two_copies_of_the_hook_act_as_one_in_a_real_jax_job(cache_root, tmp_pat
     assert runs.read_text() == "ran\nran\n" and len(records_of(cache_root)) == 1
 
 
-@pytest.mark.parametrize("order", ["old after ours", "old before ours", "three copies"])
+@pytest.mark.parametrize("order", ["old after ours", "old before ours", "three copies",
+                                   "one-file after ours", "one-file before ours"])
 def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     old, fake, mine = hook_copy(tmp_path, "old"), fake_jax(tmp_path), user_site(tmp_path)
+    whole = hook_copy(tmp_path, "whole")
     runs = tmp_path / "runs"
     hooks = {"old after ours": [HOOK, old], "old before ours": [old, HOOK],
-             "three copies": [HOOK, old, hook_copy(tmp_path, "copy")]}[order]
+             "three copies": [HOOK, old, hook_copy(tmp_path, "copy")],
+             "one-file after ours": [HOOK, whole, old], "one-file before ours": [whole, HOOK]}[order]
     env = clean_environ(GPU_CACHE_RECORDS=str(cache_root / "records"), RUNS_FILE=str(runs),
                         PYTHONPATH=os.pathsep.join(map(str, [*hooks, mine, fake, SCRIPTS])))
     done = python(FAKE_PROGRAM, env)
@@ -254,6 +258,28 @@ def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     assert runs.read_text() == "ran\n"
     (record,) = records_of(cache_root)  # one watcher: the first copy's (the old one's, if first)
     assert record["jax"]["requests"] == 3
+    pieces = python("import sys, jax; print(sorted(m for m in sys.modules if m.startswith('gpu_cache_')))",
+                    env)
+    assert pieces.stdout == ("[]\n" if hooks[0] != HOOK else "['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n")
+
+
+def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root, tmp_path):
+    # The record's piece is loaded at exit, from the hook's own folder: a job that took the
+    # hook off sys.path, or has a module of the same name, still gets its record.
+    fake, shadow = fake_jax(tmp_path), tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "gpu_cache_hook_record.py").write_text("raise RuntimeError('not the hook')\n")
+    env = hook_env(cache_root, str(fake))
+    code = ("import sys; before = sorted(m for m in sys.modules if m.startswith('gpu_cache'))\n"
+            "import jax\n"
+            "print(before, sorted(m for m in sys.modules if m.startswith('gpu_cache')))\n"
+            f"sys.path[:] = [{str(shadow)!r}] + [p for p in sys.path if 'hook' not in p]\n"
+            "jax.compile_many(2)\n")
+    done = python(code, env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "[] ['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n"
+    (record,) = records_of(cache_root)
+    assert record["jax"]["requests"] == 2 and record["libraries"] == ["jax"]
 
 
 def test_a_users_sitecustomize_that_raises_is_reported_as_python_does(cache_root, tmp_path):
