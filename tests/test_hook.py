@@ -259,8 +259,8 @@ def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     (record,) = records_of(cache_root)  # one watcher: the first copy's (the old one's, if first)
     assert record["jax"]["requests"] == 3
     pieces = python("import sys, jax; print(sorted(m for m in sys.modules if m.startswith('gpu_cache_')))",
-                    env)
-    assert pieces.stdout == ("[]\n" if hooks[0] != HOOK else "['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n")
+                    env).stdout
+    assert pieces == ("[]\n" if hooks[0] != HOOK else "['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n")
 
 
 def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root, tmp_path):

@@ -83,7 +83,7 @@ def measure(repeats: dict[str, int]) -> dict[str, Any]:
         samples: dict[str, dict[str, list[tuple[float, float]]]] = {
             program: {case: [] for case in envs} for program in PROGRAMS}
         for program, code in PROGRAMS.items():
-            for case, env in envs.items():  # once unmeasured: the page cache warm
+            for env in envs.values():  # once unmeasured: the page cache warm
                 run([sys.executable, "-c", code], env)
             for _ in range(repeats[program]):
                 for case, env in envs.items():

@@ -98,6 +98,8 @@ def _record(hook, time, socket):
     if "triton" in hook.libraries:
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
+    if "tokamax" in hook.parts:
+        record["tokamax"] = hook.parts["tokamax"]
     record["software"] = _software()
     return record
 

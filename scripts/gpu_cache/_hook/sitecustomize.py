@@ -8,6 +8,9 @@ only when needed (issue 19):
 - ``gpu_cache_hook_jax`` when the process imports ``jax``: its cache listeners, the key parts
   for ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
 - ``gpu_cache_hook_triton`` when it imports ``triton``: Triton's listener and cache manager;
+- ``gpu_cache_hook_tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's
+  JAX context before the first trace, which saves the second compile (issue 20; switched off
+  with ``GPU_CACHE_TOKAMAX_FIX=0``);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share) and ``gpu_cache_flight`` (single-flight
@@ -19,7 +22,7 @@ Rules it keeps:
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
-  it or an absolute ``$GPU_CACHE_LOCKS``;
+  it, an absolute ``$GPU_CACHE_LOCKS`` or the tokamax fix;
 - one per process: several copies of this file on ``sys.path`` (two checkouts, or one reached
   through a symlink) act as one. The first copy that runs marks the process (an attribute of
   ``sys``); any later copy that still gets run does nothing; the copies, and older versions of
@@ -46,6 +49,10 @@ _SYS_MARK = "_gpu_cache_startup_hook"
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
+#: The import after which the tokamax fix runs, and the variable that switches it off.
+_TOKAMAX_MODULE = "tokamax._src.ops.op"
+_TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
+_OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")
 
@@ -69,7 +76,8 @@ class _Hook:
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.libraries = set()  # the watched libraries this process imported
-        self.parts = {}  # what goes into the record: "jax", "triton"
+        self.parts = {}  # what goes into the record: "jax", "triton", "tokamax"
+        self.tokamax_fix = True  # not switched off
         self._exit = False
 
     def warn(self, what, exc):
@@ -151,6 +159,11 @@ def _observe(name):
         _piece(f"gpu_cache_hook_{name}").on_import(module, _HOOK)
 
     return handler
+
+
+def _tokamax(module):
+    _piece("gpu_cache_hook_common")
+    _piece("gpu_cache_hook_tokamax").on_import(module, _HOOK)
 
 
 class _Watcher:
@@ -335,8 +348,11 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
-    if folder or _HOOK.flight:
-        sys.meta_path.insert(0, _Watcher({name: _observe(name) for name in _WATCHED}))
+    handlers = {name: _observe(name) for name in _WATCHED} if folder or _HOOK.flight else {}
+    _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF
+    if _HOOK.tokamax_fix or folder:  # switched off, the record says so
+        handlers[_TOKAMAX_MODULE] = _tokamax
+    sys.meta_path.insert(0, _Watcher(handlers))
 
 
 def _main():
