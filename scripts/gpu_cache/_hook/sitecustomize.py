@@ -47,7 +47,7 @@ _LEGACY_WATCHER = "_ImportWatcher"
 #: The attribute of ``sys`` that says that a copy of the hook already runs in this process.
 _SYS_MARK = "_gpu_cache_startup_hook"
 
-#: The modules whose caches this hook observes: a copy of gpu_cache.kinds.WATCHED_MODULES.
+#: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
 #: The import after which the tokamax fix runs, and the variable that switches it off.
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
@@ -316,7 +316,7 @@ def _usable_triton_folder():
 
 
 #: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
+#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
 _IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 
 
