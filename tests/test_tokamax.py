@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.jobenv import env
 from gpu_cache.config.settings import settings_from
+from gpu_cache.jobenv import env
 from helpers import HOOK, SCRIPTS, clean_environ, unavailable
 from test_hook import fake_jax, records_of, warnings_in
 
