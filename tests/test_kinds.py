@@ -25,7 +25,7 @@ def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("sitecustomize", "_WATCHED") == kinds.WATCHED_MODULES
     assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
     assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("sitecustomize", "_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("gpu_cache_hook_bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
     assert _hook_constant("gpu_cache_hook_record", "_KEY_PACKAGES") == software.KEY_PACKAGES
 
 

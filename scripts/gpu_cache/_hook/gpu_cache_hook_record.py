@@ -98,8 +98,9 @@ def _record(hook, time, socket):
     if "triton" in hook.libraries:
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
-    if "tokamax" in hook.parts:
-        record["tokamax"] = hook.parts["tokamax"]
+    for name in ("tokamax", "fallbacks"):
+        if name in hook.parts:
+            record[name] = hook.parts[name]
     record["software"] = _software()
     return record
 

@@ -76,7 +76,7 @@ class _Hook:
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.libraries = set()  # the watched libraries this process imported
-        self.parts = {}  # what goes into the record: "jax", "triton", "tokamax"
+        self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
         self._exit = False
 
@@ -294,9 +294,10 @@ def _run_user_sitecustomize(here):
 
 
 def _usable_triton_folder():
-    """Point Triton at a node-local folder when the exported one cannot be created: Triton
-    creates it at start and raises in a read-only container image where the cache root is
-    not bound. Costs one stat where the folder exists."""
+    """Point Triton at another folder when the exported one cannot be created: Triton creates
+    it at start and raises in a read-only container image where the cache root is not bound.
+    Costs one stat where the folder exists; the fallback (a trusted node-local folder, else a
+    private one) is in ``gpu_cache_hook_fallback``."""
     folder = os.environ.get("TRITON_CACHE_DIR")
     if not folder or os.path.isdir(folder):
         return
@@ -304,42 +305,24 @@ def _usable_triton_folder():
         os.makedirs(folder, exist_ok=True)
         return
     except OSError as exc:
-        why = exc
-    import tempfile
-
-    local = os.path.join(tempfile.gettempdir(), f"gpu-cache-{os.getuid()}", "triton")
-    os.environ["TRITON_CACHE_DIR"] = local
-    shown = folder if len(folder) <= 500 else folder[:500] + "..."
-    _stderr(f"gpu-cache: warning: Triton's cache folder {shown} cannot be created "
-            f"({why.strerror}); this process uses {local}. Is the cache root bound into the "
-            "container?\n")
+        why = exc.strerror or repr(exc)
+    _piece("gpu_cache_hook_fallback").triton(folder, why, _HOOK, _stderr)
 
 
-#: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
-_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
-
-
-def _bytecode_folder():
-    """With gpu-cache's bytecode cache on (``$GPU_CACHE_BYTECODE``), write and read this
-    process's bytecode in a folder of this interpreter and image alone: Python trusts a .pyc
-    whose source has the same mtime and size, which two images with normalised mtimes share.
-    Overrides the image's PYTHONDONTWRITEBYTECODE for the imports that follow."""
+def _bytecode_cache():
+    """With gpu-cache's bytecode cache on, this process's bytecode goes to a folder of its
+    interpreter and image (``gpu_cache_hook_bytecode``)."""
     folder = os.environ.get("GPU_CACHE_BYTECODE")
-    if not folder or not os.path.isabs(folder):
-        return
-    import zlib
-
-    image = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), "")
-    identity = "\0".join([os.path.realpath(sys.executable or ""), sys.version, image])
-    tag = f"{sys.implementation.cache_tag}-{zlib.crc32(identity.encode('utf-8', 'replace')):08x}"
-    sys.pycache_prefix = os.path.join(folder, tag)
-    sys.dont_write_bytecode = False
+    if folder and os.path.isabs(folder):
+        _piece("gpu_cache_hook_bytecode").install(folder)
 
 
 def _install():
-    _usable_triton_folder()
-    _bytecode_folder()
+    for name, step in (("triton fallback", _usable_triton_folder), ("bytecode cache", _bytecode_cache)):
+        try:
+            step()
+        except Exception as exc:  # that part is off; the rest of the hook still works
+            _HOOK.warn(name, exc)
     folder = os.environ.get("GPU_CACHE_RECORDS") or None
     locks = os.environ.get("GPU_CACHE_LOCKS")
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
