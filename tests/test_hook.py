@@ -467,12 +467,10 @@ def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     assert hook.private_group(*mine) is trust.private_group(*mine) is False
 
 
-@pytest.mark.parametrize("plant", ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"])
-def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant):
-    # A job whose TRITON_CACHE_DIR cannot be created (a root not bound into a container) falls
-    # back to $TMPDIR/gpu-cache-<uid>/triton; another user made that folder first, with a
-    # kernel file in it. The job compiles into a private folder instead, and says why.
-    need_root()
+def plant_node_local(base: Path, plant: str, kind: str) -> tuple[Path, Path]:
+    """A $TMPDIR (1777) in which user nobody made gpu-cache-<uid>/<kind> first, with a file in
+    it: 0777, or 0755 of nobody's, or inside a 0777 gpu-cache-<uid> of ours. Returns the
+    $TMPDIR and gpu-cache-<uid>."""
     tmp = base / "tmp"
     tmp.mkdir()
     tmp.chmod(0o1777)
@@ -481,27 +479,65 @@ def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant):
         planted.mkdir()
         planted.chmod(0o777)
     mode = "0755" if plant == "nobody's 0755" else "0777"
-    script = f"mkdir -p -m {mode} {planted}/triton && echo evil > {planted}/triton/planted"
+    script = f"mkdir -p -m {mode} {planted}/{kind} && echo evil > {planted}/{kind}/planted"
     subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], check=True)
-    before = sorted(str(p.relative_to(planted)) for p in planted.rglob("*"))
+    return tmp, planted
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
+REFUSED = {"nobody's 0777": f"owned by user {NOBODY}", "nobody's 0755": f"owned by user {NOBODY}",
+           "ours 0777, nobody's triton": "world-writable"}
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+@pytest.mark.parametrize("how", ["cannot create its folder", "exported node-local"])
+def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant, how):
+    # A job whose TRITON_CACHE_DIR cannot be created (a root not bound into a container) falls
+    # back to $TMPDIR/gpu-cache-<uid>/triton, which gpu-cache env also exports on a node for a
+    # read-only root; there another user made that folder first, with a file in it. The job
+    # compiles into a private folder instead, and says why.
+    need_root()
+    tmp, planted = plant_node_local(base, plant, "triton")
+    before = tree(planted)
     records = base / "records"
-    environ = clean_environ(TRITON_CACHE_DIR="/proc/gpu-cache-not-bound/triton", TRITON_HOME=str(base),
-                            TMPDIR=str(tmp), GPU_CACHE_RECORDS=str(records),
+    wanted = "/proc/gpu-cache-not-bound/triton" if how.startswith("cannot") else str(planted / "triton")
+    environ = clean_environ(TRITON_CACHE_DIR=wanted, TRITON_HOME=str(base), TMPDIR=str(tmp),
+                            GPU_CACHE_RECORDS=str(records),
                             PYTHONPATH=os.pathsep.join([str(HOOK), str(SCRIPTS)]))
     done = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64",
                            "--mode", "aot"], env=environ, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    (warning,) = [line for line in done.stderr.splitlines() if line.startswith("gpu-cache: warning")]
+    (warning,) = warnings_in(done.stderr)
     assert "refused" in warning and "private folder" in warning
-    # Nothing read from it, nothing written into it.
-    assert sorted(str(p.relative_to(planted)) for p in planted.rglob("*")) == before
+    assert tree(planted) == before  # nothing read from it, nothing written into it
     (record,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
     fallback = record["fallbacks"]["triton"]
-    why = {"nobody's 0777": f"owned by user {NOBODY}", "nobody's 0755": f"owned by user {NOBODY}",
-           "ours 0777, nobody's triton": "world-writable"}[plant]
-    assert why in fallback["refused"] and fallback["wanted"] == "/proc/gpu-cache-not-bound/triton"
+    assert REFUSED[plant] in fallback["refused"] and fallback["wanted"] == wanted
     assert record["triton"]["misses"] == 5  # compiled in its private folder
     assert Path(fallback["used"]).parent == tmp and not Path(fallback["used"]).exists()  # removed at exit
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_a_lock_folder_another_user_made_first_turns_single_flight_off(base, tmp_path, plant):
+    # Whoever can add files to the lock folder can hold the locks a job waits on.
+    need_root()
+    tmp, planted = plant_node_local(base, plant.replace("triton", "locks"), "locks")
+    before = tree(planted)
+    fake = fake_jax(tmp_path)
+    environ = clean_environ(GPU_CACHE_LOCKS=str(planted / "locks"), TMPDIR=str(tmp),
+                            GPU_CACHE_RECORDS=str(base / "records"),
+                            PYTHONPATH=os.pathsep.join([str(HOOK), str(fake), str(SCRIPTS)]))
+    done = same_as_without_the_hook(FAKE_PROGRAM, environ, fake)
+    (warning,) = warnings_in(done.stderr)
+    assert "lock folder is refused" in warning and "without single-flight" in warning
+    assert tree(planted) == before
+    (record,) = [json.loads(p.read_text()) for p in (base / "records").glob("*.json")]
+    assert REFUSED[plant] in record["jax"]["single_flight"]["state"]
+    assert record["fallbacks"]["locks"]["refused"].startswith(str(planted))
 
 
 def make_image(folder: Path, value: int) -> Path:

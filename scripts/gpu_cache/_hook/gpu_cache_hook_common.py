@@ -82,7 +82,8 @@ def flight_off(hook, kind, why):
 def flight_stats(hook, kind):
     """What single-flight did for ``kind``, for the record."""
     if not hook.flight:
-        return {"state": "off: GPU_CACHE_LOCKS is not set"}
+        refused = hook.parts.get("fallbacks", {}).get("locks", {}).get("refused")
+        return {"state": text(f"off: {refused}" if refused else "off: GPU_CACHE_LOCKS is not set", 300)}
     try:
         return flight(hook).stats(kind)
     except Exception as exc:

@@ -1,17 +1,20 @@
-"""gpu-cache's startup hook, the node-local fallback: loaded only when the Triton cache folder a
-job was given cannot be created (a cache root not bound into a container).
+"""gpu-cache's startup hook, the node-local folders: loaded only when the Triton cache folder a
+job was given cannot be created (a cache root not bound into a container), or when a folder it
+was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``, exported by ``gpu-cache env`` for
+a read-only or unusable root, and made on each node by whoever comes first).
 
 Triton creates its cache folder at start and raises where it cannot. The process then uses
-``$TMPDIR/gpu-cache-<uid>/triton``, the folder ``gpu-cache env`` falls back to, only when that
-folder and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env`` applies
-(``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and nobody
-else can add a file to it (not others; not a group unless it is the owner's user-private group;
-no POSIX ACL or default ACL that lets another user or group write). ``/tmp`` is shared and bound
-into containers: whoever made that folder first would decide which kernels the job loads
-(issue 21). Nothing is created inside a folder that fails. The process then compiles into a
-private folder of its own (new, 0700, removed at exit): no cache across processes, and its
-record says why. ``tests/test_hook.py`` checks that this rule and gpu-cache's agree.
-Standard library only, Python 3.9+.
+``$TMPDIR/gpu-cache-<uid>/triton``, the folder ``gpu-cache env`` falls back to. A node-local
+folder is used only when it and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env``
+applies (``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and
+nobody else can add a file to it (not others; not a group unless it is the owner's user-private
+group; no POSIX ACL or default ACL that lets another user or group write). ``/tmp`` is shared
+and bound into containers: whoever made that folder first would decide which kernels the job
+loads (issue 21). Nothing is created inside a folder that fails. The process then compiles into
+a private folder of its own (new, 0700, removed at exit): no cache across processes; or, for
+single-flight's lock folder, runs without single-flight. Its record says why.
+``tests/test_hook.py`` checks that this rule and gpu-cache's agree. Standard library only,
+Python 3.9+.
 """
 
 import errno
@@ -148,8 +151,22 @@ def _remove_at_exit(folder):
     atexit.register(remove)
 
 
+def _record(hook, kind, **fields):
+    hook.parts.setdefault("fallbacks", {})[kind] = fields
+
+
+def _private_triton():
+    import tempfile
+
+    used = tempfile.mkdtemp(prefix="gpu-cache-triton-")
+    _remove_at_exit(used)
+    os.environ["TRITON_CACHE_DIR"] = used
+    return used
+
+
 def triton(wanted, why, hook, stderr):
-    """Point Triton at a usable folder: the node-local one when trusted, else a private one."""
+    """Point Triton at a usable folder when ``wanted`` cannot be created: the node-local one
+    when it is trusted, else a private one."""
     import tempfile
 
     base = os.path.join(tempfile.gettempdir(), f"gpu-cache-{os.getuid()}")
@@ -157,14 +174,37 @@ def triton(wanted, why, hook, stderr):
     refused = _trusted_folders([base, local])
     if refused is None:
         used, what = local, f"this process uses {local}"
+        os.environ["TRITON_CACHE_DIR"] = used
     else:
-        used = tempfile.mkdtemp(prefix="gpu-cache-triton-")
-        _remove_at_exit(used)
+        used = _private_triton()
         what = (f"its node-local fallback is refused ({refused}), so this process uses a private "
                 f"folder {used}, without a cache across processes")
-    os.environ["TRITON_CACHE_DIR"] = used
-    hook.parts.setdefault("fallbacks", {})["triton"] = {
-        "wanted": wanted[:500], "problem": why, "used": used, "refused": refused}
+    _record(hook, "triton", wanted=wanted[:500], problem=why, used=used, refused=refused)
     shown = wanted if len(wanted) <= 500 else wanted[:500] + "..."
     stderr(f"gpu-cache: warning: Triton's cache folder {shown} cannot be created ({why}); {what}. "
            "Is the cache root bound into the container?\n")
+
+
+def triton_node_local(folder, hook, stderr):
+    """Triton's exported node-local folder: used when trusted, else a private one."""
+    folder = folder.rstrip(os.sep)
+    refused = _trusted_folders([os.path.dirname(folder), folder])
+    if refused is None:
+        return
+    used = _private_triton()
+    _record(hook, "triton", wanted=folder[:500], problem=None, used=used, refused=refused)
+    stderr(f"gpu-cache: warning: Triton's node-local cache folder is refused ({refused[:500]}); this "
+           f"process uses a private folder {used}, without a cache across processes\n")
+
+
+def locks_node_local(folder, hook, stderr):
+    """Single-flight's exported node-local lock folder: whether it may be used (another user
+    who can add files to it could hold the locks that this job waits on)."""
+    folder = folder.rstrip(os.sep)
+    refused = _trusted_folders([os.path.dirname(folder), folder])
+    if refused is None:
+        return True
+    _record(hook, "locks", wanted=folder[:500], problem=None, used=None, refused=refused)
+    stderr(f"gpu-cache: warning: single-flight's node-local lock folder is refused ({refused[:500]}); "
+           "this process runs without single-flight\n")
+    return False

@@ -293,12 +293,23 @@ def _run_user_sitecustomize(here):
         return
 
 
+def _node_local(folder):
+    """Whether ``folder`` is one of gpu-cache's node-local folders
+    (``$TMPDIR/gpu-cache-<uid>/<kind>``): made on each node, by whoever comes first, so
+    checked on each node (``gpu_cache_hook_fallback``)."""
+    return os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"gpu-cache-{os.getuid()}"
+
+
 def _usable_triton_folder():
     """Point Triton at another folder when the exported one cannot be created: Triton creates
     it at start and raises in a read-only container image where the cache root is not bound.
     Costs one stat where the folder exists; the fallback (a trusted node-local folder, else a
-    private one) is in ``gpu_cache_hook_fallback``."""
+    private one) is in ``gpu_cache_hook_fallback``, as is the check of a node-local folder
+    that ``gpu-cache env`` exported."""
     folder = os.environ.get("TRITON_CACHE_DIR")
+    if folder and _node_local(folder):
+        _piece("gpu_cache_hook_fallback").triton_node_local(folder, _HOOK, _stderr)
+        return
     if not folder or os.path.isdir(folder):
         return
     try:
@@ -326,6 +337,12 @@ def _install():
     folder = os.environ.get("GPU_CACHE_RECORDS") or None
     locks = os.environ.get("GPU_CACHE_LOCKS")
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
+    if _HOOK.flight and _node_local(locks):
+        try:
+            _HOOK.flight = _piece("gpu_cache_hook_fallback").locks_node_local(locks, _HOOK, _stderr)
+        except Exception as exc:
+            _HOOK.flight = False
+            _HOOK.warn("single-flight's node-local folder", exc)
     # An older copy of this hook (before the marker) that ran first watches and records
     # already: a second watcher would only write a second record.
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
