@@ -15,7 +15,9 @@ install) the source is compiled in every process. This times, interleaved:
 - for ``python -c pass``, the same for the hook as one file, before it was split
   (``tests/fixtures/hook-before-split``).
 
-Prints medians and writes the samples, medians and differences to the baseline as JSON.
+Also, for ``python -c pass``, what ``python -X importtime`` says the ``sitecustomize`` import
+itself took (measured inside the process: less moved by other load on the machine than wall
+time). Prints medians and writes the samples, medians and differences to the baseline as JSON.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ def run(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def sitecustomize_us(env: dict[str, str]) -> int:
+    """Microseconds ``python -X importtime`` gives the import of sitecustomize (cumulative)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env,
+                          capture_output=True, text=True, check=True)
+    fields = next(f for f in (line.split("|") for line in done.stderr.splitlines())
+                  if len(f) == 3 and f[2].strip() == "sitecustomize")
+    return int(fields[1])
+
+
 def cases(work: Path) -> dict[str, dict[str, str]]:
     """Environment of each case: ``<hook>_<bytecode>`` and the two baselines."""
     out = {"none_bytecode": base_environ(),
@@ -83,6 +94,8 @@ def measure(repeats: dict[str, int]) -> dict[str, Any]:
         envs = cases(Path(scratch))
         samples: dict[str, dict[str, list[tuple[float, float]]]] = {program: {} for program in PROGRAMS}
         for program, code in PROGRAMS.items():
+            if not repeats[program]:
+                continue
             mine = {case: env for case, env in envs.items()
                     if program == "pass" or not case.startswith("whole")}
             for env in mine.values():  # once unmeasured: the page cache warm
@@ -90,9 +103,14 @@ def measure(repeats: dict[str, int]) -> dict[str, Any]:
             for _ in range(repeats[program]):
                 for case, env in mine.items():
                     samples[program].setdefault(case, []).append(run([sys.executable, "-c", code], env))
+        imports = {case: [sitecustomize_us(env) for _ in range(repeats["pass"])]
+                   for case, env in envs.items() if not case.startswith("none")}
         records = len(list((Path(scratch) / "records").glob("*.json")))
-    result: dict[str, Any] = {"records_written": records}
+    result: dict[str, Any] = {"records_written": records, "sitecustomize_import_us": {
+        case: {"median": statistics.median(v), "min": min(v)} for case, v in imports.items()}}
     for program, by_case in samples.items():
+        if not by_case:
+            continue
         median = {case: (statistics.median(s[0] for s in v), statistics.median(s[1] for s in v))
                   for case, v in by_case.items()}
         over = {}
@@ -130,7 +148,8 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for program in PROGRAMS:
+    print("sitecustomize import (us)", json.dumps(result["sitecustomize_import_us"]))
+    for program in (p for p in PROGRAMS if p in result):
         print(program, json.dumps(result[program]["median_ms"]))
         print(program, "hook over baseline", json.dumps(result[program]["hook_over_baseline_ms"]))
     return 0
