@@ -164,8 +164,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _load_phases(path: Path) -> dict[str, Any]:
     """The validation passes the workload runner wrote (a mapping of phase to result, or
     one validate pass)."""
-    from gpu_cache.commands.summary import load_json
     from gpu_cache.core.reports import PhaseResult
+    from gpu_cache.core.safe_io import load_json
 
     data = load_json(path)
     try:
@@ -348,30 +348,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-json", metavar="JSON", help=argparse.SUPPRESS)  # from the rules
 
 
-class _Unbuilt:
-    """Stands for the parser of a subcommand that this run does not use: its arguments go
-    nowhere. (Each parser costs about half a millisecond, mostly gettext lookups, and
-    ``gpu-cache env`` runs at every Snakemake start.)"""
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def set_defaults(self, **kwargs: Any) -> None:
-        return None
-
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> _Unbuilt:
-        return self
-
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> _Unbuilt:
-        return self
-
-
 def _command(sub: Any, name: str, handler: Handler, about: str,
              common: bool = True) -> argparse.ArgumentParser:
-    only = getattr(sub, "gpu_cache_only", None)
-    if only is not None and name != only:
-        sub.choices[name] = None  # a valid choice (and named in errors), never parsed with
-        return _Unbuilt()  # type: ignore[return-value]
     parser: argparse.ArgumentParser = sub.add_parser(name, help=about, description=about)
     parser.set_defaults(handler=handler)
     if common:
@@ -379,13 +357,11 @@ def _command(sub: Any, name: str, handler: Handler, about: str,
     return parser
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The ``gpu-cache`` argument parser; each subcommand sets its ``handler``. ``only``: build
-    the arguments of that subcommand alone (the others stay valid choices, unparsable)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gpu-cache`` argument parser; each subcommand sets its ``handler``."""
     parser = _Parser(prog="gpu-cache", description="Warm, validate, prune and observe JIT compile caches.")
     parser.add_argument("--version", action="version", version=f"gpu-cache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.gpu_cache_only = only  # type: ignore[attr-defined]
     parser.set_defaults(handler=lambda _args: _no_command(list(sub.choices)))
 
     p = _command(sub, "env", _env, "print the cache environment as shell lines (eval \"$(gpu-cache env)\")")
@@ -493,10 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     _keep_path_bytes()
     try:
         argv = sys.argv[1:] if argv is None else argv
-        # The subcommand is the first word that is not an option (the top level takes no
-        # option values): only its parser is built.
-        command = next((word for word in argv if not word.startswith("-")), None)
-        args = build_parser(command).parse_args(argv)
+        args = build_parser().parse_args(argv)
         handler: Handler = args.handler
         return handler(args)
     except UsageError as exc:

@@ -14,6 +14,13 @@ min_version("9.0")
 
 # The package lives in the checkout's scripts/ folder: importable without installation.
 GPU_CACHE_SCRIPTS = Path(workflow.current_basedir).parent.parent / "scripts"
+# The rules put it on PYTHONPATH, which splits at every ':' (#21): say so now, not in a rule.
+if os.pathsep in str(GPU_CACHE_SCRIPTS):
+    raise ValueError(
+        f"gpu-cache: its checkout {GPU_CACHE_SCRIPTS.parent} has {os.pathsep!r} in its path, which "
+        "PYTHONPATH cannot hold, so its rules could not import it; move it to a path without "
+        f"{os.pathsep!r}"
+    )
 if str(GPU_CACHE_SCRIPTS) not in sys.path:
     sys.path.insert(0, str(GPU_CACHE_SCRIPTS))
 

@@ -16,7 +16,7 @@ from gpu_cache.jobenv import env
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
 
 
-def _version(package: str) -> str | None:
+def installed_version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -50,7 +50,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
     report["warnings"] += report["outside_root"]
     report["device"] = device.detect().as_dict()
-    report["versions"] = {name: _version(name) for name in KEY_PACKAGES}
+    report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
 

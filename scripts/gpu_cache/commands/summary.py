@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from gpu_cache.config.units import format_size
+from gpu_cache.core import safe_io
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PruneReport, Verdict
-
-
-def load_json(path: Path) -> Any:
-    """The JSON in ``path``.
-
-    Raises:
-        UsageError: it cannot be read or is not JSON.
-    """
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def load_verdict(path: Path) -> Verdict:
     """Raises: UsageError: ``path`` cannot be read or is not a validation verdict."""
     try:
-        return Verdict.from_dict(load_json(path))
+        return Verdict.from_dict(safe_io.load_json(path))
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -34,7 +21,7 @@ def load_verdict(path: Path) -> Verdict:
 def load_prune(path: Path) -> PruneReport:
     """Raises: UsageError: ``path`` cannot be read or is not a prune report."""
     try:
-        return PruneReport.from_dict(load_json(path))
+        return PruneReport.from_dict(safe_io.load_json(path))
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
