@@ -437,6 +437,12 @@ FOLDERS = {
 }
 
 
+#: Folders above a cache folder (each holds one of root's, 0755), as (mode, owner).
+ABOVE = {"above 0777": (0o777, 0), "above 1777": (0o1777, 0), "above 0775 group root": (0o775, 0),
+         "above 0755 of nobody": (0o755, NOBODY), "above 1777 of nobody": (0o1777, NOBODY),
+         "above 0755": (0o755, 0)}
+
+
 def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     need_root()
     hook = hook_module("gpu_cache_hook_fallback")
@@ -450,11 +456,18 @@ def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
             if entries:
                 base_entries = [(0x01, RWX, 0xFFFFFFFF), (0x04, R_X, 0xFFFFFFFF), (0x20, R_X, 0xFFFFFFFF)]
                 set_acl(folder, *sorted([*base_entries, *entries]), default=is_default)
-        theirs = trust.distrust(folder, None)
-        ours = hook.distrust([str(folder)])
-        verdicts[name] = (theirs is None, ours is None)
+        verdicts[name] = folder
+    for name, (mode, owner) in ABOVE.items():
+        above = base / name.replace(" ", "-")
+        (above / "cache").mkdir(parents=True)
+        os.chown(above, owner, -1)
+        above.chmod(mode)
+        verdicts[name] = above / "cache"
+    verdicts = {name: (trust.distrust(folder, None, trusted_above=folder) is None,
+                       hook.distrust(str(folder)) is None) for name, folder in verdicts.items()}
     assert all(a == b for a, b in verdicts.values()), verdicts
-    assert [name for name, (ok, _) in verdicts.items() if ok] == ["0700", "0755", "ACL user nobody masked"]
+    assert [name for name, (ok, _) in verdicts.items() if ok] == [
+        "0700", "0755", "ACL user nobody masked", "above 1777", "above 0755"]
     # The user-private group (the only group that may write a user's own cache), and after it
     # gets a second member.
     user = pwd.getpwnam(private_user)

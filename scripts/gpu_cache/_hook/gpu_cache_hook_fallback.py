@@ -8,7 +8,9 @@ Triton creates its cache folder at start and raises where it cannot. The process
 folder is used only when it and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env``
 applies (``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and
 nobody else can add a file to it (not others; not a group unless it is the owner's user-private
-group; no POSIX ACL or default ACL that lets another user or group write). ``/tmp`` is shared
+group; no POSIX ACL or default ACL that lets another user or group write), and no folder above
+``gpu-cache-<uid>`` lets another user rename it away and put theirs in its place (the rule of
+ssh's StrictModes: ``/tmp``'s sticky bit protects an entry of one's own). ``/tmp`` is shared
 and bound into containers: whoever made that folder first would decide which kernels the job
 loads (issue 21). Nothing is created inside a folder that fails. The process then compiles into
 a private folder of its own (new, 0700, removed at exit): no cache across processes; or, for
@@ -109,30 +111,67 @@ def _distrust_one(path):
     return None
 
 
-def distrust(folders):
-    """Why one of ``folders`` (outermost first) may not hold this user's cache, or None.
-    Never raises for filesystem trouble."""
-    for folder in folders:
-        try:
-            why = _distrust_one(folder)
-        except (OSError, ValueError) as exc:
-            return f"cannot inspect {folder} (so it is not trusted): {exc}"
-        if why:
-            return why
+def may_swap(mode, owner, gid, below_owner, me, private):
+    """Who besides this user and root can rename the entry below a folder above a cache, and so
+    put theirs in its place: "owner", "group", "others", or None (gpu_cache.jobenv.trust's
+    rule, for a cache of one's own)."""
+    if owner not in (me, 0):
+        return "owner"
+    if mode & stat.S_ISVTX and below_owner in (me, 0):
+        return None
+    if mode & stat.S_IWOTH:
+        return "others"
+    if mode & stat.S_IWGRP and not private:
+        return "group"
     return None
+
+
+def _distrust_above(top):
+    """Why a folder above ``top`` lets another user swap it, or None."""
+    pairs = {}
+    for start in (os.path.abspath(top), os.path.realpath(top)):
+        entry, folder = start, os.path.dirname(start)
+        while entry != folder:
+            pairs[folder, entry] = None
+            entry, folder = folder, os.path.dirname(folder)
+    me = os.geteuid()
+    for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
+        info = os.stat(folder)
+        private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, os.lstat(entry).st_uid, me, private)
+        if who is not None:
+            what = {"owner": f"owned by user {info.st_uid}", "others": "writable by everyone",
+                    "group": f"writable by group {info.st_gid}"}[who]
+            return f"{folder}, above {top}, is {what}, so another user could put a folder of theirs there"
+    return None
+
+
+def distrust(folder):
+    """Why ``folder`` may not hold this user's cache, or None: it, and the folders above it,
+    which must not let another user swap it. Never raises for filesystem trouble."""
+    try:
+        why = _distrust_above(folder)
+    except (OSError, ValueError) as exc:
+        return f"cannot inspect the folders above {folder} (so it is not trusted): {exc}"
+    if why:
+        return why
+    try:
+        return _distrust_one(folder)
+    except (OSError, ValueError) as exc:
+        return f"cannot inspect {folder} (so it is not trusted): {exc}"
 
 
 def _trusted_folders(folders):
     """Make each of ``folders`` (outermost first) that is missing, checking each before going
     into it: why one is refused, or None."""
-    for at, folder in enumerate(folders):
+    for folder in folders:
         try:
             os.mkdir(folder, 0o755)  # the umask may take more away, never add
         except FileExistsError:
             pass
         except OSError as exc:
             return f"cannot create {folder}: {exc.strerror}"
-        why = distrust(folders[at:at + 1])
+        why = distrust(folder)
         if why:
             return why
     return None
