@@ -512,6 +512,7 @@ REFUSED = {"nobody's 0777": f"owned by user {NOBODY}", "nobody's 0755": f"owned 
            "ours 0777, nobody's triton": "world-writable"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", PLANTS)
 @pytest.mark.parametrize("how", ["cannot create its folder", "exported node-local"])
 def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant, how):
