@@ -121,6 +121,7 @@ def write_record(folder: Path, name: str, record: object, age_days: float = 0.0)
 ODD_VALUES = ['NaN', '"many"', 'null', '1e999', '-1e999', '[1]', '{"a": 1}', 'true']
 
 
+@pytest.mark.slow
 def test_records_with_odd_values_are_read_as_absent(tmp_path):
     records = tmp_path / "records"
     for number, value in enumerate(ODD_VALUES):

@@ -68,6 +68,7 @@ def test_strict_validation_fails_the_command(cache_root, tmp_path):
     assert read_json(tmp_path / "v.json")["passed"] is False
 
 
+@pytest.mark.slow
 def test_a_user_workload_runs_once_per_shape_with_the_cache_environment(cache_root, tmp_path):
     seen = tmp_path / "seen"
     config = write_config(tmp_path / "c.yaml", {

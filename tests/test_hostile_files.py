@@ -370,6 +370,7 @@ def prune_output(root: Path, target: Path, namespace: int | None = None) -> Run:
                namespace=namespace)
 
 
+@pytest.mark.slow
 def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, outside):
     link = tmp_path / "report.json"
     link.symlink_to(outside / "secret.txt")

@@ -366,6 +366,7 @@ def test_another_user_swapping_the_root_in_a_0777_parent_is_refused_and_the_stic
     assert jax_cached_in(env_exports(root, folder=base), root) is False
 
 
+@pytest.mark.slow
 def test_a_user_private_group_may_write_until_it_has_another_member(base, private_user):
     """With umask 002 every folder a user makes is writable by their private group: trusted,
     as long as that group is really private (here checked as the user, with runuser)."""
@@ -418,6 +419,7 @@ def nobody_can_add_a_file(folder: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_an_acl_that_lets_another_user_write_is_refused(base, team_group):
     root = base / "cache"
     jax = root / "jax"
