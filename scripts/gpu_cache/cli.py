@@ -263,11 +263,10 @@ def _explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.cache_root is None:
         raise UsageError("--explain needs a cache root (caching is turned off)")
-    explanations = explain.explain_cache(settings.cache_root, args.run_id)
+    report = explain.account_cache(settings.cache_root, args.run_id)
     if args.output:
-        _emit({"explain": explanations}, args.output, to_stdout=False)
-    sys.stdout.write(_dumps(explanations) if args.json
-                     else explain.render(explanations))
+        _emit(report, args.output, to_stdout=False)
+    sys.stdout.write(_dumps(report) if args.json else explain.render_account(report))
     return 0
 
 
@@ -305,8 +304,8 @@ def _pack(args: argparse.Namespace) -> int:
     if settings.cache_root is None:
         raise UsageError("pack needs a cache root (caching is turned off)")
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
-    report = carry.pack(settings.cache_root, Path(args.archive), args.kind or carry.CARRIED,
-                        args.gpu_type, args.workload, matcher)
+    report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                        gpu_type=args.gpu_type, workload=args.workload, matcher=matcher)
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_pack(report))
     return 0
 
@@ -316,13 +315,16 @@ def _unpack(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        report = carry.unpack(settings.cache_root, Path(args.archive), args.kind, args.gpu_type,
-                              args.python, args.image, args.force, args.dry_run, settings.shared_group)
+        report = carry.unpack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                              gpu_type=args.gpu_type, python=args.python, image=args.image,
+                              force=args.force, dry_run=args.dry_run, shared_group=settings.shared_group)
     except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
         print(f"gpu-cache: error: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_unpack(report))
-    return 0
+    for line in report.failures():  # entries damaged in the archive: never a success
+        print(f"gpu-cache: error: {line}", file=sys.stderr)
+    return 1 if report.damaged else 0
 
 
 def _install_profile(args: argparse.Namespace) -> int:
@@ -399,10 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
     p.add_argument("--explain", action="store_true",
-                   help="explain why JAX computations missed: diff their cache-key parts against "
+                   help="account for every miss `gpu-cache stats` counts, by rule and cause, and "
+                        "explain why computations missed: diff their cache-key parts against "
                         "earlier runs' (from the stats hook's records)")
     p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
-                                    "(default: the latest process that missed)")
+                                    "(default: every record; key by key, the latest that missed)")
     p.add_argument("--fix", action="store_true",
                    help="also remove broken entries (empty or truncated JAX entries, orphan halves, "
                         "stale temporaries), as prune does, keeping every good one")

@@ -254,15 +254,30 @@ class GpuType:
     container: str | None = None
     conda: str | None = None
     python: str | None = None
-    #: The partition may lack this type: its warm and check jobs give up after
-    #: ``queue_wait_seconds`` in the queue and its verdict is then "unscheduled".
-    optional: bool = False
+    #: The partition may lack this type: a job of it that found no node ends "unscheduled"
+    #: (after ``queue_wait_seconds`` in the queue at most). None: :attr:`is_optional` decides.
+    optional: bool | None = None
     queue_wait_seconds: float = 2 * 3600.0
 
     @property
     def expected_device(self) -> str:
         """The device type its jobs must see: ``device`` if configured, else the type's name."""
         return self.device or self.name
+
+    @property
+    def is_optional(self) -> bool:
+        """``optional`` as configured; by default, whether the type asks SLURM for a place
+        (a type that does not runs wherever Snakemake runs its jobs: it cannot go unscheduled).
+        Optional by default (#25): a type the partition lacks must not hold back the jobs that
+        wait for every type's verdict; a job that needs that type still fails on its own."""
+        if self.optional is not None:
+            return self.optional
+        return any(self.resources.get(name) for name in PLACEMENT_RESOURCES)
+
+
+#: Resources that put a job on a node of its GPU type; a job of an optional type that could
+#: not run there is retried without them (it then runs no workload: "unscheduled").
+PLACEMENT_RESOURCES = ("slurm_partition", "qos", "gres", "gpu", "gpu_model", "constraint", "slurm_extra")
 
 
 @dataclass(frozen=True)

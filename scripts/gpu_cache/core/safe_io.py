@@ -207,7 +207,8 @@ def temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # within NAME_MAX
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -232,7 +233,7 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
         try:
             if mode is not None:
                 os.fchmod(fd, mode)
-            _write_all(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(temp, path)
@@ -580,7 +581,7 @@ def _write_device(path: Path, data: bytes, what: str, follow: bool = False) -> N
             raise OSError(errno.EINVAL, f"was replaced by {describe(info.st_mode)} while it was "
                           "opened; nothing written", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        _write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 
