@@ -106,7 +106,8 @@ def on_package(tokamax, hook):
             try:
                 _enter(tokamax, os.path.join(here, name), versions, tuning)
             except Exception as exc:  # that result is not used; the job runs as without it
-                tuning["refused"].append(text(f"{name}: {exc!r}", 300))
+                first = (str(exc).splitlines() or [""])[0]
+                tuning["refused"].append(text(f"{name}: {type(exc).__name__}: {first}", 300))
     if os.environ.get("GPU_CACHE_AUTOTUNE_SAVE") == "1":
         _keep_tuned(tokamax, here, versions, tuning)
 
@@ -173,7 +174,7 @@ class _MissCounter(logging.Filter):
                 args = record.args if isinstance(record.args, tuple) else ()
                 if len(self.tuning["missed"]) < NAMED and len(args) >= 2:
                     self.tuning["missed"].append({"name": text(type(args[0]).__name__, 200),
-                                                  "key": text(f"{args[1]}: {args[2:]}", 300)})
+                                                  "key": text(" ".join(str(a) for a in args[1:3]), 300)})
         except Exception:
             pass
         return True

@@ -116,6 +116,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
                              workload.builtin, workload.expects) for shape in workload.shapes]
     environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
                "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
+    if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
+        environ["GPU_CACHE_AUTOTUNE_SAVE"] = "1"
     python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.
