@@ -252,3 +252,12 @@ def test_the_hooks_copies_match_the_inventory():
         assert hook.version_folder(*versions) == autotune_cache.version_folder(*versions)
     for device in ("NVIDIA H200", "NVIDIA A100-SXM4-40GB", "../x y"):
         assert hook.file_name(device) == autotune_cache.file_name(device)
+
+
+def test_only_the_warm_pass_saves_what_tokamax_tunes():
+    from gpu_cache.commands.workload import plan_phase
+
+    settings = settings_from({})
+    assert plan_phase(settings, "cpu", "warm").environ["GPU_CACHE_AUTOTUNE_SAVE"] == "1"
+    for phase in ("validate", "cold"):
+        assert "GPU_CACHE_AUTOTUNE_SAVE" not in plan_phase(settings, "cpu", phase).environ
