@@ -125,8 +125,21 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             missed=[m for s in sections for m in missed_of(s, kind)],
             hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
+    tuning = [t for t in (autotuning_of(r) for r in found) if t is not None]
+    if tuning:
+        out["autotune"] = KindTotals(
+            processes=len(tuning), hits=sum(count(t.get("entries")) for t in tuning),
+            misses=sum(count(t.get("misses")) for t in tuning),
+            missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
 
+
+def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What the hook's tokamax piece says about autotuning in a record (issue 24): results
+    entered (``entries``: config sets, counted as hits) and lookups that missed."""
+    tokamax = part(record, "tokamax")
+    tuning = tokamax.get("autotuning") if tokamax else None
+    return tuning if isinstance(tuning, dict) else None
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
