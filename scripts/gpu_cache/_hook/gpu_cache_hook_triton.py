@@ -7,6 +7,7 @@ record's ``kernels``, which ``gpu-cache warm`` replays on all cores: issue 26); 
 (``gpu_cache_triton_seed.FlightCacheManager``). Standard library only, Python 3.9+.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -66,7 +67,7 @@ def _triton_listener(triton_module, hook, stats):
 MAX_KERNELS = 200
 KERNEL_BYTES = 16 << 10
 KERNELS_BYTES = 512 << 10
-_described = set()  # the kernels this process described already (their JSON)
+_described = set()  # the kernels this process met already (digests of their descriptions)
 _kept_bytes = [0]
 _defaults = {}  # target -> the backend's default options
 
@@ -77,13 +78,15 @@ def _keep_kernel(stats, src, metadata, key):
     type) is counted in ``dropped.kernels``."""
     kernel = describe(src, metadata, key)
     data = None if kernel is None else json.dumps(kernel, sort_keys=True, allow_nan=False)
-    if data is not None and data in _described:
-        return
+    if data is not None:
+        digest = hashlib.sha256(data.encode()).digest()
+        if digest in _described:
+            return
+        _described.add(digest)
     if (data is None or len(stats["kernels"]) >= MAX_KERNELS or len(data) > KERNEL_BYTES
             or _kept_bytes[0] + len(data) > KERNELS_BYTES):
         stats["dropped"]["kernels"] += 1
         return
-    _described.add(data)
     _kept_bytes[0] += len(data)
     stats["kernels"].append(kernel)
 
