@@ -76,8 +76,11 @@ def _keep_kernel(stats, src, metadata, key):
     """Append a description of the kernel ``src`` just compiled to the record, once, within
     the bounds; one that cannot be described (no importable function, a constant of an odd
     type) is counted in ``dropped.kernels``."""
-    kernel = describe(src, metadata, key)
-    data = None if kernel is None else json.dumps(kernel, sort_keys=True, allow_nan=False)
+    try:
+        kernel = describe(src, metadata, key)
+        data = None if kernel is None else json.dumps(kernel, sort_keys=True, allow_nan=False)
+    except Exception:  # a backend or value this hook does not know: only counted
+        data = None
     if data is not None:
         digest = hashlib.sha256(data.encode()).digest()
         if digest in _described:
