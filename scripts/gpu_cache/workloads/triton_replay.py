@@ -294,6 +294,14 @@ def _last_line(exc: BaseException) -> str:
     return text.splitlines()[-1][:300] if text else ""
 
 
+def _cores() -> int:
+    """The cores this process may run on (a SLURM job's, not the node's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -304,8 +312,9 @@ def _parser() -> argparse.ArgumentParser:
                             description="Compile the Triton kernels the records describe, in parallel.")
     parser.add_argument("--records", default=os.environ.get("GPU_CACHE_RECORDS"),
                         help="the records folder (default: $GPU_CACHE_RECORDS)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="processes at once (default: the cores here); 1 compiles in turn")
+    parser.add_argument("--jobs", type=int, default=_cores(),
+                        help="processes at once (default: the cores this process may use); 1 compiles "
+                             "in turn")
     parser.add_argument("--targets", default=None,
                         help="only kernels recorded for these targets, e.g. sm_90 (default: all)")
     return parser
