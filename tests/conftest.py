@@ -20,7 +20,7 @@ from sshfs_mount import SshfsMount, missing_requirements
 SLOW_FIXTURES = frozenset({
     "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
     "unbound_dir", "mounts", "private_tmpfs",
-    "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache",
+    "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
 })
 
 
