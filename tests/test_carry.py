@@ -719,7 +719,9 @@ def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: 
     """A result tokamax tuned in a warm process, packed with one of another tokamax and a
     broken one, unpacked at another path: a job there gets the tuned config with no miss."""
     test_autotune.real_tokamax()
-    source, best = test_autotune.warmed(tmp_path)
+    source = tmp_path / "root"
+    best, _ = test_autotune.run(test_autotune.WARM_PROGRAM, test_autotune.gpu_cache_env(
+        source, GPU_CACHE_AUTOTUNE_SAVE="1", GPU_CACHE_RULE="warm_cache", GPU_CACHE_GPU_TYPE="cpu"))
     other = source / "autotune" / result_key("0.0.11", "NVIDIA H200")
     other.parent.mkdir()
     other.write_bytes(wrapper("NVIDIA H200", "0.0.11"))
@@ -737,6 +739,14 @@ def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: 
     assert packed[result_key()]["sha256"] == {"cpu.json": sha256(saved)}
     assert {v["tokamax"] for v in manifest["software_by_kind"]["autotune"]} == {"0.0.12", "0.0.11"}
     assert [s["key"] for s in manifest["skipped"]] == [result_key("0.0.11", "junk")]
+    # The warm pass of GPU type cpu saved only the result of its own versions and device kind.
+    result = run_cli("pack", str(tmp_path / "cpu.tar"), "--cache-root", str(source), "--kind", "autotune",
+                     "--gpu-type", "cpu", "--json")
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["entries"], json.loads(result.stdout)["missing_from_cache"]) == \
+        ({"autotune": 1}, {"autotune": 0})
+    selected = manifest_of(tmp_path / "cpu.tar")["kinds"]["autotune"]["entries"]
+    assert [e["key"] for e in selected] == [result_key()]
 
     root = tmp_path / "elsewhere"
     result = unpack(path, root)

@@ -48,17 +48,19 @@ def _version_tuple(version: Any) -> tuple[int, ...]:
 
 
 def keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
-    """The keys a record's process hit or wrote for one kind (autotuning results: those of
-    its tokamax and jax versions and its device kinds, which it read or saved)."""
+    """The keys a record's process hit or wrote for one kind (autotuning results: those it
+    loaded, and the one of its device kind where it saved one, in its versions' folder)."""
     if kind == "autotune":
-        tuning = hook_records.autotuning_of(dict(record))
-        versions = _texts(tuning.get("versions")) if tuning else []
-        device = record.get("device")
-        kinds = _texts(device.get("kinds")) if isinstance(device, dict) else []
+        tuning = hook_records.autotuning_of(dict(record)) or {}
+        versions = _texts(tuning.get("versions"))
         if len(versions) != 2:
             return set()
+        names = set(_texts(tuning.get("loaded")))
+        device = record.get("device")
+        if str(tuning.get("save")).startswith("saved ") and isinstance(device, dict):
+            names |= {autotune_cache.file_name(name) for name in _texts(device.get("kinds"))}
         folder = autotune_cache.version_folder(*versions)
-        return {f"{folder}/{autotune_cache.file_name(device_kind)}" for device_kind in kinds}
+        return {f"{folder}/{name}" for name in names}
     section = hook_records.part(dict(record), kind)
     if section is None:
         return set()
