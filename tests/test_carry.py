@@ -716,6 +716,7 @@ def result_key(tokamax: str = "0.0.12", device: str = "cpu") -> str:
     return f"{folder}/{autotune_cache.file_name(device)}"
 
 
+@pytest.mark.slow
 def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: Path) -> None:
     """A result tokamax tuned in a warm process, packed with one of another tokamax and a
     broken one, unpacked at another path: a job there gets the tuned config with no miss."""
