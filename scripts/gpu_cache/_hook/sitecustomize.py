@@ -444,8 +444,11 @@ def _flight_jax():
                 raise
             return again if again[0] is not None else None
 
+        def peek():  # JAX writes entries in place: read one only once it is whole
+            return read() if flight.jax_entry_ready(folder(), cache_key) else None
+
         try:
-            found, lock = flight.lead("jax", cache_key, folder(), read)
+            found, lock = flight.lead("jax", cache_key, folder(), read, peek)
         except Exception as exc:
             if raised:
                 raise
