@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
-from gpu_cache import carry, jax_cache, kinds, software
-from gpu_cache.settings import settings_from
+from gpu_cache import carry
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core import kinds, software
+from gpu_cache.core.caches import jax as jax_cache
 from helpers import SMALL, clean_environ, read_json, run_cli
 
 pytest.importorskip("triton")

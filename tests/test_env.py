@@ -2,8 +2,8 @@
 
 import subprocess
 
-from gpu_cache import env
-from gpu_cache.settings import settings_from
+from gpu_cache.config.settings import settings_from
+from gpu_cache.jobenv import env
 from helpers import clean_environ, run_cli
 
 

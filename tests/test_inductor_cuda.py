@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import env, inductor_cache
-from gpu_cache.settings import settings_from
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core.caches import inductor as inductor_cache
+from gpu_cache.jobenv import env
 from helpers import clean_environ, run_cli
 
 DAY = 86400.0

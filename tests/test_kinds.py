@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from gpu_cache import env, kinds, software
-from gpu_cache.settings import settings_from
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core import kinds, software
+from gpu_cache.jobenv import env
 from helpers import SCRIPTS
 
 HOOK = SCRIPTS / "gpu_cache" / "_hook" / "sitecustomize.py"

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import jax_cache, triton_cache
-from gpu_cache.fs import check_folder
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.jobenv.fs import check_folder
 from helpers import (
     FILLER,
     READER,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import jax_cache, verified
-from gpu_cache.prune import prune
-from gpu_cache.settings import settings_from
+from gpu_cache.commands.prune import prune
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core import verified
+from gpu_cache.core.caches import jax as jax_cache
 from helpers import jax_job_env, read_json, run_cli
 
 FILL = """

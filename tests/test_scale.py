@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import jax_cache, settings, verified
+from gpu_cache.config import settings
+from gpu_cache.core import verified
+from gpu_cache.core.caches import jax as jax_cache
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli
 
 DAY = 86400.0
@@ -241,7 +243,7 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
 
 
 def test_the_docs_say_where_each_kind_reads_last_use():
-    from gpu_cache import kinds
+    from gpu_cache.core import kinds
 
     docs = (REPO / "docs" / "observe.md").read_text()
     for name in kinds.PRUNABLE:

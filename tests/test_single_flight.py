@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache import env
-from gpu_cache.settings import settings_from
+from gpu_cache.config.settings import settings_from
+from gpu_cache.jobenv import env
 from helpers import HOOK, clean_environ, run_cli
 
 N = 4

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpu_cache import triton_cache
+from gpu_cache.core.caches import triton as triton_cache
 from helpers import REPO, clean_environ
 
 SHAPE = "1000"  # not a multiple of 16: exercises the unaligned specialisation too

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.errors import UsageError
-from gpu_cache.settings import resolve_cache_root
+from gpu_cache.config.settings import resolve_cache_root
+from gpu_cache.core.errors import UsageError
 from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, write_config
 
 # Under CI (root there) a test never skips for this: it would fail instead.

@@ -3,12 +3,12 @@ explanation of a JAX miss. (Settings, sizes and ages: test_units_settings.py.)""
 
 import pytest
 
-from gpu_cache.device import gpu_type_of
-from gpu_cache.entries import Entry
-from gpu_cache.explain import explain_key, explain_records
-from gpu_cache.prune import plan
-from gpu_cache.reports import KindCounts, Missed
-from gpu_cache.validate import NAMED_MISSES, judge
+from gpu_cache.commands.explain import explain_key, explain_records
+from gpu_cache.commands.prune import plan
+from gpu_cache.commands.validate import NAMED_MISSES, judge
+from gpu_cache.core.device import gpu_type_of
+from gpu_cache.core.entries import Entry
+from gpu_cache.core.reports import KindCounts, Missed
 
 DAY = 86400.0
 NOW = 1_000 * DAY

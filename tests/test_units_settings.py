@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.errors import UsageError
-from gpu_cache.settings import resolve_cache_root, settings_from, validate_config
-from gpu_cache.units import format_size, parse_age, parse_size
+from gpu_cache.config.settings import resolve_cache_root, settings_from, validate_config
+from gpu_cache.config.units import format_size, parse_age, parse_size
+from gpu_cache.core.errors import UsageError
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -72,7 +72,7 @@ def test_defaults_are_filled_for_every_key():
 
 
 def test_every_schema_key_has_a_description_and_default():
-    from gpu_cache.settings import load_schema
+    from gpu_cache.config.settings import load_schema
 
     def walk(schema, where):
         for key, sub in schema.get("properties", {}).items():

@@ -1,10 +1,10 @@
 """gpu-cache: warm, validate, prune and observe the JIT compile caches of GPU jobs.
 
 The public entry points are the CLI (``gpu-cache`` / ``python -m gpu_cache``) and the
-modules it is built from: :mod:`gpu_cache.kinds` (the cache kinds), :mod:`gpu_cache.settings`
-(config and cache root), :mod:`gpu_cache.env` (the exported environment),
-:mod:`gpu_cache.warm`, :mod:`gpu_cache.validate`, :mod:`gpu_cache.prune`,
-:mod:`gpu_cache.stats` and the report types of :mod:`gpu_cache.reports`.
+modules it is built from: :mod:`gpu_cache.core.kinds` (the cache kinds), :mod:`gpu_cache.config.settings`
+(config and cache root), :mod:`gpu_cache.jobenv.env` (the exported environment),
+:mod:`gpu_cache.commands.warm`, :mod:`gpu_cache.commands.validate`, :mod:`gpu_cache.commands.prune`,
+:mod:`gpu_cache.commands.stats` and the report types of :mod:`gpu_cache.core.reports`.
 
 Progress and warnings go through :mod:`logging` (logger ``gpu_cache``), which prints them
 on stderr as ``gpu-cache: ...`` and ``gpu-cache: warning: ...`` lines. The handler is

@@ -8,7 +8,7 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
 * ``kinds``: per kind (``jax``, ``triton``) its entries, each with ``key``, ``name`` (the
   computation or kernel), ``files`` (file name -> bytes), ``size``, ``last_use`` and, for
   Triton, the ``target`` it was compiled for (``sm_90``, from the kernel's metadata json);
-* ``software``: the identity (:func:`gpu_cache.software.identity`) of the interpreter that
+* ``software``: the identity (:func:`gpu_cache.core.software.identity`) of the interpreter that
   warmed the entries: from the stats hook's records of the warm and validate passes that
   wrote or hit them, else the packing interpreter's; ``software_by_kind``: every distinct one
   per kind, newest first;
@@ -57,9 +57,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gpu_cache import __version__, jax_cache, kinds, records, safe_io, software, triton_cache, trust
-from gpu_cache.errors import UsageError
-from gpu_cache.units import format_size
+from gpu_cache import __version__
+from gpu_cache.config.units import format_size
+from gpu_cache.core import hook_records, kinds, safe_io, software
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.errors import UsageError
+from gpu_cache.jobenv import trust
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +85,9 @@ _END_ROOM = 64 << 10
 #: Free space kept beyond what unpack writes.
 SPACE_MARGIN = 64 << 20
 #: The rules of gpu-cache's own passes, whose records say which software warmed which keys
-#: (the same as gpu_cache.stats.OWN_RULES).
+#: (the same as gpu_cache.commands.stats.OWN_RULES).
 OWN_RULES = ("warm_cache", "validate_cache")
-#: Compute capability of each GPU type name (as :func:`gpu_cache.device.gpu_type_of` names
+#: Compute capability of each GPU type name (as :func:`gpu_cache.core.device.gpu_type_of` names
 #: them), to tell whether Triton entries built for a target serve a GPU type.
 COMPUTE_CAPABILITY = {
     "v100": 70, "t4": 75, "a100": 80, "a800": 80, "a30": 80, "a10": 86, "a16": 86, "a40": 86,
@@ -174,7 +178,7 @@ class _Progress:
 
 def _keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
     """The keys a record's process hit or wrote for one kind."""
-    section = records.part(dict(record), kind)
+    section = hook_records.part(dict(record), kind)
     if section is None:
         return set()
     found = {k for k in section.get("hit_keys") or [] if isinstance(k, str)}
@@ -184,9 +188,9 @@ def _keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
 
 
 def _dropped(record: Mapping[str, Any], kind: str) -> bool:
-    section = records.part(dict(record), kind) or {}
+    section = hook_records.part(dict(record), kind) or {}
     dropped = section.get("dropped")
-    return isinstance(dropped, dict) and any(records.count(v) for k, v in dropped.items()
+    return isinstance(dropped, dict) and any(hook_records.count(v) for k, v in dropped.items()
                                              if k in ("hit_keys", "missed"))
 
 
@@ -198,7 +202,7 @@ def workload_matcher(settings: Any, name: str) -> Callable[[Any], bool]:
     Raises:
         UsageError: no such workload.
     """
-    from gpu_cache.workload import BUILTINS, resolve_workload
+    from gpu_cache.commands.workload import BUILTINS, resolve_workload
 
     workload = resolve_workload(settings, name)
     if workload.builtin:
@@ -231,7 +235,7 @@ def _own_records(root: Path, gpu_type: str | None,
                  matcher: Callable[[Any], bool] | None) -> list[dict[str, Any]]:
     """The records of warm and validate passes (of one GPU type, of one workload), oldest first."""
     found = []
-    for record in records.read(records.records_dir(root)):
+    for record in hook_records.read(hook_records.records_dir(root)):
         if record.get("rule") not in OWN_RULES:
             continue
         if gpu_type is not None and record.get("gpu_type") != gpu_type:
@@ -455,7 +459,7 @@ def pack(root: Path, archive: Path, kinds_asked: Iterable[str] = CARRIED, gpu_ty
             archive name.
         OSError: the cache changed while it was packed, or the archive cannot be written.
     """
-    from gpu_cache.fs import require_folder_or_missing
+    from gpu_cache.jobenv.fs import require_folder_or_missing
 
     chosen_kinds = tuple(dict.fromkeys(kinds_asked))
     for kind in chosen_kinds:
@@ -1225,7 +1229,7 @@ def unpack(root: Path | None, archive: Path, kinds_asked: Iterable[str] | None =
             not fit on the disk; nothing is written then.
         OSError: writing failed (the entries written until then are whole).
     """
-    from gpu_cache.fs import require_folder_or_missing
+    from gpu_cache.jobenv.fs import require_folder_or_missing
 
     if root is None:
         raise UsageError("unpack needs a cache root (caching is turned off)")

@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache import __version__, kinds
-from gpu_cache.errors import UsageError
-from gpu_cache.settings import Settings, load_config_file, settings_from
+from gpu_cache import __version__
+from gpu_cache.config.settings import Settings, load_config_file, settings_from
+from gpu_cache.core import kinds
+from gpu_cache.core.errors import UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -50,7 +51,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             raise UsageError("--config-json must be a JSON object of config keys")
     settings = settings_from(config, cache_root=args.cache_root)
     if settings.shared_group is not None:
-        from gpu_cache.trust import share_with_group
+        from gpu_cache.jobenv.trust import share_with_group
 
         share_with_group()  # what warm/validate start writes group-writable entries
     return settings
@@ -87,17 +88,17 @@ def _emit(report: dict[str, Any], output: str | None, to_stdout: bool = True,
 
 def _write_text(target: Path, text: str) -> None:
     """Write ``text`` to the output ``target`` without ever replacing what it names, unless
-    that is a regular file (:func:`gpu_cache.safe_io.write_output`): a regular file or a new
+    that is a regular file (:func:`gpu_cache.core.safe_io.write_output`): a regular file or a new
     path goes through a temporary file beside it and a rename; a symlink is followed; a
     character device or FIFO is written to; a folder, socket or block device is refused
     (exit 2); a FIFO that nobody reads is refused (exit 1)."""
-    from gpu_cache.safe_io import write_output
+    from gpu_cache.core.safe_io import write_output
 
     write_output(target, text, what="--output")
 
 
 def _gpu_type(settings: Settings, requested: str | None) -> str:
-    from gpu_cache.targets import gpu_types
+    from gpu_cache.config.targets import gpu_types
 
     return requested or next(iter(gpu_types(settings)))
 
@@ -106,7 +107,7 @@ def _gpu_type(settings: Settings, requested: str | None) -> str:
 
 
 def _env(args: argparse.Namespace) -> int:
-    from gpu_cache import env
+    from gpu_cache.jobenv import env
 
     exports = env.resolve(_settings(args))
     if args.json:
@@ -121,7 +122,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    from gpu_cache.warm import warm
+    from gpu_cache.commands.warm import warm
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
@@ -134,8 +135,8 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gpu_cache import env
-    from gpu_cache.validate import judge_phases, remember, run_phases
+    from gpu_cache.commands.validate import judge_phases, remember, run_phases
+    from gpu_cache.jobenv import env
 
     settings = _settings(args)
     gpu_type = _gpu_type(settings, args.gpu_type)
@@ -163,8 +164,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _load_phases(path: Path) -> dict[str, Any]:
     """The validation passes the workload runner wrote (a mapping of phase to result, or
     one validate pass)."""
-    from gpu_cache.reports import PhaseResult
-    from gpu_cache.summary import load_json
+    from gpu_cache.commands.summary import load_json
+    from gpu_cache.core.reports import PhaseResult
 
     data = load_json(path)
     try:
@@ -182,8 +183,8 @@ def _prune(args: argparse.Namespace) -> int:
 
 
 def _prune_now(args: argparse.Namespace) -> int:
-    from gpu_cache.prune import prune
-    from gpu_cache.units import parse_age, parse_size
+    from gpu_cache.commands.prune import prune
+    from gpu_cache.config.units import parse_age, parse_size
 
     settings = _settings(args)
     try:
@@ -207,7 +208,7 @@ def _prune_now(args: argparse.Namespace) -> int:
 
 def _removed_lines(report: Any, shown: int = 20) -> str:
     """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
-    from gpu_cache.units import format_size
+    from gpu_cache.config.units import format_size
 
     verb = "would remove" if report.dry_run else "removed"
     lines = []
@@ -226,8 +227,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _stats_now(args: argparse.Namespace) -> int:
-    from gpu_cache import stats
-    from gpu_cache.fs import require_folder_or_missing
+    from gpu_cache.commands import stats
+    from gpu_cache.jobenv.fs import require_folder_or_missing
 
     settings = _settings(args)
     if settings.cache_root is not None:
@@ -240,12 +241,12 @@ def _stats_now(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     if args.explain:
         return _explain(args)
-    from gpu_cache import doctor
+    from gpu_cache.commands import doctor
 
     settings = _settings(args)
     report = doctor.preflight(settings)
     if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
-        from gpu_cache.prune import repair
+        from gpu_cache.commands.prune import repair
 
         fixed = repair(settings)
         report["fixed"] = {kind: vars(fixed.kinds[kind]) for kind in kinds.PRUNABLE}
@@ -257,7 +258,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from gpu_cache import explain
+    from gpu_cache.commands import explain
 
     settings = _settings(args)
     if settings.cache_root is None:
@@ -271,7 +272,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from gpu_cache import summary
+    from gpu_cache.commands import summary
 
     validations = [Path(p) for p in args.validate]
     text = summary.render(validations, Path(args.prune) if args.prune else None)
@@ -287,11 +288,11 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _plots(args: argparse.Namespace) -> int:
-    from gpu_cache import report, stats
+    from gpu_cache.commands import plots, stats
 
     settings = _settings(args)
     by_rule = stats.usage(settings.cache_root)["by_rule"] if settings.cache_root else {}
-    written = report.write_plots([Path(p) for p in args.validate],
+    written = plots.write_plots([Path(p) for p in args.validate],
                                  Path(args.prune) if args.prune else None, by_rule, Path(args.outdir))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -8,9 +8,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpu_cache.errors import UsageError
+from gpu_cache.core import PACKAGE_PARENT
+from gpu_cache.core.errors import UsageError
 
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 #: The shipped profiles: a link to the checkout's profiles/ folder, copied into a wheel.
 SHIPPED = Path(__file__).with_name("profiles")
 #: The line of the profile that install-profile fills with this package's location.
@@ -23,8 +23,8 @@ def export_from_profile() -> None:
     Called by the profile's ``__definitions__``. The root comes from ``$GPU_CACHE_ROOT`` or
     the default; a problem warns and never stops Snakemake from starting.
     """
-    from gpu_cache import env
-    from gpu_cache.settings import settings_from
+    from gpu_cache.config.settings import settings_from
+    from gpu_cache.jobenv import env
 
     try:
         env.export(settings_from({}))

@@ -39,7 +39,8 @@ from typing import Any
 
 from triton_gpu_proof import entry_keys, key_components, run_workload
 
-from gpu_cache import carry, device
+from gpu_cache import carry
+from gpu_cache.core import device
 
 
 def _shapes(text: str) -> list[int]:

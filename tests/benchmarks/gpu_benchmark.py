@@ -28,9 +28,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_cache import device, env, records  # noqa: E402
-from gpu_cache.doctor import KEY_PACKAGES, _version  # noqa: E402
-from gpu_cache.settings import settings_from  # noqa: E402
+from gpu_cache.commands.doctor import KEY_PACKAGES, _version  # noqa: E402
+from gpu_cache.config.settings import settings_from  # noqa: E402
+from gpu_cache.core import device, hook_records  # noqa: E402
+from gpu_cache.jobenv import env  # noqa: E402
 
 FLA = [sys.executable, str(REPO / "tests" / "benchmarks" / "fla_workload.py")]
 
@@ -88,7 +89,7 @@ def run_one(command: list[str], environ: dict[str, str], cwd: Path | None = None
 
 def recorded(folder: Path, run_id: str) -> dict[str, Any]:
     """The records of one run, per kind: counts and compile seconds (names left out)."""
-    totals = records.totals(list(records.read(folder, run_id)))
+    totals = hook_records.totals(list(hook_records.read(folder, run_id)))
     return {kind: {"processes": t.processes, "hits": t.hits, "misses": t.misses,
                    "compile_seconds": t.compile_seconds, "saved_seconds": t.saved_seconds}
             for kind, t in totals.items()}

@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from gpu_cache import device, env
-from gpu_cache.doctor import KEY_PACKAGES, _version
-from gpu_cache.settings import settings_from
-from gpu_cache.workload import python_for, resolve_workload, run_command
+from gpu_cache.commands.doctor import KEY_PACKAGES, _version
+from gpu_cache.commands.workload import python_for, resolve_workload, run_command
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core import device
+from gpu_cache.jobenv import env
 
 
 def measure(workload_name: str, repeats: int, shapes: list[str] | None) -> dict:

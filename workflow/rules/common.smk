@@ -17,12 +17,12 @@ GPU_CACHE_SCRIPTS = Path(workflow.current_basedir).parent.parent / "scripts"
 if str(GPU_CACHE_SCRIPTS) not in sys.path:
     sys.path.insert(0, str(GPU_CACHE_SCRIPTS))
 
-from gpu_cache import env as gpu_cache_env
-from gpu_cache.errors import UsageError as GpuCacheUsageError
-from gpu_cache.planning import planning_only as gpu_cache_planning_only
-from gpu_cache.settings import settings_from as gpu_cache_settings_from
-from gpu_cache.targets import gpu_types as gpu_cache_gpu_types
-from gpu_cache.workload import plan_phase as gpu_cache_plan_phase
+from gpu_cache.jobenv import env as gpu_cache_env
+from gpu_cache.core.errors import UsageError as GpuCacheUsageError
+from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
+from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
+from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
+from gpu_cache.commands.workload import plan_phase as gpu_cache_plan_phase
 
 validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
 try:
@@ -93,7 +93,7 @@ def gpu_cache_runner(wildcards):
     else:
         python = shlex.quote(spec.python or GPU_CACHE_SETTINGS.python or sys.executable)
     scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
-    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.runner"
+    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.core.runner"
 
 
 def gpu_cache_warm_threads(wildcards):

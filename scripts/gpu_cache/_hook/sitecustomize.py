@@ -42,7 +42,7 @@ _LEGACY_SIGNS = (b"_ImportWatcher", b"_run_user_sitecustomize", b"GPU_CACHE_RECO
 _SYS_MARK = "_gpu_cache_startup_hook"
 
 _RECORD_VERSION = 1
-#: The modules whose caches this hook observes: a copy of gpu_cache.kinds.WATCHED_MODULES.
+#: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
 #: At most this many entries in each list (and key_parts) of a record; the rest are counted.
 _MAX_ITEMS = 1000
@@ -580,7 +580,7 @@ class _Watcher:
 
 
 #: Environment variables that change cache keys or where a cache is; kept in records.
-#: A copy of gpu_cache.kinds.KEY_ENVIRONMENT (this hook may not import gpu_cache); a test
+#: A copy of gpu_cache.core.kinds.KEY_ENVIRONMENT (this hook may not import gpu_cache); a test
 #: fails when the two drift apart.
 _KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
             "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
@@ -682,15 +682,15 @@ def _record(time, socket):
 
 
 #: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
+#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
 _IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: Distributions whose versions decide whether a cache serves this process: a copy of
-#: gpu_cache.software.KEY_PACKAGES.
+#: gpu_cache.core.software.KEY_PACKAGES.
 _KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard")
 
 
 def _software():
-    """This process's software, as gpu_cache.software.identity() names it (the record of a
+    """This process's software, as gpu_cache.core.software.identity() names it (the record of a
     job is compared with the software that warmed its GPU type's cache)."""
     import platform
     from importlib import metadata

@@ -6,11 +6,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_cache.errors import UsageError
-from gpu_cache.runner import Command, Plan
-from gpu_cache.settings import Settings
-from gpu_cache.targets import gpu_types
-from gpu_cache.units import parse_age
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.targets import gpu_types
+from gpu_cache.config.units import parse_age
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.runner import Command, Plan
 
 #: Built-in workloads: name -> (module, default shapes, what it is, the kinds it compiles for).
 BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
@@ -101,7 +101,7 @@ def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
 def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = True,
                in_job_software: bool = False) -> Plan:
     """The plan of one pass (``phase``: warm, cold, validate) over ``gpu_type``'s workloads,
-    for :func:`gpu_cache.runner.run_plan`. ``in_job_software``: the runner runs in the type's
+    for :func:`gpu_cache.core.runner.run_plan`. ``in_job_software``: the runner runs in the type's
     container or conda environment, whose own interpreter is then ``{python}``; else the
     type's ``python``.
 

@@ -1,7 +1,7 @@
 """Cache entries of every kind behind one shape, for pruning and statistics.
 
 Each inventoried kind has a ``scan_<kind>`` and a ``remove_<kind>`` here; the registry in
-:mod:`gpu_cache.kinds` says which kind uses which.
+:mod:`gpu_cache.core.kinds` says which kind uses which.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache import cuda_cache, inductor_cache, jax_cache, triton_cache
-from gpu_cache.verified import Record
+from gpu_cache.core.caches import cuda as cuda_cache
+from gpu_cache.core.caches import inductor as inductor_cache
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.verified import Record
 
 
-@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
+@dataclass
 class Entry:
     """One whole cache entry. ``problem`` is set for a broken one (pruning removes it).
     ``removable``: False for what gpu-cache counts but never removes (a CUDA cache whose
@@ -192,7 +195,7 @@ def scan_bytecode(folder: Path, grace_seconds: float, verify_after: float | None
 
 def scan_inductor(folder: Path, grace_seconds: float, verify_after: float | None = None,
                   record: Record | None = None) -> list[Entry]:
-    """Inductor's entries (:mod:`gpu_cache.inductor_cache`): code files of one key with its
+    """Inductor's entries (:mod:`gpu_cache.core.caches.inductor`): code files of one key with its
     lock, FX graph and AOTAutograd key folders, every other file; with ``verify_after``,
     each C++ kernel library is checked to be whole (once per file state, by ``record``)."""
     return [Entry("inductor", e.key, e.name, e.size, e.last_use, e.problem, e)
@@ -212,7 +215,7 @@ def remove_inductor(folder: Path, entry: Entry) -> None:
 
 def scan_cuda(folder: Path, grace_seconds: float, verify_after: float | None = None,
               record: Record | None = None) -> list[Entry]:
-    """The CUDA driver's cache as one entry (:mod:`gpu_cache.cuda_cache`); one whose layout
+    """The CUDA driver's cache as one entry (:mod:`gpu_cache.core.caches.cuda`); one whose layout
     is not recognised is counted but never removed."""
     found = cuda_cache.scan(folder)
     if found is None:

@@ -9,8 +9,8 @@ import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpu_cache import trust
-from gpu_cache.errors import UsageError
+from gpu_cache.core.errors import UsageError
+from gpu_cache.jobenv import trust
 
 #: Filesystem types (as /proc/mounts names them) shared over the network, by family.
 NETWORK_FAMILIES = {
@@ -207,7 +207,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                  min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
                  probe: bool = True) -> FolderCheck:
     """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
-    set), check that it is trusted (:mod:`gpu_cache.trust`), write a file, rename it, delete
+    set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
     it (unless ``probe`` is False), and measure it.
 
     ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.errors import UsageError
-from gpu_cache.units import parse_age, parse_size
+from gpu_cache.config.units import parse_age, parse_size
+from gpu_cache.core.errors import UsageError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
@@ -316,7 +316,7 @@ def settings_from(
     """
     filled = validate_config(config)
     if filled["shared_group"] is not None:
-        from gpu_cache.trust import group_id
+        from gpu_cache.jobenv.trust import group_id
 
         group_id(filled["shared_group"])
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)

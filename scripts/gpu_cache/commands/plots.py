@@ -11,11 +11,11 @@ from collections import defaultdict
 from html import escape
 from pathlib import Path
 
-from gpu_cache.errors import UsageError
-from gpu_cache.reports import PruneReport, Usage, Verdict
-from gpu_cache.safe_io import write_output
-from gpu_cache.summary import load_prune, load_verdict
-from gpu_cache.units import format_size
+from gpu_cache.commands.summary import load_prune, load_verdict
+from gpu_cache.config.units import format_size
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PruneReport, Usage, Verdict
+from gpu_cache.core.safe_io import write_output
 
 #: Colours of the series, in order (colour-blind safe: Okabe-Ito).
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")
@@ -106,7 +106,7 @@ def write_plots(verdict_paths: list[Path], prune_path: Path | None, by_rule: dic
                 outdir: Path) -> list[Path]:
     """Write cold_warm.svg, cache_size.svg and hit_rates.svg into ``outdir``.
 
-    Each plot is written as :func:`gpu_cache.safe_io.write_output` writes an output: a
+    Each plot is written as :func:`gpu_cache.core.safe_io.write_output` writes an output: a
     regular file is replaced through a temporary file and a rename, a symlink is followed, a
     device or FIFO is written to, never replaced.
 

@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache import env, explain, kinds, runner, software
-from gpu_cache.device import Device
-from gpu_cache.reports import KindCounts, Missed, PhaseResult, Verdict
-from gpu_cache.settings import Settings
-from gpu_cache.targets import device_problems, gpu_types
-from gpu_cache.workload import plan_phase
+from gpu_cache.commands import explain
+from gpu_cache.commands.workload import plan_phase
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.targets import device_problems, gpu_types
+from gpu_cache.core import kinds, runner, software
+from gpu_cache.core.device import Device
+from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
+from gpu_cache.jobenv import env
 
 #: How many missed computations a problem line names before it says "and N more".
 NAMED_MISSES = 5
@@ -87,7 +89,7 @@ def run_phases(settings: Settings, gpu_type: str, output: TextIO,
     """Run the validation passes of ``gpu_type`` in this interpreter's software: the cold
     pass (when ``validate.measure_cold``; every cache off) and the validate pass (the warmed
     cache, fresh processes). The workflow runs the same in the type's container or conda
-    environment (``gpu-cache`` there is :mod:`gpu_cache.runner`).
+    environment (``gpu-cache`` there is :mod:`gpu_cache.core.runner`).
 
     Raises:
         UsageError: the GPU type or one of its workloads is unknown.

@@ -14,14 +14,12 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_cache import kinds, trust
-from gpu_cache.fs import FolderCheck, check_folder, flock_problem
-from gpu_cache.kinds import CacheKind, ReadOnlyUse
-from gpu_cache.settings import Settings
+from gpu_cache.config.settings import Settings
+from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds
+from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
+from gpu_cache.jobenv import trust
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem
 
-HOOK_DIR = Path(__file__).with_name("_hook")
-#: The folder that holds the gpu_cache package (and the hook): container jobs need to see it.
-PACKAGE_PARENT = HOOK_DIR.parent.parent
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import records
-from gpu_cache.errors import UsageError
+from gpu_cache.core import hook_records
+from gpu_cache.core.errors import UsageError
 
 #: What each key part means when it changed, as the first words of a hint.
 PART_HINTS = {
@@ -189,9 +189,9 @@ def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str,
     Raises:
         UsageError: ``run_id`` names no recorded run (the message lists the latest ones).
     """
-    found = list(records.read(records.records_dir(cache_root)))
+    found = list(hook_records.read(hook_records.records_dir(cache_root)))
     if run_id is not None and not any(r.get("run_id") == run_id for r in found):
-        latest = [run["run_id"] for run in records.runs(found)[:5]]
+        latest = [run["run_id"] for run in hook_records.runs(found)[:5]]
         raise UsageError(f"no records of run {run_id!r} under {cache_root}; latest runs: "
                          f"{', '.join(latest) or 'none'} (`gpu-cache stats` lists them)")
     return explain_records(found, run_id)

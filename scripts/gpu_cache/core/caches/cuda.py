@@ -30,7 +30,8 @@ import stat
 import time
 from dataclasses import dataclass
 
-from gpu_cache import triton_cache, verified
+from gpu_cache.core import verified
+from gpu_cache.core.caches import triton as triton_cache
 
 INDEX = "index"
 #: A hashed folder (one hex digit; two accepted) and a cached binary's name.
@@ -40,7 +41,7 @@ TRASH_DIR_NAME = triton_cache.TRASH_DIR_NAME
 LAYOUT = "ComputeCache"
 
 
-@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
+@dataclass
 class CudaCache:
     """What :func:`scan` found: the cache as one entry."""
 

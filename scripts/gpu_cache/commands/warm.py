@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from gpu_cache import env, runner
-from gpu_cache.reports import PhaseResult
-from gpu_cache.settings import Settings
-from gpu_cache.workload import plan_phase
+from gpu_cache.commands.workload import plan_phase
+from gpu_cache.config.settings import Settings
+from gpu_cache.core import runner
+from gpu_cache.core.reports import PhaseResult
+from gpu_cache.jobenv import env
 
 
 def warm(settings: Settings, gpu_type: str, output: TextIO) -> PhaseResult:
     """Warm the caches for ``gpu_type`` here, in this interpreter's software (the workloads'
     output goes to ``output``). The workflow instead runs the same plan in the GPU type's
-    container or conda environment (``gpu_cache.runner``).
+    container or conda environment (``gpu_cache.core.runner``).
 
     Raises:
         UsageError: the GPU type or one of its workloads is unknown.

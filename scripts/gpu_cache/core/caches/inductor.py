@@ -52,7 +52,8 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from gpu_cache import safe_io, triton_cache, verified
+from gpu_cache.core import safe_io, verified
+from gpu_cache.core.caches import triton as triton_cache
 
 #: A code shard folder: two characters of a base32 key.
 SHARD_RE = re.compile(r"^[a-z0-9]{2}$")
@@ -71,7 +72,7 @@ NAMES = {"fxgraph": "FX graph", "aotautograd": "AOTAutograd graph", "lock": "(lo
          "trash": "(trash)", "temporary": "(temporary)"}
 
 
-@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
+@dataclass
 class InductorEntry:
     """One whole entry. ``key``: its path below the Inductor folder (a code entry: the shard
     and key, ``7t/c7tj...``; a key folder: ``fxgraph/h3/fh3...``). ``what``: ``code``,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from gpu_cache import kinds
-from gpu_cache.errors import UsageError
+from gpu_cache.core import kinds
+from gpu_cache.core.errors import UsageError
 
 
 def _mapping(data: Any, what: str) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.errors import UsageError
-from gpu_cache.reports import PruneReport, Verdict
-from gpu_cache.units import format_size
+from gpu_cache.config.units import format_size
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PruneReport, Verdict
 
 
 def load_json(path: Path) -> Any:

@@ -10,11 +10,11 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import device, kinds, records, software, verified
-from gpu_cache.entries import Entry
-from gpu_cache.reports import Usage
-from gpu_cache.settings import Settings
-from gpu_cache.units import format_age, format_size
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.units import format_age, format_size
+from gpu_cache.core import device, hook_records, kinds, software, verified
+from gpu_cache.core.entries import Entry
+from gpu_cache.core.reports import Usage
 
 TOP = 10
 
@@ -24,7 +24,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     and hit/miss totals per rule and GPU type from the stats hook's records.
 
     Reads what prune reads, without verifying anything new; a kind's verification record
-    (:mod:`gpu_cache.verified`) spares it manifests and ``-atime`` files read before, and
+    (:mod:`gpu_cache.core.verified`) spares it manifests and ``-atime`` files read before, and
     what it reads now is added to the record (best effort: a read-only cache keeps its own).
     """
     root = settings.cache_root
@@ -43,12 +43,12 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         out["kinds"][kind] = summarise(found, now)
         out["kinds"][kind]["path"] = str(folder)
         out["kinds"][kind]["last_use_from"] = registered.last_use
-    found_records = list(records.read(records.records_dir(root)))  # read once, for both
+    found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root, found_records).items()}
     out["software_mismatches"] = software_mismatches(root, found_records)
     out["outside_root"] = outside_root(root, found_records)
-    out["runs"] = records.runs(found_records)[:TOP]
+    out["runs"] = hook_records.runs(found_records)[:TOP]
     return out
 
 
@@ -74,8 +74,8 @@ def outside_root(root: Path, loaded: list[dict[str, Any]] | None = None) -> list
     neither warms nor prunes such a folder."""
     ours = kinds.KINDS["jax"].folder(root)
     found: dict[tuple[str, str, bool], list[int]] = {}
-    for record in records.read(records.records_dir(root)) if loaded is None else loaded:
-        section = records.part(record, "jax")
+    for record in hook_records.read(hook_records.records_dir(root)) if loaded is None else loaded:
+        section = hook_records.part(record, "jax")
         folder = section.get("cache_dir") if section else None
         if not isinstance(folder, str) or not folder or _under(folder, root):
             continue
@@ -83,8 +83,8 @@ def outside_root(root: Path, loaded: list[dict[str, Any]] | None = None) -> list
         own_flag = not (isinstance(exported, str) and os.path.normpath(exported) == os.path.normpath(folder))
         counts = found.setdefault((record.get("rule") or "-", folder, own_flag), [0, 0, 0])
         counts[0] += 1
-        counts[1] += records.count(section.get("hits"))
-        counts[2] += records.count(section.get("hits")) + records.count(section.get("misses"))
+        counts[1] += hook_records.count(section.get("hits"))
+        counts[2] += hook_records.count(section.get("hits")) + hook_records.count(section.get("misses"))
     lines = []
     for (rule, folder, own_flag), (n, hits, lookups) in sorted(found.items()):
         fix = ("its program sets its own folder (a flag such as --jax_compilation_cache_dir, or "
@@ -145,7 +145,7 @@ def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) 
     warmed_on: dict[str, str] = {}  # gpu_type -> the device its own pass saw
     jobs = []
     if loaded is None:
-        loaded = list(records.read(records.records_dir(root)))
+        loaded = list(hook_records.read(hook_records.records_dir(root)))
     for record in sorted(loaded, key=lambda r: r["time"]):
         soft = record.get("software")
         if not isinstance(soft, dict):
@@ -168,10 +168,11 @@ def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) 
         key = (record.get("rule") or "-", software.describe(soft), software.describe(references[0]))
         counts = found.setdefault(key, [0, 0, 0])
         for kind in kinds.OBSERVED:
-            section = records.part(record, kind)
+            section = hook_records.part(record, kind)
             if section is not None:
-                counts[0] += records.count(section.get("hits"))
-                counts[1] += records.count(section.get("hits")) + records.count(section.get("misses"))
+                counts[0] += hook_records.count(section.get("hits"))
+                counts[1] += (hook_records.count(section.get("hits"))
+                              + hook_records.count(section.get("misses")))
         counts[2] += 1
     return [f"warmed with {ref}; rule {rule} ran {ran}: {hits} of {lookups} hits in {n} "
             f"process{'es' if n != 1 else ''}; warm it in the jobs' own software (gpu_types: "
@@ -187,18 +188,18 @@ def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, d
     groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
                                            "by_gpu_type": defaultdict(Usage),
                                            "by_device": defaultdict(Usage)}
-    for record in records.read(records.records_dir(root)) if loaded is None else loaded:
+    for record in hook_records.read(hook_records.records_dir(root)) if loaded is None else loaded:
         for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type")),
                             ("by_device", device_seen(record))):
             bucket = groups[axis][f"{value or '-'}"]
             bucket.processes += 1
             for kind in kinds.OBSERVED:
-                section = records.part(record, kind)
+                section = hook_records.part(record, kind)
                 if section is not None:
-                    bucket.hits[kind] = bucket.hits.get(kind, 0) + records.count(section.get("hits"))
+                    bucket.hits[kind] = bucket.hits.get(kind, 0) + hook_records.count(section.get("hits"))
                     bucket.misses[kind] = (bucket.misses.get(kind, 0)
-                                           + records.count(section.get("misses")))
-                    bucket.saved_seconds += records.seconds(section.get("saved_seconds"))
+                                           + hook_records.count(section.get("misses")))
+                    bucket.saved_seconds += hook_records.seconds(section.get("saved_seconds"))
     return {axis: dict(by) for axis, by in groups.items()}
 
 

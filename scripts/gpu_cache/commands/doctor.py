@@ -6,10 +6,11 @@ import os
 from importlib import metadata
 from typing import Any
 
-from gpu_cache import device, env, kinds
-from gpu_cache.settings import Settings
-from gpu_cache.stats import outside_root
-from gpu_cache.units import format_age, format_size
+from gpu_cache.commands.stats import outside_root
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.units import format_age, format_size
+from gpu_cache.core import device, kinds
+from gpu_cache.jobenv import env
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")

@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_cache.entries import Entry
-    from gpu_cache.verified import Record
+    from gpu_cache.core.entries import Entry
+    from gpu_cache.core.verified import Record
 
 
 def _inventory(name: str) -> Callable[..., Any]:
-    """``gpu_cache.entries.<name>``, imported when first called: ``gpu-cache env`` and every
+    """``gpu_cache.core.entries.<name>``, imported when first called: ``gpu-cache env`` and every
     Snakemake start read this registry, and need none of the inventories."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        from gpu_cache import entries
+        from gpu_cache.core import entries
 
         return getattr(entries, name)(*args, **kwargs)
 
@@ -59,7 +59,7 @@ class CacheKind:
     """
 
     def enabled(self, settings: object) -> bool:
-        """Whether ``settings`` (a :class:`gpu_cache.settings.Settings`) export this kind."""
+        """Whether ``settings`` (a :class:`gpu_cache.config.settings.Settings`) export this kind."""
         return self.exported and (self.enabled_by is None or bool(getattr(settings, self.enabled_by)))
 
     name: str
@@ -150,7 +150,7 @@ def scan(name: str, folder: Path, grace_seconds: float = 3600.0,
     """Every entry of kind ``name`` in ``folder``; a kind without an inventory has none.
     Temporary files younger than the grace period are left out (a writer may own them);
     ``verify_after``: verify the entries written after that time (JAX: decompress; Inductor:
-    check each kernel library). ``record`` (:class:`gpu_cache.verified.Record` of
+    check each kernel library). ``record`` (:class:`gpu_cache.core.verified.Record` of
     ``folder``): what earlier scans read or verified, skipped now; the caller saves it."""
     scanner = KINDS[name].scan
     if scanner is None:

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import kinds, safe_io
-from gpu_cache.reports import KindTotals, Missed
+from gpu_cache.core import kinds, safe_io
+from gpu_cache.core.reports import KindTotals, Missed
 
 #: A record larger than this is not one the hook wrote.
 MAX_RECORD_BYTES = 16 << 20

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_cache import device
-from gpu_cache.settings import GpuType, Settings
+from gpu_cache.config.settings import GpuType, Settings
+from gpu_cache.core import device
 
 
 def gpu_types(settings: Settings) -> dict[str, GpuType]:

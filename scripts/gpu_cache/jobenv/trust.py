@@ -27,7 +27,7 @@ the members of ``shared_group`` can add files to it:
 
 Every refusal is one sentence that says what is wrong and how to fix it (``chmod o-w,g-w``,
 ``setfacl -b``, or ``shared_group: GROUP``). :func:`distrust` never raises for filesystem
-trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.fs.check_folder` reports.
+trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.check_folder` reports.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache.errors import UsageError
+from gpu_cache.core.errors import UsageError
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770

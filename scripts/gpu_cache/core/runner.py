@@ -7,7 +7,7 @@ and validates the cache is the Python, jax and triton the jobs will run. It ther
 only the standard library, on Python 3.9 or later; the host (``gpu-cache warm``/``validate``)
 builds its plan and judges its result.
 
-``python -m gpu_cache.runner --plan-json JSON --output FILE [--log FILE]``
+``python -m gpu_cache.core.runner --plan-json JSON --output FILE [--log FILE]``
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache import device, jax_cache, kinds, records, safe_io, software
-from gpu_cache.errors import UsageError
-from gpu_cache.reports import PhaseResult, RunResult
+from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, safe_io, software
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PhaseResult, RunResult
 
 log = logging.getLogger(__name__)
 _OUTPUT_LOCK = threading.Lock()  # one run's output at a time into the log
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,8 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     after = kinds.snapshot(root)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
     if plan.record and root is not None and "GPU_CACHE_RECORDS" in child_env:
-        found = list(records.read(Path(child_env["GPU_CACHE_RECORDS"]), run_id))
-        result.recorded = records.totals(found)
+        found = list(hook_records.read(Path(child_env["GPU_CACHE_RECORDS"]), run_id))
+        result.recorded = hook_records.totals(found)
     if plan.phase == "warm" and environ.get("JAX_ENABLE_COMPILATION_CACHE") != "false":
         time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
         result.broken = broken_since(root, wall)
@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the plans given as JSON, one after the other; write the result as JSON: one plan's
     result, or with several a mapping from each plan's phase to its result. Exit 2 for a bad
     plan."""
-    parser = argparse.ArgumentParser(prog="python -m gpu_cache.runner", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpu_cache.core.runner",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan-json", required=True, action="append", help="a plan, as gpu-cache made it")
     parser.add_argument("--output", required=True, help="write the JSON result here")
     parser.add_argument("--log", help="append the workloads' output here (default: stderr)")

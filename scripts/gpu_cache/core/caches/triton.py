@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_cache import safe_io, verified
+from gpu_cache.core import safe_io, verified
 
 KEY_RE = re.compile(r"^[A-Z2-7]{52}$")
 """A Triton cache key directory name: base32 of a SHA-256 digest, padding stripped."""
@@ -77,7 +77,7 @@ class TempDir:
     bytes: int
 
 
-@dataclass  # (not frozen: five times slower to make; no slots=: the runner runs on Python 3.9)
+@dataclass  # (not frozen: five times slower to make)
 class TritonEntry:
     """One key directory of the cache.
 
@@ -320,7 +320,7 @@ def scan(cache_dir: str | os.PathLike[str], record: verified.Record | None = Non
     A missing directory gives an empty inventory with ``exists=False``. Entries that vanish or
     cannot be read while scanning (other processes may prune or write concurrently) are left out
     and named in ``errors``. One ``lstat`` per name, one listing per folder; a group manifest
-    is read unless ``record`` (:class:`gpu_cache.verified.Record` of this folder) saw the
+    is read unless ``record`` (:class:`gpu_cache.core.verified.Record` of this folder) saw the
     very same group whole before.
 
     Raises:

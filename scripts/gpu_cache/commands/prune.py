@@ -10,13 +10,14 @@ from contextlib import ExitStack
 from operator import attrgetter
 from pathlib import Path
 
-from gpu_cache import jax_cache, kinds, safe_io, verified
-from gpu_cache.entries import Entry
-from gpu_cache.errors import UsageError
-from gpu_cache.fs import require_folder_or_missing
-from gpu_cache.reports import KindPruneReport, PruneReport
-from gpu_cache.settings import Settings
-from gpu_cache.units import format_size
+from gpu_cache.config.settings import Settings
+from gpu_cache.config.units import format_size
+from gpu_cache.core import kinds, safe_io, verified
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.entries import Entry
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import KindPruneReport, PruneReport
+from gpu_cache.jobenv.fs import require_folder_or_missing
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
     (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
     decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
-    the entries (:mod:`gpu_cache.verified`; by a dry run too: that changes nothing that a
+    the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
     cache reads), so the next prune or dry run reads nothing it verified already."""
     now = time.time() if now is None else now
     record = _record(kind, folder, fresh=verify_all)
@@ -148,7 +149,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     if not root.is_dir():
         result.problems = [f"cache root {root} does not exist; nothing to prune"]
         return result
-    from gpu_cache.stats import software_mismatches
+    from gpu_cache.commands.stats import software_mismatches
 
     result.software_mismatches = software_mismatches(root)
     with ExitStack() as held:

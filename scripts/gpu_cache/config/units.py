@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from gpu_cache.errors import UsageError
+from gpu_cache.core.errors import UsageError
 
 # "10G" and "10GiB" mean 10 GiB, as du -h and SLURM's --mem read them; "10GB" means 10^9
 # bytes, as Snakemake and ccache read it. humanfriendly.parse_size reads "10G" as 10^9, so

@@ -25,7 +25,7 @@ import zlib
 from array import array
 from itertools import chain
 
-from gpu_cache import safe_io
+from gpu_cache.core import safe_io
 
 NAME = ".gpu-cache-verified"
 #: The record's first bytes; a record without them (an older gpu-cache's empty stamp) is empty.
@@ -81,7 +81,7 @@ class Record:
         numbers.frombytes(body)
         if sys.byteorder != "little":
             numbers.byteswap()
-        record.known = dict(zip(numbers[0::2], numbers[1::2]))  # noqa: B905 - Python 3.9 (the runner)
+        record.known = dict(zip(numbers[0::2], numbers[1::2]))
         return record
 
     def get(self, key: int) -> int | None:

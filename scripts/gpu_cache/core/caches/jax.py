@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache import safe_io, verified
+from gpu_cache.core import safe_io, verified
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
@@ -48,7 +48,7 @@ _ZSTD_INPUT_STEP = 1 << 10
 _ZLIB_TYPE = type(zlib.decompressobj())
 
 
-@dataclass  # (no slots=: the workload runner imports this on Python 3.9)
+@dataclass
 class JaxEntry:
     """One cache entry: its ``-cache`` file, its ``-atime`` sidecar, or both.
 
@@ -228,7 +228,7 @@ def scan(folder: Path | str, verify_after: float | None = None,
     (seconds), temporary files of an interrupted prune older than that are listed too, as
     broken entries. Never raises for races: a file that disappears while scanning is skipped.
 
-    ``record`` (:class:`gpu_cache.verified.Record` of this folder): what earlier scans read or
+    ``record`` (:class:`gpu_cache.core.verified.Record` of this folder): what earlier scans read or
     verified; an entry verified whole before (same name, inode and size: JAX never rewrites
     an entry) is not decompressed again, and an ``-atime`` file read before (same inode, size,
     mtime and ctime) is not read again. What this scan learns is added to it.

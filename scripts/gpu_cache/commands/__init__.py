@@ -1,0 +1,1 @@
+"""The subcommands' work, one module each (cli.py parses and dispatches)."""

@@ -1,0 +1,1 @@
+"""Configuration: the settings (schema-validated), sizes and ages, and the GPU types."""
