@@ -173,13 +173,13 @@ def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tm
 
 # --- leaders that die, stop or fail ------------------------------------------------------
 
-def _start_triton(environ: dict[str, str]) -> subprocess.Popen[str]:
+def start_triton(environ: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64",
                              "--mode", "aot"], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
-def _flocks_of(pid: int) -> set[int]:
+def flocks_of(pid: int) -> set[int]:
     """The inodes of the files process ``pid`` holds a flock lock on (/proc/locks)."""
     inodes = set()
     with open("/proc/locks") as table:
@@ -190,7 +190,7 @@ def _flocks_of(pid: int) -> set[int]:
     return inodes
 
 
-def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: float = 60) -> Path:
+def stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: float = 60) -> Path:
     """Stop ``leader`` (SIGSTOP) at a moment it holds a key's lock (it misses every kernel);
     the lock file."""
     deadline = time.monotonic() + timeout
@@ -200,7 +200,7 @@ def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: 
         os.kill(leader.pid, signal.SIGSTOP)
         while Path(f"/proc/{leader.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
             time.sleep(0.001)
-        held = _flocks_of(leader.pid)
+        held = flocks_of(leader.pid)
         for path in folder.glob("*.lock") if folder.is_dir() else []:
             try:
                 if path.stat().st_ino in held:
@@ -212,7 +212,7 @@ def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: 
     raise AssertionError("the leader never held a lock")
 
 
-def _has_open(pid: int, path: Path) -> bool:
+def has_open(pid: int, path: Path) -> bool:
     """Whether process ``pid`` has ``path`` open (its /proc fd links)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -227,15 +227,15 @@ def _has_open(pid: int, path: Path) -> bool:
     return False
 
 
-def _wait_until_waiting(waiter: subprocess.Popen[str], lock: Path, timeout: float = 60) -> None:
+def wait_until_waiting(waiter: subprocess.Popen[str], lock: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while not _has_open(waiter.pid, lock):
+    while not has_open(waiter.pid, lock):
         assert waiter.poll() is None, waiter.communicate()
         assert time.monotonic() < deadline, "the waiter never waited for the lock"
         time.sleep(0.002)
 
 
-def _finished(proc: subprocess.Popen[str]) -> dict:
+def finished(proc: subprocess.Popen[str]) -> dict:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     return json.loads(out.strip().splitlines()[-1])
@@ -243,14 +243,14 @@ def _finished(proc: subprocess.Popen[str]) -> dict:
 
 def test_a_killed_leader_releases_its_lock_at_once(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "5m"}})
-    leader = _start_triton(environ)
-    lock = _stopped_holding_a_lock(cache_root, leader)
-    waiter = _start_triton(environ)
-    _wait_until_waiting(waiter, lock)
+    leader = start_triton(environ)
+    lock = stopped_holding_a_lock(cache_root, leader)
+    waiter = start_triton(environ)
+    wait_until_waiting(waiter, lock)
     killed = time.monotonic()
     os.kill(leader.pid, signal.SIGKILL)
     leader.wait(timeout=30)
-    summary = _finished(waiter)
+    summary = finished(waiter)
     after_kill = time.monotonic() - killed
     assert after_kill < 30, after_kill  # far below the 5 minute bound: the kernel dropped the lock
     flight = records(cache_root, "triton")[-1]["single_flight"]
@@ -261,16 +261,16 @@ def test_a_killed_leader_releases_its_lock_at_once(cache_root):
 
 def test_a_stopped_leader_holds_waiters_no_longer_than_the_timeout(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "3s"}})
-    leader = _start_triton(environ)
-    lock = _stopped_holding_a_lock(cache_root, leader)
+    leader = start_triton(environ)
+    lock = stopped_holding_a_lock(cache_root, leader)
     try:
         started = time.monotonic()
-        waiters = [_start_triton(environ) for _ in range(2)]
-        summaries = [_finished(w) for w in waiters]
+        waiters = [start_triton(environ) for _ in range(2)]
+        summaries = [finished(w) for w in waiters]
         took = time.monotonic() - started
     finally:
         os.kill(leader.pid, signal.SIGCONT)
-    assert _finished(leader)["kernels"] == 5  # the leader, resumed, finishes too
+    assert finished(leader)["kernels"] == 5  # the leader, resumed, finishes too
     flights = [r["single_flight"] for r in records(cache_root, "triton")]
     # A waiter gives up on the stopped key after 3 s and compiles it; one still waiting may load that.
     assert sum(f["gave_up"] for f in flights) >= 1, flights
@@ -459,5 +459,6 @@ def test_where_flock_fails_single_flight_is_off_and_jobs_run_as_before(tmp_path,
 def test_doctor_says_single_flight_is_on(cache_root):
     shown = run_cli("doctor", "--cache-root", str(cache_root))
     assert shown.returncode == 0, shown.stderr
-    assert f"single-flight: on (locks in {cache_root / 'locks'}" in shown.stdout
+    assert f"single-flight: on, node mode (locks in {cache_root / 'locks'}; " in shown.stdout
+    assert "is local to this node" in shown.stdout
 

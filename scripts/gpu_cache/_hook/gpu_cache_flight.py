@@ -309,27 +309,34 @@ def _create(path, group_bits):
     return fd
 
 
-def _replace(path, group_bits):
-    """Put a fresh private file at ``path`` in place of whatever is there (renamed over: the
-    name, never what it points to)."""
+def _set_aside(path, judged):
+    """Remove what ``path`` names, which was found to break the lock rules (``judged``: its
+    lstat), so that an exclusive create makes the lock file anew: one creator wins, however
+    many processes replace the name at once. It is renamed aside first, and put back when it
+    turned out to be a lock file another process made meanwhile. Never follows a link.
+
+    Raises:
+        OSError: it cannot be renamed (a sticky folder and another user's file).
+    """
     import uuid
 
-    temp = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.tmp")
-    os.close(_create(temp, group_bits))
+    aside = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.aside")
     try:
-        os.rename(temp, path)
-    except BaseException:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    moved = os.lstat(aside)
+    if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
         try:
-            os.unlink(temp)
+            os.link(aside, path)  # a fresh lock file of another process: back in place
         except OSError:
             pass
-        raise
+    os.unlink(aside)
 
 
 def _open(flight, kind, path, folder):
     """The lock file at ``path``, opened (made) by the lock rules; None (and single-flight
     off for ``kind``) where that cannot be done."""
-    group_bits = folder[1]
     stats = flight.kind_stats(kind)
     why = None
     for _attempt in range(4):
@@ -337,14 +344,16 @@ def _open(flight, kind, path, folder):
             named = os.lstat(path)
         except FileNotFoundError:
             try:
-                return _create(path, group_bits)
+                return _create(path, folder[1])
             except FileExistsError:
                 continue
             except OSError as exc:
                 return _give_up_on_locks(flight, kind, path, exc)
         except OSError as exc:
             return _give_up_on_locks(flight, kind, path, exc)
-        why = None if stat.S_ISREG(named.st_mode) else _describe(named.st_mode)
+        if stat.S_ISDIR(named.st_mode):
+            return _give_up_on_locks(flight, kind, path, OSError(errno.EISDIR, "a folder is at a lock name"))
+        why = None if stat.S_ISREG(named.st_mode) else _describe(named.st_mode)  # a device is never opened
         if why is None:
             try:
                 fd = os.open(path, os.O_RDWR | _OPEN)
@@ -353,12 +362,16 @@ def _open(flight, kind, path, folder):
             except OSError as exc:  # another user's file, or swapped for a link or FIFO
                 why = exc.strerror or str(exc)
             else:
-                why = _private(os.fstat(fd), folder)
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) != (named.st_dev, named.st_ino):
+                    os.close(fd)  # replaced meanwhile: look again
+                    continue
+                why = _private(info, folder)
                 if why is None:
                     return fd
                 os.close(fd)
         try:
-            _replace(path, group_bits)
+            _set_aside(path, named)
             stats["replaced"] += 1
         except OSError as exc:
             return _give_up_on_locks(flight, kind, path, OSError(
@@ -653,7 +666,7 @@ def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
         why = _private(info, folder)
         if why is not None or not content.startswith(_MAGIC):
             try:
-                os.unlink(path)  # not a lease of ours: never waited on
+                _set_aside(path, info)  # not a lease of ours: never waited on
                 stats["replaced"] += 1
                 continue
             except OSError:
