@@ -67,9 +67,9 @@ def base() -> Iterator[Path]:
 class Holder:
     """``HOLD`` run as ``user``: what it said, and a kill at the end."""
 
-    def __init__(self, base: Path, paths: list[Path], user: str = "nobody") -> None:
+    def __init__(self, base: Path, paths: list[Path], user: str = "nobody", code: str = HOLD) -> None:
         program = base / "hold.py"
-        program.write_text(HOLD)
+        program.write_text(code)
         program.chmod(0o644)
         # A direct child (not under runuser), so that a kill ends the holder itself.
         self.proc = subprocess.Popen(["/usr/bin/python3", str(program), *map(str, paths)], user=user,
@@ -225,6 +225,52 @@ def test_a_kind_lock_folder_that_is_not_ours_turns_single_flight_off_for_that_ki
     assert not any(elsewhere.iterdir()) and not any(folder.iterdir())
     for run in runs:  # one warning line
         assert len([line for line in run.stderr.splitlines() if line.startswith("gpu-cache:")]) == 1
+
+
+#: ``python3 BEAT PATH...``: keep rewriting each lease file, as a live holder's beat does.
+BEAT = r'''
+import os, sys, time
+fds = [os.open(path, os.O_WRONLY) for path in sys.argv[1:]]
+print(f"held {len(fds)}", flush=True)
+count = 0
+while True:
+    count += 1
+    for fd in fds:
+        os.pwrite(fd, b"gpu-cache lease 1\nbeat %012d\n" % count, 0)
+    time.sleep(0.3)
+'''
+
+
+def test_a_lease_another_user_planted_and_keeps_beating_is_not_waited_on(base):
+    """Cluster mode (leases across nodes, forced here on a local disk): each key's lease 0 is
+    a file of user nobody, whose process rewrites its beat every 0.3 s, as a live holder's
+    would. The jobs set those leases aside and compile each key once, at once."""
+    root = base / "cache"
+    environ = job_env(root, {"single_flight": {"timeout": "5m"}}, GPU_CACHE_LOCK_MODE="cluster")
+    keys = jax_keys(root, environ, base)
+    folder = root / "locks" / "jax"
+    leases = [folder / flock_name(key, "jax").replace(".lock", ".0.lease") for key in keys]
+    for path in leases:
+        path.write_bytes(b"")
+        shutil.chown(path, user="nobody")
+    folder.chmod(0o755)  # so that nobody reaches them (the hook makes it 0700 again)
+    beater = Holder(base, leases, code=BEAT)
+    try:
+        assert beater.held == 3
+        started = time.monotonic()
+        runs = start_together(base, "jax", environ, n=2)
+        took = time.monotonic() - started
+    finally:
+        beater.stop()
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert took < 60, took
+    sections = records(root, "jax")
+    compiled = compiles_per_key(sections)
+    assert sorted(compiled) == keys and set(compiled.values()) == {1}, compiled
+    flights = [s["single_flight"] for s in sections]
+    assert {f["mode"] for f in flights} == {"cluster"} and sum(f["replaced"] for f in flights) >= 3, flights
+    assert sum(f["gave_up"] for f in flights) == 0 and sum(f["leases_passed"] for f in flights) == 0
+    assert not list(folder.iterdir())  # the planted leases set aside, the jobs' own removed
 
 
 # --- a waiter stops as soon as the entry exists ----------------------------------------------

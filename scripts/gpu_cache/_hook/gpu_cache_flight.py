@@ -662,15 +662,15 @@ def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
                 return None, True
             time.sleep(0.01)
             continue
-        content, info = looked
+        content, info = looked  # empty until its maker's first beat: judged by its beat alone
         why = _private(info, folder)
-        if why is not None or not content.startswith(_MAGIC):
+        if why is not None:
             try:
                 _set_aside(path, info)  # not a lease of ours: never waited on
                 stats["replaced"] += 1
                 continue
             except OSError:
-                flight.no_leases.setdefault(kind, f"{os.path.basename(path)} is {why or 'not a lease'}")
+                flight.no_leases.setdefault(kind, f"{os.path.basename(path)} is {why}")
                 return None, True
         now = time.monotonic()
         if seen is None or seen[0] != n or seen[1] != content:
@@ -801,10 +801,16 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
 
 # --- what a JAX waiter may read while another process writes -------------------------------
 
-def jax_entry_ready(folder, key):
-    """Whether JAX's entry for ``key`` in ``folder`` is whole, so that reading it cannot meet
-    half an entry (JAX writes entries in place): a complete zstd frame (checked through its
-    block headers, no decoder needed) or zlib stream. Never raises."""
+#: How long after its last write a JAX entry is checked for being whole before it is read.
+YOUNG = 60.0
+
+
+def jax_entry(folder, key):
+    """The state of JAX's entry for ``key`` in ``folder``: "whole" or "partial" when it was
+    written within the last ``YOUNG`` seconds (JAX writes entries in place, so another process
+    may be writing it now: a complete zstd frame, checked through its block headers with no
+    decoder, or zlib stream, is whole), else None (no entry, or an older one, which JAX's own
+    read judges). Never raises."""
     for name in (f"{key}-cache", key):  # jax 0.4.30 names entries by the key alone
         try:
             fd = os.open(os.path.join(folder, name), os.O_RDONLY | _OPEN)
@@ -812,12 +818,26 @@ def jax_entry_ready(folder, key):
             continue
         try:
             info = os.fstat(fd)
-            return stat.S_ISREG(info.st_mode) and _whole(fd, info.st_size)
+            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > YOUNG:
+                return None
+            return "whole" if _whole(fd, info.st_size) else "partial"
         except (OSError, ValueError):
-            return False
+            return "partial"
         finally:
             os.close(fd)
-    return False
+    return None
+
+
+def settled_jax_entry(folder, key, bound=2.0):
+    """``jax_entry``, waiting up to ``bound`` seconds while it says "partial": the writer is
+    finishing, or (a network filesystem) this node still sees the size it cached while the
+    entry was written (FUSE keeps attributes for a second). Never raises."""
+    deadline = time.monotonic() + bound
+    state = jax_entry(folder, key)
+    while state == "partial" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        state = jax_entry(folder, key)
+    return state
 
 
 def _whole(fd, size):
