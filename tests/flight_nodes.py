@@ -98,7 +98,7 @@ monitoring.register_event_listener(listen)
 open(ready, "w").close()
 while not os.path.exists(go):
     time.sleep(0.002)
-started = time.monotonic()
+started, cpu = time.monotonic(), time.process_time()
 
 def chain(n):
     def f(x):
@@ -111,7 +111,8 @@ def chain(n):
 x = np.ones((64, 64), np.float32)
 values = [round(float(chain(length + k)(x)), 3) for k in range(keys)]
 print(json.dumps({"values": values, "compiled": counts["requests"] - counts["hits"], "loaded": counts["hits"],
-                  "seconds": round(time.monotonic() - started, 2)}), flush=True)
+                  "seconds": round(time.monotonic() - started, 2),
+                  "cpu_seconds": round(time.process_time() - cpu, 2)}), flush=True)
 '''
 
 
@@ -236,3 +237,64 @@ def lease_holder(path: Path) -> tuple[str, int, str] | None:
         return fields["host"], int(fields["pid"]), fields["pidns"]
     except (OSError, KeyError, ValueError):
         return None
+
+
+def leader_fault(work: Path, share: SshfsMount, fault: str, points: tuple[Path, Path], env: dict[str, str],
+                 config: dict, length: int = 60) -> dict:
+    """Node A's only job takes a key's lease (a compile of seconds); once node B's job waits on
+    it (B holds its node's lock), A's job gets ``fault`` (SIGKILL or SIGSTOP). Returns when
+    B went on (made the next lease), in seconds after the signal, and both nodes' reports (a
+    stopped A is resumed once B finished). ``points``: the two nodes' mount points."""
+    import signal
+
+    folder = share.server_dir / "cache" / "locks" / "jax"
+    nodes: list[Node] = []
+    leader = None
+    try:
+        nodes.append(Node(work, share, "node-a", points[0], job_commands(work, "A", 1, 1, length), env,
+                          root=points[0] / "cache", config=config))
+        wait_ready(work, 1, nodes)
+        go(work)
+        deadline = time.monotonic() + 120
+        while not (folder.is_dir() and list(folder.glob("*.0.lease"))):
+            if time.monotonic() > deadline or nodes[0].proc.poll() is not None:
+                raise RuntimeError("node A never took a lease")
+            time.sleep(0.005)
+        (lease,) = folder.glob("*.0.lease")
+        while lease_holder(lease) is None:
+            time.sleep(0.005)
+        leader = nodes[0].jobs[0]
+        os.kill(leader, signal.SIGSTOP)  # held mid-compile until node B waits on its lease
+        nodes.append(Node(work, share, "node-b", points[1], job_commands(work, "B", 1, 1, length), env,
+                          root=points[1] / "cache", config=config))
+        while not has_open_below(nodes[1].jobs[0], points[1] / "cache" / "locks" / "jax", ".lock"):
+            if time.monotonic() > deadline or nodes[1].proc.poll() is not None:
+                raise RuntimeError("node B never waited")
+            time.sleep(0.005)
+        os.kill(leader, signal.SIGCONT)
+        time.sleep(1.5)  # B watches the lease beat, mid-compile (the compile takes seconds)
+        alive = lease.exists() and not list(folder.glob("*.1.lease"))
+        os.kill(leader, getattr(signal, fault))
+        signalled = time.monotonic()
+        taken = None
+        while taken is None:
+            for path in folder.glob("*.1.lease"):
+                if (lease_holder(path) or ("",))[0] == "node-b":
+                    taken = time.monotonic()
+            if time.monotonic() - signalled > 120 or nodes[1].proc.poll() is not None:
+                raise RuntimeError("node B never went on")
+            time.sleep(0.005)
+        result_b = nodes[1].result()
+        if fault == "SIGSTOP":
+            os.kill(leader, signal.SIGCONT)
+        result_a = nodes[0].result()
+    finally:
+        if leader is not None and fault == "SIGSTOP":
+            try:
+                os.kill(leader, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for node in nodes:
+            node.kill()
+    return {"fault": fault, "went_on": round(taken - signalled, 2), "lease_alive_before": alive,
+            "a": result_a, "b": result_b}

@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from flight_nodes import Node, go, has_open_below, job_commands, lease_holder, wait_ready
+from flight_nodes import Node, go, job_commands, leader_fault, lease_holder, wait_ready
 from helpers import HOOK, clean_environ
 from test_single_flight import compiles_per_key, records
 
@@ -88,71 +87,22 @@ def test_a_leader_killed_or_stopped_on_one_node_frees_the_other_node_within_the_
     stale, poll = lease_bound()
     work = tmp_path / "work"
     work.mkdir()
-    config = {"single_flight": {"timeout": "5m"}}
-    folder = sshfs_mount.server_dir / "cache" / "locks" / "jax"
-    point_a, point_b = tmp_path / "a" / "share", tmp_path / "b" / "share"
-    a = b = None
-    leader = None
-    try:
-        a = Node(work, sshfs_mount, "node-a", point_a, job_commands(work, "A", 1, 1, length=60),
-                 clean_environ(), root=point_a / "cache", config=config)
-        wait_ready(work, 1, [a])
-        go(work)
-        deadline = time.monotonic() + 120
-        while not (folder.is_dir() and list(folder.glob("*.0.lease"))):
-            assert time.monotonic() < deadline and a.proc.poll() is None, "node A never took a lease"
-            time.sleep(0.005)
-        (lease,) = folder.glob("*.0.lease")
-        holder = None
-        while holder is None:
-            holder = lease_holder(lease)
-        assert holder[0] == "node-a"
-        leader = a.jobs[0]
-        os.kill(leader, signal.SIGSTOP)  # held mid-compile until node B waits on its lease
-        b = Node(work, sshfs_mount, "node-b", point_b, job_commands(work, "B", 1, 1, length=60),
-                 clean_environ(), root=point_b / "cache", config=config)
-        locks_b = point_b / "cache" / "locks" / "jax"
-        while not has_open_below(b.jobs[0], locks_b, ".lock"):  # B holds its node's lock: waits on the lease
-            assert time.monotonic() < deadline and b.proc.poll() is None, "node B never waited"
-            time.sleep(0.005)
-        os.kill(leader, signal.SIGCONT)
-        time.sleep(1.5)  # B watches the lease beat, mid-compile (the compile takes seconds)
-        assert lease.exists() and not list(folder.glob("*.1.lease"))
-        os.kill(leader, getattr(signal, fault))
-        signalled = time.monotonic()
-        taken = None
-        while taken is None:
-            for path in folder.glob("*.1.lease"):
-                if (lease_holder(path) or ("",))[0] == "node-b":
-                    taken = time.monotonic()
-            assert time.monotonic() - signalled < 120 and b.proc.poll() is None, "B never went on"
-            time.sleep(0.005)
-        result_b = b.result()
-        if fault == "SIGSTOP":
-            os.kill(leader, signal.SIGCONT)
-        result_a = a.result()
-    finally:
-        if leader is not None and fault == "SIGSTOP":
-            try:
-                os.kill(leader, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for node in (a, b):
-            if node is not None:
-                node.kill()
-    went_on = taken - signalled
-    print(f"{fault} of node A's leader: node B went on after {went_on:.2f} s (LEASE_STALE {stale} s)")
-    assert stale - 1.5 <= went_on <= stale + poll + 5, went_on
-    (done_b,) = outputs(result_b)
+    seen = leader_fault(work, sshfs_mount, fault, (tmp_path / "a" / "share", tmp_path / "b" / "share"),
+                        clean_environ(), {"single_flight": {"timeout": "5m"}})
+    print(f"{fault} of node A's leader: node B went on after {seen['went_on']:.2f} s (LEASE_STALE {stale} s)")
+    assert seen["lease_alive_before"]  # B did not pass over a lease that was beating
+    assert stale - 1.5 <= seen["went_on"] <= stale + poll + 5, seen["went_on"]
+    (done_b,) = outputs(seen["b"])
     assert done_b["compiled"] == 1
-    (section_b,) = [s for s in records(sshfs_mount.server_dir / "cache", "jax") if s["single_flight"]["led"]
-                    and s["single_flight"]["leases_passed"]]
-    assert section_b["single_flight"]["leases_passed"] == 1 and section_b["single_flight"]["gave_up"] == 0
+    root = sshfs_mount.server_dir / "cache"
+    (flight_b,) = [s["single_flight"] for s in records(root, "jax") if s["single_flight"]["leases_passed"]]
+    assert flight_b["led"] == 1 and flight_b["leases_passed"] == 1 and flight_b["gave_up"] == 0
     if fault == "SIGSTOP":
-        (done_a,) = outputs(result_a)  # resumed, it finishes its own compile
+        (done_a,) = outputs(seen["a"])  # resumed, it finishes its own compile
         assert done_a["values"] == done_b["values"]
     else:
-        assert result_a["runs"][0]["returncode"] == -signal.SIGKILL
+        assert seen["a"]["runs"][0]["returncode"] == -signal.SIGKILL
+    folder = root / "locks" / "jax"
     assert not list(folder.glob("*.lock"))  # leases and locks of finished leaders are gone
     assert not [p for p in folder.glob("*.lease") if (lease_holder(p) or ("",))[0] == "node-b"]
 

@@ -93,8 +93,11 @@ def hits_per_key(sections: list[dict]) -> Counter:
     return Counter(k for s in sections for k in s["hit_keys"])
 
 
-def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
-    runs = start_together(tmp_path, "jax", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
+@pytest.mark.parametrize("mode", ["node", "cluster"])
+def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root, mode):
+    """Also in cluster mode (flock, then a lease per key; forced here on a local disk)."""
+    runs = start_together(tmp_path, "jax", job_env(cache_root, {"single_flight": {"timeout": "2m"}},
+                                                   GPU_CACHE_LOCK_MODE=mode))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert len({r.stdout for r in runs}) == 1  # the same results in every process
     sections = records(cache_root, "jax")
@@ -104,15 +107,17 @@ def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
     assert sum(s["writes"] for s in sections) == 3  # one cache write attempt per key
     assert hits_per_key(sections) == dict.fromkeys(compiled, N - 1)  # the others loaded it
     flights = [s["single_flight"] for s in sections]
-    assert {f["state"] for f in flights} == {"on"}
+    assert {f["state"] for f in flights} == {"on"} and {f["mode"] for f in flights} == {mode}
     assert sum(f["led"] for f in flights) == 3 and sum(f["gave_up"] for f in flights) == 0
     assert sum(f["waited"] for f in flights) >= 1  # they did start together
     assert len(list((cache_root / "jax").glob("*-cache"))) == 3
     assert list((cache_root / "locks" / "jax").iterdir()) == []  # leaders remove their lock files
 
 
-def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
-    runs = start_together(tmp_path, "triton", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
+@pytest.mark.parametrize("mode", ["node", "cluster"])
+def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root, mode):
+    runs = start_together(tmp_path, "triton", job_env(cache_root, {"single_flight": {"timeout": "2m"}},
+                                                      GPU_CACHE_LOCK_MODE=mode))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     outputs = [json.loads(r.stdout.strip().splitlines()[-1]) for r in runs]
     misses = Counter(e["case"] for o in outputs for e in o["events"] if not e["cache_hit"])
@@ -123,6 +128,7 @@ def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
     assert sum(s["misses"] for s in sections) == 5 and set(compiles_per_key(sections).values()) == {1}
     flights = [s["single_flight"] for s in sections]
     assert {f["state"] for f in flights} == {"on"} and sum(f["led"] for f in flights) == 5
+    assert {f["mode"] for f in flights} == {mode}
     assert sum(f["gave_up"] for f in flights) == 0
     assert list((cache_root / "locks" / "triton").iterdir()) == []
 
