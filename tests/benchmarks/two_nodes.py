@@ -19,7 +19,7 @@ from the start). Then the leader faults: node A's only job holds a key's lease a
 SIGKILLed or SIGSTOPped mid-compile while node B's job waits: the seconds until B goes on
 (makes the next lease). One JSON object on stdout (``--out`` writes it too).
 
-    sudo python tests/benchmarks/two_nodes.py --jobs 3 --keys 6 --rounds 2 \\
+    sudo python tests/benchmarks/two_nodes.py --jobs 3 --keys 6 --length 20 --rounds 2 \\
         --out tests/benchmarks/results/two_nodes.json
 
 Needs root, sshd, sshfs and /dev/fuse (``.ci/install-sshfs.sh``).
@@ -45,7 +45,8 @@ from sshfs_mount import SshfsMount  # noqa: E402
 CONFIG = {"single_flight": {"timeout": "5m"}}
 
 
-def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, keys: int) -> dict:
+def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, keys: int,
+            length: int) -> dict:
     """Both nodes, ``jobs`` jobs each, on a fresh root (or, for ``none``, a fresh JAX folder)."""
     shutil.rmtree(work / "sync", ignore_errors=True)
     shutil.rmtree(share.server_dir / "cache", ignore_errors=True)
@@ -59,7 +60,8 @@ def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, k
     nodes = []
     try:
         for name in ("node-a", "node-b"):
-            nodes.append(Node(work, share, name, point, job_commands(work, name, jobs, keys), clean_environ(),
+            nodes.append(Node(work, share, name, point, job_commands(work, name, jobs, keys, length),
+                              clean_environ(),
                               **options))
         wait_ready(work, 2 * jobs, nodes)
         go(work)
@@ -75,14 +77,16 @@ def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, k
             done.append(json.loads(run["stdout"].strip().splitlines()[-1]))
     if len({json.dumps(d["values"]) for d in done}) != 1:
         raise RuntimeError("the jobs computed different results")
-    per_key = Counter()
+    per_key, modes = Counter(), set()
     for path in sorted((share.server_dir / "cache" / "records").glob("*.json")):
-        for miss in json.loads(path.read_text()).get("jax", {}).get("missed", []):
+        section = json.loads(path.read_text()).get("jax", {})
+        modes.add(section.get("single_flight", {}).get("mode"))
+        for miss in section.get("missed", []):
             per_key[miss["key"]] += 1
     out = {"setup": setup, "compiles": sum(d["compiled"] for d in done), "keys": keys,
            "wall_seconds": max(d["seconds"] for d in done),
            "cpu_seconds": round(sum(d["cpu_seconds"] for d in done), 1),
-           "mode": [r.get("single_flight", {}).get("mode") for r in results]}
+           "single_flight": sorted(m for m in modes if m) or "off"}
     if per_key:
         out["compiles_per_key"] = sorted(per_key.values())
     return out
@@ -93,20 +97,23 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=3, help="JAX processes per node")
     parser.add_argument("--keys", type=int, default=6, help="jitted functions (cache keys) per process")
+    parser.add_argument("--length", type=int, default=3,
+                        help="the first chain's length (key k: length + k steps; longer compiles longer)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each set-up")
     parser.add_argument("--setups", default="cluster,node,none")
     parser.add_argument("--faults", default="SIGKILL,SIGSTOP")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gpu-cache-two-nodes-"))
-    report: dict = {"jobs_per_node": args.jobs, "keys": args.keys, "runs": [], "faults": []}
+    report: dict = {"jobs_per_node": args.jobs, "keys": args.keys, "length": args.length, "runs": [],
+                    "faults": []}
     try:
         with SshfsMount(base / "sshfs") as share:
             work = base / "work"
             work.mkdir()
             for _round in range(args.rounds):
                 for setup in filter(None, args.setups.split(",")):
-                    run = one_run(share, work, base / "share", setup, args.jobs, args.keys)
+                    run = one_run(share, work, base / "share", setup, args.jobs, args.keys, args.length)
                     print(json.dumps(run), file=sys.stderr, flush=True)
                     report["runs"].append(run)
             for fault in filter(None, args.faults.split(",")):
