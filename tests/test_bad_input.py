@@ -45,6 +45,42 @@ def test_a_bad_config_file_is_one_line_exit_2_and_quick(content, message, tmp_pa
     assert message in one_line_error(result)
 
 
+@pytest.mark.parametrize("content,where", [
+    ("cache_root: /x\nprune\n", "line 3, column 1: could not find expected ':' (while scanning a simple"),
+    ("prune: {max_size: 1G\n", "line 2, column 1: expected ',' or '}', but got '<stream end>'"),
+    ("prune:\n\tmax_size: 1G\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("cache_root: \"x\x01\"\n", "line 1, column 15: unacceptable character #x0001"),
+    ("cache_root: *root\n", "line 1, column 13: found undefined alias 'root'"),
+])
+def test_invalid_yaml_is_one_line_with_file_line_and_column(content, where, tmp_path):
+    """The parser's own message takes 4-5 lines with a copy of the line; ours takes one."""
+    config = tmp_path / "config.yaml"
+    config.write_text(content)
+    line = one_line_error(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "cache")))
+    assert line.startswith(f"gpu-cache: error: config file {config} is not valid YAML: {where}"), line
+
+
+@pytest.mark.parametrize("command", [["env"], ["env", "--json"], ["stats"], ["doctor"],
+                                     ["prune", "--dry-run"], ["warm"]])
+def test_a_config_that_is_a_fifo_or_a_folder_is_refused_at_once(command, tmp_path):
+    """Opening a FIFO to read blocks until someone writes it: each reader of --config checks
+    first and opens without blocking. A link to a real config is followed."""
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    cache = str(tmp_path / "cache")
+    started = time.monotonic()
+    for bad, what in ((fifo, "a FIFO"), (tmp_path, "a folder")):
+        line = one_line_error(run_cli(*command, "--config", str(bad), "--cache-root", cache, timeout=60))
+        assert line == f"gpu-cache: error: config file {bad} is {what}, not a regular file"
+    assert time.monotonic() - started < 30
+    real = tmp_path / "real.yaml"
+    real.write_text("default_workloads: []\nmin_free_space: 1K\n")
+    (tmp_path / "link.yaml").symlink_to(real)
+    if command[0] == "env":
+        result = run_cli(*command, "--config", str(tmp_path / "link.yaml"), "--cache-root", cache, timeout=60)
+        assert result.returncode == 0 and not result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--config-json", "[1]"], "must be a JSON object"),
     (["--config-json", '"text"'], "must be a JSON object"),

@@ -205,7 +205,7 @@ def test_cut_short_libraries_are_found_removed_and_rebuilt_whole(root):
     before = {p for p in folder.rglob("*") if p.is_file()}
     compile_in(root)
     rebuilt = [p for p in probes if p.exists()]  # (the probes it needs: it stops at the first yes)
-    assert rebuilt and all(inductor_cache._elf_problem(str(p), p.stat()) is None for p in rebuilt)
+    assert rebuilt and all(inductor_cache.elf_problem(str(p), p.stat()) is None for p in rebuilt)
     new = {p for p in folder.rglob("*") if p.is_file()} - before - set(probes)
     assert not [p for p in new if p.suffix in (".so", ".py")], "the original kernels hit again"
 

@@ -49,7 +49,7 @@ def broken_keys(report: dict) -> set[str]:
 
 
 def test_the_built_in_defaults_are_the_schemas():
-    assert settings._fill_defaults(settings.load_schema(), {}) == settings.DEFAULT_CONFIG
+    assert settings.fill_defaults(settings.load_schema(), {}) == settings.DEFAULT_CONFIG
     first, second = settings.validate_config({}), settings.validate_config(None)
     assert first == second == settings.DEFAULT_CONFIG
     first["prune"]["max_size"] = "1G"  # a copy: the defaults stay as they are

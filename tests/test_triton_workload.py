@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gpu_cache.core import safe_io
 from gpu_cache.core.caches import triton as triton_cache
 from helpers import REPO, clean_environ
 
@@ -198,15 +199,15 @@ def test_non_kernel_paths_are_classified(cache_copy: Path) -> None:
     (cache_copy / module_key / "cuda_utils.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
     (cache_copy / ("B" * 52)).mkdir()
     (cache_copy / "notes.txt").write_text("hi")
-    (cache_copy / triton_cache.TRASH_DIR_NAME).mkdir()
+    (cache_copy / safe_io.TRASH_DIR_NAME).mkdir()
     inv = triton_cache.scan(cache_copy)
     by_key = {e.key: e for e in inv.entries}
     assert by_key[module_key].kind == "module" and by_key[module_key].kernel == "cuda_utils"
     assert by_key[module_key].complete
     assert by_key["B" * 52].kind == "empty" and not by_key["B" * 52].complete
     kinds = {o.path.name: o.kind for o in inv.others}
-    assert kinds == {"notes.txt": "file", triton_cache.TRASH_DIR_NAME: "trash"}
-    assert not triton_cache.KEY_RE.match(triton_cache.TRASH_DIR_NAME)
+    assert kinds == {"notes.txt": "file", safe_io.TRASH_DIR_NAME: "trash"}
+    assert not triton_cache.KEY_RE.match(safe_io.TRASH_DIR_NAME)
 
 
 def test_scan_of_missing_dir_and_of_a_file(tmp_path: Path) -> None:
@@ -226,7 +227,7 @@ def test_remove_entry_then_triton_recompiles_only_that_kernel(cache_copy: Path) 
     victim = inv.kernels[0]
     assert triton_cache.remove_entry(cache_copy, victim.key) == victim.bytes
     assert not (cache_copy / victim.key).exists()
-    trash = cache_copy / triton_cache.TRASH_DIR_NAME
+    trash = cache_copy / safe_io.TRASH_DIR_NAME
     assert list(trash.iterdir()) == []
     after = triton_cache.scan(cache_copy)
     assert {e.key for e in after.kernels} == {e.key for e in inv.kernels} - {victim.key}
@@ -240,12 +241,12 @@ def test_remove_entry_rejects_bad_keys_and_ignores_missing(cache_copy: Path) -> 
     with pytest.raises(triton_cache.TritonCacheError):
         triton_cache.remove_entry(cache_copy, "../etc")
     with pytest.raises(triton_cache.TritonCacheError):
-        triton_cache.remove_entry(cache_copy, triton_cache.TRASH_DIR_NAME)
+        triton_cache.remove_entry(cache_copy, safe_io.TRASH_DIR_NAME)
     assert triton_cache.remove_entry(cache_copy, "C" * 52) == 0
 
 
 def test_empty_trash_removes_leftovers(cache_copy: Path) -> None:
-    trash = cache_copy / triton_cache.TRASH_DIR_NAME
+    trash = cache_copy / safe_io.TRASH_DIR_NAME
     (trash / "leftover").mkdir(parents=True)
     (trash / "leftover" / "x.cubin").write_bytes(b"y" * 10)
     assert triton_cache.empty_trash(cache_copy) == 10

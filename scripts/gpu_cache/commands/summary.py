@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from gpu_cache.config.units import format_size
+from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PruneReport, Verdict
-
-
-def load_json(path: Path) -> Any:
-    """The JSON in ``path``.
-
-    Raises:
-        UsageError: it cannot be read or is not JSON.
-    """
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def load_verdict(path: Path) -> Verdict:
     """Raises: UsageError: ``path`` cannot be read or is not a validation verdict."""
     try:
-        return Verdict.from_dict(load_json(path))
+        return Verdict.from_dict(safe_io.load_json(path))
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -34,7 +21,7 @@ def load_verdict(path: Path) -> Verdict:
 def load_prune(path: Path) -> PruneReport:
     """Raises: UsageError: ``path`` cannot be read or is not a prune report."""
     try:
-        return PruneReport.from_dict(load_json(path))
+        return PruneReport.from_dict(safe_io.load_json(path))
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -70,9 +57,11 @@ def render(validations: list[Path], prune: Path | None) -> str:
         cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
         speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""
         verdict = {"passed": "PASSED", "error": "ERROR"}.get(v.outcome, "FAILED")
+        # What was validated: the image as configured and the jax that ran in it (#25).
+        what = f"; validated {software.describe(v.software)}" if v.software else ""
         lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
-                     f"warm {v.warm_seconds:.1f} s{speedup}")
+                     f"warm {v.warm_seconds:.1f} s{speedup}{what}")
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)

@@ -157,6 +157,9 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
         problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
+    ran_with = dict(warm.software)
+    if expected is not None and expected.container and ran_with.get("image"):
+        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
     observed = any(c.processes_observed for c in counts.values())
     notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
              f"({cold.reused}); validate.measure_cold: always measures it every time"] \
@@ -180,7 +183,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         cold_runs=cold.runs if cold else [],
         cache_root=str(settings.cache_root),
         job=warm.job,
-        software=warm.software,
+        software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
 

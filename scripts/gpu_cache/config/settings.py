@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import parse_age, parse_size
+from gpu_cache.core import safe_io
 from gpu_cache.core.errors import UsageError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -55,7 +56,7 @@ def load_schema() -> dict[str, Any]:
         return yaml.safe_load(stream)
 
 
-def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+def fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     """Return ``value`` with each missing key that the schema gives a default filled in."""
     if not isinstance(value, dict) or schema.get("type") != "object":
         return value
@@ -64,12 +65,12 @@ def _fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
         if key not in filled and "default" in sub:
             filled[key] = copy.deepcopy(sub["default"])
         if key in filled:
-            filled[key] = _fill_defaults(sub, filled[key])
+            filled[key] = fill_defaults(sub, filled[key])
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict):
         for key in filled:
             if key not in schema.get("properties", {}):
-                filled[key] = _fill_defaults(extra, filled[key])
+                filled[key] = fill_defaults(extra, filled[key])
     return filled
 
 
@@ -97,7 +98,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
         raise UsageError(f"config key {where}: {message}")
-    filled = _fill_defaults(schema, config)
+    filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
               ("min_free_space", parse_size, filled["min_free_space"]),
@@ -138,20 +139,23 @@ def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a YAML or JSON config file.
+    """Read and validate a YAML or JSON config file (a symbolic link to one is followed).
 
     Raises:
-        UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
-            unreasonably large, or does not match the schema.
+        UsageError: the file is not a regular file (a FIFO would block the open forever, #21),
+            cannot be read, is not UTF-8 YAML, is not a mapping, is unreasonably large, or
+            does not match the schema.
     """
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
+        raw = safe_io.read_bounded(os.path.realpath(path), MAX_CONFIG_BYTES)
+    except safe_io.NotRegularFile as exc:
+        raise UsageError(f"config file {path} is {exc.what}, not a regular file") from None
+    except safe_io.TooLarge:
         raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
-                         "right file?")
+                         "right file?") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"cannot read config file {path}: {reason}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -161,13 +165,30 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
+        raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
     try:
         return validate_config(data)
     except UsageError as exc:
         raise UsageError(f"config file {path}: {exc}") from None
+
+
+def _yaml_error(exc: Exception, text: str) -> str:
+    """A YAML parser's error in one line: ``line L, column C: what (while what)``; the parser's
+    own message takes 4-5 lines with a copy of the offending line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None and isinstance(getattr(exc, "position", None), int):  # yaml.ReaderError
+        line = text.count("\n", 0, exc.position)
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1)
+        character = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        return f"line {line + 1}, column {column + 1}: unacceptable character {character}: {exc.reason}"
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(f"{where}: {problem}{f' ({context})' if context else ''}".split())
 
 
 def resolve_cache_root(
@@ -233,15 +254,30 @@ class GpuType:
     container: str | None = None
     conda: str | None = None
     python: str | None = None
-    #: The partition may lack this type: its warm and check jobs give up after
-    #: ``queue_wait_seconds`` in the queue and its verdict is then "unscheduled".
-    optional: bool = False
+    #: The partition may lack this type: a job of it that found no node ends "unscheduled"
+    #: (after ``queue_wait_seconds`` in the queue at most). None: :attr:`is_optional` decides.
+    optional: bool | None = None
     queue_wait_seconds: float = 2 * 3600.0
 
     @property
     def expected_device(self) -> str:
         """The device type its jobs must see: ``device`` if configured, else the type's name."""
         return self.device or self.name
+
+    @property
+    def is_optional(self) -> bool:
+        """``optional`` as configured; by default, whether the type asks SLURM for a place
+        (a type that does not runs wherever Snakemake runs its jobs: it cannot go unscheduled).
+        Optional by default (#25): a type the partition lacks must not hold back the jobs that
+        wait for every type's verdict; a job that needs that type still fails on its own."""
+        if self.optional is not None:
+            return self.optional
+        return any(self.resources.get(name) for name in PLACEMENT_RESOURCES)
+
+
+#: Resources that put a job on a node of its GPU type; a job of an optional type that could
+#: not run there is retried without them (it then runs no workload: "unscheduled").
+PLACEMENT_RESOURCES = ("slurm_partition", "qos", "gres", "gpu", "gpu_model", "constraint", "slurm_extra")
 
 
 @dataclass(frozen=True)

@@ -76,16 +76,24 @@ def clean(record: Any) -> dict[str, Any] | None:
 
 def count(value: Any) -> int:
     """A non-negative whole count from a record's field; anything else is 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         return 0
     return max(0, int(value))
 
 
 def seconds(value: Any) -> float:
     """Non-negative seconds from a record's field; anything else is 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         return 0.0
     return max(0.0, float(value))
+
+
+def _finite(value: float) -> bool:
+    """Whether a number is finite as a float: an integer of 400 digits is not (#21)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def part(record: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -55,7 +55,8 @@ class CacheKind:
     inventory reads an entry's last use, for the README and stats. ``exported``: env points
     the kind's variable at its folder and doctor probes it (the records folder is set up by
     env on its own terms, only with the stats hook). ``enabled_by``: the boolean setting
-    that turns an opt-in kind on.
+    that turns an opt-in kind on. ``carried``: ``gpu-cache pack``/``unpack`` carry its entries
+    to another machine (its entries do not hold the path or the host they were made on).
     """
 
     def enabled(self, settings: object) -> bool:
@@ -73,6 +74,7 @@ class CacheKind:
     exported: bool = True
     enabled_by: str | None = None
     verifies: bool = False
+    carried: bool = False
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -89,7 +91,7 @@ KINDS: dict[str, CacheKind] = {
             "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
             switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
             scan=_inventory("scan_jax"), remove=_inventory("remove_jax"),
-            verifies=True,
+            verifies=True, carried=True,
             last_use="the time in JAX's -atime record where a size cap made JAX keep one: it "
                      "wins over file times, which a copy without times sets to 'now' (they "
                      "count too only where the -atime file's own mtime agrees with it); "
@@ -97,6 +99,7 @@ KINDS: dict[str, CacheKind] = {
         CacheKind(
             "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
             scan=_inventory("scan_triton"), remove=_inventory("remove_triton"), verifies=True,
+            carried=True,
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
@@ -123,6 +126,8 @@ KINDS: dict[str, CacheKind] = {
 EXPORTED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.exported)
 #: Kinds whose entries gpu-cache lists and prunes.
 PRUNABLE: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.prunable)
+#: Kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
+CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.carried)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
 #: Top-level modules the startup hook watches.

@@ -108,8 +108,9 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
     process group is stopped when the command's timeout passes."""
     env = dict(environ)
     if command.builtin:  # built-in workloads are modules of this package
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([*parts, str(PACKAGE_PARENT)])
+        # Appended to the value as written: an empty entry is the working folder (#21).
+        before = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = f"{before}{os.pathsep}{PACKAGE_PARENT}" if before else str(PACKAGE_PARENT)
     output.write(f"$ {line}\n")
     output.flush()
     started = time.perf_counter()

@@ -12,6 +12,9 @@ a huge file. The rules, for every module that touches the root:
 * **Never write through a name** (:func:`replace_file`): write a temporary file with a unique
   name, created with ``O_CREAT | O_EXCL | O_NOFOLLOW``, then ``os.replace`` it over the name
   (a rename replaces a symlink itself; it never follows it).
+* **Folders by descriptor** (:func:`open_dir`, :func:`move_to_trash`): an entry is removed by
+  renaming it, in one atomic step between descriptors of real folders, into
+  :data:`TRASH_DIR_NAME`, then deleting it there; a symlink swapped in by name is never followed.
 * **Stamps** (:func:`touch_stamp`): a name that should be a regular file but is a symlink,
   FIFO, socket or device is unlinked (it lies inside a folder we own; unlinking never follows
   it) and a regular file is made in its place.
@@ -29,18 +32,28 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import secrets
+import shutil
 import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from gpu_cache.core.errors import UsageError
 
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Open a name that must be a regular file: never through a symlink, never blocking on a FIFO.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+#: Create a new file under a name nobody else has (a temporary name): never through a symlink.
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Open a name that must be a folder, never through a symlink.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The folder inside a kind's folder where removed entries are renamed before they are deleted
+#: (a name no tool looks up).
+TRASH_DIR_NAME = ".gpu-cache-trash"
 #: Read size of :func:`iter_chunks` and :func:`read_bounded`.
 CHUNK = 1 << 20
 
@@ -83,7 +96,7 @@ def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> Ite
     if not stat.S_ISREG(before.st_mode):
         raise NotRegularFile(path, describe(before.st_mode))  # never open a device
     try:
-        fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotRegularFile(path, "a symbolic link") from None
@@ -139,7 +152,7 @@ def read_known(path: str | os.PathLike[str], limit: int, known: os.stat_result) 
     if not stat.S_ISREG(known.st_mode):
         raise NotRegularFile(path, describe(known.st_mode))  # never open a device
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotRegularFile(path, "a symbolic link") from None
@@ -163,6 +176,22 @@ def read_known(path: str | os.PathLike[str], limit: int, known: os.stat_result) 
     return data
 
 
+#: The largest JSON report or verdict a command reads (they are kilobytes).
+JSON_LIMIT = 64 << 20
+
+
+def load_json(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> Any:
+    """The JSON in the regular file ``path`` (a FIFO or device is refused, never waited on).
+
+    Raises:
+        UsageError: it cannot be read, is not a regular file, is too large or is not JSON.
+    """
+    try:
+        return json.loads(read_bounded(path, limit))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
 def iter_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[bytes]:
     """The regular file at ``path`` in chunks of at most ``size`` bytes (never all at once).
 
@@ -181,7 +210,8 @@ def temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # within NAME_MAX
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -201,12 +231,12 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
     """
     path = Path(path)
     temp = path.with_name(temp_name(path.name))
-    fd = os.open(temp, _CREATE_FLAGS, 0o666)
+    fd = os.open(temp, CREATE_FLAGS, 0o666)
     try:
         try:
             if mode is not None:
                 os.fchmod(fd, mode)
-            _write_all(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(temp, path)
@@ -216,6 +246,113 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
         except OSError:
             pass
         raise
+
+
+@contextmanager
+def open_dir(name: str | os.PathLike[str], dir_fd: int | None = None,
+             follow: bool = False) -> Iterator[int]:
+    """A descriptor of the folder ``name`` (relative to ``dir_fd``), never through a symlink
+    unless ``follow`` (only for a kind's folder itself, which the configuration names).
+
+    Raises:
+        OSError: it is gone, a symlink (ELOOP) or not a folder (ENOTDIR).
+    """
+    fd = os.open(name, DIR_FLAGS & ~os.O_NOFOLLOW if follow else DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def trash_fd(root_fd: int) -> int:
+    """A descriptor of the trash folder in the kind's folder ``root_fd``, made when missing.
+    Anything else by that name (a symlink to a folder elsewhere, a file) is removed first:
+    removed entries never leave the kind's folder.
+
+    Raises:
+        OSError: the trash cannot be made, or keeps being replaced.
+    """
+    for _attempt in range(3):
+        try:
+            info = os.lstat(TRASH_DIR_NAME, dir_fd=root_fd)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            try:
+                os.unlink(TRASH_DIR_NAME, dir_fd=root_fd)  # never follows a symlink
+            except FileNotFoundError:
+                pass
+            info = None
+        if info is None:
+            try:
+                os.mkdir(TRASH_DIR_NAME, 0o777, dir_fd=root_fd)
+            except FileExistsError:
+                pass
+        try:
+            return os.open(TRASH_DIR_NAME, DIR_FLAGS, dir_fd=root_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # swapped or removed meanwhile: look again
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+    raise OSError(errno.EEXIST, "keeps being replaced by something other than a folder", TRASH_DIR_NAME)
+
+
+def move_to_trash(root_fd: int, name: str, parent_fd: int | None = None) -> tuple[int, str]:
+    """Rename ``name`` (in the folder ``parent_fd``, default ``root_fd``) into the trash of the
+    kind's folder ``root_fd`` in one atomic step (same filesystem: a reader sees the whole
+    entry or none); return the trash's descriptor (the caller closes it) and the new name.
+
+    Raises:
+        OSError: the rename failed (FileNotFoundError: ``name`` is gone).
+    """
+    trash = trash_fd(root_fd)
+    target = f"{name}.{os.getpid()}.{secrets.token_hex(8)}"
+    try:
+        os.rename(name, target, src_dir_fd=root_fd if parent_fd is None else parent_fd, dst_dir_fd=trash)
+    except BaseException:
+        os.close(trash)
+        raise
+    return trash, target
+
+
+def delete_in(folder_fd: int, name: str) -> None:
+    """Delete ``name`` (a file or a whole folder) inside the folder ``folder_fd``; never follows
+    a symlink; what is gone already is no error, and what cannot be deleted stays."""
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except IsADirectoryError:
+        shutil.rmtree(name, dir_fd=folder_fd, ignore_errors=True)  # fd-based: no symlink followed
+    except FileNotFoundError:
+        pass
+
+
+def tree_size(path: str | os.PathLike[str]) -> tuple[int, int, float]:
+    """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored.
+    One ``lstat`` per name (``os.scandir``)."""
+    total = count = 0
+    newest = 0.0
+    pending = [os.fspath(path)]
+    while pending:
+        try:
+            listing = os.scandir(pending.pop())
+        except OSError:
+            continue  # removed while we walked
+        with listing:
+            for item in listing:
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(item.path)
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                    count += 1
+                if st.st_mtime > newest:
+                    newest = st.st_mtime
+    return total, count, newest
 
 
 def _clear_non_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> bool:
@@ -468,6 +605,34 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, create: bool = 
         os.close(fd)
 
 
+def hold_if_free(path: str) -> int | None:
+    """A descriptor holding ``flock`` on the lock file at ``path``, taken without waiting
+    (None: there is none, or it is not a regular file). Another tool's lock (Inductor's) is
+    held while its entry is removed, so that a writer never sees its entry vanish midway.
+
+    Raises:
+        OSError: EBUSY, another process holds it (its entry is being written).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            return None  # not a lock file: the caller removes it as a name
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(errno.EBUSY, "being compiled (its lock is held)", path) from None
+    except OSError as exc:
+        if exc.errno not in _NO_FLOCK:
+            os.close(fd)
+            raise
+    return fd
+
+
 def _flock(fd: int, path: Path, deadline: float) -> bool:
     """Take ``flock(LOCK_EX)`` before ``deadline`` (``time.monotonic``); False where the
     filesystem has no flock.
@@ -510,7 +675,7 @@ def _write_device(path: Path, data: bytes, what: str, follow: bool = False) -> N
             raise OSError(errno.EINVAL, f"was replaced by {describe(info.st_mode)} while it was "
                           "opened; nothing written", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        _write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 

@@ -120,13 +120,38 @@ class _Placement:
     xla_caches_off: bool = False  # XLA's own caches must stay off (a network filesystem)
 
 
-def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> _Placement:
-    """Decide where ``kind`` caches, from the probe of its folder under ``root``."""
+def hook_problem() -> str | None:
+    """Why the startup hook cannot go on jobs' ``PYTHONPATH``, or None. Python splits
+    ``PYTHONPATH`` at every ``os.pathsep`` and no quoting escapes it, so a hook folder whose path
+    holds one would silently never load (#21); jobs then run without it, which they survive."""
+    if os.pathsep not in str(HOOK_DIR):
+        return None
+    return (f"gpu-cache is installed under {PACKAGE_PARENT}, whose path holds {os.pathsep!r}, which "
+            "no PYTHONPATH entry can hold: jobs run without its startup hook (no stats records, no "
+            "single-flight, a read-only Triton cache goes node-local); install gpu-cache under a "
+            f"path without {os.pathsep!r}")
+
+
+def with_hook(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with the hook's folder first and the user's value after it as written:
+    an empty entry (``/opt/lib:``) means the working folder to Python, so nothing is dropped
+    (#21); an empty or unset value adds none."""
+    if not pythonpath:
+        return str(HOOK_DIR)
+    return f"{HOOK_DIR}{os.pathsep}{pythonpath}"
+
+
+def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
+           hook: bool = True) -> _Placement:
+    """Decide where ``kind`` caches, from the probe of its folder under ``root``; ``hook``:
+    whether the startup hook can load in jobs (the Triton seed reader lives there)."""
     folder = kind.folder(root)
     problem = check.problem
     if problem is None and check.read_only:
         if kind.read_only is ReadOnlyUse.READ:
             pass  # the tool reads it and warns on each failed write
+        elif kind.read_only is ReadOnlyUse.SEED and not hook:
+            problem = f"{folder} is read-only and its seed reader needs gpu-cache's startup hook"
         elif kind.read_only is ReadOnlyUse.SEED:
             fallback = node_local_fallback(kind.name)
             if check_folder(fallback, trusted_above=fallback.parent).problem is None:
@@ -227,6 +252,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     root_problem: str | None = None
     xla_caches = settings.xla_caches
     root = settings.cache_root
+    no_hook = hook_problem()
     single_flight: dict[str, object] = {
         "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
         "problem": "caching is turned off", "per_node": False}
@@ -249,7 +275,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                 root_problem = root_check.problem
             check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
             warnings += [f"{kind.name}: {line}" for line in check.warnings]
-            how = _place(kind, root, check, xla_caches)
+            how = _place(kind, root, check, xla_caches, hook=no_hook is None)
             wanted.update(how.values)
             if how.problem:
                 problems[kind.name] = how.problem
@@ -280,12 +306,12 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
         or bool(exports.values.get(LOCKS_VAR))  # the hook does single-flight
-    if hook_needed:
-        parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if str(HOOK_DIR) not in parts:
-            exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
-    if root is not None:
-        binds, skipped = container_binds([root, PACKAGE_PARENT], environ)
+    if hook_needed and no_hook:
+        exports.warnings.append(no_hook)
+    elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):
+        exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
+    if root is not None:  # the package's folder only for the hook (not when it cannot load)
+        binds, skipped = container_binds([root] if no_hook else [root, PACKAGE_PARENT], environ)
         exports.values.update(binds)
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
                              "cannot hold ',' or ':'" for path in skipped]
@@ -301,6 +327,9 @@ def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict
     up, so a host that sets ``*_BINDPATH`` (with ``os.environ.setdefault``, before or after
     gpu-cache) is untouched, and one that set ``*_BIND`` first gets ours appended. (Apptainer
     ignores ``SINGULARITY_X`` when ``APPTAINER_X`` is set, hence both, with the same value.)
+    A host's bind of a path to another place (``<root>:/cache``, ``<root>:/cache:ro``) leaves it
+    missing at its own path, where the exported variables point: it gets a second bind there,
+    with the same options (#21).
     """
     listable = [p for p in paths if "," not in str(p) and ":" not in str(p)]
     skipped = [p for p in paths if p not in listable]
@@ -308,11 +337,25 @@ def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict
     out = {}
     for name in CONTAINER_BIND_VARS:
         entries = [e for e in environ.get(name, "").split(",") if e]
-        sources = {e.split(":", 1)[0] for e in entries}
-        missing = [str(p) for p in usable if str(p) not in sources]
-        if missing:
-            out[name] = ",".join(entries + missing)
+        missing = [_own_path_bind(str(p), entries) for p in usable]
+        if any(missing):
+            out[name] = ",".join(entries + [bind for bind in missing if bind])
     return out, skipped
+
+
+def _own_path_bind(path: str, entries: list[str]) -> str | None:
+    """The bind that puts ``path`` at its own path in a container, given a bind list's
+    ``src[:dst[:options]]`` entries; None when one of them already does."""
+    options = None
+    for entry in entries:
+        source, _, rest = entry.partition(":")
+        destination, _, opts = rest.partition(":")
+        if os.path.normpath(source) != path:
+            continue
+        if not destination or os.path.normpath(destination) == path:
+            return None
+        options = options or opts
+    return f"{path}:{path}:{options}" if options else path
 
 
 def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:

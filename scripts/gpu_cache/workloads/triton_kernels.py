@@ -54,6 +54,8 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver as _triton_driver
 from triton.runtime.jit import JITFunction, MockTensor
 
+from gpu_cache.core.errors import UsageError
+
 WORKLOAD = "triton-kernels"
 ENV_TARGETS = "GPU_CACHE_TRITON_TARGETS"
 DEFAULT_TARGET = "sm_90"
@@ -64,10 +66,6 @@ _TARGET_RE = re.compile(r"^sm_(\d{2,3})$")
 # Fake device ids used in aot mode: far away from real CUDA ordinals, so that a later real launch in
 # the same process never reuses a binder that Triton cached for a fake target.
 _FAKE_DEVICE_BASE = 100_000
-
-
-class UsageError(ValueError):
-    """A bad argument or environment; the CLI prints it as one line and exits 2."""
 
 
 class WorkloadError(RuntimeError):

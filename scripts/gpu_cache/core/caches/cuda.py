@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import time
 from dataclasses import dataclass
 
-from gpu_cache.core import verified
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core import safe_io, verified
 
 INDEX = "index"
 #: A hashed folder (one hex digit; two accepted) and a cached binary's name.
 FOLDER_RE = re.compile(r"^[0-9a-fA-F]{1,2}$")
 FILE_RE = re.compile(r"^[0-9a-fA-F]+$")
-TRASH_DIR_NAME = triton_cache.TRASH_DIR_NAME
 LAYOUT = "ComputeCache"
 
 
@@ -66,7 +63,7 @@ def scan(folder: str | os.PathLike[str]) -> CudaCache | None:
     names: list[str] = []
     pending: list[tuple[str, int]] = []
     for item in top:
-        if item.name in (verified.NAME, TRASH_DIR_NAME):
+        if item.name in (verified.NAME, safe_io.TRASH_DIR_NAME):
             continue
         try:
             info = item.stat(follow_symlinks=False)
@@ -129,8 +126,8 @@ def remove(folder: str | os.PathLike[str], cache: CudaCache) -> None:
         raise OSError(f"the CUDA cache's layout was not recognised ({cache.why_not}); not removed")
     root = os.fspath(folder)
     order = [INDEX] + [name for name in cache.names if name != INDEX]
-    with triton_cache._open_dir(root, follow=True) as root_fd:
-        trash_fd = triton_cache._trash_fd(root_fd)
+    with safe_io.open_dir(root, follow=True) as root_fd:
+        trash_fd = safe_io.trash_fd(root_fd)
         try:
             for name in order:
                 target = f"{name}.{os.getpid()}.{time.time_ns()}"
@@ -139,11 +136,6 @@ def remove(folder: str | os.PathLike[str], cache: CudaCache) -> None:
                 except FileNotFoundError:
                     continue
             for leftover in os.listdir(trash_fd):  # this removal's, and any an earlier one left
-                try:
-                    os.unlink(leftover, dir_fd=trash_fd)
-                except IsADirectoryError:
-                    shutil.rmtree(leftover, dir_fd=trash_fd, ignore_errors=True)
-                except FileNotFoundError:
-                    pass
+                safe_io.delete_in(trash_fd, leftover)
         finally:
             os.close(trash_fd)

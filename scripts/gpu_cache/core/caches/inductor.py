@@ -43,8 +43,6 @@ its candidates or none) and deleted there.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 import shutil
@@ -63,9 +61,6 @@ LOCKS = "locks"
 TRITON = "triton"
 #: Guarded caches: folder name, and how many shard levels lie above each key folder.
 GUARDED = {"fxgraph": 1, "aotautograd": 0}
-TRASH_DIR_NAME = triton_cache.TRASH_DIR_NAME
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _NOATIME = getattr(os, "O_NOATIME", 0)
 #: What stats calls the kinds of entries.
 NAMES = {"fxgraph": "FX graph", "aotautograd": "AOTAutograd graph", "lock": "(lock)",
@@ -117,18 +112,18 @@ def _library_problem(path: str, info: os.stat_result, scan: _Scan) -> str | None
         digest = verified.digest(4, verified.text(path), info.st_ino, info.st_size, info.st_mtime_ns)
         if scan.record.get(digest) is not None:
             return None
-    problem = _elf_problem(path, info)
+    problem = elf_problem(path, info)
     if problem is None and scan.record is not None:
         scan.record.put(digest, 1)
     return problem
 
 
-def _elf_problem(path: str, info: os.stat_result) -> str | None:
+def elf_problem(path: str, info: os.stat_result) -> str | None:
     try:
         try:
-            fd = os.open(path, _READ_FLAGS | _NOATIME)
+            fd = os.open(path, safe_io.READ_FLAGS | _NOATIME)
         except PermissionError:  # O_NOATIME needs the file's owner: read it plainly
-            fd = os.open(path, _READ_FLAGS)
+            fd = os.open(path, safe_io.READ_FLAGS)
     except OSError:
         return None  # gone or unreadable: not this check's business
     try:
@@ -331,9 +326,9 @@ def scan(folder: str | os.PathLike[str], grace_seconds: float = 3600.0, verify: 
     for name, path, info in top:
         if name == verified.NAME or (name == LOCKS and stat.S_ISDIR(info.st_mode)):
             continue
-        if name == TRASH_DIR_NAME and stat.S_ISDIR(info.st_mode):
+        if name == safe_io.TRASH_DIR_NAME and stat.S_ISDIR(info.st_mode):
             for leftover, left_path, left_info in _listing(path):
-                size = triton_cache._tree_size(left_path)[0] if stat.S_ISDIR(left_info.st_mode) \
+                size = safe_io.tree_size(left_path)[0] if stat.S_ISDIR(left_info.st_mode) \
                     else left_info.st_size
                 state.entries.append(InductorEntry(f"{name}/{leftover}", "trash", NAMES["trash"],
                                                    [left_path], size, 0.0,
@@ -363,52 +358,24 @@ def _unlink(path: str) -> None:
         shutil.rmtree(path)  # fd-based: never follows a symlink inside
 
 
-def _holding_lock(path: str) -> int | None:
-    """A descriptor holding ``flock`` on the lock file at ``path`` (None: there is none).
-
-    Raises:
-        OSError: EBUSY, another process holds it (the entry is being compiled).
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            return None  # not a lock file of Inductor's: removed as a name below
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(errno.EBUSY, "being compiled (its lock is held)", path) from None
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            os.close(fd)
-            raise
-    return fd
-
-
 def _rename_away(folder: str, relative: str) -> None:
     """Rename the folder ``relative`` (below ``folder``) into the trash, one atomic step
     through descriptors of real folders (a symlink swapped in is never followed), then
     delete it there."""
     parts = relative.split("/")
-    with triton_cache._open_dir(folder, follow=True) as root_fd:
+    with safe_io.open_dir(folder, follow=True) as root_fd:
         parent_fd = os.dup(root_fd)
         try:
             for part in parts[:-1]:
-                inner = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+                inner = os.open(part, safe_io.DIR_FLAGS, dir_fd=parent_fd)
                 os.close(parent_fd)
                 parent_fd = inner
-            trash_fd = triton_cache._trash_fd(root_fd)
             try:
-                target = f"{parts[-1]}.{os.getpid()}.{time.time_ns()}"
-                try:
-                    os.rename(parts[-1], target, src_dir_fd=parent_fd, dst_dir_fd=trash_fd)
-                except FileNotFoundError:
-                    return  # removed meanwhile
-                shutil.rmtree(target, dir_fd=trash_fd, ignore_errors=True)
+                trash_fd, moved = safe_io.move_to_trash(root_fd, parts[-1], parent_fd)
+            except FileNotFoundError:
+                return  # removed meanwhile
+            try:
+                safe_io.delete_in(trash_fd, moved)
             finally:
                 os.close(trash_fd)
         finally:
@@ -433,7 +400,7 @@ def remove(folder: str | os.PathLike[str], entry: InductorEntry) -> None:
         else:
             triton_cache.empty_trash(entry.paths[0])
     elif entry.what == "code" or entry.what == "lock":
-        held = _holding_lock(entry.lock) if entry.lock else None
+        held = safe_io.hold_if_free(entry.lock) if entry.lock else None
         try:
             for path in entry.paths:
                 _unlink(path)  # the lock last: a waiting writer then finds it gone and retries

@@ -15,23 +15,19 @@ Pure standard library. The layout, as written by Triton's ``FileCacheManager``
   on triton <= 3.6 ``__triton_launcher<EXT_SUFFIX>``), or autotuning results
   (``<kernel>.autotune.json``).
 
-Removal (:func:`remove_entry`) renames a key directory into :data:`TRASH_DIR_NAME` inside the cache
+Removal (:func:`remove_entry`) renames a key directory into the trash inside the cache
 directory (one atomic rename on the same filesystem) and deletes it there, so a reader sees the
 whole group or nothing, never a group with some children gone.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import shutil
 import stat
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,8 +42,6 @@ TEMP_RE = re.compile(r"^tmp\.pid_(\d+)_([0-9a-f-]{36})$")
 GROUP_PREFIX = "__grp__"
 #: A group manifest larger than this is not read (Triton's are a few hundred bytes).
 MANIFEST_LIMIT = 1 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-TRASH_DIR_NAME = ".gpu-cache-trash"
 """Where removed entries go before deletion: it has a dot, lower case and dashes, none of which a
 base32 key can contain, so Triton never looks it up as a key."""
 
@@ -148,34 +142,6 @@ class TritonInventory:
         return tuple(e for e in self.entries if e.kind == KIND_KERNEL)
 
 
-def _tree_size(path: str | os.PathLike[str]) -> tuple[int, int, float]:
-    """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored.
-    One ``lstat`` per name (``os.scandir``)."""
-    total = count = 0
-    newest = 0.0
-    pending = [os.fspath(path)]
-    while pending:
-        try:
-            listing = os.scandir(pending.pop())
-        except OSError:
-            continue  # removed while we walked
-        with listing:
-            for item in listing:
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    pending.append(item.path)
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    count += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
-    return total, count, newest
-
-
 def _inside(child: str, directory: str) -> bool:
     """True when the (absolute or relative) path ``child`` lies directly in ``directory``
     (normalised and absolute)."""
@@ -260,7 +226,7 @@ def _scan_entry(path: str, key: str, folder_info: os.stat_result, now: float,
                 if name.startswith(GROUP_PREFIX) and name.endswith(".json"):
                     manifests.append(name)
             elif stat.S_ISDIR(info.st_mode):
-                inner, _n, inner_newest = _tree_size(child.path)
+                inner, _n, inner_newest = safe_io.tree_size(child.path)
                 size += inner
                 newest = max(newest, inner_newest)
                 match = TEMP_RE.match(name)
@@ -358,74 +324,13 @@ def scan(cache_dir: str | os.PathLike[str], record: verified.Record | None = Non
                     entries.append(entry)
                     temps.extend(entry_temps)
                 else:
-                    kind = "trash" if name == TRASH_DIR_NAME else "directory"
-                    others.append(OtherPath(Path(item.path), kind, _tree_size(item.path)[0]))
+                    kind = "trash" if name == safe_io.TRASH_DIR_NAME else "directory"
+                    others.append(OtherPath(Path(item.path), kind, safe_io.tree_size(item.path)[0]))
             elif name != verified.NAME:
                 others.append(OtherPath(Path(item.path), "file", item.stat(follow_symlinks=False).st_size))
         except OSError as exc:
             errors.append(f"{name}: {exc.strerror or exc}")
     return TritonInventory(root, now, tuple(entries), tuple(temps), tuple(others), True, tuple(errors))
-
-
-@contextmanager
-def _open_dir(name: str | os.PathLike[str], dir_fd: int | None = None,
-              follow: bool = False) -> Iterator[int]:
-    """A descriptor of the folder ``name`` (relative to ``dir_fd``), never through a symlink
-    unless ``follow`` (only for the cache folder itself, which the configuration names).
-
-    Raises:
-        OSError: it is gone, a symlink (ELOOP) or not a folder (ENOTDIR).
-    """
-    fd = os.open(name, _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _trash_fd(root_fd: int) -> int:
-    """A descriptor of the trash folder in the cache folder ``root_fd``, made when missing.
-    Anything else by that name (a symlink to a folder elsewhere, a file) is removed first:
-    removed entries never leave the cache folder."""
-    for _attempt in range(3):
-        try:
-            info = os.lstat(TRASH_DIR_NAME, dir_fd=root_fd)
-        except FileNotFoundError:
-            info = None
-        if info is not None and not stat.S_ISDIR(info.st_mode):
-            try:
-                os.unlink(TRASH_DIR_NAME, dir_fd=root_fd)  # never follows a symlink
-            except FileNotFoundError:
-                pass
-            info = None
-        if info is None:
-            try:
-                os.mkdir(TRASH_DIR_NAME, 0o777, dir_fd=root_fd)
-            except FileExistsError:
-                pass
-        try:
-            return os.open(TRASH_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # swapped or removed meanwhile: look again
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-    raise TritonCacheError(f"{TRASH_DIR_NAME} keeps being replaced by something other than a folder")
-
-
-def _move_to_trash(root_fd: int, name: str, label: str) -> tuple[int, str]:
-    """Atomically rename ``name`` (in the folder ``root_fd``) into the trash folder; return
-    the trash folder's descriptor (the caller closes it) and the new name there. Both ends
-    are descriptors of real folders: a symlink swapped in by name is never followed."""
-    trash_fd = _trash_fd(root_fd)
-    target = f"{label}.{os.getpid()}.{uuid.uuid4().hex}"
-    try:
-        # same filesystem: atomic; a reader sees the whole entry or none
-        os.rename(name, target, src_dir_fd=root_fd, dst_dir_fd=trash_fd)
-    except BaseException:
-        os.close(trash_fd)
-        raise
-    return trash_fd, target
 
 
 def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
@@ -453,16 +358,16 @@ def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
         return 0
     if not stat.S_ISDIR(info.st_mode):
         raise TritonCacheError(f"{victim} is not a key directory")
-    size = _tree_size(victim)[0]
+    size = safe_io.tree_size(victim)[0]
     try:
-        with _open_dir(root, follow=True) as root_fd:
+        with safe_io.open_dir(root, follow=True) as root_fd:
             try:
-                trash_fd, moved = _move_to_trash(root_fd, key, key)
+                trash_fd, moved = safe_io.move_to_trash(root_fd, key)
             except FileNotFoundError:
                 if not os.path.lexists(victim):
                     return 0  # another pruner won the race
                 # the trash directory vanished under us: make it again, once
-                trash_fd, moved = _move_to_trash(root_fd, key, key)
+                trash_fd, moved = safe_io.move_to_trash(root_fd, key)
     except TritonCacheError:
         raise
     except OSError as exc:
@@ -487,11 +392,11 @@ def remove_temp_dir(temp: TempDir) -> int:
         raise TritonCacheError(f"{temp.path} is not a writer's temp directory")
     if not temp.path.exists():
         return 0
-    size = _tree_size(temp.path)[0]
+    size = safe_io.tree_size(temp.path)[0]
     try:
         # through descriptors of the real folders: a key folder swapped for a symlink fails
-        with _open_dir(temp.path.parent.parent, follow=True) as root_fd, \
-                _open_dir(temp.path.parent.name, root_fd) as key_fd:
+        with safe_io.open_dir(temp.path.parent.parent, follow=True) as root_fd, \
+                safe_io.open_dir(temp.path.parent.name, root_fd) as key_fd:
             shutil.rmtree(temp.path.name, dir_fd=key_fd)
     except FileNotFoundError:
         return 0
@@ -510,10 +415,10 @@ def empty_trash(cache_dir: str | os.PathLike[str]) -> int:
         TritonCacheError: a leftover cannot be deleted.
     """
     root = Path(cache_dir).absolute()
-    trash = root / TRASH_DIR_NAME
+    trash = root / safe_io.TRASH_DIR_NAME
     try:
-        with _open_dir(root, follow=True) as root_fd:
-            trash_fd = os.open(TRASH_DIR_NAME, _DIR_FLAGS, dir_fd=root_fd)
+        with safe_io.open_dir(root, follow=True) as root_fd:
+            trash_fd = os.open(safe_io.TRASH_DIR_NAME, safe_io.DIR_FLAGS, dir_fd=root_fd)
     except OSError:
         return 0  # missing, a symlink (ELOOP) or not a folder: nothing of ours to empty
     freed = 0
@@ -523,7 +428,7 @@ def empty_trash(cache_dir: str | os.PathLike[str]) -> int:
             try:
                 info = os.lstat(child, dir_fd=trash_fd)
                 if stat.S_ISDIR(info.st_mode):
-                    size = _tree_size(path)[0]
+                    size = safe_io.tree_size(path)[0]
                     shutil.rmtree(child, dir_fd=trash_fd)
                 else:
                     size = info.st_size if stat.S_ISREG(info.st_mode) else 0

@@ -1,0 +1,124 @@
+"""The package's layers hold (#19): what runs inside job images imports only the standard
+library (and core), runs on the oldest Python we support, and no module reaches into
+another's private names."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import SCRIPTS
+
+PACKAGE = SCRIPTS / "gpu_cache"
+#: The job side: run by job images with whatever Python they have.
+CORE = PACKAGE / "core"
+HOOK = PACKAGE / "_hook"
+WORKLOADS = PACKAGE / "workloads"
+OLDEST_PYTHON = "3.9"
+
+
+def imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, module, optional) for each import in ``path``; optional: inside a ``try`` that
+    catches ImportError (the module is used where it is installed)."""
+    tree = ast.parse(path.read_text())
+    optional: set[int] = set()
+    guards = ("ImportError", "ModuleNotFoundError", "Exception")  # Exception: it may fail otherwise too
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in guards for h in node.handlers):
+            optional |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, id(node) in optional) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, id(node) in optional))
+    return found
+
+
+def stdlib(module: str) -> bool:
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
+def test_core_imports_only_the_standard_library_and_core():
+    wrong = [f"{path.relative_to(SCRIPTS)}:{line}: {module}"
+             for path in sorted(CORE.rglob("*.py"))
+             for line, module, optional in imports(path)
+             if not (stdlib(module) or module == "gpu_cache.core" or module.startswith("gpu_cache.core.")
+                     or optional)]
+    assert wrong == []
+
+
+def test_the_hook_and_the_workloads_import_nothing_of_the_host_side():
+    wrong = [f"{path.relative_to(SCRIPTS)}:{line}: {module}"
+             for folder in (HOOK, WORKLOADS) for path in sorted(folder.rglob("*.py"))
+             for line, module, _optional in imports(path)
+             if module.split(".")[0] == "gpu_cache" and not module.startswith(("gpu_cache.core",
+                                                                               "gpu_cache.workloads"))]
+    wrong += [f"{path.relative_to(SCRIPTS)}:{line}: {module}"  # the hook runs without the package
+              for path in sorted(HOOK.rglob("*.py"))
+              for line, module, _optional in imports(path) if module.split(".")[0] == "gpu_cache"]
+    assert wrong == []
+
+
+def private_uses(path: Path) -> list[str]:
+    """Private names (``_x``) of gpu_cache modules that ``path`` imports or reads."""
+    tree = ast.parse(path.read_text())
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpu_cache"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
+                modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name).split(".")[0] for a in node.names
+                        if a.name.startswith("gpu_cache")}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    tests = Path(__file__).parent
+    files = [*PACKAGE.rglob("*.py"), *tests.glob("*.py"), *(tests / "benchmarks").glob("*.py")]
+    assert [use for path in sorted(files) for use in private_uses(path)] == []
+
+
+def oldest_python() -> str | None:
+    """pyenv's (its shim on PATH answers only for the active version), else one on PATH."""
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = sorted(glob.glob(f"{pyenv}/versions/{OLDEST_PYTHON}.*/bin/python{OLDEST_PYTHON}"))
+    return candidates[-1] if candidates else shutil.which(f"python{OLDEST_PYTHON}")
+
+
+def test_the_job_side_runs_on_the_oldest_python_we_support():
+    python = oldest_python()
+    if python is None:
+        message = f"no Python {OLDEST_PYTHON} here (pyenv has one on this kind of machine)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    core = sorted(".".join(p.relative_to(SCRIPTS).with_suffix("").parts) for p in CORE.rglob("*.py"))
+    program = ("import importlib\n"
+               f"for name in {[m.removesuffix('.__init__') for m in core]!r}:\n"
+               "    importlib.import_module(name)\n"
+               f"for path in {[str(p) for p in [*HOOK.glob('*.py'), *WORKLOADS.glob('*.py')]]!r}:\n"
+               "    with open(path) as source:\n"
+               "        compile(source.read(), path, 'exec')\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SCRIPTS), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([python, "-c", program], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    runner = subprocess.run([python, "-m", "gpu_cache.core.runner", "--help"], env=env,
+                            capture_output=True, text=True)
+    assert runner.returncode == 0 and "usage" in runner.stdout, runner.stderr
