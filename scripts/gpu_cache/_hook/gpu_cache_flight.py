@@ -94,7 +94,7 @@ class _Flight:
         self.off = {}  # kind (or "*") -> why single-flight is off
         self.no_leases = {}  # kind -> why leases are off (flock still works)
         self.held = {}  # (kind, name) -> _Lock held by this process
-        self.folders = {}  # kind -> (its lock folder, group mode bits for files in it)
+        self.folders = {}  # kind -> (its lock folder, group mode bits of its files, its group)
         self.leases = set()  # _Lease objects this process holds (the beat thread's work)
         self.beat = None  # the beat thread
         self.warn = None

@@ -557,7 +557,10 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, create: bool = 
     takes a lock on a file unlinked meanwhile again). With ``create=False`` a missing file
     yields False (nothing to lock). ``replace=False`` (a dry run, which must change nothing):
     a file that breaks the rules raises instead of being replaced. Where the filesystem has no
-    ``flock``, falls back to ``filelock.FileLock``.
+    ``flock`` (``ENOLCK``, ``ENOSYS``: Lustre ``noflock``, NFS without a lock daemon) it yields
+    False too: nothing there can lock (``filelock``, which JAX uses, fails the same way), and
+    the caller goes on without (two prunes at once then both remove whole entries, and a file
+    already gone is no error).
 
     Raises:
         LockTimeout: another process held it for ``timeout`` seconds.
@@ -583,54 +586,15 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, create: bool = 
             continue
         break
     try:
-        if locked:
-            try:
-                yield True
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        if not locked:
+            yield False  # no flock on this filesystem: nothing can be locked here
             return
-        import filelock
-
-        fallback = filelock.FileLock(str(path), timeout=max(0.0, deadline - time.monotonic()))
-        try:
-            fallback.acquire()
-        except filelock.Timeout:
-            raise LockTimeout(errno.EAGAIN, f"held by another process for {timeout:.0f} s",
-                              str(path)) from None
         try:
             yield True
         finally:
-            fallback.release()
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def hold_if_free(path: str) -> int | None:
-    """A descriptor holding ``flock`` on the lock file at ``path``, taken without waiting
-    (None: there is none, or it is not a regular file). Another tool's lock (Inductor's) is
-    held while its entry is removed, so that a writer never sees its entry vanish midway.
-
-    Raises:
-        OSError: EBUSY, another process holds it (its entry is being written).
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            return None  # not a lock file: the caller removes it as a name
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(errno.EBUSY, "being compiled (its lock is held)", path) from None
-    except OSError as exc:
-        if exc.errno not in _NO_FLOCK:
-            os.close(fd)
-            raise
-    return fd
 
 
 def _flock(fd: int, path: Path, deadline: float) -> bool:

@@ -255,7 +255,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     no_hook = hook_problem()
     single_flight: dict[str, object] = {
         "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
-        "problem": "caching is turned off", "per_node": False}
+        "problem": "caching is turned off", "per_node": False, "mode": None, "why": None}
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
         wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
