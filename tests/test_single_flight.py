@@ -460,6 +460,13 @@ def test_where_flock_fails_single_flight_is_off_and_jobs_run_as_before(tmp_path,
     assert "flock is not supported" in report["single_flight"]["problem"]
     assert report["exports"]["exports"]["GPU_CACHE_LOCKS"] == ""
     assert any("single-flight is off" in w for w in report["warnings"])
+    # prune there: nothing can lock .prune.lock, and it prunes all the same
+    pruned = subprocess.run([*prefix, sys.executable, "-m", "gpu_cache", "prune", "--max-size", "0", "--json",
+                             "--cache-root", str(cache_root)], env=clean_environ(), capture_output=True,
+                            text=True, timeout=120)
+    assert pruned.returncode == 0, pruned.stderr
+    pruned_report = json.loads(pruned.stdout)
+    assert pruned_report["problems"] == [] and pruned_report["triton"]["entries_removed"] == 5
 
 
 def test_doctor_says_single_flight_is_on(cache_root):
