@@ -49,8 +49,11 @@ def run(command: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def cases(scripts: Path, bare: Path, root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_CACHE_", "PYTHON"))}
-    compiled = {**base, "PYTHONPATH": str(scripts)}
-    plain = {**base, "PYTHONPATH": str(bare), "PYTHONDONTWRITEBYTECODE": "1"}
+    site = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []  # carried packages
+    if site:
+        base["PYTHONPATH"] = site[0]
+    compiled = {**base, "PYTHONPATH": os.pathsep.join([str(scripts), *site])}
+    plain = {**base, "PYTHONPATH": os.pathsep.join([str(bare), *site]), "PYTHONDONTWRITEBYTECODE": "1"}
     env = [sys.executable, "-m", "gpu_cache", "env", "--cache-root", str(root)]
     with_config = [*env, "--config", str(CONFIG)]
     python = [sys.executable, "-c"]

@@ -51,7 +51,7 @@ def triton_part(hook):
     if part is None:
         part = hook.parts["triton"] = {
             "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
-            "dropped": {"hit_keys": 0, "missed": 0}}
+            "kernels": [], "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0}}
     return part
 
 

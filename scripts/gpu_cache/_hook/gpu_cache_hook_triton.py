@@ -1,11 +1,16 @@
 """gpu-cache's startup hook, the Triton piece: loaded when the process imports ``triton``.
 
-Triton's compilation listener counts hits and misses (and marks each hit entry used), and,
-with ``$GPU_CACHE_LOCKS``, Triton's cache manager becomes gpu-cache's single-flight one
+Triton's compilation listener counts hits and misses (and marks each hit entry used), and
+describes each kernel it compiles well enough to compile it again without the job (the
+record's ``kernels``, which ``gpu-cache warm`` replays on all cores: issue 26); with
+``$GPU_CACHE_LOCKS``, Triton's cache manager becomes gpu-cache's single-flight one
 (``gpu_cache_triton_seed.FlightCacheManager``). Standard library only, Python 3.9+.
 """
 
+import hashlib
+import json
 import os
+import sys
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import keep, text, touch
@@ -46,6 +51,7 @@ def _triton_listener(triton_module, hook, stats):
                 micros = getattr(times, "ir_initialization", 0) + getattr(times, "store_results", 0)
                 micros += sum(d for _stage, d in getattr(times, "lowering_stages", []))
                 stats["compile_seconds"] += micros / 1e6
+                _keep_kernel(stats, src, metadata, os.path.basename(folder or ""))
         except Exception as exc:
             hook.warn("triton listener", exc)
         if previous is not None:
@@ -53,6 +59,113 @@ def _triton_listener(triton_module, hook, stats):
                      cache_hit=cache_hit)
 
     knobs.compilation.listener = listener
+
+
+#: At most this many kernel descriptions per process, each at most KERNEL_BYTES of JSON and
+#: all together at most KERNELS_BYTES; the rest are counted in ``dropped.kernels``. An FLA
+#: process compiles about 40 kernels of 1-3 KiB each.
+MAX_KERNELS = 200
+KERNEL_BYTES = 16 << 10
+KERNELS_BYTES = 512 << 10
+_described = set()  # the kernels this process met already (digests of their descriptions)
+_kept_bytes = [0]
+_defaults = {}  # target -> the backend's default options
+
+
+def _keep_kernel(stats, src, metadata, key):
+    """Append a description of the kernel ``src`` just compiled to the record, once, within
+    the bounds; one that cannot be described (no importable function, a constant of an odd
+    type) is counted in ``dropped.kernels``."""
+    try:
+        kernel = describe(src, metadata, key)
+        data = None if kernel is None else json.dumps(kernel, sort_keys=True, allow_nan=False)
+    except Exception:  # a backend or value this hook does not know: only counted
+        data = None
+    if data is not None:
+        digest = hashlib.sha256(data.encode()).digest()
+        if digest in _described:
+            return
+        _described.add(digest)
+    if (data is None or len(stats["kernels"]) >= MAX_KERNELS or len(data) > KERNEL_BYTES
+            or _kept_bytes[0] + len(data) > KERNELS_BYTES):
+        stats["dropped"]["kernels"] += 1
+        return
+    _kept_bytes[0] += len(data)
+    stats["kernels"].append(kernel)
+
+
+class _Odd(Exception):
+    """A value the description cannot carry."""
+
+
+def encode(value):
+    """A JSON form of a kernel's constant, attribute, signature or option value that decodes to
+    the same value (``str`` of it is part of Triton's key, so tuples stay tuples)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"float": repr(value)}
+        return value
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"tuple": [encode(v) for v in value]}
+    names = {cls.__name__ for cls in type(value).__mro__}
+    if "JITFunction" in names:
+        return {"jit_function": f"{value.module}:{value.fn.__qualname__}"}
+    if "constexpr" in names:
+        return {"constexpr": encode(value.value)}
+    if "dtype" in names:
+        return {"dtype": str(value)}
+    raise _Odd(type(value).__name__)
+
+
+def _version(module):
+    top = sys.modules.get(module.split(".", 1)[0])
+    version = getattr(top, "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def _default_options(target):
+    """The options the backend of ``target`` chooses when a launch sets none."""
+    key = (target.backend, target.arch, target.warp_size)
+    if key not in _defaults:
+        from triton.compiler.compiler import make_backend
+
+        _defaults[key] = dict(vars(make_backend(target).parse_options({})))
+    return _defaults[key]
+
+
+def describe(src, metadata, key=""):
+    """What compiles the kernel ``src`` again without the job: the JIT function's module and
+    qualname (with its package's version), the signature, constants and attributes Triton
+    specialised it on, the options the launch set (those that differ from the backend's
+    defaults, so that a newer Triton applies its own defaults to the rest) and the target.
+    None for a kernel that cannot be compiled that way (an IR file, a function defined inside
+    another, a constant of an odd type)."""
+    fn = getattr(src, "fn", None)
+    module, qualname = getattr(fn, "module", None), getattr(getattr(fn, "fn", None), "__qualname__", None)
+    target = metadata.get("target")
+    if not (isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname
+            and hasattr(src, "signature") and hasattr(target, "arch")):
+        return None
+    defaults = _default_options(target)
+    try:
+        return {
+            "module": module, "qualname": qualname, "version": _version(module),
+            "name": text(getattr(src, "name", qualname)),
+            "signature": {str(k): encode(v) for k, v in src.signature.items()},
+            "constants": [[list(k), encode(v)] for k, v in getattr(src, "constants", {}).items()],
+            "attrs": [[list(k), encode(v)] for k, v in getattr(src, "attrs", {}).items()],
+            "options": {k: encode(metadata[k]) for k in sorted(defaults)
+                        if k in metadata and metadata[k] != defaults[k]},
+            "target": {"backend": target.backend, "arch": encode(target.arch),
+                       "warp_size": target.warp_size},
+            "triton": metadata.get("triton_version"), "key": text(key, 100),
+        }
+    except (_Odd, TypeError, AttributeError):
+        return None
 
 
 #: The Triton cache manager (next to this file) gpu-cache exports for a read-only cache root;

@@ -11,6 +11,8 @@ only when needed (issue 19):
 - ``gpu_cache_hook_tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's
   JAX context before the first trace, which saves the second compile (issue 20; switched off
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
+- ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
+  ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share) and ``gpu_cache_flight`` (single-flight
@@ -164,6 +166,11 @@ def _observe(name):
 def _tokamax(module):
     _piece("gpu_cache_hook_common")
     _piece("gpu_cache_hook_tokamax").on_import(module, _HOOK)
+
+
+def _tokamax_package(module):
+    _piece("gpu_cache_hook_common")
+    _piece("gpu_cache_hook_tokamax").on_package(module, _HOOK)
 
 
 class _Watcher:
@@ -352,6 +359,8 @@ def _install():
     _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF
     if _HOOK.tokamax_fix or folder:  # switched off, the record says so
         handlers[_TOKAMAX_MODULE] = _tokamax
+    if os.path.isabs(os.environ.get("GPU_CACHE_AUTOTUNE", "")):  # issue 24
+        handlers["tokamax"] = _tokamax_package
     sys.meta_path.insert(0, _Watcher(handlers))
 
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, hook_records, kinds, software, verified
+from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.reports import Usage
 
@@ -43,6 +44,8 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         out["kinds"][kind] = summarise(found, now)
         out["kinds"][kind]["path"] = str(folder)
         out["kinds"][kind]["last_use_from"] = registered.last_use
+        if kind == "triton":
+            out["kinds"][kind]["autotune_results"] = triton_cache.autotune_results(found)
     found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root, found_records).items()}

@@ -240,6 +240,10 @@ class WorkloadConfig:
     shapes: tuple[Any, ...]
     timeout_seconds: float
     expects: tuple[str, ...] = ()
+    #: The built-in alphafold3 workload's weights folder, run_alphafold.py and extra flags.
+    model_dir: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -368,7 +372,9 @@ def settings_from(
         triton_targets=tuple(filled["triton_targets"]),
         default_workloads=defaults,
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
-                                        parse_age(entry["timeout"]), tuple(entry["expects"]))
+                                        parse_age(entry["timeout"]), tuple(entry["expects"]),
+                                        entry.get("model_dir"), entry.get("script"),
+                                        tuple(entry.get("args") or ()))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],

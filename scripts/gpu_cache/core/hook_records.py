@@ -125,8 +125,51 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             missed=[m for s in sections for m in missed_of(s, kind)],
             hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
+    tuning = [t for t in (autotuning_of(r) for r in found) if t is not None]
+    if tuning:
+        out["autotune"] = KindTotals(
+            processes=len(tuning), hits=sum(count(t.get("entries")) for t in tuning),
+            misses=sum(count(t.get("misses")) for t in tuning),
+            missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
 
+
+def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What the hook's tokamax piece says about autotuning in a record (issue 24): results
+    entered (``entries``: config sets, counted as hits) and lookups that missed."""
+    tokamax = part(record, "tokamax")
+    tuning = tokamax.get("autotuning") if tokamax else None
+    return tuning if isinstance(tuning, dict) else None
+
+
+#: At most this many kernel descriptions are taken from a records folder (issue 26).
+MAX_KERNELS = 5000
+
+
+def kernels(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Triton kernels the records describe (the hook's ``triton.kernels``), each once (the
+    latest description of it: records of several Triton versions describe one kernel alike but
+    for their key), in the order first recorded, at most :data:`MAX_KERNELS`. A description of
+    the wrong shape is passed over; what its values mean is checked where it is compiled again."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        section = part(record, "triton") or {}
+        items = section.get("kernels")
+        for item in items if isinstance(items, list) else ():
+            if _is_kernel(item):
+                same = json.dumps({k: v for k, v in item.items() if k not in ("key", "triton", "version")},
+                                  sort_keys=True)
+                if same in out or len(out) < MAX_KERNELS:
+                    out[same] = item
+    return list(out.values())
+
+
+def _is_kernel(item: Any) -> bool:
+    shapes = {"module": str, "qualname": str, "signature": dict, "constants": list, "attrs": list,
+              "options": dict, "target": dict}
+    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
+                    for p in item["constants"] + item["attrs"]))
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -116,6 +116,11 @@ KINDS: dict[str, CacheKind] = {
                   scan=_inventory("scan_cuda"), remove=_inventory("remove_cuda"),
                   last_use="the newest modification or access time of any of its files (the "
                            "whole cache is one entry)"),
+        # tokamax's autotuning results per (tokamax, jax, device kind), issue 24: the hook saves
+        # them in a warm process and enters the matching one in every job that imports tokamax.
+        CacheKind("autotune", "GPU_CACHE_AUTOTUNE", ReadOnlyUse.READ,
+                  scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"),
+                  last_use="when the warm step last wrote the result (the file's mtime)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
                   scan=_inventory("scan_records"), remove=_inventory("remove_file"),

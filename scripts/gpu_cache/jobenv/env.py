@@ -290,6 +290,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         if "TRITON_CACHE_DIR" in wanted:
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
+            # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
+            # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
+            wanted["TRITON_CACHE_AUTOTUNING"] = "1"
         if settings.stats_hook and "jax" not in problems:
             records = kinds.KINDS["records"]
             wanted[records.env_var] = str(records.folder(root))
