@@ -287,7 +287,7 @@ def test_the_prune_lock_does_not_exclude_a_prune_through_a_second_mount(sshfs_mo
 # ---------------------------------------------------------------- file locks on sshfs
 
 HOLD = ("import filelock, sys\n"
-        "lock = filelock.FileLock(sys.argv[1])\n"
+        "lock = filelock.FileLock(sys.argv[1], mode=0o600)  # private, as the lock rules make it\n"
         "lock.acquire(timeout=10)\n"
         "print('held', flush=True)\n"
         "sys.stdin.read()  # hold until the test closes stdin\n")
