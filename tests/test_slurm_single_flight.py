@@ -160,7 +160,7 @@ def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_n
     and completes."""
     cluster = slurm_two_nodes
     stale, poll = lease_bound()
-    work, root, config = prepare(two_nodes, "sf-fault")
+    work, root, config = prepare(two_nodes, f"sf-fault-{'own' if own_pids else 'one'}-pids")
     node_a, node_b = two_nodes.a.hostname, two_nodes.b.hostname
     folder = two_nodes.host_path(root) / "locks" / "jax"
     sent = {}
