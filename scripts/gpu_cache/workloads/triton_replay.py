@@ -287,6 +287,7 @@ def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | No
     benchmarking every config again on the GPU. Only choices recorded under this very Triton
     (another one keys and prints configs otherwise) and this very kernel source (the function's
     ``cache_key``); never over an existing file. Returns the counts."""
+    import base64
     import hashlib
 
     import triton
@@ -320,7 +321,8 @@ def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | No
             parts = [triton_key(), backend.hash(), fn.cache_key, env, choice["key_text"], *configs]
             key = hashlib.sha256("-".join(parts).encode("utf-8")).hexdigest()
             data = json.dumps({"key": choice["key"], "configs_timings": choice["configs_timings"]})
-            folder = Path(triton.knobs.cache.dir, key)
+            # the folder get_cache_manager(key) names: the digest in base32, unpadded
+            folder = Path(triton.knobs.cache.dir, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
             folder.mkdir(parents=True, exist_ok=True)
             added = safe_io.add_file(folder / f"{fn.__name__[:150]}.autotune.json", data.encode())
             counts["autotune_written" if added else "autotune_present"] += 1
