@@ -114,7 +114,10 @@ def groups(folder: Path) -> int:
 def run_process(program: str, environ: dict[str, str], triton_dir: Path) -> dict[str, Any]:
     before = groups(triton_dir)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", program], env=environ, capture_output=True, text=True,
+    # Triton's @jit reads the kernel's source from its file: a program given with -c has none.
+    script = triton_dir.parent / f"program-{abs(hash(program))}.py"
+    script.write_text(program)
+    done = subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, text=True,
                           timeout=240)
     wall = time.perf_counter() - started
     out: dict[str, Any] = {"wall_seconds": round(wall, 3), "exit_code": done.returncode,
