@@ -271,10 +271,28 @@ def test_replay_writes_the_autotune_choice_a_later_process_takes(tmp_path: Path)
     older = tmp_path / "older"
     older.mkdir()
     (older / "1-older.json").write_text(json.dumps(record))
-    proc = _run("gpu_cache.workloads.triton_replay", _env(tmp_path / "third", PYTHONPATH=f"{SCRIPTS}:{FIXTURES}"),
-                "--records", str(older))
+    third = _env(tmp_path / "third", PYTHONPATH=f"{SCRIPTS}:{FIXTURES}")
+    proc = _run("gpu_cache.workloads.triton_replay", third, "--records", str(older))
     summary = _summary(proc)
     assert (summary["autotune_written"], summary["autotune_skipped"]) == (0, 1)
     assert "1 autotune choices recorded under triton 3.6.0 not written" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not _autotune_files(tmp_path / "third")
+
+
+@pytest.mark.skipif(not OTHER_TRITON, reason="GPU_CACHE_TEST_OTHER_TRITON names no Python of another Triton")
+def test_autotune_choices_under_another_real_triton(tmp_path: Path) -> None:
+    """The same round trip under e.g. Triton 3.6 (the H200's), whose autotuner has no listener."""
+    def run(cache: Path, code: str, records: Path | None = None) -> dict[str, Any]:
+        env = _env(cache, records, TRITON_CACHE_AUTOTUNING="1", PYTHONPATH=f"{HOOK}:{SCRIPTS}:{FIXTURES}")
+        return _summary(subprocess.run([str(OTHER_TRITON), "-c", code], env=env, capture_output=True,
+                                       text=True, cwd=REPO, check=False, timeout=600))
+
+    records = tmp_path / "records"
+    tuned = run(tmp_path / "first", "import triton_autotuned as t; t.main('tune')", records)
+    replay = run(tmp_path / "second", f"from gpu_cache.workloads import triton_replay as r; "
+                                      f"r.main(['--records', {str(records)!r}])")
+    assert replay["autotune_written"] == 1
+    assert _autotune_files(tmp_path / "second") == _autotune_files(tmp_path / "first")
+    checked = run(tmp_path / "second", "import triton_autotuned as t; t.main('check')")
+    assert checked == {**tuned, "benchmarked": 0}
