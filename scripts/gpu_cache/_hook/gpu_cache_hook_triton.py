@@ -181,9 +181,9 @@ def describe(src, metadata, key=""):
         return None
 
 
-#: At most this many autotune choices per process, each at most CHOICE_BYTES of JSON (an FLA
-#: kernel tunes over up to some 50 configs of about 200 bytes with their timings) and all
-#: together at most CHOICES_BYTES; the rest are counted in ``dropped.autotuned``.
+#: At most this many autotune choices per process, each at most CHOICE_BYTES of JSON (a config
+#: with its timings is some 200 bytes: over 150 configs fit) and all together at most
+#: CHOICES_BYTES; the rest are counted in ``dropped.autotuned``.
 MAX_CHOICES = 200
 CHOICE_BYTES = 32 << 10
 CHOICES_BYTES = 512 << 10
