@@ -232,13 +232,18 @@ def autotune_choice(autotuner, tuning_key, configs):
     module, qualname = getattr(fn, "module", None), getattr(getattr(fn, "fn", None), "__qualname__", None)
     if not (isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname):
         return None
+    try:
+        key = json.loads(json.dumps(tuning_key))
+    except (TypeError, ValueError):  # Triton could not write this key either
+        return None
     target = driver.active.get_current_target()
     return {
         "module": module, "qualname": qualname, "version": _version(module),
         "triton": getattr(sys.modules.get("triton"), "__version__", None), "cache_key": fn.cache_key,
         "target": {"backend": target.backend, "arch": encode(target.arch), "warp_size": target.warp_size},
-        "key": json.loads(json.dumps(tuning_key)), "key_text": key_text,
-        "configs_timings": [[dict(vars(c)), timings[c]] for c in configs],
+        "key": key, "key_text": key_text,
+        # a config that failed to compile is timed inf: encoded as in descriptions
+        "configs_timings": [[dict(vars(c)), encode(timings[c])] for c in configs],
         "chosen": configs.index(autotuner.cache[tuning_key]),
     }
 

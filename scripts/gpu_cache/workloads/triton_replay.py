@@ -320,7 +320,8 @@ def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | No
             # Autotuner.check_disk_cache's key and file, as this Triton computes and writes them
             parts = [triton_key(), backend.hash(), fn.cache_key, env, choice["key_text"], *configs]
             key = hashlib.sha256("-".join(parts).encode("utf-8")).hexdigest()
-            data = json.dumps({"key": choice["key"], "configs_timings": choice["configs_timings"]})
+            timings = [[config, decode(times, modules)] for config, times in choice["configs_timings"]]
+            data = json.dumps({"key": choice["key"], "configs_timings": timings})
             # the folder get_cache_manager(key) names: the digest in base32, unpadded
             folder = Path(triton.knobs.cache.dir, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
             folder.mkdir(parents=True, exist_ok=True)
