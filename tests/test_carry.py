@@ -23,9 +23,11 @@ from typing import Any
 import jsonschema
 import pytest
 
+import test_autotune
 from gpu_cache import carry
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
 from helpers import SMALL, clean_environ, read_json, run_cli
 
@@ -207,8 +209,8 @@ def test_existing_newer_entry_is_kept_and_older_one_replaced(archive: Path, tmp_
     result = unpack(archive, root, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["replaced"] == {"jax": 1, "triton": 1}
-    assert report["written"] == {"jax": 0, "triton": 0}
+    assert report["replaced"] == {"jax": 1, "triton": 1, "autotune": 0}
+    assert report["written"] == {"jax": 0, "triton": 0, "autotune": 0}
     assert newer.read_bytes() == b"compiled here later"
     assert older.read_bytes() == original
     assert (kept / "marker").exists() and not (replaced / "marker").exists()
@@ -429,7 +431,7 @@ def test_pack_selects_by_gpu_type_and_workload(warmed: Path, tmp_path: Path) -> 
     path = tmp_path / "t.tar.xz"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--workload", "triton-kernels", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5}
+    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5, "autotune": 0}
     manifest = manifest_of(path)
     assert manifest["selection"]["workload"] == "triton-kernels"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--gpu-type", "cpu",
@@ -459,7 +461,7 @@ def test_pack_leaves_broken_entries_out(warmed: Path, tmp_path: Path) -> None:
     result = run_cli("pack", str(path), "--cache-root", str(source), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["entries"] == {"jax": 6, "triton": 4}
+    assert report["entries"] == {"jax": 6, "triton": 4, "autotune": 0}
     reasons = {s["key"]: s["reason"] for s in report["skipped"]}
     assert "empty" in reasons[f"jit_empty-{HEX}"] and "truncated" in reasons[f"jit_cut-{'1' * 64}"]
     assert "cubin" in reasons[half.name]
@@ -612,7 +614,7 @@ def test_what_is_written_is_checked_as_the_kind_reads_it(archive: Path, tmp_path
     after = contents(root)
     assert of_entry(after, "jax", jax_entry["key"]) == of_entry(before, "jax", jax_entry["key"])
     assert of_entry(after, "triton", kernel["key"]) == of_entry(before, "triton", kernel["key"])
-    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4}
+    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4, "autotune": 0}
     assert set(after) == set(before)  # no temporary file left
 
 
@@ -696,3 +698,158 @@ def test_records_of_odd_shape_never_stop_pack(warmed: Path, tmp_path: Path) -> N
         assert manifest["device"]["jax"]["platforms"] == ["cpu"]
         assert manifest["software_by_kind"]["jax"][0]["jax"] == software.identity()["jax"]
     assert unpack(path, tmp_path / "root").returncode == 0
+
+
+# --- tokamax's autotuning results (issue 24) ---------------------------------------------------
+
+
+def wrapper(device: str = "cpu", tokamax: str = "0.0.12", jax: str | None = None,
+            result: str = "{}") -> bytes:
+    """gpu-cache's wrapper of a result, as the startup hook writes it (what unpack checks)."""
+    return json.dumps({"format": 1, "tokamax": tokamax, "jax": jax or software.identity()["jax"],
+                       "device_kind": device, "result": result}).encode()
+
+
+def result_key(tokamax: str = "0.0.12", device: str = "cpu") -> str:
+    folder = autotune_cache.version_folder(tokamax, software.identity()["jax"])
+    return f"{folder}/{autotune_cache.file_name(device)}"
+
+
+def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: Path) -> None:
+    """A result tokamax tuned in a warm process, packed with one of another tokamax and a
+    broken one, unpacked at another path: a job there gets the tuned config with no miss."""
+    test_autotune.real_tokamax()
+    source = tmp_path / "root"
+    best, _ = test_autotune.run(test_autotune.WARM_PROGRAM, test_autotune.gpu_cache_env(
+        source, GPU_CACHE_AUTOTUNE_SAVE="1", GPU_CACHE_RULE="warm_cache", GPU_CACHE_GPU_TYPE="cpu"))
+    other = source / "autotune" / result_key("0.0.11", "NVIDIA H200")
+    other.parent.mkdir()
+    other.write_bytes(wrapper("NVIDIA H200", "0.0.11"))
+    (source / "autotune" / result_key("0.0.11", "junk")).write_bytes(b"{")
+    path = tmp_path / "tuned.tar.gz"
+    result = run_cli("pack", str(path), "--cache-root", str(source), "--kind", "autotune", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["entries"] == {"autotune": 2}
+    manifest = manifest_of(path)
+    jsonschema.validate(manifest, carry.SCHEMA)
+    packed = {e["key"]: e for e in manifest["kinds"]["autotune"]["entries"]}
+    assert set(packed) == {result_key(), result_key("0.0.11", "NVIDIA H200")}
+    assert (packed[result_key()]["tokamax"], packed[result_key()]["name"]) == ("0.0.12", "cpu")
+    saved = (source / "autotune" / result_key()).read_bytes()
+    assert packed[result_key()]["sha256"] == {"cpu.json": sha256(saved)}
+    assert {v["tokamax"] for v in manifest["software_by_kind"]["autotune"]} == {"0.0.12", "0.0.11"}
+    assert [s["key"] for s in manifest["skipped"]] == [result_key("0.0.11", "junk")]
+    # The warm pass of GPU type cpu saved only the result of its own versions and device kind.
+    result = run_cli("pack", str(tmp_path / "cpu.tar"), "--cache-root", str(source), "--kind", "autotune",
+                     "--gpu-type", "cpu", "--json")
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["entries"], json.loads(result.stdout)["missing_from_cache"]) == \
+        ({"autotune": 1}, {"autotune": 0})
+    selected = manifest_of(tmp_path / "cpu.tar")["kinds"]["autotune"]["entries"]
+    assert [e["key"] for e in selected] == [result_key()]
+
+    root = tmp_path / "elsewhere"
+    result = unpack(path, root)
+    assert result.returncode == 0, result.stderr
+    assert "autotune: 2 new, 0 replaced, 0 kept" in result.stdout
+    for key in packed:
+        copy, original = root / "autotune" / key, source / "autotune" / key
+        assert copy.read_bytes() == original.read_bytes()
+        assert copy.stat().st_mtime == original.stat().st_mtime  # its last use survives the trip
+    assert all(e.problem is None for e in kinds.scan("autotune", root / "autotune"))
+    out, stderr = test_autotune.run(test_autotune.JOB_PROGRAM, test_autotune.gpu_cache_env(root))
+    assert json.loads(out) == {"traces": 1, "compiled": 1, "main": best, "other": best}
+    assert "Autotuning cache miss" not in stderr
+    tuning = test_autotune.tuning_of(root)
+    assert (tuning["loaded"], tuning["misses"], tuning["refused"]) == (["cpu.json"], 0, [])
+
+    # A result as new here is kept, a newer one too; an older or broken one is replaced.
+    again = unpack(path, root, "--json")
+    assert json.loads(again.stdout)["kept_newer"]["autotune"] == 2
+    here, there = root / "autotune" / result_key(), root / "autotune" / result_key("0.0.11", "NVIDIA H200")
+    here.write_bytes(wrapper(result='{"tuned": "here, later"}'))
+    there.write_bytes(b"not JSON")
+    report = json.loads(unpack(path, root, "--json").stdout)
+    assert (report["kept_newer"]["autotune"], report["replaced"]["autotune"]) == (1, 1)
+    assert b"here, later" in here.read_bytes()
+    assert there.read_bytes() == other.read_bytes()
+    assert not list((root / "autotune").rglob(".*"))  # no temporary file left
+
+
+def autotune_archive(archive: Path, target: Path, key: str, files: dict[str, bytes],
+                     tokamax: str = "0.0.12", sent: dict[str, bytes] | None = None) -> Path:
+    """An archive of one autotuning entry of these files, as ``gpu-cache pack`` would write it
+    (``sent``: the files as they arrive, where they differ)."""
+    def edit(manifest: dict[str, Any]) -> None:
+        entry = entry_of(key, files, name="cpu", tokamax=tokamax, jax=software.identity()["jax"])
+        manifest["kinds"] = {"autotune": {"entries": [entry]}}
+        manifest["software_by_kind"] = {"autotune": [{"tokamax": tokamax, "jax": software.identity()["jax"]}]}
+
+    folder = key.rpartition("/")[0]
+    arrived = {**files, **(sent or {})}
+    return rebuild(archive, target, edit, [regular(f"autotune/{folder}/{n}", d) for n, d in arrived.items()],
+                   keep=False)
+
+
+@pytest.mark.parametrize("case", ["not JSON", "another device's", "other versions", "flipped in transit"])
+def test_a_damaged_autotuning_result_never_replaces_a_good_one(archive: Path, tmp_path: Path,
+                                                               case: str) -> None:
+    if software.identity()["tokamax"] != "0.0.12":
+        pytest.skip("tokamax 0.0.12 is not installed here (the target's software)")
+    key = result_key()
+    data = {"not JSON": b'{"format": 1, "result": ', "another device's": wrapper("NVIDIA H200"),
+            "other versions": wrapper(tokamax="0.0.11"), "flipped in transit": wrapper()}[case]
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # as a bad link or disk does: the size kept
+    damaged = autotune_archive(archive, tmp_path / "damaged.tar", key, {"cpu.json": data},
+                               sent={"cpu.json": bytes(flipped)} if case == "flipped in transit" else None)
+    root = tmp_path / "root"
+    good = root / "autotune" / key
+    good.parent.mkdir(parents=True)
+    good.write_bytes(wrapper(result='{"good": 1}'))
+    age(root, 30 * 86400)  # the archive's is newer: unpack would replace it
+    before = contents(root)
+    for dry in (["--dry-run"], []):
+        result = unpack(damaged, root, "--json", *dry)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert f"autotune entry {key!r} is damaged in the archive" in one_line(result)
+        assert json.loads(result.stdout)["replaced"] == {"autotune": 0}
+    assert contents(root) == before  # the good one stays, and no temporary file is left
+
+
+@pytest.mark.parametrize("key,file_name", [
+    ("../../jax/cpu.json", "cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/../../jax/cpu.json", "cpu.json"),
+    ("/tmp/tokamax-0.0.12_jax-0.10.2/cpu.json", "cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/.cpu.json", ".cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/cpu.json", "../cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/cpu.json", "other.json"),
+    ("tokamax-0.0.12_jax-0.10.2", "cpu.json"),
+])
+def test_an_autotuning_result_with_an_odd_name_is_refused(archive: Path, tmp_path: Path, key: str,
+                                                         file_name: str) -> None:
+    data = wrapper()
+    hostile = rebuild(archive, tmp_path / "hostile.tar", lambda m: m.update(
+        kinds={"autotune": {"entries": [entry_of(key, {file_name: data})]}}),
+        [regular(f"autotune/{key.rpartition('/')[0]}/{file_name}", data)], keep=False)
+    root = tmp_path / "root"
+    result = unpack(hostile, root)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "unsafe autotune entry" in one_line(result) and "nothing written" in one_line(result)
+    assert not root.exists() and files_under(tmp_path) == ["hostile.tar"]
+
+
+def test_autotuning_results_of_other_versions_are_refused_unless_forced(archive: Path,
+                                                                        tmp_path: Path) -> None:
+    if software.identity()["tokamax"] != "0.0.12":
+        pytest.skip("tokamax 0.0.12 is not installed here (the target's software)")
+    key = result_key("0.0.11")
+    old = autotune_archive(archive, tmp_path / "old.tar", key, {"cpu.json": wrapper(tokamax="0.0.11")},
+                           tokamax="0.0.11")
+    root = tmp_path / "root"
+    result = unpack(old, root)
+    assert result.returncode == 1
+    assert "its autotune entries were made with tokamax 0.0.11 with jax" in one_line(result)
+    assert "has tokamax 0.0.12" in one_line(result) and not root.exists()
+    assert unpack(old, root, "--gpu-type", "h200", "--force").returncode == 0
+    assert (root / "autotune" / key).read_bytes() == wrapper(tokamax="0.0.11")

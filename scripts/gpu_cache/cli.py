@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("archive", metavar="ARCHIVE", help="the archive to write: .tar, .tar.gz/.tgz, "
                                                       ".tar.xz/.txz or .tar.bz2/.tbz2")
     p.add_argument("--kind", action="append", metavar="KIND",
-                   help="pack this kind (jax, triton); repeatable (default: both)")
+                   help=f"pack this kind ({', '.join(kinds.CARRIED)}); repeatable (default: all)")
     p.add_argument("--gpu-type", help="only the entries this GPU type's warm and validate passes "
                                       "used (from the records)")
     p.add_argument("--workload", help="only the entries this workload's warm and validate passes "
@@ -435,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "to the cache; exit 1 when refused")
     p.add_argument("archive", metavar="ARCHIVE", help="an archive written by `gpu-cache pack`")
     p.add_argument("--kind", action="append", metavar="KIND",
-                   help="unpack only this kind (jax, triton); repeatable (default: all in it)")
+                   help=f"unpack only this kind ({', '.join(kinds.CARRIED)}); repeatable "
+                        "(default: all in it)")
     p.add_argument("--gpu-type", help="the GPU type the entries are for: JAX entries must have been "
                                       "compiled on it, Triton ones for its compute capability")
     target = p.add_mutually_exclusive_group()

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_cache.commands.stats import OWN_RULES
 from gpu_cache.core import hook_records, software
+from gpu_cache.core.caches import autotune as autotune_cache
 
 from ._format import ManifestEntry, printable
 
@@ -47,7 +48,19 @@ def _version_tuple(version: Any) -> tuple[int, ...]:
 
 
 def keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
-    """The keys a record's process hit or wrote for one kind."""
+    """The keys a record's process hit or wrote for one kind (autotuning results: those it
+    loaded, and the one of its device kind where it saved one, in its versions' folder)."""
+    if kind == "autotune":
+        tuning = hook_records.autotuning_of(dict(record)) or {}
+        versions = _texts(tuning.get("versions"))
+        if len(versions) != 2:
+            return set()
+        names = set(_texts(tuning.get("loaded")))
+        device = record.get("device")
+        if str(tuning.get("save")).startswith("saved ") and isinstance(device, dict):
+            names |= {autotune_cache.file_name(name) for name in _texts(device.get("kinds"))}
+        folder = autotune_cache.version_folder(*versions)
+        return {f"{folder}/{name}" for name in names}
     section = hook_records.part(dict(record), kind)
     if section is None:
         return set()
@@ -121,6 +134,8 @@ def relevant(kind: str, identity: Mapping[str, Any]) -> tuple[Any, ...]:
     """The parts of a software identity that a kind's keys depend on."""
     if kind == "jax":  # jaxlib is in the key; the compression (zstandard or zlib) too
         return (identity.get("jax"), identity.get("jaxlib"), bool(identity.get("zstandard")))
+    if kind == "autotune":  # a result loads only in the tokamax and jax that made it
+        return (identity.get("tokamax"), identity.get("jax"))
     return (identity.get("triton"), _minor(identity.get("python")))  # the wheel's build and ABI
 
 
@@ -132,6 +147,9 @@ def describe_for(kind: str, identity: Mapping[str, Any]) -> str:
         else:
             compression = "zstd" if identity.get("zstandard") else "zlib"
             words = f"jax {identity['jax']} (jaxlib {identity.get('jaxlib') or '?'}, {compression})"
+    elif kind == "autotune":
+        words = (f"tokamax {identity['tokamax']} with jax {identity.get('jax') or 'none'}"
+                 if identity.get("tokamax") else f"no tokamax (Python {identity.get('python') or '?'})")
     elif not identity.get("triton"):
         words = f"no triton (Python {identity.get('python') or '?'})"
     else:
@@ -153,6 +171,12 @@ def software_section(chosen: list[ManifestEntry],
     for entry in chosen:
         keys.setdefault(entry.kind, set()).add(entry.key)
     for kind, packed in keys.items():
+        if kind == "autotune":  # each result names its own versions: they are what must fit
+            made = sorted(chosen, key=lambda e: -e.last_use)
+            versions = dict.fromkeys(e.versions for e in made if e.kind == kind and e.versions)
+            by_kind[kind] = [{"tokamax": t, "jax": j} for t, j in versions]
+            sources[kind] = "the results' own versions"
+            continue
         naming = [r for r in used if keys_of(r, kind) & packed]
         identities: list[dict[str, Any]] = []
         for record in reversed(naming):  # newest first
@@ -173,7 +197,8 @@ def software_section(chosen: list[ManifestEntry],
         else:
             by_kind[kind] = [software.identity()]
             sources[kind] = "packing interpreter (no record names these entries)"
-    newest = next((ids[0] for ids in by_kind.values() if ids), software.identity())
+    newest = next((ids[0] for kind, ids in by_kind.items() if ids and kind != "autotune"),
+                  software.identity())
     path_in_key = None
     if "jax" in by_kind:
         old = _version_tuple(by_kind["jax"][0].get("jax"))
@@ -189,5 +214,6 @@ def software_section(chosen: list[ManifestEntry],
                 "device_kinds": sorted(device_kinds), "device_counts": sorted(device_counts)},
         "triton": {"gpu_types": sorted(gpu_types.get("triton", set())),
                    "targets": sorted({e.target for e in chosen if e.kind == "triton" and e.target})},
+        "autotune": {"device_kinds": sorted({e.name for e in chosen if e.kind == "autotune" and e.name})},
     }
     return soft, dev

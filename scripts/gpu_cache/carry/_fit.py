@@ -95,13 +95,16 @@ def fit_problems(manifest: Mapping[str, Any], present: Iterable[str], target: di
             if all(relevant(kind, w) != relevant(kind, target) for w in warmed):
                 problems.append(f"its {kind} entries were made with {describe_for(kind, warmed[0])}, "
                                 f"{target_words} has {describe_for(kind, target)}")
+        elif kind == "autotune":  # the results name only their versions, not an image
+            notes.append(f"the tokamax and jax of {target_words} cannot be learned here: autotune "
+                         "results not checked (a job uses only those of its own versions)")
         else:  # an image that cannot be run here: compare its name
             images = {str(w.get("image")) for w in warmed if w.get("image")}
             if not any(image == i or os.path.basename(str(image)) == os.path.basename(i) for i in images):
                 made_in = ", ".join(sorted(images)) or "no image (the host)"
                 problems.append(printable(f"its {kind} entries were made in {made_in}, not {image} (no "
                                           "apptainer here to run the image and compare its software)"))
-        if gpu_type is None:
+        if gpu_type is None or kind == "autotune":  # each result is used only on its device kind
             continue
         section = device.get(kind) or {}
         if kind == "jax":

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
@@ -47,6 +48,8 @@ _ENTRY = {
         "name": _TEXT,
         "kind": _TEXT,
         "target": _TEXT,
+        "tokamax": _TEXT,
+        "jax": _TEXT,
         "files": {"type": "object", "minProperties": 1,
                   "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_FILE_BYTES}},
         "last_use": {"type": "number", "minimum": 0, "maximum": LATEST},
@@ -130,10 +133,11 @@ def is_group(name: str) -> bool:
 class ManifestEntry:
     """One entry of an archive as its manifest names it.
 
-    ``kind``: the cache kind (``jax``, ``triton``); ``files``: file name -> bytes; ``name``:
-    the computation or kernel; ``last_use``: seconds since the epoch; ``triton_kind``: Triton's
-    ``kernel`` or ``autotune``; ``target``: the Triton target (``sm_90``); ``sha256``: file
-    name -> its SHA-256.
+    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``); ``files``: file name -> bytes;
+    ``name``: the computation, kernel or device kind; ``last_use``: seconds since the epoch;
+    ``triton_kind``: Triton's ``kernel`` or ``autotune``; ``target``: the Triton target
+    (``sm_90``); ``sha256``: file name -> its SHA-256; ``versions``: an autotuning result's
+    (tokamax, jax) versions.
     """
 
     kind: str
@@ -144,6 +148,7 @@ class ManifestEntry:
     name: str | None = None
     triton_kind: str | None = None
     target: str | None = None
+    versions: tuple[str, str] | None = None
 
     @property
     def size(self) -> int:
@@ -156,13 +161,19 @@ class ManifestEntry:
 
     def member(self, file_name: str) -> str:
         """The archive member that holds one of its files."""
-        return f"jax/{file_name}" if self.kind == "jax" else f"triton/{self.key}/{file_name}"
+        if self.kind == "jax":
+            return f"jax/{file_name}"
+        if self.kind == "autotune":  # the key is <version folder>/<file name>
+            return f"autotune/{self.key.rpartition('/')[0]}/{file_name}"
+        return f"triton/{self.key}/{file_name}"
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "name": self.name, "files": self.files,
                                "sha256": self.sha256, "size": self.size, "last_use": self.last_use}
         if self.kind == "triton":
             out.update(kind=self.triton_kind, target=self.target)
+        if self.versions is not None:
+            out.update(tokamax=self.versions[0], jax=self.versions[1])
         return out
 
 
@@ -238,14 +249,18 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
     if kind == "jax":  # the executable, and its last use where JAX kept one
         good = bool(_JAX_KEY_RE.match(key)) and set(files) <= {f"{key}-cache", f"{key}-atime", key} \
             and bool({f"{key}-cache", key} & set(files))
+    elif kind == "autotune":  # one result file in its version folder, named as the key says
+        good = bool(autotune_cache.KEY_RE.match(key)) and set(files) == {key.rpartition("/")[2]}
     else:  # a key folder of plain files; no writer's tmp. folder
         good = bool(triton_cache.KEY_RE.match(key)) and not any(n.startswith("tmp.") for n in files)
     if not good or not all(plain_name(n) for n in files):
         raise Refused(f"the archive's manifest names an unsafe {kind} entry {shown(key)} (a path "
                       "in a file name, or a name an entry of that kind does not have)")
     last_use = min(float(raw.get("last_use", 0.0)), time.time())  # a future one would always win
+    versions = (raw.get("tokamax"), raw.get("jax"))
     entry = ManifestEntry(kind, key, dict(files), dict(sha256), last_use, raw.get("name"),
-                          raw.get("kind") if kind == "triton" else None, raw.get("target"))
+                          raw.get("kind") if kind == "triton" else None, raw.get("target"),
+                          versions if kind == "autotune" and all(versions) else None)
     for file in files:
         name = entry.member(file)
         if name in members:

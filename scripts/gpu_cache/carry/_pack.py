@@ -20,6 +20,7 @@ from typing import Any
 from gpu_cache import __version__
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
@@ -158,6 +159,36 @@ def _triton_candidates(folder: Path, wanted: set[str] | None,
     return out
 
 
+def _autotune_candidates(folder: Path, wanted: set[str] | None,
+                         skipped: list[dict[str, str]]) -> list[_Packed]:
+    """tokamax's autotuning results, each one file with the versions its wrapper names."""
+    out = []
+    for entry in scan("autotune", folder, grace_seconds=3600.0):
+        if wanted is not None and entry.key not in wanted:
+            continue
+        source = entry.source
+        assert isinstance(source, autotune_cache.AutotuneEntry)
+        problem = entry.problem
+        if problem is None and not autotune_cache.KEY_RE.match(entry.key):
+            problem = "a name gpu-cache does not give a result"
+        if problem is None:
+            try:
+                wrapper = json.loads(safe_io.read_bounded(source.path, autotune_cache.RESULT_LIMIT))
+                problem = autotune_cache.problem_of(wrapper, entry.key)
+            except (OSError, ValueError, RecursionError) as exc:
+                problem = f"unreadable result ({exc.__class__.__name__})"
+        if problem is not None:
+            skipped.append({"kind": "autotune", "key": entry.key, "reason": problem})
+            continue
+        path = Path(source.path)
+        out.append(_packed("autotune", entry.key, {path.name: path}, entry.last_use, name=entry.name,
+                           versions=(str(wrapper["tokamax"]), str(wrapper["jax"]))))
+    return out
+
+
+_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates}
+
+
 def _archive_mode(archive: Path) -> str:
     name = archive.name.lower()
     for suffix in sorted(_WRITE_MODES, key=len, reverse=True):
@@ -232,7 +263,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
             log.warning("some records list only their first keys: a few %s entries of the "
                         "selection may be left out", kind)
         folder = KINDS[kind].folder(root)
-        found = (_jax_candidates if kind == "jax" else _triton_candidates)(folder, wanted, skipped)
+        found = _CANDIDATES[kind](folder, wanted, skipped)
         if wanted is not None:
             missing[kind] = len(wanted - {p.entry.key for p in found}
                                 - {s["key"] for s in skipped if s["kind"] == kind})

@@ -31,7 +31,7 @@ from ._common import Progress, log
 from ._fit import fit_problems, target_software
 from ._format import ManifestEntry, Refused, printable, shown
 from ._pack import check_kinds
-from ._writers import Damaged, JaxWriter, TritonWriter, Writer, member_problem
+from ._writers import AutotuneWriter, Damaged, JaxWriter, TritonWriter, Writer, member_problem
 
 #: Free space kept beyond what unpack writes.
 SPACE_MARGIN = 64 << 20
@@ -249,8 +249,12 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
             action = actions[entry.ident]
             if writer is None or writer.entry is not entry:
                 folder = KINDS[entry.kind].folder(root)
-                writer = (JaxWriter(folder, fds[entry.kind], entry, capped) if entry.kind == "jax"
-                          else TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE))
+                if entry.kind == "jax":
+                    writer = JaxWriter(folder, fds[entry.kind], entry, capped)
+                elif entry.kind == "autotune":
+                    writer = AutotuneWriter(folder, fds[entry.kind], entry)
+                else:
+                    writer = TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
             counted = report.written if action == Action.WRITE else report.replaced
             try:
                 writer.add(file_name, data, member)

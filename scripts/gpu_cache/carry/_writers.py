@@ -2,7 +2,8 @@
 
 A writer builds the entry beside its place (temporary files, a temporary folder), checks what
 it wrote (every file's SHA-256 against the manifest's, a JAX executable decompressed as
-prune's verification does, a Triton group naming only files of its entry, its metadata JSON),
+prune's verification does, a Triton group naming only files of its entry, its metadata JSON,
+an autotuning result gpu-cache's wrapper of the versions and device kind its key names),
 and only then renames it into place. An entry that fails a check is :class:`Damaged`: nothing
 of it is put in place, and the entry already there stays (#21: an archive damaged in transit,
 with its sizes kept, must never replace a good entry with a broken one).
@@ -11,6 +12,7 @@ with its sizes kept, must never replace a good entry with a broken one).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import safe_io
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
 
@@ -70,7 +73,8 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
                    file_name: str, read_all: bool) -> str | None:
     """Why a member is not what was packed (damaged), or None: a Triton group file is read
     (a few KiB: its paths are rewritten); with ``read_all``, every other file too, in chunks
-    (a dry run, which writes nothing to check as it goes).
+    (a dry run, which writes nothing to check as it goes), an autotuning result also as a job
+    reads it.
 
     Raises:
         Refused: a group file, as packed, that is not Triton's (it names paths outside its
@@ -88,6 +92,13 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
         return damaged
     if not read_all:
         return None
+    if entry.kind == "autotune" and member.size <= autotune_cache.RESULT_LIMIT:  # read as a job does
+        data = reader.read(member.size)
+        problem = _digest_problem(entry, file_name, sha256(data))
+        try:
+            return problem or autotune_cache.problem_of(json.loads(data), entry.key)
+        except (ValueError, RecursionError) as exc:
+            return f"it is not a result jobs can read ({type(exc).__name__})"
     digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
@@ -279,3 +290,101 @@ class TritonWriter(Writer):
         if self.temp:
             shutil.rmtree(self.temp, dir_fd=self.dir_fd, ignore_errors=True)
             self.temp = ""
+
+
+def _result_problem(name: str, dir_fd: int, key: str) -> str | None:
+    """Why the file ``name`` in ``dir_fd`` is not a valid autotuning result at ``key``, or None."""
+    try:
+        data = json.loads(safe_io.read_bounded(name, autotune_cache.RESULT_LIMIT, dir_fd=dir_fd))
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"it is not a result jobs can read ({type(exc).__name__})"
+    return autotune_cache.problem_of(data, key)
+
+
+def _lock_folder(fd: int, timeout: float = 60.0) -> None:
+    """``flock`` on a folder, as the startup hook takes it to save a result (where the
+    filesystem has none, the rename alone keeps the file whole).
+
+    Raises:
+        OSError: another process held it for ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, "a warm process held the autotune folder's lock") from None
+            time.sleep(0.05)
+        except OSError as exc:
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return
+            raise
+
+
+class AutotuneWriter(Writer):
+    """An autotuning result into a temporary file in its version folder, checked (its digest,
+    then gpu-cache's wrapper of the versions and device kind the key names), then renamed over
+    the name under the lock the startup hook saves under, unless a valid result as new is there."""
+
+    def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry) -> None:
+        super().__init__(folder, dir_fd, entry)
+        pair, _, self.name = entry.key.rpartition("/")
+        with suppress(FileExistsError):
+            os.mkdir(pair, 0o777, dir_fd=dir_fd)
+        try:
+            self.fd: int | None = os.open(pair, safe_io.DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise Refused(f"{folder / pair} is not a real folder (a symbolic link?); unpack "
+                              "writes only into real folders under the cache root") from None
+            raise
+        self.temp = ""
+
+    def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
+        self.pending.discard(file_name)
+        if member.size > autotune_cache.RESULT_LIMIT:
+            raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
+        self.temp = safe_io.temp_name(file_name)
+        fd = os.open(self.temp, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.fd)
+        try:
+            _fill(fd, file_name, source, member, self.entry)
+            os.utime(fd, (self.entry.last_use, self.entry.last_use))
+        finally:
+            os.close(fd)
+
+    def _newer_here(self) -> bool:
+        """A valid result of this key written since the plan was made (a warm process)."""
+        assert self.fd is not None
+        try:
+            info = os.lstat(self.name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(info.st_mode) and info.st_mtime >= self.entry.last_use \
+            and _result_problem(self.name, self.fd, self.entry.key) is None
+
+    def finish(self) -> bool:
+        assert self.fd is not None
+        problem = _result_problem(self.temp, self.fd, self.entry.key)
+        if problem:
+            raise Damaged(problem)
+        _lock_folder(self.fd)
+        try:
+            if self._newer_here():
+                return False
+            os.replace(self.temp, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            self.temp = ""
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return True
+
+    def abandon(self) -> None:
+        if self.fd is None:
+            return
+        if self.temp:
+            with suppress(OSError):
+                os.unlink(self.temp, dir_fd=self.fd)
+            self.temp = ""
+        os.close(self.fd)
+        self.fd = None

@@ -119,7 +119,7 @@ KINDS: dict[str, CacheKind] = {
         # tokamax's autotuning results per (tokamax, jax, device kind), issue 24: the hook saves
         # them in a warm process and enters the matching one in every job that imports tokamax.
         CacheKind("autotune", "GPU_CACHE_AUTOTUNE", ReadOnlyUse.READ,
-                  scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"),
+                  scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"), carried=True,
                   last_use="when the warm step last wrote the result (the file's mtime)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 #: Distributions whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard")
+KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
 #: Variables that name the container image a process runs in (Apptainer, Singularity).
 IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: The identity fields whose difference makes a warmed cache useless to a job.

@@ -22,6 +22,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpu_cache.core import safe_io
 
@@ -29,6 +30,8 @@ FORMAT = 1
 #: A result larger than this is not read (AlphaFold 3's ops: a few hundred kB at most).
 RESULT_LIMIT = 64 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9.+-]")
+#: A result's key as ``version_folder`` and ``file_name`` make it: one folder, one visible file.
+KEY_RE = re.compile(r"^tokamax-[A-Za-z0-9._+-]*_jax-[A-Za-z0-9._+-]*/[A-Za-z0-9_+-][A-Za-z0-9._+-]*\.json$")
 
 
 def version_folder(tokamax_version: str, jax_version: str) -> str:
@@ -53,22 +56,32 @@ class AutotuneEntry:
     problem: str | None
 
 
+def problem_of(data: Any, key: str) -> str | None:
+    """Why parsed JSON is not a valid result at ``key`` (``<version folder>/<file name>``), or
+    None: gpu-cache's wrapper, named for its device kind, in the folder of its versions."""
+    folder_name, _, name = key.rpartition("/")
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("result"), str):
+        return "not a gpu-cache autotuning result"
+    device = data.get("device_kind")
+    if not isinstance(device, str) or name != file_name(device):
+        return "its device kind does not match its file name"
+    if version_folder(str(data.get("tokamax")), str(data.get("jax"))) != folder_name:
+        return "its versions do not match its folder"
+    return None
+
+
 def _describe(path: str, info: os.stat_result, folder_name: str) -> tuple[str, str | None]:
     """(device kind, problem) of one result file."""
     if not stat.S_ISREG(info.st_mode):
         return "?", "not a regular file"
     try:
         data = json.loads(safe_io.read_known(path, RESULT_LIMIT, info))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return "?", f"unreadable result ({exc.__class__.__name__})"
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("result"), str):
-        return "?", "not a gpu-cache autotuning result"
-    device = data.get("device_kind")
-    if not isinstance(device, str) or os.path.basename(path) != file_name(device):
-        return "?", "its device kind does not match its file name"
-    if version_folder(str(data.get("tokamax")), str(data.get("jax"))) != folder_name:
-        return device, "its versions do not match its folder"
-    return device, None
+    problem = problem_of(data, f"{folder_name}/{os.path.basename(path)}")
+    if problem is None or problem.startswith("its versions"):
+        return data["device_kind"], problem
+    return "?", problem
 
 
 def scan(folder: Path, grace_seconds: float = 3600.0) -> list[AutotuneEntry]:
