@@ -31,6 +31,7 @@ def seen(tmp_path: Path) -> list[dict]:
     return sorted((json.loads(line) for line in lines), key=lambda s: s["tokens"])
 
 
+@pytest.mark.slow
 def test_warm_compiles_each_bucket_as_inference_and_validate_passes(tmp_path):
     path = write_config(tmp_path / "c.yaml", config(
         tmp_path, args=["--num_diffusion_samples=5", "--flash_attention_implementation=xla"]))

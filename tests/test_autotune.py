@@ -101,6 +101,7 @@ def warmed(tmp_path: Path) -> tuple[Path, str]:
     return root, best
 
 
+@pytest.mark.slow
 def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tmp_path):
     real_tokamax()
     root, best = warmed(tmp_path)
@@ -120,6 +121,7 @@ def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tm
     assert (entry.key, entry.name, entry.problem) == ("tokamax-0.0.12_jax-0.10.2/cpu.json", "cpu", None)
 
 
+@pytest.mark.slow
 def test_a_second_warm_process_merges_into_the_result(tmp_path):
     real_tokamax()
     root, _ = warmed(tmp_path)
@@ -130,6 +132,7 @@ def test_a_second_warm_process_merges_into_the_result(tmp_path):
     assert tuning_of(root)["entries"] == 2
 
 
+@pytest.mark.slow
 def test_a_job_on_a_cold_root_counts_its_misses_and_validation_fails(tmp_path):
     real_tokamax()
     root = tmp_path / "root"
@@ -147,6 +150,7 @@ def test_a_job_on_a_cold_root_counts_its_misses_and_validation_fails(tmp_path):
     assert autotuning_problems(again) == [problem]
 
 
+@pytest.mark.slow
 def test_the_warm_root_passes_the_autotuning_check(tmp_path):
     real_tokamax()
     root, _ = warmed(tmp_path)
@@ -157,6 +161,7 @@ def test_the_warm_root_passes_the_autotuning_check(tmp_path):
     assert phase.recorded["autotune"].hits == 1 and autotuning_problems(phase) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("made_with", ["another tokamax", "another folder", "unparsable"])
 def test_a_result_of_other_versions_is_refused_by_gpu_caches_own_key(tmp_path, made_with):
     real_tokamax()

@@ -121,6 +121,7 @@ def write_record(folder: Path, name: str, record: object, age_days: float = 0.0)
 ODD_VALUES = ['NaN', '"many"', 'null', '1e999', '-1e999', '[1]', '{"a": 1}', 'true']
 
 
+@pytest.mark.slow
 def test_records_with_odd_values_are_read_as_absent(tmp_path):
     records = tmp_path / "records"
     for number, value in enumerate(ODD_VALUES):
@@ -161,6 +162,7 @@ def test_prune_bounds_the_records_by_age_and_cleans_half_written_ones(tmp_path):
     assert stats["kinds"]["records"]["entries"] == 1
 
 
+@pytest.mark.slow
 def test_stats_on_a_cache_with_names_that_are_not_utf8(tmp_path):
     jax = tmp_path / "jax"
     jax.mkdir()
@@ -183,6 +185,7 @@ rule dump:
 """
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     checkout = tmp_path / "a #b: c"
     shutil.copytree(SCRIPTS, checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
@@ -201,6 +204,7 @@ def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     assert f"JAX_COMPILATION_CACHE_DIR={tmp_path / 'cache' / 'jax'}" in (work / "env.txt").read_text()
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_non_editable_install(tmp_path):
     target = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import HOOK, SCRIPTS, clean_environ, run_cli, write_config
 
 #: Prints where the module's bytecode is and the value it holds.
@@ -74,6 +76,7 @@ def test_each_interpreter_and_image_has_a_folder_of_its_own(tmp_path):
     assert rebuilt == [in_a[0], "2", "False"]
 
 
+@pytest.mark.slow
 def test_stats_count_and_prune_removes_bytecode(tmp_path):
     code = tmp_path / "code"
     write_module(code, 1)

@@ -410,6 +410,7 @@ def test_a_triton_file_name_with_a_path_is_refused_by_the_manifest_check(
     assert files_under(root) == ["jax", f"jax/jit_y-{HEX}-cache"]
 
 
+@pytest.mark.slow
 def test_not_a_gpu_cache_archive_is_a_usage_error(tmp_path: Path) -> None:
     plain = tmp_path / "plain.tar"
     with tarfile.open(plain, "w") as tar:
@@ -715,6 +716,7 @@ def result_key(tokamax: str = "0.0.12", device: str = "cpu") -> str:
     return f"{folder}/{autotune_cache.file_name(device)}"
 
 
+@pytest.mark.slow
 def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: Path) -> None:
     """A result tokamax tuned in a warm process, packed with one of another tokamax and a
     broken one, unpacked at another path: a job there gets the tuned config with no miss."""

@@ -163,6 +163,7 @@ JAX_JOB = ("import mymod, jax, jax.numpy as jnp\n"
            "print(mymod.VALUE, float(jax.jit(lambda x: x * 3.0)(jnp.float32(2.0))), sep='|')\n")
 
 
+@pytest.mark.slow
 def test_gpu_cache_under_a_folder_with_a_colon_runs_jobs_without_its_hook(tmp_path, cache_root):
     """The hook's path would split on PYTHONPATH and silently never load: env says so in one
     line (exit 0), puts nothing of it on PYTHONPATH, and the job runs cached without it."""
@@ -195,6 +196,7 @@ def test_gpu_cache_under_a_folder_with_a_colon_runs_jobs_without_its_hook(tmp_pa
     assert not (cache_root / "records").exists() or not any((cache_root / "records").iterdir())
 
 
+@pytest.mark.slow
 def test_a_workflow_under_a_folder_with_a_colon_refuses_at_once_in_one_line(tmp_path):
     """Its rules put the checkout on PYTHONPATH, which cannot hold it: Snakemake stops before
     any job with one line that says so (not a rule failing to import gpu_cache later)."""

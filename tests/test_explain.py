@@ -13,6 +13,8 @@ import pytest
 
 from helpers import jax_job_env, run_cli, unavailable
 
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
+
 # Uses an integer constant, so JAX_ENABLE_X64 changes the program's dtypes.
 PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.sin(x) + jnp.arange(4))(jnp.ones(4)))"
 

@@ -38,6 +38,7 @@ def records_of(cache_root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
 
 
+@pytest.mark.slow
 def test_a_jax_process_writes_one_record_with_hits_misses_and_key_parts(cache_root):
     env = hook_env(cache_root, GPU_CACHE_RULE="predict", GPU_CACHE_GPU_TYPE="cpu")
     assert python(JAX_PROGRAM, env).returncode == 0
@@ -66,6 +67,7 @@ def test_no_record_and_no_heavy_imports_in_a_process_without_jax_or_triton(cache
     assert not (cache_root / "records").exists()
 
 
+@pytest.mark.slow
 def test_the_users_own_sitecustomize_still_runs(cache_root, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -77,6 +79,7 @@ def test_the_users_own_sitecustomize_still_runs(cache_root, tmp_path):
     assert len(records_of(cache_root)) == 1  # and the hook still recorded
 
 
+@pytest.mark.slow
 def test_a_broken_hook_never_breaks_the_job(cache_root, tmp_path):
     # The records folder is a file: writing the record fails; the job still succeeds.
     (cache_root).mkdir(parents=True)
@@ -87,6 +90,7 @@ def test_a_broken_hook_never_breaks_the_job(cache_root, tmp_path):
     assert len(warnings) == 1 and "writing the record" in warnings[0]
 
 
+@pytest.mark.slow
 def test_a_snakemake_job_is_recorded_with_its_rule_and_wildcards(cache_root, tmp_path):
     # Snakemake exports no rule name to jobs; a job run in a process of its own (SLURM's job
     # script and srun step, any remote executor) is run by `snakemake --target-jobs R:W`.
@@ -103,6 +107,7 @@ def test_a_snakemake_job_is_recorded_with_its_rule_and_wildcards(cache_root, tmp
     assert record["rule"] == "predict" and record["wildcards"] == "sample=a"
 
 
+@pytest.mark.slow
 def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
     env = hook_env(cache_root)
     assert python(JAX_PROGRAM, env).returncode == 0
@@ -229,6 +234,7 @@ def mounted(*command: str, target: Path):
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["symlink", "copy"])
 def test_two_copies_of_the_hook_act_as_one_in_a_real_jax_job(cache_root, tmp_path, how):
     # The profile from one checkout and the workflow from another (or the same checkout
@@ -509,6 +515,7 @@ REFUSED = {"nobody's 0777": "is writable by everyone, so another user could put 
            "ours 0777, nobody's triton": "world-writable"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", PLANTS)
 @pytest.mark.parametrize("how", ["cannot create its folder", "exported node-local"])
 def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant, how):

@@ -198,6 +198,7 @@ def test_fifos_zero_links_and_devices_named_like_entries_never_hang(kind, privat
     assert stat.S_ISCHR(os.lstat(zero).st_mode), "the link's target is untouched"
 
 
+@pytest.mark.slow
 def test_a_zlib_bomb_named_as_an_entry_is_verified_in_bounded_memory_and_time(tmp_path):
     """4 MiB that inflate to 4 GiB: prune stops decompressing at its bound and removes it."""
     zeros = bytes(64 << 20)
@@ -369,6 +370,7 @@ def prune_output(root: Path, target: Path, namespace: int | None = None) -> Run:
                namespace=namespace)
 
 
+@pytest.mark.slow
 def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, outside):
     link = tmp_path / "report.json"
     link.symlink_to(outside / "secret.txt")

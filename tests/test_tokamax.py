@@ -81,6 +81,7 @@ def glu_requests(record: dict) -> tuple[int, int]:
     return misses, sum(key.startswith("jit_glu_step-") for key in jax_part["hit_keys"])
 
 
+@pytest.mark.slow
 def test_tokamax_0_0_12_compiles_once_in_three_calls_and_not_at_all_in_the_next_process(tmp_path):
     real_tokamax()
     root = tmp_path / "root"
@@ -96,6 +97,7 @@ def test_tokamax_0_0_12_compiles_once_in_three_calls_and_not_at_all_in_the_next_
     assert second["jax"]["misses"] == 0 and glu_requests(second) == (0, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["without gpu-cache", "switched off"])
 def test_without_the_fix_tokamax_0_0_12_compiles_twice(tmp_path, how):
     real_tokamax()

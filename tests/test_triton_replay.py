@@ -183,6 +183,7 @@ tk.run_aot(256, [90])
 @pytest.mark.parametrize(("bound", "value", "kept"), [
     ("MAX_KERNELS", 200, KERNELS), ("MAX_KERNELS", 2, 2), ("KERNEL_BYTES", 100, 0),
     ("KERNELS_BYTES", 2500, None)])
+@pytest.mark.slow
 def test_descriptions_are_bounded_and_deduplicated(bound: str, value: int, kept: int | None,
                                                    tmp_path: Path) -> None:
     records = tmp_path / "records"

@@ -166,6 +166,7 @@ open(sys.argv[1], "w").write(repr(value))
 """
 
 
+@pytest.mark.slow
 def test_an_entry_planted_by_another_user_in_a_1777_folder_is_never_served(base):
     """The attack end to end: nobody plants an evil executable under the victim's key in a
     root-owned 1777 jax/; plain JAX serves it (x + 1.0 gives 100.0); through gpu-cache the
@@ -365,6 +366,7 @@ def test_another_user_swapping_the_root_in_a_0777_parent_is_refused_and_the_stic
     assert jax_cached_in(env_exports(root, folder=base), root) is False
 
 
+@pytest.mark.slow
 def test_a_user_private_group_may_write_until_it_has_another_member(base, private_user):
     """With umask 002 every folder a user makes is writable by their private group: trusted,
     as long as that group is really private (here checked as the user, with runuser)."""
@@ -417,6 +419,7 @@ def nobody_can_add_a_file(folder: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_an_acl_that_lets_another_user_write_is_refused(base, team_group):
     root = base / "cache"
     jax = root / "jax"
@@ -492,6 +495,7 @@ EXPORT = ("-c", "import sys; from gpu_cache.config import settings; from gpu_cac
                 "env.export(settings.settings_from({'default_workloads': []}, cache_root=sys.argv[1]))")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     """env, env --json, doctor --no-fail, warm, validate and the workflow's parse-time export
@@ -532,6 +536,7 @@ def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     assert len(warning_lines(exported.stderr)) == 1 and FAULTS[fault] in exported.stderr
 
 
+@pytest.mark.slow
 def test_a_root_whose_name_is_not_utf8_works_and_prints_its_bytes(base):
     """Linux names are bytes: a root that is not valid UTF-8 is used as is, and `env` prints
     its exact bytes even where stdout is strict UTF-8 (a UTF-8 locale; PYTHONIOENCODING)."""

@@ -264,13 +264,18 @@ def _flight_jax(hook):
         return common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or ""
 
     def cache_read(module_name, cache_key, *args, **kwargs):
-        result = original_read(module_name, cache_key, *args, **kwargs)
+        # JAX writes entries in place: one being written now (here or on another node) is a
+        # miss, never read half (a warning and a second compile), and waited for below.
+        writing = flight.enabled("jax") and flight.jax_entry(folder(), cache_key) == "partial"
+        result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
         if result[0] is not None or not flight.enabled("jax") \
                 or getattr(state, "client", None) is not None:
             return result
         raised = []
 
         def read():
+            if flight.settled_jax_entry(folder(), cache_key) == "partial":
+                return None
             try:
                 again = original_read(module_name, cache_key, *args, **kwargs)
             except BaseException as exc:  # jax told to raise cache errors: as without the hook
@@ -278,8 +283,11 @@ def _flight_jax(hook):
                 raise
             return again if again[0] is not None else None
 
+        def peek():
+            return read() if flight.jax_entry(folder(), cache_key) == "whole" else None
+
         try:
-            found, lock = flight.lead("jax", cache_key, folder(), read)
+            found, lock = flight.lead("jax", cache_key, folder(), read, peek)
         except Exception as exc:
             if raised:
                 raise

@@ -94,8 +94,9 @@ def render(report: dict[str, Any]) -> str:
     flight = report.get("single_flight") or {}
     if flight.get("enabled"):
         scope = "; per node: locks hold within one node" if flight.get("per_node") else ""
-        lines.append(f"single-flight: on (locks in {flight['locks']}, a waiter compiles itself after "
-                     f"{format_age(float(flight['timeout_seconds']))}{scope})")
+        wait = format_age(float(flight["timeout_seconds"]))
+        lines.append(f"single-flight: on, {flight['mode']} mode (locks in {flight['locks']}; "
+                     f"{flight['why']}; a waiter compiles itself after {wait}{scope})")
     elif flight:
         lines.append(f"single-flight: off ({flight.get('problem')})")
     dev = report["device"]

@@ -18,7 +18,7 @@ from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds
 from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.jobenv import trust
-from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_problem
 
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
@@ -27,10 +27,12 @@ SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
-#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off) and how
-#: long a waiter waits, in seconds.
+#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off), how
+#: long a waiter waits, in seconds, and its mode: "node" (flock) or "cluster" (flock within a
+#: node, a lease per key across the nodes that share the folder).
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
 #: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
 LOCKS_FOLDER = "locks"
 
@@ -185,11 +187,12 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
 def _place_locks(settings: Settings, root: Path, root_problem: str | None
                  ) -> tuple[dict[str, str], dict[str, object], list[str]]:
     """Where single-flight's lock files go: ``<root>/locks``, else (a read-only or unusable
-    root) a node-local folder; off where flock does not work in either. Returns the
-    variables, what doctor shows, and warnings."""
+    root) a node-local folder; off where flock does not work in either. Its mode: "cluster"
+    (leases across nodes) on a shared filesystem where they work, else "node", with why.
+    Returns the variables, what doctor shows, and warnings."""
     timeout = settings.single_flight.timeout_seconds
     info: dict[str, object] = {"enabled": False, "locks": None, "timeout_seconds": timeout,
-                               "problem": None, "per_node": False}
+                               "problem": None, "per_node": False, "mode": None, "why": None}
     if not settings.single_flight.enabled:
         info["problem"] = "turned off in the config (single_flight.enabled: false)"
         return {LOCKS_VAR: ""}, info, []
@@ -205,17 +208,28 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
             problems.append(problem)
             continue
         warnings = []
+        shared = check.network or check.family == "fuse"
+        mode = "node"
         if problems:
+            why = f"node-local folder ({problems[0]})"
             warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
                             "so single-flight holds within this node only")
-        per_node = bool(problems) or check.network or check.family == "fuse"
-        if check.network or check.family == "fuse":
-            warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
-                            "within one node only (BeeGFS by default, Lustre with localflock): "
-                            "single-flight is per node there, and jobs on two nodes may compile "
-                            "the same key at once")
-        info.update(enabled=True, locks=str(folder), per_node=per_node)
-        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}"}, info, warnings
+        elif not shared:
+            why = f"{check.fs_type} is local to this node"
+        else:
+            trouble = lease_problem(folder)
+            if trouble is None:
+                mode, why = "cluster", (f"{check.fs_type} may be shared by nodes, and flock there may "
+                                        "lock within one node only: flock within a node, a lease per "
+                                        "key across nodes")
+            else:
+                why = f"leases do not work on {check.fs_type}: {trouble}"
+                warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
+                                f"within one node only, and {trouble}: single-flight is per node there, "
+                                "and jobs on two nodes may compile the same key at once")
+        info.update(enabled=True, locks=str(folder), per_node=mode == "node" and (shared or bool(problems)),
+                    mode=mode, why=why)
+        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}", LOCK_MODE_VAR: mode}, info, warnings
     info["problem"] = problems[0]
     return {LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
                                    f"{'; '.join(problems)}"]
@@ -241,7 +255,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     no_hook = hook_problem()
     single_flight: dict[str, object] = {
         "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
-        "problem": "caching is turned off", "per_node": False}
+        "problem": "caching is turned off", "per_node": False, "mode": None, "why": None}
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
         wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
