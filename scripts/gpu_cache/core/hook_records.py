@@ -172,6 +172,27 @@ def _is_kernel(item: Any) -> bool:
                     for p in item["constants"] + item["attrs"]))
 
 
+def autotuned(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The autotune choices the records keep (the hook's ``triton.autotuned``), each once, in
+    the order first recorded, at most :data:`MAX_KERNELS`; one of the wrong shape is passed over
+    (what its values mean is checked where the replay writes it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        items = (part(record, "triton") or {}).get("autotuned")
+        for item in items if isinstance(items, list) else ():
+            if _is_choice(item) and len(out) < MAX_KERNELS:
+                out.setdefault(json.dumps(item, sort_keys=True), item)
+    return list(out.values())
+
+
+def _is_choice(item: Any) -> bool:
+    shapes = {"module": str, "qualname": str, "triton": str, "cache_key": str, "target": dict,
+              "key_text": str, "configs_timings": list, "chosen": int}
+    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+            and "key" in item and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], dict)
+                                      for p in item["configs_timings"]))
+
+
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The recorded runs (processes sharing a run id: a warm or validate pass), latest first:
     run id, when it ended, its rule and GPU type, and how many processes recorded."""

@@ -38,7 +38,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -229,7 +229,27 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
     Raises:
         OSError: the temporary file cannot be written or renamed (it is then removed).
     """
-    path = Path(path)
+    _via_temp(Path(path), data, mode, os.replace)
+
+
+def add_file(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Make ``path`` a regular file holding ``data``, atomically, only where no name ``path``
+    exists: the temporary file (as in :func:`replace_file`) is hard-linked to ``path``, which
+    never replaces anything. False when ``path`` existed.
+
+    Raises:
+        OSError: the temporary file cannot be written or linked (it is removed either way).
+    """
+    try:
+        _via_temp(Path(path), data, None, os.link)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _via_temp(path: Path, data: bytes, mode: int | None, place: Callable[[Path, Path], None]) -> None:
+    """Write ``data`` to a new temporary file beside ``path``, then ``place(temp, path)``
+    (rename or link); the temporary name is gone afterwards."""
     temp = path.with_name(temp_name(path.name))
     fd = os.open(temp, CREATE_FLAGS, 0o666)
     try:
@@ -239,13 +259,12 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
             write_all(fd, data)
         finally:
             os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
+        place(temp, path)
+    finally:
         try:
             os.unlink(temp)
         except OSError:
             pass
-        raise
 
 
 @contextmanager
