@@ -1,6 +1,6 @@
 """The lock rules for single-flight's files and folders, and who holds a lease: the parts of
 single-flight (gpu_cache_flight) that keep no state. The rules are docs/guarantees.md's
-"Locks"; gpu_cache.core.safe_io applies the same ones to gpu-cache's own locks (this hook may
+"Locks"; gpu_cache.core.safe_locks applies the same ones to gpu-cache's own locks (this hook may
 not import the package). Standard library only, Python 3.9+.
 """
 

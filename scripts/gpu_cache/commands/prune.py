@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size
-from gpu_cache.core import kinds, safe_io, verified
+from gpu_cache.core import kinds, safe_locks, verified
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
@@ -156,9 +156,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
         try:
             # flock on a regular file, opened without following a symlink; a symlink, FIFO or
             # device planted as the lock file is replaced, never followed or truncated.
-            held.enter_context(safe_io.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
+            held.enter_context(safe_locks.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
                                                       replace=not dry_run))
-        except safe_io.LockTimeout:
+        except safe_locks.LockTimeout:
             result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
             return result
         except OSError as exc:

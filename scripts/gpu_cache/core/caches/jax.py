@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import safe_io, verified
+from gpu_cache.core import safe_io, safe_locks, verified
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
@@ -456,7 +456,7 @@ def remove(folder: Path, entry: JaxEntry) -> None:
     Raises:
         OSError: a file could not be removed (other than already being gone).
     """
-    with safe_io.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
+    with safe_locks.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
         for path in (entry.cache_file, entry.atime_file):
             if path is not None:
                 _unlink(path)
