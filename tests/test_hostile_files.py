@@ -61,15 +61,17 @@ _RSS = ("import resource, subprocess, sys\n"
         "sys.exit(rc)\n")
 
 
-def cli(*args: str, namespace: int | None = None, timeout: float = TIMEOUT) -> Run:
+def cli(*args: str, namespace: int | None = None, timeout: float = TIMEOUT,
+        env: dict[str, str] | None = None) -> Run:
     """``python -m gpu_cache ARGS`` with a memory cap and a timeout (optionally inside the
-    mount namespace of process ``namespace``); a timeout is reported, not raised."""
+    mount namespace of process ``namespace``; ``env``: instead of a clean environment); a
+    timeout is reported, not raised."""
     command = [sys.executable, "-c", _RSS, sys.executable, "-m", "gpu_cache", *args]
     if namespace is not None:
         command = ["nsenter", "-t", str(namespace), "-m", "--", *command]
     started = time.monotonic()
     try:
-        done = subprocess.run(command, env=clean_environ(), capture_output=True, text=True,
+        done = subprocess.run(command, env=env or clean_environ(), capture_output=True, text=True,
                               timeout=timeout, preexec_fn=_cap_memory)
     except subprocess.TimeoutExpired as exc:
         return Run(None, str(exc.stdout or ""), str(exc.stderr or ""), True, time.monotonic() - started)
@@ -245,8 +247,24 @@ def zstd_cache(tmp_path_factory) -> Path:
     return folder
 
 
+def without_zstandard(tmp_path: Path) -> dict[str, str]:
+    """The CLI's environment with ``zstandard`` hidden from its Python (as in a Snakemake
+    environment without it), while the jobs that wrote the entries had it."""
+    hidden = tmp_path / "no-zstandard"
+    hidden.mkdir()
+    (hidden / "zstandard.py").write_text("raise ImportError('hidden for this test')\n")
+    env = clean_environ()
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden), env["PYTHONPATH"]])
+    probe = subprocess.run([sys.executable, "-c", "import zstandard"], env=env, capture_output=True)
+    assert probe.returncode != 0, "zstandard must be hidden"
+    return env
+
+
+@pytest.mark.parametrize("zstandard", ["zstandard", "no zstandard"])
 @pytest.mark.parametrize("command", [["prune", "--json"], ["doctor", "--fix", "--no-fail", "--json"]])
-def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, tmp_path):
+def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstandard, zstd_cache, tmp_path):
+    """Without zstandard gpu-cache walks the frame's block headers (#21): before, it kept
+    them (no decoder, no check)."""
     root = tmp_path / "root"
     shutil.copytree(zstd_cache, root / "jax")
     entries = sorted((root / "jax").glob("*-cache"))
@@ -254,7 +272,8 @@ def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, 
         data = entry.read_bytes()
         entry.write_bytes(data[:int(len(data) * fraction)])
     age(*entries)
-    report = ok(cli(*command, "--cache-root", str(root))).json()
+    env = without_zstandard(tmp_path) if zstandard == "no zstandard" else None
+    report = ok(cli(*command, "--cache-root", str(root), env=env)).json()
     removed = (report if command[0] == "prune" else report["fixed"])["jax"]["removed"]
     assert sorted(r["key"] + "-cache" for r in removed) == sorted(e.name for e in entries[:2])
     assert all("truncated" in r["reason"] for r in removed)
@@ -263,6 +282,65 @@ def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, 
     subprocess.run([sys.executable, "-c", PROGRAMS], check=True, timeout=300,
                    env=jax_job_env(root / "jax", shared_fs=True, JAX_RAISE_PERSISTENT_CACHE_ERRORS="true"))
     assert len(list((root / "jax").glob("*-cache"))) == 3
+
+
+def flip_middle(path: Path, fresh_mtime: bool) -> None:
+    """Damage ``path`` in place as a storage fault does: 64 bytes in its middle inverted, the
+    size (and inode) kept; then its old mtime put back, or a recent one (as a hit sets)."""
+    info = path.stat()
+    with path.open("r+b") as file:
+        file.seek(info.st_size // 2)
+        data = file.read(64)
+        file.seek(info.st_size // 2)
+        file.write(bytes(b ^ 0xFF for b in data))
+    if fresh_mtime:
+        os.utime(path, (time.time() - 5, time.time() - 5))  # older than JAX's write grace
+    else:
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert path.stat().st_size == info.st_size
+
+
+@pytest.mark.parametrize("command", ["prune", "doctor --fix"])
+@pytest.mark.parametrize("mtime", ["old mtime put back", "fresh mtime"])
+def test_a_verified_entry_damaged_in_place_with_its_size_kept_is_removed(command, mtime, zstd_cache,
+                                                                          tmp_path):
+    """A JAX entry verified whole, then damaged with its size kept (#21): before, it stayed
+    "verified" and every job warned and recompiled (failed when raising on cache errors).
+    ``doctor --fix`` reads every entry again; each prune reads a rotating eighth again, so
+    dry runs find it within RECHECK_EVERY of them, remember it, and the next prune removes
+    it. The entries that were not damaged stay through all of them."""
+    from gpu_cache.core.verified import RECHECK_EVERY
+
+    root = tmp_path / "root"
+    shutil.copytree(zstd_cache, root / "jax")
+    entries = sorted((root / "jax").glob("*-cache"))
+    age(*entries)
+    first = ok(cli("prune", "--json", "--cache-root", str(root))).json()
+    assert first["jax"]["entries_removed"] == 0  # all three verified whole, and recorded
+    victim = entries[0]
+    flip_middle(victim, fresh_mtime=mtime == "fresh mtime")
+    raising = jax_job_env(root / "jax", shared_fs=True, JAX_RAISE_PERSISTENT_CACHE_ERRORS="true")
+    damaged = subprocess.run([sys.executable, "-c", PROGRAMS], env=raising, capture_output=True,
+                             text=True, timeout=300)
+    assert damaged.returncode != 0, "the damage is real: JAX cannot read the entry"
+    if command == "doctor --fix":
+        removed = ok(cli("doctor", "--fix", "--no-fail", "--json", "--cache-root", str(root))
+                     ).json()["fixed"]["jax"]["removed"]
+    else:
+        for _ in range(RECHECK_EVERY):
+            dry = ok(cli("prune", "--dry-run", "--json", "--cache-root", str(root))).json()
+            removed = dry["jax"]["removed"]
+            if removed:
+                break
+        assert [r["key"] + "-cache" for r in removed] == [victim.name]
+        assert victim.exists(), "a dry run removes nothing"
+        removed = ok(cli("prune", "--json", "--cache-root", str(root))).json()["jax"]["removed"]
+    assert [r["key"] + "-cache" for r in removed] == [victim.name]
+    # (doctor --fix decompresses everything again: zstd may notice the damage first)
+    assert "changed after it was verified" in removed[0]["reason"] or (
+        command == "doctor --fix" and "does not decompress" in removed[0]["reason"])
+    assert not victim.exists() and entries[1].exists() and entries[2].exists()
+    subprocess.run([sys.executable, "-c", PROGRAMS], env=raising, check=True, timeout=300)
 
 
 # --- 3. no write, rename or delete through a symlink inside the root ---------------------

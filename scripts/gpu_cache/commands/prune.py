@@ -57,11 +57,12 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
                verify_all: bool = False) -> KindPruneReport:
     """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
     (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
-    decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
+    decompressed (and a rotating share of those verified before read again for damage that
+    keeps their size), Inductor's kernel libraries checked. What was verified is recorded beside
     the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
     cache reads), so the next prune or dry run reads nothing it verified already."""
     now = time.time() if now is None else now
-    record = _record(kind, folder, fresh=verify_all)
+    record = _record(kind, folder, recheck_all=verify_all)
     found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
     if record is not None:
         record.save()
@@ -96,12 +97,12 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     return report
 
 
-def _record(kind: str, folder: Path, fresh: bool = False) -> verified.Record | None:
-    """The verification record of ``folder`` for a kind that keeps one (``fresh``: an empty
-    one, so that everything is verified again and recorded anew)."""
+def _record(kind: str, folder: Path, recheck_all: bool = False) -> verified.Record | None:
+    """The verification record of ``folder`` for a kind that keeps one (``recheck_all``:
+    everything is verified again, and JAX entries' bytes compared with what was recorded)."""
     if not kinds.KINDS[kind].verifies:
         return None
-    return verified.Record(folder) if fresh else verified.Record.load(folder)
+    return verified.Record.load(folder, recheck_all=recheck_all)
 
 
 def repair(settings: Settings) -> PruneReport:
