@@ -123,7 +123,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
 
     Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
     missing root, or a root that cannot be locked, nothing is touched and the report says
-    why. ``verify_all``: decompress every JAX entry, not only those since the last prune.
+    why; so is a kind's folder that leads out of the root (a symbolic link): nothing outside
+    the root is ever removed or written. ``verify_all``: verify every entry again (JAX:
+    decompress each, and compare its bytes with those verified before).
     ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
     reported (the workflow's prune must never fail a run because of the cache).
 
@@ -170,8 +172,15 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                 return result
         for kind in only:
             try:
-                report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age,
-                                    dry_run, verify_all=verify_all)
+                folder = safe_io.within(kinds.KINDS[kind].folder(root), root)
+            except safe_io.Outside as exc:  # a link to the user's own files (#21): never followed
+                result.problems.append(
+                    f"{kind}: {exc.filename} is a link to {exc.real}, outside the cache root; not "
+                    "pruned (gpu-cache removes nothing outside the root): move that folder under the "
+                    "root, or give it a cache root of its own")
+                continue
+            try:
+                report = prune_kind(kind, folder, max_size, max_age, dry_run, verify_all=verify_all)
             except OSError as exc:  # an unreadable folder: the other kinds are still pruned
                 result.problems.append(f"{kind}: cannot prune {exc.filename or ''}: "
                                        f"{exc.strerror or exc}")
