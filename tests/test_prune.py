@@ -34,12 +34,13 @@ def fill_jax_cache(folder: Path, n: int = 4, size: int = 64, max_size: int | Non
     return entries
 
 
-def age_entries(entries, start_days_ago: float) -> dict[str, float]:
-    """Give each entry a distinct last use, oldest first; returns key -> last use."""
+def age_entries(entries, start_days_ago: float, order: tuple[int, ...] = ()) -> dict[str, float]:
+    """Give each entry a distinct last use, oldest first in key order, or in ``order`` (the
+    rank by age of each entry in key order); returns key -> last use."""
     now = time.time()
     uses = {}
     for i, entry in enumerate(sorted(entries, key=lambda e: e.key)):
-        when = now - (start_days_ago - i) * 86400
+        when = now - (start_days_ago - (order[i] if order else i)) * 86400
         os.utime(entry.cache_path, (when, when))
         uses[entry.key] = when
     return uses
@@ -72,6 +73,19 @@ def test_least_recently_used_go_first_until_under_the_cap(root):
     left = {e.key for e in jax_cache.scan(root / "jax")}
     assert left == set(by_use[2:])
     assert report.kinds["jax"].bytes_after == sum(sizes[k] for k in left) <= cap
+
+
+def test_least_recently_used_go_first_when_ages_are_not_in_key_order(root):
+    # (#19) Ranks by age against key order: by key, the first two would go.
+    entries = jax_cache.scan(root / "jax")
+    uses = age_entries(entries, start_days_ago=10, order=(3, 0, 2, 1))
+    sizes = {e.key: e.size for e in entries}
+    by_use = sorted(uses, key=uses.get)
+    assert by_use[:2] != sorted(uses)[:2]
+    cap = sum(sizes.values()) - sizes[by_use[0]] - 1  # forces out the two oldest
+    report = prune(settings_from({}, cache_root=str(root)), max_size=cap, max_age=1e9, dry_run=False)
+    assert [r["key"] for r in report.kinds["jax"].removed] == by_use[:2]
+    assert {e.key for e in jax_cache.scan(root / "jax")} == set(by_use[2:])
 
 
 def test_entries_unused_longer_than_max_age_go(root):
