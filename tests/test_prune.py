@@ -181,3 +181,66 @@ def test_a_lone_cache_file_in_a_capped_cache_gets_its_atime_back(tmp_path):
     # A capped JAX evicts again, reading every -atime: this write must work.
     more = fill_jax_cache(folder, n=3, max_size=1 << 30, start=10)
     assert all(e.atime_path is not None for e in more)
+
+
+# --- damage that keeps the size: entries verified before are read again in turn (#21) -------
+
+
+def test_rechecks_go_in_digest_order_from_where_the_last_scan_stopped(tmp_path, monkeypatch):
+    """With no time to spare, each verifying scan reads RECHECK_AT_LEAST entries again, the
+    next ones in digest order after the last scan's (kept in the record), round and round:
+    every entry within ceil(n / RECHECK_AT_LEAST) scans; a scan that does not verify reads none."""
+    monkeypatch.setattr(verified, "RECHECK_SHARE", 0.0)
+    n, step = 150, verified.RECHECK_AT_LEAST
+    digests = [verified.digest(7, i) for i in range(n)]
+    passes = []
+    for _ in range(4):
+        record = verified.Record.load(tmp_path)
+        for key in digests:
+            record.put(key, 1)
+            record.candidate(key, key)
+        passes.append(list(record.rechecks(spent=10.0)))
+        record.save()
+    in_order = sorted(digests)
+    assert passes[0] == in_order[:step] and passes[1] == in_order[step:2 * step]
+    assert passes[2] == in_order[2 * step:] + in_order[:3 * step - n]  # round again
+    assert set(passes[0] + passes[1] + passes[2]) == set(digests)
+    assert passes[3] == in_order[3 * step - n:4 * step - n]
+    stats = verified.Record.load(tmp_path, complete=False)
+    stats.candidate(digests[0], digests[0])
+    assert list(stats.rechecks(spent=10.0)) == []
+
+
+def test_damage_in_a_large_cache_is_found_in_turn_and_remembered(tmp_path, template_cache, monkeypatch):
+    """200 entries, one damaged in place with its size and mtime kept after it was verified:
+    dry runs that read 64 entries again each find it within 4 of them, and every later one
+    still reports it (the record remembers), whatever it reads again; no whole entry is ever
+    called broken."""
+    monkeypatch.setattr(verified, "RECHECK_SHARE", 0.0)
+    folder = tmp_path / "root" / "jax"
+    folder.mkdir(parents=True)
+    body = min((p.read_bytes() for p in template_cache.glob("*-cache")), key=len)
+    old = time.time() - 3600
+    for i in range(200):
+        path = folder / f"jit_copy-{i:064x}-cache"
+        path.write_bytes(body)
+        os.utime(path, (old, old))
+    settings = settings_from({}, cache_root=str(tmp_path / "root"))
+    first = prune(settings, max_size=1 << 40, max_age=1e9, dry_run=True).kinds["jax"]
+    assert first.entries_removed == 0 and first.entries_before == 200
+    victim = folder / f"jit_copy-{123:064x}-cache"
+    info = victim.stat()
+    with victim.open("r+b") as file:
+        file.seek(info.st_size // 2)
+        byte = file.read(1)
+        file.seek(info.st_size // 2)
+        file.write(bytes([byte[0] ^ 0x01]))  # one bit, as bit rot does
+    os.utime(victim, ns=(info.st_atime_ns, info.st_mtime_ns))
+    found = []
+    for _ in range(6):
+        report = prune(settings, max_size=1 << 40, max_age=1e9, dry_run=True).kinds["jax"]
+        found.append([(r["key"], r["reason"]) for r in report.removed])
+    first_seen = next(i for i, removed in enumerate(found) if removed)
+    assert first_seen < 4, found
+    assert all(removed == [(victim.name[:-6], "broken: " + jax_cache.CHANGED)]
+               for removed in found[first_seen:]), found

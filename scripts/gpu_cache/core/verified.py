@@ -11,9 +11,10 @@ when it is missing, so a digest must change whenever the verdict could:
   it; the startup hook moves its mtime on every hit, so times would re-verify every used
   entry). The value is the CRC-32 of its bytes when it was verified. Damage that keeps the
   size (bit rot, a storage fault, a write in place with the old mtime put back) leaves the
-  digest as it was, so each verifying scan reads 1 in :data:`RECHECK_EVERY` of these entries
-  again (a slice that rotates from scan to scan: every entry within that many prunes) and
-  compares the CRC; ``doctor --fix`` (``recheck_all``) verifies every entry again. An entry
+  digest as it was, so each verifying scan also reads some of these entries again and
+  compares the CRC (:meth:`Record.rechecks`: in digest order from where the last scan
+  stopped, for a tenth of the scan's own time, so every entry in turn while prune stays
+  within its bound); ``doctor --fix`` (``recheck_all``) verifies every entry again. An entry
   whose bytes changed is recorded as :data:`DAMAGED` until prune removes it.
 * a JAX ``-atime`` file (inode, size, mtime, ctime: JAX rewrites it on each use): its time;
 * a Triton group manifest, an Inductor kernel library: name, inode, size and mtime; 1.
@@ -32,9 +33,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import zlib
 from array import array
+from collections.abc import Iterator
 from itertools import chain
+from typing import Any
 
 from gpu_cache.core import safe_io
 
@@ -43,8 +47,10 @@ NAME = ".gpu-cache-verified"
 MAGIC = b"gpu-cache verified v3\n"
 #: A record larger than this is not read (a million entries take 16 MB).
 MAX_BYTES = 1 << 30
-#: A verifying scan reads again the bytes of one in this many entries recorded whole (JAX).
-RECHECK_EVERY = 8
+#: A verifying scan spends at most this share of its own time reading entries recorded whole
+#: again (JAX: one read each), and reads at least RECHECK_AT_LEAST of them whatever it takes.
+RECHECK_SHARE = 0.1
+RECHECK_AT_LEAST = 64
 #: The value of an entry whose bytes changed after it was verified (above any CRC-32).
 DAMAGED = 1 << 32
 
@@ -82,9 +88,10 @@ class Record:
         #: The scan looks up every current digest (it verifies): :meth:`save` drops the rest.
         self.complete = complete
         self.recheck_all = recheck_all
-        #: Verifying scans that read entries again so far: which slice :meth:`due` picks.
-        self.passes = 0
-        self._rotated = False
+        #: The digest where :meth:`rechecks` starts: the one after the last read again.
+        self.cursor = 0
+        self._moved = False
+        self._candidates: dict[int, Any] = {}  # by distance from the cursor: sorts fast
 
     @classmethod
     def load(cls, folder: str | os.PathLike[str], complete: bool = True,
@@ -103,7 +110,7 @@ class Record:
         numbers.frombytes(body)
         if sys.byteorder != "little":
             numbers.byteswap()
-        record.passes = numbers[0]
+        record.cursor = numbers[0]
         record.known = dict(zip(numbers[1::2], numbers[2::2]))
         return record
 
@@ -120,14 +127,27 @@ class Record:
         """The value recorded for ``key`` before this scan, even with ``recheck_all``."""
         return self.known.get(key)
 
-    def due(self, key: int) -> bool:
-        """Whether this scan reads again the entry of ``key`` that the record says is whole:
-        one slice of :data:`RECHECK_EVERY`, another in each verifying scan (it advances when
-        this scan is saved), so each entry once within that many scans."""
+    def candidate(self, key: int, item: Any) -> None:
+        """Offer the entry of ``key``, recorded whole, to :meth:`rechecks` (``item``: what
+        the scan needs to read it again)."""
+        self._candidates[(key - self.cursor) & _MASK] = item
+
+    def rechecks(self, spent: float) -> Iterator[Any]:
+        """The items of the :meth:`candidate` entries that this scan reads again, while the
+        caller reads each: in digest order from :attr:`cursor` on, for
+        :data:`RECHECK_SHARE` of ``spent`` (the scan's own seconds so far) and at least
+        :data:`RECHECK_AT_LEAST` of them. The next :meth:`save` keeps where they stopped, so
+        every entry is read again in turn (a scan that does not verify reads none)."""
+        deadline = time.monotonic() + RECHECK_SHARE * spent
+        candidates, self._candidates = self._candidates, {}
         if not self.complete:
-            return False
-        self._rotated = True
-        return key % RECHECK_EVERY == self.passes % RECHECK_EVERY
+            return
+        cursor = self.cursor
+        for count, distance in enumerate(sorted(candidates)):
+            if count >= RECHECK_AT_LEAST and time.monotonic() >= deadline:
+                return
+            self.cursor, self._moved = (cursor + distance + 1) & _MASK, True
+            yield candidates[distance]
 
     def put(self, key: int, value: int) -> None:
         """Record ``value`` (0 to 2**64 - 1) for ``key``."""
@@ -137,28 +157,26 @@ class Record:
 
     def changed(self) -> bool:
         """Whether :meth:`save` would write anything."""
-        return self.learned > 0 or self._rotated \
+        return self.learned > 0 or self._moved \
             or (self.complete and len(self.kept) != len(self.known))
 
     def save(self) -> bool:
         """Write the record when it changed, atomically (a name planted there is replaced,
         never written through); True when written. A ``complete`` scan looked every digest
         up that is still current (it verified), so those it did not meet are dropped;
-        otherwise (``stats``) they are kept. A scan that read a slice again moves on to the
-        next. Best effort: a folder that is gone or read-only keeps its old record.
+        otherwise (``stats``) they are kept. Best effort: a folder that is gone or read-only
+        keeps its old record.
         """
         if not self.changed() or not os.path.isdir(os.path.dirname(self.path)):
             return False
         if not self.complete:
             self.kept = self.known | self.kept
-        passes = (self.passes + 1 if self._rotated else self.passes) & _MASK
-        numbers = array("Q", chain((passes,), chain.from_iterable(self.kept.items())))
+        numbers = array("Q", chain((self.cursor,), chain.from_iterable(self.kept.items())))
         if sys.byteorder != "little":
             numbers.byteswap()
         try:
             safe_io.replace_file(self.path, MAGIC + numbers.tobytes())
         except OSError:
             return False
-        self.known, self.kept, self.learned = self.kept, dict(self.kept), 0
-        self.passes, self._rotated = passes, False
+        self.known, self.kept, self.learned, self._moved = self.kept, dict(self.kept), 0, False
         return True

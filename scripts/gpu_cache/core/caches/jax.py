@@ -367,6 +367,7 @@ def scan(folder: Path | str, verify_after: float | None = None,
     plain: dict[str, tuple[str, os.stat_result]] = {}  # jax 0.4.30's <key> without a suffix
     temps: list[JaxEntry] = []
     now = time.time()
+    started = time.monotonic()
     match = _FILE_RE.match
     tail = _HASH_TAIL.fullmatch
     try:
@@ -464,6 +465,8 @@ def scan(folder: Path | str, verify_after: float | None = None,
         if not tail(key, len(key) - 65):
             continue
         entries.append(_pair(key, None, atime, verify_after, young, record, capped))
+    if record is not None:
+        _recheck(entries, record, time.monotonic() - started)
     return entries + temps
 
 
@@ -527,9 +530,9 @@ def _crc(path: str, info: os.stat_result) -> int | None:
 
 def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
     """:func:`undecompressable`, remembered in ``record``: an entry verified whole before
-    (same name, inode and size) is only read again when :meth:`~verified.Record.due`, for
-    the CRC-32 of its bytes, which must be the one recorded when it was verified; with
-    ``recheck_all`` every entry is verified again, and its CRC compared too."""
+    (same name, inode and size) is not decompressed again, only offered to be read again
+    (:func:`_recheck`); with ``recheck_all`` every entry is verified again, and the CRC-32 of
+    its bytes must still be the one recorded."""
     if record is None:
         return undecompressable(path)
     digest = verified.digest(1, int(key[-16:], 16), info.st_ino, info.st_size)  # key: <name>-<hex>
@@ -537,13 +540,8 @@ def _verify(key: str, path: str, info: os.stat_result, record: verified.Record |
     if known is not None:
         if known == verified.DAMAGED:
             return CHANGED
-        if not record.due(digest):
-            return None
-        crc = _crc(path, info)
-        if crc is None or crc == known:
-            return None
-        record.put(digest, verified.DAMAGED)
-        return CHANGED
+        record.candidate(digest, (digest, known, path, info, key))
+        return None
     problem, crc = _examine(path)
     if problem is None and crc is not None:
         before = record.previous(digest)  # (recheck_all: what get did not tell)
@@ -552,6 +550,21 @@ def _verify(key: str, path: str, info: os.stat_result, record: verified.Record |
             return CHANGED
         record.put(digest, crc)
     return problem
+
+
+def _recheck(entries: list[JaxEntry], record: verified.Record, spent: float) -> None:
+    """Read again the entries verified before that ``record`` picks (:meth:`~gpu_cache.core.
+    verified.Record.rechecks`, within a share of ``spent``, the scan's own seconds): one whose
+    bytes no longer have the CRC-32 they had when verified is broken, and recorded so."""
+    changed = set()
+    for digest, known, path, info, key in record.rechecks(spent):
+        crc = _crc(path, info)
+        if crc is not None and crc != known:
+            record.put(digest, verified.DAMAGED)
+            changed.add(key)
+    for entry in entries if changed else ():
+        if entry.key in changed:
+            entry.problem, entry.needs_atime = CHANGED, False
 
 
 def write_atime(folder: Path, entry: JaxEntry) -> None:
