@@ -1,7 +1,9 @@
 #!/bin/sh
 # Install what tests/sshfs_mount.py needs for a real sshfs mount over loopback on
 # Debian 12: the OpenSSH server (sshd, with the sftp-server sshfs talks to), the
-# OpenSSH client tools (ssh, ssh-keygen) and sshfs with fuse3 (fusermount3).
+# OpenSSH client tools (ssh, ssh-keygen) and sshfs with fuse3 (fusermount3); and
+# what tests/nodes.py needs for namespaced nodes joined by a bridge: iproute2 (ip)
+# and util-linux (nsenter, unshare, setpriv).
 #
 # Idempotent: exits at once when every binary is already there. Otherwise it
 # runs apt-get update and a non-interactive apt-get install. It never starts
@@ -11,8 +13,8 @@
 # must be given it). Run as root.
 set -eu
 
-PACKAGES="openssh-server openssh-client sshfs fuse3"
-BINARIES="sshd ssh ssh-keygen sshfs fusermount3"
+PACKAGES="openssh-server openssh-client sshfs fuse3 iproute2 util-linux"
+BINARIES="sshd ssh ssh-keygen sshfs fusermount3 ip nsenter unshare setpriv"
 
 missing() {
     for bin in $BINARIES; do

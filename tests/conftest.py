@@ -1,18 +1,35 @@
-"""Fixtures only; the helpers the tests share are in helpers.py."""
+"""Fixtures only; the helpers the tests share are in helpers.py. (pyproject's pytest ``pythonpath``
+puts this checkout's scripts/ and tests/ first.)"""
 
 from __future__ import annotations
 
-import os
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
 
-# The package from this checkout's scripts/ (not an installed copy), and tests/ for helpers.py.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import containers
+from helpers import unavailable
+from nodes import TwoNodes
+from nodes import missing as nodes_missing
 from slurm_cluster import SlurmCluster, missing_binaries
+from sshfs_mount import SshfsMount, missing_requirements
+
+#: A test that uses one of these is marked ``slow``: it needs a daemon, a mount or a container, or
+#: shares a module's cache that takes seconds to compile (the first user pays for it).
+SLOW_FIXTURES = frozenset({
+    "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
+    "unbound_dir", "mounts", "private_tmpfs",
+    "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES` (the tests that take
+    more than 2 s without one carry the mark themselves)."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -20,9 +37,13 @@ def cache_root(tmp_path: Path) -> Path:
     return tmp_path / "cache root"  # a space, on purpose: paths must be quoted everywhere
 
 
+# --- real SLURM clusters (tests/slurm_cluster.py) and namespaced nodes (tests/nodes.py) ------
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A running single-node SLURM cluster with fake ``gpu:h100:1`` and ``gpu:a100:1``.
+    """A running single-node SLURM cluster on this machine with fake ``gpu:h100:1`` and
+    ``gpu:a100:1``.
 
     ``SLURM_CONF`` is exported into os.environ for the session so that sbatch and
     ``snakemake --executor slurm`` reach it. Without the SLURM binaries the tests skip on a
@@ -30,18 +51,38 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     """
     missing = missing_binaries()
     if missing:
-        message = f"the SLURM test cluster needs {', '.join(missing)} (run .ci/install-slurm.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"the SLURM test cluster needs {', '.join(missing)} (run .ci/install-slurm.sh)")
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         cluster.activate()
         yield cluster
 
 
-# --- a real network filesystem: sshfs over loopback (tests/sshfs_mount.py) ---------------
+@pytest.fixture(scope="session")
+def two_nodes():
+    """Nodes ``a`` and ``b`` (plus ``head`` and ``storage``), each in its own network, UTS and
+    mount namespace, with one sshfs share at the same path on each (tests/nodes.py says how to
+    use them). Skips on a developer's machine that lacks what they need; fails under CI."""
+    missing = nodes_missing()
+    if missing:
+        unavailable(f"two namespaced nodes need {', '.join(missing)} (run .ci/install-sshfs.sh as root)")
+    with TwoNodes() as nodes:
+        yield nodes
 
-from sshfs_mount import SshfsMount, missing_requirements  # noqa: E402
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes(two_nodes: TwoNodes):
+    """A SLURM cluster on ``two_nodes``: slurmctld on ``head``, slurmd on ``a`` and ``b``
+    (NodeNames ``gcnode-a`` and ``gcnode-b``, each with fake ``gpu:h100:1`` and ``gpu:a100:1``).
+    Submit from the head (``cluster.sbatch``, ``cluster.run``)."""
+    missing = missing_binaries()
+    if missing:
+        unavailable(f"the SLURM test cluster needs {', '.join(missing)} (run .ci/install-slurm.sh)")
+    with SlurmCluster(two_nodes.workdir / "slurm", head=two_nodes.head,
+                      nodes=[two_nodes.a, two_nodes.b]) as cluster:
+        yield cluster
+
+
+# --- a real network filesystem: sshfs over loopback (tests/sshfs_mount.py) ---------------
 
 
 @pytest.fixture
@@ -51,10 +92,7 @@ def sshfs_mount(tmp_path: Path):
     sshd/sshfs/``/dev/fuse``/root; fails under CI (where .ci/install-sshfs.sh installs them)."""
     missing = missing_requirements()
     if missing:
-        message = f"the sshfs tests need {', '.join(missing)} (run .ci/install-sshfs.sh as root)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"the sshfs tests need {', '.join(missing)} (run .ci/install-sshfs.sh as root)")
     with SshfsMount(tmp_path / "sshfs") as share:
         yield share
 
@@ -66,8 +104,6 @@ def sshfs_root(sshfs_mount: SshfsMount) -> Path:
 
 
 # --- container roots and the apptainer stand-in (tests/containers.py, tests/bin/apptainer) ---
-
-import containers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -81,17 +117,13 @@ def container_root() -> containers.ContainerRoot:
     """
     root, problem = containers.find_root()
     if root is None:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
+        unavailable(problem)
     return root
 
 
 @pytest.fixture
 def unbound_dir():
     """A new host folder that containers do not see unless it is bound; removed afterwards."""
-    import shutil
-
     path = containers.unbound_host_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -1,41 +1,40 @@
-"""A real, throw-away, single-node SLURM cluster for tests.
+"""A real, throw-away SLURM cluster for tests: on this machine, or on namespaced nodes.
 
-``SlurmCluster`` starts, as plain child processes (no systemd), every daemon a
-small SLURM 22.05 installation on Debian 12 needs:
+``SlurmCluster`` starts, on the harness of tests/daemons.py (plain child processes, no
+systemd), every daemon a small SLURM 22.05 installation on Debian 12 needs:
 
-* ``munged`` (as the ``munge`` user, with a key it creates if missing),
-* ``mariadbd`` (as root, data directory created with ``mariadb-install-db``),
-* ``slurmdbd`` (so that ``sacct`` works and the Snakemake SLURM executor
-  plugin, which polls ``sacct``, never hangs),
-* ``slurmctld`` and ``slurmd`` (as root, ``proctrack/linuxproc``,
-  ``task/none``, no ``cgroup.conf``).
+* ``munged`` on every node (as the ``munge`` user, one key for all, created if missing),
+* ``mariadbd`` on the head (as root, data folder made with ``mariadb-install-db``),
+* ``slurmdbd`` on the head (so that ``sacct`` works and the Snakemake SLURM executor plugin,
+  which polls ``sacct``, never hangs),
+* ``slurmctld`` on the head and ``slurmd`` on every compute node (as root,
+  ``proctrack/linuxproc``, ``task/none``, no ``cgroup.conf``).
 
-The one node carries fake GPUs of several types (default ``gpu:h100:1`` and
-``gpu:a100:1``): ``gres.conf`` uses ``AutoDetect=off`` and ``File=`` points at
-character devices made with ``mknod c 1 3`` (the same as ``/dev/null``) in the
-work directory, so jobs that ask for ``--gres=gpu:h100:1`` get
-``CUDA_VISIBLE_DEVICES``.
+By default the head and the one compute node are this machine (:data:`daemons.HOST`), on
+127.0.0.1 and free ports. With ``head=`` and ``nodes=`` namespaced nodes (see
+:class:`nodes.TwoNodes`), each daemon runs on its node, on the standard ports of the node's
+own address; every node sees the one configuration at the same path, and its own munged's
+socket at the same path (the node's runtime folder bound there), as on a real cluster.
 
-All configuration, state, logs and pid files live in the given work directory,
-except for a short runtime directory under ``/tmp`` that holds the munge and
-MariaDB sockets (UNIX socket paths are limited to 107 bytes and ``munged``
-must be able to traverse to its socket as the ``munge`` user, which pytest's
-``0700`` temp directories do not allow). Clients find the cluster through the
-``SLURM_CONF`` environment variable: use :attr:`SlurmCluster.env`, or
-:meth:`SlurmCluster.activate` to put it into ``os.environ``.
+Each compute node carries fake GPUs of several types (default ``gpu:h100:1`` and
+``gpu:a100:1``): ``gres.conf`` uses ``AutoDetect=off`` and ``File=`` points at character
+devices made with ``mknod c 1 3`` (the same as ``/dev/null``) in the work folder, so jobs that
+ask for ``--gres=gpu:h100:1`` get ``CUDA_VISIBLE_DEVICES``.
 
-Outside the work directory the cluster touches only: its runtime directory
-``/tmp/gcslurm-*`` (removed by ``stop()``), and the symlink
-``/run/slurm/conf`` -> ``<workdir>/etc`` (see ``link_default_conf``; removed
-by ``stop()``), which ``srun`` inside Snakemake SLURM jobs needs because the
-plugin's job step drops ``SLURM_CONF``.
+Configuration, state, logs and the database live in the work folder (on namespaced nodes it
+must not be under ``/tmp``, which each node has of its own); munge's sockets and the record in
+a runtime folder under ``daemons.RUNTIME_BASE``. Clients find the cluster through
+``SLURM_CONF``: use :attr:`SlurmCluster.env`, or :meth:`SlurmCluster.activate`; on namespaced
+nodes run them on the head (:meth:`SlurmCluster.run`, ``cluster.head.run``). The plugin's job
+step (``slurm-jobstep``) drops ``SLURM_CONF`` before it calls ``srun``, which then looks at a
+default path: on this machine ``SlurmCluster`` links ``/run/slurm/conf`` to its configuration
+(``link_default_conf``; removed by ``stop()``); on a namespaced node it binds its
+configuration folder onto ``/etc/slurm`` there.
 
-:meth:`SlurmCluster.stop` kills every process it started (daemons, then any
-job process that still references the cluster), then checks that none
-survived. :meth:`SlurmCluster.start` first kills leftovers: a previous
-cluster in the same work directory, and orphaned clusters anywhere whose
-owning process died without ``stop()`` (recorded in
-``/tmp/gcslurm-*/cluster.json`` with the owner's pid and start time).
+:meth:`SlurmCluster.stop` kills every process it started (daemons, then any job process that
+still references the cluster), then checks that none survived. :meth:`SlurmCluster.start`
+first sweeps leftovers (tests/daemons.py): a previous cluster in the same work folder, and
+clusters anywhere whose owner died without ``stop()``.
 
 Usage::
 
@@ -43,29 +42,39 @@ Usage::
         job_id = cluster.sbatch("#!/bin/sh\\necho $CUDA_VISIBLE_DEVICES", "--gres=gpu:h100:1")
         cluster.wait_job(job_id)
 
-Run ``python tests/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C or
-SIGTERM stops it).
+Run ``python tests/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C or SIGTERM stops
+it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+
+from daemons import (
+    HOST,
+    Daemons,
+    Node,
+    free_port,
+    listening,
+    live_record_for,
+    pid_alive,
+    processes_referencing,
+    terminate,
+    unmount,
+    which,
+)
 
 __all__ = [
     "SLURM_BINARIES",
@@ -93,11 +102,12 @@ SLURM_BINARIES: tuple[str, ...] = (
     "scancel",
 )
 
-_SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
-
 #: Where SLURM clients look for a configuration when ``SLURM_CONF`` is unset and
 #: ``/etc/slurm/slurm.conf`` does not exist (slurmd's "configless" cache).
 DEFAULT_CONF_LINK = Path("/run/slurm/conf")
+
+#: The daemons' ports on a namespaced node (its network is ours alone).
+_STANDARD_PORTS = {"slurmctld": 6817, "slurmd": 6818, "slurmdbd": 6819, "mysql": 3306}
 
 # Job states after which a job never runs again.
 _FINAL_STATES = frozenset(
@@ -119,129 +129,32 @@ class SlurmClusterError(RuntimeError):
     """A daemon did not start, or a cluster operation failed (message has the log tails)."""
 
 
-def _which(name: str) -> str | None:
-    """Find ``name`` on PATH or in the sbin directories (root's PATH may lack them)."""
-    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(_SBIN_DIRS)
-    return shutil.which(name, path=path)
-
-
 def missing_binaries() -> list[str]:
     """Return the names in :data:`SLURM_BINARIES` that are not installed."""
-    return [name for name in SLURM_BINARIES if _which(name) is None]
-
-
-def _free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def processes_referencing(marker: str) -> list[int]:
-    """Pids whose command line or environment mention ``marker``.
-
-    Never this process or its ancestors (a shell that exported
-    ``SLURM_CONF`` for this cluster must survive).
-    """
-    spared = _ancestors(os.getpid())
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in spared:
-            continue
-        pid = int(entry)
-        if not pid_alive(pid):
-            continue
-        text = _cmdline(pid)
-        if marker not in text:
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if f"SLURM_CONF={marker}" not in environ:
-                continue
-        found.append(pid)
-    return found
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _owner_alive(record: Mapping[str, object]) -> bool:
-    """True if the process that started a recorded cluster still runs."""
-    owner = record.get("owner")
-    if not isinstance(owner, int) or not pid_alive(owner):
-        return False
-    return record.get("owner_start") in (None, _start_time(owner))
-
-
-def _ancestors(pid: int) -> set[int]:
-    """``pid`` and all its parents up to init."""
-    chain = {pid}
-    while pid > 1:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-        chain.add(pid)
-    return chain
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"  ({path} does not exist)"
-    return "\n".join("  " + line for line in text.splitlines()[-lines:])
+    return [name for name in SLURM_BINARIES if which(name) is None]
 
 
 class SlurmCluster:
-    """A single-node SLURM cluster with slurmdbd accounting and fake typed GPUs.
+    """A SLURM cluster with slurmdbd accounting and fake typed GPUs.
 
     Args:
-        workdir: directory for configuration, state, logs and fake devices
-            (created if missing; leftovers of a previous run there are cleaned up).
-        gpus: GPU type -> count on the node, e.g. ``{"h100": 1, "a100": 1}``.
-        cpus: CPUs the node claims to have. May exceed the real core count
-            (``SlurmdParameters=config_overrides``), so several small jobs run
-            at once on a 2-core machine.
-        real_memory_mb: memory the node claims to have.
+        workdir: folder for configuration, state, logs and fake devices (created if missing;
+            leftovers of a previous run there are cleaned up).
+        gpus: GPU type -> count on each compute node, e.g. ``{"h100": 1, "a100": 1}``.
+        cpus: CPUs each node claims to have. May exceed the real core count
+            (``SlurmdParameters=config_overrides``), so several small jobs run at once on a
+            2-core machine.
+        real_memory_mb: memory each node claims to have.
         partition: name of the (default) partition.
         cluster_name: ``ClusterName`` in slurm.conf and in the accounting DB.
         min_job_age: ``MinJobAge`` (seconds a finished job stays in slurmctld).
-        start_timeout: seconds to wait for each daemon / for the node to be idle.
-        link_default_conf: while running, make :data:`DEFAULT_CONF_LINK`
-            (``/run/slurm/conf``) a symlink to this cluster's configuration
-            directory, unless something else is there. Needed for the
-            Snakemake SLURM plugin: its job step (``slurm-jobstep``) removes
-            every ``SLURM_*`` variable, ``SLURM_CONF`` included, before it
-            calls ``srun`` inside the job, so ``srun`` must find the
-            configuration at a default path. ``/etc/slurm/slurm.conf``, if it
-            exists, takes precedence over the link.
+        start_timeout: seconds to wait for each daemon / for the nodes to be idle.
+        link_default_conf: on this machine, while running, make :data:`DEFAULT_CONF_LINK`
+            (``/run/slurm/conf``) a symlink to this cluster's configuration folder, unless
+            something else is there. ``srun`` inside Snakemake SLURM jobs needs it (see the
+            module's docstring). ``/etc/slurm/slurm.conf``, if it exists, takes precedence.
+        head: the node of slurmctld, slurmdbd and MariaDB, where clients run.
+        nodes: the compute nodes (one slurmd each; NodeName is the node's hostname).
     """
 
     def __init__(
@@ -256,6 +169,8 @@ class SlurmCluster:
         min_job_age: int = 600,
         start_timeout: float = 60.0,
         link_default_conf: bool = True,
+        head: Node = HOST,
+        nodes: Sequence[Node] = (HOST,),
     ) -> None:
         self.workdir: Path = Path(workdir).absolute()
         self.gpus: dict[str, int] = dict(gpus if gpus is not None else {"h100": 1, "a100": 1})
@@ -265,24 +180,39 @@ class SlurmCluster:
         self.cluster_name = cluster_name
         self.min_job_age = min_job_age
         self.start_timeout = start_timeout
-        self.nodename: str = socket.gethostname().split(".")[0]
+        self.head = head
+        self.nodes: list[Node] = list(nodes)
+        #: The NodeName of each compute node, in order.
+        self.nodenames: list[str] = [node.hostname for node in self.nodes]
+        self.nodename: str = self.nodenames[0]
         self.conf_dir: Path = self.workdir / "etc"
         self.log_dir: Path = self.workdir / "log"
         self.run_dir: Path = self.workdir / "run"
         self.dev_dir: Path = self.workdir / "dev"
         self.slurm_conf: Path = self.conf_dir / "slurm.conf"
-        self.runtime_dir: Path | None = None
         self.ports: dict[str, int] = {}
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._log_handles: list[IO[bytes]] = []
+        self._daemons = Daemons("slurm", self.workdir, log_dir=self.log_dir, error=SlurmClusterError,
+                                start_timeout=start_timeout)
+        self._binds: list[tuple[Node, str]] = []  # mounts made on namespaced nodes
         self._old_slurm_conf: str | None = None
         self._activated = False
         self.start_seconds: float | None = None
-        self.link_default_conf = link_default_conf
+        self.link_default_conf = link_default_conf and head is HOST
         #: True while :data:`DEFAULT_CONF_LINK` points at this cluster's configuration.
         self.default_conf_linked = False
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def runtime_dir(self) -> Path | None:
+        """The runtime folder (munge's sockets, the record) while the cluster runs."""
+        return self._daemons.runtime_dir
+
+    @property
+    def munge_dir(self) -> Path:
+        """munged's folder, at the same path on every node."""
+        assert self.runtime_dir is not None
+        return self.runtime_dir / "munge"
 
     @property
     def env(self) -> dict[str, str]:
@@ -294,11 +224,12 @@ class SlurmCluster:
     @property
     def running(self) -> bool:
         """True while every started daemon is alive."""
-        return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
+        procs = self._daemons.procs
+        return bool(procs) and all(p.poll() is None for p in procs.values())
 
     def pids(self) -> dict[str, int]:
         """Daemon name -> pid of the processes this object started."""
-        return {name: proc.pid for name, proc in self._procs.items()}
+        return {name: proc.pid for name, proc in self._daemons.procs.items()}
 
     def activate(self) -> None:
         """Set ``SLURM_CONF`` in ``os.environ`` (undone by :meth:`stop`)."""
@@ -308,7 +239,7 @@ class SlurmCluster:
             self._activated = True
 
     def start(self) -> SlurmCluster:
-        """Start all daemons and wait until the node is idle. Returns ``self``.
+        """Start all daemons and wait until every node is idle. Returns ``self``.
 
         Raises:
             SlurmClusterError: a binary is missing or a daemon did not come up
@@ -318,9 +249,14 @@ class SlurmCluster:
         missing = missing_binaries()
         if missing:
             raise SlurmClusterError(f"SLURM binaries not installed: {', '.join(missing)}")
+        hidden = [node.name for node in (self.head, *self.nodes) if not node.sees(self.workdir)]
+        if hidden:
+            raise SlurmClusterError(f"{self.workdir} is a folder of its own on {', '.join(hidden)}: "
+                                    "give a work folder every node sees")
         t0 = time.monotonic()
         try:
-            self._cleanup_stale()
+            self._daemons.open()
+            self._daemons.note("markers", str(self.workdir))  # job processes mention it
             self._prepare_dirs()
             self._write_configs()
             self._link_default_conf()
@@ -329,7 +265,7 @@ class SlurmCluster:
             self._start_slurmdbd()
             self._start_slurmctld()
             self._start_slurmd()
-            self._wait_node_idle()
+            self._wait_nodes_idle()
         except BaseException:
             self.stop()
             raise
@@ -343,29 +279,20 @@ class SlurmCluster:
         process could not be killed.
         """
         # Cancel jobs so that slurmd has no job processes left behind.
-        if self._procs.get("slurmctld") and self._procs["slurmctld"].poll() is None:
-            subprocess.run(
-                ["scancel", "--full", "--quiet", f"--partition={self.partition}"],
-                env=self.env, capture_output=True, timeout=10, check=False,
-            )
-        survivors: list[str] = []
+        ctld = self._daemons.procs.get(self._name("slurmctld", self.head))
+        if ctld is not None and ctld.poll() is None:
+            self.head.run(["scancel", "--full", "--quiet", f"--partition={self.partition}"],
+                          env=self.env, timeout=10)
         # Reverse start order: slurmd, slurmctld, slurmdbd, mariadbd, munged.
-        for name in reversed(list(self._procs)):
-            proc = self._procs[name]
-            if not self._terminate(proc.pid, proc):
-                survivors.append(f"{name} (pid {proc.pid})")
-        self._procs.clear()
-        # Any job processes (slurmstepd and children) reference our config dir.
+        survivors = self._daemons.stop()
+        # Any job processes (slurmstepd and children) reference our configuration folder.
         for pid in processes_referencing(str(self.workdir)):
-            if not self._terminate(pid):
-                survivors.append(f"{_cmdline(pid)} (pid {pid})")
-        for fh in self._log_handles:
-            try:
-                fh.close()
-            except OSError:
-                pass
-        self._log_handles.clear()
-        (self.workdir / "pids.json").unlink(missing_ok=True)
+            if not terminate(pid):
+                survivors.append(f"{pid}")
+        for node, point in reversed(self._binds):
+            if failure := unmount(node, point):
+                survivors.append(f"the mount on {point} on {node.name}: {failure}")
+        self._binds.clear()
         if self.default_conf_linked:
             try:
                 if DEFAULT_CONF_LINK.is_symlink() and Path(os.readlink(DEFAULT_CONF_LINK)) == self.conf_dir:
@@ -373,9 +300,7 @@ class SlurmCluster:
             except OSError:
                 pass
             self.default_conf_linked = False
-        if self.runtime_dir is not None:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
-            self.runtime_dir = None
+        self._daemons.close()
         if self._activated:
             if self._old_slurm_conf is None:
                 os.environ.pop("SLURM_CONF", None)
@@ -399,19 +324,14 @@ class SlurmCluster:
     def run(
         self, args: Sequence[str], *, check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run a SLURM client command (e.g. ``["sinfo", "-N"]``) against this cluster."""
-        return subprocess.run(
-            list(args), env=self.env, capture_output=True, text=True,
-            timeout=timeout, check=check,
-        )
+        """Run a SLURM client command (e.g. ``["sinfo", "-N"]``) on the head."""
+        return self.head.run(list(args), env=self.env, timeout=timeout, check=check)
 
     def sbatch(self, script: str, *args: str, cwd: str | os.PathLike[str] | None = None) -> int:
-        """Submit ``script`` (text with a ``#!`` line) with extra sbatch ``args``; return the job id."""
-        proc = subprocess.run(
-            ["sbatch", "--parsable", *args], input=script, env=self.env,
-            capture_output=True, text=True, timeout=30,
-            cwd=cwd if cwd is not None else self.workdir, check=False,
-        )
+        """Submit ``script`` (text with a ``#!`` line) with extra sbatch ``args`` from the head;
+        return the job id."""
+        proc = self.head.run(["sbatch", "--parsable", *args], input=script, env=self.env, timeout=30,
+                             cwd=cwd if cwd is not None else self.workdir)
         if proc.returncode != 0:
             raise SlurmClusterError(f"sbatch {' '.join(args)} failed: {proc.stderr.strip()}")
         return int(proc.stdout.strip().split(";")[0])
@@ -474,111 +394,58 @@ class SlurmCluster:
 
     def logs(self, lines: int = 25) -> str:
         """Tails of all daemon logs, for error messages."""
-        parts = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            parts.append(f"--- {path.name}\n{_tail(path, lines)}")
-        return "\n".join(parts)
+        munge = [self._munge_source(node) for node in self._all_nodes()] if self.runtime_dir else []
+        return self._daemons.logs(lines, folders=munge)
 
     # ----------------------------------------------------------------- internals
 
-    def _cleanup_stale(self) -> None:
-        """Kill what a previous run left behind; drop old state.
+    @staticmethod
+    def _name(daemon: str, node: Node) -> str:
+        """A daemon's name: plain on this machine, with its node's name on a namespaced node."""
+        return daemon if node is HOST else f"{daemon}-{node.name}"
 
-        Two kinds of leftovers: a previous cluster in this work directory
-        (whatever its owner), and orphans anywhere: clusters whose owning
-        process died without ``stop()`` (e.g. a SIGKILLed pytest), found
-        through the ``cluster.json`` record in their ``/tmp/gcslurm-*`` runtime
-        directory.
-        """
-        records: list[dict[str, object]] = []
-        own = self.workdir / "pids.json"
-        for path in [own, *Path(tempfile.gettempdir()).glob("gcslurm-*/cluster.json")]:
-            try:
-                data = json.loads(path.read_text())
-            except (ValueError, OSError):
-                continue
-            if not isinstance(data, dict):
-                continue
-            if path == own or data.get("workdir") == str(self.workdir) or not _owner_alive(data):
-                records.append(data)
-        for data in records:
-            self._kill_recorded(data)
-        own.unlink(missing_ok=True)
+    def _all_nodes(self) -> list[Node]:
+        """The head, then every compute node, each once."""
+        return list(dict.fromkeys([self.head, *self.nodes]))
+
+    def _prepare_dirs(self) -> None:
         # Old state (job ids, node state, database, pid files) must not leak in.
         for sub in ("etc", "log", "run", "dev", "state", "spool", "mysql"):
             shutil.rmtree(self.workdir / sub, ignore_errors=True)
-
-    def _kill_recorded(self, data: Mapping[str, object]) -> None:
-        """Kill the daemons (and job processes) of a recorded cluster, remove its runtime dir."""
-        workdir = str(data.get("workdir") or "")
-        runtime = str(data.get("runtime_dir") or "")
-        markers = [m for m in (workdir, runtime) if m]
-        if not markers:
-            return
-        pids = data.get("pids")
-        if isinstance(pids, dict):
-            for pid in pids.values():
-                if pid_alive(int(pid)) and any(m in _cmdline(int(pid)) for m in markers):
-                    self._terminate(int(pid))
-        for marker in markers:
-            for pid in processes_referencing(marker):
-                self._terminate(pid)
-        if runtime.startswith(tempfile.gettempdir() + "/gcslurm-"):
-            shutil.rmtree(runtime, ignore_errors=True)
-        if workdir:
-            Path(workdir, "pids.json").unlink(missing_ok=True)
-            try:
-                ours = str(Path(workdir, "etc"))
-                if DEFAULT_CONF_LINK.is_symlink() and os.readlink(DEFAULT_CONF_LINK) == ours:
-                    DEFAULT_CONF_LINK.unlink()
-            except OSError:
-                pass
-
-    def _prepare_dirs(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
         for path in (self.conf_dir, self.log_dir, self.run_dir, self.dev_dir,
                      self.workdir / "state", self.workdir / "spool"):
             path.mkdir(parents=True, exist_ok=True)
-        self.runtime_dir = Path(tempfile.mkdtemp(prefix="gcslurm-", dir=tempfile.gettempdir()))
-        self.runtime_dir.chmod(0o755)
-        munge_dir = self.runtime_dir / "munge"
-        munge_dir.mkdir()
-        munge_dir.chmod(0o755)  # munged requires o+x on its socket directory
         munge = pwd.getpwnam("munge")
-        os.chown(munge_dir, munge.pw_uid, munge.pw_gid)
+        for node in self._all_nodes():
+            folder = self._munge_source(node)
+            folder.mkdir(exist_ok=True)
+            folder.chmod(0o755)  # munged requires o+x on its socket folder
+            os.chown(folder, munge.pw_uid, munge.pw_gid)
         for name in ("slurmctld", "slurmd", "slurmdbd", "mysql"):
-            self.ports[name] = _free_port()
-        self._save_record()
+            self.ports[name] = free_port() if self.head is HOST else _STANDARD_PORTS[name]
 
-    def _save_record(self) -> None:
-        """Write what :meth:`_cleanup_stale` of a later run needs if we never stop."""
-        me = os.getpid()
-        record = json.dumps({
-            "owner": me,
-            "owner_start": _start_time(me),
-            "workdir": str(self.workdir),
-            "runtime_dir": str(self.runtime_dir) if self.runtime_dir else None,
-            "pids": self.pids(),
-        })
-        (self.workdir / "pids.json").write_text(record)
-        if self.runtime_dir is not None:
-            (self.runtime_dir / "cluster.json").write_text(record)
+    def _munge_source(self, node: Node) -> Path:
+        """The host folder of ``node``'s munged (bound onto :attr:`munge_dir` on the node)."""
+        return self.munge_dir if node is HOST else self.munge_dir.with_name(f"munge-{node.name}")
+
+    def _bind(self, node: Node, source: Path | str, target: Path | str) -> None:
+        result = node.run(["mount", "--bind", str(source), str(target)], timeout=30)
+        if result.returncode != 0:
+            raise SlurmClusterError(f"mount --bind {source} {target} on {node.name}: {result.stderr.strip()}")
+        self._binds.append((node, str(target)))
 
     def _link_default_conf(self) -> None:
-        """Point /run/slurm/conf at our configuration (see ``link_default_conf``)."""
+        """Point /run/slurm/conf at our configuration (see ``link_default_conf``); on a
+        namespaced node bind it onto /etc/slurm."""
+        for node in self._all_nodes():
+            if node is not HOST and Path("/etc/slurm").is_dir():
+                self._bind(node, self.conf_dir, "/etc/slurm")
         if not self.link_default_conf:
             return
         link = DEFAULT_CONF_LINK
         if link.is_symlink():
             target = Path(os.readlink(link))
-            record = target.parent / "pids.json"
-            live = False
-            if target.exists() and record.exists():
-                try:
-                    live = _owner_alive(json.loads(record.read_text()))
-                except (ValueError, OSError):
-                    live = False
-            if live and target != self.conf_dir:
+            if target != self.conf_dir and target.exists() and live_record_for(target.parent):
                 return  # another running cluster owns it; leave it alone
             link.unlink()  # stale link of a previous run
         elif link.exists():
@@ -592,13 +459,15 @@ class SlurmCluster:
         link.symlink_to(self.conf_dir, target_is_directory=True)
         self.default_conf_linked = True
 
-    def _gpu_devices(self) -> list[tuple[str, Path]]:
-        """(type, device path) for every fake GPU; creates the character devices."""
+    def _gpu_devices(self, node: Node) -> list[tuple[str, Path]]:
+        """(type, device path) for every fake GPU of ``node``; creates the character devices."""
         devices = []
+        folder = self.dev_dir / node.hostname
+        folder.mkdir(parents=True, exist_ok=True)
         index = 0
         for gpu_type, count in self.gpus.items():
             for _ in range(count):
-                dev = self.dev_dir / f"nvidia{index}"
+                dev = folder / f"nvidia{index}"
                 if not dev.exists():
                     os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # S_IFCHR, like /dev/null
                 devices.append((gpu_type, dev))
@@ -606,18 +475,18 @@ class SlurmCluster:
         return devices
 
     def _write_configs(self) -> None:
-        assert self.runtime_dir is not None
         w = self.workdir
-        munge_socket = self.runtime_dir / "munge" / "munge.socket.2"
-        devices = self._gpu_devices()
+        head = self.head
+        munge_socket = self.munge_dir / "munge.socket.2"
         gres = ",".join(f"gpu:{t}:{n}" for t, n in self.gpus.items() if n > 0)
         tres = ",".join(["gres/gpu"] + [f"gres/gpu:{t}" for t in self.gpus])
-        node = (f"NodeName={self.nodename} NodeAddr=127.0.0.1 CPUs={self.cpus} "
-                f"RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN")
+        nodes = "\n".join(f"NodeName={node.hostname} NodeAddr={node.address} CPUs={self.cpus} "
+                          f"RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN"
+                          for node in self.nodes)
         slurm_conf = f"""\
-# Written by tests/slurm_cluster.py; single node, everything as root.
+# Written by tests/slurm_cluster.py; everything as root.
 ClusterName={self.cluster_name}
-SlurmctldHost={self.nodename}(127.0.0.1)
+SlurmctldHost={head.hostname}({head.address})
 SlurmctldPort={self.ports['slurmctld']}
 SlurmdPort={self.ports['slurmd']}
 SlurmUser=root
@@ -630,7 +499,7 @@ SlurmdSpoolDir={w}/spool/slurmd-%n
 SlurmctldPidFile={self.run_dir}/slurmctld.pid
 SlurmdPidFile={self.run_dir}/slurmd-%n.pid
 SlurmctldLogFile={self.log_dir}/slurmctld.log
-SlurmdLogFile={self.log_dir}/slurmd.log
+SlurmdLogFile={self.log_dir}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -653,19 +522,20 @@ SlurmdTimeout=60
 MessageTimeout=20
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
+AccountingStorageHost={head.address}
 AccountingStoragePort={self.ports['slurmdbd']}
 AccountingStorageTRES={tres}
 # For the slurmdbd connection the munge socket comes from AccountingStoragePass, not AuthInfo.
 AccountingStoragePass={munge_socket}
 MailProg=/bin/true
 JobCompType=jobcomp/none
-{node}
-PartitionName={self.partition} Nodes={self.nodename} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName={self.partition} Nodes={",".join(self.nodenames)} Default=YES MaxTime=INFINITE State=UP
 """
         self.slurm_conf.write_text(slurm_conf)
         gres_lines = ["AutoDetect=off"] + [
-            f"NodeName={self.nodename} Name=gpu Type={t} File={dev}" for t, dev in devices
+            f"NodeName={node.hostname} Name=gpu Type={t} File={dev}"
+            for node in self.nodes for t, dev in self._gpu_devices(node)
         ]
         (self.conf_dir / "gres.conf").write_text("\n".join(gres_lines) + "\n")
         dbd_conf = self.conf_dir / "slurmdbd.conf"
@@ -673,8 +543,8 @@ PartitionName={self.partition} Nodes={self.nodename} Default=YES MaxTime=INFINIT
             f"""\
 AuthType=auth/munge
 AuthInfo=socket={munge_socket}
-DbdHost=localhost
-DbdAddr=127.0.0.1
+DbdHost={head.hostname}
+DbdAddr={head.address}
 DbdPort={self.ports['slurmdbd']}
 SlurmUser=root
 PidFile={self.run_dir}/slurmdbd.pid
@@ -689,85 +559,49 @@ StorageLoc=slurm_acct_db
         )
         dbd_conf.chmod(0o600)  # slurmdbd refuses a config that others can read
 
-    def _spawn(self, name: str, argv: Sequence[str], *, user: str | None = None) -> subprocess.Popen[bytes]:
-        """Start a daemon in the foreground as a child in its own session."""
-        binary = _which(argv[0])
-        if binary is None:
-            raise SlurmClusterError(f"{argv[0]} not installed")
-        cmd = [binary, *argv[1:]]
-        uid: int | None = None
-        gid: int | None = None
-        groups: list[int] | None = None
-        if user is not None:  # a direct child (not under runuser), so that we can reap it
-            entry = pwd.getpwnam(user)
-            uid, gid, groups = entry.pw_uid, entry.pw_gid, []
-        out = open(self.log_dir / f"{name}.stdout.log", "ab")  # noqa: SIM115 - closed by stop()
-        self._log_handles.append(out)
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=self.env, cwd=self.workdir, start_new_session=True,
-            user=uid, group=gid, extra_groups=groups,
-        )
-        self._procs[name] = proc
-        self._save_record()
-        return proc
-
-    def _wait(
-        self, what: str, ready: Callable[[], bool], procs: Sequence[str], timeout: float | None = None
-    ) -> None:
-        """Poll ``ready`` until true; fail early with log tails if a daemon dies."""
-        deadline = time.monotonic() + (timeout or self.start_timeout)
-        while True:
-            for name in procs:
-                proc = self._procs[name]
-                if proc.poll() is not None:
-                    raise SlurmClusterError(
-                        f"{name} exited with code {proc.returncode} while waiting for {what}\n{self.logs()}"
-                    )
-            try:
-                if ready():
-                    return
-            except (OSError, subprocess.SubprocessError):
-                pass
-            if time.monotonic() > deadline:
-                raise SlurmClusterError(f"timed out waiting for {what}\n{self.logs()}")
-            time.sleep(0.1)
+    def _spawn(self, daemon: str, argv: Sequence[str], node: Node, *, user: str | None = None) -> str:
+        name = self._name(daemon, node)
+        self._daemons.spawn(name, argv, node=node, user=user, env=self.env)
+        return name
 
     def _start_munged(self) -> None:
-        assert self.runtime_dir is not None
-        munge_dir = self.runtime_dir / "munge"
         munge = pwd.getpwnam("munge")
         key = self.workdir / "munge.key"
         if not key.exists():  # 1024 random bytes, as ``mungekey`` writes
             key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o600)
-        run_key = munge_dir / "munge.key"  # munged wants a key owned by the munge user
-        shutil.copyfile(key, run_key)
-        run_key.chmod(0o600)
-        os.chown(run_key, munge.pw_uid, munge.pw_gid)
-        socket_path = munge_dir / "munge.socket.2"
-        self._spawn(
-            "munged",
-            ["munged", "--foreground", f"--socket={socket_path}", f"--key-file={run_key}",
-             f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/munged.seed",
-             f"--log-file={munge_dir}/munged.log", "--num-threads=2"],
-            user="munge",
-        )
-        self._wait("munged socket", socket_path.exists, ["munged"])
+        folder = self.munge_dir  # as every node sees it
+        for node in self._all_nodes():
+            source = self._munge_source(node)
+            run_key = source / "munge.key"  # munged wants a key owned by the munge user
+            shutil.copyfile(key, run_key)
+            run_key.chmod(0o600)
+            os.chown(run_key, munge.pw_uid, munge.pw_gid)
+            if node is not HOST:
+                folder.mkdir(exist_ok=True)
+                self._bind(node, source, folder)
+            name = self._spawn(
+                "munged",
+                ["munged", "--foreground", f"--socket={folder}/munge.socket.2",
+                 f"--key-file={folder}/munge.key", f"--pid-file={folder}/munged.pid",
+                 f"--seed-file={folder}/munged.seed", f"--log-file={folder}/munged.log", "--num-threads=2"],
+                node, user="munge",
+            )
+            socket_path = source / "munge.socket.2"
+            self._daemons.wait(f"munged's socket on {node.name}", socket_path.exists, [name])
 
     def _start_mariadb(self) -> None:
-        assert self.runtime_dir is not None
         datadir = self.workdir / "mysql"
-        init = subprocess.run(
-            [_which("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
+        init = self.head.run(
+            [which("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
              f"--datadir={datadir}", "--user=root", "--auth-root-authentication-method=normal",
              "--skip-test-db"],
-            capture_output=True, text=True, timeout=120, check=False,
+            timeout=120,
         )
         (self.log_dir / "mariadb-install-db.log").write_text(init.stdout + init.stderr)
         if init.returncode != 0:
             raise SlurmClusterError(f"mariadb-install-db failed\n{self.logs()}")
-        self._spawn(
+        name = self._spawn(
             "mariadbd",
             ["mariadbd", "--no-defaults", "--user=root", f"--datadir={datadir}",
              f"--socket={self.runtime_dir}/mysqld.sock", f"--pid-file={self.run_dir}/mariadbd.pid",
@@ -775,63 +609,35 @@ StorageLoc=slurm_acct_db
              f"--port={self.ports['mysql']}", "--skip-grant-tables", "--skip-name-resolve",
              "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0",
              "--innodb-doublewrite=0", "--skip-log-bin"],
+            self.head,
         )
-        self._wait("mariadbd port", lambda: self._port_open(self.ports["mysql"]), ["mariadbd"])
+        self._wait_listening(name, self.ports["mysql"])
+
+    def _wait_listening(self, name: str, port: int) -> None:
+        pid = self._daemons.procs[name].pid
+        self._daemons.wait(f"{name} on port {port}", lambda: listening(pid, port), [name])
 
     def _start_slurmdbd(self) -> None:
-        self._spawn("slurmdbd", ["slurmdbd", "-D"])
-        self._wait("slurmdbd port", lambda: self._port_open(self.ports["slurmdbd"]), ["slurmdbd"])
+        self._wait_listening(self._spawn("slurmdbd", ["slurmdbd", "-D"], self.head), self.ports["slurmdbd"])
 
     def _start_slurmctld(self) -> None:
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
-        self._wait(
+        name = self._spawn("slurmctld", ["slurmctld", "-D", "-i"], self.head)
+        self._daemons.wait(
             "slurmctld to answer",
             lambda: self.run(["scontrol", "ping"], check=False, timeout=10).stdout.count("UP") > 0,
-            ["slurmctld", "slurmdbd"],
+            [name, self._name("slurmdbd", self.head)],
         )
 
     def _start_slurmd(self) -> None:
-        self._spawn("slurmd", ["slurmd", "-D", "-N", self.nodename])
+        for node in self.nodes:
+            self._spawn("slurmd", ["slurmd", "-D", "-N", node.hostname], node)
 
-    def _wait_node_idle(self) -> None:
+    def _wait_nodes_idle(self) -> None:
         def idle() -> bool:
             out = self.run(["sinfo", "-h", "-N", "-o", "%t"], check=False, timeout=10).stdout
-            return out.strip() == "idle"
+            return out.split() == ["idle"] * len(self.nodes)
 
-        self._wait("node to become idle in sinfo", idle, list(self._procs))
-
-    @staticmethod
-    def _port_open(port: int) -> bool:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    @staticmethod
-    def _terminate(pid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 10.0) -> bool:
-        """SIGTERM, wait up to ``grace`` s, then SIGKILL. True if the process is gone."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if proc is not None:
-                    if proc.poll() is not None:
-                        break
-                elif not pid_alive(pid):
-                    break
-                time.sleep(0.05)
-            else:
-                continue
-            break
-        if proc is not None:
-            try:
-                proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-            return proc.poll() is not None
-        return not pid_alive(pid)
+        self._daemons.wait("every node to become idle in sinfo", idle)
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -844,7 +650,7 @@ def _main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     cluster.start()
     print(f"SLURM cluster up in {cluster.start_seconds:.1f} s; export SLURM_CONF={cluster.slurm_conf}")
-    print(cluster.run(["sinfo", "-N", "-O", "NodeList,StateLong,CPUs,Gres"]).stdout, end="")
+    print(cluster.run(["sinfo", "-N", "-O", "NodeList,StateLong,CPUs,Gres"]).stdout, end="", flush=True)
     try:
         signal.pause()
     except KeyboardInterrupt:

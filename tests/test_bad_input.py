@@ -45,6 +45,42 @@ def test_a_bad_config_file_is_one_line_exit_2_and_quick(content, message, tmp_pa
     assert message in one_line_error(result)
 
 
+@pytest.mark.parametrize("content,where", [
+    ("cache_root: /x\nprune\n", "line 3, column 1: could not find expected ':' (while scanning a simple"),
+    ("prune: {max_size: 1G\n", "line 2, column 1: expected ',' or '}', but got '<stream end>'"),
+    ("prune:\n\tmax_size: 1G\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("cache_root: \"x\x01\"\n", "line 1, column 15: unacceptable character #x0001"),
+    ("cache_root: *root\n", "line 1, column 13: found undefined alias 'root'"),
+])
+def test_invalid_yaml_is_one_line_with_file_line_and_column(content, where, tmp_path):
+    """The parser's own message takes 4-5 lines with a copy of the line; ours takes one."""
+    config = tmp_path / "config.yaml"
+    config.write_text(content)
+    line = one_line_error(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "cache")))
+    assert line.startswith(f"gpu-cache: error: config file {config} is not valid YAML: {where}"), line
+
+
+@pytest.mark.parametrize("command", [["env"], ["env", "--json"], ["stats"], ["doctor"],
+                                     ["prune", "--dry-run"], ["warm"]])
+def test_a_config_that_is_a_fifo_or_a_folder_is_refused_at_once(command, tmp_path):
+    """Opening a FIFO to read blocks until someone writes it: each reader of --config checks
+    first and opens without blocking. A link to a real config is followed."""
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    cache = str(tmp_path / "cache")
+    started = time.monotonic()
+    for bad, what in ((fifo, "a FIFO"), (tmp_path, "a folder")):
+        line = one_line_error(run_cli(*command, "--config", str(bad), "--cache-root", cache, timeout=60))
+        assert line == f"gpu-cache: error: config file {bad} is {what}, not a regular file"
+    assert time.monotonic() - started < 30
+    real = tmp_path / "real.yaml"
+    real.write_text("default_workloads: []\nmin_free_space: 1K\n")
+    (tmp_path / "link.yaml").symlink_to(real)
+    if command[0] == "env":
+        result = run_cli(*command, "--config", str(tmp_path / "link.yaml"), "--cache-root", cache, timeout=60)
+        assert result.returncode == 0 and not result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--config-json", "[1]"], "must be a JSON object"),
     (["--config-json", '"text"'], "must be a JSON object"),
@@ -85,6 +121,7 @@ def write_record(folder: Path, name: str, record: object, age_days: float = 0.0)
 ODD_VALUES = ['NaN', '"many"', 'null', '1e999', '-1e999', '[1]', '{"a": 1}', 'true']
 
 
+@pytest.mark.slow
 def test_records_with_odd_values_are_read_as_absent(tmp_path):
     records = tmp_path / "records"
     for number, value in enumerate(ODD_VALUES):
@@ -125,6 +162,7 @@ def test_prune_bounds_the_records_by_age_and_cleans_half_written_ones(tmp_path):
     assert stats["kinds"]["records"]["entries"] == 1
 
 
+@pytest.mark.slow
 def test_stats_on_a_cache_with_names_that_are_not_utf8(tmp_path):
     jax = tmp_path / "jax"
     jax.mkdir()
@@ -147,6 +185,7 @@ rule dump:
 """
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     checkout = tmp_path / "a #b: c"
     shutil.copytree(SCRIPTS, checkout / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
@@ -165,6 +204,7 @@ def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
     assert f"JAX_COMPILATION_CACHE_DIR={tmp_path / 'cache' / 'jax'}" in (work / "env.txt").read_text()
 
 
+@pytest.mark.slow
 def test_install_profile_from_a_non_editable_install(tmp_path):
     target = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",

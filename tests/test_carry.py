@@ -9,6 +9,7 @@ here member by member.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -19,11 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+import test_autotune
 from gpu_cache import carry
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
 from helpers import SMALL, clean_environ, read_json, run_cli
 
@@ -37,6 +41,7 @@ CONFIG = json.dumps({
 })
 OTHER_PYTHON = "/root/.pyenv/versions/3.9.18/bin/python"  # a Python without jax or triton
 HEX = "0" * 64
+TRITON_KEY = "A" * 52
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +96,7 @@ def files_under(path: Path) -> list[str]:
 
 def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
     manifest = manifest_of(archive)
+    jsonschema.validate(manifest, carry.SCHEMA)  # what unpack reads of it
     here = software.identity()
     assert manifest["format"] == carry.FORMAT and manifest["gpu_cache_version"]
     assert manifest["software"]["jax"] == here["jax"] and manifest["software"]["triton"] == here["triton"]
@@ -104,6 +110,7 @@ def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
         assert set(packed) == set(scan(warmed, kind)), kind
         for key, entry in scan(warmed, kind).items():
             assert packed[key]["last_use"] == entry.last_use
+            assert set(packed[key]["sha256"]) == set(packed[key]["files"])
     assert len(manifest["kinds"]["triton"]["entries"]) == 5
     assert manifest["skipped"] == []
 
@@ -202,8 +209,8 @@ def test_existing_newer_entry_is_kept_and_older_one_replaced(archive: Path, tmp_
     result = unpack(archive, root, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["replaced"] == {"jax": 1, "triton": 1}
-    assert report["written"] == {"jax": 0, "triton": 0}
+    assert report["replaced"] == {"jax": 1, "triton": 1, "autotune": 0}
+    assert report["written"] == {"jax": 0, "triton": 0, "autotune": 0}
     assert newer.read_bytes() == b"compiled here later"
     assert older.read_bytes() == original
     assert (kept / "marker").exists() and not (replaced / "marker").exists()
@@ -312,12 +319,24 @@ def special(name: str, kind: bytes, size: int = 0, link: str = "") -> tuple[tarf
     return info, None
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def entry_of(key: str, files: dict[str, bytes], **more: Any) -> dict[str, Any]:
+    """A manifest's entry of these files, with their sizes and digests."""
+    return {"key": key, "files": {n: len(d) for n, d in files.items()},
+            "sha256": {n: sha256(d) for n, d in files.items()}, "last_use": time.time() - 60, **more}
+
+
 def one_entry(size: int = 100) -> Callable[[dict[str, Any]], None]:
-    """A manifest edit: its only entry is one JAX file ``jit_x-000...-cache`` of ``size`` bytes."""
+    """A manifest edit: its only entry is one JAX file ``jit_x-000...-cache`` of ``size`` bytes
+    (``x`` each)."""
     def edit(manifest: dict[str, Any]) -> None:
         key = f"jit_x-{HEX}"
-        entry = {"key": key, "name": "jit_x", "files": {f"{key}-cache": size}, "size": size,
-                 "last_use": time.time() - 60}
+        entry = entry_of(key, {f"{key}-cache": b""}, name="jit_x")
+        entry["files"][f"{key}-cache"] = size
+        entry["sha256"][f"{key}-cache"] = sha256(b"x" * size) if size < 1 << 20 else HEX
         manifest["kinds"] = {"jax": {"entries": [entry]}}
     return edit
 
@@ -327,6 +346,7 @@ JAX_FILE = f"jax/jit_x-{HEX}-cache"
 
 def hostile_cases(outside: Path) -> dict[str, tuple[Callable[[dict[str, Any]], None], list[Any]]]:
     good = regular(JAX_FILE, b"x" * 100)
+    evil_group = json.dumps({"child_paths": {"../../x": "/etc/passwd", "k.json": "k.json"}}).encode()
     return {
         "absolute path": (one_entry(), [good, regular(str(outside / "evil"), b"evil")]),
         "dot-dot": (one_entry(), [good, regular("jax/../../outside/evil", b"evil")]),
@@ -342,15 +362,14 @@ def hostile_cases(outside: Path) -> dict[str, tuple[Callable[[dict[str, Any]], N
         "a file twice": (one_entry(), [good, good]),
         "a file missing": (one_entry(), []),
         "unsafe key in the manifest": (
-            lambda m: m.update(kinds={"jax": {"entries": [{"key": f"../../outside/x-{HEX}",
-                                                           "files": {"evil": 4}, "last_use": 0}]}}),
+            lambda m: m.update(kinds={"jax": {"entries": [entry_of(f"../../outside/x-{HEX}",
+                                                                   {"evil": b"evil"})]}}),
             [regular("jax/evil", b"evil")]),
         "group file naming another path": (
-            lambda m: m.update(kinds={"triton": {"entries": [{
-                "key": "A" * 52, "files": {"__grp__k.json": 60, "k.json": 2}, "last_use": 0}]}}),
-            [regular(f"triton/{'A' * 52}/__grp__k.json",
-                     json.dumps({"child_paths": {"../../x": "/etc/passwd"}}).encode().ljust(60)),
-             regular(f"triton/{'A' * 52}/k.json", b"{}")]),
+            lambda m: m.update(kinds={"triton": {"entries": [entry_of(TRITON_KEY, {
+                "__grp__k.json": evil_group, "k.json": b"{}"})]}}),
+            [regular(f"triton/{TRITON_KEY}/__grp__k.json", evil_group),
+             regular(f"triton/{TRITON_KEY}/k.json", b"{}")]),
     }
 
 
@@ -368,6 +387,30 @@ def test_hostile_archive_is_refused_and_writes_nothing(archive: Path, tmp_path: 
     assert files_under(tmp_path) == sorted(["hostile.tar.gz", "outside"])
 
 
+@pytest.mark.parametrize("file_name", [f"../../jax/jit_x-{HEX}-cache", "sub/k.json", "..", ".k.json"])
+def test_a_triton_file_name_with_a_path_is_refused_by_the_manifest_check(
+        archive: Path, tmp_path: Path, file_name: str) -> None:
+    """A Triton entry whose file is ``../../jax/<key>-cache`` stays inside the root, so the tar
+    filter passes it; carry's own check of the manifest's names must refuse it (#19)."""
+    data = b"\x78\x9c" + b"planted" * 10
+
+    def edit(manifest: dict[str, Any]) -> None:
+        manifest["kinds"] = {"triton": {"entries": [entry_of(TRITON_KEY, {file_name: data})]}}
+
+    hostile = rebuild(archive, tmp_path / "hostile.tar", edit,
+                      [regular(f"triton/{TRITON_KEY}/{file_name}", data)], keep=False)
+    root = tmp_path / "root"
+    (root / "jax").mkdir(parents=True)
+    (root / "jax" / f"jit_y-{HEX}-cache").write_bytes(b"an entry of this cache")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    result = unpack(hostile, root)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "unsafe triton entry" in one_line(result) and "nothing written" in one_line(result)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert files_under(root) == ["jax", f"jax/jit_y-{HEX}-cache"]
+
+
+@pytest.mark.slow
 def test_not_a_gpu_cache_archive_is_a_usage_error(tmp_path: Path) -> None:
     plain = tmp_path / "plain.tar"
     with tarfile.open(plain, "w") as tar:
@@ -389,7 +432,7 @@ def test_pack_selects_by_gpu_type_and_workload(warmed: Path, tmp_path: Path) -> 
     path = tmp_path / "t.tar.xz"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--workload", "triton-kernels", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5}
+    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5, "autotune": 0}
     manifest = manifest_of(path)
     assert manifest["selection"]["workload"] == "triton-kernels"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--gpu-type", "cpu",
@@ -419,7 +462,7 @@ def test_pack_leaves_broken_entries_out(warmed: Path, tmp_path: Path) -> None:
     result = run_cli("pack", str(path), "--cache-root", str(source), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["entries"] == {"jax": 6, "triton": 4}
+    assert report["entries"] == {"jax": 6, "triton": 4, "autotune": 0}
     reasons = {s["key"]: s["reason"] for s in report["skipped"]}
     assert "empty" in reasons[f"jit_empty-{HEX}"] and "truncated" in reasons[f"jit_cut-{'1' * 64}"]
     assert "cubin" in reasons[half.name]
@@ -453,3 +496,362 @@ def test_a_workload_of_your_own_is_told_by_its_script() -> None:
     builtin = carry.workload_matcher(settings, "jax-transformer")
     assert builtin(["/x/gpu_cache/workloads/jax_transformer.py", "--shape", "16"])
     assert not builtin(["/x/gpu_cache/workloads/triton_kernels.py"])
+
+
+# --- damage, hangs and odd input (#21) ------------------------------------------------------
+
+
+def contents(root: Path) -> dict[str, tuple[bytes, float]]:
+    """Every file under ``root``: its bytes and modification time."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime)
+            for p in root.rglob("*") if p.is_file()}
+
+
+def age(root: Path, seconds: float) -> None:
+    """Make every file and folder under ``root`` that much older (its entries then lose to an
+    archive's: unpack replaces them)."""
+    when = time.time() - seconds
+    for path in root.rglob("*"):
+        os.utime(path, (when, when))
+
+
+def of_entry(files: dict[str, tuple[bytes, float]], kind: str, key: str) -> dict[str, tuple[bytes, float]]:
+    """The files of one entry among ``files`` (from :func:`contents`)."""
+    return {name: value for name, value in files.items() if name.startswith(f"{kind}/{key}")}
+
+
+def flip_in_place(archive: Path, members: set[str]) -> None:
+    """Flip a byte in the middle of each of these members' data, as a bad link or disk does:
+    every size and header stays as it was."""
+    with tarfile.open(archive) as tar:
+        offsets = [m.offset_data + m.size // 2 for m in tar.getmembers() if m.name in members]
+    assert len(offsets) == len(members)
+    data = bytearray(archive.read_bytes())
+    for offset in offsets:
+        data[offset] ^= 0xFF
+    archive.write_bytes(bytes(data))
+
+
+def test_damage_in_transit_never_replaces_a_good_entry(warmed: Path, tmp_path: Path) -> None:
+    tar_path = tmp_path / "carry.tar"  # not compressed: nothing but the digests sees the damage
+    assert run_cli("pack", str(tar_path), "--cache-root", str(warmed)).returncode == 0
+    root = tmp_path / "root"
+    assert unpack(tar_path, root).returncode == 0
+    age(root, 30 * 86400)  # the archive's entries are newer: unpack would replace every one
+    entries = manifest_of(tar_path)["kinds"]
+    damaged = {kind: entries[kind]["entries"][::2] for kind in carry.CARRIED}
+    flip_in_place(tar_path, {f"jax/{name}" for e in damaged["jax"] for name in e["files"]}
+                  | {f"triton/{e['key']}/{name}" for e in damaged["triton"] for name in e["files"]
+                     if not name.startswith("__grp__")})  # (a group file is checked on its own)
+    before = contents(root)
+    for dry in (["--dry-run"], []):
+        result = unpack(tar_path, root, "--json", *dry)
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == sum(len(v) for v in damaged.values()), result.stderr
+        assert all("is damaged in the archive" in line and "SHA-256" in line for line in lines)
+        report = json.loads(result.stdout)
+        assert sorted(d["key"] for d in report["damaged"]) == \
+            sorted(e["key"] for items in damaged.values() for e in items)
+        assert report["replaced"] == {k: len(entries[k]["entries"]) - len(damaged[k]) for k in damaged}
+    after = contents(root)
+    for kind in carry.CARRIED:
+        for entry in entries[kind]["entries"]:
+            mine = of_entry(after, kind, entry["key"])
+            if entry in damaged[kind]:  # the good entry here stays, byte for byte and time for time
+                assert mine == of_entry(before, kind, entry["key"])
+            else:  # the archive's, whole
+                assert mine != of_entry(before, kind, entry["key"])
+                assert all(data == (warmed / name).read_bytes() for name, (data, _) in mine.items()
+                           if "__grp__" not in name)
+        assert all(e.problem is None for e in scan(root, kind).values() if e.name != "(trash)")
+    assert not [name for name in after if name not in before]  # nor a temporary file left
+
+
+def replace_member(source: Path, target: Path, name: str, data: bytes) -> Path:
+    """A copy of the archive whose member ``name`` holds ``data`` (of the same size), with the
+    manifest's digest made to match: as packed from a broken file."""
+    with tarfile.open(source) as tar:
+        size = tar.getmember(name).size
+    assert len(data) == size
+
+    def edit(manifest: dict[str, Any]) -> None:
+        for kind in manifest["kinds"].values():
+            for entry in kind["entries"]:
+                for file_name in entry["files"]:
+                    if name in (f"jax/{file_name}", f"triton/{entry['key']}/{file_name}"):
+                        entry["sha256"][file_name] = sha256(data)
+
+    rebuilt = rebuild(source, target, edit)
+    with tarfile.open(rebuilt) as tar:
+        own = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(target, "w:gz", format=tarfile.PAX_FORMAT) as out:
+        for member, content in own:
+            out.addfile(member, io.BytesIO(data if member.name == name else content))
+    return target
+
+
+def test_what_is_written_is_checked_as_the_kind_reads_it(archive: Path, tmp_path: Path) -> None:
+    """A JAX executable that does not decompress, or a Triton kernel whose metadata is not
+    JSON, is not written even where its digest matches (packed broken): the entry here stays."""
+    manifest = manifest_of(archive)
+    jax_entry = manifest["kinds"]["jax"]["entries"][0]
+    jax_member = f"jax/{jax_entry['key']}-cache"
+    kernel = next(e for e in manifest["kinds"]["triton"]["entries"] if e["kind"] == "kernel")
+    metadata = f"triton/{kernel['key']}/{kernel['name']}.json"
+    with tarfile.open(archive) as tar:
+        sizes = {n: tar.getmember(n).size for n in (jax_member, metadata)}
+    zeros = b"\x28\xb5\x2f\xfd" + b"\0" * (sizes[jax_member] - 4)  # a zstd frame of nothing
+    broken = replace_member(archive, tmp_path / "b1.tar.gz", jax_member, zeros)
+    broken = replace_member(broken, tmp_path / "b2.tar.gz", metadata, b"{" * sizes[metadata])
+    root = tmp_path / "root"
+    assert unpack(archive, root).returncode == 0
+    age(root, 30 * 86400)
+    before = contents(root)
+    result = unpack(broken, root, "--json")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and "-cache file" in lines[0] and "is not JSON" in lines[1], lines
+    after = contents(root)
+    assert of_entry(after, "jax", jax_entry["key"]) == of_entry(before, "jax", jax_entry["key"])
+    assert of_entry(after, "triton", kernel["key"]) == of_entry(before, "triton", kernel["key"])
+    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4, "autotune": 0}
+    assert set(after) == set(before)  # no temporary file left
+
+
+def test_a_fifo_never_hangs_pack_or_unpack(archive: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    root = tmp_path / "root"
+    for args in (["unpack", str(fifo)], ["unpack", str(fifo), "--dry-run"],
+                 ["unpack", str(archive), "--config", str(fifo)],
+                 ["pack", str(tmp_path / "x.tar"), "--config", str(fifo)]):
+        result = run_cli(*args, "--cache-root", str(root), timeout=60)
+        assert result.returncode == 2, args
+        assert "is a FIFO" in one_line(result), args
+    assert not root.exists() and not (tmp_path / "x.tar").exists()
+
+
+def odd_manifests() -> dict[str, Callable[[dict[str, Any]], None]]:
+    def first(manifest: dict[str, Any], kind: str = "jax") -> dict[str, Any]:
+        return manifest["kinds"][kind]["entries"][0]
+
+    def size(value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(manifest: dict[str, Any]) -> None:
+            files = first(manifest)["files"]
+            files[next(iter(files))] = value
+        return edit
+
+    def triton_file(manifest: dict[str, Any]) -> None:
+        entry = first(manifest, "triton")
+        name = next(iter(entry["files"]))
+        entry["files"]["k\ud800.json"] = entry["files"].pop(name)
+        entry["sha256"]["k\ud800.json"] = entry["sha256"].pop(name)
+
+    return {
+        "last use of 400 digits": lambda m: first(m).update(last_use=10 ** 400),
+        "last use NaN": lambda m: first(m).update(last_use=float("nan")),
+        "last use a list": lambda m: first(m).update(last_use=[1]),
+        "a lone surrogate in a key": lambda m: first(m).update(key="jit_\ud800-" + HEX),
+        "a lone surrogate in a Triton file name": triton_file,
+        "a size that is a list": size([1]),
+        "a size that is a mapping": size({}),
+        "a size of 400 digits": size(10 ** 400),
+        "entries a mapping": lambda m: m["kinds"]["jax"].update(entries={"a": 1}),
+        "no digests (format 1)": lambda m: m.update(format_version=1),
+        "device types a mapping": lambda m: m["device"]["jax"].update(gpu_types={"h200": 1}),
+        "software a list": lambda m: m.update(software_by_kind={"jax": [[1]]}),
+    }
+
+
+@pytest.mark.parametrize("case", list(odd_manifests()))
+def test_an_odd_manifest_is_one_line_and_exit_2(archive: Path, tmp_path: Path, case: str) -> None:
+    odd = rebuild(archive, tmp_path / "odd.tar.gz", odd_manifests()[case])
+    root = tmp_path / "root"
+    result = unpack(odd, root, "--gpu-type", "cpu")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "manifest" in one_line(result)
+    assert not root.exists()
+
+
+def test_records_of_odd_shape_never_stop_pack(warmed: Path, tmp_path: Path) -> None:
+    """Records are written by jobs: a list or mapping where a text or number belongs, or a time
+    of 400 digits, is passed over; the good records still say what warmed the entries."""
+    source = tmp_path / "source"
+    shutil.copytree(warmed, source)
+    key = next(iter(scan(warmed, "jax")))
+    odd = {"version": 1, "time": 10 ** 400, "rule": "warm_cache", "gpu_type": ["cpu"], "argv": {"a": 1},
+           "device": {"platform": ["cpu"], "count": [1], "kinds": [[1], {"a": 1}]},
+           "env": {"JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": ["all"]},
+           "jax": {"hit_keys": [[1], {"a": 1}, key], "missed": [{"key": [1]}, 5],
+                   "dropped": {"hit_keys": [1], "missed": {}}},
+           "triton": {"hit_keys": 5, "missed": {"key": "x"}},
+           "software": {"jax": ["0.10.2"], "python": {"a": 1}}}
+    (source / "records" / "1-odd-1.json").write_text(json.dumps(odd))
+    odd.update(time=time.time() - 3600, device=[1], env="x", software=[1])
+    (source / "records" / "2-odd-2.json").write_text(json.dumps(odd))
+    for args in ([], ["--gpu-type", "cpu"]):
+        path = tmp_path / "odd.tar"
+        result = run_cli("pack", str(path), "--cache-root", str(source), "--json", *args)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        manifest = manifest_of(path)
+        assert manifest["device"]["jax"]["platforms"] == ["cpu"]
+        assert manifest["software_by_kind"]["jax"][0]["jax"] == software.identity()["jax"]
+    assert unpack(path, tmp_path / "root").returncode == 0
+
+
+# --- tokamax's autotuning results (issue 24) ---------------------------------------------------
+
+
+def wrapper(device: str = "cpu", tokamax: str = "0.0.12", jax: str | None = None,
+            result: str = "{}") -> bytes:
+    """gpu-cache's wrapper of a result, as the startup hook writes it (what unpack checks)."""
+    return json.dumps({"format": 1, "tokamax": tokamax, "jax": jax or software.identity()["jax"],
+                       "device_kind": device, "result": result}).encode()
+
+
+def result_key(tokamax: str = "0.0.12", device: str = "cpu") -> str:
+    folder = autotune_cache.version_folder(tokamax, software.identity()["jax"])
+    return f"{folder}/{autotune_cache.file_name(device)}"
+
+
+@pytest.mark.slow
+def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: Path) -> None:
+    """A result tokamax tuned in a warm process, packed with one of another tokamax and a
+    broken one, unpacked at another path: a job there gets the tuned config with no miss."""
+    test_autotune.real_tokamax()
+    source = tmp_path / "root"
+    best, _ = test_autotune.run(test_autotune.WARM_PROGRAM, test_autotune.gpu_cache_env(
+        source, GPU_CACHE_AUTOTUNE_SAVE="1", GPU_CACHE_RULE="warm_cache", GPU_CACHE_GPU_TYPE="cpu"))
+    other = source / "autotune" / result_key("0.0.11", "NVIDIA H200")
+    other.parent.mkdir()
+    other.write_bytes(wrapper("NVIDIA H200", "0.0.11"))
+    (source / "autotune" / result_key("0.0.11", "junk")).write_bytes(b"{")
+    path = tmp_path / "tuned.tar.gz"
+    result = run_cli("pack", str(path), "--cache-root", str(source), "--kind", "autotune", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["entries"] == {"autotune": 2}
+    manifest = manifest_of(path)
+    jsonschema.validate(manifest, carry.SCHEMA)
+    packed = {e["key"]: e for e in manifest["kinds"]["autotune"]["entries"]}
+    assert set(packed) == {result_key(), result_key("0.0.11", "NVIDIA H200")}
+    assert (packed[result_key()]["tokamax"], packed[result_key()]["name"]) == ("0.0.12", "cpu")
+    saved = (source / "autotune" / result_key()).read_bytes()
+    assert packed[result_key()]["sha256"] == {"cpu.json": sha256(saved)}
+    assert {v["tokamax"] for v in manifest["software_by_kind"]["autotune"]} == {"0.0.12", "0.0.11"}
+    assert [s["key"] for s in manifest["skipped"]] == [result_key("0.0.11", "junk")]
+    # The warm pass of GPU type cpu saved only the result of its own versions and device kind.
+    result = run_cli("pack", str(tmp_path / "cpu.tar"), "--cache-root", str(source), "--kind", "autotune",
+                     "--gpu-type", "cpu", "--json")
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["entries"], json.loads(result.stdout)["missing_from_cache"]) == \
+        ({"autotune": 1}, {"autotune": 0})
+    selected = manifest_of(tmp_path / "cpu.tar")["kinds"]["autotune"]["entries"]
+    assert [e["key"] for e in selected] == [result_key()]
+
+    root = tmp_path / "elsewhere"
+    result = unpack(path, root)
+    assert result.returncode == 0, result.stderr
+    assert "autotune: 2 new, 0 replaced, 0 kept" in result.stdout
+    for key in packed:
+        copy, original = root / "autotune" / key, source / "autotune" / key
+        assert copy.read_bytes() == original.read_bytes()
+        assert copy.stat().st_mtime == original.stat().st_mtime  # its last use survives the trip
+    assert all(e.problem is None for e in kinds.scan("autotune", root / "autotune"))
+    out, stderr = test_autotune.run(test_autotune.JOB_PROGRAM, test_autotune.gpu_cache_env(root))
+    assert json.loads(out) == {"traces": 1, "compiled": 1, "main": best, "other": best}
+    assert "Autotuning cache miss" not in stderr
+    tuning = test_autotune.tuning_of(root)
+    assert (tuning["loaded"], tuning["misses"], tuning["refused"]) == (["cpu.json"], 0, [])
+
+    # A result as new here is kept, a newer one too; an older or broken one is replaced.
+    again = unpack(path, root, "--json")
+    assert json.loads(again.stdout)["kept_newer"]["autotune"] == 2
+    here, there = root / "autotune" / result_key(), root / "autotune" / result_key("0.0.11", "NVIDIA H200")
+    here.write_bytes(wrapper(result='{"tuned": "here, later"}'))
+    there.write_bytes(b"not JSON")
+    report = json.loads(unpack(path, root, "--json").stdout)
+    assert (report["kept_newer"]["autotune"], report["replaced"]["autotune"]) == (1, 1)
+    assert b"here, later" in here.read_bytes()
+    assert there.read_bytes() == other.read_bytes()
+    assert not list((root / "autotune").rglob(".*"))  # no temporary file left
+
+
+def autotune_archive(archive: Path, target: Path, key: str, files: dict[str, bytes],
+                     tokamax: str = "0.0.12", sent: dict[str, bytes] | None = None) -> Path:
+    """An archive of one autotuning entry of these files, as ``gpu-cache pack`` would write it
+    (``sent``: the files as they arrive, where they differ)."""
+    def edit(manifest: dict[str, Any]) -> None:
+        entry = entry_of(key, files, name="cpu", tokamax=tokamax, jax=software.identity()["jax"])
+        manifest["kinds"] = {"autotune": {"entries": [entry]}}
+        manifest["software_by_kind"] = {"autotune": [{"tokamax": tokamax, "jax": software.identity()["jax"]}]}
+
+    folder = key.rpartition("/")[0]
+    arrived = {**files, **(sent or {})}
+    return rebuild(archive, target, edit, [regular(f"autotune/{folder}/{n}", d) for n, d in arrived.items()],
+                   keep=False)
+
+
+@pytest.mark.parametrize("case", ["not JSON", "another device's", "other versions", "flipped in transit"])
+def test_a_damaged_autotuning_result_never_replaces_a_good_one(archive: Path, tmp_path: Path,
+                                                               case: str) -> None:
+    if software.identity()["tokamax"] != "0.0.12":
+        pytest.skip("tokamax 0.0.12 is not installed here (the target's software)")
+    key = result_key()
+    data = {"not JSON": b'{"format": 1, "result": ', "another device's": wrapper("NVIDIA H200"),
+            "other versions": wrapper(tokamax="0.0.11"), "flipped in transit": wrapper()}[case]
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # as a bad link or disk does: the size kept
+    damaged = autotune_archive(archive, tmp_path / "damaged.tar", key, {"cpu.json": data},
+                               sent={"cpu.json": bytes(flipped)} if case == "flipped in transit" else None)
+    root = tmp_path / "root"
+    good = root / "autotune" / key
+    good.parent.mkdir(parents=True)
+    good.write_bytes(wrapper(result='{"good": 1}'))
+    age(root, 30 * 86400)  # the archive's is newer: unpack would replace it
+    before = contents(root)
+    for dry in (["--dry-run"], []):
+        result = unpack(damaged, root, "--json", *dry)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert f"autotune entry {key!r} is damaged in the archive" in one_line(result)
+        assert json.loads(result.stdout)["replaced"] == {"autotune": 0}
+    assert contents(root) == before  # the good one stays, and no temporary file is left
+
+
+@pytest.mark.parametrize("key,file_name", [
+    ("../../jax/cpu.json", "cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/../../jax/cpu.json", "cpu.json"),
+    ("/tmp/tokamax-0.0.12_jax-0.10.2/cpu.json", "cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/.cpu.json", ".cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/cpu.json", "../cpu.json"),
+    ("tokamax-0.0.12_jax-0.10.2/cpu.json", "other.json"),
+    ("tokamax-0.0.12_jax-0.10.2", "cpu.json"),
+])
+def test_an_autotuning_result_with_an_odd_name_is_refused(archive: Path, tmp_path: Path, key: str,
+                                                         file_name: str) -> None:
+    data = wrapper()
+    hostile = rebuild(archive, tmp_path / "hostile.tar", lambda m: m.update(
+        kinds={"autotune": {"entries": [entry_of(key, {file_name: data})]}}),
+        [regular(f"autotune/{key.rpartition('/')[0]}/{file_name}", data)], keep=False)
+    root = tmp_path / "root"
+    result = unpack(hostile, root)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "unsafe autotune entry" in one_line(result) and "nothing written" in one_line(result)
+    assert not root.exists() and files_under(tmp_path) == ["hostile.tar"]
+
+
+def test_autotuning_results_of_other_versions_are_refused_unless_forced(archive: Path,
+                                                                        tmp_path: Path) -> None:
+    if software.identity()["tokamax"] != "0.0.12":
+        pytest.skip("tokamax 0.0.12 is not installed here (the target's software)")
+    key = result_key("0.0.11")
+    old = autotune_archive(archive, tmp_path / "old.tar", key, {"cpu.json": wrapper(tokamax="0.0.11")},
+                           tokamax="0.0.11")
+    root = tmp_path / "root"
+    result = unpack(old, root)
+    assert result.returncode == 1
+    assert "its autotune entries were made with tokamax 0.0.11 with jax" in one_line(result)
+    assert "has tokamax 0.0.12" in one_line(result) and not root.exists()
+    assert unpack(old, root, "--gpu-type", "h200", "--force").returncode == 0
+    assert (root / "autotune" / key).read_bytes() == wrapper(tokamax="0.0.11")

@@ -14,6 +14,7 @@ RANDOM_CONSTANT = (
 )
 
 
+@pytest.mark.slow
 def test_warm_then_validate_passes_with_zero_misses(cache_root, tmp_path):
     config = write_config(tmp_path / "c.yaml", SMALL)
     warm = run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),
@@ -34,6 +35,7 @@ def test_warm_then_validate_passes_with_zero_misses(cache_root, tmp_path):
     assert "1/1: jax-transformer shape=16" in validate.stderr  # progress is shown
 
 
+@pytest.mark.slow
 def test_a_key_that_changes_every_run_fails_validation_and_is_named(cache_root, tmp_path):
     config = write_config(tmp_path / "c.yaml", {
         "workloads": {"random": {"command": RANDOM_CONSTANT}},
@@ -54,6 +56,7 @@ def test_a_key_that_changes_every_run_fails_validation_and_is_named(cache_root, 
     assert "validation of cpu failed" in result.stderr
 
 
+@pytest.mark.slow
 def test_strict_validation_fails_the_command(cache_root, tmp_path):
     config = write_config(tmp_path / "c.yaml", {
         "workloads": {"random": {"command": RANDOM_CONSTANT}}, "default_workloads": ["random"],
@@ -65,6 +68,7 @@ def test_strict_validation_fails_the_command(cache_root, tmp_path):
     assert read_json(tmp_path / "v.json")["passed"] is False
 
 
+@pytest.mark.slow
 def test_a_process_without_the_hook_that_compiles_fails_validation(cache_root, tmp_path):
     """(#19) One workload runs with the stats hook and hits; the other runs without it
     (``GPU_CACHE_RECORDS`` unset: the hook records nothing, as in a process that dropped
@@ -88,6 +92,7 @@ def test_a_process_without_the_hook_that_compiles_fails_validation(cache_root, t
                for p in verdict["problems"]), verdict["problems"]
 
 
+@pytest.mark.slow
 def test_a_user_workload_runs_once_per_shape_with_the_cache_environment(cache_root, tmp_path):
     seen = tmp_path / "seen"
     config = write_config(tmp_path / "c.yaml", {
@@ -102,6 +107,7 @@ def test_a_user_workload_runs_once_per_shape_with_the_cache_environment(cache_ro
     assert sorted(seen.read_text().splitlines()) == [f"256 {cache_root}/jax", f"a b {cache_root}/jax"]
 
 
+@pytest.mark.slow
 def test_an_unusable_root_degrades_to_no_cache_and_says_why(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -143,6 +149,7 @@ def test_bad_template_placeholder_is_a_usage_error(cache_root, tmp_path):
     assert result.returncode == 2 and "{shape}" in result.stderr
 
 
+@pytest.mark.slow
 def test_stats_and_doctor_report_the_cache(cache_root, tmp_path):
     config = write_config(tmp_path / "c.yaml", SMALL)
     assert run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import HOOK, PROFILE, SCRIPTS, SNAKEFILE, clean_environ, read_json, run_cli, run_snakemake
 
 #: A job's program: three small jits, each a compile that the cache can serve.
@@ -152,6 +154,7 @@ def test_a_hosts_binds_set_before_and_after_including_gpu_cache_are_kept(contain
     assert str(before) in seen and str(after) in seen and str(root / "jax") in seen
 
 
+@pytest.mark.slow
 def test_a_job_that_cannot_create_the_triton_folder_still_runs(tmp_path):
     # As in a read-only image where the cache root is not bound: Triton creates its folder at
     # start and raises. /proc takes no new folders, even for root.

@@ -4,8 +4,10 @@ sitecustomize, never breaking a job, the rule of a Snakemake job, and last use f
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+import test_trust
+from gpu_cache.jobenv import trust
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli, run_snakemake, unavailable
+from test_trust import GROUP, MASK, USER, set_acl
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
@@ -33,6 +38,7 @@ def records_of(cache_root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
 
 
+@pytest.mark.slow
 def test_a_jax_process_writes_one_record_with_hits_misses_and_key_parts(cache_root):
     env = hook_env(cache_root, GPU_CACHE_RULE="predict", GPU_CACHE_GPU_TYPE="cpu")
     assert python(JAX_PROGRAM, env).returncode == 0
@@ -61,6 +67,7 @@ def test_no_record_and_no_heavy_imports_in_a_process_without_jax_or_triton(cache
     assert not (cache_root / "records").exists()
 
 
+@pytest.mark.slow
 def test_the_users_own_sitecustomize_still_runs(cache_root, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -72,6 +79,7 @@ def test_the_users_own_sitecustomize_still_runs(cache_root, tmp_path):
     assert len(records_of(cache_root)) == 1  # and the hook still recorded
 
 
+@pytest.mark.slow
 def test_a_broken_hook_never_breaks_the_job(cache_root, tmp_path):
     # The records folder is a file: writing the record fails; the job still succeeds.
     (cache_root).mkdir(parents=True)
@@ -82,6 +90,7 @@ def test_a_broken_hook_never_breaks_the_job(cache_root, tmp_path):
     assert len(warnings) == 1 and "writing the record" in warnings[0]
 
 
+@pytest.mark.slow
 def test_a_snakemake_job_is_recorded_with_its_rule_and_wildcards(cache_root, tmp_path):
     # Snakemake exports no rule name to jobs; a job run in a process of its own (SLURM's job
     # script and srun step, any remote executor) is run by `snakemake --target-jobs R:W`.
@@ -98,6 +107,7 @@ def test_a_snakemake_job_is_recorded_with_its_rule_and_wildcards(cache_root, tmp
     assert record["rule"] == "predict" and record["wildcards"] == "sample=a"
 
 
+@pytest.mark.slow
 def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
     env = hook_env(cache_root)
     assert python(JAX_PROGRAM, env).returncode == 0
@@ -121,9 +131,10 @@ def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
 
 # --- Several copies of the hook, and faults that must never break the job (issue 11) -------
 
-#: The last version of the hook before it marked itself (the marker), as an "old copy".
 #: The hook as it was before it marked itself (commit bd030ffd), as a job may still carry it.
 OLD_HOOK = REPO / "tests" / "fixtures" / "hook-before-marker"
+#: The hook as one file, before it was split into pieces (commit 49c8287): it has the marker.
+WHOLE_HOOK = REPO / "tests" / "fixtures" / "hook-before-split"
 #: A fake ``jax`` with just what the hook hooks: monitoring, the cache key and the cache log.
 FAKE_JAX = {
     "__init__.py": "from jax import monitoring\nfrom jax._src import compiler\n"
@@ -181,7 +192,7 @@ def user_site(tmp_path: Path, text: str = COUNTING_SITE) -> Path:
 
 def hook_copy(tmp_path: Path, how: str) -> Path:
     """Another copy of the hook folder: this checkout through a symlink, a second checkout,
-    or the last hook version before the marker (from git)."""
+    the last hook version before the marker, or the last one in one file."""
     if how == "symlink":
         (tmp_path / "other-checkout").symlink_to(REPO, target_is_directory=True)
         return tmp_path / "other-checkout" / HOOK.relative_to(REPO)
@@ -189,7 +200,7 @@ def hook_copy(tmp_path: Path, how: str) -> Path:
     if how == "copy":
         shutil.copytree(HOOK, folder, ignore=shutil.ignore_patterns("__pycache__"))
         return folder
-    return OLD_HOOK
+    return {"old": OLD_HOOK, "whole": WHOLE_HOOK}[how]
 
 
 def warnings_in(stderr: str) -> list[str]:
@@ -223,6 +234,7 @@ def mounted(*command: str, target: Path):
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["symlink", "copy"])
 def test_two_copies_of_the_hook_act_as_one_in_a_real_jax_job(cache_root, tmp_path, how):
     # The profile from one checkout and the workflow from another (or the same checkout
@@ -241,12 +253,15 @@ def test_two_copies_of_the_hook_act_as_one_in_a_real_jax_job(cache_root, tmp_pat
     assert runs.read_text() == "ran\nran\n" and len(records_of(cache_root)) == 1
 
 
-@pytest.mark.parametrize("order", ["old after ours", "old before ours", "three copies"])
+@pytest.mark.parametrize("order", ["old after ours", "old before ours", "three copies",
+                                   "one-file after ours", "one-file before ours"])
 def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     old, fake, mine = hook_copy(tmp_path, "old"), fake_jax(tmp_path), user_site(tmp_path)
+    whole = hook_copy(tmp_path, "whole")
     runs = tmp_path / "runs"
     hooks = {"old after ours": [HOOK, old], "old before ours": [old, HOOK],
-             "three copies": [HOOK, old, hook_copy(tmp_path, "copy")]}[order]
+             "three copies": [HOOK, old, hook_copy(tmp_path, "copy")],
+             "one-file after ours": [HOOK, whole, old], "one-file before ours": [whole, HOOK]}[order]
     env = clean_environ(GPU_CACHE_RECORDS=str(cache_root / "records"), RUNS_FILE=str(runs),
                         PYTHONPATH=os.pathsep.join(map(str, [*hooks, mine, fake, SCRIPTS])))
     done = python(FAKE_PROGRAM, env)
@@ -254,6 +269,28 @@ def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     assert runs.read_text() == "ran\n"
     (record,) = records_of(cache_root)  # one watcher: the first copy's (the old one's, if first)
     assert record["jax"]["requests"] == 3
+    pieces = python("import sys, jax; print(sorted(m for m in sys.modules if m.startswith('gpu_cache_')))",
+                    env).stdout
+    assert pieces == ("[]\n" if hooks[0] != HOOK else "['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n")
+
+
+def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root, tmp_path):
+    # The record's piece is loaded at exit, from the hook's own folder: a job that took the
+    # hook off sys.path, or has a module of the same name, still gets its record.
+    fake, shadow = fake_jax(tmp_path), tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "gpu_cache_hook_record.py").write_text("raise RuntimeError('not the hook')\n")
+    env = hook_env(cache_root, str(fake))
+    code = ("import sys; before = sorted(m for m in sys.modules if m.startswith('gpu_cache'))\n"
+            "import jax\n"
+            "print(before, sorted(m for m in sys.modules if m.startswith('gpu_cache')))\n"
+            f"sys.path[:] = [{str(shadow)!r}] + [p for p in sys.path if 'hook' not in p]\n"
+            "jax.compile_many(2)\n")
+    done = python(code, env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "[] ['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n"
+    (record,) = records_of(cache_root)
+    assert record["jax"]["requests"] == 2 and record["libraries"] == ["jax"]
 
 
 def test_a_users_sitecustomize_that_raises_is_reported_as_python_does(cache_root, tmp_path):
@@ -370,3 +407,217 @@ def test_a_record_stays_small_whatever_the_number_of_compiles(cache_root, tmp_pa
     assert len(jax_part["missed"]) == len(jax_part["hit_keys"]) == len(jax_part["key_parts"]) == 1000
     assert jax_part["dropped"] == {"missed": 2000, "hit_keys": 1500, "key_parts": 4500}
     assert path.stat().st_size < 400_000
+
+
+# --- Folders the hook falls back to, and bytecode of two images (issue 21) -----------------
+
+
+#: test_trust's fixtures: a folder other users can reach, a user with a user-private group.
+base, private_user = test_trust.base, test_trust.private_user
+
+
+def hook_module(name: str):
+    """A module of the hook, loaded in this process (the hook may not import gpu_cache)."""
+    spec = importlib.util.spec_from_file_location(name, HOOK / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        unavailable("needs root (chown, runuser, mount)")
+
+
+RWX, R_X = 0o7, 0o5
+NOBODY = pwd.getpwnam("nobody").pw_uid
+#: Folders made for real, each as (mode, owner, ACL entries, default ACL entries).
+FOLDERS = {
+    "0700": (0o700, 0, [], []), "0755": (0o755, 0, [], []), "0775 group root": (0o775, 0, [], []),
+    "0757 others only": (0o757, 0, [], []), "0777": (0o777, 0, [], []), "1777": (0o1777, 0, [], []),
+    "0755 of nobody": (0o755, NOBODY, [], []), "0700 of nobody": (0o700, NOBODY, [], []),
+    "ACL user nobody": (0o755, 0, [(USER, RWX, NOBODY), (MASK, RWX, 0xFFFFFFFF)], []),
+    "ACL user nobody masked": (0o755, 0, [(USER, RWX, NOBODY), (MASK, R_X, 0xFFFFFFFF)], []),
+    "ACL group nogroup": (0o755, 0, [(GROUP, RWX, NOBODY), (MASK, RWX, 0xFFFFFFFF)], []),
+    "default ACL user nobody": (0o755, 0, [], [(USER, RWX, NOBODY), (MASK, RWX, 0xFFFFFFFF)]),
+}
+
+
+#: Folders above a cache folder (each holds one of root's, 0755), as (mode, owner).
+ABOVE = {"above 0777": (0o777, 0), "above 1777": (0o1777, 0), "above 0775 group root": (0o775, 0),
+         "above 0755 of nobody": (0o755, NOBODY), "above 1777 of nobody": (0o1777, NOBODY),
+         "above 0755": (0o755, 0)}
+
+
+def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
+    need_root()
+    hook = hook_module("gpu_cache_hook_fallback")
+    verdicts = {}
+    for name, (mode, owner, acl, default) in FOLDERS.items():
+        folder = base / name.replace(" ", "-")
+        folder.mkdir()
+        os.chown(folder, owner, -1)
+        folder.chmod(mode)
+        for entries, is_default in ((acl, False), (default, True)):
+            if entries:
+                base_entries = [(0x01, RWX, 0xFFFFFFFF), (0x04, R_X, 0xFFFFFFFF), (0x20, R_X, 0xFFFFFFFF)]
+                set_acl(folder, *sorted([*base_entries, *entries]), default=is_default)
+        verdicts[name] = folder
+    for name, (mode, owner) in ABOVE.items():
+        above = base / name.replace(" ", "-")
+        (above / "cache").mkdir(parents=True)
+        os.chown(above, owner, -1)
+        above.chmod(mode)
+        verdicts[name] = above / "cache"
+    verdicts = {name: (trust.distrust(folder, None, trusted_above=folder) is None,
+                       hook.distrust(str(folder)) is None) for name, folder in verdicts.items()}
+    assert all(a == b for a, b in verdicts.values()), verdicts
+    assert [name for name, (ok, _) in verdicts.items() if ok] == [
+        "0700", "0755", "ACL user nobody masked", "above 1777", "above 0755"]
+    # The user-private group (the only group that may write a user's own cache), and after it
+    # gets a second member.
+    user = pwd.getpwnam(private_user)
+    pairs = [(user.pw_uid, user.pw_gid), (user.pw_uid, 0), (0, 0), (NOBODY, user.pw_gid)]
+    assert [hook.private_group(*p) for p in pairs] == [trust.private_group(*p) for p in pairs] \
+        == [True, False, False, False]
+    subprocess.run(["gpasswd", "-a", "nobody", private_user], check=True, capture_output=True)
+    trust.private_group.cache_clear()
+    mine = (user.pw_uid, user.pw_gid)
+    assert hook.private_group(*mine) is trust.private_group(*mine) is False
+
+
+def plant_node_local(base: Path, plant: str, kind: str) -> tuple[Path, Path]:
+    """A $TMPDIR (1777) in which user nobody made gpu-cache-<uid>/<kind> first, with a file in
+    it: 0777, or 0755 of nobody's, or inside a 0777 gpu-cache-<uid> of ours. Returns the
+    $TMPDIR and gpu-cache-<uid>."""
+    tmp = base / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    planted = tmp / f"gpu-cache-{os.getuid()}"
+    if plant.startswith("ours"):
+        planted.mkdir()
+        planted.chmod(0o777)
+    mode = "0755" if plant == "nobody's 0755" else "0777"
+    script = f"mkdir -p -m {mode} {planted}/{kind} && echo evil > {planted}/{kind}/planted"
+    subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], check=True)
+    return tmp, planted
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
+#: Why each is refused: /tmp's sticky bit protects only an entry of one's own (as ssh's
+#: StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
+REFUSED = {"nobody's 0777": "is writable by everyone, so another user could put a folder of theirs",
+           "nobody's 0755": "is writable by everyone, so another user could put a folder of theirs",
+           "ours 0777, nobody's triton": "world-writable"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", PLANTS)
+@pytest.mark.parametrize("how", ["cannot create its folder", "exported node-local"])
+def test_a_triton_fallback_another_user_made_first_is_never_used(base, plant, how):
+    # A job whose TRITON_CACHE_DIR cannot be created (a root not bound into a container) falls
+    # back to $TMPDIR/gpu-cache-<uid>/triton, which gpu-cache env also exports on a node for a
+    # read-only root; there another user made that folder first, with a file in it. The job
+    # compiles into a private folder instead, and says why.
+    need_root()
+    tmp, planted = plant_node_local(base, plant, "triton")
+    before = tree(planted)
+    records = base / "records"
+    wanted = "/proc/gpu-cache-not-bound/triton" if how.startswith("cannot") else str(planted / "triton")
+    environ = clean_environ(TRITON_CACHE_DIR=wanted, TRITON_HOME=str(base), TMPDIR=str(tmp),
+                            GPU_CACHE_RECORDS=str(records),
+                            PYTHONPATH=os.pathsep.join([str(HOOK), str(SCRIPTS)]))
+    done = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64",
+                           "--mode", "aot"], env=environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (warning,) = warnings_in(done.stderr)
+    assert "refused" in warning and "private folder" in warning
+    assert tree(planted) == before  # nothing read from it, nothing written into it
+    (record,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
+    fallback = record["fallbacks"]["triton"]
+    assert REFUSED[plant] in fallback["refused"] and fallback["wanted"] == wanted
+    assert record["triton"]["misses"] == 5  # compiled in its private folder
+    assert Path(fallback["used"]).parent == tmp and not Path(fallback["used"]).exists()  # removed at exit
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_a_lock_folder_another_user_made_first_turns_single_flight_off(base, tmp_path, plant):
+    # Whoever can add files to the lock folder can hold the locks a job waits on.
+    need_root()
+    tmp, planted = plant_node_local(base, plant.replace("triton", "locks"), "locks")
+    before = tree(planted)
+    fake = fake_jax(tmp_path)
+    environ = clean_environ(GPU_CACHE_LOCKS=str(planted / "locks"), TMPDIR=str(tmp),
+                            GPU_CACHE_RECORDS=str(base / "records"),
+                            PYTHONPATH=os.pathsep.join([str(HOOK), str(fake), str(SCRIPTS)]))
+    done = same_as_without_the_hook(FAKE_PROGRAM, environ, fake)
+    (warning,) = warnings_in(done.stderr)
+    assert "lock folder is refused" in warning and "without single-flight" in warning
+    assert tree(planted) == before
+    (record,) = [json.loads(p.read_text()) for p in (base / "records").glob("*.json")]
+    assert REFUSED[plant] in record["jax"]["single_flight"]["state"]
+    assert str(planted) in record["fallbacks"]["locks"]["refused"]
+
+
+def make_image(folder: Path, value: int) -> Path:
+    """An "image": a Python environment (a venv) whose site-packages holds mymod.py with X =
+    value, at a fixed mtime and size, as images built with normalised mtimes have it."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    (site,) = folder.glob("lib/python*/site-packages")
+    source = site / "mymod.py"
+    source.write_text(f"X = {value}\n")
+    for path in (source, site):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    return folder
+
+
+def test_two_images_with_one_module_path_size_and_mtime_never_run_each_others_bytecode(tmp_path):
+    # Two images (no APPTAINER_CONTAINER: Docker, Podman, enroot) mounted in turn at one path,
+    # each with mymod.py at the same path, size and mtime but another content.
+    need_root()
+    images = {name: make_image(tmp_path / f"image-{name}", value) for name, value in (("a", 1), ("b", 2))}
+    mount_point = tmp_path / "opt" / "venv"
+    mount_point.mkdir(parents=True)
+    environ = clean_environ(GPU_CACHE_BYTECODE=str(tmp_path / "root" / "bytecode"),
+                            PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(HOOK))
+    code = "import mymod; print(mymod.X, mymod.__cached__)"
+    seen = []
+    for name in ("a", "b", "a", "a", "b"):
+        with mounted("--bind", str(images[name]), target=mount_point):
+            done = subprocess.run([str(mount_point / "bin" / "python"), "-c", code], env=environ,
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        value, cached = done.stdout.split()
+        seen.append((name, value, cached, Path(cached).stat().st_mtime_ns))
+    assert [value for _, value, _, _ in seen] == ["1", "2", "1", "1", "2"]  # never the other image's
+    folders = {name: Path(cached).parent for name, _, cached, _ in seen}
+    assert folders["a"] != folders["b"]  # a bytecode folder per image
+    assert seen[2][2:] == seen[3][2:] == seen[0][2:]  # and each image's bytecode is read back, not rewritten
+
+
+def test_a_changed_module_outside_the_image_folders_never_runs_its_old_bytecode(tmp_path):
+    # An application's own code (not in site-packages: e.g. /app), changed at the same size and
+    # mtime: the .pyc holds the source's hash, checked at each import.
+    need_root()
+    apps = {}
+    for name, value in (("a", 1), ("b", 2)):
+        apps[name] = tmp_path / f"app-{name}"
+        apps[name].mkdir()
+        (apps[name] / "mymod.py").write_text(f"X = {value}\n")
+        os.utime(apps[name] / "mymod.py", (1_000_000_000, 1_000_000_000))
+    mount_point = tmp_path / "app"
+    mount_point.mkdir()
+    environ = clean_environ(GPU_CACHE_BYTECODE=str(tmp_path / "root" / "bytecode"),
+                            PYTHONDONTWRITEBYTECODE="1",
+                            PYTHONPATH=os.pathsep.join([str(HOOK), str(mount_point)]))
+    values = []
+    for name in ("a", "b", "a"):
+        with mounted("--bind", str(apps[name]), target=mount_point):
+            done = python("import mymod; print(mymod.X)", environ)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        values.append(done.stdout.strip())
+    assert values == ["1", "2", "1"]

@@ -200,6 +200,7 @@ def test_fifos_zero_links_and_devices_named_like_entries_never_hang(kind, privat
     assert stat.S_ISCHR(os.lstat(zero).st_mode), "the link's target is untouched"
 
 
+@pytest.mark.slow
 def test_a_zlib_bomb_named_as_an_entry_is_verified_in_bounded_memory_and_time(tmp_path):
     """4 MiB that inflate to 4 GiB: prune stops decompressing at its bound and removes it."""
     zeros = bytes(64 << 20)
@@ -300,6 +301,7 @@ def flip_middle(path: Path, fresh_mtime: bool) -> None:
     assert path.stat().st_size == info.st_size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["prune", "doctor --fix"])
 @pytest.mark.parametrize("mtime", ["old mtime put back", "fresh mtime"])
 def test_a_verified_entry_damaged_in_place_with_its_size_kept_is_removed(command, mtime, zstd_cache,
@@ -442,6 +444,7 @@ USERS_FILES = {
     "inductor": {"notes.txt": b"mine", "ab/cabmine.py": b"print('mine')\n"},
     "bytecode": {"cpython-311-mine/mine.cpython-311.pyc": b"mine"},
     "cuda": {"index": b"i" * 100, "7/a/e0943aa8a566c2": b"p" * 100},
+    "autotune": {"notes.txt": b"mine", "tokamax-1_jax-2/mine.json": b"{}"},
     "records": {"mine.json": b'{"run_id": "mine", "time": 1.0}\n'},  # read as a record if followed
 }
 SQUEEZE = ("--max-size", "1K", "--max-age", "1s")
@@ -529,6 +532,7 @@ def prune_output(root: Path, target: Path, namespace: int | None = None) -> Run:
                namespace=namespace)
 
 
+@pytest.mark.slow
 def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, outside):
     link = tmp_path / "report.json"
     link.symlink_to(outside / "secret.txt")

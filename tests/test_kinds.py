@@ -9,23 +9,24 @@ from gpu_cache.core import kinds, software
 from gpu_cache.jobenv import env
 from helpers import SCRIPTS
 
-HOOK = SCRIPTS / "gpu_cache" / "_hook" / "sitecustomize.py"
+HOOK = SCRIPTS / "gpu_cache" / "_hook"
 
 
-def _hook_constant(name: str) -> tuple[str, ...]:
-    """A tuple constant of the startup hook, read without running it."""
-    tree = ast.parse(HOOK.read_text())
-    for node in tree.body:
+def _hook_constant(module: str, name: str) -> tuple[str, ...]:
+    """A tuple constant of a module of the startup hook, read without running it."""
+    path = HOOK / f"{module}.py"
+    for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             return tuple(ast.literal_eval(node.value))
-    raise AssertionError(f"{HOOK} defines no {name}")
+    raise AssertionError(f"{path} defines no {name}")
 
 
 def test_the_hooks_copies_match_the_registry():
-    assert _hook_constant("_WATCHED") == kinds.WATCHED_MODULES
-    assert _hook_constant("_KEY_ENV") == kinds.KEY_ENVIRONMENT
-    assert _hook_constant("_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("_KEY_PACKAGES") == software.KEY_PACKAGES
+    assert _hook_constant("sitecustomize", "_WATCHED") == kinds.WATCHED_MODULES
+    assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
+    assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("gpu_cache_hook_bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("gpu_cache_hook_record", "_KEY_PACKAGES") == software.KEY_PACKAGES
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
@@ -36,6 +37,6 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "bytecode", "cuda", "records")
+    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "bytecode", "cuda", "autotune", "records")
     assert kinds.OBSERVED == ("jax", "triton")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

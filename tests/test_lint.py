@@ -40,12 +40,14 @@ def test_snakefmt_would_change_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_snakemake_lint_finds_nothing_in_the_workflow(tmp_path):
     env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
     ours = run_snakemake(REPO, "--lint", env=env)
     assert ours.returncode == 0, ours.stdout + ours.stderr
 
 
+@pytest.mark.slow
 def test_snakemake_lint_finds_nothing_in_the_host_with_the_module(tmp_path):
     work = host_copy(tmp_path)
     env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))

@@ -4,6 +4,8 @@ import pytest
 
 from helpers import MODULE, SNAKEFILE, clean_environ, host_copy, read_json, run_snakemake
 
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
+
 
 @pytest.mark.parametrize("prefix", [None, "cache-work"])
 def test_host_pipeline_waits_for_validation_and_prunes_last(tmp_path, prefix):

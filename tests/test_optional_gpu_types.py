@@ -1,7 +1,8 @@
-"""A GPU type the partition may lack (``optional: true``) on a real SLURM cluster: a host job
-that may land on any GPU of the partition waits for every type's verdict, and a type that
-SLURM cannot schedule is retried once without its GPU, marked "unscheduled", and holds
-nothing back. The test cluster has fake h100 and a100 GPUs and no h200."""
+"""A GPU type the partition may lack (optional: the default for a type with SLURM resources)
+on a real SLURM cluster: a host job that may land on any GPU of the partition waits for every
+type's verdict, and a type that SLURM cannot schedule is retried once without its GPU, marked
+"unscheduled", and holds nothing back. The test cluster has fake h100 and a100 GPUs and no
+h200."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def test_an_optional_type_slurm_cannot_schedule_is_unscheduled_and_holds_nothing
     work.mkdir()
     (work / "Snakefile").write_text(HOST.replace("{params.python}", sys.executable))
     (work / "program.py").write_text(PROGRAM)
-    gpu_type = {"device": "cpu", "optional": True, "queue_wait": "10m", "workloads": ["program"]}
+    # Neither says optional: a type that asks SLURM for a place is optional by default (#25).
+    gpu_type = {"device": "cpu", "queue_wait": "10m", "workloads": ["program"]}
     config = {
         "gpu_cache_workflow": SNAKEFILE,
         "gpu_cache": {
@@ -126,3 +128,29 @@ def test_an_optional_type_slurm_cannot_schedule_is_unscheduled_and_holds_nothing
     assert "h200: UNSCHEDULED (optional type)" in summary and "h100 on cpu: PASSED" in summary
     stats = json.loads(run_cli("stats", "--json", "--cache-root", str(cache)).stdout)
     assert stats["usage"]["by_rule"]["predict"]["jax_hits"] > 0
+
+
+def test_doctor_names_the_clusters_gres_types_and_the_gpu_type_that_asks_for_each(slurm_cluster, tmp_path):
+    """`gpu-cache doctor` where sinfo answers: each GPU GRES type of the partition, the
+    configured type that asks for it (or that none does), and a type the partition lacks."""
+    config = {"gpu_types": {
+        "h100": {"device": "cpu", "resources": {"gres": "gpu:h100:1"}},
+        "h200": {"device": "cpu", "resources": {"gpu": 1, "gpu_model": "h200"}},
+    }}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    env = clean_environ(SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    done = run_cli("doctor", "--json", "--no-fail", "--config", str(path),
+                   "--cache-root", str(tmp_path / "cache"), env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    partition = slurm_cluster.partition
+    assert f"gpu:h100 (partition {partition}): GPU type h100 (device cpu)" in report["gres"]
+    (a100,) = [line for line in report["gres"] if line.startswith("gpu:a100")]
+    assert "no GPU type asks for it" in a100
+    lacking = ("GPU type h200 asks for gpu:h200, which no partition offers: its jobs end "
+               "unscheduled and hold nothing back")
+    assert lacking in report["gres"] and lacking in report["warnings"]
+    text = run_cli("doctor", "--no-fail", "--config", str(path), "--cache-root", str(tmp_path / "cache"),
+                   env=env).stdout
+    assert f"gres: gpu:h100 (partition {partition}): GPU type h100" in text

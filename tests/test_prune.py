@@ -110,6 +110,7 @@ def test_dry_run_deletes_nothing_and_reports_the_same(root):
     assert real.kinds["jax"].bytes_removed == dry.kinds["jax"].bytes_removed
 
 
+@pytest.mark.slow
 def test_capped_cache_loses_whole_pairs_and_keeps_working(tmp_path):
     folder = tmp_path / "jax"
     entries = fill_jax_cache(folder, n=4, max_size=1 << 30)
@@ -122,6 +123,7 @@ def test_capped_cache_loses_whole_pairs_and_keeps_working(tmp_path):
     assert len(again) == 2 and all(e.problem is None for e in again)
 
 
+@pytest.mark.slow
 def test_atime_sidecar_counts_as_last_use(tmp_path):
     folder = tmp_path / "jax"
     entries = fill_jax_cache(folder, n=2, max_size=1 << 30)
@@ -170,6 +172,7 @@ def test_prune_of_a_missing_root_touches_nothing(tmp_path):
     assert not (tmp_path / "absent").exists()
 
 
+@pytest.mark.slow
 def test_a_lone_cache_file_in_a_capped_cache_gets_its_atime_back(tmp_path):
     folder = tmp_path / "jax"
     entries = fill_jax_cache(folder, n=2, max_size=1 << 30)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import (
     PROFILE,
     SMALL,
@@ -16,6 +18,8 @@ from helpers import (
     run_snakemake,
     workdir_with_config,
 )
+
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
 
 
 def run_workflow(tmp_path, name, env):

@@ -2,7 +2,11 @@
 
 import base64
 
+import pytest
+
 from helpers import PROFILE, REPO, SMALL, SNAKEFILE, clean_environ, run_snakemake, workdir_with_config
+
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
 
 PLOTS = ("cold_warm.svg", "cache_size.svg", "hit_rates.svg")
 CAPTIONS = ("**Cold vs warm start.**", "**Cache size per kind, before and after pruning.**",

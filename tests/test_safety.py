@@ -171,6 +171,7 @@ def team_group():
         subprocess.run(["groupdel", name], capture_output=True)
 
 
+@pytest.mark.slow
 @needs_root
 def test_a_cache_owned_by_another_user_is_refused_unless_its_group_is_shared(tmp_path, team_group):
     root = tmp_path / "root"
@@ -192,6 +193,7 @@ def test_a_cache_owned_by_another_user_is_refused_unless_its_group_is_shared(tmp
     assert shared["exports"]["JAX_COMPILATION_CACHE_DIR"] == str(root / "jax")
 
 
+@pytest.mark.slow
 @needs_root
 def test_shared_group_mode_makes_a_cache_another_member_can_extend(tmp_path, team_group):
     # pytest's own folders are private to root: the team's cache lives where others can reach.
@@ -240,6 +242,7 @@ def shared_group_mode(tmp_path: Path, root: Path, team_group: str) -> None:
 
 
 
+@pytest.mark.slow
 def test_eight_warmers_on_one_empty_cache(tmp_path):
     root = tmp_path / "root"
     script = tmp_path / "tiny.py"
@@ -508,6 +511,7 @@ def test_a_root_that_is_a_file_or_a_link_loop_is_exit_2(command, shape, tmp_path
     assert doctor.returncode == 1 and "PROBLEM" in doctor.stdout
 
 
+@pytest.mark.slow
 def test_paths_with_spaces_and_unicode_work(tmp_path):
     root = tmp_path / "ca che" / "ünï cødé"
     config = python_workload(tmp_path, "tiny", TINY)

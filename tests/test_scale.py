@@ -105,6 +105,7 @@ def corrupt_in_place(path: Path) -> None:
     assert path.stat().st_ino == info.st_ino
 
 
+@pytest.mark.slow
 def test_a_later_dry_run_decompresses_nothing_it_verified(jax_root):
     folder = jax_root / "jax"
     assert broken_keys(dry_run(jax_root)) == set()
@@ -168,6 +169,7 @@ for i in range({n}):
 """
 
 
+@pytest.mark.slow
 def test_a_copied_capped_jax_cache_is_pruned_in_true_lru_order(tmp_path):
     source = tmp_path / "source" / "jax"
     environ = jax_job_env(source, shared_fs=True, JAX_COMPILATION_CACHE_MAX_SIZE=str(1 << 30))
@@ -221,6 +223,7 @@ def test_file_times_count_where_the_atime_record_was_not_copied(tmp_path):
 # --- the benchmark -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_a_small_root(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("the benchmark builds a real shared library with g++")

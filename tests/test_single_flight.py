@@ -93,8 +93,12 @@ def hits_per_key(sections: list[dict]) -> Counter:
     return Counter(k for s in sections for k in s["hit_keys"])
 
 
-def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
-    runs = start_together(tmp_path, "jax", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["node", "cluster"])
+def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root, mode):
+    """Also in cluster mode (flock, then a lease per key; forced here on a local disk)."""
+    runs = start_together(tmp_path, "jax", job_env(cache_root, {"single_flight": {"timeout": "2m"}},
+                                                   GPU_CACHE_LOCK_MODE=mode))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert len({r.stdout for r in runs}) == 1  # the same results in every process
     sections = records(cache_root, "jax")
@@ -104,15 +108,18 @@ def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root):
     assert sum(s["writes"] for s in sections) == 3  # one cache write attempt per key
     assert hits_per_key(sections) == dict.fromkeys(compiled, N - 1)  # the others loaded it
     flights = [s["single_flight"] for s in sections]
-    assert {f["state"] for f in flights} == {"on"}
+    assert {f["state"] for f in flights} == {"on"} and {f["mode"] for f in flights} == {mode}
     assert sum(f["led"] for f in flights) == 3 and sum(f["gave_up"] for f in flights) == 0
     assert sum(f["waited"] for f in flights) >= 1  # they did start together
     assert len(list((cache_root / "jax").glob("*-cache"))) == 3
     assert list((cache_root / "locks" / "jax").iterdir()) == []  # leaders remove their lock files
 
 
-def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
-    runs = start_together(tmp_path, "triton", job_env(cache_root, {"single_flight": {"timeout": "2m"}}))
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["node", "cluster"])
+def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root, mode):
+    runs = start_together(tmp_path, "triton", job_env(cache_root, {"single_flight": {"timeout": "2m"}},
+                                                      GPU_CACHE_LOCK_MODE=mode))
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     outputs = [json.loads(r.stdout.strip().splitlines()[-1]) for r in runs]
     misses = Counter(e["case"] for o in outputs for e in o["events"] if not e["cache_hit"])
@@ -123,10 +130,12 @@ def test_n_triton_processes_compile_each_kernel_once(tmp_path, cache_root):
     assert sum(s["misses"] for s in sections) == 5 and set(compiles_per_key(sections).values()) == {1}
     flights = [s["single_flight"] for s in sections]
     assert {f["state"] for f in flights} == {"on"} and sum(f["led"] for f in flights) == 5
+    assert {f["mode"] for f in flights} == {mode}
     assert sum(f["gave_up"] for f in flights) == 0
     assert list((cache_root / "locks" / "triton").iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["jax", "triton"])
 def test_with_single_flight_off_they_storm(tmp_path, cache_root, what):
     """Today's behaviour, for comparison: every process that misses compiles (counts shown)."""
@@ -142,6 +151,7 @@ def test_with_single_flight_off_they_storm(tmp_path, cache_root, what):
     assert not (cache_root / "locks").exists() or not any((cache_root / "locks").rglob("*.lock"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
 def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tmp_path, cache_root):
     """A read-only root: Triton reads it as a seed through gpu-cache's seed manager and writes
@@ -173,13 +183,13 @@ def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tm
 
 # --- leaders that die, stop or fail ------------------------------------------------------
 
-def _start_triton(environ: dict[str, str]) -> subprocess.Popen[str]:
+def start_triton(environ: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64",
                              "--mode", "aot"], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
-def _flocks_of(pid: int) -> set[int]:
+def flocks_of(pid: int) -> set[int]:
     """The inodes of the files process ``pid`` holds a flock lock on (/proc/locks)."""
     inodes = set()
     with open("/proc/locks") as table:
@@ -190,7 +200,7 @@ def _flocks_of(pid: int) -> set[int]:
     return inodes
 
 
-def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: float = 60) -> Path:
+def stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: float = 60) -> Path:
     """Stop ``leader`` (SIGSTOP) at a moment it holds a key's lock (it misses every kernel);
     the lock file."""
     deadline = time.monotonic() + timeout
@@ -200,7 +210,7 @@ def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: 
         os.kill(leader.pid, signal.SIGSTOP)
         while Path(f"/proc/{leader.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
             time.sleep(0.001)
-        held = _flocks_of(leader.pid)
+        held = flocks_of(leader.pid)
         for path in folder.glob("*.lock") if folder.is_dir() else []:
             try:
                 if path.stat().st_ino in held:
@@ -212,7 +222,7 @@ def _stopped_holding_a_lock(root: Path, leader: subprocess.Popen[str], timeout: 
     raise AssertionError("the leader never held a lock")
 
 
-def _has_open(pid: int, path: Path) -> bool:
+def has_open(pid: int, path: Path) -> bool:
     """Whether process ``pid`` has ``path`` open (its /proc fd links)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -227,30 +237,31 @@ def _has_open(pid: int, path: Path) -> bool:
     return False
 
 
-def _wait_until_waiting(waiter: subprocess.Popen[str], lock: Path, timeout: float = 60) -> None:
+def wait_until_waiting(waiter: subprocess.Popen[str], lock: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while not _has_open(waiter.pid, lock):
+    while not has_open(waiter.pid, lock):
         assert waiter.poll() is None, waiter.communicate()
         assert time.monotonic() < deadline, "the waiter never waited for the lock"
         time.sleep(0.002)
 
 
-def _finished(proc: subprocess.Popen[str]) -> dict:
+def finished(proc: subprocess.Popen[str]) -> dict:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_killed_leader_releases_its_lock_at_once(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "5m"}})
-    leader = _start_triton(environ)
-    lock = _stopped_holding_a_lock(cache_root, leader)
-    waiter = _start_triton(environ)
-    _wait_until_waiting(waiter, lock)
+    leader = start_triton(environ)
+    lock = stopped_holding_a_lock(cache_root, leader)
+    waiter = start_triton(environ)
+    wait_until_waiting(waiter, lock)
     killed = time.monotonic()
     os.kill(leader.pid, signal.SIGKILL)
     leader.wait(timeout=30)
-    summary = _finished(waiter)
+    summary = finished(waiter)
     after_kill = time.monotonic() - killed
     assert after_kill < 30, after_kill  # far below the 5 minute bound: the kernel dropped the lock
     flight = records(cache_root, "triton")[-1]["single_flight"]
@@ -259,18 +270,19 @@ def test_a_killed_leader_releases_its_lock_at_once(cache_root):
     assert not any((cache_root / "locks" / "triton").glob("*.lock"))  # and cleaned its lock file
 
 
+@pytest.mark.slow
 def test_a_stopped_leader_holds_waiters_no_longer_than_the_timeout(cache_root):
     environ = job_env(cache_root, {"single_flight": {"timeout": "3s"}})
-    leader = _start_triton(environ)
-    lock = _stopped_holding_a_lock(cache_root, leader)
+    leader = start_triton(environ)
+    lock = stopped_holding_a_lock(cache_root, leader)
     try:
         started = time.monotonic()
-        waiters = [_start_triton(environ) for _ in range(2)]
-        summaries = [_finished(w) for w in waiters]
+        waiters = [start_triton(environ) for _ in range(2)]
+        summaries = [finished(w) for w in waiters]
         took = time.monotonic() - started
     finally:
         os.kill(leader.pid, signal.SIGCONT)
-    assert _finished(leader)["kernels"] == 5  # the leader, resumed, finishes too
+    assert finished(leader)["kernels"] == 5  # the leader, resumed, finishes too
     flights = [r["single_flight"] for r in records(cache_root, "triton")]
     # A waiter gives up on the stopped key after 3 s and compiles it; one still waiting may load that.
     assert sum(f["gave_up"] for f in flights) >= 1, flights
@@ -302,6 +314,7 @@ time.sleep(float(sys.argv[1]))
 '''
 
 
+@pytest.mark.slow
 def test_a_failed_compile_releases_its_lock(cache_root, tmp_path):
     """A compile error ends without put_group: the lock is released once the error is handled
     (the manager is collected), not at the timeout or at exit."""
@@ -350,6 +363,7 @@ time.sleep(120)
 '''
 
 
+@pytest.mark.slow
 def test_locks_are_not_counted_by_stats_nor_removed_by_prune(tmp_path, cache_root):
     runs = start_together(tmp_path, "triton", job_env(cache_root), n=2)
     assert all(r.returncode == 0 for r in runs)
@@ -434,6 +448,7 @@ def _no_flock_prefix(tmp_path: Path) -> list[str]:
     return prefix
 
 
+@pytest.mark.slow
 def test_where_flock_fails_single_flight_is_off_and_jobs_run_as_before(tmp_path, cache_root):
     prefix = _no_flock_prefix(tmp_path)
     environ = job_env(cache_root)  # resolved where flock works: the jobs then meet a kernel that fails it
@@ -454,10 +469,18 @@ def test_where_flock_fails_single_flight_is_off_and_jobs_run_as_before(tmp_path,
     assert "flock is not supported" in report["single_flight"]["problem"]
     assert report["exports"]["exports"]["GPU_CACHE_LOCKS"] == ""
     assert any("single-flight is off" in w for w in report["warnings"])
+    # prune there: nothing can lock .prune.lock, and it prunes all the same
+    pruned = subprocess.run([*prefix, sys.executable, "-m", "gpu_cache", "prune", "--max-size", "0", "--json",
+                             "--cache-root", str(cache_root)], env=clean_environ(), capture_output=True,
+                            text=True, timeout=120)
+    assert pruned.returncode == 0, pruned.stderr
+    pruned_report = json.loads(pruned.stdout)
+    assert pruned_report["problems"] == [] and pruned_report["triton"]["entries_removed"] == 5
 
 
 def test_doctor_says_single_flight_is_on(cache_root):
     shown = run_cli("doctor", "--cache-root", str(cache_root))
     assert shown.returncode == 0, shown.stderr
-    assert f"single-flight: on (locks in {cache_root / 'locks'}" in shown.stdout
+    assert f"single-flight: on, node mode (locks in {cache_root / 'locks'}; " in shown.stdout
+    assert "is local to this node" in shown.stdout
 

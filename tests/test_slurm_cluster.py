@@ -179,6 +179,70 @@ def test_failed_start_raises_with_log_tail_and_cleans_up(
     assert processes_referencing(str(tmp_path / "broken")) == []
 
 
+# ------------------------------------------------------------ two nodes
+
+
+def test_jobs_run_on_the_node_that_nodelist_names(slurm_two_nodes, two_nodes, tmp_path: Path) -> None:
+    """Each job runs on the node it was sent to: its hostname, its own /tmp (not the host's, not
+    the other node's), the one share at the same path, a job step (srun) on the same node."""
+    shared = two_nodes.shared / "nodelist"
+    two_nodes.host_path(shared).mkdir()
+    two_nodes.host_path(shared / "input.txt").write_text("from the share\n")
+    (tmp_path / "host-only").write_text("")
+    script = textwrap.dedent(f"""\
+        #!/bin/sh
+        hostname
+        cat {shared}/input.txt
+        touch /tmp/job-$SLURM_JOB_ID
+        echo $(ls /tmp | grep '^job-')
+        test -e {tmp_path}/host-only && echo "the host's /tmp" || echo "its own /tmp"
+        srun hostname
+        """)
+    sent: dict[int, str] = {}
+    for node in (two_nodes.a, two_nodes.b, two_nodes.a):  # one after the other
+        out = shared / f"{len(sent)}.out"
+        job = slurm_two_nodes.sbatch(script, f"--nodelist={node.hostname}", "--gres=gpu:h100:1",
+                                     f"--output={out}")
+        sent[job] = node.hostname
+        assert slurm_two_nodes.wait_job(job) == "COMPLETED"
+        lines = two_nodes.host_path(out).read_text().splitlines()
+        mine = {f"job-{j}" for j, host in sent.items() if host == node.hostname}
+        assert lines == [node.hostname, "from the share", " ".join(sorted(mine)), "its own /tmp",
+                         node.hostname], lines
+        rows = slurm_two_nodes.wait_accounted(job, ["NodeList"])
+        assert {row["NodeList"] for row in rows} == {node.hostname}, rows
+
+
+def test_two_nodes_of_a_killed_owner_are_swept_and_stop_leaves_nothing(two_nodes) -> None:
+    """Nodes and a SLURM cluster on them, left running by a SIGKILLed owner, are removed by the next
+    start (their processes, namespaces and folder), and that one's stop leaves nothing; the live
+    session's nodes are not touched."""
+    from daemons import processes_in_netns
+    from nodes import TwoNodes
+
+    owner = subprocess.Popen([sys.executable, str(Path(__file__).with_name("nodes.py")), "--slurm"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        assert owner.stdout is not None
+        lines = [owner.stdout.readline() for _ in range(6)]
+        assert lines[0].startswith("nodes up") and lines[5].startswith("SLURM up"), \
+            "".join(lines) + owner.stdout.read()
+    finally:
+        owner.kill()  # no cleanup: its nodes and daemons keep running
+        owner.wait()
+    crashed = [line.split(" netns ")[1].split(":")[0] for line in lines[1:5]]
+    workdir = Path(lines[0].split(" share ")[1].split()[0]).parent
+    assert all(processes_in_netns(f"/run/netns/{netns}") for netns in crashed)
+    with TwoNodes() as fresh:
+        assert not [netns for netns in crashed if Path("/run/netns", netns).exists()]
+        assert not workdir.exists()
+        assert fresh.a.run(["hostname"]).stdout.strip() == "gcnode-a"
+        own = [node.netns for node in fresh.nodes.values()]
+    assert not [netns for netns in own if Path("/run/netns", netns).exists()]
+    assert two_nodes.b.run(["hostname"]).stdout.strip() == "gcnode-b"  # the session's nodes run on
+
+
 # ------------------------------------------------- Snakemake SLURM executor plugin
 
 SNAKEFILE = textwrap.dedent(

@@ -5,7 +5,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import read_json, run_cli
+
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
 
 TRITON = json.dumps({"default_workloads": ["triton-kernels"],
                      "workloads": {"triton-kernels": {"shapes": [1000]}},

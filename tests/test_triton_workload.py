@@ -129,6 +129,7 @@ def test_targets_from_environment(cache_copy: Path) -> None:
     (["--shape", "64", "--mode", "jit"], "set", "GPU"),
     ([], "set", "--shape"),
 ])
+@pytest.mark.slow
 def test_bad_arguments_exit_2_with_one_line(args: list[str], cache: str | None, needle: str,
                                             tmp_path: Path) -> None:
     home = tmp_path / "home"

@@ -166,6 +166,7 @@ open(sys.argv[1], "w").write(repr(value))
 """
 
 
+@pytest.mark.slow
 def test_an_entry_planted_by_another_user_in_a_1777_folder_is_never_served(base):
     """The attack end to end: nobody plants an evil executable under the victim's key in a
     root-owned 1777 jax/; plain JAX serves it (x + 1.0 gives 100.0); through gpu-cache the
@@ -242,6 +243,130 @@ def test_a_folder_writable_by_another_group_is_refused_unless_it_is_the_shared_g
     assert (tmp_path / "fresh" / "root" / "jax").stat().st_mode & 0o022 == 0
 
 
+def env_exports(root: Path, config: dict | None = None, folder: Path | None = None) -> dict:
+    """What `gpu-cache env --json` exports and refuses for ``root`` (with ``config``)."""
+    args = ["env", "--json", "--cache-root", str(root)]
+    if config is not None:
+        args += ["--config", str(write_config((folder or root.parent) / "gpu-cache.yaml", config))]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    no_traceback(result)
+    return json.loads(result.stdout)
+
+
+def jax_cached_in(shown: dict, root: Path) -> bool:
+    """Whether JAX caches in ``root`` by what env exported: its folder, or the cache off."""
+    exports = shown["exports"]
+    if "JAX_COMPILATION_CACHE_DIR" in exports:
+        assert exports["JAX_COMPILATION_CACHE_DIR"] == str(root / "jax") and "jax" not in shown["problems"]
+        return True
+    assert exports["JAX_ENABLE_COMPILATION_CACHE"] == "false" and "jax" in shown["problems"]
+    return False
+
+
+#: Modes of a kind folder and whether JAX may cache there: only its owner (root) and, in
+#: shared-group mode, that group may write. 0757 is writable by others only (group root
+#: cannot), which a rule reading only the group bits would let through (#19).
+MODES = [(0o757, None, False), (0o1757, None, False), (0o775, None, False), (0o770, None, False),
+         (0o775, "team", True), (0o2770, "team", True), (0o757, "team", False), (0o755, None, True)]
+
+
+@pytest.mark.parametrize("mode,shared,cached", MODES, ids=[f"{m:o}-{s or 'alone'}" for m, s, _ in MODES])
+def test_who_may_write_a_kind_folder_decides_what_env_exports(mode, shared, cached, base, team_group):
+    root = base / "cache"
+    (root / "jax").mkdir(parents=True)
+    shutil.chown(root / "jax", group=team_group)
+    os.chmod(root / "jax", mode)
+    shown = env_exports(root, {"shared_group": team_group} if shared else None, base)
+    assert jax_cached_in(shown, root) is cached
+    # Only the folder others can plant in is refused: Triton still caches under the root.
+    assert shown["exports"]["TRITON_CACHE_DIR"] == str(root / "triton")
+
+
+def test_a_root_only_others_can_write_sends_every_kind_elsewhere(base):
+    root = base / "cache"
+    root.mkdir()
+    os.chmod(root, 0o757)
+    shown = env_exports(root, folder=base)
+    assert jax_cached_in(shown, root) is False
+    assert not shown["exports"]["TRITON_CACHE_DIR"].startswith(str(root))
+    locks = shown["single_flight"]["locks"]
+    assert locks is None or not locks.startswith(str(root))
+    os.chmod(root, 0o755)
+    assert jax_cached_in(env_exports(root, folder=base), root) is True
+
+
+# ---------------------------------------------------------------- folders above the root (#21)
+
+#: Modes of the folder that holds the root (root-owned) and whether the root may be used:
+#: anyone who may rename the root away in it may put theirs in its place, except under the
+#: sticky bit (then only the root's owner may rename it), as ssh's StrictModes judges.
+PARENTS = [(0o777, None, False), (0o757, None, False), (0o775, None, False), (0o775, "team", True),
+           (0o2770, "team", True), (0o1777, None, True), (0o1757, None, True), (0o1775, None, True),
+           (0o755, None, True)]
+
+
+@pytest.mark.parametrize("mode,shared,cached", PARENTS, ids=[f"{m:o}-{s or 'alone'}" for m, s, _ in PARENTS])
+def test_who_may_write_the_folder_above_the_root_decides_what_env_exports(mode, shared, cached, base,
+                                                                          team_group):
+    project = base / "project"
+    project.mkdir()
+    shutil.chown(project, group=team_group)
+    os.chmod(project, mode)
+    root = project / "cache"
+    shown = env_exports(root, {"shared_group": team_group} if shared else None, base)
+    assert jax_cached_in(shown, root) is cached
+    assert shown["exports"]["TRITON_CACHE_DIR"].startswith(str(root)) is cached
+    doctor = json.loads(run_cli("doctor", "--json", "--cache-root", str(root),
+                                *(["--config", str(base / "gpu-cache.yaml")] if shared else [])).stdout)
+    assert doctor["ok"] is cached
+
+
+def test_a_link_on_the_path_is_judged_where_it_lives_and_where_it_leads(base):
+    """The root through a symbolic link: the folder holding the link and the folders above
+    the link's target both decide."""
+    (base / "real").mkdir()
+    (base / "links").mkdir()
+    (base / "links" / "project").symlink_to(base / "real")
+    root = base / "links" / "project" / "cache"
+    assert jax_cached_in(env_exports(root, folder=base), root) is True
+    os.chmod(base / "links", 0o777)  # anyone may replace the link
+    assert jax_cached_in(env_exports(root, folder=base), root) is False
+    os.chmod(base / "links", 0o755)
+    os.chmod(base / "real", 0o777)  # anyone may rename the root in the link's target
+    assert jax_cached_in(env_exports(root, folder=base), root) is False
+
+
+def test_another_user_swapping_the_root_in_a_0777_parent_is_refused_and_the_sticky_bit_stops_it(base):
+    """The attack for real: the root in a 0777 project folder; user nobody renames it away and
+    puts their own in its place (after env ran, the jobs would use theirs). env refuses the
+    root up front; with the fix it proposes (chmod +t) the same swap fails."""
+    project = base / "project"
+    project.mkdir()
+    os.chmod(project, 0o777)
+    root = project / "cache"
+    shown = env_exports(root, folder=base)
+    assert jax_cached_in(shown, root) is False
+    assert f"chmod +t {project}" in shown["problems"]["jax"]
+    swap = ["runuser", "-u", "nobody", "--", "sh", "-c", 'mv "$1/cache" "$1/old" && mkdir "$1/cache"',
+            "sh", str(project)]
+    swapped = subprocess.run(swap, capture_output=True, text=True)
+    assert swapped.returncode == 0, swapped.stderr  # the danger is real
+    assert root.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    shutil.rmtree(root)
+    shutil.rmtree(project / "old")
+    os.chmod(project, 0o1777)
+    assert jax_cached_in(env_exports(root, folder=base), root) is True
+    refused = subprocess.run(swap, capture_output=True, text=True)
+    assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
+    assert root.stat().st_uid == os.geteuid() and (root / "jax").is_dir()
+    # A root that another user made first in the sticky folder is theirs: refused.
+    shutil.rmtree(root)
+    subprocess.run(["runuser", "-u", "nobody", "--", "mkdir", "-m", "755", str(root)], check=True)
+    assert jax_cached_in(env_exports(root, folder=base), root) is False
+
+
+@pytest.mark.slow
 def test_a_user_private_group_may_write_until_it_has_another_member(base, private_user):
     """With umask 002 every folder a user makes is writable by their private group: trusted,
     as long as that group is really private (here checked as the user, with runuser)."""
@@ -260,6 +385,11 @@ def test_a_user_private_group_may_write_until_it_has_another_member(base, privat
     assert "nobody" in grp.getgrnam(private_user).gr_mem
     shared = as_user(private_user, base, "env", "--json", "--config", str(config), "--cache-root", str(root))
     assert shared.returncode == 0, shared.stderr
+    why = json.loads(shared.stdout)["problems"]["jax"]
+    # The home above the root first: any member could now swap the root (#21).
+    assert f"{home}, above the cache root, is writable by group {private_user}" in why and "chmod g-w" in why
+    home.chmod(0o755)
+    shared = as_user(private_user, base, "env", "--json", "--config", str(config), "--cache-root", str(root))
     why = json.loads(shared.stdout)["problems"]["jax"]
     assert f"{root} is writable by group {private_user}" in why and "chmod g-w" in why
 
@@ -289,6 +419,7 @@ def nobody_can_add_a_file(folder: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_an_acl_that_lets_another_user_write_is_refused(base, team_group):
     root = base / "cache"
     jax = root / "jax"
@@ -360,10 +491,11 @@ def make_fault(base: Path, fault: str) -> Path:
 
 
 COMMANDS = (("env",), ("env", "--json"), ("doctor", "--no-fail"), ("warm",), ("validate",))
-EXPORT = ("-c", "import sys; from gpu_cache import env, settings; "
+EXPORT = ("-c", "import sys; from gpu_cache.config import settings; from gpu_cache.jobenv import env; "
                 "env.export(settings.settings_from({'default_workloads': []}, cache_root=sys.argv[1]))")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     """env, env --json, doctor --no-fail, warm, validate and the workflow's parse-time export
@@ -404,6 +536,7 @@ def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     assert len(warning_lines(exported.stderr)) == 1 and FAULTS[fault] in exported.stderr
 
 
+@pytest.mark.slow
 def test_a_root_whose_name_is_not_utf8_works_and_prints_its_bytes(base):
     """Linux names are bytes: a root that is not valid UTF-8 is used as is, and `env` prints
     its exact bytes even where stdout is strict UTF-8 (a UTF-8 locale; PYTHONIOENCODING)."""

@@ -1,6 +1,8 @@
 """Real Snakemake runs: the default workflow through the profile, and the profile on a stranger's workflow."""
 
 
+import pytest
+
 from helpers import (
     PROFILE,
     SMALL,
@@ -11,6 +13,8 @@ from helpers import (
     run_snakemake,
     workdir_with_config,
 )
+
+pytestmark = pytest.mark.slow  # every test here runs JAX or Snakemake for seconds
 
 STRANGER = """
 rule all:

@@ -265,11 +265,10 @@ def _explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.cache_root is None:
         raise UsageError("--explain needs a cache root (caching is turned off)")
-    explanations = explain.explain_cache(settings.cache_root, args.run_id)
+    report = explain.account_cache(settings.cache_root, args.run_id)
     if args.output:
-        _emit({"explain": explanations}, args.output, to_stdout=False)
-    sys.stdout.write(_dumps(explanations) if args.json
-                     else explain.render(explanations))
+        _emit(report, args.output, to_stdout=False)
+    sys.stdout.write(_dumps(report) if args.json else explain.render_account(report))
     return 0
 
 
@@ -307,8 +306,8 @@ def _pack(args: argparse.Namespace) -> int:
     if settings.cache_root is None:
         raise UsageError("pack needs a cache root (caching is turned off)")
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
-    report = carry.pack(settings.cache_root, Path(args.archive), args.kind or carry.CARRIED,
-                        args.gpu_type, args.workload, matcher)
+    report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                        gpu_type=args.gpu_type, workload=args.workload, matcher=matcher)
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_pack(report))
     return 0
 
@@ -318,13 +317,16 @@ def _unpack(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:
-        report = carry.unpack(settings.cache_root, Path(args.archive), args.kind, args.gpu_type,
-                              args.python, args.image, args.force, args.dry_run, settings.shared_group)
+        report = carry.unpack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
+                              gpu_type=args.gpu_type, python=args.python, image=args.image,
+                              force=args.force, dry_run=args.dry_run, shared_group=settings.shared_group)
     except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
         print(f"gpu-cache: error: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_unpack(report))
-    return 0
+    for line in report.failures():  # entries damaged in the archive: never a success
+        print(f"gpu-cache: error: {line}", file=sys.stderr)
+    return 1 if report.damaged else 0
 
 
 def _install_profile(args: argparse.Namespace) -> int:
@@ -350,30 +352,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-json", metavar="JSON", help=argparse.SUPPRESS)  # from the rules
 
 
-class _Unbuilt:
-    """Stands for the parser of a subcommand that this run does not use: its arguments go
-    nowhere. (Each parser costs about half a millisecond, mostly gettext lookups, and
-    ``gpu-cache env`` runs at every Snakemake start.)"""
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def set_defaults(self, **kwargs: Any) -> None:
-        return None
-
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> _Unbuilt:
-        return self
-
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> _Unbuilt:
-        return self
-
-
 def _command(sub: Any, name: str, handler: Handler, about: str,
              common: bool = True) -> argparse.ArgumentParser:
-    only = getattr(sub, "gpu_cache_only", None)
-    if only is not None and name != only:
-        sub.choices[name] = None  # a valid choice (and named in errors), never parsed with
-        return _Unbuilt()  # type: ignore[return-value]
     parser: argparse.ArgumentParser = sub.add_parser(name, help=about, description=about)
     parser.set_defaults(handler=handler)
     if common:
@@ -381,13 +361,11 @@ def _command(sub: Any, name: str, handler: Handler, about: str,
     return parser
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The ``gpu-cache`` argument parser; each subcommand sets its ``handler``. ``only``: build
-    the arguments of that subcommand alone (the others stay valid choices, unparsable)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gpu-cache`` argument parser; each subcommand sets its ``handler``."""
     parser = _Parser(prog="gpu-cache", description="Warm, validate, prune and observe JIT compile caches.")
     parser.add_argument("--version", action="version", version=f"gpu-cache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.gpu_cache_only = only  # type: ignore[attr-defined]
     parser.set_defaults(handler=lambda _args: _no_command(list(sub.choices)))
 
     p = _command(sub, "env", _env, "print the cache environment as shell lines (eval \"$(gpu-cache env)\")")
@@ -425,10 +403,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
     p.add_argument("--explain", action="store_true",
-                   help="explain why JAX computations missed: diff their cache-key parts against "
+                   help="account for every miss `gpu-cache stats` counts, by rule and cause, and "
+                        "explain why computations missed: diff their cache-key parts against "
                         "earlier runs' (from the stats hook's records)")
     p.add_argument("--run-id", help="with --explain: the run whose misses to explain "
-                                    "(default: the latest process that missed)")
+                                    "(default: every record; key by key, the latest that missed)")
     p.add_argument("--fix", action="store_true",
                    help="also remove broken entries (empty or truncated JAX entries, orphan halves, "
                         "stale temporaries), as prune does, keeping every good one")
@@ -447,7 +426,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("archive", metavar="ARCHIVE", help="the archive to write: .tar, .tar.gz/.tgz, "
                                                       ".tar.xz/.txz or .tar.bz2/.tbz2")
     p.add_argument("--kind", action="append", metavar="KIND",
-                   help="pack this kind (jax, triton); repeatable (default: both)")
+                   help=f"pack this kind ({', '.join(kinds.CARRIED)}); repeatable (default: all)")
     p.add_argument("--gpu-type", help="only the entries this GPU type's warm and validate passes "
                                       "used (from the records)")
     p.add_argument("--workload", help="only the entries this workload's warm and validate passes "
@@ -458,7 +437,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                          "to the cache; exit 1 when refused")
     p.add_argument("archive", metavar="ARCHIVE", help="an archive written by `gpu-cache pack`")
     p.add_argument("--kind", action="append", metavar="KIND",
-                   help="unpack only this kind (jax, triton); repeatable (default: all in it)")
+                   help=f"unpack only this kind ({', '.join(kinds.CARRIED)}); repeatable "
+                        "(default: all in it)")
     p.add_argument("--gpu-type", help="the GPU type the entries are for: JAX entries must have been "
                                       "compiled on it, Triton ones for its compute capability")
     target = p.add_mutually_exclusive_group()
@@ -495,10 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     _keep_path_bytes()
     try:
         argv = sys.argv[1:] if argv is None else argv
-        # The subcommand is the first word that is not an option (the top level takes no
-        # option values): only its parser is built.
-        command = next((word for word in argv if not word.startswith("-")), None)
-        args = build_parser(command).parse_args(argv)
+        args = build_parser().parse_args(argv)
         handler: Handler = args.handler
         return handler(args)
     except UsageError as exc:

@@ -52,7 +52,7 @@ def pack(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="gpu-cache-carry-cpu-")) / "root"
     runs = [run_workload(n, root / "triton", ["--mode", "aot", "--targets", args.targets], {})
             for n in _shapes(args.shapes)]
-    report = carry.pack(root, Path(args.archive).absolute(), ("triton",))
+    report = carry.pack(root=root, archive=Path(args.archive).absolute(), kinds=("triton",))
     print(json.dumps({"host": platform.node(), "machine": "CPU only", "packed_from": str(root),
                       "pack": report.as_dict(), "key_components": key_components(),
                       "aot_runs": [{k: r[k] for k in ("shape", "kernels", "misses", "targets")}
@@ -67,7 +67,7 @@ def gpu(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"device": here.as_dict(), "python": sys.version.split()[0],
                               "key_components": key_components(), "cache_root": str(root)}
     try:
-        report = carry.unpack(root, Path(args.archive), ("triton",),
+        report = carry.unpack(root=root, archive=Path(args.archive), kinds=("triton",),
                               gpu_type=None if here.gpu_type == "cpu" else here.gpu_type)
     except carry.Refused as exc:
         result["refused"] = str(exc)

@@ -1,7 +1,8 @@
 """GPU benchmark: warm start, fan-out, end to end and overheads, measured side by side.
 
     python tests/benchmarks/gpu_benchmark.py --out DIR [--sections jax,triton,fla,fanout,e2e,overhead,
-                                                                   flight_jax,flight_fla,recheck,breakdown]
+                                                                   flight_jax,flight_fla,recheck,breakdown,
+                                                                   replay_fla]
 
 Every case runs in fresh processes. "no cache" switches JAX's cache off and gives Triton an
 empty folder; "cold" is gpu-cache's environment on an empty cache root; "warm" is the same
@@ -205,6 +206,91 @@ def section_breakdown(scratch: Path, quick: bool) -> dict[str, Any]:
     out["jax_cold"] = run_one(jax_command(quick, batch=2), cache_environ(root / "jax", scratch))
     return out
 
+REPLAY = [sys.executable, "-m", "gpu_cache.workloads.triton_replay"]
+
+
+def copy_records(records: Path, into: Path, older: bool) -> int:
+    """Copy the records in ``records`` into ``into``; ``older``: as if an older Triton had
+    written them (the replay then launches each kernel ahead of time, as after an upgrade).
+    Returns how many kernel descriptions they hold."""
+    into.mkdir(parents=True, exist_ok=True)
+    described = 0
+    for path in records.glob("*.json"):
+        record = json.loads(path.read_text())
+        for kernel in (record.get("triton") or {}).get("kernels") or []:
+            if older:
+                kernel["triton"], kernel["key"] = "an older triton", None
+            described += 1
+        (into / path.name).write_text(json.dumps(record))
+    return described
+
+
+def replay_run(root: Path, scratch: Path, jobs: int) -> dict[str, Any]:
+    """The replay step alone on ``root`` (its records, its entries)."""
+    environ = cache_environ(root, scratch)
+    return run_one([*REPLAY, "--records", str(hook_records.records_dir(root)), "--jobs", str(jobs)], environ)
+
+
+def section_replay_fla(scratch: Path, quick: bool, workers: int = 8) -> dict[str, Any]:
+    """Issue 26: the first fan-out of ``workers`` FLA processes on an empty root, four ways side
+    by side: the storm without gpu-cache, single-flight, replay (a root that holds the kernel
+    records of an earlier run, made as if by an older Triton, but no entries: the replay step
+    starts with the fan-out) and warm-then-fan-out (the replay step of the same records as they
+    are, then the fan-out); and the replay step's Triton part on all cores vs in turn. Without a
+    GPU (``--allow-cpu``) the workload is triton-kernels ahead of time for sm_90, 2 processes."""
+    gpu = device.detect().gpu_type != "cpu"
+    command = ([*FLA, "--tokens", "2048"] if gpu else
+               [sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "256", "--mode", "aot",
+                "--targets", "sm_90"])
+    workers = workers if gpu else 2
+    cores = len(os.sched_getaffinity(0))
+    plain = cache_environ(None, scratch)  # no gpu-cache: one Triton folder, as ~/.triton is
+    storm = run_many(command, [dict(plain) for _ in range(workers)])
+    flight = run_many(command, [cache_environ(scratch / "flight", scratch) for _ in range(workers)])
+    # The replay case gets the records as an older Triton's (the case after an upgrade); the warm
+    # step, as they are (the same software: Triton's own compile call, each key checked).
+    described = {case: copy_records(hook_records.records_dir(scratch / "flight"),
+                                    hook_records.records_dir(scratch / case), older=case == "replay")
+                 for case in ("replay", "warm", "serial", "parallel")}
+    # replay: the replay step starts with the fan-out, on the same root
+    run_id = uuid.uuid4().hex
+    started = time.perf_counter()
+    step = start([*REPLAY, "--jobs", str(cores)], dict(cache_environ(scratch / "replay", scratch),
+                                                       GPU_CACHE_RUN_ID=run_id))
+    fan = run_many(command, [cache_environ(scratch / "replay", scratch) for _ in range(workers)])
+    step_run = finish(step, started)
+    replay = {"replay_step": step_run, "fan_out": fan,
+              "wall_seconds": round(time.perf_counter() - started, 3),
+              "cpu_seconds": round(step_run["cpu_seconds"] + fan["cpu_seconds"], 2)}
+    warm_started = time.perf_counter()
+    warm_step = replay_run(scratch / "warm", scratch, cores)
+    warm_fan = run_many(command, [cache_environ(scratch / "warm", scratch) for _ in range(workers)])
+    warm_then = {"warm_step": warm_step, "fan_out": warm_fan,
+                 "wall_seconds": round(time.perf_counter() - warm_started, 3),
+                 "cpu_seconds": round(warm_step["cpu_seconds"] + warm_fan["cpu_seconds"], 2)}
+    serial, parallel = (replay_run(scratch / "serial", scratch, 1),
+                        replay_run(scratch / "parallel", scratch, cores))
+
+    def triton_part(run: dict[str, Any]) -> float:
+        result = run["result"]
+        return round(result.get("seconds", 0.0) - result.get("import_seconds", 0.0), 3)
+
+    return {
+        "workers": workers, "cores": cores, "command": command[1:], "kernels_recorded": described["replay"],
+        "storm": storm, "single_flight": flight, "replay": replay, "warm_then_fan_out": warm_then,
+        "warm_step_serial": serial, "warm_step_parallel": parallel,
+        "ratios": {
+            "single_flight_wall_vs_storm": round(flight["wall_seconds"] / storm["wall_seconds"], 3),
+            "replay_wall_vs_storm (target <= 0.8)": round(replay["wall_seconds"] / storm["wall_seconds"], 3),
+            "replay_cpu_vs_storm (target <= 0.5)": round(replay["cpu_seconds"] / storm["cpu_seconds"], 3),
+            "warm_then_fan_out_wall_vs_storm (target <= 1.0)":
+                round(warm_then["wall_seconds"] / storm["wall_seconds"], 3),
+            "warm_triton_parallel_vs_serial (target <= 0.3)":
+                round(triton_part(parallel) / max(triton_part(serial), 1e-9), 3),
+        },
+    }
+
+
 
 def three_cases(command: list[str], scratch: Path) -> dict[str, Any]:
     root = scratch / "cache"
@@ -311,7 +397,7 @@ def section_overhead(scratch: Path, quick: bool, repeats: int = 5) -> dict[str, 
 SECTIONS = {"jax": section_jax, "triton": section_triton, "fla": section_fla,
             "fanout": section_fanout, "e2e": section_e2e, "overhead": section_overhead,
             "flight_jax": section_flight_jax, "flight_fla": section_flight_fla,
-            "recheck": section_recheck, "breakdown": section_breakdown}
+            "recheck": section_recheck, "breakdown": section_breakdown, "replay_fla": section_replay_fla}
 
 
 def machine() -> dict[str, Any]:

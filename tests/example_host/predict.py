@@ -3,12 +3,13 @@
     python predict.py --tokens 64 [--output FILE]
 
 Writes (or prints) one JSON object: the tokens, what the persistent cache did in this process
-(requests and hits from jax.monitoring), and the cache environment the job saw.
+(requests and hits from jax.monitoring), the cache environment the job saw and its host's name.
 """
 
 import argparse
 import json
 import os
+import socket
 import sys
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -47,6 +48,7 @@ result = {
     "tokens": args.tokens,
     "scores": [round(float(s), 4) for s in scores],
     "cache": counts,
+    "host": socket.gethostname(),
     "environment": {name: os.environ.get(name) for name in (
         "JAX_COMPILATION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")},

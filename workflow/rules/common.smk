@@ -14,6 +14,13 @@ min_version("9.0")
 
 # The package lives in the checkout's scripts/ folder: importable without installation.
 GPU_CACHE_SCRIPTS = Path(workflow.current_basedir).parent.parent / "scripts"
+# The rules put it on PYTHONPATH, which splits at every ':' (#21): say so now, not in a rule.
+if os.pathsep in str(GPU_CACHE_SCRIPTS):
+    raise ValueError(
+        f"gpu-cache: its checkout {GPU_CACHE_SCRIPTS.parent} has {os.pathsep!r} in its path, which "
+        "PYTHONPATH cannot hold, so its rules could not import it; move it to a path without "
+        f"{os.pathsep!r}"
+    )
 if str(GPU_CACHE_SCRIPTS) not in sys.path:
     sys.path.insert(0, str(GPU_CACHE_SCRIPTS))
 
@@ -21,6 +28,7 @@ from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
+from gpu_cache.config.settings import PLACEMENT_RESOURCES as GPU_CACHE_PLACEMENT
 from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
 from gpu_cache.commands.workload import plan_phase as gpu_cache_plan_phase
 
@@ -142,11 +150,9 @@ def gpu_cache_keep_host_target():
         workflow.default_target = GPU_CACHE_HOST_TARGET
 
 
-#: Optional GPU types (the partition may lack them): their jobs give up instead of waiting.
-GPU_CACHE_OPTIONAL = [name for name, spec in GPU_CACHE_TYPES.items() if spec.optional]
-#: Resources that put a job on a node of its GPU type; a job of an optional type that could
-#: not run there is retried without them (it then runs no workload: "unscheduled").
-GPU_CACHE_PLACEMENT = ("slurm_partition", "qos", "gres", "gpu", "gpu_model", "constraint", "slurm_extra")
+#: Optional GPU types (the partition may lack them; by default every type that asks SLURM
+#: for a place): a job of them that found no node ends "unscheduled" and holds nothing back.
+GPU_CACHE_OPTIONAL = [name for name, spec in GPU_CACHE_TYPES.items() if spec.is_optional]
 
 
 def gpu_cache_retries():
@@ -159,7 +165,7 @@ def gpu_cache_skip(gpu_type, input, attempt):
     """Why a warm or check job of an optional type runs no workload (None: it runs them):
     a later attempt (the first did not finish on a node of its type), or a check whose
     warm was unscheduled. Reads the warm report only once it exists."""
-    if not GPU_CACHE_TYPES[gpu_type].optional:
+    if not GPU_CACHE_TYPES[gpu_type].is_optional:
         return None
     if attempt > 1:
         return (
@@ -179,13 +185,23 @@ def gpu_cache_skip(gpu_type, input, attempt):
     return None
 
 
+def gpu_cache_deadline(spec):
+    """The sbatch --deadline of an optional type's jobs (SLURM drops a job that cannot end
+    before it): queue_wait plus the type's runtime. None without a runtime: SLURM judges a
+    deadline against the job's time limit, which would then be the partition's default, so
+    a deadline could drop every job at once."""
+    if not spec.is_optional or not spec.resources.get("runtime"):
+        return None
+    return f"--deadline=now+{int(spec.queue_wait_seconds + 60 * spec.resources['runtime'])}"
+
+
 def gpu_cache_resources():
     """Per-GPU-type SLURM resources of the warm and check jobs, one function per resource
     name that any type sets; a type that does not set it asks for nothing (None). An
-    optional type's jobs carry a --deadline (queue_wait plus runtime), and ask for no GPU
-    when they run no workload (gpu_cache_skip)."""
+    optional type's jobs carry a --deadline (queue_wait plus runtime) where the type sets
+    its runtime, and ask for no GPU when they run no workload (gpu_cache_skip)."""
     names = {name for spec in GPU_CACHE_TYPES.values() for name in spec.resources}
-    if GPU_CACHE_OPTIONAL:
+    if any(gpu_cache_deadline(spec) for spec in GPU_CACHE_TYPES.values()):
         names.add("slurm_extra")
     for name in names & {"mem_mb", "runtime"}:
         lacking = [t for t, spec in GPU_CACHE_TYPES.items() if name not in spec.resources]
@@ -200,10 +216,8 @@ def gpu_cache_resources():
             spec = GPU_CACHE_TYPES[wildcards.gpu_type]
             if name in GPU_CACHE_PLACEMENT and gpu_cache_skip(wildcards.gpu_type, input, attempt):
                 return None
-            if name == "slurm_extra" and spec.optional:
-                # SLURM drops the job when it cannot end before the deadline.
-                wait = int(spec.queue_wait_seconds + 60 * spec.resources.get("runtime", 0))
-                return " ".join(filter(None, [spec.resources.get(name), f"--deadline=now+{wait}"]))
+            if name == "slurm_extra" and gpu_cache_deadline(spec):
+                return " ".join(filter(None, [spec.resources.get(name), gpu_cache_deadline(spec)]))
             return spec.resources.get(name)
 
         return value

@@ -6,24 +6,46 @@ JAX's persistent-cache read and write with it, and the Triton cache manager in
 
 - ``GPU_CACHE_LOCKS``: an absolute folder for the lock files (unset, empty or relative: off);
 - ``GPU_CACHE_LOCK_TIMEOUT``: seconds a process waits for another one's compile before it
-  compiles itself (default 600).
+  compiles itself (default 600);
+- ``GPU_CACHE_LOCK_MODE``: ``node`` (default: ``flock`` alone) or ``cluster`` (``flock`` within
+  a node, and a lease file per key across the nodes that share the folder).
 
-One advisory ``flock`` lock file per key, ``$GPU_CACHE_LOCKS/<kind>/<key>-<where>.lock``
-(``<where>``: 8 hex digits of the cache folder the entry goes to). Outside every cache
-folder: inventory, stats and prune never see it. The protocol, after a process missed a key:
+Per key, in ``$GPU_CACHE_LOCKS/<kind>/`` (``<kind>`` made ``0700``, ``2770`` where the lock
+folder is a team's): ``<key>-<where>.lock``, an advisory ``flock`` lock, and in cluster mode
+``<key>-<where>.<n>.lease`` files. ``<where>``: 8 hex digits of the cache folder the entry
+goes to, relative to the folder above ``$GPU_CACHE_LOCKS`` (the cache root), so nodes that
+mount the share at different paths agree on the names. Outside every cache folder:
+inventory, stats and prune never see them. After a process missed a key:
 
-1. open (create) the lock file and try ``flock(LOCK_EX | LOCK_NB)``; while another process
-   holds it, poll with short sleeps (never a blocking flock), until the lock is ours, the entry
-   appears (``peek``, where reading it while it is written is safe), or the timeout: then
-   compile without a lock (a suspended leader holds nobody past the bound);
-2. with the lock: read the cache again (a leader may just have written the entry): a hit is
-   returned and the lock released; a miss makes this process the leader, which holds the lock
-   until the entry is written (or the compile failed) and then releases it;
-3. a leader unlinks the lock file before it unlocks, so the folder only holds the keys being
+1. it takes the key's ``flock`` lock, polling with short sleeps (never a blocking flock),
+   until the lock is ours, the entry appears (``peek``: a read that is safe while the entry is
+   written), or the timeout (then it compiles without a lock: a suspended leader holds nobody
+   past the bound);
+2. with the lock it reads the cache again (a leader may just have written the entry): a hit is
+   returned and the lock released;
+3. cluster mode: the node's leader then creates lease ``0`` with an exclusive create, naming
+   itself (host, boot id, pid namespace, pid and start time, a random nonce). Any failed create
+   means "maybe it exists": it opens the lease to look. A lease it sees is watched, by reading
+   its content (attributes may be cached on a network filesystem; content read after ``open``
+   is fresh): the holder rewrites a beat counter every ``LEASE_BEAT`` seconds while it
+   compiles. A lease whose content has not changed for ``LEASE_STALE`` seconds of the waiter's
+   own clock (no clocks are compared across nodes), or whose holder is a dead process of this
+   very host, is passed over by creating lease ``n + 1``: exactly one waiter wins each number,
+   so breaking a lease never makes two leaders. The winner reads the cache again, compiles,
+   and removes its lease and the lower ones once the entry is written. While it waits, a waiter
+   peeks for the entry and stops as soon as it is there;
+4. a leader unlinks the lock file before it unlocks, so the folder only holds the keys being
    compiled now. A waiter that then gets the lock of an unlinked file re-reads the cache; on a
    miss it opens the file again. A leader that ends without writing the entry (a compile error,
-   an entry the tool decided not to write) first writes ``abandoned`` into the file: its
+   an entry the tool decided not to write) first writes ``abandoned`` into the lock file: its
    waiters then compile side by side instead of one after another.
+
+Lock rules (docs/guarantees.md, "Locks"): nobody but you (and, in a team's lock folder, its
+group) can open a lock or lease file: they are made with an exclusive create, mode ``0600``
+(``0660`` in a team's folder) whatever the umask, in a kind folder others cannot enter. A lock
+or lease file that is not so (another user's file, a symlink, a FIFO, a device, a folder, a
+file others could have opened) is never waited on: it is replaced (renamed over, never
+followed) or, where it cannot be, this process compiles without single-flight for that key.
 
 The kernel releases a dead process's locks at once (its lock file stays until the next leader
 of that key removes it). A filesystem where ``flock`` fails turns single-flight off for the
@@ -34,23 +56,33 @@ timeout bounds every wait anyway.
 
 import errno
 import os
+import stat
 import threading
 import time
 
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+MODE_VAR = "GPU_CACHE_LOCK_MODE"
 DEFAULT_TIMEOUT = 600.0
 #: What a leader that wrote no entry leaves in its lock file for the processes waiting on it.
 ABANDONED = b"abandoned\n"
-#: Longest sleep between two polls of a held lock.
+#: Longest sleep between two polls of a held lock, and of a lease on the shared folder.
 MAX_POLL = 0.02
+MAX_LEASE_POLL = 0.25
+#: A lease holder rewrites its beat every LEASE_BEAT seconds; a lease unchanged for
+#: LEASE_STALE seconds (the waiter's own clock) is passed over. A waiter on another node thus
+#: goes on at most LEASE_STALE + MAX_LEASE_POLL seconds after its holder stopped or died.
+LEASE_BEAT = 1.0
+LEASE_STALE = 10.0
 #: Errors of flock that mean "held by another process" (everything else: locks do not work).
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_OPEN = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+_MAGIC = b"gpu-cache lease 1\n"
 
 
 def _stat_fields():
-    return {"state": "on", "led": 0, "waited": 0, "hits_after_wait": 0, "gave_up": 0,
-            "abandoned": 0, "wait_seconds": 0.0}
+    return {"state": "on", "mode": "node", "led": 0, "waited": 0, "hits_after_wait": 0,
+            "gave_up": 0, "abandoned": 0, "wait_seconds": 0.0, "leases_passed": 0, "replaced": 0}
 
 
 class _Flight:
@@ -60,13 +92,18 @@ class _Flight:
         self.mutex = threading.Lock()
         self.stats = {}
         self.off = {}  # kind (or "*") -> why single-flight is off
+        self.no_leases = {}  # kind -> why leases are off (flock still works)
         self.held = {}  # (kind, name) -> _Lock held by this process
+        self.folders = {}  # kind -> (its lock folder, group mode bits of its files, its group)
+        self.leases = set()  # _Lease objects this process holds (the beat thread's work)
+        self.beat = None  # the beat thread
         self.warn = None
         folder = environ.get(LOCKS_VAR) or ""
-        self.folder = folder if os.path.isabs(folder) else None
+        self.folder = os.path.normpath(folder) if os.path.isabs(folder) else None
         if self.folder is None:
             self.off["*"] = f"{LOCKS_VAR} is not set" if not folder else \
                 f"{LOCKS_VAR} is not an absolute path: {folder[:200]!r}"
+        self.cluster = environ.get(MODE_VAR) == "cluster"
         try:
             self.timeout = max(0.0, float(environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT))
         except ValueError:
@@ -84,6 +121,9 @@ class _Flight:
 
     def reason(self, kind):
         return self.off.get("*") or self.off.get(kind)
+
+    def leasing(self, kind):
+        return self.cluster and kind not in self.no_leases
 
 
 _FLIGHT = None
@@ -103,17 +143,22 @@ def _flight():
 
 def _forget_in_child():
     """A forked child shares its parent's open lock files: close its copies (the parent's
-    locks stay held by the parent) and forget them."""
+    locks and leases stay held by the parent) and forget them."""
     flight = _FLIGHT
     if flight is None:
         return
     for lock in list(flight.held.values()):
-        try:
-            os.close(lock.fd)
-        except OSError:
-            pass
+        for fd in (lock.fd, lock.lease.fd if lock.lease is not None else None):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         lock.fd = None
+        lock.lease = None
     flight.held.clear()
+    flight.leases = set()
+    flight.beat = None
     flight.mutex = threading.Lock()
 
 
@@ -135,28 +180,215 @@ def disable(kind, why):
 
 def stats(kind):
     """What single-flight did for ``kind`` in this process, for its record: ``state`` is "on"
-    or "off: <why>"; counts of keys it compiled as leader (``led``), waited for, found after
-    the wait, gave up on after the timeout, and leaders' abandoned compiles it saw."""
+    or "off: <why>"; ``mode`` "node" or "cluster" (or "node: <why leases are off>"); counts of
+    keys it compiled as leader (``led``), waited for, found after the wait, gave up on after the
+    timeout, leaders' abandoned compiles it saw, stale leases it passed over, and lock or lease
+    files not made by the lock rules that it replaced."""
     flight = _flight()
     out = dict(flight.kind_stats(kind))
     why = flight.reason(kind)
     if why:
         out["state"] = f"off: {why}"
+    if flight.cluster:
+        out["mode"] = f"node: {flight.no_leases[kind]}" if kind in flight.no_leases else "cluster"
     out["wait_seconds"] = round(out["wait_seconds"], 3)
     out["timeout"] = flight.timeout
     return out
 
 
 def lock_name(key, where):
-    """The lock file's name for cache key ``key`` of the cache folder ``where``."""
+    """The lock file's name for cache key ``key`` of the cache folder ``where``: the same on
+    every node, wherever it mounts the share (``where`` counts relative to the folder above
+    the lock folder, the cache root, when it lies below it)."""
     import zlib
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(key))
     if len(safe) > 180:  # keys end in their hash: keep the end
         safe = safe[-180:]
-    crc = zlib.crc32(os.fsencode(str(where or "")))
-    return f"{safe}-{crc:08x}.lock"
+    where = os.path.normpath(str(where or ""))
+    folder = _flight().folder
+    if folder is not None:
+        root = os.path.dirname(folder)
+        if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+            where = os.path.relpath(where, root)
+    return f"{safe}-{zlib.crc32(os.fsencode(where)):08x}.lock"
 
+
+# --- the lock rules ----------------------------------------------------------------------
+
+def _kind_folder(flight, kind):
+    """``(folder, group_bits, gid)``: ``$GPU_CACHE_LOCKS/<kind>``, made and checked by the
+    lock rules, the group mode bits its lock files get (0o060 in a team's folder, else 0) and
+    its group; None (single-flight off for ``kind``, said once) where the rules cannot hold."""
+    known = flight.folders.get(kind)
+    if known is not None:
+        return known
+    parent = flight.folder
+    folder = os.path.join(parent, kind)
+    try:
+        if not os.path.lexists(parent):
+            os.makedirs(parent, 0o700, exist_ok=True)
+        above = os.stat(parent)
+        if not stat.S_ISDIR(above.st_mode):
+            raise OSError(errno.ENOTDIR, "not a folder")
+        team = bool(above.st_mode & stat.S_IWGRP)
+        if above.st_mode & stat.S_IWOTH or (above.st_uid not in (os.geteuid(), 0) and not team):
+            raise OSError(errno.EPERM, f"writable by others (owner uid {above.st_uid}, mode "
+                          f"{stat.S_IMODE(above.st_mode):04o})")
+        mode = 0o2770 if team else 0o700
+        try:
+            os.mkdir(folder, 0o700)
+            os.chmod(folder, mode)  # whatever the umask; setgid keeps the team's group
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        why = _folder_problem(info, above, team)
+        if why and info.st_uid == os.geteuid() and stat.S_ISDIR(info.st_mode):
+            os.chmod(folder, mode)  # ours, made by an older gpu-cache or under another umask
+            info = os.lstat(folder)
+            why = _folder_problem(info, above, team)
+        if why:
+            raise OSError(errno.EPERM, why)
+    except OSError as exc:
+        _give_up_on_locks(flight, kind, folder, exc, doing="keep lock files private")
+        return None
+    known = flight.folders[kind] = (folder, 0o060 if team else 0, info.st_gid)
+    return known
+
+
+def _folder_problem(info, above, team):
+    if not stat.S_ISDIR(info.st_mode):
+        return f"is {_describe(info.st_mode)}, not a folder"
+    if info.st_uid != os.geteuid() and not (team and info.st_gid == above.st_gid):
+        return f"is owned by uid {info.st_uid}"
+    allowed = 0o2770 if team and info.st_gid == above.st_gid else 0o700
+    if stat.S_IMODE(info.st_mode) & ~allowed & 0o777:
+        return f"has mode {stat.S_IMODE(info.st_mode):04o}: others could reach its lock files"
+    return None
+
+
+def _describe(mode):
+    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return what
+    return "a regular file"
+
+
+def _private(info, folder):
+    """Why the file ``info`` in lock folder ``folder`` breaks the lock rules, or None: a
+    regular file of ours (or of the team, in its group) that nobody else can open."""
+    _, group_bits, gid = folder
+    if not stat.S_ISREG(info.st_mode):
+        return _describe(info.st_mode)
+    if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):
+        return f"owned by uid {info.st_uid}"
+    if stat.S_IMODE(info.st_mode) & ~(0o600 | group_bits):
+        return f"mode {stat.S_IMODE(info.st_mode):04o}, which others may open"
+    return None
+
+
+def _create(path, group_bits):
+    """Create ``path`` exclusively by the lock rules; its descriptor (O_RDWR).
+
+    Raises:
+        OSError: as ``open`` does (FileExistsError, or on sshfs often PermissionError, for a
+            name that exists), or the new file is not ours (a filesystem that maps owners).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
+    try:
+        os.fchmod(fd, 0o600 | group_bits)  # whatever the umask or a default ACL
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"files made here belong to uid {info.st_uid}, not to "
+                          f"uid {os.geteuid()}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _set_aside(path, judged):
+    """Remove what ``path`` names, which was found to break the lock rules (``judged``: its
+    lstat), so that an exclusive create makes the lock file anew: one creator wins, however
+    many processes replace the name at once. It is renamed aside first, and put back when it
+    turned out to be a lock file another process made meanwhile. Never follows a link.
+
+    Raises:
+        OSError: it cannot be renamed (a sticky folder and another user's file).
+    """
+    import uuid
+
+    aside = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.aside")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    moved = os.lstat(aside)
+    if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
+        try:
+            os.link(aside, path)  # a fresh lock file of another process: back in place
+        except OSError:
+            pass
+    os.unlink(aside)
+
+
+def _open(flight, kind, path, folder):
+    """The lock file at ``path``, opened (made) by the lock rules; None (and single-flight
+    off for ``kind``) where that cannot be done."""
+    stats = flight.kind_stats(kind)
+    why = None
+    for _attempt in range(4):
+        try:
+            named = os.lstat(path)
+        except FileNotFoundError:
+            try:
+                return _create(path, folder[1])
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                return _give_up_on_locks(flight, kind, path, exc)
+        except OSError as exc:
+            return _give_up_on_locks(flight, kind, path, exc)
+        if stat.S_ISDIR(named.st_mode):
+            return _give_up_on_locks(flight, kind, path, OSError(errno.EISDIR, "a folder is at a lock name"))
+        why = None if stat.S_ISREG(named.st_mode) else _describe(named.st_mode)  # a device is never opened
+        if why is None:
+            try:
+                fd = os.open(path, os.O_RDWR | _OPEN)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # another user's file, or swapped for a link or FIFO
+                why = exc.strerror or str(exc)
+            else:
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) != (named.st_dev, named.st_ino):
+                    os.close(fd)  # replaced meanwhile: look again
+                    continue
+                why = _private(info, folder)
+                if why is None:
+                    return fd
+                os.close(fd)
+        try:
+            _set_aside(path, named)
+            stats["replaced"] += 1
+        except OSError as exc:
+            return _give_up_on_locks(flight, kind, path, OSError(
+                exc.errno, f"{os.path.basename(path)} is {why} and cannot be replaced "
+                f"({exc.strerror or exc})"))
+    return _give_up_on_locks(flight, kind, path, OSError(errno.EAGAIN, f"keeps being replaced ({why})"))
+
+
+def _give_up_on_locks(flight, kind, path, exc, doing="create lock files"):
+    why = f"cannot {doing} in {os.path.dirname(path)[:300]}: {exc.strerror or exc}"
+    disable(kind, why)
+    if flight.warn is not None:
+        flight.warn(f"single-flight off for {kind}", OSError(exc.errno, why))
+    return None
+
+
+# --- held locks ---------------------------------------------------------------------------
 
 class _Lock:
     """A held lock of one key: release it once the entry is written (or will not be)."""
@@ -164,6 +396,7 @@ class _Lock:
     def __init__(self, flight, kind, name, path, fd):
         self.flight, self.kind, self.name, self.path, self.fd = flight, kind, name, path, fd
         self.thread = threading.get_ident()
+        self.lease = None
 
     def release(self, wrote=True):
         """Unlock (idempotent; never raises). ``wrote``: the entry is in the cache now; else
@@ -177,8 +410,12 @@ class _Lock:
     def _release(self, wrote):
         with self.flight.mutex:
             fd, self.fd = self.fd, None
+            lease, self.lease = self.lease, None
             if self.flight.held.get((self.kind, self.name)) is self:
                 del self.flight.held[(self.kind, self.name)]
+            self.flight.leases.discard(lease)
+        if lease is not None:
+            lease.remove()
         if fd is None:
             return
         if not wrote:
@@ -197,12 +434,12 @@ def _unlock(fd, path, wrote, unlink=True):
             try:
                 os.pwrite(fd, ABANDONED, 0)
             except OSError:
-                pass  # a lock file opened read-only: waiters then take turns instead
+                pass
         if unlink and not _stale(fd, path):
             try:
                 os.unlink(path)
             except OSError:
-                pass  # a sticky folder of another user: the next leader reuses the file
+                pass  # the next leader reuses the file
         fcntl.flock(fd, fcntl.LOCK_UN)  # releases it for forked children's copies too
     except OSError:
         pass
@@ -223,38 +460,6 @@ def _stale(fd, path):
     return (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino)
 
 
-def _open(flight, kind, path):
-    """The lock file, opened (created) without following a symlink; None (and single-flight
-    off for ``kind``) where lock files cannot be made."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    for attempt in range(2):
-        try:
-            return os.open(path, flags, 0o666)
-        except FileNotFoundError:
-            if attempt:
-                break
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            except OSError as exc:
-                return _give_up_on_locks(flight, kind, path, exc)
-        except PermissionError:  # another user's lock file: flock works on a read-only open
-            try:
-                return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError as exc:
-                return _give_up_on_locks(flight, kind, path, exc)
-        except OSError as exc:
-            return _give_up_on_locks(flight, kind, path, exc)
-    return _give_up_on_locks(flight, kind, path, FileNotFoundError(errno.ENOENT, "vanished"))
-
-
-def _give_up_on_locks(flight, kind, path, exc, doing="create lock files"):
-    why = f"cannot {doing} in {os.path.dirname(path)[:300]}: {exc.strerror or exc}"
-    disable(kind, why)
-    if flight.warn is not None:
-        flight.warn(f"single-flight off for {kind}", OSError(exc.errno, why))
-    return None
-
-
 def _try_lock(flight, kind, fd, path):
     """True: locked; False: another process holds it; None: flock does not work here."""
     import fcntl
@@ -273,6 +478,228 @@ def _try_lock(flight, kind, fd, path):
             return None
 
 
+# --- leases across nodes ------------------------------------------------------------------
+
+def _read_small(path, limit=8192):
+    """``(content, fstat)`` of the file at ``path``, opened without following a link and never
+    blocking; None where there is no such name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, limit), os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+_SELF = None
+
+
+def _self_id():
+    """What names this process in its leases: host, boot id, pid namespace, pid, start time."""
+    global _SELF
+    if _SELF is None or _SELF[0] != os.getpid():
+        import socket
+
+        _SELF = (os.getpid(), {
+            "host": socket.gethostname()[:200], "boot": _read_text("/proc/sys/kernel/random/boot_id"),
+            "pidns": _link("/proc/self/ns/pid"), "pid": str(os.getpid()),
+            "start": _start_time(os.getpid())})
+    return _SELF[1]
+
+
+def _read_text(path):
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(200).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _link(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _start_time(pid):
+    text = _read_text(f"/proc/{pid}/stat")
+    fields = text.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _holder_dead(fields):
+    """Whether the lease's holder is a process of this very host (same boot, same pid
+    namespace) that no longer runs. False when that cannot be told."""
+    me = _self_id()
+    if not me["boot"] or not me["pidns"] or fields.get("boot") != me["boot"] \
+            or fields.get("pidns") != me["pidns"] or not fields.get("pid", "").isdigit():
+        return False
+    start = _start_time(int(fields["pid"]))  # "" where no such process runs
+    return start == "" or fields.get("start", "") not in ("", start)
+
+
+def _parse(content):
+    fields = {}
+    if content.startswith(_MAGIC):
+        for line in content[len(_MAGIC):].decode("utf-8", "replace").splitlines():
+            name, _, value = line.partition(" ")
+            fields[name] = value
+    return fields
+
+
+class _Lease:
+    """A lease this process holds: the open file, its content, the beat count."""
+
+    def __init__(self, path, fd, head):
+        self.path, self.fd, self.head, self.count = path, fd, head, 0
+
+    def beat(self):
+        """Rewrite the beat counter (in place, the same length: a reader sees the old or the
+        new content) and flush it to the server, where a waiter on another node reads it."""
+        self.count += 1
+        os.pwrite(self.fd, self.head + b"beat %012d\n" % self.count, 0)
+        try:
+            os.fsync(self.fd)
+        except OSError:
+            pass
+
+    def remove(self):
+        try:
+            if not _stale(self.fd, self.path):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        finally:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        lower = _lease_number(self.path)
+        for n in range(lower):  # passed over before this one was made: stale, all of them
+            try:
+                os.unlink(_lease_path(self.path, n))
+            except OSError:
+                pass
+
+
+def _lease_path(lock_path, n):
+    """Lease number ``n`` of the key whose lock file (or any lease) is at ``lock_path``."""
+    stem = lock_path[:-len(".lock")] if lock_path.endswith(".lock") else lock_path.rsplit(".", 2)[0]
+    return f"{stem}.{n}.lease"
+
+
+def _lease_number(lease_path):
+    return int(lease_path.rsplit(".", 2)[1])
+
+
+def _take_lease(flight, path, group_bits):
+    """Create the lease at ``path``; the held ``_Lease``, or None where the create failed
+    (whatever the error: it may exist, look again)."""
+    try:
+        fd = _create(path, group_bits)
+    except OSError:
+        return None
+    me = _self_id()
+    import uuid
+
+    head = _MAGIC + "".join(f"{name} {me[name]}\n" for name in ("host", "boot", "pidns", "pid", "start")
+                            ).encode("utf-8", "replace") + b"nonce %s\n" % uuid.uuid4().hex.encode()
+    lease = _Lease(path, fd, head)
+    try:
+        lease.beat()
+    except OSError:
+        lease.remove()
+        return None
+    with flight.mutex:
+        flight.leases.add(lease)
+        if flight.beat is None or not flight.beat.is_alive():
+            flight.beat = threading.Thread(target=_beat_loop, args=(flight,), name="gpu-cache-lease",
+                                           daemon=True)
+            flight.beat.start()
+    return lease
+
+
+def _beat_loop(flight):
+    """Beat every held lease every LEASE_BEAT seconds; ends when none is held."""
+    while True:
+        time.sleep(LEASE_BEAT)
+        with flight.mutex:
+            leases = list(flight.leases)
+            if not leases:
+                flight.beat = None
+                return
+        for lease in leases:
+            try:
+                lease.beat()
+            except (OSError, ValueError):
+                pass  # removed meanwhile
+
+
+def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
+    """Holding the node's lock of a key: take the key's lease across nodes, or wait for the
+    node that holds it. Returns ``(entry, go_on)``: the entry when it appeared (or was written
+    meanwhile); else ``go_on`` True (this process compiles; ``lock.lease`` is set when it won
+    the lease)."""
+    n = 0
+    seen = None  # (number, content, since) of the lease watched
+    missing = 0
+    delay = 0.01
+    while True:
+        path = _lease_path(lock.path, n)
+        lease = _take_lease(flight, path, folder[1])
+        if lease is not None:
+            lock.lease = lease
+            found = read()
+            return found, True
+        looked = _read_small(path)
+        if looked is None:  # the create failed, yet nothing is there: again, then give up
+            missing += 1
+            if missing > 20:
+                flight.no_leases.setdefault(kind, f"cannot create lease files in {folder[0][:300]}")
+                return None, True
+            time.sleep(0.01)
+            continue
+        content, info = looked  # empty until its maker's first beat: judged by its beat alone
+        why = _private(info, folder)
+        if why is not None:
+            try:
+                _set_aside(path, info)  # not a lease of ours: never waited on
+                stats["replaced"] += 1
+                continue
+            except OSError:
+                flight.no_leases.setdefault(kind, f"{os.path.basename(path)} is {why}")
+                return None, True
+        now = time.monotonic()
+        if seen is None or seen[0] != n or seen[1] != content:
+            seen = (n, content, now)
+        if not waiting[0]:
+            waiting[0] = True
+            stats["waited"] += 1
+        if _holder_dead(_parse(content)) or now - seen[2] >= LEASE_STALE:
+            stats["leases_passed"] += 1
+            n += 1
+            delay = 0.01
+            continue
+        if _read_small(_lease_path(lock.path, n + 1)) is not None:  # another waiter passed it
+            n += 1
+            delay = 0.01
+            continue
+        found = peek() if peek is not None else None
+        if found is not None:
+            stats["hits_after_wait"] += 1
+            return found, False
+        if now >= deadline:
+            stats["gave_up"] += 1
+            return None, True
+        time.sleep(min(delay, max(0.0, deadline - now)))
+        delay = min(delay * 1.5, MAX_LEASE_POLL)
+
+
+# --- the protocol -------------------------------------------------------------------------
+
 def lead(kind, key, where, read, peek=None):
     """After this process missed ``key`` (of ``kind``, in cache folder ``where``): wait for the
     process compiling it, or become that process.
@@ -288,19 +715,45 @@ def lead(kind, key, where, read, peek=None):
     flight = _flight()
     if flight.reason(kind):
         return None, None
+    folder = _kind_folder(flight, kind)
+    if folder is None:
+        return None, None
     name = lock_name(key, where)
     with flight.mutex:
         leftover = flight.held.get((kind, name))
     if leftover is not None and leftover.thread == threading.get_ident():
         leftover.abandon()  # this thread's earlier compile of the key failed without a write
-    path = os.path.join(flight.folder, kind, name)
+    path = os.path.join(folder[0], name)
     stats = flight.kind_stats(kind)
     start = time.monotonic()
     deadline = start + flight.timeout
-    waited = False
+    waiting = [False]
+    try:
+        found, lock = _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting)
+        if lock is None or not flight.leasing(kind):
+            stats["led"] += lock is not None
+            return found, lock
+        try:
+            found, go_on = _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting)
+        except BaseException:
+            lock.release(wrote=False)
+            raise
+        if found is not None or not go_on:
+            lock.release(wrote=True)
+            return found, None
+        stats["led"] += 1
+        return None, lock
+    finally:
+        if waiting[0]:
+            stats["wait_seconds"] += time.monotonic() - start
+
+
+def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting):
+    """Steps 1 and 2 of the protocol, within this node: ``(entry, None)``, ``(None, lock)``
+    as the node's leader, or ``(None, None)``."""
     delay = 0.002
     while True:
-        fd = _open(flight, kind, path)
+        fd = _open(flight, kind, path, folder)
         if fd is None:
             return None, None
         got = _try_lock(flight, kind, fd, path)
@@ -308,8 +761,8 @@ def lead(kind, key, where, read, peek=None):
             return None, None
         try:
             while not got:
-                if not waited:
-                    waited = True
+                if not waiting[0]:
+                    waiting[0] = True
                     stats["waited"] += 1
                 found = peek() if peek is not None else None
                 if found is not None:
@@ -329,7 +782,7 @@ def lead(kind, key, where, read, peek=None):
             marker = os.pread(fd, len(ABANDONED), 0) if stale else b""
             found = read()
             if found is not None:
-                if waited:
+                if waiting[0]:
                     stats["hits_after_wait"] += 1
                 return found, None
             if not stale:
@@ -337,14 +790,94 @@ def lead(kind, key, where, read, peek=None):
                 fd = None  # the lock owns it now
                 with flight.mutex:
                     flight.held[(kind, name)] = lock
-                stats["led"] += 1
                 return None, lock
             if marker == ABANDONED:
                 return None, None  # the leader failed: compile side by side, not in turns
         finally:
-            if waited:
-                stats["wait_seconds"] += time.monotonic() - start
-                start = time.monotonic()
             if fd is not None:
                 _unlock(fd, path, wrote=True, unlink=got is True)
         # The lock of a file its leader unlinked, and still a miss: the next round.
+
+
+# --- what a JAX waiter may read while another process writes -------------------------------
+
+#: How long after its last write a JAX entry is checked for being whole before it is read.
+YOUNG = 60.0
+
+
+def jax_entry(folder, key):
+    """The state of JAX's entry for ``key`` in ``folder``: "whole" or "partial" when it was
+    written within the last ``YOUNG`` seconds (JAX writes entries in place, so another process
+    may be writing it now: a complete zstd frame, checked through its block headers with no
+    decoder, or zlib stream, is whole), else None (no entry, or an older one, which JAX's own
+    read judges). Never raises."""
+    for name in (f"{key}-cache", key):  # jax 0.4.30 names entries by the key alone
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | _OPEN)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > YOUNG:
+                return None
+            return "whole" if _whole(fd, info.st_size) else "partial"
+        except (OSError, ValueError):
+            return "partial"
+        finally:
+            os.close(fd)
+    return None
+
+
+def settled_jax_entry(folder, key, bound=2.0):
+    """``jax_entry``, waiting up to ``bound`` seconds while it says "partial": the writer is
+    finishing, or (a network filesystem) this node still sees the size it cached while the
+    entry was written (FUSE keeps attributes for a second). Never raises."""
+    deadline = time.monotonic() + bound
+    state = jax_entry(folder, key)
+    while state == "partial" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        state = jax_entry(folder, key)
+    return state
+
+
+def _whole(fd, size):
+    head = os.pread(fd, 18, 0)
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return _zstd_end(fd, head) == size
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        import zlib
+
+        inflate = zlib.decompressobj()
+        offset = 0
+        while offset < size and not inflate.eof:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if not chunk:
+                return False
+            offset += len(chunk)
+            inflate.decompress(chunk, 1 << 16)
+            while inflate.unconsumed_tail and not inflate.eof:
+                inflate.decompress(inflate.unconsumed_tail, 1 << 16)
+        return inflate.eof and offset == size and not inflate.unused_data
+    return False
+
+
+def _zstd_end(fd, head):
+    """Where the zstd frame that starts the file ends (its size when whole), from its header
+    and block headers; -1 where the header is cut short."""
+    if len(head) < 6:
+        return -1
+    descriptor = head[4]
+    single = descriptor >> 5 & 1
+    offset = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3] \
+        + ((1 if single else 0), 2, 4, 8)[descriptor >> 6]
+    while True:
+        block = os.pread(fd, 3, offset)
+        if len(block) < 3:
+            return -1
+        header = int.from_bytes(block, "little")
+        kind, length = header >> 1 & 3, header >> 3
+        if kind == 3:
+            raise ValueError("reserved zstd block type")
+        offset += 3 + (1 if kind == 1 else length)
+        if header & 1:
+            return offset + (4 if descriptor >> 2 & 1 else 0)

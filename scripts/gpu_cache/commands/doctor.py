@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from importlib import metadata
 from typing import Any
 
 from gpu_cache.commands.stats import outside_root
+from gpu_cache.config import targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
@@ -21,6 +24,26 @@ def installed_version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+#: Seconds ``sinfo`` may take (a configured client whose controller is down waits long).
+SINFO_TIMEOUT = 5
+
+
+def cluster_gres(settings: Settings) -> list[str] | None:
+    """Where ``sinfo`` answers: the GPU GRES type names of the cluster's partitions, and
+    which configured GPU type asks for each (:func:`gpu_cache.config.targets.gres_mapping`).
+    None where ``sinfo`` is missing or fails (no cluster configured here)."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT, check=True).stdout
+    except subprocess.TimeoutExpired:
+        return [f"sinfo did not answer within {SINFO_TIMEOUT} s"]
+    except (OSError, subprocess.CalledProcessError):  # a client without a cluster
+        return None
+    return targets.gres_mapping(targets.gpu_types(settings), targets.parse_sinfo_gres(out))
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
@@ -48,8 +71,10 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
-    report["warnings"] += report["outside_root"]
+    report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
     report["device"] = device.detect().as_dict()
+    report["gres"] = cluster_gres(settings)
+    report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
@@ -69,13 +94,15 @@ def render(report: dict[str, Any]) -> str:
     flight = report.get("single_flight") or {}
     if flight.get("enabled"):
         scope = "; per node: locks hold within one node" if flight.get("per_node") else ""
-        lines.append(f"single-flight: on (locks in {flight['locks']}, a waiter compiles itself after "
-                     f"{format_age(float(flight['timeout_seconds']))}{scope})")
+        wait = format_age(float(flight["timeout_seconds"]))
+        lines.append(f"single-flight: on, {flight['mode']} mode (locks in {flight['locks']}; "
+                     f"{flight['why']}; a waiter compiles itself after {wait}{scope})")
     elif flight:
         lines.append(f"single-flight: off ({flight.get('problem')})")
     dev = report["device"]
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
     lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
+    lines += [f"     gres: {line}" for line in report.get("gres") or []]
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import hook_records
+from gpu_cache.commands import stats
+from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import Missed
 
 #: What each key part means when it changed, as the first words of a hint.
 PART_HINTS = {
@@ -189,24 +191,177 @@ def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str,
     Raises:
         UsageError: ``run_id`` names no recorded run (the message lists the latest ones).
     """
+    return explain_records(_records(cache_root, run_id), run_id)
+
+
+def _records(cache_root: Path, run_id: str | None) -> list[dict[str, Any]]:
     found = list(hook_records.read(hook_records.records_dir(cache_root)))
     if run_id is not None and not any(r.get("run_id") == run_id for r in found):
         latest = [run["run_id"] for run in hook_records.runs(found)[:5]]
         raise UsageError(f"no records of run {run_id!r} under {cache_root}; latest runs: "
                          f"{', '.join(latest) or 'none'} (`gpu-cache stats` lists them)")
-    return explain_records(found, run_id)
+    return found
+
+
+#: At most this many missed computations are explained one by one per rule and kind.
+KEYS_PER_CAUSE = 20
+#: Why the warm pass misses: that is its job.
+WARMING = ("the warm pass compiles what the cache lacks (expected: a warm step that finds "
+           "everything only re-checks)")
+
+
+class _Seen:
+    """What the processes before the one being explained computed: JAX keys (and the records
+    by computation name, the only ones :func:`explain_key` compares with) and Triton keys.
+    Grown record by record, so accounting for N records reads each once."""
+
+    def __init__(self) -> None:
+        self.jax: set[str] = set()
+        self.by_name: dict[str, list[dict[str, Any]]] = {}
+        self.triton: set[str] = set()
+
+    def add(self, record: dict[str, Any]) -> None:
+        for key in _key_parts(record):
+            self.jax.add(key)
+            named = self.by_name.setdefault(_name_of(key), [])
+            if not named or named[-1] is not record:
+                named.append(record)
+        part = hook_records.part(record, "triton")
+        if part is not None:
+            self.triton.update(k for k in part.get("hit_keys") or [] if isinstance(k, str))
+            self.triton.update(m.key for m in hook_records.missed_of(part, "triton"))
+
+    def explain(self, key: str, record: dict[str, Any]) -> dict[str, Any]:
+        return explain_key(key, record, self.by_name.get(_name_of(key), []))
+
+
+def _triton_key(miss: Missed, seen: _Seen) -> dict[str, Any]:
+    cause = ("an earlier process used this kernel's entry: it was removed since (pruned) or that "
+             "process used another Triton folder" if miss.key in seen.triton else
+             f"no earlier process compiled {miss.name}: a first compile (was it part of the warm-up "
+             "workload?)")
+    return {"name": miss.name, "key": miss.key, "compared_with": None, "changed": [], "causes": [cause]}
+
+
+def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = None) -> list[dict[str, Any]]:
+    """Every miss that ``gpu-cache stats`` counts, per rule and kind (the same counts as its
+    ``by_rule``), split by cause: the warm pass's own compiles, a JAX folder outside the
+    cache root, software other than what warmed the type (both as stats words them, with
+    when a finding was last seen once it no longer holds), and otherwise the missed
+    computations one by one (:func:`explain_key`, at most :data:`KEYS_PER_CAUSE` per rule
+    and kind): those the hook named, or, for a jax that names none, those inferred from the
+    keys no earlier process computed."""
+    ordered = sorted(found, key=lambda r: float(r.get("time") or 0.0))
+    findings = {f.key: f.text for f in stats.outside_findings(cache_root, ordered, now)
+                + stats.mismatch_findings(cache_root, ordered, now)}
+    warmed, warmed_on = stats.warmed_software(ordered)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    seen = _Seen()
+    for record in ordered:
+        rule = record.get("rule") or "-"
+        for kind in kinds.OBSERVED:
+            section = hook_records.part(record, kind)
+            misses = hook_records.count(section.get("misses")) if section else 0
+            if not misses:
+                continue
+            group = groups.setdefault((rule, kind), {"rule": rule, "kind": kind, "misses": 0,
+                                                     "processes": 0, "causes": {}})
+            group["misses"] += misses
+            group["processes"] += 1
+            folder = stats.outside_folder(record, cache_root) if kind == "jax" else None
+            reference = stats.mismatch_of(record, warmed, warmed_on)
+            if record.get("rule") == "warm_cache":
+                causes = [(WARMING, misses, [])]
+            elif folder is not None:
+                causes = [(findings[rule, folder[0]], misses, [])]
+            elif reference is not None:
+                ran = software.describe(record["software"])
+                causes = [(findings[rule, ran, software.describe(reference)], misses, [])]
+            else:
+                room = KEYS_PER_CAUSE - sum(len(c["keys"]) for c in group["causes"].values())
+                causes = _by_key(record, kind, section, misses, seen, room)
+            for cause, count, keys in causes:
+                entry = group["causes"].setdefault(cause, {"cause": cause, "misses": 0, "processes": 0,
+                                                           "keys": []})
+                entry["misses"] += count
+                entry["processes"] += 1
+                entry["keys"] += keys
+        seen.add(record)
+    return [{**g, "causes": sorted(g["causes"].values(), key=lambda c: -c["misses"])}
+            for _key, g in sorted(groups.items())]
+
+
+def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: int, seen: _Seen,
+            room: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """A process's misses of one kind explained computation by computation: (cause, how
+    many, at most ``room`` explanations in all)."""
+    named = hook_records.missed_of(section, kind)[:misses]
+    if kind == "triton":
+        keys = [_triton_key(m, seen) for m in named[:room]]
+        out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
+    else:
+        keys = [seen.explain(m.key, record) for m in named[:room]]
+        out = [("computations the process missed (one by one below)", len(named), keys)]
+    rest = misses - len(named)
+    if rest and kind == "jax":
+        soft = record.get("software")
+        version = soft.get("jax") if isinstance(soft, dict) else None
+        which = f"jax {version}" if isinstance(version, str) else "this jax"
+        first = [key for key in _key_parts(record) if key not in seen.jax]
+        inferred = [seen.explain(key, record) for key in first[:min(rest, room - len(keys))]]
+        out.append((f"{which} does not name the computations that missed: explained "
+                    "here are those of its keys that no earlier process computed", rest, inferred)
+                   if first else
+                   (f"{which} does not name the computations that missed, and every key "
+                    "the process computed was computed before: their entries were not in its cache "
+                    "folder (not written, pruned, or another folder)", rest, []))
+    elif rest:
+        out.append(("the process compiled more than its record could name", rest, []))
+    return [cause for cause in out if cause[1]]
+
+
+def account_cache(cache_root: Path, run_id: str | None = None) -> dict[str, Any]:
+    """``doctor --explain``: :func:`account` of the records under ``cache_root`` (of one run
+    with ``run_id``), and :func:`explain_records` (the latest process that missed, or the run).
+
+    Raises:
+        UsageError: ``run_id`` names no recorded run.
+    """
+    found = _records(cache_root, run_id)
+    chosen = found if run_id is None else [r for r in found if r.get("run_id") == run_id]
+    return {"by_rule": account(chosen, cache_root), "explain": explain_records(found, run_id)}
+
+
+def _key_lines(item: dict[str, Any], indent: str) -> list[str]:
+    other = item["compared_with"]
+    against = (f" (vs {other['key'][:60]} from {other.get('rule') or other.get('run_id') or '-'} on "
+               f"{other.get('host')})" if other else "")
+    changed = ", ".join(item["changed"]) or "-"
+    lines = [f"{indent}{item['name']}: changed key parts: {changed}{against}"]
+    return lines + [f"{indent}  - {cause}" for cause in item["causes"]]
 
 
 def render(explanations: list[dict[str, Any]]) -> str:
     """The human-readable form of :func:`explain_records`."""
     if not explanations:
         return "no recorded JAX misses to explain\n"
-    lines = []
-    for item in explanations:
-        other = item["compared_with"]
-        against = (f" (vs {other['key'][:60]} from {other.get('rule') or other.get('run_id') or '-'} on "
-                   f"{other.get('host')})" if other else "")
-        changed = ", ".join(item["changed"]) or "-"
-        lines.append(f"{item['name']}: changed key parts: {changed}{against}")
-        lines += [f"  - {cause}" for cause in item["causes"]]
+    return "\n".join(line for item in explanations for line in _key_lines(item, "")) + "\n"
+
+
+def render_account(report: dict[str, Any], shown: int = 5) -> str:
+    """The human-readable form of :func:`account_cache`: per rule and kind, the misses of
+    ``gpu-cache stats`` and their causes, ``shown`` computations per cause."""
+    if not report["by_rule"]:
+        return "no recorded misses to explain\n"
+    lines = ["misses by rule, as `gpu-cache stats` counts them:"]
+    for group in report["by_rule"]:
+        lines.append(f"{group['rule']}: {group['misses']} {group['kind']} misses in "
+                     f"{stats.processes_text(group['processes'])}")
+        for cause in group["causes"]:
+            where = stats.processes_text(cause["processes"])
+            lines.append(f"  {cause['misses']} in {where}: {cause['cause']}")
+            for item in cause["keys"][:shown]:
+                lines += _key_lines(item, "    ")
+            if len(cause["keys"]) > shown:
+                lines.append(f"    ... {len(cause['keys']) - shown} more (--json lists them)")
     return "\n".join(lines) + "\n"

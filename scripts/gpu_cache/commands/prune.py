@@ -57,10 +57,10 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
                verify_all: bool = False) -> KindPruneReport:
     """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
     (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
-    decompressed (and a rotating share of those verified before read again for damage that
-    keeps their size), Inductor's kernel libraries checked. What was verified is recorded beside
+    decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
     the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
-    cache reads), so the next prune or dry run reads nothing it verified already."""
+    cache reads), so the next prune or dry run checks nothing it verified already; it only
+    reads some JAX entries again, in turn, for damage that keeps their size."""
     now = time.time() if now is None else now
     record = _record(kind, folder, recheck_all=verify_all)
     found = kinds.scan(kind, folder, grace_seconds, 0.0, record)

@@ -8,11 +8,12 @@ import time
 from collections import Counter, defaultdict
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, hook_records, kinds, safe_io, software, verified
+from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.reports import Usage
 
@@ -45,11 +46,14 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         out["kinds"][kind] = summarise(found, now)
         out["kinds"][kind]["path"] = str(folder)
         out["kinds"][kind]["last_use_from"] = registered.last_use
+        if kind == "triton":
+            out["kinds"][kind]["autotune_results"] = triton_cache.autotune_results(found)
     found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root, found_records).items()}
-    out["software_mismatches"] = software_mismatches(root, found_records)
-    out["outside_root"] = outside_root(root, found_records)
+    # Findings that no longer hold are shown too, with when they were last seen (#25).
+    out["software_mismatches"] = software_mismatches(root, found_records, stale=True)
+    out["outside_root"] = outside_root(root, found_records, stale=True)
     out["runs"] = hook_records.runs(found_records)[:TOP]
     return out
 
@@ -77,34 +81,83 @@ def _under(path: str, root: Path) -> bool:
     return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/"))
 
 
-def outside_root(root: Path, loaded: list[dict[str, Any]] | None = None) -> list[str]:
+def outside_folder(record: dict[str, Any], root: Path) -> tuple[str, bool] | None:
+    """The JAX cache folder a recorded process used when it lies outside the cache root, and
+    whether its program chose it (a flag such as --jax_compilation_cache_dir, or
+    jax.config.update) rather than an exported JAX_COMPILATION_CACHE_DIR; None otherwise."""
+    section = hook_records.part(record, "jax")
+    folder = section.get("cache_dir") if section else None
+    if not isinstance(folder, str) or not folder or _under(folder, root):
+        return None
+    exported = record["env"].get("JAX_COMPILATION_CACHE_DIR")
+    return folder, not (isinstance(exported, str) and os.path.normpath(exported) == os.path.normpath(folder))
+
+
+def _last_seen(when: float, now: float) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(when))
+    return f"{format_age(max(0.0, now - when))} ago ({stamp})"
+
+
+def processes_text(n: int) -> str:
+    return f"{n} process{'es' if n != 1 else ''}"
+
+
+class Finding(NamedTuple):
+    """A line of stats about some recorded processes; ``holds``: later processes did not
+    make it untrue. ``key`` names what it is about: (rule, folder) or (rule, ran, warmed)."""
+
+    key: tuple[str, ...]
+    text: str
+    holds: bool
+
+
+def outside_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
+                     now: float | None = None) -> list[Finding]:
     """One line per rule and folder of processes whose JAX cache folder was outside the
-    cache root (the hook records the folder JAX really used: a program may set its own
-    with a flag such as --jax_compilation_cache_dir), with their hits and the fix: gpu-cache
-    neither warms nor prunes such a folder."""
+    cache root (the hook records the folder JAX really used), with their hits and the fix
+    (gpu-cache neither warms nor prunes such a folder); and whether it still holds: it no
+    longer does once later processes of the rule used the cache root (the line then says
+    when it was last seen)."""
+    loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
+    now = time.time() if now is None else now
     ours = kinds.KINDS["jax"].folder(root)
-    found: dict[tuple[str, str, bool], list[int]] = {}
-    for record in hook_records.read(hook_records.records_dir(root)) if loaded is None else loaded:
-        section = hook_records.part(record, "jax")
-        folder = section.get("cache_dir") if section else None
-        if not isinstance(folder, str) or not folder or _under(folder, root):
+    found: dict[tuple[str, str, bool], list[float]] = {}
+    inside: dict[str, list[float]] = {}  # rule -> times of its processes that used the root
+    for record in loaded:
+        rule = record.get("rule") or "-"
+        outside = outside_folder(record, root)
+        if outside is None:
+            if hook_records.part(record, "jax") is not None:
+                inside.setdefault(rule, []).append(record["time"])
             continue
-        exported = record["env"].get("JAX_COMPILATION_CACHE_DIR")
-        own_flag = not (isinstance(exported, str) and os.path.normpath(exported) == os.path.normpath(folder))
-        counts = found.setdefault((record.get("rule") or "-", folder, own_flag), [0, 0, 0])
+        section = hook_records.part(record, "jax") or {}
+        counts = found.setdefault((rule, *outside), [0, 0, 0, 0.0])
+        hits = hook_records.count(section.get("hits"))
         counts[0] += 1
-        counts[1] += hook_records.count(section.get("hits"))
-        counts[2] += hook_records.count(section.get("hits")) + hook_records.count(section.get("misses"))
+        counts[1] += hits
+        counts[2] += hits + hook_records.count(section.get("misses"))
+        counts[3] = max(counts[3], record["time"])
     lines = []
-    for (rule, folder, own_flag), (n, hits, lookups) in sorted(found.items()):
+    for (rule, folder, own_flag), (n, hits, lookups, last) in sorted(found.items()):
+        said = (f"rule {rule} used {folder} (outside the cache root {root}) in {processes_text(int(n))}, "
+                f"{hits} of {lookups} hits")
+        later = sum(1 for t in inside.get(rule, []) if t > last)
+        if later:
+            lines.append(Finding((rule, folder), f"{said}; last seen {_last_seen(last, now)}; no "
+                                 f"longer: its {processes_text(later)} since used the cache root", False))
+            continue
         fix = ("its program sets its own folder (a flag such as --jax_compilation_cache_dir, or "
                "jax.config.update): drop that flag or point it at $JAX_COMPILATION_CACHE_DIR"
                if own_flag else
                "its JAX_COMPILATION_CACHE_DIR was set outside gpu-cache: unset it")
-        lines.append(f"rule {rule} used {folder} (outside the cache root {root}) in {n} "
-                     f"process{'es' if n != 1 else ''}, {hits} of {lookups} hits; gpu-cache neither "
-                     f"warms nor prunes it: {fix} (gpu-cache's folder is {ours})")
+        lines.append(Finding((rule, folder), f"{said}; gpu-cache neither warms nor prunes it: {fix} "
+                             f"(gpu-cache's folder is {ours})", True))
     return lines
+
+
+def outside_root(root: Path, loaded: list[dict[str, Any]] | None = None, stale: bool = False) -> list[str]:
+    """The lines of :func:`outside_findings` that still hold (with ``stale``: all of them)."""
+    return [f.text for f in outside_findings(root, loaded) if f.holds or stale]
 
 
 def summarise(found: list[Entry], now: float) -> dict[str, Any]:
@@ -143,40 +196,56 @@ _NAME, _SIZE, _LAST_USE = attrgetter("name"), attrgetter("size"), attrgetter("la
 OWN_RULES = ("warm_cache", "validate_cache")
 
 
-def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) -> list[str]:
+def warmed_software(loaded: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """From the records of gpu-cache's own passes: the software of the latest that warmed or
+    validated each GPU type, and the device it saw."""
+    warmed: dict[str, dict[str, Any]] = {}
+    warmed_on: dict[str, str] = {}
+    for record in sorted(loaded, key=lambda r: r["time"]):
+        if record.get("rule") in OWN_RULES and isinstance(record.get("software"), dict):
+            warmed[record.get("gpu_type") or "-"] = record["software"]
+            warmed_on[record.get("gpu_type") or "-"] = device_seen(record)
+    return warmed, warmed_on
+
+
+def mismatch_of(record: dict[str, Any], warmed: dict[str, dict[str, Any]],
+                warmed_on: dict[str, str]) -> dict[str, Any] | None:
+    """The software that warmed a job's GPU type when the job ran other software (a job
+    without a type: the types warmed on the device it got, else every type, and only when
+    it differs from all of them); None when it ran the same, or is one of gpu-cache's own."""
+    soft = record.get("software")
+    if not isinstance(soft, dict) or record.get("rule") in OWN_RULES:
+        return None
+    gpu_type = record.get("gpu_type")
+    same_device = [warmed[t] for t, seen in warmed_on.items() if seen == device_seen(record) != "-"]
+    references = [warmed[gpu_type]] if gpu_type in warmed else same_device or list(warmed.values())
+    if not references or not all(software.differences(ref, soft) for ref in references):
+        return None
+    return references[0]
+
+
+def mismatch_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
+                      now: float | None = None) -> list[Finding]:
     """One line per (rule, software) of jobs whose software differs from the software that
     warmed and validated their GPU type's cache (from the records), with their hits: such
     jobs miss, since cache keys hold the jax/jaxlib and triton versions and the Python ABI.
-
-    A record without a GPU type is compared with every type's warming software and named
-    only when it differs from all of them.
-    """
-    warmed: dict[str, dict[str, Any]] = {}  # gpu_type -> software of its latest own pass
-    warmed_on: dict[str, str] = {}  # gpu_type -> the device its own pass saw
-    jobs = []
-    if loaded is None:
-        loaded = list(hook_records.read(hook_records.records_dir(root)))
-    for record in sorted(loaded, key=lambda r: r["time"]):
-        soft = record.get("software")
-        if not isinstance(soft, dict):
+    And whether it still holds: it no longer does once later processes of the rule ran the
+    software that warmed their type (the line then says when it was last seen)."""
+    loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
+    now = time.time() if now is None else now
+    warmed, warmed_on = warmed_software(loaded)
+    found: dict[tuple[str, str, str], list[float]] = {}
+    matching: dict[str, list[float]] = {}  # rule -> times of its processes without a mismatch
+    for record in loaded:
+        if record.get("rule") in OWN_RULES or not isinstance(record.get("software"), dict):
             continue
-        if record.get("rule") in OWN_RULES:
-            warmed[record.get("gpu_type") or "-"] = soft
-            warmed_on[record.get("gpu_type") or "-"] = device_seen(record)
-        else:
-            jobs.append((record, soft))
-    found: dict[tuple[str, str, str], list[int]] = {}
-    for record, soft in jobs:
-        gpu_type = record.get("gpu_type")
-        # A job without a type (its partition may give it any): the types warmed on the
-        # device it got, else every type.
-        same_device = [warmed[t] for t, seen in warmed_on.items() if seen == device_seen(record) != "-"]
-        references = ([warmed[gpu_type]] if gpu_type in warmed
-                      else same_device or list(warmed.values()))
-        if not references or not all(software.differences(ref, soft) for ref in references):
+        reference = mismatch_of(record, warmed, warmed_on)
+        rule = record.get("rule") or "-"
+        if reference is None:
+            matching.setdefault(rule, []).append(record["time"])
             continue
-        key = (record.get("rule") or "-", software.describe(soft), software.describe(references[0]))
-        counts = found.setdefault(key, [0, 0, 0])
+        key = (rule, software.describe(record["software"]), software.describe(reference))
+        counts = found.setdefault(key, [0, 0, 0, 0.0])
         for kind in kinds.OBSERVED:
             section = hook_records.part(record, kind)
             if section is not None:
@@ -184,10 +253,26 @@ def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None) 
                 counts[1] += (hook_records.count(section.get("hits"))
                               + hook_records.count(section.get("misses")))
         counts[2] += 1
-    return [f"warmed with {ref}; rule {rule} ran {ran}: {hits} of {lookups} hits in {n} "
-            f"process{'es' if n != 1 else ''}; warm it in the jobs' own software (gpu_types: "
-            "container, conda or python)"
-            for (rule, ran, ref), (hits, lookups, n) in sorted(found.items())]
+        counts[3] = max(counts[3], record["time"])
+    lines = []
+    for (rule, ran, ref), (hits, lookups, n, last) in sorted(found.items()):
+        said = (f"warmed with {ref}; rule {rule} ran {ran}: {hits} of {lookups} hits in "
+                f"{processes_text(int(n))}")
+        later = sum(1 for t in matching.get(rule, []) if t > last)
+        if later:
+            lines.append(Finding((rule, ran, ref), f"{said}; last seen {_last_seen(last, now)}; no "
+                                 f"longer: its {processes_text(later)} since ran the software that "
+                                 "warmed it", False))
+        else:
+            lines.append(Finding((rule, ran, ref), f"{said}; warm it in the jobs' own software "
+                                 "(gpu_types: container, conda or python)", True))
+    return lines
+
+
+def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None,
+                        stale: bool = False) -> list[str]:
+    """The lines of :func:`mismatch_findings` that still hold (with ``stale``: all of them)."""
+    return [f.text for f in mismatch_findings(root, loaded) if f.holds or stale]
 
 
 def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Usage]]:
@@ -211,6 +296,17 @@ def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, d
                                            + hook_records.count(section.get("misses")))
                     bucket.saved_seconds += hook_records.seconds(section.get("saved_seconds"))
     return {axis: dict(by) for axis, by in groups.items()}
+
+
+def saved_text(u: Usage) -> str:
+    """The compile time the hits saved, by JAX's own estimate (the compile time stored with
+    each entry minus the time to load it): ``, 12.3 s saved``; ``, time saved not measured``
+    when the estimate is not positive (entries that load about as slowly as they compiled,
+    such as small programs on a CPU: "0.0 s saved" would read as "no gain"); nothing without
+    hits."""
+    if not u.total_hits:
+        return ""
+    return f", {u.saved_seconds:.1f} s saved" if u.saved_seconds > 0 else ", time saved not measured"
 
 
 def render(stats: dict[str, Any]) -> str:
@@ -237,7 +333,7 @@ def render(stats: dict[str, Any]) -> str:
                 u = Usage.from_dict(counts)
                 rate = f"{100 * u.hit_rate:.0f}%" if u.hit_rate is not None else "-"
                 lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
-                             f"rate), {max(0.0, u.saved_seconds):.1f} s saved, {u.processes} processes")
+                             f"rate){saved_text(u)}, {u.processes} processes")
     lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
     lines += [f"outside the cache root: {line}" for line in stats.get("outside_root", [])]
     if stats.get("runs"):

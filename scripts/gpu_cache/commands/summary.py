@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_cache.config.units import format_size
-from gpu_cache.core import safe_io
+from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PruneReport, Verdict
 
@@ -57,9 +57,11 @@ def render(validations: list[Path], prune: Path | None) -> str:
         cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
         speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""
         verdict = {"passed": "PASSED", "error": "ERROR"}.get(v.outcome, "FAILED")
+        # What was validated: the image as configured and the jax that ran in it (#25).
+        what = f"; validated {software.describe(v.software)}" if v.software else ""
         lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
-                     f"warm {v.warm_seconds:.1f} s{speedup}")
+                     f"warm {v.warm_seconds:.1f} s{speedup}{what}")
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)

@@ -84,6 +84,18 @@ def judge(counts: dict[str, KindCounts], missed: list[Missed],
     return problems
 
 
+def autotuning_problems(phase: PhaseResult) -> list[str]:
+    """A problem when a process of the pass missed tokamax's autotuning cache (issue 24): it
+    used heuristic configs (other kernels than the warm step tuned) or tuned on its own."""
+    tuned = phase.recorded.get("autotune")
+    if tuned is None or not tuned.misses:
+        return []
+    names = sorted({m.name for m in tuned.missed})
+    return [f"autotune: {tuned.misses} tokamax autotuning lookup(s) missed in a fresh process "
+            f"after warming ({', '.join(names[:NAMED_MISSES]) or 'ops not named'}): the warm step "
+            "did not tune these shapes on this GPU type, or ran another tokamax or jax version"]
+
+
 def run_phases(settings: Settings, gpu_type: str, output: TextIO,
                environ: Mapping[str, str] | None = None) -> dict[str, PhaseResult | None]:
     """Run the validation passes of ``gpu_type`` in this interpreter's software: the cold
@@ -151,12 +163,16 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         counts = {kind: KindCounts() for kind in kinds.OBSERVED}
         missed = []
     else:
-        problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm)
+        problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
+            + autotuning_problems(warm)
     explanations: list[dict] = []
     if counts["jax"].misses and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
         problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
+    ran_with = dict(warm.software)
+    if expected is not None and expected.container and ran_with.get("image"):
+        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
     observed = any(c.processes_observed for c in counts.values())
     notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
              f"({cold.reused}); validate.measure_cold: always measures it every time"] \
@@ -180,7 +196,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         cold_runs=cold.runs if cold else [],
         cache_root=str(settings.cache_root),
         job=warm.job,
-        software=warm.software,
+        software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
 

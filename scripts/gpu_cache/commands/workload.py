@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_cache.config.settings import Settings
+from gpu_cache.config.settings import Settings, WorkloadConfig
 from gpu_cache.config.targets import gpu_types
 from gpu_cache.config.units import parse_age
 from gpu_cache.core.errors import UsageError
@@ -23,6 +23,12 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         "gpu_cache.workloads.triton_kernels", [1000, 4096],
         "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
         ("triton",),
+    ),
+    "alphafold3": (
+        # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
+        "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
+        "the image's run_alphafold.py, data pipeline off, one poly-glycine chain per token "
+        "bucket (needs model_dir)", ("jax",),
     ),
 }
 
@@ -76,14 +82,34 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
         return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects)
     if name in BUILTINS:
         module, shapes, _about, expects = BUILTINS[name]
-        command = f"{{python}} -m {module} --shape {{shape}}"
-        return Workload(name, command, (entry.shapes if entry else ()) or tuple(shapes), timeout,
+        shapes = (entry.shapes if entry else ()) or tuple(shapes)
+        command = f"{{python}} -m {module} --shape {{shape}}" + _options(name, entry, shapes)
+        return Workload(name, command, shapes, timeout,
                         builtin=True, expects=(entry.expects if entry else ()) or expects)
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
         f"workloads.{name}.command in the config"
     )
+
+
+def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
+    """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
+    ``args`` for run_alphafold.py (braces doubled: the command is a template).
+
+    Raises:
+        UsageError: alphafold3 without ``model_dir``.
+    """
+    if name != "alphafold3":
+        return ""
+    if entry is None or not entry.model_dir:
+        raise UsageError("workload alphafold3 needs workloads.alphafold3.model_dir: the folder of "
+                         "your AlphaFold 3 weights, as the jobs pass it to run_alphafold.py")
+    words = ["--buckets", ",".join(str(s) for s in shapes), "--model-dir", entry.model_dir]
+    words += ["--script", entry.script] if entry.script else []
+    words += ["--", *entry.args] if entry.args else []
+    quoted = " ".join(shlex.quote(w) for w in words)
+    return " " + quoted.replace("{", "{{").replace("}", "}}")
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
@@ -116,6 +142,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
                              workload.builtin, workload.expects) for shape in workload.shapes]
     environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
                "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
+    if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
+        environ["GPU_CACHE_AUTOTUNE_SAVE"] = "1"
     python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import parse_age, parse_size
+from gpu_cache.core import safe_io
 from gpu_cache.core.errors import UsageError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -138,20 +139,23 @@ def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a YAML or JSON config file.
+    """Read and validate a YAML or JSON config file (a symbolic link to one is followed).
 
     Raises:
-        UsageError: the file cannot be read, is not UTF-8 YAML, is not a mapping, is
-            unreasonably large, or does not match the schema.
+        UsageError: the file is not a regular file (a FIFO would block the open forever, #21),
+            cannot be read, is not UTF-8 YAML, is not a mapping, is unreasonably large, or
+            does not match the schema.
     """
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
+        raw = safe_io.read_bounded(os.path.realpath(path), MAX_CONFIG_BYTES)
+    except safe_io.NotRegularFile as exc:
+        raise UsageError(f"config file {path} is {exc.what}, not a regular file") from None
+    except safe_io.TooLarge:
         raise UsageError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; is it the "
-                         "right file?")
+                         "right file?") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"cannot read config file {path}: {reason}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -161,13 +165,30 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"config file {path} is not valid YAML: {exc}") from None
+        raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
     try:
         return validate_config(data)
     except UsageError as exc:
         raise UsageError(f"config file {path}: {exc}") from None
+
+
+def _yaml_error(exc: Exception, text: str) -> str:
+    """A YAML parser's error in one line: ``line L, column C: what (while what)``; the parser's
+    own message takes 4-5 lines with a copy of the offending line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None and isinstance(getattr(exc, "position", None), int):  # yaml.ReaderError
+        line = text.count("\n", 0, exc.position)
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1)
+        character = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        return f"line {line + 1}, column {column + 1}: unacceptable character {character}: {exc.reason}"
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(f"{where}: {problem}{f' ({context})' if context else ''}".split())
 
 
 def resolve_cache_root(
@@ -219,6 +240,10 @@ class WorkloadConfig:
     shapes: tuple[Any, ...]
     timeout_seconds: float
     expects: tuple[str, ...] = ()
+    #: The built-in alphafold3 workload's weights folder, run_alphafold.py and extra flags.
+    model_dir: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -233,15 +258,30 @@ class GpuType:
     container: str | None = None
     conda: str | None = None
     python: str | None = None
-    #: The partition may lack this type: its warm and check jobs give up after
-    #: ``queue_wait_seconds`` in the queue and its verdict is then "unscheduled".
-    optional: bool = False
+    #: The partition may lack this type: a job of it that found no node ends "unscheduled"
+    #: (after ``queue_wait_seconds`` in the queue at most). None: :attr:`is_optional` decides.
+    optional: bool | None = None
     queue_wait_seconds: float = 2 * 3600.0
 
     @property
     def expected_device(self) -> str:
         """The device type its jobs must see: ``device`` if configured, else the type's name."""
         return self.device or self.name
+
+    @property
+    def is_optional(self) -> bool:
+        """``optional`` as configured; by default, whether the type asks SLURM for a place
+        (a type that does not runs wherever Snakemake runs its jobs: it cannot go unscheduled).
+        Optional by default (#25): a type the partition lacks must not hold back the jobs that
+        wait for every type's verdict; a job that needs that type still fails on its own."""
+        if self.optional is not None:
+            return self.optional
+        return any(self.resources.get(name) for name in PLACEMENT_RESOURCES)
+
+
+#: Resources that put a job on a node of its GPU type; a job of an optional type that could
+#: not run there is retried without them (it then runs no workload: "unscheduled").
+PLACEMENT_RESOURCES = ("slurm_partition", "qos", "gres", "gpu", "gpu_model", "constraint", "slurm_extra")
 
 
 @dataclass(frozen=True)
@@ -332,7 +372,9 @@ def settings_from(
         triton_targets=tuple(filled["triton_targets"]),
         default_workloads=defaults,
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
-                                        parse_age(entry["timeout"]), tuple(entry["expects"]))
+                                        parse_age(entry["timeout"]), tuple(entry["expects"]),
+                                        entry.get("model_dir"), entry.get("script"),
+                                        tuple(entry.get("args") or ()))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],

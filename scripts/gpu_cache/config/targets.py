@@ -1,6 +1,9 @@
-"""GPU types a pipeline targets, and the workloads each one warms."""
+"""GPU types a pipeline targets, the workloads each one warms, and how they meet the
+cluster's own names for its GPUs (its GRES types)."""
 
 from __future__ import annotations
+
+import re
 
 from gpu_cache.config.settings import GpuType, Settings
 from gpu_cache.core import device
@@ -14,13 +17,83 @@ def gpu_types(settings: Settings) -> dict[str, GpuType]:
     return {here.gpu_type: GpuType(here.gpu_type, settings.default_workloads, gpus=here.count)}
 
 
+def device_matches(expected: GpuType, seen: device.Device) -> bool:
+    """Whether ``seen`` is the device ``expected`` promises: its ``device`` (default: the
+    type's name) is gpu-cache's name of it (``rtx3090``) or its exact product name
+    (``NVIDIA A100-SXM4-80GB``, to tell memory variants of one model apart)."""
+    return expected.expected_device in (seen.gpu_type, seen.name)
+
+
 def device_problems(expected: GpuType, seen: device.Device) -> list[str]:
     """Why the device a job saw is not the one its GPU type promises (none when it is)."""
-    if seen.gpu_type != expected.expected_device:
+    if not device_matches(expected, seen):
+        hint = "check the type's resources"
+        if seen.gpu_type != "cpu" and expected.device is None:
+            # A type named as the cluster names the GPU (gpu:3090) needs its device spelled out.
+            hint += (f"; if this is the GPU the type means, add `device: {seen.gpu_type}` to "
+                     f"gpu_types.{expected.name}")
         return [f"device: expected a {expected.expected_device} for GPU type {expected.name}, "
-                f"but the job saw {seen.name} (check the type's resources, or its device key)"]
+                f"but the job saw {seen.name} (gpu-cache names it {seen.gpu_type}; {hint})"]
     if seen.gpu_type != "cpu" and seen.count != expected.gpus:
         return [f"device: GPU type {expected.name} promises {expected.gpus} visible GPU(s) per job "
                 f"but the job saw {seen.count}; JAX keys include the count, so the real jobs "
                 "would miss"]
     return []
+
+
+def gres_names(spec: GpuType) -> set[str]:
+    """The GRES type names (as the cluster names its GPUs) that a GPU type's resources ask
+    for: ``gres: gpu:3090:1`` and ``gpu_model: 3090`` both name ``3090``."""
+    found = set()
+    gres = spec.resources.get("gres")
+    for part in str(gres).split(",") if gres else ():
+        fields = part.strip().split(":")
+        if len(fields) >= 3 or (len(fields) == 2 and not fields[1].isdigit()):
+            found.add(fields[1])
+    if spec.resources.get("gpu_model"):
+        found.add(str(spec.resources["gpu_model"]))
+    return found
+
+
+def parse_sinfo_gres(text: str) -> dict[str, set[str]]:
+    """The GPU GRES type names per partition in ``sinfo -h -o "%P %G"`` output (lines such
+    as ``gpu* gpu:3090:4(S:0-1),gpu:a100:2``; ``(null)`` for a partition without GRES)."""
+    found: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            continue
+        partition = fields[0].rstrip("*")
+        names = found.setdefault(partition, set())
+        for item in re.sub(r"\([^)]*\)", "", fields[1]).split(","):
+            parts = item.split(":")
+            if parts[0] == "gpu" and len(parts) >= 3:
+                names.add(parts[1])
+    return found
+
+
+def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> list[str]:
+    """One line per GRES type name the cluster offers (``offered``: by partition, from
+    :func:`parse_sinfo_gres`) saying which configured GPU types ask for it (or that none
+    does), then one per configured type that asks for a name no partition offers."""
+    asked = {name: gres_names(spec) for name, spec in types.items()}
+    lines = []
+    partitions: dict[str, list[str]] = {}
+    for partition, names in sorted(offered.items()):
+        for name in names:
+            partitions.setdefault(name, []).append(partition)
+    for name, where in sorted(partitions.items()):
+        users = [t for t, names in asked.items() if name in names]
+        what = (", ".join(f"GPU type {t} (device {types[t].expected_device})" for t in users)
+                if users else
+                f"no GPU type asks for it (to warm it: gpu_types: {{{name}: {{device: <the name "
+                f"`gpu-cache doctor` prints on such a node>, resources: {{gpu: 1, gpu_model: "
+                f"{name}}}}}}})")
+        lines.append(f"gpu:{name} (partition {', '.join(where)}): {what}")
+    every = {name for names in offered.values() for name in names}
+    for gpu_type, names in sorted(asked.items()):
+        for name in sorted(names - every):
+            then = ("its jobs end unscheduled and hold nothing back" if types[gpu_type].is_optional
+                    else "its warm job fails and no job that waits for its verdict runs")
+            lines.append(f"GPU type {gpu_type} asks for gpu:{name}, which no partition offers: {then}")
+    return lines

@@ -9,7 +9,12 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
+#: Words that name the maker or a product line, not the model.
+_VENDOR_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon"})
+#: Words that name a variant of one model: its memory, form factor or edition. A100-SXM4-40GB
+#: and A100 80GB PCIe are one model (a100); RTX PRO 6000 and RTX PRO 4500 are two.
+_VARIANT = re.compile(r"\d+gb?|hbm\d*e?|gddr\d*x?|sxm\d*|pcie|nvl|sff|maxq|server|workstation|"
+                      r"edition|generation")
 
 
 @dataclass(frozen=True)
@@ -26,18 +31,38 @@ class Device:
 
 
 def gpu_type_of(product_name: str) -> str:
-    """A short, wildcard-safe type name for a GPU product name.
+    """A short, wildcard-safe type name for a GPU product name (as ``nvidia-smi`` and JAX's
+    device kind write it): the model's words without the maker's and without those of a
+    memory, form-factor or edition variant, joined.
 
     ``NVIDIA H200`` -> ``h200``, ``NVIDIA A100-SXM4-80GB`` -> ``a100``,
-    ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``, ``NVIDIA L40S`` -> ``l40s``.
+    ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``, ``NVIDIA RTX PRO 6000 Blackwell Server
+    Edition`` -> ``rtxpro6000blackwell``, ``NVIDIA RTX 6000 Ada Generation`` -> ``rtx6000ada``.
+    A MIG slice is a device of its own (other SMs, another JAX device kind):
+    ``NVIDIA A100-SXM4-40GB MIG 1g.5gb`` -> ``a100-mig1g.5gb``.
     """
-    words = [w for w in re.split(r"[\s_]+", product_name.lower()) if w and w not in _VENDOR_WORDS]
-    if not words:
-        return "gpu"
-    first = words[0].split("-")[0]
-    if first in {"rtx", "gtx", "titan"} and len(words) > 1:
-        first += words[1].split("-")[0]
-    return re.sub(r"[^a-z0-9_.]", "", first) or "gpu"
+    text = product_name.lower().replace("max-q", "maxq")
+    model, _, mig = text.partition(" mig ")
+    words = [w for w in re.split(r"[\s_-]+", model)
+             if w and w not in _VENDOR_WORDS and not _VARIANT.fullmatch(w)]
+    name = re.sub(r"[^a-z0-9.]", "", "".join(words)) or "gpu"
+    profile = re.sub(r"[^a-z0-9.]", "", mig.split()[0]) if mig.split() else ""
+    return f"{name}-mig{profile}" if profile else name
+
+
+def mig_names(listing: str) -> dict[str, str]:
+    """The product name of each MIG slice in ``nvidia-smi -L`` output, by its ``MIG-...``
+    UUID, as CUDA and JAX name it: ``NVIDIA A100-SXM4-40GB MIG 1g.5gb``."""
+    names: dict[str, str] = {}
+    parent = None
+    for line in listing.splitlines():
+        gpu = re.match(r"GPU \d+: (.+?) \(UUID: ", line)
+        mig = re.match(r"\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[^)\s]+)\)", line)
+        if gpu:
+            parent = gpu.group(1)
+        elif mig and parent:
+            names[mig.group(2)] = f"{parent} MIG {mig.group(1)}"
+    return names
 
 
 def _visible_indices(environ: Mapping[str, str]) -> list[str] | None:
@@ -47,26 +72,31 @@ def _visible_indices(environ: Mapping[str, str]) -> list[str] | None:
     return [part for part in value.split(",") if part.strip() and part.strip() != "-1"]
 
 
+def _nvidia_smi(*args: str) -> str:
+    return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+
+
 def detect(environ: Mapping[str, str] | None = None) -> Device:
     """The device this process would compute on: its first visible NVIDIA GPU, else the CPU.
 
     Asks ``nvidia-smi`` (which ignores CUDA_VISIBLE_DEVICES, so the visible set is applied
-    here). Never raises: without a working ``nvidia-smi`` the device is ``cpu``.
+    here; a MIG slice, visible as ``MIG-<uuid>``, is named as CUDA names it). Never raises:
+    without a working ``nvidia-smi`` the device is ``cpu``.
     """
     environ = os.environ if environ is None else environ
     visible = _visible_indices(environ)
     names: list[str] = []
     if shutil.which("nvidia-smi") and visible != []:
         try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, check=True,
-            ).stdout
+            out = _nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader")
             rows = [[c.strip() for c in line.split(",", 2)] for line in out.splitlines() if line.strip()]
             if visible is None:
                 names = [row[2] for row in rows]
             else:
                 by_id = {row[0]: row[2] for row in rows} | {row[1]: row[2] for row in rows}
+                if any(v.strip().startswith("MIG-") for v in visible):
+                    by_id |= mig_names(_nvidia_smi("-L"))
                 names = [by_id[v.strip()] for v in visible if v.strip() in by_id]
         except (OSError, subprocess.SubprocessError, IndexError):
             names = []

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
@@ -234,3 +235,21 @@ def remove_cuda(folder: Path, entry: Entry) -> None:
     """
     assert isinstance(entry.source, cuda_cache.CudaCache)
     cuda_cache.remove(folder, entry.source)
+
+
+def scan_autotune(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                  record: Record | None = None) -> list[Entry]:
+    """Autotuning results (:mod:`gpu_cache.core.caches.autotune`): one entry per result file,
+    named by its device kind."""
+    return [Entry("autotune", e.key, e.device_kind, e.size, e.last_use, e.problem, e)
+            for e in autotune_cache.scan(folder, grace_seconds)]
+
+
+def remove_autotune(folder: Path, entry: Entry) -> None:
+    """Remove one autotuning result whole.
+
+    Raises:
+        OSError: it could not be removed.
+    """
+    assert isinstance(entry.source, autotune_cache.AutotuneEntry)
+    autotune_cache.remove(folder, entry.source)

@@ -83,16 +83,24 @@ def clean(record: Any) -> dict[str, Any] | None:
 
 def count(value: Any) -> int:
     """A non-negative whole count from a record's field; anything else is 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         return 0
     return max(0, int(value))
 
 
 def seconds(value: Any) -> float:
     """Non-negative seconds from a record's field; anything else is 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         return 0.0
     return max(0.0, float(value))
+
+
+def _finite(value: float) -> bool:
+    """Whether a number is finite as a float: an integer of 400 digits is not (#21)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def part(record: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -124,8 +132,72 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             missed=[m for s in sections for m in missed_of(s, kind)],
             hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
+    tuning = [t for t in (autotuning_of(r) for r in found) if t is not None]
+    if tuning:
+        out["autotune"] = KindTotals(
+            processes=len(tuning), hits=sum(count(t.get("entries")) for t in tuning),
+            misses=sum(count(t.get("misses")) for t in tuning),
+            missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
 
+
+def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What the hook's tokamax piece says about autotuning in a record (issue 24): results
+    entered (``entries``: config sets, counted as hits) and lookups that missed."""
+    tokamax = part(record, "tokamax")
+    tuning = tokamax.get("autotuning") if tokamax else None
+    return tuning if isinstance(tuning, dict) else None
+
+
+#: At most this many kernel descriptions are taken from a records folder (issue 26).
+MAX_KERNELS = 5000
+
+
+def kernels(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Triton kernels the records describe (the hook's ``triton.kernels``), each once (the
+    latest description of it: records of several Triton versions describe one kernel alike but
+    for their key), in the order first recorded, at most :data:`MAX_KERNELS`. A description of
+    the wrong shape is passed over; what its values mean is checked where it is compiled again."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        section = part(record, "triton") or {}
+        items = section.get("kernels")
+        for item in items if isinstance(items, list) else ():
+            if _is_kernel(item):
+                same = json.dumps({k: v for k, v in item.items() if k not in ("key", "triton", "version")},
+                                  sort_keys=True)
+                if same in out or len(out) < MAX_KERNELS:
+                    out[same] = item
+    return list(out.values())
+
+
+def _is_kernel(item: Any) -> bool:
+    shapes = {"module": str, "qualname": str, "signature": dict, "constants": list, "attrs": list,
+              "options": dict, "target": dict}
+    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
+                    for p in item["constants"] + item["attrs"]))
+
+
+def autotuned(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The autotune choices the records keep (the hook's ``triton.autotuned``), each once, in
+    the order first recorded, at most :data:`MAX_KERNELS`; one of the wrong shape is passed over
+    (what its values mean is checked where the replay writes it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        items = (part(record, "triton") or {}).get("autotuned")
+        for item in items if isinstance(items, list) else ():
+            if _is_choice(item) and len(out) < MAX_KERNELS:
+                out.setdefault(json.dumps(item, sort_keys=True), item)
+    return list(out.values())
+
+
+def _is_choice(item: Any) -> bool:
+    shapes = {"module": str, "qualname": str, "triton": str, "cache_key": str, "target": dict,
+              "key_text": str, "configs_timings": list, "chosen": int}
+    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+            and "key" in item and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], dict)
+                                      for p in item["configs_timings"]))
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

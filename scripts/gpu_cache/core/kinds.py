@@ -55,7 +55,8 @@ class CacheKind:
     inventory reads an entry's last use, for the README and stats. ``exported``: env points
     the kind's variable at its folder and doctor probes it (the records folder is set up by
     env on its own terms, only with the stats hook). ``enabled_by``: the boolean setting
-    that turns an opt-in kind on.
+    that turns an opt-in kind on. ``carried``: ``gpu-cache pack``/``unpack`` carry its entries
+    to another machine (its entries do not hold the path or the host they were made on).
     """
 
     def enabled(self, settings: object) -> bool:
@@ -73,6 +74,7 @@ class CacheKind:
     exported: bool = True
     enabled_by: str | None = None
     verifies: bool = False
+    carried: bool = False
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -89,7 +91,7 @@ KINDS: dict[str, CacheKind] = {
             "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
             switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
             scan=_inventory("scan_jax"), remove=_inventory("remove_jax"),
-            verifies=True,
+            verifies=True, carried=True,
             last_use="the time in JAX's -atime record where a size cap made JAX keep one: it "
                      "wins over file times, which a copy without times sets to 'now' (they "
                      "count too only where the -atime file's own mtime agrees with it); "
@@ -97,6 +99,7 @@ KINDS: dict[str, CacheKind] = {
         CacheKind(
             "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
             scan=_inventory("scan_triton"), remove=_inventory("remove_triton"), verifies=True,
+            carried=True,
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
@@ -113,6 +116,11 @@ KINDS: dict[str, CacheKind] = {
                   scan=_inventory("scan_cuda"), remove=_inventory("remove_cuda"),
                   last_use="the newest modification or access time of any of its files (the "
                            "whole cache is one entry)"),
+        # tokamax's autotuning results per (tokamax, jax, device kind), issue 24: the hook saves
+        # them in a warm process and enters the matching one in every job that imports tokamax.
+        CacheKind("autotune", "GPU_CACHE_AUTOTUNE", ReadOnlyUse.READ,
+                  scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"), carried=True,
+                  last_use="when the warm step last wrote the result (the file's mtime)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
                   scan=_inventory("scan_records"), remove=_inventory("remove_file"),
@@ -123,6 +131,8 @@ KINDS: dict[str, CacheKind] = {
 EXPORTED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.exported)
 #: Kinds whose entries gpu-cache lists and prunes.
 PRUNABLE: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.prunable)
+#: Kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
+CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.carried)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
 #: Top-level modules the startup hook watches.

@@ -108,8 +108,9 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
     process group is stopped when the command's timeout passes."""
     env = dict(environ)
     if command.builtin:  # built-in workloads are modules of this package
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([*parts, str(PACKAGE_PARENT)])
+        # Appended to the value as written: an empty entry is the working folder (#21).
+        before = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = f"{before}{os.pathsep}{PACKAGE_PARENT}" if before else str(PACKAGE_PARENT)
     output.write(f"$ {line}\n")
     output.flush()
     started = time.perf_counter()
@@ -261,7 +262,10 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
         return result
     before = kinds.snapshot(root)
     started, wall = time.perf_counter(), time.time()
-    result.runs = _run_all(plan, python, child_env, output)
+    replay = replay_command(child_env) if plan.phase == "warm" else None
+    if replay is not None:  # before the workloads: they then find the recorded kernels ready
+        result.runs = _run_all(replace(plan, commands=(replay,)), python, child_env, output)
+    result.runs += _run_all(plan, python, child_env, output)
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
@@ -274,6 +278,24 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     if plan.phase == "cold" and not result.failures():
         save_state(state_file(root, "cold", key), result.as_dict())
     return result
+
+
+#: How long the replay of recorded Triton kernels may take.
+REPLAY_TIMEOUT_SECONDS = 3600.0
+
+
+def replay_command(environ: Mapping[str, str]) -> Command | None:
+    """The replay step of a warm pass, when the records describe Triton kernels or autotune
+    choices: it compiles them on all the job's cores at once and writes the choices (issue 26,
+    docs/single-flight.md)."""
+    folder = environ.get("GPU_CACHE_RECORDS")
+    if not folder or not os.path.isabs(folder):
+        return None
+    found = list(hook_records.read(Path(folder)))
+    if not (hook_records.kernels(found) or hook_records.autotuned(found)):
+        return None
+    return Command("triton-replay", "recorded", "{python} -m gpu_cache.workloads.triton_replay",
+                   REPLAY_TIMEOUT_SECONDS, builtin=True, expects=("triton",))
 
 
 def still_valid(root: Path | None, marker: Path | None) -> bool:

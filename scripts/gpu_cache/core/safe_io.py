@@ -15,9 +15,12 @@ a huge file. The rules, for every module that touches the root:
 * **Folders by descriptor** (:func:`open_dir`, :func:`move_to_trash`): an entry is removed by
   renaming it, in one atomic step between descriptors of real folders, into
   :data:`TRASH_DIR_NAME`, then deleting it there; a symlink swapped in by name is never followed.
-* **Stamps and locks** (:func:`touch_stamp`, :func:`exclusive_lock`): a name that should be a
-  regular file but is a symlink, FIFO, socket or device is unlinked (it lies inside a folder we
-  own; unlinking never follows it) and a regular file is made in its place.
+* **Stamps** (:func:`touch_stamp`): a name that should be a regular file but is a symlink,
+  FIFO, socket or device is unlinked (it lies inside a folder we own; unlinking never follows
+  it) and a regular file is made in its place.
+* **Locks** (:func:`exclusive_lock`) follow the lock rules of docs/guarantees.md: nobody but
+  you (and the team, in a group-writable folder) can open a lock file, so nobody else can hold
+  it; one that others could open is replaced, never waited on.
 
 And for what the user names (``--output``, ``--outdir``), :func:`write_output`: a regular file
 or a new path is replaced through a temporary file beside it; a symlink is followed and its
@@ -35,7 +38,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -231,7 +234,8 @@ def temp_name(name: str) -> str:
     return f".{name[:200]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # within NAME_MAX
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -249,23 +253,42 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
     Raises:
         OSError: the temporary file cannot be written or renamed (it is then removed).
     """
-    path = Path(path)
+    _via_temp(Path(path), data, mode, os.replace)
+
+
+def add_file(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Make ``path`` a regular file holding ``data``, atomically, only where no name ``path``
+    exists: the temporary file (as in :func:`replace_file`) is hard-linked to ``path``, which
+    never replaces anything. False when ``path`` existed.
+
+    Raises:
+        OSError: the temporary file cannot be written or linked (it is removed either way).
+    """
+    try:
+        _via_temp(Path(path), data, None, os.link)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _via_temp(path: Path, data: bytes, mode: int | None, place: Callable[[Path, Path], None]) -> None:
+    """Write ``data`` to a new temporary file beside ``path``, then ``place(temp, path)``
+    (rename or link); the temporary name is gone afterwards."""
     temp = path.with_name(temp_name(path.name))
     fd = os.open(temp, CREATE_FLAGS, 0o666)
     try:
         try:
             if mode is not None:
                 os.fchmod(fd, mode)
-            _write_all(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
+        place(temp, path)
+    finally:
         try:
             os.unlink(temp)
         except OSError:
             pass
-        raise
 
 
 @contextmanager
@@ -432,35 +455,121 @@ class LockTimeout(OSError):
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
-def _open_lock(path: Path, create: bool, replace: bool) -> int | None:
-    """A read-write descriptor of the regular lock file at ``path`` (None: missing and not
-    ``create``). Never follows a symlink and never truncates."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    for _attempt in range(3):
-        try:
-            info: os.stat_result | None = os.lstat(path)
-        except FileNotFoundError:
-            info = None
-        if info is not None and not stat.S_ISREG(info.st_mode):
-            if stat.S_ISDIR(info.st_mode) or not replace:
-                raise NotRegularFile(path, describe(info.st_mode))
-            try:
-                os.unlink(path)  # the planted name itself, never what it points to
-            except FileNotFoundError:
-                pass
-        try:
-            fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o666)
-        except FileNotFoundError:
-            if not create:
-                return None
-            raise
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):  # swapped for a symlink or FIFO: again
-                continue
-            raise
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
+class NotPrivate(OSError):
+    """A lock file that others could hold, and that cannot be replaced by one they cannot."""
+
+    def __init__(self, path: str | os.PathLike[str], why: str) -> None:
+        super().__init__(errno.EPERM, f"a lock file others could hold ({why})", str(path))
+
+
+_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def lock_file_problem(info: os.stat_result, group_bits: int, gid: int) -> str | None:
+    """Why the file ``info`` breaks the lock rules, or None: a regular file of yours (or, in a
+    team's folder, whose ``group_bits`` are 0o060, of a member, in the folder's group ``gid``)
+    that nobody else can open. The startup hook applies the same rules
+    (``_hook/gpu_cache_flight.py``; it cannot import this package)."""
+    if not stat.S_ISREG(info.st_mode):
+        return describe(info.st_mode)
+    if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):
+        return f"owned by uid {info.st_uid}"
+    if stat.S_IMODE(info.st_mode) & ~(0o600 | group_bits):
+        return f"mode {stat.S_IMODE(info.st_mode):04o}, which others may open"
+    return None
+
+
+def _new_lock_file(path: Path, group_bits: int, flags: int = _LOCK_FLAGS) -> int:
+    """Create ``path`` exclusively, mode 0600 (0660 in a team's folder) whatever the umask.
+
+    Raises:
+        FileExistsError: it exists.
+        NotPrivate: the new file is not yours (a filesystem that maps owners).
+    """
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600 | group_bits)
+        owner = os.fstat(fd).st_uid
+        if owner != os.geteuid():
+            raise NotPrivate(path, f"files made here belong to uid {owner}")
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _set_aside(path: Path, judged: os.stat_result) -> None:
+    """Remove what ``path`` names, found to break the lock rules (``judged``: its lstat), so
+    that an exclusive create makes the lock file anew: one creator wins, however many
+    processes replace the name at once. It is renamed aside first, and put back when it turned
+    out to be a lock file another process made meanwhile. Never follows a link.
+
+    Raises:
+        OSError: it cannot be renamed (a sticky folder and another user's file).
+    """
+    aside = path.with_name(temp_name(path.name))
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    moved = os.lstat(aside)
+    if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
+        try:
+            os.link(aside, path)  # a fresh lock file of another process: back in place
+        except OSError:
+            pass
+    os.unlink(aside)
+
+
+def _open_lock(path: Path, create: bool, replace: bool) -> int | None:
+    """A read-write descriptor of the lock file at ``path``, by the lock rules (None: missing
+    and not ``create``). Never follows a symlink, never truncates, never opens a device; a
+    file that breaks the rules is set aside and made anew (only when ``create`` was asked or
+    something stood at the name).
+
+    Raises:
+        NotRegularFile: a folder is there.
+        NotPrivate: it breaks the rules and ``replace`` is False, or it cannot be replaced.
+    """
+    folder = os.stat(path.parent)
+    group_bits = 0o060 if folder.st_mode & stat.S_IWGRP else 0
+    replaced = False
+    for _attempt in range(4):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            if not (create or replaced):
+                return None
+            try:
+                return _new_lock_file(path, group_bits)
+            except FileExistsError:
+                continue
+        if stat.S_ISDIR(info.st_mode):
+            raise NotRegularFile(path, "a folder")
+        why = None if stat.S_ISREG(info.st_mode) else describe(info.st_mode)  # a device is never opened
+        if why is None:
+            try:
+                fd = os.open(path, _LOCK_FLAGS)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # another user's file, or a link or FIFO swapped in
+                why = exc.strerror or str(exc)
+            else:
+                held = os.fstat(fd)
+                if (held.st_dev, held.st_ino) != (info.st_dev, info.st_ino):
+                    os.close(fd)  # replaced meanwhile: look again
+                    continue
+                why = lock_file_problem(held, group_bits, folder.st_gid)
+                if why is None:
+                    return fd
+                os.close(fd)
+        if not replace:
+            raise NotPrivate(path, why)
+        try:
+            _set_aside(path, info)
+        except OSError as exc:
+            raise NotPrivate(path, f"{why}; cannot replace it: {exc.strerror or exc}") from None
+        replaced = True
     raise NotRegularFile(path, "keeps being replaced by something else")
 
 
@@ -478,21 +587,29 @@ def _still_named(fd: int, path: Path) -> bool:
 @contextmanager
 def exclusive_lock(path: str | os.PathLike[str], timeout: float, create: bool = True,
                    replace: bool = True) -> Iterator[bool]:
-    """Hold ``flock(LOCK_EX)`` on the regular file at ``path``; yields whether a lock is held.
+    """Hold ``flock(LOCK_EX)`` on the lock file at ``path``; yields whether a lock is held.
 
-    The lock file is opened with ``O_NOFOLLOW`` and never truncated (``filelock``, which JAX
-    uses, opened lock files with ``O_TRUNC`` and followed symlinks before its 4.x versions). A
-    symlink, FIFO, socket or device at ``path`` is unlinked (it lies in a folder we own;
-    unlinking never follows it) and a regular file made in its place; a lock taken on a file
-    that lost its name meanwhile is taken again on the new one. It excludes
-    ``filelock.FileLock`` holders of the same file, which use ``flock`` too. With
-    ``create=False`` a missing file yields False (nothing to lock). ``replace=False`` (a dry
-    run, which must change nothing): a non-regular ``path`` raises instead of being replaced.
-    Where the filesystem has no ``flock``, falls back to ``filelock.FileLock``.
+    By the lock rules (docs/guarantees.md): the lock file is one that nobody but you (and, in
+    a group-writable folder, its group) can open, so nobody else can hold it: made with an
+    exclusive create, mode 0600 (0660), whatever the umask. Anything else at ``path`` (a
+    symlink, FIFO, socket or device, another user's file, a file others may open, as JAX's
+    ``filelock`` makes ``.lockfile`` with the job's umask) is never waited on: a fresh lock file
+    is renamed over the name (never following it), and a lock taken on a file that lost its
+    name meanwhile is taken again on the new one. The file is never truncated. It excludes
+    ``filelock.FileLock`` holders of the same file, which use ``flock`` too (filelock 4.x
+    takes a lock on a file unlinked meanwhile again). With ``create=False`` a missing file
+    yields False (nothing to lock). ``replace=False`` (a dry run, which must change nothing):
+    a file that breaks the rules raises instead of being replaced. Where the filesystem has no
+    ``flock`` (``ENOLCK``, ``ENOSYS``: Lustre ``noflock``, NFS without a lock daemon) it yields
+    False too: nothing there can lock (``filelock``, which JAX uses, fails the same way), and
+    the caller goes on without (two prunes at once then both remove whole entries, and a file
+    already gone is no error).
 
     Raises:
         LockTimeout: another process held it for ``timeout`` seconds.
-        NotRegularFile: ``path`` is a folder (or, with ``replace=False``, not a regular file).
+        NotRegularFile: ``path`` is a folder.
+        NotPrivate: with ``replace=False``, or where it cannot be replaced, a lock file others
+            could hold (never waited on).
         OSError: it cannot be opened or created (a read-only filesystem).
     """
     path = Path(path)
@@ -512,54 +629,15 @@ def exclusive_lock(path: str | os.PathLike[str], timeout: float, create: bool = 
             continue
         break
     try:
-        if locked:
-            try:
-                yield True
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        if not locked:
+            yield False  # no flock on this filesystem: nothing can be locked here
             return
-        import filelock
-
-        fallback = filelock.FileLock(str(path), timeout=max(0.0, deadline - time.monotonic()))
-        try:
-            fallback.acquire()
-        except filelock.Timeout:
-            raise LockTimeout(errno.EAGAIN, f"held by another process for {timeout:.0f} s",
-                              str(path)) from None
         try:
             yield True
         finally:
-            fallback.release()
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def hold_if_free(path: str) -> int | None:
-    """A descriptor holding ``flock`` on the lock file at ``path``, taken without waiting
-    (None: there is none, or it is not a regular file). Another tool's lock (Inductor's) is
-    held while its entry is removed, so that a writer never sees its entry vanish midway.
-
-    Raises:
-        OSError: EBUSY, another process holds it (its entry is being written).
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            return None  # not a lock file: the caller removes it as a name
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(errno.EBUSY, "being compiled (its lock is held)", path) from None
-    except OSError as exc:
-        if exc.errno not in _NO_FLOCK:
-            os.close(fd)
-            raise
-    return fd
 
 
 def _flock(fd: int, path: Path, deadline: float) -> bool:
@@ -604,7 +682,7 @@ def _write_device(path: Path, data: bytes, what: str, follow: bool = False) -> N
             raise OSError(errno.EINVAL, f"was replaced by {describe(info.st_mode)} while it was "
                           "opened; nothing written", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        _write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 

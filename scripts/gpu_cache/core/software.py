@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 #: Distributions whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard")
+KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
 #: Variables that name the container image a process runs in (Apptainer, Singularity).
 IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: The identity fields whose difference makes a warmed cache useless to a job.
@@ -44,11 +44,13 @@ def identity(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
 
 
 def describe(software: Mapping[str, object]) -> str:
-    """A short phrase for messages: ``jax 0.10.2 (Python 3.11.7) in docker://x`` or ``on the host``."""
+    """A short phrase for messages: ``jax 0.10.2 (Python 3.11.7) in docker://x`` or ``on the
+    host``; the image as the config names it (``container``, in verdicts) before the file it
+    was pulled to (``image``)."""
     parts = [f"{name} {software[name]}" for name in ("jax", "triton", "torch") if software.get(name)]
     text = ", ".join(parts) or "no jax/triton/torch"
     text += f" (Python {software.get('python') or '?'})"
-    where = software.get("image") or software.get("conda_env")
+    where = software.get("container") or software.get("image") or software.get("conda_env")
     return f"{text} in {where}" if where else f"{text} on the host"
 
 

@@ -18,7 +18,7 @@ from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds
 from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.jobenv import trust
-from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_problem
 
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
@@ -27,10 +27,12 @@ SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
 MANAGED_VAR = "GPU_CACHE_MANAGED"
 WARNED_VAR = "GPU_CACHE_WARNED"
-#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off) and how
-#: long a waiter waits, in seconds.
+#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off), how
+#: long a waiter waits, in seconds, and its mode: "node" (flock) or "cluster" (flock within a
+#: node, a lease per key across the nodes that share the folder).
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
 #: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
 LOCKS_FOLDER = "locks"
 
@@ -118,13 +120,38 @@ class _Placement:
     xla_caches_off: bool = False  # XLA's own caches must stay off (a network filesystem)
 
 
-def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> _Placement:
-    """Decide where ``kind`` caches, from the probe of its folder under ``root``."""
+def hook_problem() -> str | None:
+    """Why the startup hook cannot go on jobs' ``PYTHONPATH``, or None. Python splits
+    ``PYTHONPATH`` at every ``os.pathsep`` and no quoting escapes it, so a hook folder whose path
+    holds one would silently never load (#21); jobs then run without it, which they survive."""
+    if os.pathsep not in str(HOOK_DIR):
+        return None
+    return (f"gpu-cache is installed under {PACKAGE_PARENT}, whose path holds {os.pathsep!r}, which "
+            "no PYTHONPATH entry can hold: jobs run without its startup hook (no stats records, no "
+            "single-flight, a read-only Triton cache goes node-local); install gpu-cache under a "
+            f"path without {os.pathsep!r}")
+
+
+def with_hook(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with the hook's folder first and the user's value after it as written:
+    an empty entry (``/opt/lib:``) means the working folder to Python, so nothing is dropped
+    (#21); an empty or unset value adds none."""
+    if not pythonpath:
+        return str(HOOK_DIR)
+    return f"{HOOK_DIR}{os.pathsep}{pythonpath}"
+
+
+def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
+           hook: bool = True) -> _Placement:
+    """Decide where ``kind`` caches, from the probe of its folder under ``root``; ``hook``:
+    whether the startup hook can load in jobs (the Triton seed reader lives there)."""
     folder = kind.folder(root)
     problem = check.problem
     if problem is None and check.read_only:
         if kind.read_only is ReadOnlyUse.READ:
             pass  # the tool reads it and warns on each failed write
+        elif kind.read_only is ReadOnlyUse.SEED and not hook:
+            problem = f"{folder} is read-only and its seed reader needs gpu-cache's startup hook"
         elif kind.read_only is ReadOnlyUse.SEED:
             fallback = node_local_fallback(kind.name)
             if check_folder(fallback, trusted_above=fallback.parent).problem is None:
@@ -160,11 +187,12 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str) -> 
 def _place_locks(settings: Settings, root: Path, root_problem: str | None
                  ) -> tuple[dict[str, str], dict[str, object], list[str]]:
     """Where single-flight's lock files go: ``<root>/locks``, else (a read-only or unusable
-    root) a node-local folder; off where flock does not work in either. Returns the
-    variables, what doctor shows, and warnings."""
+    root) a node-local folder; off where flock does not work in either. Its mode: "cluster"
+    (leases across nodes) on a shared filesystem where they work, else "node", with why.
+    Returns the variables, what doctor shows, and warnings."""
     timeout = settings.single_flight.timeout_seconds
     info: dict[str, object] = {"enabled": False, "locks": None, "timeout_seconds": timeout,
-                               "problem": None, "per_node": False}
+                               "problem": None, "per_node": False, "mode": None, "why": None}
     if not settings.single_flight.enabled:
         info["problem"] = "turned off in the config (single_flight.enabled: false)"
         return {LOCKS_VAR: ""}, info, []
@@ -180,17 +208,28 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
             problems.append(problem)
             continue
         warnings = []
+        shared = check.network or check.family == "fuse"
+        mode = "node"
         if problems:
+            why = f"node-local folder ({problems[0]})"
             warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
                             "so single-flight holds within this node only")
-        per_node = bool(problems) or check.network or check.family == "fuse"
-        if check.network or check.family == "fuse":
-            warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
-                            "within one node only (BeeGFS by default, Lustre with localflock): "
-                            "single-flight is per node there, and jobs on two nodes may compile "
-                            "the same key at once")
-        info.update(enabled=True, locks=str(folder), per_node=per_node)
-        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}"}, info, warnings
+        elif not shared:
+            why = f"{check.fs_type} is local to this node"
+        else:
+            trouble = lease_problem(folder)
+            if trouble is None:
+                mode, why = "cluster", (f"{check.fs_type} may be shared by nodes, and flock there may "
+                                        "lock within one node only: flock within a node, a lease per "
+                                        "key across nodes")
+            else:
+                why = f"leases do not work on {check.fs_type}: {trouble}"
+                warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
+                                f"within one node only, and {trouble}: single-flight is per node there, "
+                                "and jobs on two nodes may compile the same key at once")
+        info.update(enabled=True, locks=str(folder), per_node=mode == "node" and (shared or bool(problems)),
+                    mode=mode, why=why)
+        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}", LOCK_MODE_VAR: mode}, info, warnings
     info["problem"] = problems[0]
     return {LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
                                    f"{'; '.join(problems)}"]
@@ -213,9 +252,10 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     root_problem: str | None = None
     xla_caches = settings.xla_caches
     root = settings.cache_root
+    no_hook = hook_problem()
     single_flight: dict[str, object] = {
         "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
-        "problem": "caching is turned off", "per_node": False}
+        "problem": "caching is turned off", "per_node": False, "mode": None, "why": None}
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
         wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -235,7 +275,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                 root_problem = root_check.problem
             check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
             warnings += [f"{kind.name}: {line}" for line in check.warnings]
-            how = _place(kind, root, check, xla_caches)
+            how = _place(kind, root, check, xla_caches, hook=no_hook is None)
             wanted.update(how.values)
             if how.problem:
                 problems[kind.name] = how.problem
@@ -250,6 +290,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         if "TRITON_CACHE_DIR" in wanted:
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
             wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
+            # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
+            # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
+            wanted["TRITON_CACHE_AUTOTUNING"] = "1"
         if settings.stats_hook and "jax" not in problems:
             records = kinds.KINDS["records"]
             wanted[records.env_var] = str(records.folder(root))
@@ -266,12 +309,12 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
         or bool(exports.values.get(LOCKS_VAR))  # the hook does single-flight
-    if hook_needed:
-        parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if str(HOOK_DIR) not in parts:
-            exports.values["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *parts])
-    if root is not None:
-        binds, skipped = container_binds([root, PACKAGE_PARENT], environ)
+    if hook_needed and no_hook:
+        exports.warnings.append(no_hook)
+    elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):
+        exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
+    if root is not None:  # the package's folder only for the hook (not when it cannot load)
+        binds, skipped = container_binds([root] if no_hook else [root, PACKAGE_PARENT], environ)
         exports.values.update(binds)
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
                              "cannot hold ',' or ':'" for path in skipped]
@@ -287,6 +330,9 @@ def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict
     up, so a host that sets ``*_BINDPATH`` (with ``os.environ.setdefault``, before or after
     gpu-cache) is untouched, and one that set ``*_BIND`` first gets ours appended. (Apptainer
     ignores ``SINGULARITY_X`` when ``APPTAINER_X`` is set, hence both, with the same value.)
+    A host's bind of a path to another place (``<root>:/cache``, ``<root>:/cache:ro``) leaves it
+    missing at its own path, where the exported variables point: it gets a second bind there,
+    with the same options (#21).
     """
     listable = [p for p in paths if "," not in str(p) and ":" not in str(p)]
     skipped = [p for p in paths if p not in listable]
@@ -294,11 +340,25 @@ def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict
     out = {}
     for name in CONTAINER_BIND_VARS:
         entries = [e for e in environ.get(name, "").split(",") if e]
-        sources = {e.split(":", 1)[0] for e in entries}
-        missing = [str(p) for p in usable if str(p) not in sources]
-        if missing:
-            out[name] = ",".join(entries + missing)
+        missing = [_own_path_bind(str(p), entries) for p in usable]
+        if any(missing):
+            out[name] = ",".join(entries + [bind for bind in missing if bind])
     return out, skipped
+
+
+def _own_path_bind(path: str, entries: list[str]) -> str | None:
+    """The bind that puts ``path`` at its own path in a container, given a bind list's
+    ``src[:dst[:options]]`` entries; None when one of them already does."""
+    options = None
+    for entry in entries:
+        source, _, rest = entry.partition(":")
+        destination, _, opts = rest.partition(":")
+        if os.path.normpath(source) != path:
+            continue
+        if not destination or os.path.normpath(destination) == path:
+            return None
+        options = options or opts
+    return f"{path}:{path}:{options}" if options else path
 
 
 def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:

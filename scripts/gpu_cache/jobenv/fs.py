@@ -281,6 +281,40 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                        problem, read_only, warnings)
 
 
+def lease_problem(folder: Path) -> str | None:
+    """Whether single-flight's leases work in ``folder``: an exclusive create makes the file
+    once and fails for a name that exists (with any error: sshfs often says EPERM), and what
+    one descriptor writes a fresh open reads. What is wrong, in a few words, or None. Uses a
+    probe file it removes; never raises."""
+    import uuid
+
+    probe = folder / f".gpu-cache-lease-probe-{uuid.uuid4().hex}"
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = -1
+    try:
+        fd = os.open(probe, flags, 0o600)
+        os.write(fd, b"beat 1\n")
+        os.fsync(fd)
+        try:
+            os.close(os.open(probe, flags, 0o600))
+            return f"an exclusive create in {folder} succeeds for a name that exists"
+        except OSError:
+            pass
+        with open(probe, "rb") as again:
+            if again.read() != b"beat 1\n":
+                return f"a fresh open in {folder} does not read what was written"
+        return None
+    except OSError as exc:
+        return f"cannot test leases in {folder}: {why_not(exc)}"
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
 def flock_problem(folder: Path) -> str | None:
     """Whether ``flock`` locks work in ``folder`` as single-flight needs them: two open file
     descriptions of one file must exclude each other, and an unlock must let the second in.

@@ -25,6 +25,12 @@ the members of ``shared_group`` can add files to it:
   (``system.posix_acl_default``) is judged the same way, since it decides who can write the
   folders that JAX and Triton create inside.
 
+- **above the root**: whoever may rename the root in a folder above it may put a cache of
+  theirs in its place after ``env`` checked it, so every folder above the root (along the path
+  as written and along where its links lead) must be owned by you or root (or be in the
+  ``shared_group``) and writable by nobody else, unless its sticky bit protects the entry of
+  yours below it, as ssh's StrictModes judges a home: :func:`may_swap` (#21).
+
 Every refusal is one sentence that says what is wrong and how to fix it (``chmod o-w,g-w``,
 ``setfacl -b``, or ``shared_group: GROUP``). :func:`distrust` never raises for filesystem
 trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.check_folder` reports.
@@ -275,9 +281,94 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
     return None
 
 
+def may_swap(mode: int, owner: int, gid: int, below_owner: int, me: int, shared_gid: int | None,
+             private: bool) -> str | None:
+    """Who besides you and root can rename the entry below a folder above the cache root, and
+    so put a cache of theirs in its place (#21): ``"owner"``, ``"group"``, ``"others"``, or None
+    when nobody can. The rule of ssh's StrictModes, with the cache folders' group rule:
+
+    - the folder is owned by you (``me``) or root, or, in shared-group mode, its group is
+      ``shared_gid`` (another member's folder); else ``"owner"``;
+    - with the sticky bit, only an entry's owner, the folder's owner and root may rename it: a
+      sticky folder anyone may write (``/tmp``) is safe when the entry below is yours or root's;
+    - else world-writable is ``"others"``, and group-writable is ``"group"`` unless the group
+      is ``shared_gid`` or the owner's user-private group (``private``: see
+      :func:`private_group`).
+
+    Pure (the caller stats the folder and the entry below it, ``lstat``, and looks up
+    ``private``), so the startup hook can mirror it."""
+    shared = shared_gid is not None and gid == shared_gid
+    if owner not in (me, 0) and not shared:
+        return "owner"
+    if mode & stat.S_ISVTX and below_owner in (me, 0):
+        return None
+    if mode & stat.S_IWOTH:
+        return "others"
+    if mode & stat.S_IWGRP and not (shared or private):
+        return "group"
+    return None
+
+
+def _ancestors(top: Path) -> list[tuple[str, str]]:
+    """(folder, entry) for every folder above ``top``, from ``/`` down, with its entry on the
+    way down: along the path as written (the folders that hold any symbolic link on it) and
+    along the path the links lead to. (Strings: this runs for every folder env checks.)"""
+    pairs: dict[tuple[str, str], None] = {}
+    for start in (os.path.abspath(top), os.path.realpath(top)):
+        entry, folder = start, os.path.dirname(start)
+        while entry != folder:
+            pairs[folder, entry] = None
+            entry, folder = folder, os.path.dirname(folder)
+    return sorted(pairs, key=lambda pair: len(pair[1]))
+
+
+def _distrust_above(top: Path, shared_group: str | None) -> str | None:
+    """Why a folder above ``top`` lets another user swap it (see :func:`may_swap`), or None.
+
+    Raises:
+        OSError, ValueError: a folder cannot be inspected.
+    """
+    me = os.geteuid()
+    shared_gid = group_id(shared_group) if shared_group is not None else None
+    for folder, entry in _ancestors(top):
+        info = os.stat(folder)
+        below = os.lstat(entry).st_uid
+        private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, shared_gid, private)
+        if who is None:
+            continue
+        quoted = shlex.quote(folder)
+        what = {"owner": f"owned by {_user_name(info.st_uid)}", "others": "writable by everyone",
+                "group": f"writable by group {group_name(info.st_gid)}"}[who]
+        if info.st_mode & stat.S_ISVTX and who != "owner":
+            what += (f" (its sticky bit protects only entries of yours, and {os.path.basename(entry)} is "
+                     f"{_user_name(below)}'s)")
+        fix = "choose a cache root under folders owned by you or root"
+        if who != "owner" and below in (me, 0):
+            bit = "o-w" if who == "others" else "g-w"
+            fix = (f"`chmod +t {quoted}` (then only an entry's owner can rename it) or `chmod {bit} "
+                   f"{quoted}`{_share_hint(shared_group) if who == 'group' else ''}, or {fix}")
+        return (f"{folder}, above the cache root, is {what}, so another user could rename {entry} "
+                f"away and put a cache of theirs in its place, which your jobs would run; it is "
+                f"refused; fix: {fix}")
+    return None
+
+
 def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None) -> str | None:
     """Why ``path`` (and every folder from ``trusted_above`` down to it) must not be used as a
-    cache, or None when it may. Never raises for filesystem trouble."""
+    cache, or None when it may. With ``trusted_above`` (the cache root), the folders above it
+    must not let another user swap it either (:func:`may_swap`). Never raises for filesystem
+    trouble."""
+    if trusted_above is not None:
+        try:
+            why = _distrust_above(trusted_above, shared_group)
+        except OSError as exc:
+            return f"cannot inspect the folders above {trusted_above} (so it is not trusted): " \
+                   f"{exc.strerror or exc}"
+        except ValueError as exc:  # a NUL in the path
+            return f"cannot inspect the folders above {trusted_above} (so it is not trusted): {exc}"
+        if why:
+            return why
     folders = [path]
     if trusted_above is not None and path.is_relative_to(trusted_above):
         current = path.parent

@@ -27,7 +27,7 @@ backend, exactly as it does for a launch. The only differences are (a) tensors: 
 are Triton's own ``MockTensor`` placeholders with the same dtype and shape, whose ``data_ptr()`` is 0
 (16-byte aligned, like every PyTorch CUDA allocation, which is at least 256-byte aligned) and whose
 ``stride()`` is the row-major stride of a contiguous tensor; and (b) the driver: in ``aot`` mode a
-target-only stand-in (:class:`_TargetOnlyDriver`) reports ``GPUTarget("cuda", cc, 32)``, which is
+target-only stand-in (:class:`TargetOnlyDriver`) reports ``GPUTarget("cuda", cc, 32)``, which is
 what Triton's CUDA driver reports for a GPU of compute capability ``cc``. Neither the kernel's file
 path nor the module name is part of Triton's key (source text, starting line, used globals are), so
 the location of this package does not matter either. What must still match between warm and run:
@@ -318,7 +318,7 @@ def parse_targets(text: str) -> list[int]:
     return caps
 
 
-class _TargetOnlyDriver:
+class TargetOnlyDriver:
     """Stands in for Triton's CUDA driver on a machine without a GPU.
 
     It answers only what ``JITFunction.run(..., warmup=True)`` and ``triton.compile`` ask of a driver
@@ -361,10 +361,10 @@ class _TargetOnlyDriver:
 
 
 @contextlib.contextmanager
-def _target_only_driver(capabilities: Sequence[int]) -> Iterator[_TargetOnlyDriver]:
-    """Make a :class:`_TargetOnlyDriver` Triton's active driver for the duration of the block."""
+def target_only_driver(capabilities: Sequence[int]) -> Iterator[TargetOnlyDriver]:
+    """Make a :class:`TargetOnlyDriver` Triton's active driver for the duration of the block."""
     previous = getattr(_triton_driver, "_active", None)
-    fake = _TargetOnlyDriver(capabilities)
+    fake = TargetOnlyDriver(capabilities)
     _triton_driver.set_active(fake)
     try:
         yield fake
@@ -386,7 +386,7 @@ def run_aot(shape: int, capabilities: Sequence[int]) -> list[KernelEvent]:
     """
     cases = build_cases(shape)
     recorder = _Recorder()
-    with _target_only_driver(capabilities) as fake, recorder.installed():
+    with target_only_driver(capabilities) as fake, recorder.installed():
         for cap in capabilities:
             fake.select(cap)
             for case in cases:

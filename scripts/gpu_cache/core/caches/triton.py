@@ -141,6 +141,19 @@ class TritonInventory:
         """The entries of kind ``kernel``."""
         return tuple(e for e in self.entries if e.kind == KIND_KERNEL)
 
+    @property
+    def autotune_results(self) -> int:
+        """Key directories of Triton's kept autotuning results (``*.autotune.json``, written
+        with ``TRITON_CACHE_AUTOTUNING=1``, Triton >= 3.4; issue 24)."""
+        return autotune_results(self.entries)
+
+
+def autotune_results(entries: object) -> int:
+    """How many of ``entries`` (Triton entries, or :class:`gpu_cache.core.entries.Entry` made
+    from them) hold an autotuning result."""
+    return sum(getattr(getattr(e, "source", e), "kind", None) == KIND_AUTOTUNE
+               for e in entries)  # type: ignore[attr-defined]
+
 
 def _inside(child: str, directory: str) -> bool:
     """True when the (absolute or relative) path ``child`` lies directly in ``directory``

@@ -1,0 +1,91 @@
+"""What the pieces of gpu-cache's startup hook share (``sitecustomize`` next to this file says
+which piece does what): text and list limits, marking a hit entry used, the record's parts for
+jax and triton, and the way to single-flight. Standard library only, Python 3.9+."""
+
+import os
+import sys
+
+#: At most this many entries in each list (and key_parts) of a record; the rest are counted.
+MAX_ITEMS = 1000
+#: At most this many characters in each name, key or argument a record keeps.
+MAX_TEXT = 500
+
+
+def text(value, limit=MAX_TEXT):
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def keep(stats, field, item):
+    """Append to a record's list, up to MAX_ITEMS; count what does not fit."""
+    items = stats[field]
+    if len(items) < MAX_ITEMS:
+        items.append(item)
+    else:
+        stats["dropped"][field] += 1
+
+
+def touch(path):
+    """Mark a cache entry as used now (never through a symlink); a read-only cache just goes
+    unmarked."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        pass
+
+
+def jax_part(hook):
+    """The record's ``jax`` part of this process, made on first use."""
+    part = hook.parts.get("jax")
+    if part is None:
+        part = hook.parts["jax"] = {
+            "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
+            "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
+            "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
+    return part
+
+
+def triton_part(hook):
+    """The record's ``triton`` part of this process, made on first use."""
+    part = hook.parts.get("triton")
+    if part is None:
+        part = hook.parts["triton"] = {
+            "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
+            "kernels": [], "autotuned": [],
+            "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}}
+    return part
+
+
+def jax_cache_dir():
+    """The cache folder this process's JAX really used: a program may set its own with
+    ``jax.config.update("jax_compilation_cache_dir", ...)`` over the exported one."""
+    try:
+        folder = sys.modules["jax"].config.jax_compilation_cache_dir
+    except Exception:
+        return None
+    return text(str(folder)) if folder else None
+
+
+def flight(hook):
+    """gpu-cache's single-flight module (next to this file), told how this hook warns."""
+    module = hook.piece("gpu_cache_flight")
+    module.configure(hook.warn)
+    return module
+
+
+def flight_off(hook, kind, why):
+    try:
+        flight(hook).disable(kind, why)
+    except Exception:
+        pass
+
+
+def flight_stats(hook, kind):
+    """What single-flight did for ``kind``, for the record."""
+    if not hook.flight:
+        refused = hook.parts.get("fallbacks", {}).get("locks", {}).get("refused")
+        return {"state": text(f"off: {refused}" if refused else "off: GPU_CACHE_LOCKS is not set", 300)}
+    try:
+        return flight(hook).stats(kind)
+    except Exception as exc:
+        return {"state": text(f"off: {exc!r}", 300)}

@@ -1,0 +1,249 @@
+"""gpu-cache's startup hook, the node-local folders: loaded only when the Triton cache folder a
+job was given cannot be created (a cache root not bound into a container), or when a folder it
+was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``, exported by ``gpu-cache env`` for
+a read-only or unusable root, and made on each node by whoever comes first).
+
+Triton creates its cache folder at start and raises where it cannot. The process then uses
+``$TMPDIR/gpu-cache-<uid>/triton``, the folder ``gpu-cache env`` falls back to. A node-local
+folder is used only when it and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env``
+applies (``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and
+nobody else can add a file to it (not others; not a group unless it is the owner's user-private
+group; no POSIX ACL or default ACL that lets another user or group write), and no folder above
+``gpu-cache-<uid>`` lets another user rename it away and put theirs in its place (the rule of
+ssh's StrictModes: ``/tmp``'s sticky bit protects an entry of one's own). ``/tmp`` is shared
+and bound into containers: whoever made that folder first would decide which kernels the job
+loads (issue 21). Nothing is created inside a folder that fails. The process then compiles into
+a private folder of its own (new, 0700, removed at exit): no cache across processes; or, for
+single-flight's lock folder, runs without single-flight. Its record says why.
+``tests/test_hook.py`` checks that this rule and gpu-cache's agree. Standard library only,
+Python 3.9+.
+"""
+
+import errno
+import os
+import stat
+import struct
+
+ACL_ACCESS = "system.posix_acl_access"
+ACL_DEFAULT = "system.posix_acl_default"
+_USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
+_WRITE = 0x02
+_NO_ACL = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def private_group(uid, gid):
+    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
+    primary group, with no other member and no other user's primary group. Group 0 never is."""
+    if gid == 0:
+        return False
+    import grp
+    import pwd
+
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    if group.gr_name != user.pw_name or user.pw_gid != gid:
+        return False
+    if any(member != user.pw_name for member in group.gr_mem):
+        return False
+    try:
+        return not any(entry.pw_gid == gid and entry.pw_uid != uid for entry in pwd.getpwall())
+    except OSError:
+        return False
+
+
+def _acl(path, name):
+    """The ``(tag, perm, id)`` entries of the ACL ``name`` of ``path``; [] without one."""
+    try:
+        data = os.getxattr(path, name)
+    except OSError as exc:
+        if exc.errno in _NO_ACL:
+            return []
+        raise
+    if len(data) < 4 or (len(data) - 4) % 8 or struct.unpack_from("<I", data)[0] != 2:
+        raise ValueError(f"an ACL in a format this hook does not know ({len(data)} bytes)")
+    return [struct.unpack_from("<HHI", data, offset) for offset in range(4, len(data), 8)]
+
+
+def _mask(entries):
+    return next((perm for tag, perm, _who in entries if tag == _MASK), 0o7)
+
+
+def _acl_writers(entries, owner, gid):
+    """Who besides the owner and root may write through ``entries`` and must not."""
+    mask, writers = _mask(entries), []
+    for tag, perm, who in entries:
+        if tag == _OTHER:
+            if perm & _WRITE:
+                writers.append("everyone (other)")
+        elif perm & mask & _WRITE:
+            if tag == _USER and who not in (owner, 0):
+                writers.append(f"user {who}")
+            elif tag == _GROUP and not private_group(owner, who):
+                writers.append(f"group {who}")
+            elif tag == _GROUP_OBJ and not private_group(owner, gid):
+                writers.append(f"group {gid} (its owning group)")
+    return writers
+
+
+def _distrust_one(path):
+    info = os.stat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a folder"
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"{path} is owned by user {info.st_uid}, not by you"
+    mode = stat.S_IMODE(info.st_mode)
+    acls = ((ACL_ACCESS, _acl(path, ACL_ACCESS)), (ACL_DEFAULT, _acl(path, ACL_DEFAULT)))
+    access = acls[0][1]
+    group_writes = bool(mode & stat.S_IWGRP)
+    if access:  # with an ACL the mode's group bits are its mask: ask the entries
+        group_writes = any(tag == _GROUP_OBJ and perm & _mask(access) & _WRITE for tag, perm, _ in access)
+    if mode & stat.S_IWOTH:
+        return f"{path} is world-writable"
+    if group_writes and not private_group(info.st_uid, info.st_gid):
+        return f"{path} is writable by group {info.st_gid}"
+    for name, entries in acls:
+        writers = _acl_writers(entries, info.st_uid, info.st_gid)
+        if writers:
+            which = "an ACL" if name == ACL_ACCESS else "a default ACL"
+            return f"{path} has {which} that lets {', '.join(writers)} write"
+    return None
+
+
+def may_swap(mode, owner, gid, below_owner, me, private):
+    """Who besides this user and root can rename the entry below a folder above a cache, and so
+    put theirs in its place: "owner", "group", "others", or None (gpu_cache.jobenv.trust's
+    rule, for a cache of one's own)."""
+    if owner not in (me, 0):
+        return "owner"
+    if mode & stat.S_ISVTX and below_owner in (me, 0):
+        return None
+    if mode & stat.S_IWOTH:
+        return "others"
+    if mode & stat.S_IWGRP and not private:
+        return "group"
+    return None
+
+
+def _distrust_above(top):
+    """Why a folder above ``top`` lets another user swap it, or None."""
+    pairs = {}
+    for start in (os.path.abspath(top), os.path.realpath(top)):
+        entry, folder = start, os.path.dirname(start)
+        while entry != folder:
+            pairs[folder, entry] = None
+            entry, folder = folder, os.path.dirname(folder)
+    me = os.geteuid()
+    for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
+        info = os.stat(folder)
+        private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, os.lstat(entry).st_uid, me, private)
+        if who is not None:
+            what = {"owner": f"owned by user {info.st_uid}", "others": "writable by everyone",
+                    "group": f"writable by group {info.st_gid}"}[who]
+            return f"{folder}, above {top}, is {what}, so another user could put a folder of theirs there"
+    return None
+
+
+def distrust(folder):
+    """Why ``folder`` may not hold this user's cache, or None: it, and the folders above it,
+    which must not let another user swap it. Never raises for filesystem trouble."""
+    try:
+        why = _distrust_above(folder)
+    except (OSError, ValueError) as exc:
+        return f"cannot inspect the folders above {folder} (so it is not trusted): {exc}"
+    if why:
+        return why
+    try:
+        return _distrust_one(folder)
+    except (OSError, ValueError) as exc:
+        return f"cannot inspect {folder} (so it is not trusted): {exc}"
+
+
+def _trusted_folders(folders):
+    """Make each of ``folders`` (outermost first) that is missing, checking each before going
+    into it: why one is refused, or None."""
+    for folder in folders:
+        try:
+            os.mkdir(folder, 0o755)  # the umask may take more away, never add
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            return f"cannot create {folder}: {exc.strerror}"
+        why = distrust(folder)
+        if why:
+            return why
+    return None
+
+
+def _remove_at_exit(folder):
+    import atexit
+    import shutil
+
+    owner = os.getpid()
+
+    def remove():
+        if os.getpid() == owner:  # not in a forked child
+            shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+
+
+def _record(hook, kind, **fields):
+    hook.parts.setdefault("fallbacks", {})[kind] = fields
+
+
+def _private_triton():
+    import tempfile
+
+    used = tempfile.mkdtemp(prefix="gpu-cache-triton-")
+    _remove_at_exit(used)
+    os.environ["TRITON_CACHE_DIR"] = used
+    return used
+
+
+def triton(wanted, why, hook, stderr):
+    """Point Triton at a usable folder when ``wanted`` cannot be created: the node-local one
+    when it is trusted, else a private one."""
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(), f"gpu-cache-{os.getuid()}")
+    local = os.path.join(base, "triton")
+    refused = _trusted_folders([base, local])
+    if refused is None:
+        used, what = local, f"this process uses {local}"
+        os.environ["TRITON_CACHE_DIR"] = used
+    else:
+        used = _private_triton()
+        what = (f"its node-local fallback is refused ({refused}), so this process uses a private "
+                f"folder {used}, without a cache across processes")
+    _record(hook, "triton", wanted=wanted[:500], problem=why, used=used, refused=refused)
+    shown = wanted if len(wanted) <= 500 else wanted[:500] + "..."
+    stderr(f"gpu-cache: warning: Triton's cache folder {shown} cannot be created ({why}); {what}. "
+           "Is the cache root bound into the container?\n")
+
+
+def triton_node_local(folder, hook, stderr):
+    """Triton's exported node-local folder: used when trusted, else a private one."""
+    folder = folder.rstrip(os.sep)
+    refused = _trusted_folders([os.path.dirname(folder), folder])
+    if refused is None:
+        return
+    used = _private_triton()
+    _record(hook, "triton", wanted=folder[:500], problem=None, used=used, refused=refused)
+    stderr(f"gpu-cache: warning: Triton's node-local cache folder is refused ({refused[:500]}); this "
+           f"process uses a private folder {used}, without a cache across processes\n")
+
+
+def locks_node_local(folder, hook, stderr):
+    """Single-flight's exported node-local lock folder: whether it may be used (another user
+    who can add files to it could hold the locks that this job waits on)."""
+    folder = folder.rstrip(os.sep)
+    refused = _trusted_folders([os.path.dirname(folder), folder])
+    if refused is None:
+        return True
+    _record(hook, "locks", wanted=folder[:500], problem=None, used=None, refused=refused)
+    stderr(f"gpu-cache: warning: single-flight's node-local lock folder is refused ({refused[:500]}); "
+           "this process runs without single-flight\n")
+    return False

@@ -1,0 +1,331 @@
+"""gpu-cache's startup hook, the JAX piece: loaded when the process imports ``jax``.
+
+Everything of the hook that touches JAX's private modules (``jax._src``) is here: the
+listeners of ``jax.monitoring``, the names and keys of hits and misses from JAX's own log
+calls, the parts of each cache key (for ``gpu-cache doctor --explain``), and JAX
+single-flight around the persistent cache's read and write. A jax whose internals differ
+loses the part that does not fit, with one warning line at most; the job runs on.
+Standard library only, Python 3.9+.
+"""
+
+import os
+
+import gpu_cache_hook_common as common
+from gpu_cache_hook_common import MAX_ITEMS, keep, text, touch
+
+
+def on_import(jax_module, hook):
+    """Run right after ``import jax``."""
+    stats = common.jax_part(hook)
+    if hook.flight:
+        try:
+            _flight_jax(hook)
+        except Exception as exc:  # the job runs as without single-flight
+            common.flight_off(hook, "jax", f"not installed: {exc!r}"[:300])
+            hook.warn("jax single-flight", exc)
+    if hook.folder:
+        _jax_listeners(hook, stats)
+
+
+def _jax_listeners(hook, stats):
+    from jax import monitoring
+
+    counters = {
+        "/jax/compilation_cache/compile_requests_use_cache": "requests",
+        "/jax/compilation_cache/cache_hits": "hits",
+        "/jax/compilation_cache/cache_misses": "writes",  # counts write attempts, not misses
+    }
+    durations = {
+        "/jax/core/compile/backend_compile_duration": "compile_seconds",
+        "/jax/compilation_cache/compile_time_saved_sec": "saved_seconds",
+    }
+
+    def on_event(event, **_kwargs):
+        name = counters.get(event)
+        if name:
+            stats[name] += 1
+
+    def on_duration(event, duration_secs, **_kwargs):
+        name = durations.get(event)
+        if name:
+            stats[name] += float(duration_secs)
+
+    monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)
+    _wrap_jax_cache_logging(hook, stats)
+    try:
+        _wrap_jax_cache_key(hook, stats)
+    except Exception as exc:  # private module: explain loses its input, nothing else
+        hook.warn("jax cache key parts", exc)
+
+
+#: Characters of each key component's sha256 kept in records (64 bits: plenty to compare).
+_PART_CHARS = 16
+
+
+def _wrap_jax_cache_key(hook, stats):
+    """Record a hash of each part of every JAX cache key, for ``gpu-cache doctor --explain``.
+
+    ``jax._src.cache_key.get`` hashes the key's parts (computation, jaxlib version, backend
+    version, XLA flags, compile options, accelerator config, compression, custom hook) into
+    one sha256, calling ``_log_cache_key_hash(hash_obj, part_name, ...)`` after each part.
+    A tee hasher given to ``get`` also hashes each part on its own, so nothing is hashed twice.
+    """
+    import hashlib
+    import threading
+
+    from jax._src import cache_key
+
+    original_get = cache_key.get
+    original_log = cache_key._log_cache_key_hash
+    local = threading.local()
+
+    class _Tee:
+        def __init__(self, *args):
+            self._whole = hashlib.sha256(*args)
+            self._part = hashlib.sha256()
+            self.parts = {}
+
+        def update(self, data):
+            self._whole.update(data)
+            self._part.update(data)
+
+        def digest(self):
+            return self._whole.digest()
+
+        def hexdigest(self):
+            return self._whole.hexdigest()
+
+        def copy(self):
+            return self._whole.copy()
+
+        def cut(self, name):
+            self.parts[name] = self._part.hexdigest()[:_PART_CHARS]
+            self._part = hashlib.sha256()
+
+    class _Hashlib:
+        """``hashlib`` for cache_key.py, whose ``sha256()`` in ``get`` is a tee."""
+
+        def __getattr__(self, name):
+            return getattr(hashlib, name)
+
+        def sha256(self, *args):
+            if getattr(local, "in_get", False) and getattr(local, "tee", None) is None:
+                local.tee = _Tee(*args)
+                return local.tee
+            return hashlib.sha256(*args)
+
+    def log_part(hash_obj, last_serialized, *args, **kwargs):
+        if isinstance(hash_obj, _Tee):
+            hash_obj.cut(str(last_serialized))
+        return original_log(hash_obj, last_serialized, *args, **kwargs)
+
+    def get(module, devices, compile_options, backend, *args, **kwargs):
+        local.in_get, local.tee = True, None
+        try:
+            key = original_get(module, devices, compile_options, backend, *args, **kwargs)
+        except Exception as exc:
+            # A jax whose key code the tee does not fit: compute the key plainly; the job
+            # must never fail because of the hook (a real jax error raises again here).
+            local.in_get, local.tee = False, None
+            hook.warn("jax cache key parts", exc)
+            key = original_get(module, devices, compile_options, backend, *args, **kwargs)
+        finally:
+            local.in_get = False
+        try:
+            parts = stats["key_parts"]
+            if local.tee is not None:
+                name = text(key)
+                if name in parts or len(parts) < MAX_ITEMS:
+                    parts[name] = local.tee.parts
+                else:
+                    stats["dropped"]["key_parts"] += 1
+            context = stats["key_context"]
+            if not context:
+                flat = list(getattr(devices, "flat", devices))
+                context.update({
+                    "platform": str(getattr(backend, "platform", "?")),
+                    "platform_version": str(getattr(backend, "platform_version", "?")),
+                    "device_count": len(flat),
+                    "device_kinds": sorted({str(getattr(d, "device_kind", "?")) for d in flat}),
+                    "compression": str(kwargs.get("compression_algorithm", args[0] if args else "?")),
+                    "jaxlib": str(getattr(cache_key, "jaxlib_version_str", "?")),
+                })
+        except Exception as exc:
+            hook.warn("jax cache key parts", exc)
+        local.tee = None
+        return key
+
+    cache_key.hashlib = _Hashlib()
+    cache_key._log_cache_key_hash = log_part
+    cache_key.get = get
+
+
+def _wrap_jax_cache_logging(hook, stats):
+    """Learn the name and key of each hit and miss from jax's own log calls."""
+    try:
+        from jax._src import compiler
+    except Exception as exc:  # private module: names are a bonus, counts still work
+        hook.warn("jax cache keys", exc)
+        return
+    original_hit = getattr(compiler, "log_persistent_cache_hit", None)
+    original_miss = getattr(compiler, "log_persistent_cache_miss", None)
+    if original_hit is None or original_miss is None:
+        return
+
+    def on_hit(module_name, cache_key, *args, **kwargs):
+        try:
+            keep(stats, "hit_keys", text(cache_key))
+            folder = common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+            if folder:
+                path = os.path.join(folder, f"{cache_key}-cache")
+                # older jax (0.4.30) names the entry by its key alone
+                touch(path if os.path.lexists(path) else os.path.join(folder, cache_key))
+        except Exception as exc:
+            hook.warn("jax hit", exc)
+        return original_hit(module_name, cache_key, *args, **kwargs)
+
+    def on_miss(module_name, cache_key, *args, **kwargs):
+        try:
+            keep(stats, "missed", {"name": text(module_name), "key": text(cache_key)})
+        except Exception as exc:
+            hook.warn("jax miss", exc)
+        return original_miss(module_name, cache_key, *args, **kwargs)
+
+    compiler.log_persistent_cache_hit = on_hit
+    compiler.log_persistent_cache_miss = on_miss
+
+
+#: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must
+#: have (jax 0.4.30, 0.10.2 and 0.11.2 have them). A jax whose internals differ runs without it.
+_JAX_FLIGHT_API = {
+    "compile_or_get_cached": ("backend", "computation", "devices", "compile_options"),
+    "_cache_read": ("module_name", "cache_key", "compile_options", "backend"),
+    "_cache_write": ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
+}
+
+
+def _jax_flight_mismatch(compiler):
+    """Why this jax's compiler does not fit JAX single-flight, or None."""
+    import inspect
+
+    for name, params in _JAX_FLIGHT_API.items():
+        func = getattr(compiler, name, None)
+        if not callable(func):
+            return f"jax._src.compiler.{name} is missing"
+        try:
+            names = tuple(inspect.signature(func).parameters)
+        except (TypeError, ValueError) as exc:
+            return f"jax._src.compiler.{name}: no signature ({exc})"
+        if names[:len(params)] != params:
+            return f"jax._src.compiler.{name}{names[:len(params)]} is not {name}{params}"
+    return None
+
+
+def _flight_jax(hook):
+    """Single-flight around JAX's persistent cache, one key at a time.
+
+    ``compile_or_get_cached`` reads the cache with ``_cache_read`` (a miss: ``(None, None)``),
+    compiles, and writes with ``_cache_write``. On a miss the wrapped read takes the key's lock
+    (``gpu_cache_flight.lead``) and reads again under it: a hit is returned as JAX's own hit,
+    a miss leaves this process the key's leader. ``_cache_write`` releases the lock once the
+    entry is written (or was not: waiters then compile side by side), and a ``finally`` around
+    ``compile_or_get_cached`` releases whatever this call still holds (a failed compile).
+    Computations of several processes of one ``jax.distributed`` run are left alone: JAX shares
+    those between the processes itself, and only process 0 writes them.
+    """
+    import threading
+
+    flight = common.flight(hook)
+    from jax._src import compiler
+
+    why = _jax_flight_mismatch(compiler)
+    try:
+        from jax._src import distributed
+
+        state = distributed.global_state
+    except Exception as exc:
+        why = why or f"no jax._src.distributed.global_state ({exc!r})"
+    if why:
+        flight.disable("jax", why)
+        return
+    original_read = compiler._cache_read
+    original_write = compiler._cache_write
+    original_compile = compiler.compile_or_get_cached
+    local = threading.local()
+
+    def held():
+        mine = getattr(local, "held", None)
+        if mine is None:
+            mine = local.held = {}
+        return mine
+
+    def folder():
+        return common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or ""
+
+    def cache_read(module_name, cache_key, *args, **kwargs):
+        # JAX writes entries in place: one being written now (here or on another node) is a
+        # miss, never read half (a warning and a second compile), and waited for below.
+        writing = flight.enabled("jax") and flight.jax_entry(folder(), cache_key) == "partial"
+        result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
+        if result[0] is not None or not flight.enabled("jax") \
+                or getattr(state, "client", None) is not None:
+            return result
+        raised = []
+
+        def read():
+            if flight.settled_jax_entry(folder(), cache_key) == "partial":
+                return None
+            try:
+                again = original_read(module_name, cache_key, *args, **kwargs)
+            except BaseException as exc:  # jax told to raise cache errors: as without the hook
+                raised.append(exc)
+                raise
+            return again if again[0] is not None else None
+
+        def peek():
+            return read() if flight.jax_entry(folder(), cache_key) == "whole" else None
+
+        try:
+            found, lock = flight.lead("jax", cache_key, folder(), read, peek)
+        except Exception as exc:
+            if raised:
+                raise
+            hook.warn("jax single-flight", exc)
+            return result
+        if found is not None:
+            return found
+        if lock is not None:
+            held()[cache_key] = lock
+        return result
+
+    def cache_write(cache_key, *args, **kwargs):
+        try:
+            return original_write(cache_key, *args, **kwargs)
+        finally:
+            lock = held().pop(cache_key, None)
+            if lock is not None:
+                lock.release(wrote=_jax_entry_written(folder(), cache_key))
+
+    def compile_or_get_cached(*args, **kwargs):
+        before = set(held())
+        try:
+            return original_compile(*args, **kwargs)
+        finally:
+            mine = held()
+            for key in [key for key in mine if key not in before]:
+                mine.pop(key).release(wrote=False)
+
+    compiler._cache_read = cache_read
+    compiler._cache_write = cache_write
+    compiler.compile_or_get_cached = compile_or_get_cached
+
+
+def _jax_entry_written(folder, cache_key):
+    """Whether JAX's cache folder holds the entry now (``<key>-cache``; the key alone on jax
+    0.4.30). Never raises."""
+    try:
+        return bool(folder) and (os.path.exists(os.path.join(folder, f"{cache_key}-cache"))
+                                 or os.path.exists(os.path.join(folder, cache_key)))
+    except Exception:
+        return False

@@ -1,0 +1,277 @@
+"""``gpu-cache unpack``: check an archive against the target, then write its entries whole.
+
+A first pass goes through the whole archive before anything is written: every member safe and
+as the manifest says, every group file Triton's (a dry run also checks every file's digest).
+The second pass writes, each entry through a writer that checks it (digests, and as its kind
+reads it) before it is put in place (:mod:`._writers`); an entry found damaged in either pass
+is not written, and is reported.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.config.units import format_size
+from gpu_cache.core import safe_io
+from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import KINDS, scan
+from gpu_cache.jobenv import trust
+
+from ._archive import Archive, open_archive
+from ._common import Progress, log
+from ._fit import fit_problems, target_software
+from ._format import ManifestEntry, Refused, printable, shown
+from ._pack import check_kinds
+from ._writers import AutotuneWriter, Damaged, JaxWriter, TritonWriter, Writer, member_problem
+
+#: Free space kept beyond what unpack writes.
+SPACE_MARGIN = 64 << 20
+
+
+class Action(Enum):
+    WRITE = "write"  # absent here
+    REPLACE = "replace"  # older or broken here
+    KEEP = "keep"  # as new or newer here
+
+
+@dataclass
+class UnpackReport:
+    archive: str
+    cache_root: str
+    dry_run: bool
+    written: dict[str, int] = field(default_factory=dict)
+    replaced: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    checked: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    forced: list[str] = field(default_factory=list)
+    #: Entries not written because they are not what was packed: kind, key, why.
+    damaged: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"archive": self.archive, "cache_root": self.cache_root, "dry_run": self.dry_run,
+                "written": self.written, "replaced": self.replaced, "kept_newer": self.kept,
+                "damaged": self.damaged, "bytes": self.bytes, "checked": self.checked,
+                "notes": self.notes, "forced_past": self.forced}
+
+    def failures(self) -> list[str]:
+        """One line per entry that was not written because it is damaged."""
+        return [f"{d['kind']} entry {shown(d['key'])} is damaged in the archive: {d['reason']}; not "
+                "written (the entry already here, if any, is kept)" for d in self.damaged]
+
+
+def render_unpack(report: UnpackReport) -> str:
+    verb = "would unpack" if report.dry_run else "unpacked"
+    parts = [f"{kind}: {report.written.get(kind, 0)} new, {report.replaced.get(kind, 0)} replaced, "
+             f"{report.kept.get(kind, 0)} kept (newer here)"
+             + (f", {n} damaged" if (n := sum(d["kind"] == kind for d in report.damaged)) else "")
+             for kind in report.written]
+    lines = [f"{verb} {report.archive} into {report.cache_root} ({format_size(report.bytes)}): "
+             + "; ".join(parts)]
+    lines += [f"forced past: {line}" for line in report.forced]
+    return printable("\n".join(lines) + "\n")
+
+
+def _existing(kind: str, folder: Path) -> dict[str, Any]:
+    try:
+        return {e.key: e for e in scan(kind, folder, grace_seconds=3600.0)
+                if e.name not in ("(temporary)", "(trash)", "(symbolic link)")}
+    except OSError:
+        return {}
+
+
+def _plan(entries: Mapping[str, list[ManifestEntry]], root: Path) -> dict[tuple[str, str], Action]:
+    """What to do with each entry (by its kind and key)."""
+    actions: dict[tuple[str, str], Action] = {}
+    for kind, items in entries.items():
+        here = _existing(kind, KINDS[kind].folder(root))
+        for entry in items:
+            old = here.get(entry.key)
+            if old is None:
+                actions[entry.ident] = Action.WRITE
+            elif old.problem is None and old.last_use >= entry.last_use:
+                actions[entry.ident] = Action.KEEP
+            else:
+                actions[entry.ident] = Action.REPLACE
+    return actions
+
+
+def _free_space(path: Path) -> int | None:
+    current = path
+    while True:
+        try:
+            return shutil.disk_usage(current).free
+        except FileNotFoundError:
+            if current == current.parent:
+                return None
+            current = current.parent
+        except OSError:
+            return None
+
+
+def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
+    """A descriptor of the kind's folder under ``root``, made when missing: a real folder,
+    never a symbolic link (which would lead the writes outside the root), and trusted.
+
+    Raises:
+        Refused: it is a link, not a folder, or not trusted.
+    """
+    folder = KINDS[kind].folder(root)
+    trust.make_folder(folder, shared_group)
+    why = trust.distrust(folder, shared_group, trusted_above=root)
+    if why:
+        raise Refused(why)
+    try:
+        return os.open(folder, safe_io.DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Refused(f"{folder} is not a real folder (a symbolic link?); unpack writes only into "
+                          "real folders under the cache root") from None
+        raise
+
+
+def _damage(opened: Archive, root: Path, todo: set[tuple[str, str]],
+            read_all: bool) -> dict[tuple[str, str], str]:
+    """First pass: every member safe and as the manifest says; why each entry to write is
+    damaged, for those found so (``read_all``: every file read and checked, else only the
+    group files: the writers check the rest as they write)."""
+    damaged: dict[tuple[str, str], str] = {}
+    for data, member, entry, file_name in opened.members(root):
+        if entry.ident in todo and entry.ident not in damaged:
+            problem = member_problem(data, member, entry, file_name, read_all)
+            if problem:
+                damaged[entry.ident] = problem
+    return damaged
+
+
+def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = None,
+           gpu_type: str | None = None, python: str | None = None, image: str | None = None,
+           force: bool = False, dry_run: bool = False, shared_group: str | None = None) -> UnpackReport:
+    """Check ``archive`` against the target and write its entries (of ``kinds``; default: all
+    in it) under ``root``. Entries found damaged are not written (``report.damaged``).
+
+    Raises:
+        UsageError: no cache root, a bad kind, an archive that is not gpu-cache's, a Python or
+            image that cannot be run.
+        Refused: the archive does not fit the target (unless ``force``), is unsafe, or does
+            not fit on the disk; nothing is written then.
+        OSError: writing failed (the entries written until then are whole).
+    """
+    from gpu_cache.jobenv.fs import require_folder_or_missing
+
+    if root is None:
+        raise UsageError("unpack needs a cache root (caching is turned off)")
+    require_folder_or_missing(root)
+    asked = None if kinds is None else check_kinds(kinds)
+    target, target_words = target_software(python, image)
+    report = UnpackReport(str(archive), str(root), dry_run)
+    with open_archive(archive) as opened:
+        entries = opened.entries
+        chosen = [k for k in entries if asked is None or k in asked]
+        present = [k for k in chosen if entries[k]]
+        problems, notes = fit_problems(opened.manifest, present, target, target_words, image, gpu_type)
+        source_root = opened.manifest.get("source_root")
+        if opened.manifest.get("jax_path_in_key") and "jax" in present and isinstance(source_root, str):
+            old = Path(source_root) / "jax"
+            if old != KINDS["jax"].folder(root):
+                notes.append(f"its jax entries hold their old folder's path in their keys (jax <= "
+                             f"0.10 with XLA caches on): they hit only at {printable(str(old))}")
+        report.checked = {"software": target_words, "kinds": present,
+                          "gpu_type": gpu_type or "not checked (no --gpu-type)"}
+        report.notes = notes
+        for note in notes:
+            log.warning("unpack: %s", note)
+        if problems and not force:
+            on = f" and GPU type {gpu_type}" if gpu_type else ""
+            raise Refused(f"{archive} does not fit {target_words}{on}: {'; '.join(problems)}",
+                          hint="--force unpacks it anyway")
+        report.forced = problems
+        actions = _plan({k: entries[k] for k in chosen}, root)
+        todo = {e.ident: e for k in chosen for e in entries[k] if actions[e.ident] != Action.KEEP}
+        need = sum(e.size for e in todo.values())
+        free = _free_space(root)
+        if free is not None and need + SPACE_MARGIN > free:
+            raise Refused(f"the archive's entries need {format_size(need)} under {root}, and only "
+                          f"{format_size(free)} is free there")
+        for ident, reason in _damage(opened, root, set(todo), read_all=dry_run).items():
+            report.damaged.append({"kind": ident[0], "key": ident[1], "reason": reason})
+            need -= todo.pop(ident).size
+            del actions[ident]
+        for kind in chosen:
+            for name, action in (("written", Action.WRITE), ("replaced", Action.REPLACE),
+                                 ("kept", Action.KEEP)):
+                getattr(report, name)[kind] = sum(1 for e in entries[kind] if actions.get(e.ident) == action)
+        report.bytes = need
+        if not dry_run and todo:
+            with ExitStack() as stack:
+                fds = {}
+                for kind in chosen:
+                    if any(ident[0] == kind for ident in todo):
+                        fds[kind] = _kind_folder_fd(root, kind, shared_group)
+                        stack.callback(os.close, fds[kind])
+                try:
+                    _write_entries(root, fds, opened, actions, report)
+                except Refused as exc:  # the archive changed since the first pass
+                    raise Refused(exc.reason, exc.hint, written=True) from None
+    return report
+
+
+def _capped(jax_folder: Path) -> bool:
+    """Whether the JAX cache has a size cap (JAX then keeps a lock file and -atime records)."""
+    return os.path.lexists(jax_folder / jax_cache.LOCK_NAME) or any(
+        isinstance(e.source, jax_cache.JaxEntry) and e.source.atime_path is not None
+        and e.source.cache_path is not None for e in _existing("jax", jax_folder).values())
+
+
+def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
+                   actions: dict[tuple[str, str], Action], report: UnpackReport) -> None:
+    """Second pass: write each entry that is to be written, whole, into its kind's folder
+    (``fds``: their descriptors)."""
+    capped = _capped(KINDS["jax"].folder(root))
+    todo = {ident for ident, action in actions.items() if action != Action.KEEP}
+    progress = Progress("unpack", len(todo))
+    writer: Writer | None = None
+    done = written_bytes = 0
+    try:
+        for data, member, entry, file_name in opened.members(root):
+            if entry.ident not in todo:
+                continue
+            action = actions[entry.ident]
+            if writer is None or writer.entry is not entry:
+                folder = KINDS[entry.kind].folder(root)
+                if entry.kind == "jax":
+                    writer = JaxWriter(folder, fds[entry.kind], entry, capped)
+                elif entry.kind == "autotune":
+                    writer = AutotuneWriter(folder, fds[entry.kind], entry)
+                else:
+                    writer = TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
+            counted = report.written if action == Action.WRITE else report.replaced
+            try:
+                writer.add(file_name, data, member)
+                if writer.pending:
+                    continue
+                if not writer.finish():  # a process wrote a newer one meanwhile: it stays
+                    counted[entry.kind] -= 1
+                    report.kept[entry.kind] += 1
+            except Damaged as exc:
+                counted[entry.kind] -= 1
+                report.damaged.append({"kind": entry.kind, "key": entry.key, "reason": str(exc)})
+                todo.discard(entry.ident)  # its other files are passed over
+            writer.abandon()
+            writer = None
+            done += 1
+            written_bytes += entry.size
+            progress.step(done, written_bytes)
+    finally:
+        if writer is not None:
+            writer.abandon()

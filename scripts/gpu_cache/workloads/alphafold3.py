@@ -1,0 +1,98 @@
+"""Built-in workload ``alphafold3``: one AlphaFold 3 prediction per token bucket, as inference
+will compile it (issue 24).
+
+``python -m gpu_cache.workloads.alphafold3 --shape 512 --buckets 256,512,1024 --model-dir
+/weights`` writes a synthetic input (one poly-glycine protein chain of 512 residues, so 512
+tokens: exactly the 512 bucket; no MSA, no templates, one seed) and runs the image's own
+``run_alphafold.py`` on it with the data pipeline off, the user's weights and the same
+``--buckets`` as inference, so that the compiled programs are those of the jobs. Anything
+after ``--`` goes to ``run_alphafold.py`` as is (flags that change the compiled model, such as
+``--num_diffusion_samples`` or ``--flash_attention_implementation``, must be the jobs' own).
+The prediction is written into a temporary folder and thrown away. Prints one JSON line.
+Python 3.9+, standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+#: Where AlphaFold 3's own image keeps it (its Dockerfile: ``COPY . /app/alphafold``).
+DEFAULT_SCRIPT = "/app/alphafold/run_alphafold.py"
+
+
+def fold_input(residues: int) -> dict:
+    """AlphaFold 3's input (dialect ``alphafold3``, version 1) of one poly-glycine chain."""
+    return {
+        "name": f"gpu_cache_warm_{residues}",
+        "sequences": [{"protein": {"id": "A", "sequence": "G" * residues, "unpairedMsa": "",
+                                   "pairedMsa": "", "templates": []}}],
+        "modelSeeds": [1],
+        "dialect": "alphafold3",
+        "version": 1,
+    }
+
+
+def command(python: str, script: str, json_path: str, output_dir: str, model_dir: str,
+            buckets: list[int], extra: list[str]) -> list[str]:
+    """The ``run_alphafold.py`` command line of one bucket."""
+    return [python, script, f"--json_path={json_path}", f"--output_dir={output_dir}",
+            f"--model_dir={model_dir}", "--norun_data_pipeline", "--run_inference",
+            f"--buckets={','.join(str(b) for b in buckets)}", *extra]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="alphafold3", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", required=True, help="the token bucket to compile")
+    parser.add_argument("--buckets", required=True,
+                        help="every bucket inference uses, comma-separated (run_alphafold.py's --buckets)")
+    parser.add_argument("--model-dir", required=True, help="the folder of the AlphaFold 3 weights")
+    parser.add_argument("--script", default=DEFAULT_SCRIPT,
+                        help=f"AlphaFold 3's run_alphafold.py (default {DEFAULT_SCRIPT})")
+    args = parser.parse_args(argv)
+    args.extra = extra
+    try:
+        args.shape = int(args.shape)
+        args.buckets = [int(b) for b in args.buckets.split(",")]
+        if args.shape <= 0 or any(b <= 0 for b in args.buckets):
+            raise ValueError("sizes must be positive")
+        if args.buckets != sorted(set(args.buckets)):
+            raise ValueError("--buckets must be strictly increasing")
+        if args.shape not in args.buckets:
+            raise ValueError(f"--shape {args.shape} is not one of --buckets")
+    except ValueError as exc:
+        parser.exit(2, f"alphafold3: error: {exc}\n")
+    if not os.path.isfile(args.script):
+        parser.exit(2, f"alphafold3: error: no run_alphafold.py at {args.script} (the workload's "
+                       "script: in the config)\n")
+    if not os.path.isdir(args.model_dir):
+        parser.exit(2, f"alphafold3: error: the weights folder {args.model_dir} does not exist "
+                       "(the workload's model_dir: in the config)\n")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu-cache-af3-") as scratch:
+        json_path = os.path.join(scratch, f"warm_{args.shape}.json")
+        with open(json_path, "w") as out:
+            json.dump(fold_input(args.shape), out)
+        run = command(sys.executable, args.script, json_path, os.path.join(scratch, "out"),
+                      args.model_dir, args.buckets, args.extra)
+        code = subprocess.call(run)  # its output goes where the runner sends the workload's
+    print(json.dumps({"workload": "alphafold3", "bucket": args.shape, "buckets": args.buckets,
+                      "exit_code": code, "seconds": round(time.perf_counter() - started, 3)}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Autotuning results kept per GPU type (issue 24): the ``autotune`` kind.
+
+Real tokamax 0.0.12 and real JAX on CPU. tokamax's GPU kernels cannot be timed on CPU, so the
+warm process tunes through tokamax's own API (``BoundArguments.autotune``) with an autotuner
+whose timings are fixed (the one part that stands in for the GPU); everything else (saving,
+tokamax's ``AutotuningResult`` dump and load, its per-op cache, its miss log) is tokamax's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_cache.commands.stats import cache_stats
+from gpu_cache.commands.validate import autotuning_problems
+from gpu_cache.config.settings import settings_from
+from gpu_cache.core import hook_records, kinds
+from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.reports import PhaseResult
+from gpu_cache.jobenv import env
+from helpers import HOOK
+from test_hook import records_of, warnings_in
+from test_tokamax import gpu_cache_env, real_tokamax
+
+#: A warm process: tunes the GLU of one shape (the config sorted last is the fastest).
+WARM_PROGRAM = """
+import jax, jax.numpy as jnp
+from tokamax._src.autotuning import autotuner
+from tokamax._src import benchmarking
+from tokamax._src.ops.gated_linear_unit import pallas_triton
+
+glu = pallas_triton.PallasTritonGatedLinearUnit()
+x, w = jnp.ones((8, 16)), jnp.ones((16, 2, 32))
+bound = glu.bind(x, w, activation=jax.nn.swish)
+
+class FixedTimes(autotuner.Autotuner):  # stands for timing the kernels on a GPU
+    def autotune(self, op_fn, configs, *args, **kwargs):
+        ranked = sorted(configs, key=str)
+        return autotuner.AutotuningData({c: benchmarking.BenchmarkData(1.0, 1.0, (10.0 - i,), {})
+                                         for i, c in enumerate(ranked)})
+
+configs = sorted(glu._get_autotuning_configs(bound), key=str)[:3]
+bound.autotune(set(configs), autotuner=FixedTimes())
+print(configs[-1])
+"""
+#: A job: the GLU looked up while tracing (three calls of one jit) and in a second thread.
+JOB_PROGRAM = """
+import json, threading
+import jax, jax.numpy as jnp
+from tokamax._src.ops.gated_linear_unit import pallas_triton
+
+glu = pallas_triton.PallasTritonGatedLinearUnit()
+x, w = jnp.ones((8, 16)), jnp.ones((16, 2, 32))
+out = {"traces": 0}
+
+def config():
+    data = glu.bind(x, w, activation=jax.nn.swish).cached_autotuning_data
+    return None if data is None else str(data.fastest_config)
+
+@jax.jit
+def glu_step(x, w):
+    out["traces"] += 1
+    out["main"] = config()
+    return jax.nn.swish(x @ w[:, 0]) * (x @ w[:, 1])
+
+for _ in range(3):
+    glu_step(x, w).block_until_ready()
+thread = threading.Thread(target=lambda: out.update(other=config()))
+thread.start()
+thread.join()
+out["compiled"] = glu_step._cache_size()
+print(json.dumps(out))
+"""
+
+
+def run(code: str, environ: dict[str, str]) -> tuple[str, str]:
+    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not warnings_in(done.stderr), done.stderr
+    return done.stdout.splitlines()[-1], done.stderr
+
+
+def tuning_of(root: Path) -> dict:
+    """The autotuning part of the latest record."""
+    latest = max(records_of(root), key=lambda r: r["time"])
+    return latest["tokamax"]["autotuning"]
+
+
+def warmed(tmp_path: Path) -> tuple[Path, str]:
+    """A root whose autotune folder holds what a warm process tuned; and the fastest config."""
+    root = tmp_path / "root"
+    best, _ = run(WARM_PROGRAM, gpu_cache_env(root, GPU_CACHE_AUTOTUNE_SAVE="1"))
+    return root, best
+
+
+@pytest.mark.slow
+def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tmp_path):
+    real_tokamax()
+    root, best = warmed(tmp_path)
+    saved = root / "autotune" / "tokamax-0.0.12_jax-0.10.2" / "cpu.json"
+    wrapper = json.loads(saved.read_text())
+    assert (wrapper["format"], wrapper["tokamax"], wrapper["jax"], wrapper["device_kind"]) == \
+        (1, "0.0.12", "0.10.2", "cpu")
+    assert tuning_of(root)["save"] == "saved 1 config set(s) for cpu"
+
+    out, stderr = run(JOB_PROGRAM, gpu_cache_env(root))
+    assert json.loads(out) == {"traces": 1, "compiled": 1, "main": best, "other": best}
+    assert "Autotuning cache miss" not in stderr
+    tuning = tuning_of(root)
+    assert (tuning["loaded"], tuning["entries"], tuning["misses"], tuning["refused"]) == \
+        (["cpu.json"], 1, 0, [])
+    (entry,) = kinds.scan("autotune", root / "autotune")
+    assert (entry.key, entry.name, entry.problem) == ("tokamax-0.0.12_jax-0.10.2/cpu.json", "cpu", None)
+
+
+@pytest.mark.slow
+def test_a_second_warm_process_merges_into_the_result(tmp_path):
+    real_tokamax()
+    root, _ = warmed(tmp_path)
+    other = WARM_PROGRAM.replace("jnp.ones((8, 16))", "jnp.ones((4, 16))")
+    run(other, gpu_cache_env(root, GPU_CACHE_AUTOTUNE_SAVE="1"))
+    assert tuning_of(root)["save"] == "saved 2 config set(s) for cpu"
+    run(JOB_PROGRAM, gpu_cache_env(root))
+    assert tuning_of(root)["entries"] == 2
+
+
+@pytest.mark.slow
+def test_a_job_on_a_cold_root_counts_its_misses_and_validation_fails(tmp_path):
+    real_tokamax()
+    root = tmp_path / "root"
+    out, stderr = run(JOB_PROGRAM, gpu_cache_env(root))
+    assert json.loads(out) == {"traces": 1, "compiled": 1, "main": None, "other": None}
+    assert stderr.count("Autotuning cache miss") == 2  # tokamax's log is left as it was
+    tuning = tuning_of(root)
+    assert tuning["misses"] == 2 and tuning["missed"][0]["name"] == "PallasTritonGatedLinearUnit"
+    phase = PhaseResult("validate", "cpu", "run", recorded=hook_records.totals(records_of(root)))
+    (problem,) = autotuning_problems(phase)
+    assert problem.startswith("autotune: 2 tokamax autotuning lookup(s) missed in a fresh process")
+    assert "PallasTritonGatedLinearUnit" in problem
+    # Stored and read back, as the workflow passes a pass on.
+    again = PhaseResult.from_dict(json.loads(json.dumps(phase.as_dict())))
+    assert autotuning_problems(again) == [problem]
+
+
+@pytest.mark.slow
+def test_the_warm_root_passes_the_autotuning_check(tmp_path):
+    real_tokamax()
+    root, _ = warmed(tmp_path)
+    for record in (root / "records").glob("*.json"):
+        record.unlink()
+    run(JOB_PROGRAM, gpu_cache_env(root))
+    phase = PhaseResult("validate", "cpu", "run", recorded=hook_records.totals(records_of(root)))
+    assert phase.recorded["autotune"].hits == 1 and autotuning_problems(phase) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("made_with", ["another tokamax", "another folder", "unparsable"])
+def test_a_result_of_other_versions_is_refused_by_gpu_caches_own_key(tmp_path, made_with):
+    real_tokamax()
+    root, _ = warmed(tmp_path)
+    saved = root / "autotune" / "tokamax-0.0.12_jax-0.10.2" / "cpu.json"
+    wrapper = json.loads(saved.read_text())
+    if made_with == "another tokamax":
+        # A 0.0.11 result (its fields differ: tokamax's own parser would fail in pydantic).
+        wrapper["tokamax"], wrapper["result"] = "0.0.11", '{"device_kind": "cpu", "data": [[{}, {}]]}'
+        saved.write_text(json.dumps(wrapper))
+        expected = ["cpu.json: made with tokamax 0.0.11 and jax 0.10.2, not 0.0.12 and 0.10.2"]
+    elif made_with == "another folder":
+        saved.parent.rename(saved.parent.with_name("tokamax-0.0.17_jax-0.11.2"))
+        expected = ["no result for tokamax 0.0.12 with jax 0.10.2; results for: "
+                    "tokamax-0.0.17_jax-0.11.2"]
+    else:
+        wrapper["result"] = '{"device_kind": "cpu", "data": [[{"op": 1}, {}]]}'
+        saved.write_text(json.dumps(wrapper))
+        expected = None
+    out, stderr = run(JOB_PROGRAM, gpu_cache_env(root))
+    assert json.loads(out)["main"] is None and "Traceback" not in stderr
+    tuning = tuning_of(root)
+    assert tuning["loaded"] == [] and tuning["misses"] == 2
+    if expected is None:  # tokamax's own parser refused it: the job runs as without it
+        (refused,) = tuning["refused"]
+        assert refused == "cpu.json: ValidationError: 4 validation errors for AutotuningResult"
+    else:
+        assert tuning["refused"] == expected
+
+
+def test_the_inventory_prune_and_stats_cover_results(tmp_path):
+    folder = tmp_path / "root" / "autotune"
+    pair = folder / autotune_cache.version_folder("0.0.12", "0.10.2")
+    pair.mkdir(parents=True)
+    good = {"format": 1, "tokamax": "0.0.12", "jax": "0.10.2", "device_kind": "NVIDIA H200",
+            "result": "{}"}
+    (pair / "NVIDIA_H200.json").write_text(json.dumps(good))
+    (pair / "NVIDIA_A100.json").write_text(json.dumps(good))  # named for another device
+    (pair / "junk.json").write_text("[1, 2")
+    os.symlink("/etc/passwd", pair / "link.json")
+    (pair / ".NVIDIA_H200.json.9.tmp").write_text("{")
+    os.utime(pair / ".NVIDIA_H200.json.9.tmp", (1, 1))
+    found = {e.key.split("/")[1]: (e.name, e.problem) for e in kinds.scan("autotune", folder)}
+    assert found == {
+        "NVIDIA_H200.json": ("NVIDIA H200", None),
+        "NVIDIA_A100.json": ("?", "its device kind does not match its file name"),
+        "junk.json": ("?", "unreadable result (JSONDecodeError)"),
+        "link.json": ("?", "not a regular file"),
+        ".NVIDIA_H200.json.9.tmp": ("?", "half-written result of a killed warm process"),
+    }
+    stats = cache_stats(settings_from({}, cache_root=str(tmp_path / "root")))
+    assert stats["kinds"]["autotune"]["entries"] == 5
+    for entry in kinds.scan("autotune", folder):
+        kinds.remove("autotune", folder, entry)
+    assert not pair.exists() and Path("/etc/passwd").exists()
+
+
+def test_env_exports_the_folder_and_triton_autotuning(tmp_path):
+    root = tmp_path / "root"
+    exports = env.resolve(settings_from({}, cache_root=str(root)), {})
+    assert exports.values["GPU_CACHE_AUTOTUNE"] == str(root / "autotune")
+    assert exports.values["TRITON_CACHE_AUTOTUNING"] == "1"
+
+
+def test_an_autotune_folder_others_may_write_is_not_used(tmp_path):
+    root = tmp_path / "root"
+    (root / "autotune").mkdir(parents=True)
+    (root / "autotune").chmod(0o777)
+    exports = env.resolve(settings_from({}, cache_root=str(root)), {})
+    assert "autotune" in exports.problems or "autotune" in exports.adjusted
+    assert exports.values.get("GPU_CACHE_AUTOTUNE") != str(root / "autotune")
+
+
+def test_triton_autotuning_results_are_counted(tmp_path):
+    folder = tmp_path / "triton"
+    key = folder / ("A" * 52)
+    key.mkdir(parents=True)
+    (key / "matmul_kernel.autotune.json").write_text('{"key": [], "configs_timings": []}')
+    inventory = triton_cache.scan(folder)
+    assert inventory.autotune_results == 1
+    stats = cache_stats(settings_from({}, cache_root=str(tmp_path)))
+    assert stats["kinds"]["triton"]["autotune_results"] == 1
+
+
+def test_the_hooks_copies_match_the_inventory():
+    sys.path.insert(0, str(HOOK))
+    try:
+        hook = importlib.import_module("gpu_cache_hook_tokamax")
+    finally:
+        sys.path.remove(str(HOOK))
+    assert (hook.FORMAT, hook.RESULT_LIMIT) == (autotune_cache.FORMAT, autotune_cache.RESULT_LIMIT)
+    for versions in (("0.0.12", "0.10.2"), ("0.0.12+local", "0.11.2rc1/x")):
+        assert hook.version_folder(*versions) == autotune_cache.version_folder(*versions)
+    for device in ("NVIDIA H200", "NVIDIA A100-SXM4-40GB", "../x y"):
+        assert hook.file_name(device) == autotune_cache.file_name(device)
+
+
+def test_only_the_warm_pass_saves_what_tokamax_tunes():
+    from gpu_cache.commands.workload import plan_phase
+
+    settings = settings_from({})
+    assert plan_phase(settings, "cpu", "warm").environ["GPU_CACHE_AUTOTUNE_SAVE"] == "1"
+    for phase in ("validate", "cold"):
+        assert "GPU_CACHE_AUTOTUNE_SAVE" not in plan_phase(settings, "cpu", phase).environ

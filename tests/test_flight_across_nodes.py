@@ -1,0 +1,122 @@
+"""Single-flight across nodes (issue 22 item 2), on two nodes made on this machine
+(tests/flight_nodes.py: each node its own mount, UTS and PID namespace with its own sshfs mount
+of one export, where ``flock`` excludes only within a node): N JAX jobs per node on an empty
+root compile each key exactly once; a leader that is SIGKILLed or SIGSTOPped on node A frees
+node B's waiter within the lease bound, even when the nodes mount the share at different paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from flight_nodes import Node, go, job_commands, leader_fault, lease_holder, wait_ready
+from helpers import HOOK, clean_environ
+from test_single_flight import compiles_per_key, records
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                                reason="mount namespaces and sshfs mounts need root")
+
+
+def lease_bound() -> tuple[float, float]:
+    """LEASE_STALE and MAX_LEASE_POLL of the hook's gpu_cache_flight (read from its source)."""
+    import ast
+
+    values = {}
+    for node in ast.parse((HOOK / "gpu_cache_flight.py").read_text()).body:
+        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if name in ("LEASE_STALE", "MAX_LEASE_POLL"):
+            values[name] = ast.literal_eval(node.value)
+    return values["LEASE_STALE"], values["MAX_LEASE_POLL"]
+
+
+def outputs(result: dict) -> list[dict]:
+    runs = result["runs"]
+    assert all(r["returncode"] == 0 for r in runs), [r["stderr"] for r in runs]
+    return [json.loads(r["stdout"].strip().splitlines()[-1]) for r in runs]
+
+
+def test_three_jobs_on_each_of_two_nodes_compile_each_key_once(sshfs_mount, tmp_path):
+    """Issue 22's check: two nodes, one export at the same path, 3 JAX jobs each, started at
+    one instant on an empty root under ``gpu-cache env``: compiles == keys (per-node
+    single-flight compiled nearly every key once per node)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    point, keys = tmp_path / "share", 6
+    nodes = []
+    try:
+        for name in ("node-a", "node-b"):
+            nodes.append(Node(work, sshfs_mount, name, point, job_commands(work, name, 3, keys),
+                              clean_environ(), root=point / "cache",
+                              config={"single_flight": {"timeout": "5m"}}))
+        wait_ready(work, 6, nodes)
+        go(work)
+        results = [node.result() for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for result in results:
+        flight = result["single_flight"]
+        assert flight["mode"] == "cluster" and "fuse.sshfs" in flight["why"], flight
+    done = [o for r in results for o in outputs(r)]
+    assert len({json.dumps(o["values"]) for o in done}) == 1  # the same results everywhere
+    assert sum(o["compiled"] for o in done) == keys, done  # one compile per key, over both nodes
+    assert sum(o["loaded"] for o in done) == 6 * keys - keys
+    root = sshfs_mount.server_dir / "cache"
+    sections = records(root, "jax")
+    assert len(sections) == 6
+    compiled = compiles_per_key(sections)
+    assert len(compiled) == keys and set(compiled.values()) == {1}, compiled
+    flights = [s["single_flight"] for s in sections]
+    assert {f["mode"] for f in flights} == {"cluster"} and sum(f["gave_up"] for f in flights) == 0
+    assert not list((root / "locks" / "jax").iterdir())  # no lock or lease left
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_a_leader_killed_or_stopped_on_one_node_frees_the_other_node_within_the_lease_bound(
+        sshfs_mount, tmp_path, fault):
+    """Node A's only job holds the key's lease and is killed or stopped mid-compile; node B's job
+    waits on that lease. B cannot see A's processes: it passes the lease over once its beat
+    has not changed for LEASE_STALE seconds, compiles, and finishes (a stopped A, resumed,
+    finishes too). The nodes mount the share at different paths: the lock and lease names
+    are the same all the same."""
+    stale, poll = lease_bound()
+    work = tmp_path / "work"
+    work.mkdir()
+    seen = leader_fault(work, sshfs_mount, fault, (tmp_path / "a" / "share", tmp_path / "b" / "share"),
+                        clean_environ(), {"single_flight": {"timeout": "5m"}})
+    print(f"{fault} of node A's leader: node B went on after {seen['went_on']:.2f} s (LEASE_STALE {stale} s)")
+    assert seen["lease_alive_before"]  # B did not pass over a lease that was beating
+    assert stale - 1.5 <= seen["went_on"] <= stale + poll + 5, seen["went_on"]
+    (done_b,) = outputs(seen["b"])
+    assert done_b["compiled"] == 1
+    root = sshfs_mount.server_dir / "cache"
+    (flight_b,) = [s["single_flight"] for s in records(root, "jax") if s["single_flight"]["leases_passed"]]
+    assert flight_b["led"] == 1 and flight_b["leases_passed"] == 1 and flight_b["gave_up"] == 0
+    if fault == "SIGSTOP":
+        (done_a,) = outputs(seen["a"])  # resumed, it finishes its own compile
+        assert done_a["values"] == done_b["values"]
+    else:
+        assert seen["a"]["runs"][0]["returncode"] == -signal.SIGKILL
+    folder = root / "locks" / "jax"
+    assert not list(folder.glob("*.lock"))  # leases and locks of finished leaders are gone
+    assert not [p for p in folder.glob("*.lease") if (lease_holder(p) or ("",))[0] == "node-b"]
+
+
+def test_names_do_not_depend_on_the_mount_path() -> None:
+    """The lock name of a key is the same whatever path the share is mounted at (issue 22:
+    ``lock_name`` mixed in a hash of the mount path); a cache folder outside the root keeps
+    its own names."""
+    names = []
+    for root, where in (("/mnt/a/share/cache", "/mnt/a/share/cache/jax"),
+                        ("/scratch/b/cache", "/scratch/b/cache/jax"), ("/scratch/b/cache", "/elsewhere/jax")):
+        program = f"import gpu_cache_flight as f; print(f.lock_name('jit_f-0123', {where!r}))"
+        shown = subprocess.run([sys.executable, "-c", program],
+                               env=clean_environ(PYTHONPATH=str(HOOK), GPU_CACHE_LOCKS=f"{root}/locks"),
+                               capture_output=True, text=True, check=True)
+        names.append(shown.stdout.strip())
+    assert names[0] == names[1] != names[2]
