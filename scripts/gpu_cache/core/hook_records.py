@@ -22,14 +22,21 @@ MAX_RECORD_BYTES = 16 << 20
 _TEXT_FIELDS = ("host", "rule", "wildcards", "gpu_type", "run_id", "slurm_job_id")
 
 
-def records_dir(cache_root: Path) -> Path:
-    """Where the hook writes its records under a cache root."""
-    return kinds.KINDS["records"].folder(cache_root)
+def records_dir(cache_root: Path) -> Path | None:
+    """Where the hook writes its records under a cache root (links resolved); None when that
+    leads out of the root: the hook refuses such a folder, so what is there is not its records
+    (a link to a folder of the user's own files, #21)."""
+    try:
+        return safe_io.within(kinds.KINDS["records"].folder(cache_root), cache_root)
+    except safe_io.Outside:
+        return None
 
 
-def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
+def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
     """Each record in ``folder`` (optionally of one run), cleaned by :func:`clean`; files
-    that are not regular, too large or not JSON objects are skipped."""
+    that are not regular, too large or not JSON objects are skipped. No folder: none."""
+    if folder is None:
+        return
     try:
         listing = list(os.scandir(folder))
     except OSError:

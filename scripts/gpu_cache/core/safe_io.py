@@ -69,6 +69,30 @@ class TooLarge(OSError):
         super().__init__(errno.EFBIG, f"larger than {limit} bytes", str(path))
 
 
+class Outside(OSError):
+    """A path that leads, through a symbolic link, out of the folder it belongs in."""
+
+    def __init__(self, path: str | os.PathLike[str], real: str, root: str | os.PathLike[str]) -> None:
+        super().__init__(errno.EPERM, f"leads to {real}, outside {root}", str(path))
+        self.real = real
+
+
+def within(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
+    """``path`` with every symbolic link on it resolved; it must then lie under ``root``
+    (resolved too), never be ``root`` itself. What gpu-cache removes or writes under a cache
+    root never leads out of it, whatever a kind's folder links to (#21). A path that does not
+    exist resolves as far as it does.
+
+    Raises:
+        Outside: it leads out of ``root``.
+    """
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real == real_root or os.path.commonpath((real, real_root)) != real_root:
+        raise Outside(path, real, root)
+    return Path(real)
+
+
 def describe(mode: int) -> str:
     """What a file of this ``st_mode`` is, in words."""
     for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"),
