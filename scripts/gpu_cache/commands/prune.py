@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size
-from gpu_cache.core import kinds, safe_locks, verified
+from gpu_cache.core import kinds, safe_io, safe_locks, verified
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
