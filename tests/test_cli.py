@@ -69,6 +69,30 @@ def test_strict_validation_fails_the_command(cache_root, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_process_without_the_hook_that_compiles_fails_validation(cache_root, tmp_path):
+    """(#19) One workload runs with the stats hook and hits; the other runs without it
+    (``GPU_CACHE_RECORDS`` unset: the hook records nothing, as in a process that dropped
+    PYTHONPATH) and compiles a new entry in every run. The hook counts no miss, so only the
+    new entry shows it: the verdict must fail and name it."""
+    steady = "{python} -c \"import jax, jax.numpy as jnp; print(jax.jit(jnp.sin)(jnp.arange(4.0)))\""
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"hooked": {"command": steady},
+                      "bare": {"command": "env -u GPU_CACHE_RECORDS " + RANDOM_CONSTANT}},
+        "default_workloads": ["hooked", "bare"], "validate": {"measure_cold": False},
+    })
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    result = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    assert result.returncode == 0, result.stderr
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is False, verdict
+    assert verdict["jax"]["hits"] >= 1, "the hooked process was observed, and hit"
+    assert verdict["jax"]["new_entries"] == 1 and verdict["jax"]["misses"] == 1
+    assert any(p.startswith("jax: 1 compilation(s) missed") and "jit__lambda" in p
+               for p in verdict["problems"]), verdict["problems"]
+
+
+@pytest.mark.slow
 def test_a_user_workload_runs_once_per_shape_with_the_cache_environment(cache_root, tmp_path):
     seen = tmp_path / "seen"
     config = write_config(tmp_path / "c.yaml", {

@@ -61,15 +61,17 @@ _RSS = ("import resource, subprocess, sys\n"
         "sys.exit(rc)\n")
 
 
-def cli(*args: str, namespace: int | None = None, timeout: float = TIMEOUT) -> Run:
+def cli(*args: str, namespace: int | None = None, timeout: float = TIMEOUT,
+        env: dict[str, str] | None = None) -> Run:
     """``python -m gpu_cache ARGS`` with a memory cap and a timeout (optionally inside the
-    mount namespace of process ``namespace``); a timeout is reported, not raised."""
+    mount namespace of process ``namespace``; ``env``: instead of a clean environment); a
+    timeout is reported, not raised."""
     command = [sys.executable, "-c", _RSS, sys.executable, "-m", "gpu_cache", *args]
     if namespace is not None:
         command = ["nsenter", "-t", str(namespace), "-m", "--", *command]
     started = time.monotonic()
     try:
-        done = subprocess.run(command, env=clean_environ(), capture_output=True, text=True,
+        done = subprocess.run(command, env=env or clean_environ(), capture_output=True, text=True,
                               timeout=timeout, preexec_fn=_cap_memory)
     except subprocess.TimeoutExpired as exc:
         return Run(None, str(exc.stdout or ""), str(exc.stderr or ""), True, time.monotonic() - started)
@@ -246,8 +248,24 @@ def zstd_cache(tmp_path_factory) -> Path:
     return folder
 
 
+def without_zstandard(tmp_path: Path) -> dict[str, str]:
+    """The CLI's environment with ``zstandard`` hidden from its Python (as in a Snakemake
+    environment without it), while the jobs that wrote the entries had it."""
+    hidden = tmp_path / "no-zstandard"
+    hidden.mkdir()
+    (hidden / "zstandard.py").write_text("raise ImportError('hidden for this test')\n")
+    env = clean_environ()
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden), env["PYTHONPATH"]])
+    probe = subprocess.run([sys.executable, "-c", "import zstandard"], env=env, capture_output=True)
+    assert probe.returncode != 0, "zstandard must be hidden"
+    return env
+
+
+@pytest.mark.parametrize("zstandard", ["zstandard", "no zstandard"])
 @pytest.mark.parametrize("command", [["prune", "--json"], ["doctor", "--fix", "--no-fail", "--json"]])
-def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, tmp_path):
+def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstandard, zstd_cache, tmp_path):
+    """Without zstandard gpu-cache walks the frame's block headers (#21): before, it kept
+    them (no decoder, no check)."""
     root = tmp_path / "root"
     shutil.copytree(zstd_cache, root / "jax")
     entries = sorted((root / "jax").glob("*-cache"))
@@ -255,7 +273,8 @@ def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, 
         data = entry.read_bytes()
         entry.write_bytes(data[:int(len(data) * fraction)])
     age(*entries)
-    report = ok(cli(*command, "--cache-root", str(root))).json()
+    env = without_zstandard(tmp_path) if zstandard == "no zstandard" else None
+    report = ok(cli(*command, "--cache-root", str(root), env=env)).json()
     removed = (report if command[0] == "prune" else report["fixed"])["jax"]["removed"]
     assert sorted(r["key"] + "-cache" for r in removed) == sorted(e.name for e in entries[:2])
     assert all("truncated" in r["reason"] for r in removed)
@@ -264,6 +283,61 @@ def test_zstd_entries_cut_to_50_and_90_percent_are_removed(command, zstd_cache, 
     subprocess.run([sys.executable, "-c", PROGRAMS], check=True, timeout=300,
                    env=jax_job_env(root / "jax", shared_fs=True, JAX_RAISE_PERSISTENT_CACHE_ERRORS="true"))
     assert len(list((root / "jax").glob("*-cache"))) == 3
+
+
+def flip_middle(path: Path, fresh_mtime: bool) -> None:
+    """Damage ``path`` in place as a storage fault does: 64 bytes in its middle inverted, the
+    size (and inode) kept; then its old mtime put back, or a recent one (as a hit sets)."""
+    info = path.stat()
+    with path.open("r+b") as file:
+        file.seek(info.st_size // 2)
+        data = file.read(64)
+        file.seek(info.st_size // 2)
+        file.write(bytes(b ^ 0xFF for b in data))
+    if fresh_mtime:
+        os.utime(path, (time.time() - 5, time.time() - 5))  # older than JAX's write grace
+    else:
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert path.stat().st_size == info.st_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["prune", "doctor --fix"])
+@pytest.mark.parametrize("mtime", ["old mtime put back", "fresh mtime"])
+def test_a_verified_entry_damaged_in_place_with_its_size_kept_is_removed(command, mtime, zstd_cache,
+                                                                          tmp_path):
+    """A JAX entry verified whole, then damaged with its size kept (#21): before, it stayed
+    "verified" and every job warned and recompiled (failed when raising on cache errors).
+    ``doctor --fix`` verifies every entry again; a prune reads entries verified before again
+    (a small cache all of them; a large one a share, in turn: test_prune.py), so a dry run
+    finds it and remembers it, and the next prune removes it. The entries that were not
+    damaged stay."""
+    root = tmp_path / "root"
+    shutil.copytree(zstd_cache, root / "jax")
+    entries = sorted((root / "jax").glob("*-cache"))
+    age(*entries)
+    first = ok(cli("prune", "--json", "--cache-root", str(root))).json()
+    assert first["jax"]["entries_removed"] == 0  # all three verified whole, and recorded
+    victim = entries[0]
+    flip_middle(victim, fresh_mtime=mtime == "fresh mtime")
+    raising = jax_job_env(root / "jax", shared_fs=True, JAX_RAISE_PERSISTENT_CACHE_ERRORS="true")
+    damaged = subprocess.run([sys.executable, "-c", PROGRAMS], env=raising, capture_output=True,
+                             text=True, timeout=300)
+    assert damaged.returncode != 0, "the damage is real: JAX cannot read the entry"
+    if command == "doctor --fix":
+        removed = ok(cli("doctor", "--fix", "--no-fail", "--json", "--cache-root", str(root))
+                     ).json()["fixed"]["jax"]["removed"]
+    else:
+        dry = ok(cli("prune", "--dry-run", "--json", "--cache-root", str(root))).json()
+        assert [r["key"] + "-cache" for r in dry["jax"]["removed"]] == [victim.name]
+        assert victim.exists(), "a dry run removes nothing"
+        removed = ok(cli("prune", "--json", "--cache-root", str(root))).json()["jax"]["removed"]
+    assert [r["key"] + "-cache" for r in removed] == [victim.name]
+    # (doctor --fix decompresses everything again: zstd may notice the damage first)
+    assert "changed after it was verified" in removed[0]["reason"] or (
+        command == "doctor --fix" and "does not decompress" in removed[0]["reason"])
+    assert not victim.exists() and entries[1].exists() and entries[2].exists()
+    subprocess.run([sys.executable, "-c", PROGRAMS], env=raising, check=True, timeout=300)
 
 
 # --- 3. no write, rename or delete through a symlink inside the root ---------------------
@@ -360,6 +434,94 @@ def test_lock_file_links_are_replaced_not_followed(tmp_path, outside):
     assert unchanged(outside / "secret.txt") and unchanged(other)
     assert stat.S_ISREG((root / ".prune.lock").lstat().st_mode)
     assert not (folder / ".lockfile").is_symlink()
+
+
+#: For each prunable kind, files of the user's own that its inventory takes for entries (a
+#: prune with --max-size 1K --max-age 1s removes them all when they lie in the kind's folder).
+USERS_FILES = {
+    "jax": {f"jit_mine-{HASHES[0]}-cache": zlib_entry(), f"jit_mine-{HASHES[0]}-atime": b"\0" * 8},
+    "triton": {f"{TRITON_KEY}/notes.txt": b"mine"},
+    "inductor": {"notes.txt": b"mine", "ab/cabmine.py": b"print('mine')\n"},
+    "bytecode": {"cpython-311-mine/mine.cpython-311.pyc": b"mine"},
+    "cuda": {"index": b"i" * 100, "7/a/e0943aa8a566c2": b"p" * 100},
+    "autotune": {"notes.txt": b"mine", "tokamax-1_jax-2/mine.json": b"{}"},
+    "records": {"mine.json": b'{"run_id": "mine", "time": 1.0}\n'},  # read as a record if followed
+}
+SQUEEZE = ("--max-size", "1K", "--max-age", "1s")
+
+
+def users_folder(folder: Path, kind: str) -> dict[str, tuple[bytes, float]]:
+    """Write the user's files for ``kind`` into ``folder``, aged; return :func:`listing`."""
+    for name, data in USERS_FILES[kind].items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    age(*folder.rglob("*"), folder)
+    seen = listing(folder)
+    age(*folder.rglob("*"), folder)  # (reading moved the access times, the CUDA cache's last use)
+    return seen
+
+
+def listing(folder: Path) -> dict[str, tuple[bytes, float]]:
+    """Every name under ``folder`` with its bytes (files) and mtime."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else b"", p.lstat().st_mtime)
+            for p in sorted(folder.rglob("*"))} | {".": (b"", folder.stat().st_mtime)}
+
+
+def test_every_prunable_kind_has_users_files_to_try():
+    from gpu_cache.core import kinds
+
+    assert set(USERS_FILES) == set(kinds.PRUNABLE)
+
+
+@pytest.mark.parametrize("kind", sorted(USERS_FILES))
+def test_a_kind_folder_that_links_to_the_users_own_files_is_never_pruned(kind, tmp_path):
+    """``<root>/<kind>`` a symbolic link to a folder of the user's own files (#21: with
+    ``records`` linked, ``prune --max-size 1K`` deleted the user's ``mine.json``): prune, its
+    dry run, stats and doctor --fix leave that folder exactly as it was (no file removed, none
+    written: not even a verification record) and prune says why in one line; the other kinds
+    are still pruned. The same files under the root are removed: they are ones prune takes."""
+    root = tmp_path / "root"
+    root.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    before = users_folder(mine, kind)
+    (root / kind).symlink_to(mine, target_is_directory=True)
+    other = "records" if kind != "records" else "jax"
+    users_folder(root / other, other)  # a kind under the root: pruned as ever
+    common = ("--cache-root", str(root))
+    stats = ok(cli("stats", "--json", *common)).json()
+    dry = ok(cli("prune", "--dry-run", "--json", *SQUEEZE, *common)).json()
+    real = cli("prune", *SQUEEZE, *common)
+    assert listing(mine) == before, "nothing outside the root removed or written"
+    if kind == "records":
+        assert stats["runs"] == [], "the user's files are not read as the hook's records"
+    fixed = ok(cli("doctor", "--fix", "--no-fail", "--json", *common)).json()
+    # (doctor's probe of an exported kind's folder makes and removes a file of its own there,
+    # which moves the folder's mtime: the env side, not --fix)
+    assert {k: v for k, v in listing(mine).items() if k != "."} == \
+        {k: v for k, v in before.items() if k != "."}
+    warnings = [line for line in ok(real).stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "Traceback" not in real.stderr, real.stderr
+    for problems in (dry["problems"], warnings, fixed["warnings"]):
+        (said,) = [p for p in problems if p.count(f"{kind}: {root / kind} is a link to {mine}")]
+        assert "outside the cache root; not pruned" in said
+    assert dry[kind]["entries_before"] == 0 and dry[other]["entries_removed"] >= 1
+    assert not any((root / other / name).exists() for name in USERS_FILES[other]), f"{other} was pruned"
+    # The control: the same files in a real folder under the root are entries that go.
+    (root / kind).unlink()
+    users_folder(root / kind, kind)
+    pruned = ok(cli("prune", "--json", *SQUEEZE, *common)).json()
+    assert pruned["problems"] == [] and pruned[kind]["entries_removed"] >= 1
+
+
+def test_a_kind_folder_that_links_inside_the_root_is_pruned(tmp_path):
+    """A link that stays inside the root (a renamed folder) is followed: the entries go."""
+    root = tmp_path / "root"
+    users_folder(root / "jax-v2", "jax")
+    (root / "jax").symlink_to(root / "jax-v2", target_is_directory=True)
+    report = ok(cli("prune", "--json", *SQUEEZE, "--cache-root", str(root))).json()
+    assert report["problems"] == [] and report["jax"]["entries_removed"] == 1
+    assert not (root / "jax-v2" / f"jit_mine-{HASHES[0]}-cache").exists()
 
 
 # --- 4. --output never replaces what it is given -----------------------------------------

@@ -122,3 +122,9 @@ def test_the_job_side_runs_on_the_oldest_python_we_support():
     runner = subprocess.run([python, "-m", "gpu_cache.core.runner", "--help"], env=env,
                             capture_output=True, text=True)
     assert runner.returncode == 0 and "usage" in runner.stdout, runner.stderr
+
+
+def test_no_module_of_the_package_is_a_room_of_its_own():
+    """No module over 700 lines (#19): past that, a module holds several concerns."""
+    sizes = {str(p.relative_to(SCRIPTS)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > 700} == {}

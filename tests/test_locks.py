@@ -34,8 +34,9 @@ from test_single_flight import (
     stopped_holding_a_lock,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
-                                reason="runuser, chown and a second user need root")
+# Every test here runs real compiles for seconds: the slow layer.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                                 reason="chown and a second user need root"), pytest.mark.slow]
 
 #: ``python3 HOLD PATH...`` as another user: open each path read-only (what flock needs), take
 #: LOCK_EX without waiting, say how many it holds, then hold them.

@@ -77,7 +77,9 @@ def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine
         assert check["problem"] is None and check["read_only"] is False
         assert any(LOCK_PHRASE in w for w in check["warnings"]), check["warnings"]
         assert (sshfs_mount.server_dir / "cache" / kind).is_dir()  # created over ssh
-    assert sum(LOCK_PHRASE in w and "prune from one node" in w for w in report["warnings"]) == 4
+    # one per kind folder doctor probed (every exported kind: the registry decides how many)
+    pruned_alone = [w for w in report["warnings"] if LOCK_PHRASE in w and "prune from one node" in w]
+    assert len(pruned_alone) == len(report["kinds"])
     assert report["exports"]["exports"]["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
     text = run_cli("doctor", "--cache-root", str(root))
     assert text.returncode == 0

@@ -34,12 +34,13 @@ def fill_jax_cache(folder: Path, n: int = 4, size: int = 64, max_size: int | Non
     return entries
 
 
-def age_entries(entries, start_days_ago: float) -> dict[str, float]:
-    """Give each entry a distinct last use, oldest first; returns key -> last use."""
+def age_entries(entries, start_days_ago: float, order: tuple[int, ...] = ()) -> dict[str, float]:
+    """Give each entry a distinct last use, oldest first in key order, or in ``order`` (the
+    rank by age of each entry in key order); returns key -> last use."""
     now = time.time()
     uses = {}
     for i, entry in enumerate(sorted(entries, key=lambda e: e.key)):
-        when = now - (start_days_ago - i) * 86400
+        when = now - (start_days_ago - (order[i] if order else i)) * 86400
         os.utime(entry.cache_path, (when, when))
         uses[entry.key] = when
     return uses
@@ -72,6 +73,19 @@ def test_least_recently_used_go_first_until_under_the_cap(root):
     left = {e.key for e in jax_cache.scan(root / "jax")}
     assert left == set(by_use[2:])
     assert report.kinds["jax"].bytes_after == sum(sizes[k] for k in left) <= cap
+
+
+def test_least_recently_used_go_first_when_ages_are_not_in_key_order(root):
+    # (#19) Ranks by age against key order: by key, the first two would go.
+    entries = jax_cache.scan(root / "jax")
+    uses = age_entries(entries, start_days_ago=10, order=(3, 0, 2, 1))
+    sizes = {e.key: e.size for e in entries}
+    by_use = sorted(uses, key=uses.get)
+    assert by_use[:2] != sorted(uses)[:2]
+    cap = sum(sizes.values()) - sizes[by_use[0]] - 1  # forces out the two oldest
+    report = prune(settings_from({}, cache_root=str(root)), max_size=cap, max_age=1e9, dry_run=False)
+    assert [r["key"] for r in report.kinds["jax"].removed] == by_use[:2]
+    assert {e.key for e in jax_cache.scan(root / "jax")} == set(by_use[2:])
 
 
 def test_entries_unused_longer_than_max_age_go(root):
@@ -170,3 +184,66 @@ def test_a_lone_cache_file_in_a_capped_cache_gets_its_atime_back(tmp_path):
     # A capped JAX evicts again, reading every -atime: this write must work.
     more = fill_jax_cache(folder, n=3, max_size=1 << 30, start=10)
     assert all(e.atime_path is not None for e in more)
+
+
+# --- damage that keeps the size: entries verified before are read again in turn (#21) -------
+
+
+def test_rechecks_go_in_digest_order_from_where_the_last_scan_stopped(tmp_path, monkeypatch):
+    """With no time to spare, each verifying scan reads RECHECK_AT_LEAST entries again, the
+    next ones in digest order after the last scan's (kept in the record), round and round:
+    every entry within ceil(n / RECHECK_AT_LEAST) scans; a scan that does not verify reads none."""
+    monkeypatch.setattr(verified, "RECHECK_SHARE", 0.0)
+    n, step = 150, verified.RECHECK_AT_LEAST
+    digests = [verified.digest(7, i) for i in range(n)]
+    passes = []
+    for _ in range(4):
+        record = verified.Record.load(tmp_path)
+        for key in digests:
+            record.put(key, 1)
+            record.candidate(key, key)
+        passes.append(list(record.rechecks(spent=10.0)))
+        record.save()
+    in_order = sorted(digests)
+    assert passes[0] == in_order[:step] and passes[1] == in_order[step:2 * step]
+    assert passes[2] == in_order[2 * step:] + in_order[:3 * step - n]  # round again
+    assert set(passes[0] + passes[1] + passes[2]) == set(digests)
+    assert passes[3] == in_order[3 * step - n:4 * step - n]
+    stats = verified.Record.load(tmp_path, complete=False)
+    stats.candidate(digests[0], digests[0])
+    assert list(stats.rechecks(spent=10.0)) == []
+
+
+def test_damage_in_a_large_cache_is_found_in_turn_and_remembered(tmp_path, template_cache, monkeypatch):
+    """200 entries, one damaged in place with its size and mtime kept after it was verified:
+    dry runs that read 64 entries again each find it within 4 of them, and every later one
+    still reports it (the record remembers), whatever it reads again; no whole entry is ever
+    called broken."""
+    monkeypatch.setattr(verified, "RECHECK_SHARE", 0.0)
+    folder = tmp_path / "root" / "jax"
+    folder.mkdir(parents=True)
+    body = min((p.read_bytes() for p in template_cache.glob("*-cache")), key=len)
+    old = time.time() - 3600
+    for i in range(200):
+        path = folder / f"jit_copy-{i:064x}-cache"
+        path.write_bytes(body)
+        os.utime(path, (old, old))
+    settings = settings_from({}, cache_root=str(tmp_path / "root"))
+    first = prune(settings, max_size=1 << 40, max_age=1e9, dry_run=True).kinds["jax"]
+    assert first.entries_removed == 0 and first.entries_before == 200
+    victim = folder / f"jit_copy-{123:064x}-cache"
+    info = victim.stat()
+    with victim.open("r+b") as file:
+        file.seek(info.st_size // 2)
+        byte = file.read(1)
+        file.seek(info.st_size // 2)
+        file.write(bytes([byte[0] ^ 0x01]))  # one bit, as bit rot does
+    os.utime(victim, ns=(info.st_atime_ns, info.st_mtime_ns))
+    found = []
+    for _ in range(6):
+        report = prune(settings, max_size=1 << 40, max_age=1e9, dry_run=True).kinds["jax"]
+        found.append([(r["key"], r["reason"]) for r in report.removed])
+    first_seen = next(i for i, removed in enumerate(found) if removed)
+    assert first_seen < 4, found
+    assert all(removed == [(victim.name[:-6], "broken: " + jax_cache.CHANGED)]
+               for removed in found[first_seen:]), found

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.config import settings
-from gpu_cache.core import verified
+from gpu_cache.core import kinds, verified
 from gpu_cache.core.caches import jax as jax_cache
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli
 
@@ -236,7 +236,7 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
     result = json.loads(out.read_text())
     (size,) = result["sizes"]
     assert size["broken_entries_found"] == 0 and size["prune_problems"] == []
-    assert set(size["entries_by_kind"]) == {"jax", "triton", "inductor", "bytecode", "cuda", "records"}
+    assert set(size["entries_by_kind"]) == set(kinds.PRUNABLE)  # a root with every kind
     assert all(size["entries_by_kind"].values())
     assert size["prune_removed"] == size["dry_run_would_remove"] > 0
     timed = {"stats", "stats_json", "prune_dry_run", "prune_dry_run_first", "prune"}

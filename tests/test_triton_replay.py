@@ -225,3 +225,75 @@ def test_a_warm_pass_replays_the_recorded_kernels_first(recorded: Path, tmp_path
     assert [(r.workload, r.ok) for r in result.runs] == [("triton-replay", True)], output
     assert len(result.new_keys["triton"]) == KERNELS
     assert '"compiled": 5' in output
+
+
+FIXTURES = REPO / "tests" / "fixtures"
+#: The fixture's tuning key: its key argument ``n`` and the dtype of each pointer argument.
+TUNING_KEY = [4096, "fp32", "fp32"]
+
+
+def _autotuned(cache: Path, how: str, records: Path | None = None) -> dict[str, Any]:
+    """Run the fixture's ``triton.autotune``d kernel (tests/fixtures/triton_autotuned.py)."""
+    env = _env(cache, records, TRITON_CACHE_AUTOTUNING="1", PYTHONPATH=f"{HOOK}:{SCRIPTS}:{FIXTURES}")
+    proc = subprocess.run([sys.executable, "-c", f"import triton_autotuned; triton_autotuned.main({how!r})"],
+                          env=env, capture_output=True, text=True, cwd=REPO, check=False, timeout=600)
+    return _summary(proc)
+
+
+def _autotune_files(cache: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(cache)): p.read_bytes() for p in cache.glob("*/*.autotune.json")}
+
+
+def test_replay_writes_the_autotune_choice_a_later_process_takes(tmp_path: Path) -> None:
+    first, records = tmp_path / "first", tmp_path / "records"
+    tuned = _autotuned(first, "tune", records)
+    assert tuned == {"chosen": {"BLOCK": 128, "num_warps": 4, "num_ctas": 1, "num_stages": 3},
+                     "benchmarked": 3}
+    (record,) = list(hook_records.read(records))
+    (choice,) = record["triton"]["autotuned"]
+    assert (choice["module"], choice["qualname"], choice["chosen"]) == ("triton_autotuned", "scale_kernel", 1)
+    assert choice["key"] == TUNING_KEY and len(choice["configs_timings"]) == 3
+    triton_wrote = _autotune_files(first)  # what Triton itself kept, under its own key
+    assert len(triton_wrote) == 1 and b"Infinity" in next(iter(triton_wrote.values()))  # a failed config
+
+    second = tmp_path / "second"
+    env = _env(second, PYTHONPATH=f"{SCRIPTS}:{FIXTURES}")
+    replay = _summary(_run("gpu_cache.workloads.triton_replay", env, "--records", str(records)))
+    assert (replay["compiled"], replay["autotune_recorded"], replay["autotune_written"]) == (3, 1, 1)
+    assert _autotune_files(second) == triton_wrote  # the same key folder, byte for byte
+    # Triton's own loader (Autotuner.check_disk_cache) takes it: nothing benchmarked, same choice
+    assert _autotuned(second, "check") == {**tuned, "benchmarked": 0}
+    again = _summary(_run("gpu_cache.workloads.triton_replay", env, "--records", str(records)))
+    assert (again["cached"], again["autotune_written"], again["autotune_present"]) == (3, 0, 1)
+
+    # a choice recorded under another Triton is keyed otherwise there: skipped, one line
+    record["triton"]["autotuned"] = [{**choice, "triton": "3.6.0"}]
+    record["triton"]["kernels"] = []
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "1-older.json").write_text(json.dumps(record))
+    third = _env(tmp_path / "third", PYTHONPATH=f"{SCRIPTS}:{FIXTURES}")
+    proc = _run("gpu_cache.workloads.triton_replay", third, "--records", str(older))
+    summary = _summary(proc)
+    assert (summary["autotune_written"], summary["autotune_skipped"]) == (0, 1)
+    assert "1 autotune choices recorded under triton 3.6.0 not written" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not _autotune_files(tmp_path / "third")
+
+
+@pytest.mark.skipif(not OTHER_TRITON, reason="GPU_CACHE_TEST_OTHER_TRITON names no Python of another Triton")
+def test_autotune_choices_under_another_real_triton(tmp_path: Path) -> None:
+    """The same round trip under e.g. Triton 3.6 (the H200's), whose autotuner has no listener."""
+    def run(cache: Path, code: str, records: Path | None = None) -> dict[str, Any]:
+        env = _env(cache, records, TRITON_CACHE_AUTOTUNING="1", PYTHONPATH=f"{HOOK}:{SCRIPTS}:{FIXTURES}")
+        return _summary(subprocess.run([str(OTHER_TRITON), "-c", code], env=env, capture_output=True,
+                                       text=True, cwd=REPO, check=False, timeout=600))
+
+    records = tmp_path / "records"
+    tuned = run(tmp_path / "first", "import triton_autotuned as t; t.main('tune')", records)
+    replay = run(tmp_path / "second", f"from gpu_cache.workloads import triton_replay as r; "
+                                      f"r.main(['--records', {str(records)!r}])")
+    assert replay["autotune_written"] == 1
+    assert _autotune_files(tmp_path / "second") == _autotune_files(tmp_path / "first")
+    checked = run(tmp_path / "second", "import triton_autotuned as t; t.main('check')")
+    assert checked == {**tuned, "benchmarked": 0}

@@ -1,11 +1,15 @@
-"""Pure functions, no subprocess: the prune plan, the validation judge, GPU type names and the
-explanation of a JAX miss. (Settings, sizes and ages: test_units_settings.py.)"""
+"""Pure functions, no subprocess: the prune plan, the validation judge, GPU type names, the
+explanation of a JAX miss and the zstd frame walk. (Settings, sizes and ages:
+test_units_settings.py.)"""
+
+import random
 
 import pytest
 
 from gpu_cache.commands.explain import explain_key, explain_records
 from gpu_cache.commands.prune import plan
 from gpu_cache.commands.validate import NAMED_MISSES, judge
+from gpu_cache.core.caches.jax import ZstdFrame, zstd_problem
 from gpu_cache.core.device import gpu_type_of
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.reports import KindCounts, Missed
@@ -66,6 +70,12 @@ def test_plan_lru_ignores_the_size_of_what_already_goes():
 def test_plan_lru_ties_go_by_key():
     entries = [entry("b", days_ago=2), entry("c", days_ago=2), entry("a", days_ago=2)]
     assert [key for key, _ in planned(entries, max_size=100)] == ["a", "b"]
+
+
+def test_plan_lru_goes_by_last_use_not_by_key():
+    # Ages against key order (#19): by key the first two to go would be "a" and "b".
+    entries = [entry("a", days_ago=1), entry("b", days_ago=9), entry("c", days_ago=5), entry("d", days_ago=3)]
+    assert [key for key, _ in planned(entries, max_size=200)] == ["b", "c"]
 
 
 # --- validate.judge(counts, missed, failures, cache_problems) -> problems ----------------------
@@ -180,3 +190,76 @@ def test_explain_records_takes_the_latest_run_with_misses_against_earlier_ones()
     (item,) = explain_records([later_without_misses, second, first])
     assert item["key"] == "jit_f-bbb" and item["compared_with"]["rule"] == "warm"
     assert item["changed"] == ["computation"]
+
+
+# --- jax.zstd_problem(chunks): is a zstd frame whole, from its headers alone ---------------------
+
+_RANDOM = random.Random(21)
+#: What JAX compresses (an executable: some of it compressible, some not), and edge cases.
+PLAIN = {"empty": b"", "one byte": b"x", "random 300": _RANDOM.randbytes(300),
+         "zeros 1 MiB": bytes(1 << 20), "mixed 700 KiB": _RANDOM.randbytes(300_000) + bytes(400_000),
+         "repeats": b"abc" * 100_000}
+#: How zstandard may write a frame: JAX uses the defaults (content size, no checksum).
+SETTINGS = {"as JAX": {}, "checksum": {"write_checksum": True},
+            "no content size": {"write_content_size": False}, "level 19": {"level": 19},
+            "fast -5": {"level": -5}}
+
+
+def frames() -> list[tuple[str, bytes]]:
+    zstandard = pytest.importorskip("zstandard")  # (the test extra installs it)
+    return [(f"{name}, {how}", zstandard.ZstdCompressor(**kwargs).compress(data))
+            for name, data in PLAIN.items() for how, kwargs in SETTINGS.items()]
+
+
+def test_zstd_frames_that_zstandard_wrote_are_whole_in_any_chunking():
+    for name, frame in frames():
+        assert zstd_problem([frame]) is None, name
+        assert zstd_problem([frame[i:i + 7] for i in range(0, len(frame), 7)]) is None, name
+        assert zstd_problem([frame[:1], b"", frame[1:]]) is None, name
+    walked = ZstdFrame()
+    walked.feed(dict(frames())["mixed 700 KiB, as JAX"])
+    # Raw blocks for the random part (128 KiB at most each), compressed ones for the zeros.
+    assert walked.plain >= 300_000 and walked.compressed >= 1 and walked.finish() is None
+
+
+def block_starts(frame: bytes) -> list[int]:
+    """Where each block header of ``frame`` starts (RFC 8878, read here on its own)."""
+    descriptor = frame[4]
+    single = bool(descriptor & 0x20)
+    position = 5 + (not single) + (0, 1, 2, 4)[descriptor & 3] + (int(single), 2, 4, 8)[descriptor >> 6]
+    starts = []
+    while True:
+        starts.append(position)
+        header = int.from_bytes(frame[position:position + 3], "little")
+        position += 3 + (1 if (header >> 1) & 3 == 1 else header >> 3)
+        if header & 1:
+            return starts
+
+
+def test_a_zstd_frame_cut_short_anywhere_is_truncated():
+    for name, frame in frames():
+        # Every cut in the headers, around each block header and in the checksum; a sample
+        # of the rest (all of it would take a minute).
+        cuts = {*range(min(len(frame), 64)), *range(max(0, len(frame) - 16), len(frame)),
+                *range(0, len(frame), 997)}
+        cuts |= {start + step for start in block_starts(frame) for step in (-1, 0, 1, 2, 3, 4)}
+        for length in sorted(c for c in cuts if 0 <= c < len(frame)):
+            problem = zstd_problem([frame[:length]])
+            assert problem is not None and "truncated" in problem, (name, length)
+
+
+def test_a_zstd_frame_with_bytes_after_it_or_a_bad_header_is_broken():
+    zstandard = pytest.importorskip("zstandard")
+    frame = zstandard.ZstdCompressor().compress(PLAIN["mixed 700 KiB"])
+    assert "after the end" in zstd_problem([frame, b"\0"])
+    assert "not a zstd frame" in zstd_problem([b"\x28\xb5\x2f\xfe" + frame[4:]])
+    assert "reserved bit" in zstd_problem([frame[:4], bytes([frame[4] | 0x08]), frame[5:]])
+    # The first block's type set to 3 (reserved) is corrupt.
+    first, *_more = block_starts(frame)
+    header = int.from_bytes(frame[first:first + 3], "little") | 0b110
+    reserved = frame[:first] + header.to_bytes(3, "little") + frame[first + 3:]
+    assert "cannot be" in zstd_problem([reserved])
+    # A content size its blocks cannot give: 700 KiB (a 4-byte field, just before the first
+    # block) announced as 7 bytes.
+    assert frame[4] >> 6 == 2
+    assert "announces" in zstd_problem([frame[:first - 4] + (7).to_bytes(4, "little") + frame[first:]])

@@ -201,6 +201,8 @@ def _prune_now(args: argparse.Namespace) -> int:
     _emit(report.as_dict(), args.output, to_stdout=args.json, compact=True)
     if not args.json:
         sys.stdout.write(_removed_lines(report))
+    for line in report.problems:
+        _warn("prune: %s", line)
     for line in report.software_mismatches:
         _warn("software mismatch: %s", line)
     return 1 if report.software_mismatches and settings.validate.strict else 0

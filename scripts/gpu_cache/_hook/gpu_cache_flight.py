@@ -60,6 +60,8 @@ import stat
 import threading
 import time
 
+import gpu_cache_lock_files as lock_files
+
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
 MODE_VAR = "GPU_CACHE_LOCK_MODE"
@@ -76,8 +78,6 @@ LEASE_BEAT = 1.0
 LEASE_STALE = 10.0
 #: Errors of flock that mean "held by another process" (everything else: locks do not work).
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-_OPEN = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
-_MAGIC = b"gpu-cache lease 1\n"
 
 
 def _stat_fields():
@@ -242,11 +242,11 @@ def _kind_folder(flight, kind):
         except FileExistsError:
             pass
         info = os.lstat(folder)
-        why = _folder_problem(info, above, team)
+        why = lock_files.folder_problem(info, above, team)
         if why and info.st_uid == os.geteuid() and stat.S_ISDIR(info.st_mode):
             os.chmod(folder, mode)  # ours, made by an older gpu-cache or under another umask
             info = os.lstat(folder)
-            why = _folder_problem(info, above, team)
+            why = lock_files.folder_problem(info, above, team)
         if why:
             raise OSError(errno.EPERM, why)
     except OSError as exc:
@@ -254,84 +254,6 @@ def _kind_folder(flight, kind):
         return None
     known = flight.folders[kind] = (folder, 0o060 if team else 0, info.st_gid)
     return known
-
-
-def _folder_problem(info, above, team):
-    if not stat.S_ISDIR(info.st_mode):
-        return f"is {_describe(info.st_mode)}, not a folder"
-    if info.st_uid != os.geteuid() and not (team and info.st_gid == above.st_gid):
-        return f"is owned by uid {info.st_uid}"
-    allowed = 0o2770 if team and info.st_gid == above.st_gid else 0o700
-    if stat.S_IMODE(info.st_mode) & ~allowed & 0o777:
-        return f"has mode {stat.S_IMODE(info.st_mode):04o}: others could reach its lock files"
-    return None
-
-
-def _describe(mode):
-    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return what
-    return "a regular file"
-
-
-def _private(info, folder):
-    """Why the file ``info`` in lock folder ``folder`` breaks the lock rules, or None: a
-    regular file of ours (or of the team, in its group) that nobody else can open."""
-    _, group_bits, gid = folder
-    if not stat.S_ISREG(info.st_mode):
-        return _describe(info.st_mode)
-    if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):
-        return f"owned by uid {info.st_uid}"
-    if stat.S_IMODE(info.st_mode) & ~(0o600 | group_bits):
-        return f"mode {stat.S_IMODE(info.st_mode):04o}, which others may open"
-    return None
-
-
-def _create(path, group_bits):
-    """Create ``path`` exclusively by the lock rules; its descriptor (O_RDWR).
-
-    Raises:
-        OSError: as ``open`` does (FileExistsError, or on sshfs often PermissionError, for a
-            name that exists), or the new file is not ours (a filesystem that maps owners).
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
-    try:
-        os.fchmod(fd, 0o600 | group_bits)  # whatever the umask or a default ACL
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise OSError(errno.EPERM, f"files made here belong to uid {info.st_uid}, not to "
-                          f"uid {os.geteuid()}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _set_aside(path, judged):
-    """Remove what ``path`` names, which was found to break the lock rules (``judged``: its
-    lstat), so that an exclusive create makes the lock file anew: one creator wins, however
-    many processes replace the name at once. It is renamed aside first, and put back when it
-    turned out to be a lock file another process made meanwhile. Never follows a link.
-
-    Raises:
-        OSError: it cannot be renamed (a sticky folder and another user's file).
-    """
-    import uuid
-
-    aside = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.aside")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    moved = os.lstat(aside)
-    if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
-        try:
-            os.link(aside, path)  # a fresh lock file of another process: back in place
-        except OSError:
-            pass
-    os.unlink(aside)
 
 
 def _open(flight, kind, path, folder):
@@ -344,7 +266,7 @@ def _open(flight, kind, path, folder):
             named = os.lstat(path)
         except FileNotFoundError:
             try:
-                return _create(path, folder[1])
+                return lock_files.create(path, folder[1])
             except FileExistsError:
                 continue
             except OSError as exc:
@@ -353,10 +275,11 @@ def _open(flight, kind, path, folder):
             return _give_up_on_locks(flight, kind, path, exc)
         if stat.S_ISDIR(named.st_mode):
             return _give_up_on_locks(flight, kind, path, OSError(errno.EISDIR, "a folder is at a lock name"))
-        why = None if stat.S_ISREG(named.st_mode) else _describe(named.st_mode)  # a device is never opened
+        # a device is never opened
+        why = None if stat.S_ISREG(named.st_mode) else lock_files.describe(named.st_mode)
         if why is None:
             try:
-                fd = os.open(path, os.O_RDWR | _OPEN)
+                fd = os.open(path, os.O_RDWR | lock_files.OPEN)
             except FileNotFoundError:
                 continue
             except OSError as exc:  # another user's file, or swapped for a link or FIFO
@@ -366,12 +289,12 @@ def _open(flight, kind, path, folder):
                 if (info.st_dev, info.st_ino) != (named.st_dev, named.st_ino):
                     os.close(fd)  # replaced meanwhile: look again
                     continue
-                why = _private(info, folder)
+                why = lock_files.private(info, folder)
                 if why is None:
                     return fd
                 os.close(fd)
         try:
-            _set_aside(path, named)
+            lock_files.set_aside(path, named)
             stats["replaced"] += 1
         except OSError as exc:
             return _give_up_on_locks(flight, kind, path, OSError(
@@ -480,76 +403,6 @@ def _try_lock(flight, kind, fd, path):
 
 # --- leases across nodes ------------------------------------------------------------------
 
-def _read_small(path, limit=8192):
-    """``(content, fstat)`` of the file at ``path``, opened without following a link and never
-    blocking; None where there is no such name."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _OPEN)
-    except FileNotFoundError:
-        return None
-    try:
-        return os.read(fd, limit), os.fstat(fd)
-    finally:
-        os.close(fd)
-
-
-_SELF = None
-
-
-def _self_id():
-    """What names this process in its leases: host, boot id, pid namespace, pid, start time."""
-    global _SELF
-    if _SELF is None or _SELF[0] != os.getpid():
-        import socket
-
-        _SELF = (os.getpid(), {
-            "host": socket.gethostname()[:200], "boot": _read_text("/proc/sys/kernel/random/boot_id"),
-            "pidns": _link("/proc/self/ns/pid"), "pid": str(os.getpid()),
-            "start": _start_time(os.getpid())})
-    return _SELF[1]
-
-
-def _read_text(path):
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(200).decode("ascii", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _link(path):
-    try:
-        return os.readlink(path)
-    except OSError:
-        return ""
-
-
-def _start_time(pid):
-    text = _read_text(f"/proc/{pid}/stat")
-    fields = text.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
-def _holder_dead(fields):
-    """Whether the lease's holder is a process of this very host (same boot, same pid
-    namespace) that no longer runs. False when that cannot be told."""
-    me = _self_id()
-    if not me["boot"] or not me["pidns"] or fields.get("boot") != me["boot"] \
-            or fields.get("pidns") != me["pidns"] or not fields.get("pid", "").isdigit():
-        return False
-    start = _start_time(int(fields["pid"]))  # "" where no such process runs
-    return start == "" or fields.get("start", "") not in ("", start)
-
-
-def _parse(content):
-    fields = {}
-    if content.startswith(_MAGIC):
-        for line in content[len(_MAGIC):].decode("utf-8", "replace").splitlines():
-            name, _, value = line.partition(" ")
-            fields[name] = value
-    return fields
-
-
 class _Lease:
     """A lease this process holds: the open file, its content, the beat count."""
 
@@ -599,14 +452,14 @@ def _take_lease(flight, path, group_bits):
     """Create the lease at ``path``; the held ``_Lease``, or None where the create failed
     (whatever the error: it may exist, look again)."""
     try:
-        fd = _create(path, group_bits)
+        fd = lock_files.create(path, group_bits)
     except OSError:
         return None
-    me = _self_id()
+    me = lock_files.self_id()
     import uuid
 
-    head = _MAGIC + "".join(f"{name} {me[name]}\n" for name in ("host", "boot", "pidns", "pid", "start")
-                            ).encode("utf-8", "replace") + b"nonce %s\n" % uuid.uuid4().hex.encode()
+    fields = "".join(f"{name} {me[name]}\n" for name in ("host", "boot", "pidns", "pid", "start"))
+    head = lock_files.MAGIC + fields.encode("utf-8", "replace") + b"nonce %s\n" % uuid.uuid4().hex.encode()
     lease = _Lease(path, fd, head)
     try:
         lease.beat()
@@ -654,7 +507,7 @@ def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
             lock.lease = lease
             found = read()
             return found, True
-        looked = _read_small(path)
+        looked = lock_files.read_small(path)
         if looked is None:  # the create failed, yet nothing is there: again, then give up
             missing += 1
             if missing > 20:
@@ -663,10 +516,10 @@ def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
             time.sleep(0.01)
             continue
         content, info = looked  # empty until its maker's first beat: judged by its beat alone
-        why = _private(info, folder)
+        why = lock_files.private(info, folder)
         if why is not None:
             try:
-                _set_aside(path, info)  # not a lease of ours: never waited on
+                lock_files.set_aside(path, info)  # not a lease of ours: never waited on
                 stats["replaced"] += 1
                 continue
             except OSError:
@@ -678,12 +531,12 @@ def _lease(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
         if not waiting[0]:
             waiting[0] = True
             stats["waited"] += 1
-        if _holder_dead(_parse(content)) or now - seen[2] >= LEASE_STALE:
+        if lock_files.holder_dead(lock_files.parse(content)) or now - seen[2] >= LEASE_STALE:
             stats["leases_passed"] += 1
             n += 1
             delay = 0.01
             continue
-        if _read_small(_lease_path(lock.path, n + 1)) is not None:  # another waiter passed it
+        if lock_files.read_small(_lease_path(lock.path, n + 1)) is not None:  # another waiter passed it
             n += 1
             delay = 0.01
             continue
@@ -797,87 +650,3 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
             if fd is not None:
                 _unlock(fd, path, wrote=True, unlink=got is True)
         # The lock of a file its leader unlinked, and still a miss: the next round.
-
-
-# --- what a JAX waiter may read while another process writes -------------------------------
-
-#: How long after its last write a JAX entry is checked for being whole before it is read.
-YOUNG = 60.0
-
-
-def jax_entry(folder, key):
-    """The state of JAX's entry for ``key`` in ``folder``: "whole" or "partial" when it was
-    written within the last ``YOUNG`` seconds (JAX writes entries in place, so another process
-    may be writing it now: a complete zstd frame, checked through its block headers with no
-    decoder, or zlib stream, is whole), else None (no entry, or an older one, which JAX's own
-    read judges). Never raises."""
-    for name in (f"{key}-cache", key):  # jax 0.4.30 names entries by the key alone
-        try:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY | _OPEN)
-        except OSError:
-            continue
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > YOUNG:
-                return None
-            return "whole" if _whole(fd, info.st_size) else "partial"
-        except (OSError, ValueError):
-            return "partial"
-        finally:
-            os.close(fd)
-    return None
-
-
-def settled_jax_entry(folder, key, bound=2.0):
-    """``jax_entry``, waiting up to ``bound`` seconds while it says "partial": the writer is
-    finishing, or (a network filesystem) this node still sees the size it cached while the
-    entry was written (FUSE keeps attributes for a second). Never raises."""
-    deadline = time.monotonic() + bound
-    state = jax_entry(folder, key)
-    while state == "partial" and time.monotonic() < deadline:
-        time.sleep(0.02)
-        state = jax_entry(folder, key)
-    return state
-
-
-def _whole(fd, size):
-    head = os.pread(fd, 18, 0)
-    if head[:4] == b"\x28\xb5\x2f\xfd":
-        return _zstd_end(fd, head) == size
-    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
-        import zlib
-
-        inflate = zlib.decompressobj()
-        offset = 0
-        while offset < size and not inflate.eof:
-            chunk = os.pread(fd, 1 << 20, offset)
-            if not chunk:
-                return False
-            offset += len(chunk)
-            inflate.decompress(chunk, 1 << 16)
-            while inflate.unconsumed_tail and not inflate.eof:
-                inflate.decompress(inflate.unconsumed_tail, 1 << 16)
-        return inflate.eof and offset == size and not inflate.unused_data
-    return False
-
-
-def _zstd_end(fd, head):
-    """Where the zstd frame that starts the file ends (its size when whole), from its header
-    and block headers; -1 where the header is cut short."""
-    if len(head) < 6:
-        return -1
-    descriptor = head[4]
-    single = descriptor >> 5 & 1
-    offset = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3] \
-        + ((1 if single else 0), 2, 4, 8)[descriptor >> 6]
-    while True:
-        block = os.pread(fd, 3, offset)
-        if len(block) < 3:
-            return -1
-        header = int.from_bytes(block, "little")
-        kind, length = header >> 1 & 3, header >> 3
-        if kind == 3:
-            raise ValueError("reserved zstd block type")
-        offset += 3 + (1 if kind == 1 else length)
-        if header & 1:
-            return offset + (4 if descriptor >> 2 & 1 else 0)

@@ -9,6 +9,8 @@ Standard library only, Python 3.9+.
 """
 
 import os
+import stat
+import time
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import MAX_ITEMS, keep, text, touch
@@ -266,7 +268,7 @@ def _flight_jax(hook):
     def cache_read(module_name, cache_key, *args, **kwargs):
         # JAX writes entries in place: one being written now (here or on another node) is a
         # miss, never read half (a warning and a second compile), and waited for below.
-        writing = flight.enabled("jax") and flight.jax_entry(folder(), cache_key) == "partial"
+        writing = flight.enabled("jax") and jax_entry(folder(), cache_key) == "partial"
         result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
         if result[0] is not None or not flight.enabled("jax") \
                 or getattr(state, "client", None) is not None:
@@ -274,7 +276,7 @@ def _flight_jax(hook):
         raised = []
 
         def read():
-            if flight.settled_jax_entry(folder(), cache_key) == "partial":
+            if settled_jax_entry(folder(), cache_key) == "partial":
                 return None
             try:
                 again = original_read(module_name, cache_key, *args, **kwargs)
@@ -284,7 +286,7 @@ def _flight_jax(hook):
             return again if again[0] is not None else None
 
         def peek():
-            return read() if flight.jax_entry(folder(), cache_key) == "whole" else None
+            return read() if jax_entry(folder(), cache_key) == "whole" else None
 
         try:
             found, lock = flight.lead("jax", cache_key, folder(), read, peek)
@@ -329,3 +331,88 @@ def _jax_entry_written(folder, cache_key):
                                  or os.path.exists(os.path.join(folder, cache_key)))
     except Exception:
         return False
+
+
+# --- what a JAX waiter may read while another process writes (JAX writes entries in place) ---
+
+_READ_ENTRY = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+#: How long after its last write a JAX entry is checked for being whole before it is read.
+YOUNG = 60.0
+
+
+def jax_entry(folder, key):
+    """The state of JAX's entry for ``key`` in ``folder``: "whole" or "partial" when it was
+    written within the last ``YOUNG`` seconds (JAX writes entries in place, so another process
+    may be writing it now: a complete zstd frame, checked through its block headers with no
+    decoder, or zlib stream, is whole), else None (no entry, or an older one, which JAX's own
+    read judges). Never raises."""
+    for name in (f"{key}-cache", key):  # jax 0.4.30 names entries by the key alone
+        try:
+            fd = os.open(os.path.join(folder, name), _READ_ENTRY)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > YOUNG:
+                return None
+            return "whole" if _whole(fd, info.st_size) else "partial"
+        except (OSError, ValueError):
+            return "partial"
+        finally:
+            os.close(fd)
+    return None
+
+
+def settled_jax_entry(folder, key, bound=2.0):
+    """``jax_entry``, waiting up to ``bound`` seconds while it says "partial": the writer is
+    finishing, or (a network filesystem) this node still sees the size it cached while the
+    entry was written (FUSE keeps attributes for a second). Never raises."""
+    deadline = time.monotonic() + bound
+    state = jax_entry(folder, key)
+    while state == "partial" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        state = jax_entry(folder, key)
+    return state
+
+
+def _whole(fd, size):
+    head = os.pread(fd, 18, 0)
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return _zstd_end(fd, head) == size
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        import zlib
+
+        inflate = zlib.decompressobj()
+        offset = 0
+        while offset < size and not inflate.eof:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if not chunk:
+                return False
+            offset += len(chunk)
+            inflate.decompress(chunk, 1 << 16)
+            while inflate.unconsumed_tail and not inflate.eof:
+                inflate.decompress(inflate.unconsumed_tail, 1 << 16)
+        return inflate.eof and offset == size and not inflate.unused_data
+    return False
+
+
+def _zstd_end(fd, head):
+    """Where the zstd frame that starts the file ends (its size when whole), from its header
+    and block headers; -1 where the header is cut short."""
+    if len(head) < 6:
+        return -1
+    descriptor = head[4]
+    single = descriptor >> 5 & 1
+    offset = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3] \
+        + ((1 if single else 0), 2, 4, 8)[descriptor >> 6]
+    while True:
+        block = os.pread(fd, 3, offset)
+        if len(block) < 3:
+            return -1
+        header = int.from_bytes(block, "little")
+        kind, length = header >> 1 & 3, header >> 3
+        if kind == 3:
+            raise ValueError("reserved zstd block type")
+        offset += 3 + (1 if kind == 1 else length)
+        if header & 1:
+            return offset + (4 if descriptor >> 2 & 1 else 0)

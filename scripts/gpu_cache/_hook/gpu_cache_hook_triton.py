@@ -2,7 +2,9 @@
 
 Triton's compilation listener counts hits and misses (and marks each hit entry used), and
 describes each kernel it compiles well enough to compile it again without the job (the
-record's ``kernels``, which ``gpu-cache warm`` replays on all cores: issue 26); with
+record's ``kernels``, which ``gpu-cache warm`` replays on all cores: issue 26), and keeps the
+config Triton's autotuner chose for each autotune key it looked up on disk (``autotuned``,
+which the replay writes back as Triton's own ``*.autotune.json``); with
 ``$GPU_CACHE_LOCKS``, Triton's cache manager becomes gpu-cache's single-flight one
 (``gpu_cache_triton_seed.FlightCacheManager``). Standard library only, Python 3.9+.
 """
@@ -27,6 +29,7 @@ def on_import(triton_module, hook):
             hook.warn("triton single-flight", exc)
     if hook.folder:
         _triton_listener(triton_module, hook, stats)
+        _autotune_recorder(hook, stats)
 
 
 def _triton_listener(triton_module, hook, stats):
@@ -67,8 +70,8 @@ def _triton_listener(triton_module, hook, stats):
 MAX_KERNELS = 200
 KERNEL_BYTES = 16 << 10
 KERNELS_BYTES = 512 << 10
-_described = set()  # the kernels this process met already (digests of their descriptions)
-_kept_bytes = [0]
+_described = set()  # (field, digest) of what this process kept or dropped already
+_kept_bytes = {"kernels": 0, "autotuned": 0}
 _defaults = {}  # target -> the backend's default options
 
 
@@ -78,20 +81,30 @@ def _keep_kernel(stats, src, metadata, key):
     type) is counted in ``dropped.kernels``."""
     try:
         kernel = describe(src, metadata, key)
-        data = None if kernel is None else json.dumps(kernel, sort_keys=True, allow_nan=False)
     except Exception:  # a backend or value this hook does not know: only counted
+        kernel = None
+    _keep_bounded(stats, kernel, "kernels", (MAX_KERNELS, KERNEL_BYTES, KERNELS_BYTES))
+
+
+def _keep_bounded(stats, item, field, limits):
+    """Append the JSON-able ``item`` (None: not describable) to ``stats[field]`` once, within
+    ``limits`` (items, bytes of one, bytes of all); the rest are counted in ``dropped``."""
+    try:
+        data = None if item is None else json.dumps(item, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # a value JSON cannot carry
         data = None
     if data is not None:
         digest = hashlib.sha256(data.encode()).digest()
-        if digest in _described:
+        if (field, digest) in _described:
             return
-        _described.add(digest)
-    if (data is None or len(stats["kernels"]) >= MAX_KERNELS or len(data) > KERNEL_BYTES
-            or _kept_bytes[0] + len(data) > KERNELS_BYTES):
-        stats["dropped"]["kernels"] += 1
+        _described.add((field, digest))
+    most, one, every = limits
+    if (data is None or len(stats[field]) >= most or len(data) > one
+            or _kept_bytes[field] + len(data) > every):
+        stats["dropped"][field] += 1
         return
-    _kept_bytes[0] += len(data)
-    stats["kernels"].append(kernel)
+    _kept_bytes[field] += len(data)
+    stats[field].append(item)
 
 
 class _Odd(Exception):
@@ -166,6 +179,73 @@ def describe(src, metadata, key=""):
         }
     except (_Odd, TypeError, AttributeError):
         return None
+
+
+#: At most this many autotune choices per process, each at most CHOICE_BYTES of JSON (a config
+#: with its timings is some 200 bytes: over 150 configs fit) and all together at most
+#: CHOICES_BYTES; the rest are counted in ``dropped.autotuned``.
+MAX_CHOICES = 200
+CHOICE_BYTES = 32 << 10
+CHOICES_BYTES = 512 << 10
+MAX_KEY_TEXT = 2000  # a longer tuning key (a key argument of an odd type) is not kept
+
+
+def _autotune_recorder(hook, stats):
+    """Keep each choice Triton's autotuner makes where it keeps its results on disk
+    (``Autotuner.check_disk_cache``: with ``TRITON_CACHE_AUTOTUNING=1`` or
+    ``autotune(cache_results=True)``, the same in Triton 3.4 to 3.9; 3.6 has no autotuning
+    listener), so that the replay can write the result file into another cache (issue 26)."""
+    from triton.runtime.autotuner import Autotuner
+
+    original = Autotuner.check_disk_cache
+
+    def check_disk_cache(self, tuning_key, configs, bench_fn):
+        found = original(self, tuning_key, configs, bench_fn)
+        try:
+            choice = autotune_choice(self, tuning_key, configs)
+            _keep_bounded(stats, choice, "autotuned", (MAX_CHOICES, CHOICE_BYTES, CHOICES_BYTES))
+        except Exception as exc:
+            hook.warn("triton autotune record", exc)
+        return found
+
+    Autotuner.check_disk_cache = check_disk_cache
+
+
+def autotune_choice(autotuner, tuning_key, configs):
+    """What writes the autotuner's result file for ``tuning_key`` again: the JIT function (as
+    in :func:`describe`) and its ``cache_key``, the target, the tuning key (its ``str`` is part
+    of the file's key, its JSON is the file's ``key``), and each config Triton tried with its
+    timings (the file's ``configs_timings``; their ``str`` is part of the key). None where
+    Triton keeps no file (no key, a config with a ``pre_hook``) or it has no timings."""
+    from triton.runtime.driver import driver
+
+    key_text = str(tuning_key)
+    if (not tuning_key or any(c.pre_hook for c in configs) or tuning_key not in autotuner.cache
+            or len(key_text) > MAX_KEY_TEXT):
+        return None
+    timings = getattr(autotuner, "configs_timings", None) or {}
+    if any(c not in timings for c in configs):
+        return None
+    fn = autotuner.fn
+    while not hasattr(fn, "cache_key"):
+        fn = fn.fn
+    module, qualname = getattr(fn, "module", None), getattr(getattr(fn, "fn", None), "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname):
+        return None
+    try:
+        key = json.loads(json.dumps(tuning_key))
+    except (TypeError, ValueError):  # Triton could not write this key either
+        return None
+    target = driver.active.get_current_target()
+    return {
+        "module": module, "qualname": qualname, "version": _version(module),
+        "triton": getattr(sys.modules.get("triton"), "__version__", None), "cache_key": fn.cache_key,
+        "target": {"backend": target.backend, "arch": encode(target.arch), "warp_size": target.warp_size},
+        "key": key, "key_text": key_text,
+        # a config that failed to compile is timed inf: encoded as in descriptions
+        "configs_timings": [[dict(vars(c)), encode(timings[c])] for c in configs],
+        "chosen": configs.index(autotuner.cache[tuning_key]),
+    }
 
 
 #: The Triton cache manager (next to this file) gpu-cache exports for a read-only cache root;

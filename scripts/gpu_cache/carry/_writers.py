@@ -25,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import safe_io
+from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
@@ -199,7 +199,7 @@ class JaxWriter(Writer):
             self._temp(f"{key}-atime",
                        lambda fd: safe_io.write_all(fd, int(last_use * 1e9).to_bytes(8, "little")),
                        last_use)
-        with safe_io.exclusive_lock(self.folder / jax_cache.LOCK_NAME, timeout=60, create=False):
+        with safe_locks.exclusive_lock(self.folder / jax_cache.LOCK_NAME, timeout=60, create=False):
             if self._newer_here():
                 return False
             for name in sorted(self.temps, key=lambda n: n.endswith("-atime")):

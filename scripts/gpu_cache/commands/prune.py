@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size
-from gpu_cache.core import kinds, safe_io, verified
+from gpu_cache.core import kinds, safe_io, safe_locks, verified
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
@@ -59,9 +59,10 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
     decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
     the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
-    cache reads), so the next prune or dry run reads nothing it verified already."""
+    cache reads), so the next prune or dry run checks nothing it verified already; it only
+    reads some JAX entries again, in turn, for damage that keeps their size."""
     now = time.time() if now is None else now
-    record = _record(kind, folder, fresh=verify_all)
+    record = _record(kind, folder, recheck_all=verify_all)
     found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
     if record is not None:
         record.save()
@@ -96,12 +97,12 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     return report
 
 
-def _record(kind: str, folder: Path, fresh: bool = False) -> verified.Record | None:
-    """The verification record of ``folder`` for a kind that keeps one (``fresh``: an empty
-    one, so that everything is verified again and recorded anew)."""
+def _record(kind: str, folder: Path, recheck_all: bool = False) -> verified.Record | None:
+    """The verification record of ``folder`` for a kind that keeps one (``recheck_all``:
+    everything is verified again, and JAX entries' bytes compared with what was recorded)."""
     if not kinds.KINDS[kind].verifies:
         return None
-    return verified.Record(folder) if fresh else verified.Record.load(folder)
+    return verified.Record.load(folder, recheck_all=recheck_all)
 
 
 def repair(settings: Settings) -> PruneReport:
@@ -122,7 +123,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
 
     Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
     missing root, or a root that cannot be locked, nothing is touched and the report says
-    why. ``verify_all``: decompress every JAX entry, not only those since the last prune.
+    why; so is a kind's folder that leads out of the root (a symbolic link): nothing outside
+    the root is ever removed or written. ``verify_all``: verify every entry again (JAX:
+    decompress each, and compare its bytes with those verified before).
     ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
     reported (the workflow's prune must never fail a run because of the cache).
 
@@ -156,9 +159,9 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
         try:
             # flock on a regular file, opened without following a symlink; a symlink, FIFO or
             # device planted as the lock file is replaced, never followed or truncated.
-            held.enter_context(safe_io.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
+            held.enter_context(safe_locks.exclusive_lock(root / LOCK_NAME, timeout=lock_timeout,
                                                       replace=not dry_run))
-        except safe_io.LockTimeout:
+        except safe_locks.LockTimeout:
             result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
             return result
         except OSError as exc:
@@ -169,8 +172,15 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                 return result
         for kind in only:
             try:
-                report = prune_kind(kind, kinds.KINDS[kind].folder(root), max_size, max_age,
-                                    dry_run, verify_all=verify_all)
+                folder = safe_io.within(kinds.KINDS[kind].folder(root), root)
+            except safe_io.Outside as exc:  # a link to the user's own files (#21): never followed
+                result.problems.append(
+                    f"{kind}: {exc.filename} is a link to {exc.real}, outside the cache root; not "
+                    "pruned (gpu-cache removes nothing outside the root): move that folder under the "
+                    "root, or give it a cache root of its own")
+                continue
+            try:
+                report = prune_kind(kind, folder, max_size, max_age, dry_run, verify_all=verify_all)
             except OSError as exc:  # an unreadable folder: the other kinds are still pruned
                 result.problems.append(f"{kind}: cannot prune {exc.filename or ''}: "
                                        f"{exc.strerror or exc}")

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
-from gpu_cache.core import device, hook_records, kinds, software, verified
+from gpu_cache.core import device, hook_records, kinds, safe_io, software, verified
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.reports import Usage
@@ -36,8 +36,10 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     for kind in kinds.PRUNABLE:
         registered = kinds.KINDS[kind]
         folder = registered.folder(root)
-        # It verifies nothing: the record keeps what prune verified (complete=False).
-        record = verified.Record.load(folder, complete=False) if registered.verifies else None
+        # It verifies nothing: the record keeps what prune verified (complete=False). None
+        # where the folder links out of the root: stats writes nothing there (#21).
+        record = verified.Record.load(folder, complete=False) \
+            if registered.verifies and _within(folder, root) else None
         found = kinds.scan(kind, folder, record=record)
         if record is not None:
             record.save()
@@ -54,6 +56,14 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     out["outside_root"] = outside_root(root, found_records, stale=True)
     out["runs"] = hook_records.runs(found_records)[:TOP]
     return out
+
+
+def _within(folder: Path, root: Path) -> bool:
+    try:
+        safe_io.within(folder, root)
+    except safe_io.Outside:
+        return False
+    return True
 
 
 def device_seen(record: dict[str, Any]) -> str:

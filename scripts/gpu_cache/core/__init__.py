@@ -1,7 +1,8 @@
 """The job side: the code that runs inside job images and environments.
 
 The workload runner (``python -m gpu_cache.core.runner``), the cache kinds and their
-inventories, the safe-I/O layer and the report types. Jobs run it with whatever Python their
+inventories, the safe-I/O layer (``safe_io``: files and folders; ``safe_locks``: locks) and
+the report types. Jobs run it with whatever Python their
 image has, so it needs only the standard library, on Python 3.9 or later, and imports nothing
 of gpu_cache outside ``core`` (both enforced: ruff's per-file target version and
 tests/test_layers.py).

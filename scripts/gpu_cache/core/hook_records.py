@@ -22,14 +22,21 @@ MAX_RECORD_BYTES = 16 << 20
 _TEXT_FIELDS = ("host", "rule", "wildcards", "gpu_type", "run_id", "slurm_job_id")
 
 
-def records_dir(cache_root: Path) -> Path:
-    """Where the hook writes its records under a cache root."""
-    return kinds.KINDS["records"].folder(cache_root)
+def records_dir(cache_root: Path) -> Path | None:
+    """Where the hook writes its records under a cache root (links resolved); None when that
+    leads out of the root: the hook refuses such a folder, so what is there is not its records
+    (a link to a folder of the user's own files, #21)."""
+    try:
+        return safe_io.within(kinds.KINDS["records"].folder(cache_root), cache_root)
+    except safe_io.Outside:
+        return None
 
 
-def read(folder: Path, run_id: str | None = None) -> Iterator[dict[str, Any]]:
+def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
     """Each record in ``folder`` (optionally of one run), cleaned by :func:`clean`; files
-    that are not regular, too large or not JSON objects are skipped."""
+    that are not regular, too large or not JSON objects are skipped. No folder: none."""
+    if folder is None:
+        return
     try:
         listing = list(os.scandir(folder))
     except OSError:
@@ -170,6 +177,27 @@ def _is_kernel(item: Any) -> bool:
     return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
             and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
                     for p in item["constants"] + item["attrs"]))
+
+
+def autotuned(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The autotune choices the records keep (the hook's ``triton.autotuned``), each once, in
+    the order first recorded, at most :data:`MAX_KERNELS`; one of the wrong shape is passed over
+    (what its values mean is checked where the replay writes it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        items = (part(record, "triton") or {}).get("autotuned")
+        for item in items if isinstance(items, list) else ():
+            if _is_choice(item) and len(out) < MAX_KERNELS:
+                out.setdefault(json.dumps(item, sort_keys=True), item)
+    return list(out.values())
+
+
+def _is_choice(item: Any) -> bool:
+    shapes = {"module": str, "qualname": str, "triton": str, "cache_key": str, "target": dict,
+              "key_text": str, "configs_timings": list, "chosen": int}
+    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+            and "key" in item and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], dict)
+                                      for p in item["configs_timings"]))
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

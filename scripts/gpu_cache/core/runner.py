@@ -285,12 +285,14 @@ REPLAY_TIMEOUT_SECONDS = 3600.0
 
 
 def replay_command(environ: Mapping[str, str]) -> Command | None:
-    """The replay step of a warm pass, when the records describe Triton kernels: it compiles
-    them on all the job's cores at once (issue 26, docs/single-flight.md)."""
+    """The replay step of a warm pass, when the records describe Triton kernels or autotune
+    choices: it compiles them on all the job's cores at once and writes the choices (issue 26,
+    docs/single-flight.md)."""
     folder = environ.get("GPU_CACHE_RECORDS")
     if not folder or not os.path.isabs(folder):
         return None
-    if not hook_records.kernels(list(hook_records.read(Path(folder)))):
+    found = list(hook_records.read(Path(folder)))
+    if not (hook_records.kernels(found) or hook_records.autotuned(found)):
         return None
     return Command("triton-replay", "recorded", "{python} -m gpu_cache.workloads.triton_replay",
                    REPLAY_TIMEOUT_SECONDS, builtin=True, expects=("triton",))

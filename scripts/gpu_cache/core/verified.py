@@ -1,14 +1,26 @@
 """What a scan has already read or checked in a cache folder, recorded beside the entries.
 
-Verifying a JAX entry means decompressing it (about half a millisecond with zstd), checking a
-Triton group means reading its manifest, and a capped JAX entry's last use is in its ``-atime``
-file: a scan of a million files cannot afford to redo that each time. Each kind's folder may
-hold a record, ``.gpu-cache-verified``: 64-bit digests of what identifies a file's state (its
-name, inode and size, and the times where they matter), each with a value (1 for "verified",
-the ``-atime`` time in nanoseconds). A scan looks a file's digest up and reads or checks the
-file only when it is missing; any change to the file (another inode, size or time) gives
-another digest, so it is read again. Only verdicts that an entry is whole are recorded: a
-broken one is checked again by every scan until prune removes it.
+Verifying a JAX entry means decompressing it (about a tenth of a millisecond with zstd),
+checking a Triton group means reading its manifest, and a capped JAX entry's last use is in its
+``-atime`` file: a scan of a million files cannot afford to redo that each time. Each kind's
+folder may hold a record, ``.gpu-cache-verified``: 64-bit digests of what identifies a file's
+state, each with a value. A scan looks a file's digest up and reads or checks the file only
+when it is missing, so a digest must change whenever the verdict could:
+
+* a JAX ``-cache`` file: its key, inode and size (JAX writes an entry once and never rewrites
+  it; the startup hook moves its mtime on every hit, so times would re-verify every used
+  entry). The value is the CRC-32 of its bytes when it was verified. Damage that keeps the
+  size (bit rot, a storage fault, a write in place with the old mtime put back) leaves the
+  digest as it was, so each verifying scan also reads some of these entries again and
+  compares the CRC (:meth:`Record.rechecks`: in digest order from where the last scan
+  stopped, for a tenth of the scan's own time, so every entry in turn while prune stays
+  within its bound); ``doctor --fix`` (``recheck_all``) verifies every entry again. An entry
+  whose bytes changed is recorded as :data:`DAMAGED` until prune removes it.
+* a JAX ``-atime`` file (inode, size, mtime, ctime: JAX rewrites it on each use): its time;
+* a Triton group manifest, an Inductor kernel library: name, inode, size and mtime; 1.
+
+Only verdicts that an entry is whole, or that a whole one changed, are recorded: a broken one
+is checked again by every scan until prune removes it.
 
 Writing the record is not a change to the cache (JAX, Triton and Inductor never look at it),
 so dry runs and ``stats`` keep it up to date too. It is an optimisation only: a record that is
@@ -21,17 +33,26 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import zlib
 from array import array
+from collections.abc import Iterator
 from itertools import chain
+from typing import Any
 
 from gpu_cache.core import safe_io
 
 NAME = ".gpu-cache-verified"
 #: The record's first bytes; a record without them (an older gpu-cache's empty stamp) is empty.
-MAGIC = b"gpu-cache verified v2\n"
+MAGIC = b"gpu-cache verified v3\n"
 #: A record larger than this is not read (a million entries take 16 MB).
 MAX_BYTES = 1 << 30
+#: A verifying scan spends at most this share of its own time reading entries recorded whole
+#: again (JAX: one read each), and reads at least RECHECK_AT_LEAST of them whatever it takes.
+RECHECK_SHARE = 0.1
+RECHECK_AT_LEAST = 64
+#: The value of an entry whose bytes changed after it was verified (above any CRC-32).
+DAMAGED = 1 << 32
 
 
 _MASK = (1 << 64) - 1
@@ -54,42 +75,79 @@ class Record:
     """The record of one folder: look digests up with :meth:`get`, add with :meth:`put`,
     and :meth:`save` what this scan used or learned. A scan that verifies (prune, dry runs
     included) meets every digest still current, so the others are dropped; ``stats`` does not
-    verify, so it keeps them (``complete=False``, which also spares it the bookkeeping)."""
+    verify, so it keeps them (``complete=False``, which also spares it the bookkeeping).
+    ``recheck_all``: :meth:`get` knows nothing, so that everything is verified again
+    (:meth:`previous` still tells what was recorded)."""
 
     def __init__(self, folder: str | os.PathLike[str], known: dict[int, int] | None = None,
-                 complete: bool = True) -> None:
+                 complete: bool = True, recheck_all: bool = False) -> None:
         self.path = os.path.join(os.fspath(folder), NAME)
         self.known: dict[int, int] = known or {}
         self.kept: dict[int, int] = {}
         self.learned = 0
         #: The scan looks up every current digest (it verifies): :meth:`save` drops the rest.
         self.complete = complete
+        self.recheck_all = recheck_all
+        #: The digest where :meth:`rechecks` starts: the one after the last read again.
+        self.cursor = 0
+        self._moved = False
+        self._candidates: dict[int, Any] = {}  # by distance from the cursor: sorts fast
 
     @classmethod
-    def load(cls, folder: str | os.PathLike[str], complete: bool = True) -> Record:
+    def load(cls, folder: str | os.PathLike[str], complete: bool = True,
+             recheck_all: bool = False) -> Record:
         """The record in ``folder``; an empty one when there is none (or none usable).
-        ``complete``: see :meth:`save`."""
-        record = cls(folder, complete=complete)
+        ``complete``, ``recheck_all``: see the class."""
+        record = cls(folder, complete=complete, recheck_all=recheck_all)
         try:
             data = safe_io.read_bounded(record.path, MAX_BYTES)
         except OSError:
             return record
         body = memoryview(data)[len(MAGIC):]
-        if not data.startswith(MAGIC) or len(body) % 16:
+        if not data.startswith(MAGIC) or len(body) % 16 != 8:
             return record
         numbers = array("Q")
         numbers.frombytes(body)
         if sys.byteorder != "little":
             numbers.byteswap()
-        record.known = dict(zip(numbers[0::2], numbers[1::2]))
+        record.cursor = numbers[0]
+        record.known = dict(zip(numbers[1::2], numbers[2::2]))
         return record
 
     def get(self, key: int) -> int | None:
         """The value recorded for ``key`` (kept for the next :meth:`save`), or None."""
+        if self.recheck_all:
+            return None
         value = self.known.get(key)
         if value is not None and self.complete:
             self.kept[key] = value
         return value
+
+    def previous(self, key: int) -> int | None:
+        """The value recorded for ``key`` before this scan, even with ``recheck_all``."""
+        return self.known.get(key)
+
+    def candidate(self, key: int, item: Any) -> None:
+        """Offer the entry of ``key``, recorded whole, to :meth:`rechecks` (``item``: what
+        the scan needs to read it again)."""
+        self._candidates[(key - self.cursor) & _MASK] = item
+
+    def rechecks(self, spent: float) -> Iterator[Any]:
+        """The items of the :meth:`candidate` entries that this scan reads again, while the
+        caller reads each: in digest order from :attr:`cursor` on, for
+        :data:`RECHECK_SHARE` of ``spent`` (the scan's own seconds so far) and at least
+        :data:`RECHECK_AT_LEAST` of them. The next :meth:`save` keeps where they stopped, so
+        every entry is read again in turn (a scan that does not verify reads none)."""
+        deadline = time.monotonic() + RECHECK_SHARE * spent
+        candidates, self._candidates = self._candidates, {}
+        if not self.complete:
+            return
+        cursor = self.cursor
+        for count, distance in enumerate(sorted(candidates)):
+            if count >= RECHECK_AT_LEAST and time.monotonic() >= deadline:
+                return
+            self.cursor, self._moved = (cursor + distance + 1) & _MASK, True
+            yield candidates[distance]
 
     def put(self, key: int, value: int) -> None:
         """Record ``value`` (0 to 2**64 - 1) for ``key``."""
@@ -99,7 +157,8 @@ class Record:
 
     def changed(self) -> bool:
         """Whether :meth:`save` would write anything."""
-        return self.learned > 0 or (self.complete and len(self.kept) != len(self.known))
+        return self.learned > 0 or self._moved \
+            or (self.complete and len(self.kept) != len(self.known))
 
     def save(self) -> bool:
         """Write the record when it changed, atomically (a name planted there is replaced,
@@ -112,12 +171,12 @@ class Record:
             return False
         if not self.complete:
             self.kept = self.known | self.kept
-        numbers = array("Q", chain.from_iterable(self.kept.items()))
+        numbers = array("Q", chain((self.cursor,), chain.from_iterable(self.kept.items())))
         if sys.byteorder != "little":
             numbers.byteswap()
         try:
             safe_io.replace_file(self.path, MAGIC + numbers.tobytes())
         except OSError:
             return False
-        self.known, self.kept, self.learned = self.kept, dict(self.kept), 0
+        self.known, self.kept, self.learned, self._moved = self.kept, dict(self.kept), 0, False
         return True

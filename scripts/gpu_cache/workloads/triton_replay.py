@@ -23,8 +23,14 @@ upgrade. A kernel whose module is gone, whose function is not found or whose sig
 longer binds is skipped with one line on stderr, never a failure. Standard library and triton
 only, Python 3.9+; without triton, or without described kernels, it does nothing.
 
+Then it writes Triton's autotune result file for each autotune choice the records keep (the
+hook's ``triton.autotuned``), so that a later process with ``TRITON_CACHE_AUTOTUNING=1`` or
+``autotune(cache_results=True)`` takes the recorded config instead of benchmarking them all
+(:func:`write_choices`).
+
 Prints one JSON line: kernels described, compiled, already in the cache, skipped, failed, the
-keys that agree with the recorded ones (same Triton), seconds and processes. Exit codes: 0
+keys that agree with the recorded ones (same Triton), seconds and processes; autotune choices
+recorded, written, already present and skipped. Exit codes: 0
 (whatever happened to single kernels), 2 bad arguments or environment.
 """
 
@@ -40,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpu_cache.core import hook_records
+from gpu_cache.core import hook_records, safe_io
 from gpu_cache.core.errors import UsageError
 
 PROG = "triton-replay"
@@ -272,6 +278,64 @@ def replay(kernels: Sequence[dict[str, Any]], jobs: int, targets: Sequence[int] 
             "compile_seconds": round(sum(r["seconds"] for r in results), 3)}
 
 
+def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | None = None,
+                  warn: Any = None) -> dict[str, int]:
+    """Write Triton's autotune result file (``<fn>.autotune.json`` in a key folder of
+    ``TRITON_CACHE_DIR``) for each recorded choice, as ``Autotuner.check_disk_cache`` of this
+    Triton would after benchmarking (same key, same JSON), so that a process with
+    ``TRITON_CACHE_AUTOTUNING=1`` or ``cache_results=True`` takes the choice instead of
+    benchmarking every config again on the GPU. Only choices recorded under this very Triton
+    (another one keys and prints configs otherwise) and this very kernel source (the function's
+    ``cache_key``); never over an existing file. Returns the counts."""
+    import base64
+    import hashlib
+
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.autotuner import Config
+    from triton.runtime.cache import triton_key
+
+    warn = warn or (lambda line: print(f"{PROG}: {line}", file=sys.stderr, flush=True))
+    counts = {"autotune_written": 0, "autotune_present": 0, "autotune_skipped": 0}
+    mine = [c for c in choices if targets is None or c["target"].get("arch") in targets]
+    others = sorted({c["triton"] for c in mine if c["triton"] != triton.__version__})
+    if others:
+        counts["autotune_skipped"] += sum(1 for c in mine if c["triton"] != triton.__version__)
+        warn(f"{counts['autotune_skipped']} autotune choices recorded under triton {', '.join(others)} not "
+             f"written: this is triton {triton.__version__}, whose result files are keyed otherwise")
+    modules: dict[str, Any] = {}
+    env = str(sorted(get_cache_invalidating_env_vars().items()))
+    for choice in (c for c in mine if c["triton"] == triton.__version__):
+        name = f"{choice['module']}:{choice['qualname']}"
+        try:
+            fn = _resolve_function(name, modules)
+            if fn.cache_key != choice["cache_key"]:
+                raise Skip("its source changed since it was tuned")
+            target = choice["target"]
+            backend = make_backend(GPUTarget(str(target["backend"]), decode(target["arch"], modules),
+                                             int(target["warp_size"])))
+            configs = [str(Config(**config)) for config, _timings in choice["configs_timings"]]
+            # Autotuner.check_disk_cache's key and file, as this Triton computes and writes them
+            parts = [triton_key(), backend.hash(), fn.cache_key, env, choice["key_text"], *configs]
+            key = hashlib.sha256("-".join(parts).encode("utf-8")).hexdigest()
+            timings = [[config, decode(times, modules)] for config, times in choice["configs_timings"]]
+            data = json.dumps({"key": choice["key"], "configs_timings": timings})
+            # the folder get_cache_manager(key) names: the digest in base32, unpadded
+            folder = Path(triton.knobs.cache.dir, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
+            folder.mkdir(parents=True, exist_ok=True)
+            added = safe_io.add_file(folder / f"{fn.__name__[:150]}.autotune.json", data.encode())
+            counts["autotune_written" if added else "autotune_present"] += 1
+        except Skip as exc:
+            counts["autotune_skipped"] += 1
+            warn(f"autotune choice of {name} not written: {exc}")
+        except (OSError, TypeError, ValueError, KeyError, RuntimeError) as exc:
+            counts["autotune_skipped"] += 1
+            warn(f"autotune choice of {name} not written: {type(exc).__name__}: {_last_line(exc)}")
+    return counts
+
+
 def parse_targets(text: str) -> list[int]:
     """``sm_80,sm_90`` as compute capabilities.
 
@@ -336,8 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    kernels = hook_records.kernels(list(hook_records.read(Path(args.records))))
-    if not kernels:
+    found = list(hook_records.read(Path(args.records)))
+    kernels, choices = hook_records.kernels(found), hook_records.autotuned(found)
+    if not (kernels or choices):
         print(json.dumps({"workload": PROG, "described": 0}), flush=True)
         return 0
     try:
@@ -347,7 +412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         print(json.dumps({"workload": PROG, "described": len(kernels), "replayed": 0}), flush=True)
         return 0
-    print(json.dumps(replay(kernels, args.jobs, targets)), flush=True)
+    summary = replay(kernels, args.jobs, targets)
+    # after compiling: a choice only helps a process that finds the kernels compiled, too
+    summary.update(write_choices(choices, targets), autotune_recorded=len(choices))
+    print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -50,7 +50,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from gpu_cache.core import safe_io, verified
+from gpu_cache.core import safe_io, safe_locks, verified
 from gpu_cache.core.caches import triton as triton_cache
 
 #: A code shard folder: two characters of a base32 key.
@@ -400,7 +400,7 @@ def remove(folder: str | os.PathLike[str], entry: InductorEntry) -> None:
         else:
             triton_cache.empty_trash(entry.paths[0])
     elif entry.what == "code" or entry.what == "lock":
-        held = safe_io.hold_if_free(entry.lock) if entry.lock else None
+        held = safe_locks.hold_if_free(entry.lock) if entry.lock else None
         try:
             for path in entry.paths:
                 _unlink(path)  # the lock last: a waiting writer then finds it gone and retries

@@ -14,12 +14,12 @@ import shutil
 import stat
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import safe_io, verified
+from gpu_cache.core import safe_io, safe_locks, verified
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
@@ -133,84 +133,202 @@ def _zstd_decompressor() -> Any:
     return zstandard.ZstdDecompressor().decompressobj()
 
 
-def _inflate(chunks: Iterator[bytes], decompressor: Any, limit: int) -> int:
-    """Feed ``chunks`` through ``decompressor`` and count the output, holding at most one
-    bounded piece of it at a time; stop at the end of the stream or past ``limit`` bytes."""
-    total = 0
-    takes_max_length = isinstance(decompressor, _ZLIB_TYPE) or hasattr(decompressor, "needs_input")
-    for chunk in chunks:
-        if takes_max_length:  # zlib, compression.zstd
+class _Inflate:
+    """Feeds a stream's chunks through ``decompressor`` and counts the output, holding at most
+    one bounded piece of it at a time; ``done`` at the end of the stream or past ``limit``."""
+
+    def __init__(self, decompressor: Any, limit: int) -> None:
+        self.decompressor = decompressor
+        self.limit = limit
+        self.total = 0
+        self.done = False
+        self.takes_max_length = isinstance(decompressor, _ZLIB_TYPE) or hasattr(decompressor, "needs_input")
+
+    def feed(self, chunk: bytes) -> None:
+        decompressor = self.decompressor
+        if self.takes_max_length:  # zlib, compression.zstd
             data = chunk
             while True:
                 out = decompressor.decompress(data, _PLAIN_STEP)
-                total += len(out)
-                if decompressor.eof or total > limit:
-                    return total
+                self.total += len(out)
+                if decompressor.eof or self.total > self.limit:
+                    self.done = True
+                    return
                 data = getattr(decompressor, "unconsumed_tail", b"")
                 if not data and not out:
-                    break  # this chunk is used up and nothing is pending
+                    return  # this chunk is used up and nothing is pending
         else:  # zstandard's decompressobj has no max_length: feed it small pieces instead
             for start in range(0, len(chunk), _ZSTD_INPUT_STEP):
-                total += len(decompressor.decompress(chunk[start:start + _ZSTD_INPUT_STEP]))
-                if decompressor.eof or total > limit:
-                    return total
-    return total
+                self.total += len(decompressor.decompress(chunk[start:start + _ZSTD_INPUT_STEP]))
+                if decompressor.eof or self.total > self.limit:
+                    self.done = True
+                    return
 
 
-def undecompressable(path: Path) -> str | None:
-    """Why the ``-cache`` file at ``path`` cannot be what JAX wrote, or None.
+#: The largest block a zstd frame may hold, compressed or not (RFC 8878, Block_Maximum_Size).
+ZSTD_BLOCK_MAX = 128 << 10
+_TRUNCATED = "truncated -cache file (the writer ran out of space or was killed)"
+
+
+class ZstdFrame:
+    """Whether a zstd frame is whole, from its headers alone (RFC 8878), fed as its bytes
+    arrive: the frame header (its content size, whether a checksum follows), then each
+    block's 3-byte header (last-block bit, type, size), skipping the block bodies, then the
+    checksum. No decoder is needed: gpu-cache's own Python may lack ``zstandard`` while the
+    jobs that wrote the entries have it. Only the first bytes of a header are ever held."""
+
+    def __init__(self) -> None:
+        self.content_size: int | None = None  # announced by the frame header
+        self.plain = 0  # bytes the raw and RLE blocks give: the output is at least this
+        self.compressed = 0  # compressed blocks (each gives at most ZSTD_BLOCK_MAX bytes)
+        self.problem: str | None = None
+        self._header = bytearray()
+        self._need = 5  # the magic number and the frame header descriptor
+        self._state = "start"
+        self._skip = 0
+        self._checksum = False
+        self._content_bytes = 0
+        self._trailing = 0
+
+    def feed(self, data: bytes) -> None:
+        position, end = 0, len(data)
+        while position < end and self.problem is None:
+            if self._skip:
+                step = min(self._skip, end - position)
+                self._skip -= step
+                position += step
+            elif self._state == "end":
+                self._trailing += end - position
+                return
+            else:
+                take = min(self._need - len(self._header), end - position)
+                self._header += data[position:position + take]
+                position += take
+                if len(self._header) == self._need:
+                    header = bytes(self._header)
+                    self._header.clear()
+                    self._read(header)
+
+    def _read(self, header: bytes) -> None:
+        if self._state == "start":
+            if header[:4] != _ZSTD_MAGIC:
+                self.problem = "-cache file is not a zstd frame"
+                return
+            descriptor = header[4]
+            if descriptor & 0x08:
+                self.problem = "-cache file's zstd frame header has its reserved bit set (corrupt)"
+                return
+            single_segment = bool(descriptor & 0x20)
+            self._checksum = bool(descriptor & 0x04)
+            self._content_bytes = (int(single_segment), 2, 4, 8)[descriptor >> 6]
+            rest = (not single_segment) + (0, 1, 2, 4)[descriptor & 0x03] + self._content_bytes
+            self._state, self._need = ("header", rest) if rest else ("block", 3)
+        elif self._state == "header":
+            if self._content_bytes:
+                size = int.from_bytes(header[-self._content_bytes:], "little")
+                self.content_size = size + 256 if self._content_bytes == 2 else size
+            self._state, self._need = "block", 3
+        else:
+            value = int.from_bytes(header, "little")
+            kind, size = (value >> 1) & 0x03, value >> 3
+            if kind == 3 or size > ZSTD_BLOCK_MAX:
+                self.problem = "-cache file holds a zstd block that cannot be (corrupt)"
+                return
+            if kind == 2:
+                self.compressed += 1
+            else:
+                self.plain += size
+            self._skip = 1 if kind == 1 else size  # an RLE block repeats its one byte
+            if value & 1:  # the last block
+                self._skip += 4 if self._checksum else 0
+                self._state = "end"
+
+    def finish(self) -> str | None:
+        """Why the bytes fed are not one whole zstd frame, or None."""
+        if self.problem is not None:
+            return self.problem
+        if self._state != "end" or self._skip or self._header:
+            return _TRUNCATED
+        if self._trailing:
+            return f"-cache file holds {self._trailing} bytes after the end of its zstd frame"
+        size = self.content_size
+        if size is not None and not self.plain <= size <= self.plain + self.compressed * ZSTD_BLOCK_MAX:
+            return f"-cache file's zstd header announces {size} bytes, which its blocks cannot hold (corrupt)"
+        return None
+
+
+def zstd_problem(chunks: Iterable[bytes]) -> str | None:
+    """Why the bytes in ``chunks`` are not one whole zstd frame (:class:`ZstdFrame`), or None."""
+    frame = ZstdFrame()
+    for chunk in chunks:
+        frame.feed(chunk)
+    return frame.finish()
+
+
+def _examine(path: str | os.PathLike[str]) -> tuple[str | None, int | None]:
+    """Why the ``-cache`` file at ``path`` cannot be what JAX wrote (None: it can), and the
+    CRC-32 of its bytes (None unless it can).
 
     JAX compresses with zstd when ``zstandard`` (or Python 3.14's ``compression.zstd``) is
     importable, else with zlib, and puts a 4-byte compile time before the executable. A zstd
-    entry is only checked where a zstd library is installed (elsewhere JAX would never look it
-    up: the compression is part of the key). The file is streamed: never more than a chunk of
-    it or of its output is held, and the output is bounded (:data:`VERIFY_MAX_PLAIN`). A stream
-    that ends before its end marker (zlib) or its frame's last block (zstd) is truncated; so is
-    a zstd frame that gives fewer bytes than its header announces.
+    frame is walked block by block (:class:`ZstdFrame`: a frame that ends before its last
+    block is truncated) and, where a zstd library is installed, also decompressed; it must
+    then give the bytes its header announces. A zlib stream must reach its end marker. The
+    file is streamed: never more than a chunk of it or of its output is held, and the output
+    is bounded (:data:`VERIFY_MAX_PLAIN`).
     """
     try:
         size = os.lstat(path).st_size
         chunks = safe_io.iter_chunks(path)
         first = next(chunks, b"")
     except safe_io.NotRegularFile as exc:
-        return f"-cache is {exc.what}, not a regular file"
+        return f"-cache is {exc.what}, not a regular file", None
     except OSError:
-        return None  # gone or unreadable: not this check's business
+        return None, None  # gone or unreadable: not this check's business
+    crc = zlib.crc32(first)
     limit = max(VERIFY_MAX_PLAIN, VERIFY_MAX_RATIO * size)
-    expected: int | None = None
-    if first.startswith(_ZSTD_MAGIC):
-        decompressor = _zstd_decompressor()
-        if decompressor is None:
-            return None
-        try:
-            import zstandard  # type: ignore[import-not-found]
-
-            announced = zstandard.get_frame_parameters(first[:18]).content_size
-            expected = announced if 0 <= announced < 1 << 62 else None
-        except Exception:  # noqa: BLE001 - no zstandard, or a header it cannot parse
-            expected = None
-    else:
-        decompressor = zlib.decompressobj()
+    frame = ZstdFrame() if first.startswith(_ZSTD_MAGIC) else None
+    decompressor = _zstd_decompressor() if frame else zlib.decompressobj()
+    inflate = None if decompressor is None else _Inflate(decompressor, limit)
     try:
-        total = _inflate(_prepend(first, chunks), decompressor, limit)
+        chunk: bytes | None = first
+        while chunk is not None:
+            if frame is not None:
+                frame.feed(chunk)
+            if inflate is not None and not inflate.done:
+                inflate.feed(chunk)
+                if inflate.total > limit:
+                    break
+            chunk = next(chunks, None)
+            if chunk is not None:
+                crc = zlib.crc32(chunk, crc)
+    except OSError:
+        return None, None  # unreadable midway: not this check's business
     except Exception as exc:  # noqa: BLE001 - zlib.error, zstandard.ZstdError: both mean corrupt
-        return f"-cache file does not decompress ({type(exc).__name__}: {exc})"
+        return f"-cache file does not decompress ({type(exc).__name__}: {exc})", None
     finally:
         chunks.close()
-    if total > limit:
+    plain = inflate.total if inflate is not None else None
+    if (plain if plain is not None else frame.plain if frame is not None else 0) > limit:
         return (f"-cache file decompresses to more than {limit} bytes from {size} "
-                "(a decompression bomb?)")
-    if not getattr(decompressor, "eof", True) or (expected is not None and total != expected):
-        return "truncated -cache file (the writer ran out of space or was killed)"
-    if total <= 4:
-        return "-cache file holds no executable"
-    return None
+                "(a decompression bomb?)"), None
+    if frame is not None:
+        problem = frame.finish()
+        if problem is not None:
+            return problem, None
+        if plain is None:
+            plain = frame.content_size
+    if inflate is not None and (not inflate.decompressor.eof or (
+            frame is not None and frame.content_size is not None and plain != frame.content_size)):
+        return _TRUNCATED, None
+    if plain is not None and plain <= 4:
+        return "-cache file holds no executable", None
+    return None, crc
 
 
-def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
-    if first:
-        yield first
-    yield from rest
+def undecompressable(path: str | os.PathLike[str]) -> str | None:
+    """Why the ``-cache`` file at ``path`` cannot be what JAX wrote, or None (:func:`_examine`)."""
+    return _examine(path)[0]
 
 
 #: An ``-atime`` file whose mtime is further than this from the time it holds was copied or
@@ -230,8 +348,9 @@ def scan(folder: Path | str, verify_after: float | None = None,
 
     ``record`` (:class:`gpu_cache.core.verified.Record` of this folder): what earlier scans read or
     verified; an entry verified whole before (same name, inode and size: JAX never rewrites
-    an entry) is not decompressed again, and an ``-atime`` file read before (same inode, size,
-    mtime and ctime) is not read again. What this scan learns is added to it.
+    an entry) is not decompressed again, only read again now and then for its CRC (damage
+    that keeps the size: :func:`_verify`), and an ``-atime`` file read before (same inode,
+    size, mtime and ctime) is not read again. What this scan learns is added to it.
 
     Last use: where JAX keeps an ``-atime`` record (a size cap), the time it holds. When the
     ``-atime`` file's own mtime agrees with it, the files' times are trusted too (the newest
@@ -248,6 +367,7 @@ def scan(folder: Path | str, verify_after: float | None = None,
     plain: dict[str, tuple[str, os.stat_result]] = {}  # jax 0.4.30's <key> without a suffix
     temps: list[JaxEntry] = []
     now = time.time()
+    started = time.monotonic()
     match = _FILE_RE.match
     tail = _HASH_TAIL.fullmatch
     try:
@@ -345,6 +465,8 @@ def scan(folder: Path | str, verify_after: float | None = None,
         if not tail(key, len(key) - 65):
             continue
         entries.append(_pair(key, None, atime, verify_after, young, record, capped))
+    if record is not None:
+        _recheck(entries, record, time.monotonic() - started)
     return entries + temps
 
 
@@ -386,18 +508,63 @@ def _pair(key: str, cache: tuple[str, os.stat_result] | None, atime: tuple[str, 
                     source)
 
 
+#: Why a JAX entry whose bytes changed after it was verified is broken.
+CHANGED = ("-cache file's bytes changed after it was verified whole (damaged in place, its size "
+           "kept: JAX never rewrites an entry)")
+
+
+def _crc(path: str, info: os.stat_result) -> int | None:
+    """The CRC-32 of the bytes of the ``-cache`` file ``info`` (its ``lstat``) describes; None
+    when it is gone, unreadable or no longer that file. (One read for most entries: re-reading
+    them must stay cheap beside a scan.)"""
+    try:
+        if info.st_size <= safe_io.CHUNK:
+            return zlib.crc32(safe_io.read_known(path, safe_io.CHUNK, info))
+        crc = 0
+        for chunk in safe_io.iter_chunks(path):
+            crc = zlib.crc32(chunk, crc)
+        return crc
+    except OSError:
+        return None
+
+
 def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
-    """:func:`undecompressable`, skipped for an entry that ``record`` says was verified whole
-    (same name, inode and size); a whole one is recorded."""
+    """:func:`undecompressable`, remembered in ``record``: an entry verified whole before
+    (same name, inode and size) is not decompressed again, only offered to be read again
+    (:func:`_recheck`); with ``recheck_all`` every entry is verified again, and the CRC-32 of
+    its bytes must still be the one recorded."""
     if record is None:
         return undecompressable(path)
     digest = verified.digest(1, int(key[-16:], 16), info.st_ino, info.st_size)  # key: <name>-<hex>
-    if record.get(digest) is not None:
+    known = record.get(digest)
+    if known is not None:
+        if known == verified.DAMAGED:
+            return CHANGED
+        record.candidate(digest, (digest, known, path, info, key))
         return None
-    problem = undecompressable(path)
-    if problem is None:
-        record.put(digest, 1)
+    problem, crc = _examine(path)
+    if problem is None and crc is not None:
+        before = record.previous(digest)  # (recheck_all: what get did not tell)
+        if before is not None and before != crc:
+            record.put(digest, verified.DAMAGED)
+            return CHANGED
+        record.put(digest, crc)
     return problem
+
+
+def _recheck(entries: list[JaxEntry], record: verified.Record, spent: float) -> None:
+    """Read again the entries verified before that ``record`` picks (:meth:`~gpu_cache.core.
+    verified.Record.rechecks`, within a share of ``spent``, the scan's own seconds): one whose
+    bytes no longer have the CRC-32 they had when verified is broken, and recorded so."""
+    changed = set()
+    for digest, known, path, info, key in record.rechecks(spent):
+        crc = _crc(path, info)
+        if crc is not None and crc != known:
+            record.put(digest, verified.DAMAGED)
+            changed.add(key)
+    for entry in entries if changed else ():
+        if entry.key in changed:
+            entry.problem, entry.needs_atime = CHANGED, False
 
 
 def write_atime(folder: Path, entry: JaxEntry) -> None:
@@ -456,7 +623,7 @@ def remove(folder: Path, entry: JaxEntry) -> None:
     Raises:
         OSError: a file could not be removed (other than already being gone).
     """
-    with safe_io.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
+    with safe_locks.exclusive_lock(folder / LOCK_NAME, timeout=30, create=False):
         for path in (entry.cache_file, entry.atime_file):
             if path is not None:
                 _unlink(path)
