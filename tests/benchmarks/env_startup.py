@@ -22,29 +22,17 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timing import run  # tests/benchmarks/timing.py
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config" / "config.yaml"
-
-
-def run(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system) of one process; raises if it fails."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:5])} failed: {done.stderr[-800:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def cases(scripts: Path, bare: Path, root: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -88,7 +76,7 @@ def main() -> int:
             run(command, env)  # warm the page cache once
         for _ in range(args.repeats):
             for name, (command, env) in table.items():
-                samples[name].append(run(command, env))
+                samples[name].append(run(command, env)[:2])
     medians = {name: {"wall_ms": round(1000 * statistics.median(w for w, _c in runs), 1),
                       "cpu_ms": round(1000 * statistics.median(c for _w, c in runs), 1)}
                for name, runs in samples.items()}

@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from timing import run  # tests/benchmarks/timing.py
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
@@ -240,19 +241,6 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         _write(os.path.join(folder, device.replace(" ", "_") + ".json"), json.dumps(result).encode(), used())
         files += 1
     return {"files": files + 2, "folders": dirs + len(folders)}
-
-
-def run(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Wall and CPU seconds (user + system) of one process, and its stdout; raises if it fails."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:6])} failed: {done.stderr[-800:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, done.stdout
 
 
 def cli(*args: str) -> list[str]:
