@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FILLER, clean_environ, jax_job_env, run_cli
+from helpers import FILLER, HOOK, clean_environ, jax_job_env, run_cli
 from test_single_flight import (
     DRIVER,
     compiles_per_key,
@@ -383,3 +383,43 @@ def test_prune_and_unpack_never_wait_on_a_lock_another_user_holds(base):
     again = Holder(base, [prune_lock, jax_lock])
     again.stop()
     assert again.held == 0
+
+
+def test_the_hook_judges_lock_files_as_gpu_cache_does(tmp_path):
+    """The hook's copy of the lock-file rule (it may not import gpu_cache) agrees with
+    core.safe_locks on real files: modes, another user's file, a link, a FIFO."""
+    import importlib
+
+    sys.path.insert(0, str(HOOK))
+    try:
+        hook = importlib.import_module("gpu_cache_lock_files")
+    finally:
+        sys.path.remove(str(HOOK))
+    from gpu_cache.core import safe_locks
+
+    cases = []
+    for mode in (0o600, 0o640, 0o644, 0o660, 0o666, 0o604):
+        path = tmp_path / f"mode-{mode:o}.lock"
+        path.write_bytes(b"")
+        path.chmod(mode)
+        cases.append(path)
+    theirs = tmp_path / "theirs.lock"
+    theirs.write_bytes(b"")
+    theirs.chmod(0o600)
+    os.chown(theirs, 65534, 65534)
+    link = tmp_path / "link.lock"
+    link.symlink_to(cases[0])
+    fifo = tmp_path / "fifo.lock"
+    os.mkfifo(fifo)
+    cases += [theirs, link, fifo]
+    gid = os.getegid()
+    for group_bits in (0, 0o060):
+        for path in cases:
+            info = os.lstat(path)
+            core = safe_locks.lock_file_problem(info, group_bits, gid)
+            mirrored = hook.private(info, (str(tmp_path), group_bits, gid))
+            assert (core is None) == (mirrored is None), (path.name, group_bits, core, mirrored)
+    # and the rule is not empty: 0600 of ours passes, 0644 and another user's file do not
+    assert hook.private(os.lstat(cases[0]), (str(tmp_path), 0, gid)) is None
+    assert hook.private(os.lstat(cases[2]), (str(tmp_path), 0, gid)) is not None
+    assert hook.private(os.lstat(theirs), (str(tmp_path), 0, gid)) is not None
