@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_cache.commands.prune import prune
 from gpu_cache.config import settings
+from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, verified
 from gpu_cache.core.caches import jax as jax_cache
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli
@@ -105,15 +107,27 @@ def corrupt_in_place(path: Path) -> None:
     assert path.stat().st_ino == info.st_ino
 
 
-@pytest.mark.slow
-def test_a_later_dry_run_decompresses_nothing_it_verified(jax_root):
+def dry_run_here(root: Path) -> dict:
+    """A dry run of the JAX kind in this process (so a test can set the recheck budget)."""
+    report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=1e9,
+                   dry_run=True, only=("jax",))
+    return report.kinds["jax"].as_dict()
+
+
+def test_a_later_dry_run_decompresses_nothing_it_verified_beyond_its_rechecks(jax_root, monkeypatch):
+    """With no recheck budget (a cache far larger than RECHECK_AT_LEAST, seen from one entry),
+    an entry verified before is not read again: damage in place that keeps inode, size and mtime
+    goes unseen by that run (the rotating rechecks find it: test_prune.py). A copy is another
+    file and is read; a broken entry is never recorded as whole."""
+    monkeypatch.setattr(verified, "RECHECK_SHARE", 0.0)
+    monkeypatch.setattr(verified, "RECHECK_AT_LEAST", 0)
     folder = jax_root / "jax"
-    assert broken_keys(dry_run(jax_root)) == set()
+    assert broken_keys(dry_run_here(jax_root)) == set()
     record = verified.Record.load(folder)
     assert len(record.known) == 5, "the dry run recorded the five entries it verified"
     victim = folder / f"jit_f0-{HASHES[0]}-cache"
     corrupt_in_place(victim)
-    assert broken_keys(dry_run(jax_root)) == set(), "the verified entry was not read again"
+    assert broken_keys(dry_run_here(jax_root)) == set(), "the verified entry was not read again"
     # stats verifies nothing, and keeps what the dry runs verified
     assert run_cli("stats", "--cache-root", str(jax_root)).returncode == 0
     assert len(verified.Record.load(folder).known) == 5
@@ -121,9 +135,9 @@ def test_a_later_dry_run_decompresses_nothing_it_verified(jax_root):
     shutil.copyfile(victim, folder / "copy")
     os.replace(folder / "copy", victim)
     age(victim)
-    assert broken_keys(dry_run(jax_root)) == {victim.name[:-len("-cache")]}
+    assert broken_keys(dry_run_here(jax_root)) == {victim.name[:-len("-cache")]}
     # A broken entry is never recorded as verified: the next dry run still finds it.
-    assert broken_keys(dry_run(jax_root)) == {victim.name[:-len("-cache")]}
+    assert broken_keys(dry_run_here(jax_root)) == {victim.name[:-len("-cache")]}
     report = run_cli("prune", "--json", "--kind", "jax", "--cache-root", str(jax_root))
     assert json.loads(report.stdout)["jax"]["entries_removed"] == 1 and not victim.exists()
 

@@ -151,8 +151,9 @@ def program_pid(pid: int, own_pids: bool) -> int:
 
 @pytest.mark.parametrize("own_pids", [True, False], ids=["another-pid-namespace", "one-pid-namespace"])
 def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_nodes, two_nodes, own_pids):
-    """A's job takes the key's lease and compiles (seconds: a chain of 240; one of 60 took 1.7 s and
-    was over before the kill); B's job, on the other node, waits on that lease (B holds its node's
+    """A's job takes the key's lease and compiles (a chain of 600: 12 s here; one of 240 was over
+    before the kill on a faster machine), and is stopped again just before the kill, so the kill
+    lands mid-compile whatever the machine's speed; B's job, on the other node, waits on that lease (B holds its node's
     lock); SLURM kills A's job. Where A's program runs in a PID namespace of its own, B cannot tell
     that it died (as on another machine): it passes the lease over once A's beat has not changed
     for ``LEASE_STALE`` seconds (measured here: 14.4-14.6 s after scancel, 4 s past the 10.25 s
@@ -168,7 +169,7 @@ def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_n
     sent = {}
     for tag, node in (("A", node_a), ("B", node_b)):  # each its own go file
         (work / tag).mkdir()
-        (command,) = job_commands(work / tag, tag, 1, 1, 240)
+        (command,) = job_commands(work / tag, tag, 1, 1, 600)
         if tag == "A" and own_pids:
             command = [*OWN_PIDS, *command]
         out, pid_file = work / f"{tag}.out", work / f"{tag}.pid"
@@ -193,7 +194,10 @@ def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_n
                  lambda: has_open_below(waiter, root / "locks" / "jax", ".lock"), [job_b], cluster)
         os.kill(leader, signal.SIGCONT)
         time.sleep(1.5)  # B watches the lease beat while A compiles
+        os.kill(leader, signal.SIGSTOP)  # the kill lands mid-compile, however fast this machine is
         alive = lease.exists() and not list(folder.glob("*.1.lease"))
+        assert not list((two_nodes.host_path(root) / "jax").glob("*-cache")), \
+            "A finished its compile before the kill: the chain is too short for this machine"
         signalled = time.monotonic()
         cluster.run(["scancel", "--signal=KILL", "--full", str(job_a)])
         while pid_alive(leader) and time.monotonic() - signalled < 5:
