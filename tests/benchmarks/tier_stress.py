@@ -1,0 +1,149 @@
+"""The crash stress of triton-lang/triton#11512 on two nodes, plain vs through the node-local tier
+(issue 23, figure a).
+
+On the two nodes of tests/nodes.py (each its own namespaces, its own ``/tmp``, its own sshfs mount
+of one share at the same path), each round starts ``--procs`` fresh processes on EACH node on a
+fresh cache folder on the share; they compile the same ``--keys`` Triton kernel variants (ahead of
+time for sm_90, cubins from the wheel's ptxas), each variant after a barrier of all processes of
+the round (#11512's reproducer: same keys, at the same instant). ``--jax-procs`` JAX processes per
+node then jit ``--jax-keys`` functions the same way (jax-ml/jax#22718: the cache used in parallel).
+Set-ups (tests/tier_jobs.py):
+
+- ``plain``: the tools' own caches straight on the share (``TRITON_CACHE_DIR`` /
+  ``JAX_COMPILATION_CACHE_DIR`` there), no gpu-cache;
+- ``tier``: ``gpu-cache env`` for a cache root on the share: the caches in the node's local folder,
+  entries promoted to the root (``--by-hand``: TIER.md's variables added where ``gpu-cache env``
+  turns no tier on).
+
+Printed side by side per set-up: compiles tried, compiles that raised (by exception type), processes
+that crashed, JAX's cache warnings (JAX turns cache errors into warnings), complete and broken
+entries on the share afterwards, and seconds (the rounds' wall, processes started to all ended).
+One JSON object on stdout (``--out`` writes it too).
+
+    sudo python tests/benchmarks/tier_stress.py --procs 4 --keys 8 --rounds 10 \\
+        --out tests/benchmarks/results/tier_stress.json
+
+Needs root, sshd, sshfs, /dev/fuse and ip (``.ci/install-sshfs.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
+
+from nodes import TwoNodes  # noqa: E402
+from tier_jobs import jax_entries, job_env, triton_groups, worker, worker_argv  # noqa: E402
+
+CONFIG = {"single_flight": {"timeout": "5m"}}
+
+
+def one_round(nodes: TwoNodes, program: Path, config: Path, kind: str, setup: str, rnd: int, procs: int,
+              keys: int, by_hand: bool) -> dict:
+    """One round: ``procs`` fresh processes on each node, a fresh folder on the share."""
+    tag = f"{kind}-{setup}-{rnd}"
+    root, work = nodes.shared / tag, nodes.workdir / "stress" / tag
+    work.mkdir(parents=True)
+    environs = {node.name: job_env(node, setup, root, config, kind, by_hand=by_hand) for node in (nodes.a, nodes.b)}
+    jobs = []
+    started = time.monotonic()
+    for node in (nodes.a, nodes.b):
+        for i in range(procs):
+            me = len(jobs)
+            with open(work / f"{me}.out", "w") as out, open(work / f"{me}.err", "w") as err:
+                jobs.append(node.popen(worker_argv(program, kind, keys, work / "sync", me, 2 * procs),
+                                       env=environs[node.name], stdout=out, stderr=err, cwd=str(work)))
+    for job in jobs:
+        job.wait(timeout=900)
+    wall = time.monotonic() - started
+    done, crashed = [], []
+    for me, job in enumerate(jobs):
+        lines = (work / f"{me}.out").read_text().strip().splitlines()
+        if job.returncode != 0 or not lines:
+            crashed.append(f"rc {job.returncode}: {(work / f'{me}.err').read_text()[-600:]}")
+            continue
+        done.append(json.loads(lines[-1]))
+    shared = nodes.host_path(root / kind)  # plain: the tool's folder; tier: the root's kind folder
+    entries = (triton_groups if kind == "triton" else jax_entries)(shared) if shared.is_dir() else {}
+    return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
+            "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values())}
+
+
+def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) -> dict:
+    failures = Counter(f.split(":", 1)[0] for r in rounds for d in r["done"] for f in d["failed"])
+    examples = sorted({f for r in rounds for d in r["done"] for f in d["failed"]})[:5]
+    return {
+        "kind": kind, "setup": setup, "rounds": len(rounds), "processes": 2 * procs * len(rounds),
+        "compiles": 2 * procs * keys * len(rounds),
+        "failed": sum(len(d["failed"]) for r in rounds for d in r["done"]),
+        "failed_by_type": dict(failures), "failed_examples": examples,
+        "crashed_processes": sum(len(r["crashed"]) for r in rounds),
+        "crash_examples": [c for r in rounds for c in r["crashed"]][:3],
+        "cache_warnings": sum(len(d["cache_warnings"]) for r in rounds for d in r["done"]),
+        "warning_examples": sorted({w for r in rounds for d in r["done"] for w in d["cache_warnings"]})[:3],
+        "misses": sum(d["misses"] for r in rounds for d in r["done"]),
+        "hits": sum(d["hits"] for r in rounds for d in r["done"]),
+        "rounds_with_a_failure": sum(1 for r in rounds if r["crashed"] or any(d["failed"] for d in r["done"])),
+        "entries_complete": sum(r["complete"] for r in rounds), "entries_broken": sum(r["broken"] for r in rounds),
+        "wall_seconds": round(sum(r["wall"] for r in rounds), 1),
+        "compile_seconds_max": round(max((d["compile_seconds"] for r in rounds for d in r["done"]), default=0), 2),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = ("kind", "setup", "processes", "compiles", "failed", "crashed_processes", "cache_warnings",
+            "entries_complete", "entries_broken", "wall_seconds")
+    lines = ["  ".join(f"{h:>16}" for h in head)]
+    lines += ["  ".join(f"{str(row[h]):>16}" for h in head) for row in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--procs", type=int, default=4, help="Triton processes per node and round")
+    parser.add_argument("--keys", type=int, default=8, help="Triton kernel variants per process")
+    parser.add_argument("--rounds", type=int, default=10, help="Triton rounds per set-up")
+    parser.add_argument("--jax-procs", type=int, default=3, help="JAX processes per node and round")
+    parser.add_argument("--jax-keys", type=int, default=4, help="jitted functions per JAX process")
+    parser.add_argument("--jax-rounds", type=int, default=3, help="JAX rounds per set-up (0: no JAX)")
+    parser.add_argument("--setups", default="plain,tier")
+    parser.add_argument("--by-hand", action="store_true",
+                        help="set TIER.md's variables where gpu-cache env turns no tier on")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    report: dict = {"procs_per_node": args.procs, "keys": args.keys, "jax_procs_per_node": args.jax_procs,
+                    "jax_keys": args.jax_keys, "results": []}
+    with TwoNodes() as nodes:
+        (nodes.workdir / "stress").mkdir()
+        program = worker(nodes.workdir)
+        config = nodes.workdir / "config.json"
+        config.write_text(json.dumps(CONFIG))
+        plan = [("triton", args.procs, args.keys, args.rounds), ("jax", args.jax_procs, args.jax_keys, args.jax_rounds)]
+        for kind, procs, keys, rounds in plan:
+            for setup in filter(None, args.setups.split(",")):
+                done = []
+                for rnd in range(rounds):
+                    done.append(one_round(nodes, program, config, kind, setup, rnd, procs, keys, args.by_hand))
+                    print(f"{done[-1]['tag']}: {done[-1]['wall']:.1f} s, "
+                          f"{sum(len(d['failed']) for d in done[-1]['done'])} failed, "
+                          f"{len(done[-1]['crashed'])} crashed", file=sys.stderr, flush=True)
+                if done:
+                    report["results"].append(summary(kind, setup, done, procs, keys))
+    print(table(report["results"]), file=sys.stderr)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
