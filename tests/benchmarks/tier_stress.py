@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -51,11 +50,12 @@ def one_round(nodes: TwoNodes, program: Path, config: Path, kind: str, setup: st
     tag = f"{kind}-{setup}-{rnd}"
     root, work = nodes.shared / tag, nodes.workdir / "stress" / tag
     work.mkdir(parents=True)
-    environs = {node.name: job_env(node, setup, root, config, kind, by_hand=by_hand) for node in (nodes.a, nodes.b)}
+    environs = {node.name: job_env(node, setup, root, config, kind, by_hand=by_hand)
+                for node in (nodes.a, nodes.b)}
     jobs = []
     started = time.monotonic()
     for node in (nodes.a, nodes.b):
-        for i in range(procs):
+        for _ in range(procs):
             me = len(jobs)
             with open(work / f"{me}.out", "w") as out, open(work / f"{me}.err", "w") as err:
                 jobs.append(node.popen(worker_argv(program, kind, keys, work / "sync", me, 2 * procs),
@@ -77,23 +77,25 @@ def one_round(nodes: TwoNodes, program: Path, config: Path, kind: str, setup: st
 
 
 def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) -> dict:
-    failures = Counter(f.split(":", 1)[0] for r in rounds for d in r["done"] for f in d["failed"])
-    examples = sorted({f for r in rounds for d in r["done"] for f in d["failed"]})[:5]
+    jobs = [d for r in rounds for d in r["done"]]
+    failures = Counter(f.split(":", 1)[0] for d in jobs for f in d["failed"])
+    examples = sorted({f for d in jobs for f in d["failed"]})[:5]
     return {
         "kind": kind, "setup": setup, "rounds": len(rounds), "processes": 2 * procs * len(rounds),
         "compiles": 2 * procs * keys * len(rounds),
-        "failed": sum(len(d["failed"]) for r in rounds for d in r["done"]),
+        "failed": sum(len(d["failed"]) for d in jobs),
         "failed_by_type": dict(failures), "failed_examples": examples,
         "crashed_processes": sum(len(r["crashed"]) for r in rounds),
         "crash_examples": [c for r in rounds for c in r["crashed"]][:3],
-        "cache_warnings": sum(len(d["cache_warnings"]) for r in rounds for d in r["done"]),
-        "warning_examples": sorted({w for r in rounds for d in r["done"] for w in d["cache_warnings"]})[:3],
-        "misses": sum(d["misses"] for r in rounds for d in r["done"]),
-        "hits": sum(d["hits"] for r in rounds for d in r["done"]),
-        "rounds_with_a_failure": sum(1 for r in rounds if r["crashed"] or any(d["failed"] for d in r["done"])),
-        "entries_complete": sum(r["complete"] for r in rounds), "entries_broken": sum(r["broken"] for r in rounds),
+        "cache_warnings": sum(len(d["cache_warnings"]) for d in jobs),
+        "warning_examples": sorted({w for d in jobs for w in d["cache_warnings"]})[:3],
+        "misses": sum(d["misses"] for d in jobs), "hits": sum(d["hits"] for d in jobs),
+        "rounds_with_a_failure": sum(1 for r in rounds
+                                     if r["crashed"] or any(d["failed"] for d in r["done"])),
+        "entries_complete": sum(r["complete"] for r in rounds),
+        "entries_broken": sum(r["broken"] for r in rounds),
         "wall_seconds": round(sum(r["wall"] for r in rounds), 1),
-        "compile_seconds_max": round(max((d["compile_seconds"] for r in rounds for d in r["done"]), default=0), 2),
+        "compile_seconds_max": round(max((d["compile_seconds"] for d in jobs), default=0), 2),
     }
 
 
@@ -101,12 +103,13 @@ def table(rows: list[dict]) -> str:
     head = ("kind", "setup", "processes", "compiles", "failed", "crashed_processes", "cache_warnings",
             "entries_complete", "entries_broken", "wall_seconds")
     lines = ["  ".join(f"{h:>16}" for h in head)]
-    lines += ["  ".join(f"{str(row[h]):>16}" for h in head) for row in rows]
+    lines += ["  ".join(f"{row[h]!s:>16}" for h in head) for row in rows]
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--procs", type=int, default=4, help="Triton processes per node and round")
     parser.add_argument("--keys", type=int, default=8, help="Triton kernel variants per process")
     parser.add_argument("--rounds", type=int, default=10, help="Triton rounds per set-up")
@@ -125,12 +128,14 @@ def main() -> int:
         program = worker(nodes.workdir)
         config = nodes.workdir / "config.json"
         config.write_text(json.dumps(CONFIG))
-        plan = [("triton", args.procs, args.keys, args.rounds), ("jax", args.jax_procs, args.jax_keys, args.jax_rounds)]
+        plan = [("triton", args.procs, args.keys, args.rounds),
+                ("jax", args.jax_procs, args.jax_keys, args.jax_rounds)]
         for kind, procs, keys, rounds in plan:
             for setup in filter(None, args.setups.split(",")):
                 done = []
                 for rnd in range(rounds):
-                    done.append(one_round(nodes, program, config, kind, setup, rnd, procs, keys, args.by_hand))
+                    done.append(one_round(nodes, program, config, kind, setup, rnd, procs, keys,
+                                          args.by_hand))
                     print(f"{done[-1]['tag']}: {done[-1]['wall']:.1f} s, "
                           f"{sum(len(d['failed']) for d in done[-1]['done'])} failed, "
                           f"{len(done[-1]['crashed'])} crashed", file=sys.stderr, flush=True)
