@@ -287,7 +287,6 @@ def _flight_triton(triton_module, hook, tier):
         elif tier is not None:  # gpu-cache's seed manager (a read-only root): single-flight in it
             tier.disable("triton", text(f"TRITON_CACHE_MANAGER={theirs}", 300))
         return
-    if tier is not None:
-        cache_knobs.manager_class = hook.piece(_TIER_MODULE).TierCacheManager
-    else:
-        cache_knobs.manager_class = hook.piece(_SEED_MODULE).FlightCacheManager
+    seed = hook.piece(_SEED_MODULE)  # before the tier's manager, which builds on it
+    cache_knobs.manager_class = hook.piece(_TIER_MODULE).TierCacheManager if tier is not None \
+        else seed.FlightCacheManager
