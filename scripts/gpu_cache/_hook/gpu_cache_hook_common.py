@@ -89,3 +89,19 @@ def flight_stats(hook, kind):
         return flight(hook).stats(kind)
     except Exception as exc:
         return {"state": text(f"off: {exc!r}", 300)}
+
+
+def tier(hook):
+    """This process's node-local tier (``gpu_cache_tier``), or None where it is off."""
+    if not hook.tier:
+        return None
+    return hook.piece("gpu_cache_tier").get(hook.warn)
+
+
+def tier_stats(hook, kind):
+    """What the tier did for ``kind``, for the record (None: the tier is off)."""
+    try:
+        found = tier(hook)
+        return found.record(kind) if found is not None else None
+    except Exception as exc:
+        return {"state": text(f"off: {exc!r}", 300)}

@@ -19,12 +19,16 @@ from gpu_cache_hook_common import MAX_ITEMS, keep, text, touch
 def on_import(jax_module, hook):
     """Run right after ``import jax``."""
     stats = common.jax_part(hook)
-    if hook.flight:
+    tier = common.tier(hook)
+    if hook.flight or tier is not None:
         try:
-            _flight_jax(hook)
-        except Exception as exc:  # the job runs as without single-flight
-            common.flight_off(hook, "jax", f"not installed: {exc!r}"[:300])
-            hook.warn("jax single-flight", exc)
+            _wrap_jax_cache(hook, tier)
+        except Exception as exc:  # the job runs as without single-flight and the tier
+            if hook.flight:
+                common.flight_off(hook, "jax", f"not installed: {exc!r}"[:300])
+            if tier is not None:
+                tier.disable("jax", f"not installed: {exc!r}")
+            hook.warn("jax cache wrappers", exc)
     if hook.folder:
         _jax_listeners(hook, stats)
 
@@ -224,21 +228,25 @@ def _jax_flight_mismatch(compiler):
     return None
 
 
-def _flight_jax(hook):
-    """Single-flight around JAX's persistent cache, one key at a time.
+def _wrap_jax_cache(hook, tier):
+    """Single-flight and the node-local tier around JAX's persistent cache, one key at a time.
 
     ``compile_or_get_cached`` reads the cache with ``_cache_read`` (a miss: ``(None, None)``),
-    compiles, and writes with ``_cache_write``. On a miss the wrapped read takes the key's lock
-    (``gpu_cache_flight.lead``) and reads again under it: a hit is returned as JAX's own hit,
-    a miss leaves this process the key's leader. ``_cache_write`` releases the lock once the
+    compiles, and writes with ``_cache_write``. With the tier (``gpu_cache_tier``), a read
+    first copies the entry from the shared tier where the local one lacks it (fetch), and a
+    write promotes the entry to the shared tier before anything else (so that a waiter on
+    another node finds it as soon as it is told to look). With single-flight, on a miss the
+    wrapped read takes the key's lock (``gpu_cache_flight.lead``) and reads again under it: a
+    hit is returned as JAX's own hit, a miss leaves this process the key's leader; its peeks
+    look at the SHARED tier where the tier is on. ``_cache_write`` releases the lock once the
     entry is written (or was not: waiters then compile side by side), and a ``finally`` around
     ``compile_or_get_cached`` releases whatever this call still holds (a failed compile).
-    Computations of several processes of one ``jax.distributed`` run are left alone: JAX shares
-    those between the processes itself, and only process 0 writes them.
+    Computations of several processes of one ``jax.distributed`` run are left alone by
+    single-flight: JAX shares those between the processes itself, and only process 0 writes.
     """
     import threading
 
-    flight = common.flight(hook)
+    flight = common.flight(hook) if hook.flight else None
     from jax._src import compiler
 
     why = _jax_flight_mismatch(compiler)
@@ -249,12 +257,18 @@ def _flight_jax(hook):
     except Exception as exc:
         why = why or f"no jax._src.distributed.global_state ({exc!r})"
     if why:
-        flight.disable("jax", why)
+        if flight is not None:
+            flight.disable("jax", why)
+        if tier is not None:
+            tier.disable("jax", why)
         return
     original_read = compiler._cache_read
     original_write = compiler._cache_write
     original_compile = compiler.compile_or_get_cached
     local = threading.local()
+
+    def flying():
+        return flight is not None and flight.enabled("jax")
 
     def held():
         mine = getattr(local, "held", None)
@@ -265,17 +279,34 @@ def _flight_jax(hook):
     def folder():
         return common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or ""
 
+    def tiered():
+        """The tier, where this process's JAX cache folder is the local tier's."""
+        if tier is None or not tier.enabled("jax"):
+            return None
+        return tier if os.path.normpath(folder()) == tier.local_folder("jax") else None
+
+    def fetch(cache_key):
+        """Copy the entry from the shared tier where the local one lacks it."""
+        now = tiered()
+        if now is not None:
+            now.fetch("jax", f"{cache_key}-cache", check=_whole)
+
+    def where():
+        now = tiered()
+        return now.shared_folder("jax") if now is not None else folder()
+
     def cache_read(module_name, cache_key, *args, **kwargs):
+        fetch(cache_key)
         # JAX writes entries in place: one being written now (here or on another node) is a
         # miss, never read half (a warning and a second compile), and waited for below.
-        writing = flight.enabled("jax") and jax_entry(folder(), cache_key) == "partial"
+        writing = flying() and jax_entry(folder(), cache_key) == "partial"
         result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
-        if result[0] is not None or not flight.enabled("jax") \
-                or getattr(state, "client", None) is not None:
+        if result[0] is not None or not flying() or getattr(state, "client", None) is not None:
             return result
         raised = []
 
         def read():
+            fetch(cache_key)
             if settled_jax_entry(folder(), cache_key) == "partial":
                 return None
             try:
@@ -286,10 +317,13 @@ def _flight_jax(hook):
             return again if again[0] is not None else None
 
         def peek():
+            now = tiered()
+            if now is not None:  # another node's promoted entry is whole the moment it shows
+                return read() if _has(now.shared_folder("jax"), cache_key) else None
             return read() if jax_entry(folder(), cache_key) == "whole" else None
 
         try:
-            found, lock = flight.lead("jax", cache_key, folder(), read, peek)
+            found, lock = flight.lead("jax", cache_key, where(), read, peek)
         except Exception as exc:
             if raised:
                 raise
@@ -305,6 +339,10 @@ def _flight_jax(hook):
         try:
             return original_write(cache_key, *args, **kwargs)
         finally:
+            now = tiered()
+            if now is not None and _jax_entry_written(folder(), cache_key):
+                now.promote("jax", f"{cache_key}-cache", check=_whole)
+                now.promote_tree("jax", now.XLA_AUTOTUNE)
             lock = held().pop(cache_key, None)
             if lock is not None:
                 lock.release(wrote=_jax_entry_written(folder(), cache_key))
@@ -320,7 +358,15 @@ def _flight_jax(hook):
 
     compiler._cache_read = cache_read
     compiler._cache_write = cache_write
-    compiler.compile_or_get_cached = compile_or_get_cached
+    if flight is not None:
+        compiler.compile_or_get_cached = compile_or_get_cached
+    now = tiered()
+    if now is not None:  # XLA's per-fusion autotune results kept on the shared tier
+        now.fetch_tree("jax", now.XLA_AUTOTUNE)
+
+
+def _has(folder, cache_key):
+    return os.path.lexists(os.path.join(folder, f"{cache_key}-cache"))
 
 
 def _jax_entry_written(folder, cache_key):

@@ -89,6 +89,7 @@ def _record(hook, time, socket):
         jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
         jax_stats["cache_dir"] = common.jax_cache_dir()
         jax_stats["single_flight"] = common.flight_stats(hook, "jax")
+        jax_stats["tier"] = common.tier_stats(hook, "jax")
         record["jax"] = jax_stats
         context = jax_stats["key_context"]
         if context:
@@ -98,6 +99,9 @@ def _record(hook, time, socket):
     if "triton" in hook.libraries:
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
+        record["triton"]["tier"] = common.tier_stats(hook, "triton")
+    if "inductor" in hook.parts:
+        record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:
             record[name] = hook.parts[name]

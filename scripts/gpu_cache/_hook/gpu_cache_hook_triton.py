@@ -6,7 +6,9 @@ record's ``kernels``, which ``gpu-cache warm`` replays on all cores: issue 26), 
 config Triton's autotuner chose for each autotune key it looked up on disk (``autotuned``,
 which the replay writes back as Triton's own ``*.autotune.json``); with
 ``$GPU_CACHE_LOCKS``, Triton's cache manager becomes gpu-cache's single-flight one
-(``gpu_cache_triton_seed.FlightCacheManager``). Standard library only, Python 3.9+.
+(``gpu_cache_triton_seed.FlightCacheManager``), and with the node-local tier the tier's
+(``gpu_cache_tier_triton.TierCacheManager``, single-flight included). Standard library only,
+Python 3.9+.
 """
 
 import hashlib
@@ -21,12 +23,16 @@ from gpu_cache_hook_common import keep, text, touch
 def on_import(triton_module, hook):
     """Run right after ``import triton``."""
     stats = common.triton_part(hook)
-    if hook.flight:
+    tier = common.tier(hook)
+    if hook.flight or tier is not None:
         try:
-            _flight_triton(triton_module, hook)
+            _flight_triton(triton_module, hook, tier)
         except Exception as exc:
-            common.flight_off(hook, "triton", f"not installed: {exc!r}"[:300])
-            hook.warn("triton single-flight", exc)
+            if hook.flight:
+                common.flight_off(hook, "triton", f"not installed: {exc!r}"[:300])
+            if tier is not None:
+                tier.disable("triton", f"not installed: {exc!r}")
+            hook.warn("triton cache manager", exc)
     if hook.folder:
         _triton_listener(triton_module, hook, stats)
         _autotune_recorder(hook, stats)
@@ -253,18 +259,34 @@ def autotune_choice(autotuner, tuning_key, configs):
 _SEED_MODULE = "gpu_cache_triton_seed"
 
 
-def _flight_triton(triton_module, hook):
-    """Make Triton's cache manager gpu-cache's single-flight one, in this process only (the
-    knob, not ``TRITON_CACHE_MANAGER``: a child without this folder on its path would fail
-    to import it). A manager you named stays, and single-flight is off for Triton then."""
-    flight = common.flight(hook)
+#: The Triton cache manager of the node-local tier (issue 23), single-flight included.
+_TIER_MODULE = "gpu_cache_tier_triton"
+
+
+def _flight_triton(triton_module, hook, tier):
+    """Make Triton's cache manager gpu-cache's single-flight one, or the tier's (which does
+    single-flight too), in this process only (the knob, not ``TRITON_CACHE_MANAGER``: a child
+    without this folder on its path would fail to import it). A manager you named stays, and
+    single-flight and the tier are off for Triton then (the record says so)."""
+    flight = common.flight(hook) if hook.flight else None
+
+    def off(why):
+        if flight is not None:
+            flight.disable("triton", why)
+        if tier is not None:
+            tier.disable("triton", why)
+
     cache_knobs = getattr(getattr(triton_module, "knobs", None), "cache", None)
     if cache_knobs is None or not any("manager_class" in vars(k) for k in type(cache_knobs).__mro__):
-        flight.disable("triton", "this triton has no triton.knobs.cache.manager_class (< 3.4)")
+        off("this triton has no triton.knobs.cache.manager_class (< 3.4)")
         return
     theirs = os.environ.get("TRITON_CACHE_MANAGER")
     if theirs:
         if theirs.split(":", 1)[0] != _SEED_MODULE:
-            flight.disable("triton", text(f"TRITON_CACHE_MANAGER={theirs} is your own", 300))
-        return  # gpu-cache's seed manager: single-flight is in it
-    cache_knobs.manager_class = hook.piece(_SEED_MODULE).FlightCacheManager
+            off(text(f"TRITON_CACHE_MANAGER={theirs} is your own", 300))
+        elif tier is not None:  # gpu-cache's seed manager (a read-only root): single-flight in it
+            tier.disable("triton", text(f"TRITON_CACHE_MANAGER={theirs}", 300))
+        return
+    seed = hook.piece(_SEED_MODULE)  # before the tier's manager, which builds on it
+    cache_knobs.manager_class = hook.piece(_TIER_MODULE).TierCacheManager if tier is not None \
+        else seed.FlightCacheManager

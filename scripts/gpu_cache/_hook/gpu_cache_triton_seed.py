@@ -51,6 +51,10 @@ class FlightCacheManager(FileCacheManager):
     def _lookup(self, filename: str) -> dict[str, str] | None:
         return FileCacheManager.get_group(self, filename)
 
+    def _where(self) -> str:
+        """The cache folder single-flight names the key's lock after."""
+        return os.path.dirname(self.cache_dir)
+
     def get_group(self, filename: str) -> dict[str, str] | None:
         group = self._lookup(filename)
         if group is not None or not self._single_flight:
@@ -68,8 +72,7 @@ class FlightCacheManager(FileCacheManager):
                 raise
 
         try:
-            group, lock = gpu_cache_flight.lead("triton", self.key, os.path.dirname(self.cache_dir),
-                                                read=lookup, peek=lookup)
+            group, lock = gpu_cache_flight.lead("triton", self.key, self._where(), read=lookup, peek=lookup)
         except Exception as exc:
             if raised:
                 raise

@@ -15,8 +15,10 @@ only when needed (issue 19):
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
-- ``gpu_cache_hook_common`` (what the pieces share) and ``gpu_cache_flight`` (single-flight
-  with ``$GPU_CACHE_LOCKS``), loaded by the pieces.
+- ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
+  with ``$GPU_CACHE_LOCKS``) and ``gpu_cache_tier`` (the node-local tier, with
+  ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue 23), loaded by the pieces; the tier
+  also when the process imports ``torch._inductor``.
 
 Rules it keeps:
 
@@ -24,7 +26,7 @@ Rules it keeps:
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
-  it, an absolute ``$GPU_CACHE_LOCKS`` or the tokamax fix;
+  it, an absolute ``$GPU_CACHE_LOCKS``, the tier or the tokamax fix;
 - one per process: several copies of this file on ``sys.path`` (two checkouts, or one reached
   through a symlink) act as one. The first copy that runs marks the process (an attribute of
   ``sys``); any later copy that still gets run does nothing; the copies, and older versions of
@@ -54,6 +56,8 @@ _WATCHED = ("jax", "triton")
 #: The import after which the tokamax fix runs, and the variable that switches it off.
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
 _TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
+#: The import after which the tier copies Inductor's shared files in (issue 23).
+_INDUCTOR_MODULE = "torch._inductor"
 _OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")
@@ -77,6 +81,7 @@ class _Hook:
         self.warned = False
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
+        self.tier = False  # the node-local tier wanted ($GPU_CACHE_TIER, $GPU_CACHE_SHARED)
         self.libraries = set()  # the watched libraries this process imported
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
@@ -161,6 +166,14 @@ def _observe(name):
         _piece(f"gpu_cache_hook_{name}").on_import(module, _HOOK)
 
     return handler
+
+
+def _inductor(module):
+    _piece("gpu_cache_hook_common")
+    tier = _piece("gpu_cache_tier").get(_HOOK.warn)
+    if tier is not None:
+        _HOOK.parts.setdefault("inductor", {})
+        tier.fetch_tree("inductor")
 
 
 def _tokamax(module):
@@ -355,7 +368,12 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
-    handlers = {name: _observe(name) for name in _WATCHED} if folder or _HOOK.flight else {}
+    tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
+    _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
+    watch = folder or _HOOK.flight or _HOOK.tier
+    handlers = {name: _observe(name) for name in _WATCHED} if watch else {}
+    if _HOOK.tier:  # issue 23: Inductor's files through the tier too
+        handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF
     if _HOOK.tokamax_fix or folder:  # switched off, the record says so
         handlers[_TOKAMAX_MODULE] = _tokamax
