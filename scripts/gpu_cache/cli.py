@@ -214,7 +214,9 @@ def _removed_lines(report: Any, shown: int = 20) -> str:
 
     verb = "would remove" if report.dry_run else "removed"
     lines = []
-    for kind, part in report.kinds.items():
+    parts = [(kind, part) for kind, part in report.kinds.items()]
+    parts += [(f"local tier {kind}", part) for kind, part in report.tier.items()]
+    for kind, part in parts:
         for entry in part.removed[:shown]:
             lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
                          f"{format_size(entry['bytes'])}): {entry['reason']}")

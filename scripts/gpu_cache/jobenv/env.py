@@ -132,7 +132,7 @@ def tier_folder(settings: Settings) -> Path | None:
     return tier_base(settings) / digest
 
 
-def _tier_trusted_above(settings: Settings) -> Path:
+def tier_trusted_above(settings: Settings) -> Path:
     """From where down the tier's folders must be trusted: the configured folder, or the
     per-user ``/tmp/gpu-cache-<uid>`` (``/tmp`` itself is world-writable and sticky)."""
     base = tier_base(settings)
@@ -168,7 +168,7 @@ def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[st
         if problem is None and local is not None:
             check = check_folder(local, shared_group=settings.shared_group,
                                  min_free=settings.min_free_space,
-                                 trusted_above=_tier_trusted_above(settings), private=True)
+                                 trusted_above=tier_trusted_above(settings), private=True)
             problem = check.problem or (f"{local} is read-only" if check.read_only else None)
             warnings = [f"local tier: {line}" for line in check.warnings]
             for name in kinds.TIERED if problem is None else ():
