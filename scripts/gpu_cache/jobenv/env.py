@@ -171,6 +171,7 @@ def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[st
                                  trusted_above=tier_trusted_above(settings), private=True)
             problem = check.problem or (f"{local} is read-only" if check.read_only else None)
             warnings = [f"local tier: {line}" for line in check.warnings]
+            info.update(fs_type=check.fs_type, free_bytes=check.free_bytes)
             for name in kinds.TIERED if problem is None else ():
                 inner = check_folder(kinds.KINDS[name].folder(local), shared_group=settings.shared_group,
                                      min_free=0, trusted_above=local, probe=False, private=True)
