@@ -97,8 +97,12 @@ def device_seen(record: dict[str, Any]) -> str:
 
 
 def _under(path: str, root: Path) -> bool:
+    """Whether ``path`` is the cache root's: under it, or its node-local tier (issue 23)."""
+    from gpu_cache.jobenv.env import in_tier_of
+
     folder = os.path.normpath(path)
-    return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/"))
+    return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/")
+                                      or in_tier_of(folder, root))
 
 
 def outside_folder(record: dict[str, Any], root: Path) -> tuple[str, bool] | None:

@@ -202,14 +202,17 @@ def remove(name: str, folder: Path, entry: Entry) -> None:
     remover(folder, entry)
 
 
-def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
-    """The keys present per observed kind (temporary folders included), to diff before/after."""
+def snapshot(cache_root: Path | None, tier: Path | None = None) -> dict[str, set[str]]:
+    """The keys present per observed kind (temporary folders included), to diff before/after;
+    with ``tier`` (a node-local tier of the root, issue 23), a tiered kind's keys in either."""
     if cache_root is None:
         return {name: set() for name in OBSERVED}
     keys: dict[str, set[str]] = {}
     for name in OBSERVED:
-        try:
-            keys[name] = {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
-        except (OSError, ValueError):
-            keys[name] = set()  # unusable folder: env.resolve has said so, and the kind is elsewhere
+        keys[name] = set()
+        for top in (cache_root, tier) if tier is not None and KINDS[name].tiered else (cache_root,):
+            try:
+                keys[name] |= {e.key for e in scan(name, KINDS[name].folder(top), grace_seconds=0.0)}
+            except (OSError, ValueError):
+                pass  # unusable folder: env.resolve has said so, and the kind is elsewhere
     return keys

@@ -128,8 +128,19 @@ def tier_folder(settings: Settings) -> Path | None:
     roots never share one; None with caching off."""
     if settings.cache_root is None:
         return None
-    digest = hashlib.sha256(os.fsencode(settings.cache_root)).hexdigest()[:16]
-    return tier_base(settings) / digest
+    return tier_base(settings) / tier_digest(settings.cache_root)
+
+
+def tier_digest(root: Path | str) -> str:
+    """The name of the cache root ``root``'s folder in any node-local tier base."""
+    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
+
+
+def in_tier_of(folder: str, root: Path | str) -> bool:
+    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
+    (``<any tier base>/<tier_digest(root)>/<kind>``): a job's cache folder that is the root's."""
+    path = Path(os.path.normpath(folder))
+    return path.name in kinds.TIERED and path.parent.name == tier_digest(root)
 
 
 def tier_trusted_above(settings: Settings) -> Path:
