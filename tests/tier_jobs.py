@@ -12,6 +12,8 @@ Set-ups (:func:`job_env`):
 
 - ``plain``: no gpu-cache, the tool's own cache folder straight on the share
   (``TRITON_CACHE_DIR`` / ``JAX_COMPILATION_CACHE_DIR`` there), as users run today;
+- ``shared``: ``gpu-cache env`` for a cache root on the share with the tier off
+  (``local_tier.mode: off``): the caches straight in the root, as before issue 23;
 - ``tier``: ``gpu-cache env`` for a cache root on the share, run on the node as each job's
   ``eval "$(gpu-cache env)"`` would: the caches in the node-local folder, promoted to the root.
 """
@@ -154,7 +156,7 @@ def tier_known() -> bool:
 
 def job_env(node, setup: str, root: Path, config: Path, kind: str = "triton", by_hand: bool = False,
             **extra: str) -> dict[str, str]:
-    """The environment of a job of ``setup`` (``plain`` or ``tier``, see the module's docstring)
+    """The environment of a job of ``setup`` (``plain``, ``shared`` or ``tier``: the module's docstring)
     on ``node`` for the cache root ``root`` (as the nodes see it); ``config``: a JSON config
     file for ``gpu-cache env`` (every node sees it). ``by_hand``: where ``gpu-cache env`` turns
     no tier on, add TIER.md's variables to its exports."""
@@ -163,6 +165,10 @@ def job_env(node, setup: str, root: Path, config: Path, kind: str = "triton", by
         base = {folder: str(root / kind), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                 "TRITON_DEFAULT_FP_FUSION": "1"}
         return clean_environ(**{**base, **extra})
+    if setup == "shared":  # the same config with the tier off
+        off = config.with_name(f"{config.stem}-tier-off.json")
+        off.write_text(json.dumps({**json.loads(config.read_text()), "local_tier": {"mode": "off"}}))
+        config = off
     done = node.run([sys.executable, "-m", "gpu_cache", "env", "--json", "--cache-root", str(root),
                      "--config", str(config)], env=clean_environ(), timeout=120)
     if done.returncode != 0:

@@ -11,6 +11,8 @@ Set-ups (tests/tier_jobs.py):
 
 - ``plain``: the tools' own caches straight on the share (``TRITON_CACHE_DIR`` /
   ``JAX_COMPILATION_CACHE_DIR`` there), no gpu-cache;
+- ``shared``: ``gpu-cache env`` for a cache root on the share with the tier off (as before issue 23:
+  single-flight, the caches straight on the share);
 - ``tier``: ``gpu-cache env`` for a cache root on the share: the caches in the node's local folder,
   entries promoted to the root (``--by-hand``: TIER.md's variables added where ``gpu-cache env``
   turns no tier on).
@@ -116,7 +118,7 @@ def main() -> int:
     parser.add_argument("--jax-procs", type=int, default=3, help="JAX processes per node and round")
     parser.add_argument("--jax-keys", type=int, default=4, help="jitted functions per JAX process")
     parser.add_argument("--jax-rounds", type=int, default=3, help="JAX rounds per set-up (0: no JAX)")
-    parser.add_argument("--setups", default="plain,tier")
+    parser.add_argument("--setups", default="plain,shared,tier")
     parser.add_argument("--by-hand", action="store_true",
                         help="set TIER.md's variables where gpu-cache env turns no tier on")
     parser.add_argument("--out", type=Path)
