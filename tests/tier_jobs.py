@@ -33,8 +33,39 @@ WORKER = r'''
 import json, os, sys, time, warnings
 spec = json.loads(sys.argv[1])
 kind, keys, sync, me, count = spec["kind"], spec["keys"], spec["sync"], spec["id"], spec["count"]
-salt = spec.get("salt", 0)
+salts = spec.get("salts", [0])
 started = time.monotonic()
+stop = spec.get("stop_at")
+if stop:  # test-only: stop this process (SIGSTOP) at the n-th step of a promotion
+    import signal
+    seen = [0]
+    below = stop["shared"].rstrip("/") + "/"
+
+    def shared_fd(fd):
+        try:
+            return (os.readlink(f"/proc/self/fd/{fd}") + "/").startswith(below)
+        except (OSError, TypeError):
+            return False
+
+    def audit(event, args):
+        step = stop["step"]
+        if step == "tmp" and event == "open" and isinstance(args[0], str) \
+                and os.path.basename(args[0]).startswith(".gpu-cache-tmp.") and args[2] & os.O_CREAT:
+            pass  # creating a temporary file of the tier (before it exists)
+        elif step == "link" and event == "os.link" and shared_fd(args[3]):
+            pass  # the temporary file is whole, its name not given yet
+        elif step == "unlink" and event == "os.remove" and isinstance(args[0], str) \
+                and args[0].startswith(".gpu-cache-tmp.") and shared_fd(args[1]):
+            pass  # the entry has its name, the temporary file is still there
+        else:
+            return
+        seen[0] += 1
+        if seen[0] == stop["nth"]:
+            with open(stop["marker"], "w") as marker:
+                marker.write(f"{os.getpid()} {event} {args!r}")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    sys.addaudithook(audit)
 failed, ok, cache_warnings = [], 0, []
 hits = misses = 0
 warnings.simplefilter("always")
@@ -88,7 +119,7 @@ if kind == "triton":
 
     def compile_one(k):
         source = ASTSource(fn=stress_kernel, signature=signature,
-                           constexprs={"BLOCK": 128, "SALT": salt * 1000 + k + 1})
+                           constexprs={"BLOCK": 128, "SALT": k + 1})
         return len(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"])
 else:
     import jax, jax.numpy as jnp, numpy as np
@@ -107,21 +138,22 @@ else:
 
     def compile_one(k):
         def f(v):
-            for i in range(spec.get("length", 3) + k):
-                v = jnp.tanh(v @ v.T * 0.01 + i + salt) + jnp.sin(v * (i + 1))
+            for i in range(spec.get("length", 3) + k % 1000):
+                v = jnp.tanh(v @ v.T * 0.01 + i + k // 1000) + jnp.sin(v * (i + 1))
             return v.sum()
         f.__name__ = f"stress{k}"
         return float(jax.jit(f)(x))
 
 ready = time.monotonic()
 values = []
-for k in range(keys):
-    barrier(k)
-    try:
-        values.append(compile_one(k))
-        ok += 1
-    except Exception as exc:
-        failed.append(f"{type(exc).__name__}: {exc}"[:400])
+for salt in salts:  # one more set of keys per salt
+    for k in range(keys):
+        barrier(f"{salt}-{k}")
+        try:
+            values.append(compile_one(salt * 1000 + k))
+            ok += 1
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {exc}"[:400])
 print(json.dumps({"ok": ok, "failed": failed, "cache_warnings": cache_warnings, "hits": hits,
                   "misses": misses, "values": values, "import_seconds": round(ready - started, 2),
                   "compile_seconds": round(time.monotonic() - ready, 2)}), flush=True)
@@ -137,6 +169,10 @@ def worker(folder: Path) -> Path:
 
 
 def worker_argv(program: Path, kind: str, keys: int, sync: Path, me: int, count: int, **extra) -> list[str]:
+    """The job's command line; ``extra``: ``salts`` (a list: one set of ``keys`` keys each),
+    ``stop_at`` (``{"step": "tmp"|"link"|"unlink", "nth": n, "shared": root, "marker": path}``:
+    the job stops itself at the n-th such step of a promotion into ``root``, after writing its
+    pid to ``marker``), ``length`` (JAX: the first function's steps)."""
     spec = {"kind": kind, "keys": keys, "sync": str(sync), "id": me, "count": count, **extra}
     return [sys.executable, str(program), json.dumps(spec)]
 
@@ -193,13 +229,14 @@ def job_env(node, setup: str, root: Path, config: Path, kind: str = "triton", by
 
 def triton_groups(folder: Path) -> dict[str, bool]:
     """Each Triton entry (``<key>/__grp__*.json``) under ``folder``: whether it is complete (its
-    group file decodes and every child it lists is there, by name, next to it, with bytes)."""
+    group file decodes and every child it lists is there, with bytes, in the group's own folder
+    as this process sees it: Triton reads children by the absolute paths the group names)."""
     found = {}
     for group in sorted(folder.glob("*/__grp__*.json")):
         try:
             children = json.loads(group.read_text())["child_paths"]
-            found[group.parent.name] = all(
-                (group.parent / Path(p).name).is_file() and (group.parent / Path(p).name).stat().st_size > 0
+            found[group.parent.name] = bool(children) and all(
+                Path(p).parent == group.parent and Path(p).is_file() and Path(p).stat().st_size > 0
                 for p in children.values())
         except (OSError, ValueError, KeyError, AttributeError):
             found[group.parent.name] = False
