@@ -227,18 +227,20 @@ def job_env(node, setup: str, root: Path, config: Path, kind: str = "triton", by
     return environ
 
 
-def triton_groups(folder: Path) -> dict[str, bool]:
+def triton_groups(folder: Path, seen_as: Path | None = None) -> dict[str, bool]:
     """Each Triton entry (``<key>/__grp__*.json``) under ``folder``: whether it is complete (its
-    group file decodes and every child it lists is there, with bytes, in the group's own folder
-    as this process sees it: Triton reads children by the absolute paths the group names)."""
+    group file decodes and every child it lists is there, with bytes, in the group's own folder:
+    Triton reads children by the absolute paths the group names). ``seen_as``: ``folder`` as
+    the jobs see it (the group names paths there), where this process sees it elsewhere."""
     found = {}
     for group in sorted(folder.glob("*/__grp__*.json")):
+        where = (seen_as or folder) / group.parent.name
         try:
-            children = json.loads(group.read_text())["child_paths"]
-            found[group.parent.name] = bool(children) and all(
-                Path(p).parent == group.parent and Path(p).is_file() and Path(p).stat().st_size > 0
-                for p in children.values())
-        except (OSError, ValueError, KeyError, AttributeError):
+            children = [Path(p) for p in json.loads(group.read_text())["child_paths"].values()]
+            files = [group.parent / p.name for p in children]
+            found[group.parent.name] = bool(children) and all(p.parent == where for p in children) \
+                and all(f.is_file() and f.stat().st_size > 0 for f in files)
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
             found[group.parent.name] = False
     return found
 
