@@ -174,7 +174,7 @@ def test_the_local_tier_is_trimmed_to_its_max_size_and_the_share_keeps_what_it_t
     old_keys, old_size = set(python(KEYS_HERE).split()), int(python(LOCAL_SIZE))
     assert len(old_keys) == 6
     python(AGE)
-    bound = old_size * 3 // 2  # room for one job's six entries, not for twelve
+    bound = old_size * 3 // 2  # room for nine of the twelve entries
     config.write_text(json.dumps({**CONFIG, "local_tier": {"max_size": f"{bound}B"}}))
     environ = job_env(node, "tier", root, config)
     assert environ["GPU_CACHE_TIER_MAX_BYTES"] == str(bound)
@@ -182,11 +182,16 @@ def test_the_local_tier_is_trimmed_to_its_max_size_and_the_share_keeps_what_it_t
     assert second["misses"] == 6
     keys = set(python(KEYS_HERE).split())
     assert int(python(LOCAL_SIZE)) <= bound
-    assert not keys & old_keys and len(keys) == 6  # the entries used long ago went, whole
-    shared = seen_on(two_nodes.b, root)["triton"]
+    kept = keys & old_keys  # least recently used first: only entries used long ago went
+    assert len(keys - old_keys) == 6 and len(kept) < 6, (len(keys - old_keys), len(kept))
+    here = json.loads(node.run([sys.executable, "-c", SEEN, str(local), str(REPO / "tests")],
+                               env=clean_environ(), check=True).stdout)["triton"]
+    assert set(here) == keys and all(here.values())  # whole entries went: no folder left half
+    shared = on_share(two_nodes, root)["triton"]
     assert len(shared) == 12 and all(shared.values())  # the share keeps all of them
     again = run_job(node, worker_argv(program, "triton", 6, work / "sync", 0, 1, salts=[1]), environ)
-    assert (again["hits"], again["misses"]) == (6, 0)  # fetched back from the share
+    assert (again["hits"], again["misses"]) == (6, 0)  # what went is fetched back from the share
+    assert old_keys <= set(python(KEYS_HERE).split())
 
 
 def test_sbatch_jobs_through_the_tier_on_both_nodes(slurm_two_nodes, two_nodes):
