@@ -62,16 +62,20 @@ def run_job(node, argv: list[str], env: dict[str, str], work: Path, name: str) -
     return result, wall
 
 
-def share_calls(trace: Path, share: Path) -> Counter:
+def share_calls(trace: Path, share: Path) -> tuple[Counter, Counter]:
     """System calls in an strace log that name a path under ``share`` (``-y`` shows open files'
-    paths), by call; a call split by another thread's (``resumed``) is counted once."""
-    prefix = str(share)
-    counts: Counter = Counter()
+    paths): by call, and by folder of the cache root (``jax``, ``triton``, ``records``,
+    ``locks``...). A call split by another thread's (``resumed``) is counted once."""
+    prefix = f"{share}/"
+    calls: Counter = Counter()
+    folders: Counter = Counter()
     for line in trace.read_text(errors="replace").splitlines():
         match = CALL.match(line)
         if match and prefix in line:
-            counts[match.group(1)] += 1
-    return counts
+            calls[match.group(1)] += 1
+            parts = line.split(prefix, 1)[1].split("/")
+            folders[parts[1].split('"')[0].split(">")[0] if len(parts) > 1 else "(the root)"] += 1
+    return calls, folders
 
 
 def measure(nodes: TwoNodes, program: Path, kind: str, keys: int, repeat: int, by_hand: bool) -> list[dict]:
@@ -112,8 +116,9 @@ def measure(nodes: TwoNodes, program: Path, kind: str, keys: int, repeat: int, b
                          "read_seconds": round(statistics.median(reads), 3),
                          "read_seconds_all": [round(r, 3) for r in reads],
                          "job_seconds": round(statistics.median(walls), 2),
-                         "share_calls": sum(traces[name].values()),
-                         "share_calls_by_name": dict(traces[name].most_common())})
+                         "share_calls": sum(traces[name][0].values()),
+                         "share_calls_by_name": dict(traces[name][0].most_common()),
+                         "share_calls_by_folder": dict(traces[name][1].most_common())})
         shutil.rmtree(sync, ignore_errors=True)
     return rows
 
