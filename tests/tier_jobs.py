@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from helpers import SCRIPTS, clean_environ
@@ -266,3 +267,38 @@ def jax_entries(folder: Path) -> dict[str, bool]:
         except Exception:  # noqa: BLE001 - any failure to decode is a broken entry
             found[entry.name] = False
     return found
+
+
+def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd: int, procs: int,
+              keys: int, by_hand: bool) -> dict:
+    """One round of the crash stress (tests/benchmarks/tier_stress.py): ``procs`` fresh jobs of
+    ``setup`` on each node of ``nodes`` (tests/nodes.py's TwoNodes), a fresh folder on the share,
+    ``keys`` keys each, a barrier before each key. Returns the jobs' JSON lines (``done``), what
+    crashed, the wall seconds, and the entries whole and broken on the share afterwards."""
+    tag = f"{kind}-{setup}-{rnd}"
+    root, work = nodes.shared / tag, nodes.workdir / "stress" / tag
+    work.mkdir(parents=True)
+    environs = {node.name: job_env(node, setup, root, config, kind, by_hand=by_hand)
+                for node in (nodes.a, nodes.b)}
+    jobs = []
+    started = time.monotonic()
+    for node in (nodes.a, nodes.b):
+        for _ in range(procs):
+            me = len(jobs)
+            with open(work / f"{me}.out", "w") as out, open(work / f"{me}.err", "w") as err:
+                jobs.append(node.popen(worker_argv(program, kind, keys, work / "sync", me, 2 * procs),
+                                       env=environs[node.name], stdout=out, stderr=err, cwd=str(work)))
+    for job in jobs:
+        job.wait(timeout=900)
+    wall = time.monotonic() - started
+    done, crashed = [], []
+    for me, job in enumerate(jobs):
+        lines = (work / f"{me}.out").read_text().strip().splitlines()
+        if job.returncode != 0 or not lines:
+            crashed.append(f"rc {job.returncode}: {(work / f'{me}.err').read_text()[-600:]}")
+            continue
+        done.append(json.loads(lines[-1]))
+    shared = nodes.host_path(root / kind)  # plain: the tool's folder; tier: the root's kind folder
+    entries = (triton_groups if kind == "triton" else jax_entries)(shared) if shared.is_dir() else {}
+    return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
+            "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values())}

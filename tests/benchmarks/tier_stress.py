@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,41 +40,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
 
 from nodes import TwoNodes  # noqa: E402
-from tier_jobs import jax_entries, job_env, triton_groups, worker, worker_argv  # noqa: E402
+from tier_jobs import stress_round, worker  # noqa: E402
 
 CONFIG = {"single_flight": {"timeout": "5m"}}
-
-
-def one_round(nodes: TwoNodes, program: Path, config: Path, kind: str, setup: str, rnd: int, procs: int,
-              keys: int, by_hand: bool) -> dict:
-    """One round: ``procs`` fresh processes on each node, a fresh folder on the share."""
-    tag = f"{kind}-{setup}-{rnd}"
-    root, work = nodes.shared / tag, nodes.workdir / "stress" / tag
-    work.mkdir(parents=True)
-    environs = {node.name: job_env(node, setup, root, config, kind, by_hand=by_hand)
-                for node in (nodes.a, nodes.b)}
-    jobs = []
-    started = time.monotonic()
-    for node in (nodes.a, nodes.b):
-        for _ in range(procs):
-            me = len(jobs)
-            with open(work / f"{me}.out", "w") as out, open(work / f"{me}.err", "w") as err:
-                jobs.append(node.popen(worker_argv(program, kind, keys, work / "sync", me, 2 * procs),
-                                       env=environs[node.name], stdout=out, stderr=err, cwd=str(work)))
-    for job in jobs:
-        job.wait(timeout=900)
-    wall = time.monotonic() - started
-    done, crashed = [], []
-    for me, job in enumerate(jobs):
-        lines = (work / f"{me}.out").read_text().strip().splitlines()
-        if job.returncode != 0 or not lines:
-            crashed.append(f"rc {job.returncode}: {(work / f'{me}.err').read_text()[-600:]}")
-            continue
-        done.append(json.loads(lines[-1]))
-    shared = nodes.host_path(root / kind)  # plain: the tool's folder; tier: the root's kind folder
-    entries = (triton_groups if kind == "triton" else jax_entries)(shared) if shared.is_dir() else {}
-    return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
-            "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values())}
 
 
 def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) -> dict:
@@ -136,8 +103,8 @@ def main() -> int:
             for setup in filter(None, args.setups.split(",")):
                 done = []
                 for rnd in range(rounds):
-                    done.append(one_round(nodes, program, config, kind, setup, rnd, procs, keys,
-                                          args.by_hand))
+                    done.append(stress_round(nodes, program, config, kind, setup, rnd, procs, keys,
+                                             args.by_hand))
                     print(f"{done[-1]['tag']}: {done[-1]['wall']:.1f} s, "
                           f"{sum(len(d['failed']) for d in done[-1]['done'])} failed, "
                           f"{len(done[-1]['crashed'])} crashed", file=sys.stderr, flush=True)
