@@ -299,6 +299,11 @@ def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd:
             continue
         done.append(json.loads(lines[-1]))
     shared = nodes.host_path(root / kind)  # plain: the tool's folder; tier: the root's kind folder
-    entries = (triton_groups if kind == "triton" else jax_entries)(shared) if shared.is_dir() else {}
+    if not shared.is_dir():
+        entries = {}
+    elif kind == "triton":
+        entries = triton_groups(shared, seen_as=root / kind)
+    else:
+        entries = jax_entries(shared)
     return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
             "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values())}
