@@ -22,8 +22,8 @@ that crashed, JAX's cache warnings (JAX turns cache errors into warnings), compl
 entries on the share afterwards, and seconds (the rounds' wall, processes started to all ended).
 One JSON object on stdout (``--out`` writes it too).
 
-    sudo python tests/benchmarks/tier_stress.py --procs 4 --keys 8 --rounds 10 \\
-        --out tests/benchmarks/results/tier_stress.json
+    sudo python tests/benchmarks/tier_stress.py --procs 8 --keys 8 --rounds 12 --jax-procs 4 \\
+        --jax-keys 4 --jax-rounds 3 --setups plain,tier --out tests/benchmarks/results/tier_stress.json
 
 Needs root, sshd, sshfs, /dev/fuse and ip (``.ci/install-sshfs.sh``).
 """
