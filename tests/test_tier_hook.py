@@ -1,0 +1,293 @@
+"""The node-local tier, the job side (issue 23): real JAX compiles on CPU and real Triton
+ahead-of-time compiles, each "node" a mount namespace whose own folder is bound at the one
+fixed local-tier path (as on a cluster, where every node has its own disk at that path; jax
+0.10 hashes the cache path into its keys). The shared tier is a plain folder here; the
+two-node sshfs tests are tests/test_tier_nodes.py's.
+
+What a user notices: a node with an empty local tier hits what another node compiled; entries
+appear in the shared root whole or not at all, even when the promoting process is killed -9
+between its temporary file and the link; a read-only root, a kind folder of another user or a
+planted link never fail a job (entries stay local); the local tier stays within its bound,
+least recently used entries first; a Triton cache manager of your own turns the tier off for
+Triton, and the record says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import HOOK, SCRIPTS, TINY, clean_environ, unavailable
+
+TRITON = [sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64", "--mode", "aot"]
+TMP_PREFIX = ".gpu-cache-tmp."
+
+
+@pytest.fixture(autouse=True)
+def _root_and_unshare():
+    if os.geteuid() != 0:
+        unavailable("needs root (mount namespaces, bind mounts, chown)")
+
+
+@pytest.fixture
+def tier(tmp_path):
+    """The shared root (with its kind folders, as gpu-cache env makes them) and the fixed
+    local-tier path every node binds its own folder at."""
+    root = tmp_path / "cache root"
+    for kind in ("jax", "triton", "inductor"):
+        (root / kind).mkdir(parents=True)
+    local = tmp_path / "local tier"
+    local.mkdir()
+    return root, local
+
+
+def node_env(root: Path, local: Path, records: Path, **extra: str) -> dict[str, str]:
+    """What gpu-cache exports with the tier on (set by hand here)."""
+    return clean_environ(**{
+        "PYTHONPATH": f"{HOOK}:{SCRIPTS}", "GPU_CACHE_RECORDS": str(records),
+        "JAX_COMPILATION_CACHE_DIR": str(local / "jax"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "TRITON_CACHE_DIR": str(local / "triton"), "TRITON_DEFAULT_FP_FUSION": "1",
+        "GPU_CACHE_TIER": str(local), "GPU_CACHE_SHARED": str(root),
+        "GPU_CACHE_TIER_MAX_BYTES": str(1 << 30), **extra})
+
+
+def on_node(node: Path, local: Path, command: list[str], environ: dict[str, str],
+            **popen) -> subprocess.Popen[str]:
+    """``command`` on a node: its own mount namespace, ``node`` bound at ``local``."""
+    node.mkdir(exist_ok=True)
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+                             str(node), str(local), *command], env=environ, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def run_on(node: Path, local: Path, command: list[str], environ: dict[str, str]) -> tuple[dict, str]:
+    """Run ``command`` on a node; its record (the one process of the records folder) and stderr."""
+    proc = on_node(node, local, command, environ)
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    records = list(Path(environ["GPU_CACHE_RECORDS"]).glob("*.json"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_text()), err
+
+
+def jax_job(tmp_path: Path) -> list[str]:
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    return [sys.executable, str(script)]
+
+
+def entries(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.glob("*-cache")}
+
+
+def temporaries(folder: Path) -> list[Path]:
+    return list(folder.rglob(f"{TMP_PREFIX}*"))
+
+
+def test_a_second_node_hits_the_jax_entries_the_first_promoted(tmp_path, tier):
+    root, local = tier
+    job = jax_job(tmp_path)
+    first, _ = run_on(tmp_path / "node-a", local, job, node_env(root, local, tmp_path / "rec-a"))
+    assert first["jax"]["misses"] == 3
+    assert first["jax"]["tier"]["promoted"] == 3 and first["jax"]["tier"]["state"] == "on"
+    shared = entries(root / "jax")
+    assert shared == entries(tmp_path / "node-a" / "jax") and len(shared) == 3  # whole, byte for byte
+    assert not temporaries(root)
+
+    second, _ = run_on(tmp_path / "node-b", local, job, node_env(root, local, tmp_path / "rec-b"))
+    assert (second["jax"]["hits"], second["jax"]["misses"]) == (3, 0)
+    counts = second["jax"]["tier"]
+    assert (counts["fetched"], counts["promoted"]) == (3, 0)
+    assert counts["fetched_bytes"] == sum(len(v) for v in shared.values())
+    assert entries(tmp_path / "node-b" / "jax") == shared
+    assert not temporaries(tmp_path / "node-b")
+
+
+def test_a_second_node_hits_the_triton_groups_the_first_promoted(tmp_path, tier):
+    root, local = tier
+    first, _ = run_on(tmp_path / "node-a", local, TRITON, node_env(root, local, tmp_path / "rec-a"))
+    assert first["triton"]["misses"] == 5 and first["triton"]["tier"]["promoted"] == 5
+    groups = list((root / "triton").glob("*/__grp__*.json"))
+    assert len(groups) == 5
+    for group in groups:  # the shared group names the shared copies, each of them there
+        children = json.loads(group.read_text())["child_paths"].values()
+        assert all(Path(p).parent == group.parent and Path(p).is_file() for p in children)
+
+    second, _ = run_on(tmp_path / "node-b", local, TRITON, node_env(root, local, tmp_path / "rec-b"))
+    assert (second["triton"]["hits"], second["triton"]["misses"]) == (5, 0)
+    assert second["triton"]["tier"]["fetched"] == 5
+    for group in (tmp_path / "node-b" / "triton").glob("*/__grp__*.json"):  # local copies named
+        children = json.loads(group.read_text())["child_paths"].values()
+        assert all(Path(p).parent == local / "triton" / group.parent.name for p in children)
+    assert not temporaries(root) and not temporaries(tmp_path / "node-b")
+
+
+def killed_while_promoting(tmp_path: Path, root: Path, local: Path, command: list[str]) -> Path:
+    """Run ``command`` on node A until its first promotion has written its temporary file and
+    is about to link it; kill -9 it there. Returns node A's folder."""
+    pause = tmp_path / "paused"
+    environ = node_env(root, local, tmp_path / "rec-killed", GPU_CACHE_TIER_TEST_PAUSE=str(pause))
+    proc = on_node(tmp_path / "node-a", local, command, environ, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not pause.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    return tmp_path / "node-a"
+
+
+def test_kill_9_between_the_temporary_file_and_the_link_leaves_no_partial_jax_entry(tmp_path, tier):
+    root, local = tier
+    node = killed_while_promoting(tmp_path, root, local, jax_job(tmp_path))
+    assert len(entries(node / "jax")) == 1  # written locally, whole
+    assert entries(root / "jax") == {}  # nothing visible in the shared root
+    left = temporaries(root / "jax")
+    assert len(left) == 1 and left[0].parent == root / "jax"  # only the temporary file (prune's)
+    assert left[0].read_bytes() == next(iter(entries(node / "jax").values()))
+
+    # another node compiles, promotes whole entries, and hits them afterwards
+    job = jax_job(tmp_path)
+    run_on(tmp_path / "node-b", local, job, node_env(root, local, tmp_path / "rec-b"))
+    assert len(entries(root / "jax")) == 3
+    third, _ = run_on(tmp_path / "node-c", local, job, node_env(root, local, tmp_path / "rec-c"))
+    assert (third["jax"]["hits"], third["jax"]["misses"]) == (3, 0)
+
+
+def test_kill_9_during_a_triton_promotion_leaves_no_group_visible(tmp_path, tier):
+    """Killed after its first child's temporary file: the shared root holds no group file, so
+    Triton on another node misses that kernel (and compiles it) instead of reading half."""
+    root, local = tier
+    killed_while_promoting(tmp_path, root, local, TRITON)
+    assert not list((root / "triton").glob("*/__grp__*"))
+    assert len(temporaries(root / "triton")) == 1
+    second, _ = run_on(tmp_path / "node-b", local, TRITON, node_env(root, local, tmp_path / "rec-b"))
+    assert second["triton"]["misses"] == 5 and second["triton"]["tier"]["promoted"] == 5
+    assert len(list((root / "triton").glob("*/__grp__*"))) == 5
+
+
+def read_only(folder: Path):
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+
+
+def test_a_read_only_root_keeps_entries_local_and_jobs_pass(tmp_path, tier):
+    root, local = tier
+    read_only(root)
+    try:
+        ran = {}
+        for name, command in (("jax", jax_job(tmp_path)), ("triton", TRITON)):
+            ran[name] = run_on(tmp_path / "node-a", local, command,
+                               node_env(root, local, tmp_path / f"rec-{name}"))
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+    (jax_record, jax_err), (triton_record, triton_err) = ran["jax"], ran["triton"]
+    assert jax_record["jax"]["tier"]["promoted"] == 0 and jax_record["jax"]["tier"]["promote_failed"] == 3
+    assert triton_record["triton"]["tier"]["promote_failed"] == 5
+    assert len(entries(tmp_path / "node-a" / "jax")) == 3
+    assert len(list((tmp_path / "node-a" / "triton").glob("*/__grp__*"))) == 5
+    assert not any((root / "jax").iterdir()) and not any((root / "triton").iterdir())
+    for err in (jax_err, triton_err):
+        assert err.count("gpu-cache: warning") == 1 and "Read-only file system" in err
+
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+
+
+@pytest.mark.parametrize("planted", ["another user's kind folder", "a link"])
+def test_no_entry_goes_through_a_kind_folder_of_another_user_or_a_link(tmp_path, tier, planted):
+    root, local = tier
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if planted == "a link":
+        (root / "jax").rmdir()
+        (root / "jax").symlink_to(elsewhere)
+    else:
+        os.chown(root / "jax", NOBODY, -1)
+    # a filled node leaves its entries with the root (another node: nothing to fetch there)
+    record, err = run_on(tmp_path / "node-a", local, jax_job(tmp_path),
+                         node_env(root, local, tmp_path / "rec-a"))
+    counts = record["jax"]["tier"]
+    assert counts["promoted"] == 0 and counts["state"].startswith("off: ")
+    assert ("is a link" if planted == "a link" else f"owned by uid {NOBODY}") in counts["state"]
+    assert not any(elsewhere.iterdir())
+    assert not any(p.name.endswith("-cache") for p in (root / "jax").iterdir())
+    assert len(entries(tmp_path / "node-a" / "jax")) == 3  # the job ran with its local tier
+    assert err.count("gpu-cache: warning") == 1
+
+
+def fake_jax_entry(folder: Path, name: str, size: int, age: float) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-cache"
+    path.write_bytes(b"x" * size)
+    when = time.time() - age
+    os.utime(path, (when, when))
+    return path
+
+
+def fake_triton_entry(folder: Path, key: str, size: int, age: float) -> Path:
+    entry = folder / key
+    entry.mkdir(parents=True)
+    (entry / "k.cubin").write_bytes(b"x" * size)
+    (entry / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.cubin": str(entry / "k.cubin")}}))
+    when = time.time() - age
+    for path in (*entry.iterdir(), entry):
+        os.utime(path, (when, when))
+    return entry
+
+
+def test_the_local_tier_is_trimmed_to_its_bound_least_recently_used_first(tmp_path, tier):
+    root, local = tier
+    node = tmp_path / "node-a"
+    old = [fake_jax_entry(node / "jax", f"old{i}", 100_000, 3600 * (10 - i)) for i in range(3)]
+    triton_old = fake_triton_entry(node / "triton", "OLDKEY", 100_000, 3600 * 20)
+    recent = fake_jax_entry(node / "jax", "recent", 100_000, 600)
+    environ = node_env(root, local, tmp_path / "rec-a", GPU_CACHE_TIER_MAX_BYTES="250000")
+    run_on(node, local, jax_job(tmp_path), environ)
+    # 512 kB to 250 kB: the three least recently used entries go, whatever their kind
+    assert not triton_old.exists() and not old[0].exists() and not old[1].exists()
+    assert old[2].exists() and recent.exists() and len(entries(node / "jax")) == 5  # and the job's 3
+    assert sum(p.stat().st_size for p in node.rglob("*") if p.is_file()) <= 250_000
+
+    # within ten minutes of the last trim, no process trims again
+    again = fake_jax_entry(node / "jax", "again", 300_000, 3600)
+    run_on(node, local, jax_job(tmp_path), node_env(root, local, tmp_path / "rec-b",
+                                                     GPU_CACHE_TIER_MAX_BYTES="250000"))
+    assert again.exists()
+
+
+def test_a_trim_in_progress_elsewhere_is_not_waited_for(tmp_path, tier):
+    root, local = tier
+    node = tmp_path / "node-a"
+    old = fake_jax_entry(node / "jax", "old", 300_000, 3600)
+    lock = os.open(node / ".gpu-cache-trim.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        run_on(node, local, jax_job(tmp_path), node_env(root, local, tmp_path / "rec-a",
+                                                         GPU_CACHE_TIER_MAX_BYTES="100000"))
+        assert time.monotonic() - started < 60
+    finally:
+        os.close(lock)
+    assert old.exists()
+
+
+def test_your_own_triton_cache_manager_turns_the_tier_off_for_triton(tmp_path, tier):
+    root, local = tier
+    environ = node_env(root, local, tmp_path / "rec-a",
+                       TRITON_CACHE_MANAGER="triton.runtime.cache:FileCacheManager")
+    record, _ = run_on(tmp_path / "node-a", local, TRITON, environ)
+    assert record["triton"]["tier"]["state"] == \
+        "off: TRITON_CACHE_MANAGER=triton.runtime.cache:FileCacheManager is your own"
+    assert record["triton"]["misses"] == 5 and not any((root / "triton").iterdir())
