@@ -291,3 +291,105 @@ def test_your_own_triton_cache_manager_turns_the_tier_off_for_triton(tmp_path, t
     assert record["triton"]["tier"]["state"] == \
         "off: TRITON_CACHE_MANAGER=triton.runtime.cache:FileCacheManager is your own"
     assert record["triton"]["misses"] == 5 and not any((root / "triton").iterdir())
+
+
+#: One job of the single-flight test: imports jax, says it is ready, waits for the go file, then
+#: compiles three chains (three keys).
+FLIGHT_JOB = r'''
+import os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+ready, go = sys.argv[1:3]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.002)
+def chain(n):
+    def f(x):
+        for i in range(n):
+            x = jnp.tanh(x @ x.T * 0.01 + i)
+        return x.sum()
+    f.__name__ = f"chain{n}"
+    return jax.jit(f)
+print([round(float(chain(n)(np.ones((32, 32), np.float32))), 4) for n in (2, 3, 4)])
+'''
+
+
+def test_with_single_flight_two_nodes_compile_each_key_once_and_waiters_fetch_it(tmp_path, tier):
+    """Two nodes, two processes each, one empty root, cluster single-flight: a waiter peeks at
+    the SHARED folder, so it loads the leader's promoted entry wherever the leader ran."""
+    root, local = tier
+    job = tmp_path / "flight.py"
+    job.write_text(FLIGHT_JOB)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    records = tmp_path / "records"
+    environ = node_env(root, local, records, GPU_CACHE_LOCKS=str(root / "locks"),
+                       GPU_CACHE_LOCK_MODE="cluster", GPU_CACHE_LOCK_TIMEOUT="120")
+    procs = [on_node(tmp_path / f"node-{n}", local, [sys.executable, str(job), str(sync / f"ready-{n}{i}"),
+                                                     str(sync / "go")], environ)
+             for n in "ab" for i in range(2)]
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob("ready-*"))) < 4 and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.01)
+    (sync / "go").touch()
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert all(rc == 0 for rc, _out, _err in done), [err[-2000:] for _rc, _out, err in done]
+    assert len({out for _rc, out, _err in done}) == 1  # the same results everywhere
+    sections = [json.loads(p.read_text())["jax"] for p in records.glob("*.json")]
+    assert sum(s["misses"] for s in sections) == 3 and sum(s["hits"] for s in sections) == 9
+    assert sum(s["tier"]["promoted"] for s in sections) == 3 and len(entries(root / "jax")) == 3
+    assert not temporaries(root)
+
+
+def test_xla_autotune_results_are_copied_in_at_import_and_promoted_at_exit(tmp_path, tier):
+    """XLA writes no per-fusion autotune files on CPU: files stand in for them on both sides
+    (the H200 figures show XLA writing and reusing real ones through the tier)."""
+    root, local = tier
+    shared = root / "jax" / "xla_gpu_per_fusion_autotune_cache_dir"
+    shared.mkdir()
+    (shared / "from-node-b.textproto").write_text("results of node b\n")
+    node = tmp_path / "node-a"
+    mine = node / "jax" / "xla_gpu_per_fusion_autotune_cache_dir"
+    mine.mkdir(parents=True)
+    (mine / "from-node-a.textproto").write_text("results of node a\n")
+    (mine / "half.textproto.tmp").write_text("being written\n")
+    record, _ = run_on(node, local, jax_job(tmp_path), node_env(root, local, tmp_path / "rec-a"))
+    assert (mine / "from-node-b.textproto").read_text() == "results of node b\n"
+    assert (shared / "from-node-a.textproto").read_text() == "results of node a\n"
+    assert not (shared / "half.textproto.tmp").exists()
+    counts = record["jax"]["tier"]
+    assert counts["fetched"] == 1 and counts["promoted"] == 4  # 3 entries and one results file
+
+
+INDUCTOR_JOB = """
+import torch
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+def f(x, y):
+    return (x.sin() + y.cos()).relu() * 2
+x, y = torch.randn(64), torch.randn(64)
+assert torch.allclose(torch.compile(f)(x, y), f(x, y), atol=1e-5)
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+@pytest.mark.slow
+def test_a_second_node_hits_the_inductor_graphs_the_first_promoted(tmp_path, tier):
+    pytest.importorskip("torch")
+    root, local = tier
+    job = tmp_path / "inductor_job.py"
+    job.write_text(INDUCTOR_JOB)
+    outputs = []
+    for node in ("node-a", "node-b"):
+        environ = node_env(root, local, tmp_path / f"rec-{node}", TORCHINDUCTOR_COMPILE_THREADS="1",
+                           TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"))
+        proc = on_node(tmp_path / node, local, [sys.executable, str(job)], environ)
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        outputs.append(out.split())
+        record = json.loads(next((tmp_path / f"rec-{node}").glob("*.json")).read_text())
+        outputs.append(record["inductor"]["tier"])
+    (first, first_tier), (second, second_tier) = outputs[0:2], outputs[2:4]
+    assert first == ["0", "1"] and first_tier["promoted"] > 0
+    assert second == ["1", "0"] and second_tier["fetched"] == first_tier["promoted"]
+    assert not temporaries(root)

@@ -14,9 +14,8 @@ filesystem) is the shared tier. This module moves whole entries between them:
   its ``__grp__`` file last (Triton counts a group only when the group file and every child
   exist). A kill -9 at any point thus leaves at most a temporary file (prune removes old ones),
   never a partial entry, and loses no complete one.
-- **bound**: at exit, at most once per ``TRIM_EVERY`` seconds per node (the stamp file's mtime)
-  and only where nobody else trims now (a non-blocking ``flock``), the local tier is cut to
-  ``$GPU_CACHE_TIER_MAX_BYTES``, least recently used whole entries first.
+- **bound**: at exit, the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently
+  used whole entries first (``gpu_cache_tier_bound``).
 
 Every shared and local kind folder is opened without following a link and used through its
 descriptor; one that is not a folder of this user (or root; or the team's, where the shared
@@ -32,26 +31,16 @@ import stat
 import threading
 import time
 
+import gpu_cache_tier_bound as bound
+
 TIER_VAR = "GPU_CACHE_TIER"
 SHARED_VAR = "GPU_CACHE_SHARED"
 MAX_VAR = "GPU_CACHE_TIER_MAX_BYTES"
 #: Test-only: a path the process creates when a promotion has written its temporary file and is
 #: about to link it, after which it sleeps (tests kill it there, deterministically).
 PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
-#: The name every temporary file of the tier starts with (prune removes old ones in both tiers).
-TMP_PREFIX = ".gpu-cache-tmp."
-#: The local tier is trimmed at most this often per node; the stamp file says when it last was.
-TRIM_EVERY = 600.0
-STAMP = ".gpu-cache-trim"
-TRIM_LOCK = ".gpu-cache-trim.lock"
-#: Entries used within this many seconds are in use now: never trimmed.
-IN_USE = 60.0
-#: A temporary file of the local tier older than this was left by a killed process.
-STALE_TMP = 3600.0
-#: At most this many files of a tree kind (Inductor, XLA's autotune folder) are looked at once.
-MAX_TREE_FILES = 20000
-#: XLA's per-fusion autotune results, inside the JAX kind folder.
-XLA_AUTOTUNE = "xla_gpu_per_fusion_autotune_cache_dir"
+TMP_PREFIX = bound.TMP_PREFIX
+XLA_AUTOTUNE = bound.XLA_AUTOTUNE
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
@@ -428,7 +417,7 @@ class Tier:
 
     def fetch_tree(self, kind, sub=""):
         """Copy the files of the shared ``<kind>/<sub>`` tree missing locally (at most
-        MAX_TREE_FILES looked at). Never raises."""
+        bound.MAX_TREE_FILES looked at). Never raises."""
         if kind in self.off:
             return
         started = time.monotonic()
@@ -438,7 +427,7 @@ class Tier:
             local_root = os.path.join(self.local_folder(kind), sub)
             self.shared.folder(kind)  # the rules, for the kind folder
             known = self.known.setdefault((kind, sub), set())
-            for rel in _tree_files(shared_root):
+            for rel in bound.tree_files(shared_root):
                 known.add(rel)
                 if os.path.lexists(os.path.join(local_root, rel)):
                     continue
@@ -471,7 +460,7 @@ class Tier:
         local_root = os.path.join(self.local_folder(kind), sub)
         size = promoted = 0
         try:
-            for rel in _tree_files(local_root):
+            for rel in bound.tree_files(local_root):
                 if rel in known:
                     continue
                 folder, name = os.path.split(rel)
@@ -498,56 +487,15 @@ class Tier:
     # --- the bound ---------------------------------------------------------------------------
 
     def trim(self, now=None):
-        """Cut the local tier to ``max_bytes``, least recently used whole entries first, at most
-        once per TRIM_EVERY seconds per node and only when nobody else trims now. Returns the
-        entries removed (None: not this time). Never raises."""
+        """The bound (``gpu_cache_tier_bound``). Never raises."""
         if not self.max_bytes or self.max_bytes <= 0:
             return None
         try:
-            return self._trim(time.time() if now is None else now)
+            return bound.trim(self.local.root, self.max_bytes, now)
         except Exception as exc:
             self._failed("trimming the local tier", exc)
             return None
 
-    def _trim(self, now):
-        import fcntl
-
-        root = self.local.root
-        try:
-            if now - os.stat(os.path.join(root, STAMP), follow_symlinks=False).st_mtime < TRIM_EVERY:
-                return None
-        except FileNotFoundError:
-            pass
-        fd = os.open(os.path.join(root, TRIM_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    return None  # another process trims now
-                raise
-            stamp = os.path.join(root, STAMP)
-            try:
-                if now - os.stat(stamp, follow_symlinks=False).st_mtime < TRIM_EVERY:
-                    return None  # it just did
-            except FileNotFoundError:
-                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            os.utime(stamp, (now, now), follow_symlinks=False)
-            entries = _local_entries(root, now)
-            total = sum(size for _used, size, _remove in entries)
-            removed = 0
-            for used, size, remove in sorted(entries, key=lambda entry: entry[0]):
-                if total <= self.max_bytes:
-                    break
-                if now - used < IN_USE:
-                    continue
-                remove()
-                total -= size
-                removed += 1
-            return removed
-        finally:
-            os.close(fd)
 
     def at_exit(self):
         """Promote what is left (XLA's autotune files, Inductor's), then the bound."""
@@ -662,34 +610,6 @@ def _open_below(side, kind, rel, make):
 
 
 #: Names a tree sync never copies: locks, temporary files of the tools and of the tier.
-_SKIP_DIRS = ("locks",)
-
-
-def _tree_files(root):
-    """Relative paths of the regular files under ``root`` (no links followed; no hidden,
-    temporary or lock files), at most MAX_TREE_FILES."""
-    out = []
-    stack = [""]
-    while stack and len(out) < MAX_TREE_FILES:
-        rel = stack.pop()
-        try:
-            listing = list(os.scandir(os.path.join(root, rel)))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for item in listing:
-            name = item.name
-            if name.startswith(".") or name.endswith((".tmp", ".lock")) or ".tmp" in name:
-                continue
-            if item.is_dir(follow_symlinks=False):
-                if name not in _SKIP_DIRS:
-                    stack.append(os.path.join(rel, name))
-            elif item.is_file(follow_symlinks=False):
-                out.append(os.path.join(rel, name))
-                if len(out) >= MAX_TREE_FILES:
-                    break
-    return out
-
-
 def _group_children(folder_fd, group_name):
     """The child file names a Triton group file lists (each must be a plain name), or None."""
     import json
@@ -726,95 +646,6 @@ def _rewrite_group(data, folder):
         return None
     moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
     return json.dumps({"child_paths": moved}).encode()
-
-
-def _local_entries(root, now):
-    """``(last used, bytes, remove)`` for each whole entry of the local tier: a JAX entry (its
-    ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's autotune folder or of
-    Inductor's tree. Temporary files of the tier left by a killed process are removed here."""
-    entries = []
-    jax = os.path.join(root, "jax")
-    for item in _scan(jax):
-        name = item.name
-        info = _lstat(item)
-        if info is None:
-            continue
-        if name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-        elif name.endswith("-cache") and stat.S_ISREG(info.st_mode):
-            atime = item.path[:-len("-cache")] + "-atime"
-            extra = _lstat_path(atime)
-            entries.append((max(info.st_mtime, extra.st_mtime if extra else 0),
-                            info.st_size + (extra.st_size if extra else 0),
-                            _remover([item.path, atime])))
-    for folder in (os.path.join(jax, XLA_AUTOTUNE), os.path.join(root, "inductor")):
-        for rel in _tree_files(folder):
-            path = os.path.join(folder, rel)
-            info = _lstat_path(path)
-            if info is not None:
-                entries.append((info.st_mtime, info.st_size, _remover([path])))
-    for item in _scan(os.path.join(root, "triton")):
-        info = _lstat(item)
-        if info is None:
-            continue
-        if item.name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            continue
-        used, size, files = info.st_mtime, 0, []
-        for child in _scan(item.path):
-            child_info = _lstat(child)
-            if child_info is None or not stat.S_ISREG(child_info.st_mode):
-                continue
-            used, size = max(used, child_info.st_mtime), size + child_info.st_size
-            files.append(child.path)
-        # group files first: a reader then sees a miss, never a group without its children
-        files.sort(key=lambda path: not os.path.basename(path).startswith("__grp__"))
-        entries.append((used, size, _remover(files, folder=item.path)))
-    return entries
-
-
-def _scan(folder):
-    try:
-        return list(os.scandir(folder))
-    except OSError:
-        return []
-
-
-def _lstat(item):
-    try:
-        return item.stat(follow_symlinks=False)
-    except OSError:
-        return None
-
-
-def _lstat_path(path):
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _remover(paths, folder=None):
-    def remove():
-        for path in paths:
-            _unlink(path)
-        if folder is not None:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass  # a file appeared meanwhile: kept
-    return remove
 
 
 # --- the process's tier ------------------------------------------------------------------

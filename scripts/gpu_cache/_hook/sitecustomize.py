@@ -169,8 +169,7 @@ def _observe(name):
 
 
 def _inductor(module):
-    _piece("gpu_cache_hook_common")
-    tier = _piece("gpu_cache_tier").get(_HOOK.warn)
+    tier = _piece("gpu_cache_hook_common").tier(_HOOK)
     if tier is not None:
         _HOOK.parts.setdefault("inductor", {})
         tier.fetch_tree("inductor")
