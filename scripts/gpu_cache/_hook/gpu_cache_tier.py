@@ -93,6 +93,9 @@ class _Side:
                 self.team_gid = info.st_gid  # a team's root (shared_group mode)
         except OSError:
             pass
+        # the mode of the folders it makes (a Triton key, a tree's folders): as the tools
+        # make them under a usual umask, never writable by others (the rules would refuse it)
+        self.dir_mode = 0o700 if create else 0o775 if self.team_gid is not None else 0o755
 
     def folder(self, kind):
         """The descriptor of ``<root>/<kind>``. Raises Refused or OSError."""
@@ -131,7 +134,7 @@ class _Side:
         parent = self.folder(kind)
         if make:
             try:
-                os.mkdir(name, 0o777 if self.team_gid is not None else 0o755, dir_fd=parent)
+                os.mkdir(name, self.dir_mode, dir_fd=parent)
             except FileExistsError:
                 pass
         try:
@@ -594,7 +597,7 @@ def _open_below(side, kind, rel, make):
                 raise Refused(errno.EPERM, f"{rel} is not a plain path")
             if make:
                 try:
-                    os.mkdir(name, 0o700 if side.create else 0o755, dir_fd=fd)
+                    os.mkdir(name, side.dir_mode, dir_fd=fd)
                 except FileExistsError:
                     pass
             sub = os.open(name, _DIR, dir_fd=fd)

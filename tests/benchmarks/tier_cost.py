@@ -1,0 +1,163 @@
+"""Benchmark: the node-local tier's own cost on the job side (issue 23), on this machine's CPU.
+
+    python tests/benchmarks/tier_cost.py [--entries 40] [--repeats 15] [--shared DIR] [--out FILE]
+
+Every figure comes from real processes with the startup hook on (records on, as the profile
+exports them), the variables of the tier set by hand as ``gpu-cache env`` exports them:
+
+- startup: ``python -c pass`` and ``python -c "import jax"``, tier off vs on (interleaved,
+  medians): what the tier adds to a process that compiles nothing;
+- JAX: a program that compiles ``--entries`` small functions (one entry each). ``tier, cold``:
+  an empty root, every entry promoted; ``tier, new node``: the same local path emptied, every
+  entry copied in (fetched); ``tier, warm node``: the local tier full; ``straight``: the tier
+  off, the cache in the shared folder, cold then warm. The records give the tier's own seconds,
+  per entry;
+- Triton: the built-in triton-kernels workload (5 kernels, ahead of time for sm_90), the same
+  four cases.
+
+``--shared`` puts the shared root in DIR (an sshfs mount, say) instead of a local temporary
+folder: the network read path. Prints a table and writes the figures as JSON with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from timing import run  # tests/benchmarks/timing.py
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK = REPO / "scripts" / "gpu_cache" / "_hook"
+FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
+          "for i in range(int(sys.argv[1])):\n"
+          "    jax.jit(lambda x, i=i: jnp.tanh(x @ x.T) * (i + 1))(np.ones((64, 64), np.float32))"
+          ".block_until_ready()\n")
+TRITON = [sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64", "--mode", "aot"]
+
+
+def environ(root: Path, local: Path | None, records: Path) -> dict[str, str]:
+    """A job's environment: the hook with records; the tier in ``local`` (None: off, the
+    caches straight in ``root``)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPU_CACHE_", "JAX_", "TRITON_", "PYTHON", "XLA_"))}
+    where = local if local is not None else root
+    env.update({"PYTHONPATH": f"{HOOK}:{REPO / 'scripts'}", "GPU_CACHE_RECORDS": str(records),
+                "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(where / "jax"),
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "TRITON_CACHE_DIR": str(where / "triton"),
+                "TRITON_DEFAULT_FP_FUSION": "1", "GPU_CACHE_RUN_ID": uuid.uuid4().hex})
+    if local is not None:
+        env.update({"GPU_CACHE_TIER": str(local), "GPU_CACHE_SHARED": str(root),
+                    "GPU_CACHE_TIER_MAX_BYTES": str(20 << 30),
+                    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "xla_gpu_per_fusion_autotune_cache_dir"})
+    return env
+
+
+def tier_of(records: Path, run_id: str, kind: str) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for path in records.glob("*.json"):
+        record = json.loads(path.read_text())
+        if record.get("run_id") != run_id:
+            continue
+        section = record.get(kind) or {}
+        for name, value in (section.get("tier") or {}).items():
+            if isinstance(value, (int, float)):
+                sums[name] = sums.get(name, 0) + value
+        for name in ("hits", "misses"):
+            sums[name] = sums.get(name, 0) + (section.get(name) or 0)
+    return sums
+
+
+def case(command: list[str], env: dict[str, str], kind: str) -> dict[str, Any]:
+    wall, cpu, _out = run(command, env)
+    tier = tier_of(Path(env["GPU_CACHE_RECORDS"]), env["GPU_CACHE_RUN_ID"], kind)
+    out: dict[str, Any] = {"wall": round(wall, 3), "cpu": round(cpu, 3),
+                           "hits": int(tier.get("hits", 0)), "misses": int(tier.get("misses", 0))}
+    moved = tier.get("fetched", 0) + tier.get("promoted", 0)
+    if "seconds" in tier:
+        out.update({"fetched": int(tier["fetched"]), "promoted": int(tier["promoted"]),
+                    "bytes": int(tier["fetched_bytes"] + tier["promoted_bytes"]),
+                    "tier_seconds": round(tier["seconds"], 4),
+                    "ms_per_entry": round(1000 * tier["seconds"] / moved, 3) if moved else None})
+    return out
+
+
+def cases(command: list[str], kind: str, shared_base: Path | None, scratch: Path) -> dict[str, Any]:
+    records = scratch / "records"
+    records.mkdir(exist_ok=True)
+    base = shared_base or scratch
+    root, straight = base / f"root-{uuid.uuid4().hex[:8]}", base / f"straight-{uuid.uuid4().hex[:8]}"
+    local = scratch / "local"
+    for folder in (root, straight):
+        for name in ("jax", "triton"):
+            (folder / name).mkdir(parents=True)
+    try:
+        out = {"straight, cold": case(command, environ(straight, None, records), kind),
+               "straight, warm": case(command, environ(straight, None, records), kind),
+               "tier, cold": case(command, environ(root, local, records), kind)}
+        shutil.rmtree(local)  # a new node: the same fixed path, empty
+        out["tier, new node"] = case(command, environ(root, local, records), kind)
+        out["tier, warm node"] = case(command, environ(root, local, records), kind)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(straight, ignore_errors=True)
+    return out
+
+
+def startup(repeats: int, scratch: Path) -> dict[str, Any]:
+    root, local, records = scratch / "s-root", scratch / "s-local", scratch / "s-records"
+    (root / "jax").mkdir(parents=True)
+    out: dict[str, Any] = {}
+    for name, program in (("python -c pass", "pass"), ("import jax", "import jax")):
+        samples: dict[str, list[float]] = {"tier off": [], "tier on": []}
+        for _ in range(repeats):  # interleaved: load on the machine moves both alike
+            samples["tier off"].append(run([sys.executable, "-c", program], environ(root, None, records))[0])
+            samples["tier on"].append(run([sys.executable, "-c", program], environ(root, local, records))[0])
+        medians = {k: round(statistics.median(v) * 1000, 1) for k, v in samples.items()}
+        out[name] = {**medians, "added_ms": round(medians["tier on"] - medians["tier off"], 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--shared", type=Path,
+                        help="where the shared roots go (default: a local temporary folder)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tier-cost-") as scratch:
+        scratch_path = Path(scratch)
+        filler = scratch_path / "filler.py"
+        filler.write_text(FILLER)
+        results = {
+            "startup_ms": startup(args.repeats, scratch_path),
+            "jax": cases([sys.executable, str(filler), str(args.entries)], "jax", args.shared,
+                         scratch_path / "j"),
+            "triton": cases(TRITON, "triton", args.shared, scratch_path / "t"),
+        }
+    print(f"{'startup (median ms)':28} {'tier off':>9} {'tier on':>9} {'added':>7}")
+    for name, row in results["startup_ms"].items():
+        print(f"{name:28} {row['tier off']:9} {row['tier on']:9} {row['added_ms']:7}")
+    for kind in ("jax", "triton"):
+        print(f"\n{kind:18} {'wall s':>7} {'hits':>5} {'miss':>5} {'fetch':>6} {'prom.':>6} {'bytes':>9} "
+              f"{'tier s':>7} {'ms/entry':>8}")
+        for name, row in results[kind].items():
+            print(f"{name:18} {row['wall']:7} {row['hits']:5} {row['misses']:5} {row.get('fetched', ''):>6} "
+                  f"{row.get('promoted', ''):>6} {row.get('bytes', ''):>9} {row.get('tier_seconds', ''):>7} "
+                  f"{row.get('ms_per_entry') or '':>8}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
