@@ -5,8 +5,9 @@
 Every figure comes from real processes with the startup hook on (records on, as the profile
 exports them), the variables of the tier set by hand as ``gpu-cache env`` exports them:
 
-- startup: ``python -c pass`` and ``python -c "import jax"``, tier off vs on (interleaved,
-  medians): what the tier adds to a process that compiles nothing;
+- startup: ``sitecustomize``'s import time (``python -X importtime -c pass``), tier off vs on
+  (interleaved, medians), and what the tier adds when a process imports jax (its pieces, the
+  process's tier, the look for XLA's autotune files), timed inside the process;
 - JAX: a program that compiles ``--entries`` small functions (one entry each). ``tier, cold``:
   an empty root, every entry promoted; ``tier, new node``: the same local path emptied, every
   entry copied in (fetched); ``tier, warm node``: the local tier full; ``straight``: the tier
@@ -25,6 +26,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -92,7 +94,7 @@ def case(command: list[str], env: dict[str, str], kind: str) -> dict[str, Any]:
 
 def cases(command: list[str], kind: str, shared_base: Path | None, scratch: Path) -> dict[str, Any]:
     records = scratch / "records"
-    records.mkdir(exist_ok=True)
+    records.mkdir(parents=True, exist_ok=True)
     base = shared_base or scratch
     root, straight = base / f"root-{uuid.uuid4().hex[:8]}", base / f"straight-{uuid.uuid4().hex[:8]}"
     local = scratch / "local"
@@ -112,17 +114,37 @@ def cases(command: list[str], kind: str, shared_base: Path | None, scratch: Path
     return out
 
 
+#: What the tier adds when a process imports jax, timed inside one process (the machine's load
+#: moves a whole process's wall time by far more): loading its pieces, making the process's
+#: tier, and looking for XLA's autotune files in the shared root.
+AT_IMPORT = (
+    "import sys, time\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "started = time.perf_counter()\n"
+    "import gpu_cache_tier_bound, gpu_cache_tier\n"
+    "tier = gpu_cache_tier.get()\n"
+    "tier.fetch_tree('jax', gpu_cache_tier.XLA_AUTOTUNE)\n"
+    "print((time.perf_counter() - started) * 1000)\n")
+
+
 def startup(repeats: int, scratch: Path) -> dict[str, Any]:
+    """``sitecustomize``'s import time (``python -X importtime -c pass``), tier off and on,
+    and what the tier adds at ``import jax``: medians in ms."""
     root, local, records = scratch / "s-root", scratch / "s-local", scratch / "s-records"
     (root / "jax").mkdir(parents=True)
-    out: dict[str, Any] = {}
-    for name, program in (("python -c pass", "pass"), ("import jax", "import jax")):
-        samples: dict[str, list[float]] = {"tier off": [], "tier on": []}
-        for _ in range(repeats):  # interleaved: load on the machine moves both alike
-            samples["tier off"].append(run([sys.executable, "-c", program], environ(root, None, records))[0])
-            samples["tier on"].append(run([sys.executable, "-c", program], environ(root, local, records))[0])
-        medians = {k: round(statistics.median(v) * 1000, 1) for k, v in samples.items()}
-        out[name] = {**medians, "added_ms": round(medians["tier on"] - medians["tier off"], 1)}
+    samples: dict[str, list[float]] = {"tier off": [], "tier on": []}
+    for _ in range(repeats):  # interleaved: load on the machine moves both alike
+        for name, where in (("tier off", None), ("tier on", local)):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                                  env=environ(root, where, records), capture_output=True, text=True)
+            line = next(x for x in done.stderr.splitlines() if x.split("|")[-1].strip() == "sitecustomize")
+            samples[name].append(int(line.split("|")[1]) / 1000)
+    out: dict[str, Any] = {"sitecustomize": {k: round(statistics.median(v), 3) for k, v in samples.items()}}
+    at_import = [float(run([sys.executable, "-c", AT_IMPORT, str(HOOK)], environ(root, local, records))[2])
+                 for _ in range(repeats)]
+    out["tier at import jax"] = {"tier off": 0.0, "tier on": round(statistics.median(at_import), 3)}
+    for row in out.values():
+        row["added_ms"] = round(row["tier on"] - row["tier off"], 3)
     return out
 
 

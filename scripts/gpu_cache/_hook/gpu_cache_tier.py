@@ -156,8 +156,6 @@ class Tier:
     XLA_AUTOTUNE = XLA_AUTOTUNE
 
     def __init__(self, local, shared, max_bytes, warn):
-        import socket
-
         self.local = _Side(local, create=True)
         self.shared = _Side(shared, create=False)
         self.max_bytes = max_bytes
@@ -167,7 +165,7 @@ class Tier:
         self.known = {}  # tree kind folder -> names known to be in the shared tier
         self.mutex = threading.Lock()
         self.pid = os.getpid()
-        self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
+        self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.uname().nodename)[:64]
 
     # --- what the record says ------------------------------------------------------------
 
