@@ -1,6 +1,6 @@
 """Benchmark: the node-local tier's own cost on the job side (issue 23), on this machine's CPU.
 
-    python tests/benchmarks/tier_cost.py [--entries 40] [--repeats 15] [--shared DIR] [--out FILE]
+    python tests/benchmarks/tier_cost.py [--entries 40] [--repeats 15] [--sshfs] [--out FILE]
 
 Every figure comes from real processes with the startup hook on (records on, as the profile
 exports them), the variables of the tier set by hand as ``gpu-cache env`` exports them:
@@ -16,13 +16,15 @@ exports them), the variables of the tier set by hand as ``gpu-cache env`` export
 - Triton: the built-in triton-kernels workload (5 kernels, ahead of time for sm_90), the same
   four cases.
 
-``--shared`` puts the shared root in DIR (an sshfs mount, say) instead of a local temporary
-folder: the network read path. Prints a table and writes the figures as JSON with ``--out``.
+``--sshfs`` puts the shared roots on a real sshfs mount of this machine (tests/sshfs_mount.py;
+needs root) instead of a local folder: the network read and write path. Prints a table and
+writes the figures as JSON with ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -127,10 +129,11 @@ AT_IMPORT = (
     "print((time.perf_counter() - started) * 1000)\n")
 
 
-def startup(repeats: int, scratch: Path) -> dict[str, Any]:
+def startup(repeats: int, scratch: Path, shared: Path | None) -> dict[str, Any]:
     """``sitecustomize``'s import time (``python -X importtime -c pass``), tier off and on,
-    and what the tier adds at ``import jax``: medians in ms."""
-    root, local, records = scratch / "s-root", scratch / "s-local", scratch / "s-records"
+    and what the tier adds at ``import jax`` (the shared root in ``shared``, else local):
+    medians in ms."""
+    root, local, records = (shared or scratch) / "s-root", scratch / "s-local", scratch / "s-records"
     (root / "jax").mkdir(parents=True)
     samples: dict[str, list[float]] = {"tier off": [], "tier on": []}
     for _ in range(repeats):  # interleaved: load on the machine moves both alike
@@ -148,29 +151,37 @@ def startup(repeats: int, scratch: Path) -> dict[str, Any]:
     return out
 
 
+def measure(args: argparse.Namespace, scratch: Path, shared: Path | None) -> dict[str, Any]:
+    filler = scratch / "filler.py"
+    filler.write_text(FILLER)
+    return {"shared": "sshfs" if shared is not None else "local folder",
+            "startup_ms": startup(args.repeats, scratch, shared),
+            "jax": cases([sys.executable, str(filler), str(args.entries)], "jax", shared, scratch / "j"),
+            "triton": cases(TRITON, "triton", shared, scratch / "t")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--shared", type=Path,
-                        help="where the shared roots go (default: a local temporary folder)")
+    parser.add_argument("--sshfs", action="store_true", help="the shared roots on an sshfs mount")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tier-cost-") as scratch:
         scratch_path = Path(scratch)
-        filler = scratch_path / "filler.py"
-        filler.write_text(FILLER)
-        results = {
-            "startup_ms": startup(args.repeats, scratch_path),
-            "jax": cases([sys.executable, str(filler), str(args.entries)], "jax", args.shared,
-                         scratch_path / "j"),
-            "triton": cases(TRITON, "triton", args.shared, scratch_path / "t"),
-        }
+        with contextlib.ExitStack() as stack:
+            shared = None
+            if args.sshfs:
+                from sshfs_mount import SshfsMount  # tests/sshfs_mount.py
+
+                shared = stack.enter_context(SshfsMount(scratch_path / "sshfs")).mount_point
+            results = measure(args, scratch_path, shared)
     print(f"{'startup (median ms)':28} {'tier off':>9} {'tier on':>9} {'added':>7}")
     for name, row in results["startup_ms"].items():
         print(f"{name:28} {row['tier off']:9} {row['tier on']:9} {row['added_ms']:7}")
     for kind in ("jax", "triton"):
-        print(f"\n{kind:18} {'wall s':>7} {'hits':>5} {'miss':>5} {'fetch':>6} {'prom.':>6} {'bytes':>9} "
+        title = f"{kind} ({results['shared']})"
+        print(f"\n{title:18} {'wall s':>7} {'hits':>5} {'miss':>5} {'fetch':>6} {'prom.':>6} {'bytes':>9} "
               f"{'tier s':>7} {'ms/entry':>8}")
         for name, row in results[kind].items():
             print(f"{name:18} {row['wall']:7} {row['hits']:5} {row['misses']:5} {row.get('fetched', ''):>6} "

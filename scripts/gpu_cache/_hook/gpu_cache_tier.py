@@ -86,6 +86,7 @@ class _Side:
         self.root = root
         self.create = create  # make missing kind folders (the local tier: ours)
         self.fds = {}  # kind -> fd, or the Refused of that kind
+        self.mutex = threading.Lock()
         self.team_gid = None
         try:
             info = os.stat(root)
@@ -99,6 +100,10 @@ class _Side:
 
     def folder(self, kind):
         """The descriptor of ``<root>/<kind>``. Raises Refused or OSError."""
+        with self.mutex:
+            return self._folder(kind)
+
+    def _folder(self, kind):
         known = self.fds.get(kind)
         if isinstance(known, int):
             return known
@@ -185,7 +190,12 @@ class Tier:
         out["seconds"] = round(out["seconds"], 3)
         out["local"] = os.path.join(self.local.root, kind)
         out["shared"] = os.path.join(self.shared.root, kind)
-        out["state"] = f"off: {self.off[kind]}" if kind in self.off else "on"
+        if kind in self.off:
+            out["state"] = f"off: {self.off[kind]}"
+        elif f"{kind}:promote" in self.off:
+            out["state"] = f"on, promotion off: {self.off[kind + ':promote']}"
+        else:
+            out["state"] = "on"
         return out
 
     def local_folder(self, kind):
