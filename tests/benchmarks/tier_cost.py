@@ -38,6 +38,7 @@ from typing import Any
 from timing import run  # tests/benchmarks/timing.py
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # tests/sshfs_mount.py, for --sshfs
 HOOK = REPO / "scripts" / "gpu_cache" / "_hook"
 FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
           "for i in range(int(sys.argv[1])):\n"
