@@ -395,3 +395,27 @@ def test_a_second_node_hits_the_inductor_graphs_the_first_promoted(tmp_path, tie
     assert first == ["0", "1"] and first_tier["promoted"] > 0
     assert second == ["1", "0"] and second_tier["fetched"] == first_tier["promoted"]
     assert not temporaries(root)
+
+
+def test_a_link_planted_in_the_shared_root_is_never_followed(tmp_path, tier):
+    """A child of a promoted Triton group and a JAX entry replaced by links to a file of the
+    user's own: node B copies neither, compiles those two, and its job passes."""
+    root, local = tier
+    run_on(tmp_path / "node-a", local, TRITON, node_env(root, local, tmp_path / "rec-a"))
+    run_on(tmp_path / "node-a", local, jax_job(tmp_path), node_env(root, local, tmp_path / "rec-a2"))
+    secret = tmp_path / "secret"
+    secret.write_text("not a kernel\n")
+    cubin = next((root / "triton").glob("*/*.cubin"))
+    cubin.unlink()
+    cubin.symlink_to(secret)
+    entry = next((root / "jax").glob("*-cache"))
+    entry.unlink()
+    entry.symlink_to(secret)
+    triton, err = run_on(tmp_path / "node-b", local, TRITON, node_env(root, local, tmp_path / "rec-b"))
+    assert (triton["triton"]["hits"], triton["triton"]["misses"]) == (4, 1)
+    assert err.count("gpu-cache: warning") == 1
+    jax, _ = run_on(tmp_path / "node-b", local, jax_job(tmp_path), node_env(root, local, tmp_path / "rec-b2"))
+    assert (jax["jax"]["hits"], jax["jax"]["misses"]) == (2, 1)
+    node = tmp_path / "node-b"
+    assert not any(p.is_symlink() or p.read_bytes() == secret.read_bytes()
+                   for p in node.rglob("*") if p.is_file() or p.is_symlink())

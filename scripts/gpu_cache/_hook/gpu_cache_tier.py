@@ -7,6 +7,7 @@ filesystem) is the shared tier. This module moves whole entries between them:
 
 - **fetch**: an entry missing locally that the shared tier has is copied into a temporary file
   in the local kind folder, then linked to its name (never over an entry that is there);
+  temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``;
 - **promote**: an entry this process just wrote locally is copied into a temporary file
   ``.gpu-cache-tmp.<host>.<pid>.<random>`` in the shared kind folder, then ``os.link``-ed to
   its name, which never replaces an existing entry and is atomic; where the filesystem has no
@@ -268,7 +269,7 @@ class Tier:
             size = self._place(self.shared.folder(kind), name, local, local, name, check)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         if size:
@@ -289,7 +290,7 @@ class Tier:
             shared = self.shared.folder(kind)
             size = self._place(self.local.folder(kind), name, shared, shared, name, check,
                                pause=True)
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
             return False
@@ -304,13 +305,13 @@ class Tier:
         stats["seconds"] += time.monotonic() - started
 
     def _refused(self, kind, exc, fetching=False):
-        """A kind folder the rules refuse, or a filesystem error: warn once. A refused or
-        read-only shared folder turns promotion off for the kind (fetching on for a read-only
-        one); other errors count per entry."""
+        """A kind folder the rules refuse, a filesystem error, or any other failure: warn
+        once. A refused kind folder turns the tier off for the kind, a read-only (or full, or
+        not writable) shared one promotion (copy-in goes on); other errors count per entry."""
         if isinstance(exc, Refused):
             self.disable(kind, exc.strerror)
-        elif not fetching and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
-                                            errno.EDQUOT):
+        elif not fetching and getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM,
+                                                               errno.ENOSPC, errno.EDQUOT):
             self.off.setdefault(f"{kind}:promote", exc.strerror or repr(exc))
         self._failed(kind, exc)
 
@@ -341,15 +342,15 @@ class Tier:
                     continue
                 except FileNotFoundError:
                     pass
-                placed = self._place(src, child, dst, dst, child)
+                placed = self._place(src, child, self.local.folder(kind), dst, child)
                 if not placed and not _exists_at(dst, child):
                     return False
                 size += placed
-            size += self._place(src, group_name, dst, dst, group_name,
+            size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
                                 rewrite=lambda data: _rewrite_group(data, local_dir))
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         finally:
@@ -373,10 +374,10 @@ class Tier:
         try:
             src = self.shared.sub(kind, key, make=False)
             dst = self.local.sub(kind, key, make=True)
-            size = self._place(src, name, dst, dst, name)
+            size = self._place(src, name, self.local.folder(kind), dst, name)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         finally:
@@ -413,7 +414,7 @@ class Tier:
             if group_name is not None and _plain(group_name):
                 size += self._place(src, group_name, shared, dst, group_name, pause=True,
                                     rewrite=lambda data: _rewrite_group(data, shared_dir))
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
             return False
@@ -446,7 +447,7 @@ class Tier:
                 src = _open_below(self.shared, kind, os.path.join(sub, folder), make=False)
                 dst = _open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
-                    placed = self._place(src, name, dst, dst, name)
+                    placed = self._place(src, name, self.local.folder(kind), dst, name)
                 finally:
                     os.close(src)
                     os.close(dst)
@@ -454,7 +455,7 @@ class Tier:
                 size += placed
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
         stats = self.counts(kind)
         stats["fetched"] += fetched
@@ -487,7 +488,7 @@ class Tier:
                 size += placed
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
         stats = self.counts(kind)
