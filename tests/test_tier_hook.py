@@ -419,3 +419,39 @@ def test_a_link_planted_in_the_shared_root_is_never_followed(tmp_path, tier):
     node = tmp_path / "node-b"
     assert not any(p.is_symlink() or p.read_bytes() == secret.read_bytes()
                    for p in node.rglob("*") if p.is_file() or p.is_symlink())
+
+
+#: Triton's cache manager as the hook installs it, used as Triton's driver and autotuner use it
+#: for files read alone: ``put`` of a launcher ``.so`` and an ``*.autotune.json``, then
+#: ``get_file`` of each (in a process that imports triton, the hook installed the manager).
+ALONE_FILES = r'''
+import sys
+import triton
+from triton import knobs
+manager = knobs.cache.manager_class
+print(manager.__name__)
+for name, data in (("launcher.so", b"\x7fELF launcher"), ("kernel.autotune.json", '{"key": 1}')):
+    cache = manager("K" * 52)
+    if sys.argv[1] == "put":
+        cache.put(data, name, binary=isinstance(data, bytes))
+    print(name, open(cache.get_file(name), "rb").read() if cache.get_file(name) else None)
+'''
+
+
+def test_files_triton_reads_alone_are_promoted_when_written_and_fetched_when_missing(tmp_path, tier):
+    root, local = tier
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE_FILES)
+    proc = on_node(tmp_path / "node-a", local, [sys.executable, str(script), "put"],
+                   node_env(root, local, tmp_path / "rec-a"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.startswith("TierCacheManager"), err[-2000:]
+    shared = root / "triton" / ("K" * 52)
+    assert (shared / "launcher.so").read_bytes() == b"\x7fELF launcher"
+    assert (shared / "kernel.autotune.json").read_text() == '{"key": 1}'
+    proc = on_node(tmp_path / "node-b", local, [sys.executable, str(script), "get"],
+                   node_env(root, local, tmp_path / "rec-b"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "launcher.so b'\\x7fELF launcher'" in out and """kernel.autotune.json b'{"key": 1}'""" in out
+    assert (tmp_path / "node-b" / "triton" / ("K" * 52) / "launcher.so").is_file()
