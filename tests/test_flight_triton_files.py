@@ -121,3 +121,27 @@ def test_a_failed_autotune_releases_its_lock(tmp_path, cache_root):
     assert took < 30, took
     assert triton_files.calls(tools, "bench") == 2
     assert not any((cache_root / "locks" / "triton").glob("*.lock"))
+
+
+@pytest.mark.slow
+def test_files_in_a_read_only_seed_are_neither_built_nor_benchmarked_again(tmp_path, cache_root):
+    """gpu-cache's seed manager (a read-only root): the launcher library and the autotune
+    result found in the seed are used as they are, by every process; nothing is written
+    node-locally and no lock is taken."""
+    tools = tmp_path / "tools"
+    environ = job_env(cache_root, tools, {"timeout": "2m"})
+    for what in COUNTED:
+        start_together(tmp_path, what, environ, tools, n=1)
+    local = tmp_path / "node-local"
+    seeded = dict(environ, TRITON_CACHE_MANAGER="gpu_cache_triton_seed:SeedOverlayCacheManager",
+                  GPU_CACHE_TRITON_SEED=str(cache_root / "triton"), TRITON_CACHE_DIR=str(local),
+                  GPU_CACHE_LOCKS=str(tmp_path / "node-locks"))
+    for what in COUNTED:
+        outputs = start_together(tmp_path, what, seeded, tools)
+        assert triton_files.calls(tools, COUNTED[what]) == 1  # the seed's, made above
+        if what == "launcher":  # the seed's file itself
+            assert {Path(o["path"]).parent.parent for o in outputs} == {cache_root / "triton"}
+        else:
+            assert {o["chosen"]["BLOCK"] for o in outputs} == {128}
+    assert not [p for p in local.rglob("*") if p.is_file()]
+    assert not (tmp_path / "node-locks").exists() or not any((tmp_path / "node-locks").rglob("*.lock"))
