@@ -64,6 +64,10 @@ class FlightCacheManager(FileCacheManager):
     def _lookup_file(self, filename: str) -> str | None:
         return FileCacheManager.get_file(self, filename)
 
+    def _where(self) -> str:
+        """The cache folder single-flight names the key's lock after."""
+        return os.path.dirname(self.cache_dir)
+
     def get_group(self, filename: str) -> dict[str, str] | None:
         group = self._lookup(filename)
         if group is not None or not self._single_flight:
@@ -91,8 +95,7 @@ class FlightCacheManager(FileCacheManager):
                 raise
 
         try:
-            found, lock = gpu_cache_flight.lead("triton", key, os.path.dirname(self.cache_dir),
-                                                read=lookup, peek=lookup)
+            found, lock = gpu_cache_flight.lead("triton", key, self._where(), read=lookup, peek=lookup)
         except Exception as exc:
             if raised:
                 raise
