@@ -9,6 +9,7 @@ tests/fixtures/triton_files.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ JOB = REPO / "tests" / "fixtures" / "triton_files.py"
 N = 4
 BENCH_SECONDS = "1"
 COUNTED = {"launcher": "cc", "autotune": "bench"}
+OTHER_TRITON = os.environ.get("GPU_CACHE_TEST_OTHER_TRITON")
 
 
 def job_env(root: Path, tools: Path, single_flight: dict) -> dict[str, str]:
@@ -37,13 +39,13 @@ def job_env(root: Path, tools: Path, single_flight: dict) -> dict[str, str]:
 
 
 def start_together(tmp_path: Path, what: str, environ: dict[str, str], tools: Path,
-                   n: int = N) -> list[dict]:
+                   n: int = N, python: str = sys.executable) -> list[dict]:
     """``n`` jobs that import Triton, wait for each other and start at one instant; their
     JSON lines."""
     sync = tmp_path / f"sync-{what}-{time.monotonic_ns()}"
     sync.mkdir()
     go = sync / "go"
-    procs = [subprocess.Popen([sys.executable, str(JOB), str(sync / f"ready{i}"), str(go), what, str(tools),
+    procs = [subprocess.Popen([python, str(JOB), str(sync / f"ready{i}"), str(go), what, str(tools),
                                BENCH_SECONDS], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(n)]
     deadline = time.monotonic() + 120
@@ -92,6 +94,20 @@ def test_with_single_flight_off_each_process_builds_and_benchmarks(tmp_path, cac
     count = triton_files.calls(tools, COUNTED[what])
     print(f"{what}, single-flight off, {N} processes: {count} {COUNTED[what]} calls")
     assert count > 1 if what == "launcher" else count == N  # the benchmark's sleep overlaps them all
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not OTHER_TRITON, reason="GPU_CACHE_TEST_OTHER_TRITON names no Python of another Triton")
+def test_under_triton_3_6_each_signature_launcher_is_built_once(tmp_path, cache_root):
+    """Triton <= 3.6 (the H200's) also builds a launcher library per kernel signature, through
+    the same get_file and put: 4 processes build the utils and the signature's launcher once."""
+    tools = tmp_path / "tools"
+    outputs = start_together(tmp_path, "launcher", job_env(cache_root, tools, {"timeout": "2m"}), tools,
+                             python=str(OTHER_TRITON))
+    assert triton_files.calls(tools, "cc") == 2
+    built = sorted(Path(p).name.split(".")[0] for p in outputs[0]["paths"])
+    assert built == ["__triton_launcher", "cuda_utils"]
+    assert sum(f["led"] for f in flights(cache_root)) == 2
 
 
 @pytest.mark.slow
