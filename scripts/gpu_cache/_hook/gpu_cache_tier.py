@@ -205,7 +205,8 @@ class Tier:
     def shared_folder(self, kind):
         return os.path.join(self.shared.root, kind)
 
-    def _failed(self, what, exc):
+    def failed(self, what, exc):
+        """The process's one warning line (the hook's, printed once at most)."""
         if self.warn is not None:
             self.warn(f"node-local tier ({what}); entries stay local", exc)
 
@@ -313,7 +314,7 @@ class Tier:
         elif not fetching and getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM,
                                                                errno.ENOSPC, errno.EDQUOT):
             self.off.setdefault(f"{kind}:promote", exc.strerror or repr(exc))
-        self._failed(kind, exc)
+        self.failed(kind, exc)
 
     def promoting(self, kind):
         return kind not in self.off and f"{kind}:promote" not in self.off
@@ -505,7 +506,7 @@ class Tier:
         try:
             return bound.trim(self.local.root, self.max_bytes, now)
         except Exception as exc:
-            self._failed("trimming the local tier", exc)
+            self.failed("trimming the local tier", exc)
             return None
 
 
