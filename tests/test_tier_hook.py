@@ -455,3 +455,31 @@ def test_files_triton_reads_alone_are_promoted_when_written_and_fetched_when_mis
     assert proc.returncode == 0, err[-2000:]
     assert "launcher.so b'\\x7fELF launcher'" in out and """kernel.autotune.json b'{"key": 1}'""" in out
     assert (tmp_path / "node-b" / "triton" / ("K" * 52) / "launcher.so").is_file()
+
+
+def test_a_second_node_neither_builds_the_launcher_nor_benchmarks_again(tmp_path, tier):
+    """Triton's real CUDA utils library (built with a counting C compiler) and an autotune
+    result (a benchmark that stands in for the GPU's) made on node A are promoted when written;
+    node B, with an empty local tier, copies them in and builds and benchmarks nothing
+    (tests/fixtures/triton_files.py, the jobs of tests/test_flight_triton_files.py)."""
+    sys.path.insert(0, str(SCRIPTS.parent / "tests" / "fixtures"))
+    import triton_files
+
+    root, local = tier
+    tools = tmp_path / "tools"
+    job = SCRIPTS.parent / "tests" / "fixtures" / "triton_files.py"
+    (tmp_path / "go").touch()
+    found = {}
+    for node in ("node-a", "node-b"):
+        for what in ("launcher", "autotune"):
+            environ = node_env(root, local, tmp_path / f"rec-{node}-{what}", **triton_files.prepare(tools))
+            proc = on_node(tmp_path / node, local, [sys.executable, str(job), str(tmp_path / f"ready-{node}"),
+                                                    str(tmp_path / "go"), what, str(tools), "0"], environ)
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-2000:]
+            found[node, what] = json.loads(out.strip().splitlines()[-1])
+    assert triton_files.calls(tools, "cc") == 1 and triton_files.calls(tools, "bench") == 1
+    assert found["node-b", "autotune"]["chosen"]["BLOCK"] == 128
+    assert len(list((root / "triton").glob("*/cuda_utils*.so"))) == 1
+    assert len(list((root / "triton").glob("*/scale_kernel.autotune.json"))) == 1
+    assert len(list((tmp_path / "node-b" / "triton").glob("*/scale_kernel.autotune.json"))) == 1
