@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_cache.core import hook_records
 from helpers import HOOK, SCRIPTS, TINY, clean_environ, unavailable
 
 TRITON = [sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64", "--mode", "aot"]
@@ -111,6 +112,9 @@ def test_a_second_node_hits_the_jax_entries_the_first_promoted(tmp_path, tier):
     assert counts["fetched_bytes"] == sum(len(v) for v in shared.values())
     assert entries(tmp_path / "node-b" / "jax") == shared
     assert not temporaries(tmp_path / "node-b")
+    found = [*hook_records.read(tmp_path / "rec-a"), *hook_records.read(tmp_path / "rec-b")]
+    jax = hook_records.tier_totals(found)["jax"]  # what stats shows
+    assert (jax.processes, jax.fetched, jax.promoted, jax.promote_failed, jax.off) == (2, 3, 3, 0, [])
 
 
 def test_a_second_node_hits_the_triton_groups_the_first_promoted(tmp_path, tier):
