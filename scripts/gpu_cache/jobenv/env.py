@@ -177,6 +177,11 @@ def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[st
         problem = no_hook and "its reads and promotions need gpu-cache's startup hook, which cannot load"
         warnings: list[str] = []
         if problem is None and local is not None:
+            # The folder that holds it is judged first: nothing is made in one not trusted.
+            problem = check_folder(local.parent, create=False, shared_group=settings.shared_group,
+                                   min_free=0, probe=False,
+                                   trusted_above=tier_trusted_above(settings)).problem
+        if problem is None and local is not None:
             check = check_folder(local, shared_group=settings.shared_group,
                                  min_free=settings.min_free_space,
                                  trusted_above=tier_trusted_above(settings), private=True)
