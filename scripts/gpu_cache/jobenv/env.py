@@ -386,6 +386,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                 # The job works node-locally; the hook reads the shared folder on a miss and
                 # promotes new entries to it (a read-only one: they stay on this node).
                 wanted[kind.env_var] = str(kind.folder(local))
+                if check.read_only:  # the tier with promotion off: it stays on this node
+                    adjusted[kind.name] = (f"{kind.folder(root)} is read-only: jobs read it on a miss "
+                                           f"and keep new entries on this node in {kind.folder(local)}")
                 if kind.name == "jax" and xla_caches == "none":
                     xla_caches = TIER_XLA_CACHES
                 continue
