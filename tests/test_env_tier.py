@@ -203,3 +203,28 @@ def test_the_schema_gives_local_tier_defaults_and_refuses_bad_values(tmp_path):
         assert tier_base(expanded) == tmp_path / "t"
     finally:
         del os.environ["GPU_CACHE_TEST_X"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_a_read_only_root_with_the_tier_keeps_new_entries_on_the_node(tmp_path):
+    """The read-only root with the tier on: jobs read it on a miss and keep what they compile
+    in the tier (promotion cannot happen); no seed reader is needed for Triton."""
+    root = tmp_path / "cache"
+    run_cli("env", "--cache-root", str(root))  # its folders, made while writable
+    os.system(f"mount --bind {root} {root} && mount -o remount,ro,bind {root}")
+    try:
+        out = env_json(root, tier_config(tmp_path / "t", mode="on"), tmp_path)
+        plain = env_json(root, {}, tmp_path)  # local disk: no tier by default
+    finally:
+        os.system(f"umount {root}")
+    local = tmp_path / "t" / tier_digest(root)
+    exports = out["exports"]
+    assert out["tier"]["on"] is True
+    assert [exports[name] for name in TIERED] == [str(local / k) for k in ("jax", "triton", "inductor")]
+    assert "GPU_CACHE_TRITON_SEED" not in exports and "TRITON_CACHE_MANAGER" not in exports
+    for kind in ("jax", "triton", "inductor"):
+        assert out["adjusted"][kind] == (f"{root / kind} is read-only: jobs read it on a miss and keep "
+                                         f"new entries on this node in {local / kind}")
+    # Without the tier the seed reader serves Triton as before.
+    assert plain["tier"]["on"] is False
+    assert plain["exports"]["GPU_CACHE_TRITON_SEED"] == str(root / "triton")
