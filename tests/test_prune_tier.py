@@ -17,7 +17,7 @@ import pytest
 
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.jobenv.env import tier_digest
-from helpers import FILLER, jax_job_env, run_cli, write_config
+from helpers import FILLER, clean_environ, jax_job_env, run_cli, write_config
 
 HOUR = 3600.0
 
@@ -152,3 +152,20 @@ def test_prune_leaves_an_untrusted_local_tier_alone(tmp_path, twelve_entries):
     assert any(p.startswith("local tier: ") and "world-writable" in p and p.endswith("not pruned")
                for p in report["problems"]), report["problems"]
     assert report["tier"]["kinds"] == {} and len(jax_cache.scan(local / "jax")) == 12
+
+
+def test_a_job_in_the_tier_used_the_roots_cache_not_one_outside_it(tmp_path):
+    """A job whose JAX cache folder is the root's tier (its record names that folder): stats
+    and doctor do not call it a folder outside the cache root, and its new entries count."""
+    root, base = tmp_path / "cache", tmp_path / "node-local"
+    config = write_config(tmp_path / "c.yaml", {"local_tier": {"mode": "on", "folder": str(base)}})
+    exports = json.loads(run_cli("env", "--json", "--config", str(config), "--cache-root",
+                                 str(root)).stdout)["exports"]
+    assert exports["JAX_COMPILATION_CACHE_DIR"] == str(base / tier_digest(root) / "jax")
+    job = subprocess.run([sys.executable, "-c", FILLER, "2"], env=clean_environ(**exports),
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-2000:]
+    stats = json.loads(run_cli("stats", "--json", "--config", str(config), "--cache-root", str(root)).stdout)
+    assert stats["usage"]["by_rule"]["-"]["processes"] == 1
+    assert stats["outside_root"] == []
+    assert stats["tier"]["kinds"]["jax"]["entries"] + stats["kinds"]["jax"]["entries"] >= 2
