@@ -169,3 +169,26 @@ def test_a_job_in_the_tier_used_the_roots_cache_not_one_outside_it(tmp_path):
     assert stats["usage"]["by_rule"]["-"]["processes"] == 1
     assert stats["outside_root"] == []
     assert stats["tier"]["kinds"]["jax"]["entries"] + stats["kinds"]["jax"]["entries"] >= 2
+
+
+def test_pack_takes_the_root_and_the_local_entries_it_lacks(tmp_path, twelve_entries):
+    """Six entries were promoted to the root, twelve are in this node's tier: the archive holds
+    the twelve, each once; an unpack elsewhere gets them all."""
+    root, local, config = two_tiers(tmp_path, twelve_entries)
+    for entry in jax_cache.scan(root / "jax")[6:]:  # six not promoted (yet)
+        jax_cache.remove(root / "jax", entry)
+    archive = tmp_path / "cache.tar"
+    packed = run_cli("pack", str(archive), "--json", "--kind", "jax", "--config", str(config),
+                     "--cache-root", str(root))
+    assert packed.returncode == 0, packed.stderr
+    assert json.loads(packed.stdout)["entries"] == {"jax": 12}
+    other = tmp_path / "other"
+    unpacked = run_cli("unpack", str(archive), "--cache-root", str(other))
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert sorted(e.key for e in jax_cache.scan(other / "jax")) == \
+        sorted(e.key for e in jax_cache.scan(twelve_entries))
+    # Without a tier on this node: the root's six.
+    shutil.rmtree(local)
+    alone = run_cli("pack", str(tmp_path / "six.tar"), "--json", "--kind", "jax", "--config", str(config),
+                    "--cache-root", str(root))
+    assert json.loads(alone.stdout)["entries"] == {"jax": 6}
