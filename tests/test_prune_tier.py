@@ -111,6 +111,12 @@ def test_prune_bounds_the_local_tier_to_its_own_size_and_leaves_the_root_to_its_
     old = {e.key for e in entries[:6]}
     assert removed <= old or old <= removed  # the oldest went first
     assert all(row["reason"] == "least recently used over max_size" for row in jax["removed"])
+    (tmp_path / "prune.json").write_text(result.stdout)
+    summary = run_cli("summary", "--prune", str(tmp_path / "prune.json"))
+    assert summary.returncode == 0, summary.stderr
+    line = next(x for x in summary.stdout.splitlines() if "local tier of the pruning node: " in x)
+    assert line.endswith(f"in {12 - jax['entries_removed']} entries (bound 20.0 KiB; removed "
+                         f"{jax['entries_removed']}) in {local}"), line
     text = run_cli("prune", "--dry-run", "--max-size", "1K", "--config", str(config),
                    "--cache-root", str(root))
     assert "would remove local tier jax " not in text.stdout  # within its bound now
