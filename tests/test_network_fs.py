@@ -24,6 +24,7 @@ from gpu_cache.jobenv.env import tier_digest
 from gpu_cache.jobenv.fs import check_folder
 from helpers import (
     FILLER,
+    HOOK,
     READER,
     SMALL,
     TINY,
@@ -36,15 +37,24 @@ from helpers import (
     write_config,
 )
 
-#: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed),
-#: straight on the share: the node-local tier (on by default on sshfs) is off here, so these
-#: tests keep proving the direct path; the tier's own jobs run on two nodes (test_tier*.py).
+#: Jobs straight on the share: the node-local tier (on by default on sshfs, #23) off.
 DIRECT = {"local_tier": {"mode": "off"}}
+#: The job tests run both ways: straight on the share, and through the node-local tier (the
+#: default on sshfs; its folder in the test's own tmp_path), which needs the hook's tier piece.
+WAYS = [pytest.param("direct", id="direct"),
+        pytest.param("tier", id="through-the-tier", marks=pytest.mark.skipif(
+            not (HOOK / "gpu_cache_tier.py").exists(), reason="the hook's tier is not on this branch"))]
+
+
+def way(name: str, tmp_path: Path) -> dict:
+    return DIRECT if name == "direct" else {"local_tier": {"folder": str(tmp_path / "node-local")}}
+
+
+#: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed).
 JAX_AND_TRITON = {
     "workloads": {**SMALL["workloads"], "triton-kernels": {"shapes": [1000]}},
     "default_workloads": ["jax-transformer", "triton-kernels"],
     "validate": {"measure_cold": False},
-    **DIRECT,
 }
 
 # Three tiny programs, one entry each (as in test_safety): fast on 2 cores, distinct keys.
@@ -155,9 +165,10 @@ def test_xla_caches_all_is_exported_as_none_on_sshfs_without_the_tier_and_said(s
 # ---------------------------------------------------------------- jobs
 
 
-def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount, tmp_path):
+@pytest.mark.parametrize("how", WAYS)
+def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount, tmp_path, how):
     root = sshfs_mount.mount_point / "cache"
-    config = write_config(tmp_path / "c.yaml", JAX_AND_TRITON)
+    config = write_config(tmp_path / "c.yaml", {**JAX_AND_TRITON, **way(how, tmp_path)})
     warm = run_cli("warm", "--config", str(config), "--cache-root", str(root),
                    "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log"))
     assert warm.returncode == 0, warm.stderr[-2000:]
@@ -183,7 +194,8 @@ def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount
     assert any(LOCK_PHRASE in w for w in verdict["cache_warnings"])
 
 
-def test_four_warmers_at_once_on_an_empty_sshfs_root(sshfs_mount, tmp_path):
+@pytest.mark.parametrize("how", WAYS)
+def test_four_warmers_at_once_on_an_empty_sshfs_root(sshfs_mount, tmp_path, how):
     root = sshfs_mount.mount_point / "cache"
     script = tmp_path / "tiny.py"
     script.write_text(TINY)
@@ -191,7 +203,7 @@ def test_four_warmers_at_once_on_an_empty_sshfs_root(sshfs_mount, tmp_path):
         "workloads": {"tiny": {"command": f"{{python}} '{script}'"},
                       "triton-kernels": {"shapes": [1000]}},
         "default_workloads": ["tiny", "triton-kernels"], "validate": {"measure_cold": False},
-        **DIRECT})
+        **way(how, tmp_path)})
     command = [sys.executable, "-m", "gpu_cache", "warm", "--config", str(config),
                "--cache-root", str(root)]
     results = finish(start_many(4, command, clean_environ()))
