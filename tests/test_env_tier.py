@@ -51,10 +51,10 @@ def test_a_root_on_a_network_filesystem_gets_the_tier_by_default(sshfs_root, tmp
     assert exports["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == PER_FUSION
     # ... and everything else where it was.
     assert {name: exports[name] for name in NOT_TIERED} == {n: str(root / f) for n, f in NOT_TIERED.items()}
-    # The hook does the copying: on PYTHONPATH; containers see the local folder at its own path.
+    # The hook does the copying: on PYTHONPATH. Containers see /tmp as it is (Apptainer binds
+    # it): no bind of a folder that another node may lack.
     assert exports["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK)
-    assert str(local) in exports["APPTAINER_BIND"].split(",")
-    assert str(local) in exports["SINGULARITY_BIND"].split(",")
+    assert str(local) not in exports["APPTAINER_BIND"].split(",")
     # Made private: mode 0700 from the configured folder down.
     for folder in (base, local, local / "jax", local / "triton", local / "inductor"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
@@ -228,3 +228,20 @@ def test_a_read_only_root_with_the_tier_keeps_new_entries_on_the_node(tmp_path):
     # Without the tier the seed reader serves Triton as before.
     assert plain["tier"]["on"] is False
     assert plain["exports"]["GPU_CACHE_TRITON_SEED"] == str(root / "triton")
+
+
+@pytest.mark.skipif(not os.access("/srv", os.W_OK), reason="needs a writable /srv (outside /tmp)")
+def test_a_local_folder_outside_tmp_is_bound_into_containers(tmp_path):
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gpu-cache-tier-test-", dir="/srv"))
+    try:
+        root = tmp_path / "cache"
+        out = env_json(root, tier_config(base, mode="on"), tmp_path)
+        local = str(base / tier_digest(root))
+        assert out["tier"]["on"] is True
+        assert local in out["exports"]["APPTAINER_BIND"].split(",")
+        assert local in out["exports"]["SINGULARITY_BIND"].split(",")
+    finally:
+        shutil.rmtree(base)

@@ -23,6 +23,10 @@ from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_
 
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
+#: Folders Apptainer and Singularity bind into every container at the same path: a node-local
+#: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
+#: lacks (a job on a node where no ``env`` made it yet) stops the container from starting.
+DEFAULT_BOUND = (Path("/tmp"), Path("/var/tmp"))
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
 SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
@@ -438,8 +442,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
     if root is not None:  # the package's folder only for the hook (not when it cannot load)
         bound = [root] if no_hook else [root, PACKAGE_PARENT]
-        if tier["on"]:
-            bound.append(Path(str(tier["local"])))  # at the same path inside, like the root
+        local = Path(str(tier["local"])) if tier["on"] else None
+        if local is not None and not any(local.is_relative_to(top) for top in DEFAULT_BOUND):
+            bound.append(local)  # at the same path inside, like the root
         binds, skipped = container_binds(bound, environ)
         exports.values.update(binds)
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
