@@ -214,7 +214,9 @@ def _removed_lines(report: Any, shown: int = 20) -> str:
 
     verb = "would remove" if report.dry_run else "removed"
     lines = []
-    for kind, part in report.kinds.items():
+    parts = [(kind, part) for kind, part in report.kinds.items()]
+    parts += [(f"local tier {kind}", part) for kind, part in report.tier.items()]
+    for kind, part in parts:
         for entry in part.removed[:shown]:
             lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
                          f"{format_size(entry['bytes'])}): {entry['reason']}")
@@ -299,6 +301,21 @@ def _plots(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trusted_tier(settings: Any) -> Path | None:
+    """This node's local tier of the cache root when it exists and is trusted (issue 23);
+    one that is not is left out, with a warning (its entries could be anyone's)."""
+    from gpu_cache.jobenv import env, trust
+
+    local = env.tier_folder(settings)
+    if local is None or not local.is_dir():
+        return None
+    why = trust.distrust(local, settings.shared_group, env.tier_trusted_above(settings))
+    if why:
+        _warn("local tier left out: %s", why)
+        return None
+    return local
+
+
 def _pack(args: argparse.Namespace) -> int:
     from gpu_cache import carry
 
@@ -307,7 +324,8 @@ def _pack(args: argparse.Namespace) -> int:
         raise UsageError("pack needs a cache root (caching is turned off)")
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
     report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
-                        gpu_type=args.gpu_type, workload=args.workload, matcher=matcher)
+                        gpu_type=args.gpu_type, workload=args.workload, matcher=matcher,
+                        tier=_trusted_tier(settings))
     sys.stdout.write(_dumps(report.as_dict(), False) if args.json else carry.render_pack(report))
     return 0
 

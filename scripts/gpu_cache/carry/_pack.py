@@ -225,9 +225,11 @@ def check_kinds(asked: Iterable[str]) -> tuple[str, ...]:
 
 
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
-         workload: str | None = None, matcher: Callable[[Any], bool] | None = None) -> PackReport:
+         workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
+         tier: Path | None = None) -> PackReport:
     """Write the entries of ``kinds`` (default: every carried kind) under ``root`` into
-    ``archive``, with a manifest.
+    ``archive``, with a manifest; with ``tier`` (this node's local tier of the root, issue 23),
+    also its entries of tiered kinds that the root lacks (not promoted yet, or a read-only root).
 
     ``gpu_type``/``matcher`` (for ``workload``): only the entries that the warm and validate
     passes of that GPU type (and that workload) hit or wrote, as their records name them.
@@ -264,6 +266,12 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
                         "selection may be left out", kind)
         folder = KINDS[kind].folder(root)
         found = _CANDIDATES[kind](folder, wanted, skipped)
+        if tier is not None and KINDS[kind].tiered:
+            known = {p.entry.key for p in found} | {s["key"] for s in skipped if s["kind"] == kind}
+            local_skipped: list[dict[str, str]] = []
+            found += [p for p in _CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped)
+                      if p.entry.key not in known]
+            skipped += [s for s in local_skipped if s["key"] not in known]
         if wanted is not None:
             missing[kind] = len(wanted - {p.entry.key for p in found}
                                 - {s["key"] for s in skipped if s["kind"] == kind})

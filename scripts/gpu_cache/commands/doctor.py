@@ -68,6 +68,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
                 report["ok"] = False
     report["exports"] = exports.as_dict()
     report["single_flight"] = dict(exports.single_flight)
+    report["tier"] = dict(exports.tier)
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
@@ -99,6 +100,15 @@ def render(report: dict[str, Any]) -> str:
                      f"{flight['why']}; a waiter compiles itself after {wait}{scope})")
     elif flight:
         lines.append(f"single-flight: off ({flight.get('problem')})")
+    tier = report.get("tier") or {}
+    if tier.get("on"):
+        free = f", {format_size(tier['free_bytes'])} free" if tier.get("free_bytes") is not None else ""
+        lines.append(f"local tier: on in {tier['local']} ({tier.get('fs_type', '?')}{free}, bound "
+                     f"{format_size(int(tier['max_bytes']))}; {tier['why']}): jobs' "
+                     f"{', '.join(kinds.TIERED)} caches work there, fed from and promoted to the root")
+    elif tier:
+        state = f"PROBLEM: {tier['problem']}" if tier.get("problem") else tier.get("why")
+        lines.append(f"local tier: off ({state})")
     dev = report["device"]
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
     lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")

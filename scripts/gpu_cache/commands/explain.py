@@ -11,6 +11,7 @@ with those of the closest earlier key of the same computation name.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from gpu_cache.commands import stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
+from gpu_cache.jobenv.env import in_tier_of
 
 #: What each key part means when it changed, as the first words of a hint.
 PART_HINTS = {
@@ -105,6 +107,15 @@ def _cache_dir(record: dict[str, Any]) -> str | None:
     return folder if isinstance(folder, str) and folder else None
 
 
+def _same_cache(here: str, there: str) -> bool:
+    """Whether two JAX cache folders hold one cache: the same folder, or a root's folder and
+    that root's node-local tier (issue 23: a job with the tier reads the root on a miss)."""
+    here, there = os.path.normpath(here), os.path.normpath(there)
+    if here == there:
+        return True
+    return any(in_tier_of(a, os.path.dirname(b)) for a, b in ((here, there), (there, here)))
+
+
 def _who(record: dict[str, Any]) -> dict[str, Any]:
     return {k: record.get(k) for k in ("time", "host", "pid", "rule", "gpu_type", "run_id")}
 
@@ -143,7 +154,7 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     result["compared_with"] = {"key": other_key, **_who(other)}
     if other_key == key:
         here, there = (_cache_dir(record), _cache_dir(other))
-        if here and there and here != there:  # e.g. a job's own --jax_compilation_cache_dir
+        if here and there and not _same_cache(here, there):  # e.g. a job's own --jax_compilation_cache_dir
             result["causes"] = [f"the same key was computed before, but in another cache folder: "
                                 f"this run used {here}, the earlier one {there} (`gpu-cache stats` "
                                 "names folders outside the cache root)"]

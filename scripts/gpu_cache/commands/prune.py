@@ -1,5 +1,6 @@
 """Pruning: broken entries, then entries unused for too long, then least recently used
-ones until each kind fits its size cap. Whole entries only, under a lock."""
+ones until each kind fits its size cap. Whole entries only, under a lock. Then this node's
+local tier (issue 23), to its own bound."""
 
 from __future__ import annotations
 
@@ -62,12 +63,22 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
     cache reads), so the next prune or dry run checks nothing it verified already; it only
     reads some JAX entries again, in turn, for damage that keeps their size."""
     now = time.time() if now is None else now
+    found, report = _survey(kind, folder, dry_run, grace_seconds, verify_all)
+    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind: report}, dry_run)
+    return report
+
+
+def _survey(kind: str, folder: Path, dry_run: bool, grace_seconds: float,
+            verify_all: bool) -> tuple[list[Entry], KindPruneReport]:
+    """Scan (and verify) one kind's folder, and repair what needs no removal (JAX's lock file
+    and missing ``-atime`` files) unless ``dry_run``: its entries and its report so far."""
     record = _record(kind, folder, recheck_all=verify_all)
     found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
     if record is not None:
         record.save()
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                              dry_run=dry_run)
+    report.bytes_after = report.bytes_before
     if not dry_run:
         if kind == "jax":
             try:
@@ -82,19 +93,85 @@ def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: 
                     report.repaired += 1
                 except OSError as exc:
                     report.errors.append(f"{entry.key}: cannot write its -atime: {exc.strerror or exc}")
-    for entry, reason in plan(found, max_size, max_age, now):
+    return found, report
+
+
+def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
+            reports: dict[str, KindPruneReport], dry_run: bool) -> None:
+    """Remove the planned entries (each from its kind's folder; none in a dry run) and count
+    them in their kind's report."""
+    for entry, reason in doomed:
+        report = reports[entry.kind]
         if not dry_run:
             try:
-                kinds.remove(kind, folder, entry)
+                kinds.remove(entry.kind, folders[entry.kind], entry)
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
         report.entries_removed += 1
         report.bytes_removed += entry.size
+        report.bytes_after -= entry.size
         report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
                                "last_use": entry.last_use, "reason": reason})
-    report.bytes_after = report.bytes_before - report.bytes_removed
-    return report
+
+
+def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
+               only: tuple[str, ...] = kinds.TIERED, lock_timeout: float = 600.0,
+               verify_all: bool = False, max_size: int | None = None) -> None:
+    """Prune this node's local tier of the cache root (issue 23) into ``result``: its tiered
+    kinds together to ``max_size`` (default ``local_tier.max_size``; least recently used whole
+    entries first, promoted or not: the root keeps what was promoted), entries unused longer
+    than ``max_age``, broken ones and stale temporaries. A tier that does not exist on this node
+    is left alone; one that is not trusted is not touched (the problem says why)."""
+    from gpu_cache.jobenv.env import tier_folder, tier_trusted_above
+    from gpu_cache.jobenv.trust import distrust
+
+    local = tier_folder(settings)
+    wanted = [kind for kind in only if kinds.KINDS[kind].tiered]
+    if local is None or not wanted or not local.is_dir():
+        return
+    max_size = settings.local_tier.max_size if max_size is None else max_size
+    result.tier_folder, result.tier_max_size = str(local), max_size
+    why = distrust(local, settings.shared_group, tier_trusted_above(settings))
+    if why:
+        result.problems.append(f"local tier: {why}; not pruned")
+        return
+    with ExitStack() as held:
+        try:
+            held.enter_context(safe_locks.exclusive_lock(local / LOCK_NAME, timeout=lock_timeout,
+                                                      replace=not dry_run))
+        except safe_locks.LockTimeout:
+            result.problems.append(f"local tier: another prune held {local / LOCK_NAME} for "
+                                   f"{lock_timeout:.0f} s; skipped")
+            return
+        except OSError as exc:
+            if not dry_run:
+                result.problems.append(f"local tier: cannot lock {local / LOCK_NAME} "
+                                       f"({exc.strerror or exc}); nothing pruned there")
+                return
+        folders: dict[str, Path] = {}
+        found: list[Entry] = []
+        for kind in wanted:
+            try:
+                folders[kind] = safe_io.within(kinds.KINDS[kind].folder(local), local)
+                entries, result.tier[kind] = _survey(kind, folders[kind], dry_run, 3600.0, verify_all)
+            except safe_io.Outside as exc:
+                result.problems.append(f"local tier: {kind}: {exc.filename} is a link to {exc.real}, "
+                                       "outside the tier; not pruned")
+                continue
+            except OSError as exc:
+                result.problems.append(f"local tier: {kind}: cannot prune {exc.filename or ''}: "
+                                       f"{exc.strerror or exc}")
+                continue
+            found += entries
+        _remove(plan(found, max_size, max_age, time.time()), folders,
+                result.tier, dry_run)
+    for kind, report in result.tier.items():
+        log.info("prune: local tier %s: %s %d of %d entries, %s of %s", kind,
+                 "would remove" if dry_run else "removed", report.entries_removed,
+                 report.entries_before, format_size(report.bytes_removed),
+                 format_size(report.bytes_before))
+        result.problems += [f"local tier: {kind}: cannot remove {e}" for e in report.errors]
 
 
 def _record(kind: str, folder: Path, recheck_all: bool = False) -> verified.Record | None:
@@ -113,12 +190,13 @@ def repair(settings: Settings) -> PruneReport:
         UsageError: the root is a file or a broken link.
     """
     return prune(settings, max_size=sys.maxsize, max_age=float("inf"), dry_run=False,
-                 verify_all=True)
+                 verify_all=True, tier_max_size=sys.maxsize)
 
 
 def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
           only: tuple[str, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
-          verify_all: bool = False, strict_root: bool = True) -> PruneReport:
+          verify_all: bool = False, strict_root: bool = True,
+          tier_max_size: int | None = None) -> PruneReport:
     """Prune every kind (or the kinds in ``only``) under the cache root and return the report.
 
     Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
@@ -128,6 +206,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     decompress each, and compare its bytes with those verified before).
     ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
     reported (the workflow's prune must never fail a run because of the cache).
+    ``tier_max_size``: this node's local tier's bound (default ``local_tier.max_size``).
 
     Raises:
         UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
@@ -155,6 +234,15 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     from gpu_cache.commands.stats import software_mismatches
 
     result.software_mismatches = software_mismatches(root)
+    _prune_shared(result, root, max_size, max_age, dry_run, only, lock_timeout, verify_all)
+    # A read-only root (its lock cannot be taken) still has this node's tier to bound.
+    prune_tier(settings, max_age, dry_run, result, only, lock_timeout, verify_all, tier_max_size)
+    return result
+
+
+def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float, dry_run: bool,
+                  only: tuple[str, ...], lock_timeout: float, verify_all: bool) -> None:
+    """Prune the kinds in ``only`` under the cache root into ``result``, under its prune lock."""
     with ExitStack() as held:
         try:
             # flock on a regular file, opened without following a symlink; a symlink, FIFO or
@@ -163,13 +251,13 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                                                       replace=not dry_run))
         except safe_locks.LockTimeout:
             result.problems = [f"another prune held {root / LOCK_NAME} for {lock_timeout:.0f} s; skipped"]
-            return result
+            return
         except OSError as exc:
             # A read-only root cannot take the lock; a dry run can still report.
             if not dry_run:
                 result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
                                    "nothing pruned"]
-                return result
+                return
         for kind in only:
             try:
                 folder = safe_io.within(kinds.KINDS[kind].folder(root), root)
@@ -191,4 +279,3 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
             result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
-    return result

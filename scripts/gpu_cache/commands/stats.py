@@ -48,6 +48,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         out["kinds"][kind]["last_use_from"] = registered.last_use
         if kind == "triton":
             out["kinds"][kind]["autotune_results"] = triton_cache.autotune_results(found)
+    out["tier"] = tier_stats(settings, now)
     found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root, found_records).items()}
@@ -55,6 +56,25 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     out["software_mismatches"] = software_mismatches(root, found_records, stale=True)
     out["outside_root"] = outside_root(root, found_records, stale=True)
     out["runs"] = hook_records.runs(found_records)[:TOP]
+    return out
+
+
+def tier_stats(settings: Settings, now: float) -> dict[str, Any]:
+    """This node's local tier of the cache root (issue 23): its folder, its bound, and per
+    tiered kind what :func:`summarise` says (no kinds where this node has no tier). Entries
+    there that the root lacks were not promoted (yet, or the root is read-only)."""
+    from gpu_cache.jobenv.env import tier_folder
+
+    local = tier_folder(settings)
+    out: dict[str, Any] = {"local": str(local) if local else None,
+                           "max_size": settings.local_tier.max_size, "kinds": {}}
+    if local is None or not local.is_dir():
+        return out
+    for kind in kinds.TIERED:
+        folder = kinds.KINDS[kind].folder(local)
+        if _within(folder, local):  # a link out of the tier is not read (#21)
+            out["kinds"][kind] = summarise(kinds.scan(kind, folder), now)
+            out["kinds"][kind]["path"] = str(folder)
     return out
 
 
@@ -77,8 +97,12 @@ def device_seen(record: dict[str, Any]) -> str:
 
 
 def _under(path: str, root: Path) -> bool:
+    """Whether ``path`` is the cache root's: under it, or its node-local tier (issue 23)."""
+    from gpu_cache.jobenv.env import in_tier_of
+
     folder = os.path.normpath(path)
-    return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/"))
+    return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/")
+                                      or in_tier_of(folder, root))
 
 
 def outside_folder(record: dict[str, Any], root: Path) -> tuple[str, bool] | None:
@@ -309,12 +333,10 @@ def saved_text(u: Usage) -> str:
     return f", {u.saved_seconds:.1f} s saved" if u.saved_seconds > 0 else ", time saved not measured"
 
 
-def render(stats: dict[str, Any]) -> str:
-    """The human-readable form of :func:`cache_stats`."""
-    if stats["cache_root"] is None:
-        return "caching is turned off (cache root 'none')\n"
-    lines = [f"cache root: {stats['cache_root']}"]
-    for kind, info in stats["kinds"].items():
+def _kind_lines(by_kind: dict[str, Any]) -> list[str]:
+    """Each kind's row of :func:`render`, with its top functions and broken entries."""
+    lines = []
+    for kind, info in by_kind.items():
         ages = ""
         if info["entries"]:
             ages = (f", last used {format_age(info['newest_use_age_seconds'])} to "
@@ -325,6 +347,20 @@ def render(stats: dict[str, Any]) -> str:
             lines.append(f"          {row['entries']:>5} x {row['name']} ({format_size(row['bytes'])})")
         for row in info["broken_entries"]:
             lines.append(f"          broken: {row['key']} ({row['name']}): {row['problem']}")
+    return lines
+
+
+def render(stats: dict[str, Any]) -> str:
+    """The human-readable form of :func:`cache_stats`."""
+    if stats["cache_root"] is None:
+        return "caching is turned off (cache root 'none')\n"
+    lines = [f"cache root: {stats['cache_root']}", *_kind_lines(stats["kinds"])]
+    tier = stats.get("tier") or {}
+    if tier.get("kinds"):
+        total = sum(info["bytes"] for info in tier["kinds"].values())
+        lines.append(f"local tier (this node): {tier['local']}, {format_size(total)} of "
+                     f"{format_size(tier['max_size'])}")
+        lines += _kind_lines(tier["kinds"])
     for axis, title in (("by_rule", "rule"), ("by_gpu_type", "GPU type"), ("by_device", "device seen")):
         groups = stats["usage"].get(axis) or {}
         if groups:

@@ -45,6 +45,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "warm": {"parallel": None, "skip_when_valid": True},
     "validate": {"measure_cold": True, "strict": False},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
+    "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
 }
 
 
@@ -101,6 +102,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
+              ("local_tier.max_size", parse_size, filled["local_tier"]["max_size"]),
               ("min_free_space", parse_size, filled["min_free_space"]),
               ("prune.max_age", parse_age, filled["prune"]["max_age"]),
               ("single_flight.timeout", parse_age, filled["single_flight"]["timeout"])]
@@ -318,6 +320,19 @@ class PruneConfig:
 
 
 @dataclass(frozen=True)
+class LocalTierConfig:
+    """The node-local tier over the cache root (config key ``local_tier``, issue 23), parsed.
+
+    ``mode``: "auto" (on where the cache root is on a network filesystem), "on" or "off".
+    ``folder``: where each node keeps it ("" : ``/tmp/gpu-cache-<uid>/tier``; ``~`` and
+    ``$VARS`` expanded), the same path on every node. ``max_size``: its bound per node."""
+
+    mode: str = "auto"
+    folder: str = ""
+    max_size: int = 20 << 30
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the commands need, resolved from config, flags and environment.
 
@@ -340,6 +355,7 @@ class Settings:
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
     single_flight: SingleFlightConfig = SingleFlightConfig()
+    local_tier: LocalTierConfig = LocalTierConfig()
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -387,5 +403,7 @@ def settings_from(
                           parse_age(filled["prune"]["max_age"]), filled["prune"]["dry_run"]),
         single_flight=SingleFlightConfig(filled["single_flight"]["enabled"],
                                          parse_age(filled["single_flight"]["timeout"])),
+        local_tier=LocalTierConfig(filled["local_tier"]["mode"], filled["local_tier"]["folder"],
+                                   parse_size(filled["local_tier"]["max_size"])),
         config=filled,
     )

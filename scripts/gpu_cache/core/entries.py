@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_cache.core import safe_io
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.caches import inductor as inductor_cache
@@ -81,6 +82,15 @@ def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None =
         if other.kind == "trash":
             out.append(Entry("triton", other.path.name, "(trash)", other.bytes, 0.0,
                              "left over from an interrupted removal", other))
+        elif other.kind == "file" and other.path.name.startswith(safe_io.PROMOTION_TEMP_PREFIX):
+            try:
+                changed = other.path.lstat().st_mtime
+            except OSError:
+                continue
+            if now - changed >= grace_seconds:  # a younger one may be mid-promotion
+                out.append(Entry("triton", other.path.name, "(temporary)", other.bytes, changed,
+                                 "stale temporary file of an interrupted promotion from a "
+                                 "node-local tier", other))
         elif other.kind == "symlink":
             # Triton writes real folders only; a link would make it load (or write) elsewhere.
             out.append(Entry("triton", other.path.name, "(symbolic link)", 0, 0.0,
@@ -107,6 +117,11 @@ def remove_triton(folder: Path, entry: Entry) -> None:
                 source.path.unlink()  # the link itself, never what it points to
             except FileNotFoundError:
                 pass
+    elif isinstance(source, triton_cache.OtherPath) and source.kind == "file":
+        try:
+            source.path.unlink()  # a promotion's temporary file (never followed)
+        except FileNotFoundError:
+            pass
     else:
         triton_cache.empty_trash(folder)
 

@@ -57,6 +57,8 @@ class CacheKind:
     env on its own terms, only with the stats hook). ``enabled_by``: the boolean setting
     that turns an opt-in kind on. ``carried``: ``gpu-cache pack``/``unpack`` carry its entries
     to another machine (its entries do not hold the path or the host they were made on).
+    ``tiered``: with the node-local tier on (issue 23), jobs work in ``<local tier>/<name>``,
+    fed from and promoted to ``<cache root>/<name>`` by the startup hook.
     """
 
     def enabled(self, settings: object) -> bool:
@@ -75,6 +77,7 @@ class CacheKind:
     enabled_by: str | None = None
     verifies: bool = False
     carried: bool = False
+    tiered: bool = False
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -91,7 +94,7 @@ KINDS: dict[str, CacheKind] = {
             "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
             switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
             scan=_inventory("scan_jax"), remove=_inventory("remove_jax"),
-            verifies=True, carried=True,
+            verifies=True, carried=True, tiered=True,
             last_use="the time in JAX's -atime record where a size cap made JAX keep one: it "
                      "wins over file times, which a copy without times sets to 'now' (they "
                      "count too only where the -atime file's own mtime agrees with it); "
@@ -99,12 +102,12 @@ KINDS: dict[str, CacheKind] = {
         CacheKind(
             "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
             scan=_inventory("scan_triton"), remove=_inventory("remove_triton"), verifies=True,
-            carried=True,
+            carried=True, tiered=True,
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
                   scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
-                  last_use="the newest modification or access time of the entry's files "
+                  tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
@@ -133,6 +136,8 @@ EXPORTED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.e
 PRUNABLE: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.prunable)
 #: Kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
 CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.carried)
+#: Kinds that work in the node-local tier when it is on (issue 23).
+TIERED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.tiered)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
 #: Top-level modules the startup hook watches.
@@ -197,14 +202,17 @@ def remove(name: str, folder: Path, entry: Entry) -> None:
     remover(folder, entry)
 
 
-def snapshot(cache_root: Path | None) -> dict[str, set[str]]:
-    """The keys present per observed kind (temporary folders included), to diff before/after."""
+def snapshot(cache_root: Path | None, tier: Path | None = None) -> dict[str, set[str]]:
+    """The keys present per observed kind (temporary folders included), to diff before/after;
+    with ``tier`` (a node-local tier of the root, issue 23), a tiered kind's keys in either."""
     if cache_root is None:
         return {name: set() for name in OBSERVED}
     keys: dict[str, set[str]] = {}
     for name in OBSERVED:
-        try:
-            keys[name] = {e.key for e in scan(name, KINDS[name].folder(cache_root), grace_seconds=0.0)}
-        except (OSError, ValueError):
-            keys[name] = set()  # unusable folder: env.resolve has said so, and the kind is elsewhere
+        keys[name] = set()
+        for top in (cache_root, tier) if tier is not None and KINDS[name].tiered else (cache_root,):
+            try:
+                keys[name] |= {e.key for e in scan(name, KINDS[name].folder(top), grace_seconds=0.0)}
+            except (OSError, ValueError):
+                pass  # unusable folder: env.resolve has said so, and the kind is elsewhere
     return keys

@@ -377,6 +377,11 @@ class PruneReport:
     kinds: dict[str, KindPruneReport] = field(default_factory=dict)
     #: Jobs whose software differs from what warmed their GPU type (stats.software_mismatches).
     software_mismatches: list[str] = field(default_factory=list)
+    #: This node's local tier (issue 23): its folder (None: none here), its bound (all its
+    #: kinds together), and what was pruned there per kind.
+    tier_folder: str | None = None
+    tier_max_size: int = 0
+    tier: dict[str, KindPruneReport] = field(default_factory=dict)
 
     WHAT = "a prune report (prune.json)"
 
@@ -384,7 +389,9 @@ class PruneReport:
         return {"cache_root": self.cache_root, "dry_run": self.dry_run, "max_size": self.max_size,
                 "max_age_seconds": self.max_age_seconds, "problems": self.problems,
                 "software_mismatches": self.software_mismatches,
-                **{name: report.as_dict() for name, report in self.kinds.items()}}
+                **{name: report.as_dict() for name, report in self.kinds.items()},
+                "tier": {"local": self.tier_folder, "max_size": self.tier_max_size,
+                         "kinds": {name: report.as_dict() for name, report in self.tier.items()}}}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:
@@ -398,7 +405,19 @@ class PruneReport:
                    [str(p) for p in problems],
                    {name: KindPruneReport.from_dict(data[name]) for name in kinds.KINDS
                     if isinstance(data.get(name), dict)},
-                   [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)])
+                   [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)],
+                   *_tier_part(data.get("tier")))
+
+
+def _tier_part(data: Any) -> tuple[str | None, int, dict[str, KindPruneReport]]:
+    """The local tier's part of a prune report (absent in reports of earlier versions)."""
+    if not isinstance(data, dict):
+        return None, 0, {}
+    folder = data.get("local") if isinstance(data.get("local"), str) else None
+    by_kind = data.get("kinds") if isinstance(data.get("kinds"), dict) else {}
+    return (folder, int(_number(data.get("max_size", 0), PruneReport.WHAT, "tier.max_size")),
+            {name: KindPruneReport.from_dict(by_kind[name]) for name in kinds.KINDS
+             if isinstance(by_kind.get(name), dict)})
 
 
 @dataclass

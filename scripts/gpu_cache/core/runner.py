@@ -134,17 +134,26 @@ def cache_root_of(environ: Mapping[str, str]) -> Path | None:
     return Path(root) if root and root != "none" and os.path.isabs(root) else None
 
 
-def broken_since(cache_root: Path | None, since: float) -> list[str]:
-    """A problem line when JAX entries written since ``since`` are empty or truncated (a
-    full disk or a killed writer; JAX itself never repairs them). Entries younger than
-    :data:`jax_cache.WRITE_GRACE_SECONDS` are not checked (they may be mid-write)."""
+def tier_of(environ: Mapping[str, str]) -> Path | None:
+    """The node-local tier the job's environment names (issue 23; None: no tier)."""
+    tier = environ.get("GPU_CACHE_TIER")
+    return Path(tier) if tier and os.path.isabs(tier) else None
+
+
+def broken_since(cache_root: Path | None, since: float, tier: Path | None = None) -> list[str]:
+    """A problem line when JAX entries written since ``since`` (in the root, or in its
+    node-local ``tier``) are empty or truncated (a full disk or a killed writer; JAX itself
+    never repairs them). Entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` are not
+    checked (they may be mid-write)."""
     if cache_root is None:
         return []
-    try:
-        found = [e for e in jax_cache.scan(kinds.KINDS["jax"].folder(cache_root), since - 1.0)
-                 if e.problem]
-    except OSError:
-        return []  # unreadable: the cache environment reported the folder already
+    found = []
+    for top in (cache_root,) if tier is None else (cache_root, tier):
+        try:
+            found += [e for e in jax_cache.scan(kinds.KINDS["jax"].folder(top), since - 1.0)
+                      if e.problem]
+        except OSError:
+            pass  # unreadable: the cache environment reported the folder already
     if not found:
         return []
     return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
@@ -260,21 +269,22 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
                           "passed, and every entry it hit is still there: validation re-checks")
         log.info("warm [%s]: skipped: %s", plan.gpu_type, result.skipped)
         return result
-    before = kinds.snapshot(root)
+    tier = tier_of(child_env)
+    before = kinds.snapshot(root, tier)
     started, wall = time.perf_counter(), time.time()
     replay = replay_command(child_env) if plan.phase == "warm" else None
     if replay is not None:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=(replay,)), python, child_env, output)
     result.runs += _run_all(plan, python, child_env, output)
     result.seconds = time.perf_counter() - started
-    after = kinds.snapshot(root)
+    after = kinds.snapshot(root, tier)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
     if plan.record and root is not None and "GPU_CACHE_RECORDS" in child_env:
         found = list(hook_records.read(Path(child_env["GPU_CACHE_RECORDS"]), run_id))
         result.recorded = hook_records.totals(found)
     if plan.phase == "warm" and environ.get("JAX_ENABLE_COMPILATION_CACHE") != "false":
         time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
-        result.broken = broken_since(root, wall)
+        result.broken = broken_since(root, wall, tier)
     if plan.phase == "cold" and not result.failures():
         save_state(state_file(root, "cold", key), result.as_dict())
     return result

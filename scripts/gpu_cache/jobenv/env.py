@@ -7,6 +7,7 @@ set again, e.g. when a workflow's config names another cache root than the profi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import tempfile
@@ -22,6 +23,10 @@ from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_
 
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
+#: Folders Apptainer and Singularity bind into every container at the same path: a node-local
+#: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
+#: lacks (a job on a node where no ``env`` made it yet) stops the container from starting.
+DEFAULT_BOUND = (Path("/tmp"), Path("/var/tmp"))
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
 SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
@@ -35,6 +40,14 @@ LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
 LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
 #: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
 LOCKS_FOLDER = "locks"
+#: The node-local tier (issue 23; the startup hook's gpu_cache_tier): this root's local folder
+#: (empty: no tier in this process), the cache root it maps to, and the local bound in bytes.
+TIER_VAR = "GPU_CACHE_TIER"
+SHARED_VAR = "GPU_CACHE_SHARED"
+TIER_MAX_VAR = "GPU_CACHE_TIER_MAX_BYTES"
+#: XLA's per-fusion autotune results: kept with the tier on (in the local folder, where the
+#: rename that fails on BeeGFS is local), off on a network filesystem without it.
+TIER_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 
 
 @dataclass
@@ -57,6 +70,7 @@ class Exports:
     checks: dict[str, FolderCheck] = field(default_factory=dict)
     root_problem: str | None = None
     single_flight: dict[str, object] = field(default_factory=dict)
+    tier: dict[str, object] = field(default_factory=dict)
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings; a cache root that cannot
@@ -84,6 +98,7 @@ class Exports:
             "adjusted": dict(self.adjusted),
             "warnings": list(self.warnings),
             "single_flight": dict(self.single_flight),
+            "tier": dict(self.tier),
         }
 
 
@@ -99,6 +114,97 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
 def node_local_fallback(kind: str) -> Path:
     """A per-user folder on local disk for a kind whose shared folder cannot be used."""
     return Path(tempfile.gettempdir()) / f"gpu-cache-{os.getuid()}" / kind
+
+
+def tier_base(settings: Settings) -> Path:
+    """The folder that holds each root's node-local tier: ``local_tier.folder`` (``~`` and
+    ``$VARS`` expanded), else ``/tmp/gpu-cache-<uid>/tier``: a fixed path on every node, never
+    ``$TMPDIR``, which a batch system may make per job (jax <= 0.10 hashes the path of XLA's
+    autotune folder into every key)."""
+    configured = settings.local_tier.folder
+    if configured:
+        return Path(os.path.abspath(os.path.expandvars(os.path.expanduser(configured))))
+    return Path("/tmp") / f"gpu-cache-{os.getuid()}" / "tier"
+
+
+def tier_folder(settings: Settings) -> Path | None:
+    """This cache root's node-local tier: ``<tier_base>/<16 hex of sha256(root)>``, so that two
+    roots never share one; None with caching off."""
+    if settings.cache_root is None:
+        return None
+    return tier_base(settings) / tier_digest(settings.cache_root)
+
+
+def tier_digest(root: Path | str) -> str:
+    """The name of the cache root ``root``'s folder in any node-local tier base."""
+    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
+
+
+def in_tier_of(folder: str, root: Path | str) -> bool:
+    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
+    (``<any tier base>/<tier_digest(root)>/<kind>``): a job's cache folder that is the root's."""
+    path = Path(os.path.normpath(folder))
+    return path.name in kinds.TIERED and path.parent.name == tier_digest(root)
+
+
+def tier_trusted_above(settings: Settings) -> Path:
+    """From where down the tier's folders must be trusted: the configured folder, or the
+    per-user ``/tmp/gpu-cache-<uid>`` (``/tmp`` itself is world-writable and sticky)."""
+    base = tier_base(settings)
+    return base if settings.local_tier.folder else base.parent
+
+
+def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[str, str],
+                no_hook: str | None) -> tuple[dict[str, object], list[str]]:
+    """Whether the node-local tier is on for these settings, where, and why (what doctor and
+    ``env --json`` show), with the warnings: a tier that is wanted but whose folder cannot be
+    used is off, with one line, and jobs use the cache root as without it."""
+    mode = settings.local_tier.mode
+    local = tier_folder(settings)
+    info: dict[str, object] = {"on": False, "mode": mode, "local": str(local), "shared": None,
+                               "max_bytes": settings.local_tier.max_size, "why": None,
+                               "problem": None}
+    where = f"the cache root is on {root_check.fs_type}"
+    if _user_set(TIER_VAR, environ) and not environ[TIER_VAR]:
+        info["why"] = f"turned off for these jobs by {TIER_VAR}='' in the environment"
+    elif root_check.problem:
+        info["why"] = "the cache root cannot be used"
+    elif mode == "off":
+        info["why"] = "local_tier.mode: off"
+    elif mode == "auto" and not root_check.network:
+        fuse = " (a FUSE filesystem: set local_tier.mode: on if it is remote)" \
+            if root_check.family == "fuse" else ", local to this node"
+        info["why"] = f"{where}{fuse} (local_tier.mode: auto)"
+    else:
+        info["why"] = "local_tier.mode: on" if mode == "on" else \
+            f"{where}, a network filesystem (local_tier.mode: auto)"
+        problem = no_hook and "its reads and promotions need gpu-cache's startup hook, which cannot load"
+        warnings: list[str] = []
+        if problem is None and local is not None:
+            # The folder that holds it is judged first: nothing is made in one not trusted.
+            problem = check_folder(local.parent, create=False, shared_group=settings.shared_group,
+                                   min_free=0, probe=False,
+                                   trusted_above=tier_trusted_above(settings)).problem
+        if problem is None and local is not None:
+            check = check_folder(local, shared_group=settings.shared_group,
+                                 min_free=settings.min_free_space,
+                                 trusted_above=tier_trusted_above(settings), private=True)
+            problem = check.problem or (f"{local} is read-only" if check.read_only else None)
+            warnings = [f"local tier: {line}" for line in check.warnings]
+            info.update(fs_type=check.fs_type, free_bytes=check.free_bytes)
+            for name in kinds.TIERED if problem is None else ():
+                inner = check_folder(kinds.KINDS[name].folder(local), shared_group=settings.shared_group,
+                                     min_free=0, trusted_above=local, probe=False, private=True)
+                problem = inner.problem
+                if problem:
+                    break
+        if problem:
+            info["problem"] = problem
+            return info, [f"local tier: {problem}; it is off, and jobs read and write the cache "
+                          f"root {settings.cache_root} directly"]
+        info.update(on=True, shared=str(settings.cache_root))
+        return info, warnings
+    return info, []
 
 
 def check_kind(settings: Settings, kind: str) -> FolderCheck:
@@ -256,25 +362,40 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     single_flight: dict[str, object] = {
         "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
         "problem": "caching is turned off", "per_node": False, "mode": None, "why": None}
+    tier: dict[str, object] = {"on": False, "mode": settings.local_tier.mode, "local": None,
+                               "shared": None, "max_bytes": settings.local_tier.max_size,
+                               "why": "caching is turned off", "problem": None}
     if root is None:
         wanted["GPU_CACHE_ROOT"] = "none"
         wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
         problems["all"] = "caching is turned off (cache root 'none')"
     else:
         wanted["GPU_CACHE_ROOT"] = str(root)
-        root_check: FolderCheck | None = None
+        # A root that cannot be made or trusted fails every kind alike.
+        root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
+                                  trusted_above=root, probe=False)
+        root_problem = root_check.problem
+        tier, tier_warnings = _place_tier(settings, root_check, environ, no_hook)
+        warnings += tier_warnings
+        local = Path(str(tier["local"])) if tier["on"] else None
         for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
             if not kind.enabled(settings):
                 continue
             if _user_set(kind.env_var, environ):
-                wanted[kind.env_var] = str(kind.folder(root))  # reported as kept: theirs is used
-                continue
-            if root_check is None:  # a root that cannot be made or trusted fails every kind alike
-                root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
-                                          trusted_above=root, probe=False)
-                root_problem = root_check.problem
+                wanted[kind.env_var] = str(kind.folder(local if local and kind.tiered else root))
+                continue  # reported as kept: theirs is used
             check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
             warnings += [f"{kind.name}: {line}" for line in check.warnings]
+            if local is not None and kind.tiered and check.problem is None:
+                # The job works node-locally; the hook reads the shared folder on a miss and
+                # promotes new entries to it (a read-only one: they stay on this node).
+                wanted[kind.env_var] = str(kind.folder(local))
+                if check.read_only:  # the tier with promotion off: it stays on this node
+                    adjusted[kind.name] = (f"{kind.folder(root)} is read-only: jobs read it on a miss "
+                                           f"and keep new entries on this node in {kind.folder(local)}")
+                if kind.name == "jax" and xla_caches == "none":
+                    xla_caches = TIER_XLA_CACHES
+                continue
             how = _place(kind, root, check, xla_caches, hook=no_hook is None)
             wanted.update(how.values)
             if how.problem:
@@ -299,8 +420,13 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         lock_values, single_flight, lock_warnings = _place_locks(settings, root, root_problem)
         wanted.update(lock_values)
         warnings += lock_warnings
+        if local is not None:
+            wanted.update({TIER_VAR: str(local), SHARED_VAR: str(root),
+                           TIER_MAX_VAR: str(settings.local_tier.max_size)})
+        elif TIER_VAR in managed_names(environ):
+            wanted[TIER_VAR] = ""  # gpu-cache turned it on earlier in this process tree: now off
     exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
-                      root_problem=root_problem, single_flight=single_flight)
+                      root_problem=root_problem, single_flight=single_flight, tier=tier)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)
@@ -308,13 +434,18 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.values[name] = value
     hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
-        or bool(exports.values.get(LOCKS_VAR))  # the hook does single-flight
+        or bool(exports.values.get(LOCKS_VAR)) \
+        or bool(exports.values.get(TIER_VAR))  # the hook does single-flight and the tier
     if hook_needed and no_hook:
         exports.warnings.append(no_hook)
     elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):
         exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
     if root is not None:  # the package's folder only for the hook (not when it cannot load)
-        binds, skipped = container_binds([root] if no_hook else [root, PACKAGE_PARENT], environ)
+        bound = [root] if no_hook else [root, PACKAGE_PARENT]
+        local = Path(str(tier["local"])) if tier["on"] else None
+        if local is not None and not any(local.is_relative_to(top) for top in DEFAULT_BOUND):
+            bound.append(local)  # at the same path inside, like the root
+        binds, skipped = container_binds(bound, environ)
         exports.values.update(binds)
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
                              "cannot hold ',' or ':'" for path in skipped]

@@ -205,10 +205,11 @@ def _probe_write(path: Path) -> tuple[str, int | None] | None:
 
 def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
                  min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
-                 probe: bool = True) -> FolderCheck:
+                 probe: bool = True, private: bool = False) -> FolderCheck:
     """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
     set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
-    it (unless ``probe`` is False), and measure it.
+    it (unless ``probe`` is False), and measure it. ``private``: folders it creates outside
+    shared-group mode get mode 0700.
 
     ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
     root and the kind folder); default: only ``path``. Never raises for filesystem trouble
@@ -234,7 +235,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
             problem = f"{path} exists and is not a folder"
         elif create:
             try:
-                trust.make_folder(path, shared_group)
+                trust.make_folder(path, shared_group, private)
             except OSError as exc:
                 problem = f"cannot create {path}: {why_not(exc)}"
     is_dir = _is_dir(path)

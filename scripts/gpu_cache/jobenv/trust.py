@@ -192,11 +192,12 @@ def _acl_group_obj_writes(entries: list[AclEntry]) -> bool:
     return any(e.tag == ACL_GROUP_OBJ and e.perm & mask & ACL_WRITE for e in entries)
 
 
-def make_folder(path: Path, shared_group: str | None) -> None:
+def make_folder(path: Path, shared_group: str | None, private: bool = False) -> None:
     """Create ``path`` and its missing parents; in shared-group mode give each folder that
     this call creates, or that the user owns, the group and :data:`SHARED_MODE`. Otherwise
     the folders it creates are never group- or world-writable, whatever the umask (with
-    ``umask 002`` and a primary group that is not private, they would be refused).
+    ``umask 002`` and a primary group that is not private, they would be refused);
+    ``private``: nor readable by others (mode 0700: the node-local tier, issue 23).
 
     Raises:
         OSError: a folder cannot be created, or its group cannot be set.
@@ -212,7 +213,7 @@ def make_folder(path: Path, shared_group: str | None) -> None:
             current = current.parent
     for folder in reversed(missing):
         try:
-            os.mkdir(folder, 0o755)  # the umask may take more away, never add
+            os.mkdir(folder, 0o700 if private else 0o755)  # the umask may take more away, never add
         except FileExistsError:
             pass  # made meanwhile by another process: judged like any existing folder
     if not missing:

@@ -393,7 +393,8 @@ def scan(folder: Path | str, verify_after: float | None = None,
                 continue
             found = match(name)
             if found is None:
-                if temp_grace is not None and _TEMP_RE.match(name):
+                promoted = name.startswith(safe_io.PROMOTION_TEMP_PREFIX)
+                if temp_grace is not None and (promoted or _TEMP_RE.match(name)):
                     try:
                         info = item.stat(follow_symlinks=False)
                     except OSError:
@@ -403,7 +404,8 @@ def scan(folder: Path | str, verify_after: float | None = None,
                             key=name, name="(temporary)", cache_file=None, atime_file=item.path,
                             size=info.st_size if stat.S_ISREG(info.st_mode) else 0,
                             last_use=info.st_mtime,
-                            problem="stale temporary file of an interrupted prune"))
+                            problem="stale temporary file of an interrupted "
+                                    + ("promotion from a node-local tier" if promoted else "prune")))
                 continue
             try:
                 info = item.stat(follow_symlinks=False)
