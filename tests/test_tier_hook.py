@@ -487,3 +487,34 @@ def test_a_second_node_neither_builds_the_launcher_nor_benchmarks_again(tmp_path
     assert len(list((root / "triton").glob("*/cuda_utils*.so"))) == 1
     assert len(list((root / "triton").glob("*/scale_kernel.autotune.json"))) == 1
     assert len(list((tmp_path / "node-b" / "triton").glob("*/scale_kernel.autotune.json"))) == 1
+
+
+def test_through_gpu_cache_env_a_second_node_hits_what_the_first_compiled(tmp_path, tier):
+    """The variables as ``gpu-cache env`` exports them with ``local_tier: {mode: on}`` (the
+    local folder ``<folder>/<hash of the root>``; each node binds its own disk at ``<folder>``),
+    single-flight and records on: node B hits every JAX entry and Triton kernel node A made."""
+    from gpu_cache.config.settings import settings_from
+    from gpu_cache.jobenv import env
+
+    root, _ = tier
+    folder = tmp_path / "tier folder"
+    settings = settings_from({"local_tier": {"mode": "on", "folder": str(folder)}}, cache_root=str(root))
+    base = clean_environ(TRITON_DEFAULT_FP_FUSION="1")
+    environ = env.job_environ(env.resolve(settings, base), base)
+    assert environ["GPU_CACHE_TIER"].startswith(str(folder)) and environ["GPU_CACHE_SHARED"] == str(root)
+    job = jax_job(tmp_path)
+    for node in ("node-a", "node-b"):
+        for command in (job, TRITON):
+            proc = on_node(tmp_path / node, folder, command, environ)
+            _out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+    found = list(hook_records.read(root / "records"))
+    by_node = {}
+    for record in sorted(found, key=lambda r: r["time"]):
+        for kind in ("jax", "triton"):
+            if kind in record:
+                by_node.setdefault(kind, []).append((record[kind]["hits"], record[kind]["misses"],
+                                                     record[kind]["tier"]["fetched"],
+                                                     record[kind]["tier"]["promoted"]))
+    assert by_node["jax"] == [(0, 3, 0, 3), (3, 0, 3, 0)]
+    assert by_node["triton"] == [(0, 5, 0, 5), (5, 0, 5, 0)]
