@@ -10,6 +10,7 @@ second node sees the share: FUSE keeps its locks and its attribute caches per mo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,11 @@ import pytest
 
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.jobenv.env import tier_digest
 from gpu_cache.jobenv.fs import check_folder
 from helpers import (
     FILLER,
+    HOOK,
     READER,
     SMALL,
     TINY,
@@ -33,6 +36,19 @@ from helpers import (
     start_many,
     write_config,
 )
+
+#: Jobs straight on the share: the node-local tier (on by default on sshfs, #23) off.
+DIRECT = {"local_tier": {"mode": "off"}}
+#: The job tests run both ways: straight on the share, and through the node-local tier (the
+#: default on sshfs; its folder in the test's own tmp_path), which needs the hook's tier piece.
+WAYS = [pytest.param("direct", id="direct"),
+        pytest.param("tier", id="through-the-tier", marks=pytest.mark.skipif(
+            not (HOOK / "gpu_cache_tier.py").exists(), reason="the hook's tier is not on this branch"))]
+
+
+def way(name: str, tmp_path: Path) -> dict:
+    return DIRECT if name == "direct" else {"local_tier": {"folder": str(tmp_path / "node-local")}}
+
 
 #: The small JAX transformer and the ahead-of-time Triton kernels (sm_90, no GPU needed).
 JAX_AND_TRITON = {
@@ -65,8 +81,25 @@ def twelve_entries(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- doctor / env
 
 
-def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine(sshfs_mount):
+@pytest.fixture
+def default_tier_of(sshfs_mount):
+    """The default node-local tier folder of a root on the mount (under this machine's /tmp),
+    removed after the test."""
+    made: list[Path] = []
+
+    def folder(root: Path) -> Path:
+        made.append(Path("/tmp") / f"gpu-cache-{os.getuid()}" / "tier" / tier_digest(root))
+        return made[-1]
+
+    yield folder
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine(sshfs_mount,
+                                                                                 default_tier_of):
     root = sshfs_mount.mount_point / "cache"
+    local = default_tier_of(root)
     result = run_cli("doctor", "--json", "--cache-root", str(root))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -80,17 +113,29 @@ def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine
     # one per kind folder doctor probed (every exported kind: the registry decides how many)
     pruned_alone = [w for w in report["warnings"] if LOCK_PHRASE in w and "prune from one node" in w]
     assert len(pruned_alone) == len(report["kinds"])
-    assert report["exports"]["exports"]["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "none"
+    # The root is on a network filesystem: the node-local tier is on by default (#23), in a
+    # fixed folder under /tmp, where JAX keeps XLA's per-fusion autotune results safely.
+    tier = report["tier"]
+    assert tier["on"] is True and tier["mode"] == "auto" and tier["local"] == str(local)
+    assert "fuse.sshfs, a network filesystem" in tier["why"]
+    exported = report["exports"]["exports"]
+    assert exported["JAX_COMPILATION_CACHE_DIR"] == str(local / "jax")
+    assert exported["TRITON_CACHE_DIR"] == str(local / "triton")
+    assert exported["CUDA_CACHE_PATH"] == str(root / "cuda")  # not tiered: stays in the root
+    assert exported["GPU_CACHE_SHARED"] == str(root) and exported["GPU_CACHE_TIER"] == str(local)
+    assert exported["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "xla_gpu_per_fusion_autotune_cache_dir"
+    assert (local / "jax").is_dir() and oct((local).stat().st_mode & 0o777) == "0o700"
     text = run_cli("doctor", "--cache-root", str(root))
     assert text.returncode == 0
     assert "fuse.sshfs [sshfs, network]" in text.stdout and "result: ok" in text.stdout
     assert "warning: jax:" in text.stdout and LOCK_PHRASE in text.stdout
+    assert f"local tier: on in {local} (" in text.stdout
     # On local disk: no lock warning.
     assert not any("file locks" in w for w in check_folder(sshfs_mount.workdir / "local").warnings)
 
 
-def test_xla_caches_all_is_exported_as_none_on_sshfs_and_said(sshfs_root, tmp_path):
-    config = write_config(tmp_path / "c.yaml", {"xla_caches": "all"})
+def test_xla_caches_all_is_exported_as_none_on_sshfs_without_the_tier_and_said(sshfs_root, tmp_path):
+    config = write_config(tmp_path / "c.yaml", {"xla_caches": "all", **DIRECT})
     result = run_cli("env", "--json", "--config", str(config), "--cache-root",
                      str(sshfs_root / "cache"))
     assert result.returncode == 0, result.stderr
@@ -108,14 +153,22 @@ def test_xla_caches_all_is_exported_as_none_on_sshfs_and_said(sshfs_root, tmp_pa
                                str(tmp_path / "local")).stdout)
     assert local["exports"]["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "all"
     assert local["adjusted"] == {}
+    # With the node-local tier (sshfs's default) JAX writes on local disk: 'all' is kept.
+    tiered = write_config(tmp_path / "t.yaml", {"xla_caches": "all",
+                                                "local_tier": {"folder": str(tmp_path / "tier")}})
+    through = json.loads(run_cli("env", "--json", "--config", str(tiered), "--cache-root",
+                                 str(sshfs_root / "cache")).stdout)
+    assert through["tier"]["on"] is True and through["adjusted"] == {}
+    assert through["exports"]["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "all"
 
 
 # ---------------------------------------------------------------- jobs
 
 
-def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount, tmp_path):
+@pytest.mark.parametrize("how", WAYS)
+def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount, tmp_path, how):
     root = sshfs_mount.mount_point / "cache"
-    config = write_config(tmp_path / "c.yaml", JAX_AND_TRITON)
+    config = write_config(tmp_path / "c.yaml", {**JAX_AND_TRITON, **way(how, tmp_path)})
     warm = run_cli("warm", "--config", str(config), "--cache-root", str(root),
                    "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log"))
     assert warm.returncode == 0, warm.stderr[-2000:]
@@ -141,14 +194,16 @@ def test_jax_and_triton_warm_then_validate_with_zero_misses_on_sshfs(sshfs_mount
     assert any(LOCK_PHRASE in w for w in verdict["cache_warnings"])
 
 
-def test_four_warmers_at_once_on_an_empty_sshfs_root(sshfs_mount, tmp_path):
+@pytest.mark.parametrize("how", WAYS)
+def test_four_warmers_at_once_on_an_empty_sshfs_root(sshfs_mount, tmp_path, how):
     root = sshfs_mount.mount_point / "cache"
     script = tmp_path / "tiny.py"
     script.write_text(TINY)
     config = write_config(tmp_path / "c.yaml", {
         "workloads": {"tiny": {"command": f"{{python}} '{script}'"},
                       "triton-kernels": {"shapes": [1000]}},
-        "default_workloads": ["tiny", "triton-kernels"], "validate": {"measure_cold": False}})
+        "default_workloads": ["tiny", "triton-kernels"], "validate": {"measure_cold": False},
+        **way(how, tmp_path)})
     command = [sys.executable, "-m", "gpu_cache", "warm", "--config", str(config),
                "--cache-root", str(root)]
     results = finish(start_many(4, command, clean_environ()))

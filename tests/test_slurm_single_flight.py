@@ -153,14 +153,14 @@ def program_pid(pid: int, own_pids: bool) -> int:
 def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_nodes, two_nodes, own_pids):
     """A's job takes the key's lease and compiles (a chain of 600: 12 s here; one of 240 was over
     before the kill on a faster machine), and is stopped again just before the kill, so the kill
-    lands mid-compile whatever the machine's speed; B's job, on the other node, waits on that lease (B holds its node's
-    lock); SLURM kills A's job. Where A's program runs in a PID namespace of its own, B cannot tell
-    that it died (as on another machine): it passes the lease over once A's beat has not changed
-    for ``LEASE_STALE`` seconds (measured here: 14.4-14.6 s after scancel, 4 s past the 10.25 s
-    that docs/single-flight.md states; the 5 s slack is the one test_flight_across_nodes.py allows).
-    Where both jobs share the kernel's PID namespace (same boot id, same namespace: the test's nodes
-    are one machine), B sees A's process gone and goes on at once (0.26 s). Either way B compiles
-    the key itself and completes."""
+    lands mid-compile whatever the machine's speed; B's job, on the other node, waits on that lease
+    (B holds its node's lock); SLURM kills A's job. Where A's program runs in a PID namespace of its
+    own, B cannot tell that it died (as on another machine): it passes the lease over once A's beat
+    has not changed for ``LEASE_STALE`` seconds (measured here: 14.4-14.6 s after scancel, 4 s past
+    the 10.25 s that docs/single-flight.md states; the 5 s slack is the one
+    test_flight_across_nodes.py allows). Where both jobs share the kernel's PID namespace (same boot
+    id, same namespace: the test's nodes are one machine), B sees A's process gone and goes on at
+    once (0.26 s). Either way B compiles the key itself and completes."""
     cluster = slurm_two_nodes
     stale, poll = lease_bound()
     work, root, config = prepare(two_nodes, f"sf-fault-{'own' if own_pids else 'one'}-pids")

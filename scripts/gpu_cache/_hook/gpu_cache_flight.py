@@ -2,7 +2,8 @@
 
 Part of gpu-cache's startup hook (standard library only; Python 3.7+ syntax). The hook wraps
 JAX's persistent-cache read and write with it, and the Triton cache manager in
-``gpu_cache_triton_seed`` its ``get_group``/``put_group``. Configured by the environment:
+``gpu_cache_triton_seed`` its ``get_group``/``put_group`` (kernels) and ``get_file``/``put``
+(launcher libraries, autotune results). Configured by the environment:
 
 - ``GPU_CACHE_LOCKS``: an absolute folder for the lock files (unset, empty or relative: off);
 - ``GPU_CACHE_LOCK_TIMEOUT``: seconds a process waits for another one's compile before it

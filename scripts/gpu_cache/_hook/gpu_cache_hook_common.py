@@ -95,6 +95,7 @@ def tier(hook):
     """This process's node-local tier (``gpu_cache_tier``), or None where it is off."""
     if not hook.tier:
         return None
+    hook.piece("gpu_cache_tier_bound")  # before the piece that imports it: from this folder
     return hook.piece("gpu_cache_tier").get(hook.warn)
 
 

@@ -301,6 +301,8 @@ def _wrap_jax_cache(hook, tier):
         # miss, never read half (a warning and a second compile), and waited for below.
         writing = flying() and jax_entry(folder(), cache_key) == "partial"
         result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
+        if result[0] is not None and tiered() is not None:  # used now: the bound trims LRU first
+            touch(os.path.join(folder(), f"{cache_key}-cache"))
         if result[0] is not None or not flying() or getattr(state, "client", None) is not None:
             return result
         raised = []

@@ -7,6 +7,7 @@ filesystem) is the shared tier. This module moves whole entries between them:
 
 - **fetch**: an entry missing locally that the shared tier has is copied into a temporary file
   in the local kind folder, then linked to its name (never over an entry that is there);
+  temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``;
 - **promote**: an entry this process just wrote locally is copied into a temporary file
   ``.gpu-cache-tmp.<host>.<pid>.<random>`` in the shared kind folder, then ``os.link``-ed to
   its name, which never replaces an existing entry and is atomic; where the filesystem has no
@@ -14,9 +15,8 @@ filesystem) is the shared tier. This module moves whole entries between them:
   its ``__grp__`` file last (Triton counts a group only when the group file and every child
   exist). A kill -9 at any point thus leaves at most a temporary file (prune removes old ones),
   never a partial entry, and loses no complete one.
-- **bound**: at exit, at most once per ``TRIM_EVERY`` seconds per node (the stamp file's mtime)
-  and only where nobody else trims now (a non-blocking ``flock``), the local tier is cut to
-  ``$GPU_CACHE_TIER_MAX_BYTES``, least recently used whole entries first.
+- **bound**: at exit, the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently
+  used whole entries first (``gpu_cache_tier_bound``).
 
 Every shared and local kind folder is opened without following a link and used through its
 descriptor; one that is not a folder of this user (or root; or the team's, where the shared
@@ -32,26 +32,16 @@ import stat
 import threading
 import time
 
+import gpu_cache_tier_bound as bound
+
 TIER_VAR = "GPU_CACHE_TIER"
 SHARED_VAR = "GPU_CACHE_SHARED"
 MAX_VAR = "GPU_CACHE_TIER_MAX_BYTES"
 #: Test-only: a path the process creates when a promotion has written its temporary file and is
 #: about to link it, after which it sleeps (tests kill it there, deterministically).
 PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
-#: The name every temporary file of the tier starts with (prune removes old ones in both tiers).
-TMP_PREFIX = ".gpu-cache-tmp."
-#: The local tier is trimmed at most this often per node; the stamp file says when it last was.
-TRIM_EVERY = 600.0
-STAMP = ".gpu-cache-trim"
-TRIM_LOCK = ".gpu-cache-trim.lock"
-#: Entries used within this many seconds are in use now: never trimmed.
-IN_USE = 60.0
-#: A temporary file of the local tier older than this was left by a killed process.
-STALE_TMP = 3600.0
-#: At most this many files of a tree kind (Inductor, XLA's autotune folder) are looked at once.
-MAX_TREE_FILES = 20000
-#: XLA's per-fusion autotune results, inside the JAX kind folder.
-XLA_AUTOTUNE = "xla_gpu_per_fusion_autotune_cache_dir"
+TMP_PREFIX = bound.TMP_PREFIX
+XLA_AUTOTUNE = bound.XLA_AUTOTUNE
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
@@ -97,6 +87,7 @@ class _Side:
         self.root = root
         self.create = create  # make missing kind folders (the local tier: ours)
         self.fds = {}  # kind -> fd, or the Refused of that kind
+        self.mutex = threading.Lock()
         self.team_gid = None
         try:
             info = os.stat(root)
@@ -104,9 +95,16 @@ class _Side:
                 self.team_gid = info.st_gid  # a team's root (shared_group mode)
         except OSError:
             pass
+        # the mode of the folders it makes (a Triton key, a tree's folders): as the tools
+        # make them under a usual umask, never writable by others (the rules would refuse it)
+        self.dir_mode = 0o700 if create else 0o775 if self.team_gid is not None else 0o755
 
     def folder(self, kind):
         """The descriptor of ``<root>/<kind>``. Raises Refused or OSError."""
+        with self.mutex:
+            return self._folder(kind)
+
+    def _folder(self, kind):
         known = self.fds.get(kind)
         if isinstance(known, int):
             return known
@@ -142,7 +140,7 @@ class _Side:
         parent = self.folder(kind)
         if make:
             try:
-                os.mkdir(name, 0o777 if self.team_gid is not None else 0o755, dir_fd=parent)
+                os.mkdir(name, self.dir_mode, dir_fd=parent)
             except FileExistsError:
                 pass
         try:
@@ -164,8 +162,6 @@ class Tier:
     XLA_AUTOTUNE = XLA_AUTOTUNE
 
     def __init__(self, local, shared, max_bytes, warn):
-        import socket
-
         self.local = _Side(local, create=True)
         self.shared = _Side(shared, create=False)
         self.max_bytes = max_bytes
@@ -175,7 +171,7 @@ class Tier:
         self.known = {}  # tree kind folder -> names known to be in the shared tier
         self.mutex = threading.Lock()
         self.pid = os.getpid()
-        self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64]
+        self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.uname().nodename)[:64]
 
     # --- what the record says ------------------------------------------------------------
 
@@ -195,7 +191,12 @@ class Tier:
         out["seconds"] = round(out["seconds"], 3)
         out["local"] = os.path.join(self.local.root, kind)
         out["shared"] = os.path.join(self.shared.root, kind)
-        out["state"] = f"off: {self.off[kind]}" if kind in self.off else "on"
+        if kind in self.off:
+            out["state"] = f"off: {self.off[kind]}"
+        elif f"{kind}:promote" in self.off:
+            out["state"] = f"on, promotion off: {self.off[kind + ':promote']}"
+        else:
+            out["state"] = "on"
         return out
 
     def local_folder(self, kind):
@@ -204,7 +205,8 @@ class Tier:
     def shared_folder(self, kind):
         return os.path.join(self.shared.root, kind)
 
-    def _failed(self, what, exc):
+    def failed(self, what, exc):
+        """The process's one warning line (the hook's, printed once at most)."""
         if self.warn is not None:
             self.warn(f"node-local tier ({what}); entries stay local", exc)
 
@@ -268,7 +270,7 @@ class Tier:
             size = self._place(self.shared.folder(kind), name, local, local, name, check)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         if size:
@@ -289,7 +291,7 @@ class Tier:
             shared = self.shared.folder(kind)
             size = self._place(self.local.folder(kind), name, shared, shared, name, check,
                                pause=True)
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
             return False
@@ -304,15 +306,15 @@ class Tier:
         stats["seconds"] += time.monotonic() - started
 
     def _refused(self, kind, exc, fetching=False):
-        """A kind folder the rules refuse, or a filesystem error: warn once. A refused or
-        read-only shared folder turns promotion off for the kind (fetching on for a read-only
-        one); other errors count per entry."""
+        """A kind folder the rules refuse, a filesystem error, or any other failure: warn
+        once. A refused kind folder turns the tier off for the kind, a read-only (or full, or
+        not writable) shared one promotion (copy-in goes on); other errors count per entry."""
         if isinstance(exc, Refused):
             self.disable(kind, exc.strerror)
-        elif not fetching and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC,
-                                            errno.EDQUOT):
+        elif not fetching and getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM,
+                                                               errno.ENOSPC, errno.EDQUOT):
             self.off.setdefault(f"{kind}:promote", exc.strerror or repr(exc))
-        self._failed(kind, exc)
+        self.failed(kind, exc)
 
     def promoting(self, kind):
         return kind not in self.off and f"{kind}:promote" not in self.off
@@ -341,15 +343,15 @@ class Tier:
                     continue
                 except FileNotFoundError:
                     pass
-                placed = self._place(src, child, dst, dst, child)
+                placed = self._place(src, child, self.local.folder(kind), dst, child)
                 if not placed and not _exists_at(dst, child):
                     return False
                 size += placed
-            size += self._place(src, group_name, dst, dst, group_name,
+            size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
                                 rewrite=lambda data: _rewrite_group(data, local_dir))
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         finally:
@@ -373,10 +375,10 @@ class Tier:
         try:
             src = self.shared.sub(kind, key, make=False)
             dst = self.local.sub(kind, key, make=True)
-            size = self._place(src, name, dst, dst, name)
+            size = self._place(src, name, self.local.folder(kind), dst, name)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
         finally:
@@ -413,7 +415,7 @@ class Tier:
             if group_name is not None and _plain(group_name):
                 size += self._place(src, group_name, shared, dst, group_name, pause=True,
                                     rewrite=lambda data: _rewrite_group(data, shared_dir))
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
             return False
@@ -428,7 +430,7 @@ class Tier:
 
     def fetch_tree(self, kind, sub=""):
         """Copy the files of the shared ``<kind>/<sub>`` tree missing locally (at most
-        MAX_TREE_FILES looked at). Never raises."""
+        bound.MAX_TREE_FILES looked at). Never raises."""
         if kind in self.off:
             return
         started = time.monotonic()
@@ -438,7 +440,7 @@ class Tier:
             local_root = os.path.join(self.local_folder(kind), sub)
             self.shared.folder(kind)  # the rules, for the kind folder
             known = self.known.setdefault((kind, sub), set())
-            for rel in _tree_files(shared_root):
+            for rel in bound.tree_files(shared_root):
                 known.add(rel)
                 if os.path.lexists(os.path.join(local_root, rel)):
                     continue
@@ -446,7 +448,7 @@ class Tier:
                 src = _open_below(self.shared, kind, os.path.join(sub, folder), make=False)
                 dst = _open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
-                    placed = self._place(src, name, dst, dst, name)
+                    placed = self._place(src, name, self.local.folder(kind), dst, name)
                 finally:
                     os.close(src)
                     os.close(dst)
@@ -454,7 +456,7 @@ class Tier:
                 size += placed
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
         stats = self.counts(kind)
         stats["fetched"] += fetched
@@ -471,7 +473,7 @@ class Tier:
         local_root = os.path.join(self.local_folder(kind), sub)
         size = promoted = 0
         try:
-            for rel in _tree_files(local_root):
+            for rel in bound.tree_files(local_root):
                 if rel in known:
                     continue
                 folder, name = os.path.split(rel)
@@ -487,7 +489,7 @@ class Tier:
                 size += placed
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
         stats = self.counts(kind)
@@ -498,56 +500,15 @@ class Tier:
     # --- the bound ---------------------------------------------------------------------------
 
     def trim(self, now=None):
-        """Cut the local tier to ``max_bytes``, least recently used whole entries first, at most
-        once per TRIM_EVERY seconds per node and only when nobody else trims now. Returns the
-        entries removed (None: not this time). Never raises."""
+        """The bound (``gpu_cache_tier_bound``). Never raises."""
         if not self.max_bytes or self.max_bytes <= 0:
             return None
         try:
-            return self._trim(time.time() if now is None else now)
+            return bound.trim(self.local.root, self.max_bytes, now)
         except Exception as exc:
-            self._failed("trimming the local tier", exc)
+            self.failed("trimming the local tier", exc)
             return None
 
-    def _trim(self, now):
-        import fcntl
-
-        root = self.local.root
-        try:
-            if now - os.stat(os.path.join(root, STAMP), follow_symlinks=False).st_mtime < TRIM_EVERY:
-                return None
-        except FileNotFoundError:
-            pass
-        fd = os.open(os.path.join(root, TRIM_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    return None  # another process trims now
-                raise
-            stamp = os.path.join(root, STAMP)
-            try:
-                if now - os.stat(stamp, follow_symlinks=False).st_mtime < TRIM_EVERY:
-                    return None  # it just did
-            except FileNotFoundError:
-                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            os.utime(stamp, (now, now), follow_symlinks=False)
-            entries = _local_entries(root, now)
-            total = sum(size for _used, size, _remove in entries)
-            removed = 0
-            for used, size, remove in sorted(entries, key=lambda entry: entry[0]):
-                if total <= self.max_bytes:
-                    break
-                if now - used < IN_USE:
-                    continue
-                remove()
-                total -= size
-                removed += 1
-            return removed
-        finally:
-            os.close(fd)
 
     def at_exit(self):
         """Promote what is left (XLA's autotune files, Inductor's), then the bound."""
@@ -646,7 +607,7 @@ def _open_below(side, kind, rel, make):
                 raise Refused(errno.EPERM, f"{rel} is not a plain path")
             if make:
                 try:
-                    os.mkdir(name, 0o700 if side.create else 0o755, dir_fd=fd)
+                    os.mkdir(name, side.dir_mode, dir_fd=fd)
                 except FileExistsError:
                     pass
             sub = os.open(name, _DIR, dir_fd=fd)
@@ -662,34 +623,6 @@ def _open_below(side, kind, rel, make):
 
 
 #: Names a tree sync never copies: locks, temporary files of the tools and of the tier.
-_SKIP_DIRS = ("locks",)
-
-
-def _tree_files(root):
-    """Relative paths of the regular files under ``root`` (no links followed; no hidden,
-    temporary or lock files), at most MAX_TREE_FILES."""
-    out = []
-    stack = [""]
-    while stack and len(out) < MAX_TREE_FILES:
-        rel = stack.pop()
-        try:
-            listing = list(os.scandir(os.path.join(root, rel)))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for item in listing:
-            name = item.name
-            if name.startswith(".") or name.endswith((".tmp", ".lock")) or ".tmp" in name:
-                continue
-            if item.is_dir(follow_symlinks=False):
-                if name not in _SKIP_DIRS:
-                    stack.append(os.path.join(rel, name))
-            elif item.is_file(follow_symlinks=False):
-                out.append(os.path.join(rel, name))
-                if len(out) >= MAX_TREE_FILES:
-                    break
-    return out
-
-
 def _group_children(folder_fd, group_name):
     """The child file names a Triton group file lists (each must be a plain name), or None."""
     import json
@@ -726,95 +659,6 @@ def _rewrite_group(data, folder):
         return None
     moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
     return json.dumps({"child_paths": moved}).encode()
-
-
-def _local_entries(root, now):
-    """``(last used, bytes, remove)`` for each whole entry of the local tier: a JAX entry (its
-    ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's autotune folder or of
-    Inductor's tree. Temporary files of the tier left by a killed process are removed here."""
-    entries = []
-    jax = os.path.join(root, "jax")
-    for item in _scan(jax):
-        name = item.name
-        info = _lstat(item)
-        if info is None:
-            continue
-        if name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-        elif name.endswith("-cache") and stat.S_ISREG(info.st_mode):
-            atime = item.path[:-len("-cache")] + "-atime"
-            extra = _lstat_path(atime)
-            entries.append((max(info.st_mtime, extra.st_mtime if extra else 0),
-                            info.st_size + (extra.st_size if extra else 0),
-                            _remover([item.path, atime])))
-    for folder in (os.path.join(jax, XLA_AUTOTUNE), os.path.join(root, "inductor")):
-        for rel in _tree_files(folder):
-            path = os.path.join(folder, rel)
-            info = _lstat_path(path)
-            if info is not None:
-                entries.append((info.st_mtime, info.st_size, _remover([path])))
-    for item in _scan(os.path.join(root, "triton")):
-        info = _lstat(item)
-        if info is None:
-            continue
-        if item.name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            continue
-        used, size, files = info.st_mtime, 0, []
-        for child in _scan(item.path):
-            child_info = _lstat(child)
-            if child_info is None or not stat.S_ISREG(child_info.st_mode):
-                continue
-            used, size = max(used, child_info.st_mtime), size + child_info.st_size
-            files.append(child.path)
-        # group files first: a reader then sees a miss, never a group without its children
-        files.sort(key=lambda path: not os.path.basename(path).startswith("__grp__"))
-        entries.append((used, size, _remover(files, folder=item.path)))
-    return entries
-
-
-def _scan(folder):
-    try:
-        return list(os.scandir(folder))
-    except OSError:
-        return []
-
-
-def _lstat(item):
-    try:
-        return item.stat(follow_symlinks=False)
-    except OSError:
-        return None
-
-
-def _lstat_path(path):
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _remover(paths, folder=None):
-    def remove():
-        for path in paths:
-            _unlink(path)
-        if folder is not None:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass  # a file appeared meanwhile: kept
-    return remove
 
 
 # --- the process's tier ------------------------------------------------------------------

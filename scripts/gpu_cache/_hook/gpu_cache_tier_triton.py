@@ -4,11 +4,12 @@
 over the local tier's ``$TRITON_CACHE_DIR``, with the shared tier behind it: a group missing
 locally is copied in from the shared tier (its children, then its group file, naming the local
 copies), as is a file Triton reads alone (``get_file``: a launcher ``.so``, an
-``*.autotune.json``); a group this process writes is promoted (its children, then its group
-file, naming the shared copies) before single-flight releases the key, and a file Triton
-writes alone is promoted right after it is written. Single-flight names its locks after the
-shared folder, so processes on every node agree. The startup hook makes it Triton's manager
-(``triton.knobs.cache.manager_class``) when the tier is on and you named no manager of your own.
+``*.autotune.json``), on the first look and at each of single-flight's peeks; a group this
+process writes is promoted (its children, then its group file, naming the shared copies), and a
+file Triton writes alone right after it is written, both before single-flight releases them.
+Single-flight names its locks after the shared folder, so processes on every node agree. The
+startup hook makes it Triton's manager (``triton.knobs.cache.manager_class``) when the tier is
+on and you named no manager of your own.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import json
 import os
 
 import gpu_cache_tier
-from gpu_cache_triton_seed import FlightCacheManager
+from gpu_cache_triton_seed import SINGLE_FILES, FlightCacheManager
 
 #: Files Triton writes and reads alone, without a group (``get_file``): promoted as soon as they
-#: are written. Every other file is a group's child and is promoted with its group.
-ALONE = (".so", ".autotune.json")
+#: are written, before single-flight releases them. Every other file is a group's child and is
+#: promoted with its group.
+ALONE = SINGLE_FILES
 GROUP_PREFIX = "__grp__"
 
 
@@ -54,20 +56,19 @@ class TierCacheManager(FlightCacheManager):
             return super()._lookup(filename)
         return None
 
-    def get_file(self, filename: str) -> str | None:
-        found = super().get_file(filename)
+    def _lookup_file(self, filename: str) -> str | None:
+        found = super()._lookup_file(filename)
         if found is None and self._tier is not None and self._tier.fetch_key_file(self.key, filename):
-            found = super().get_file(filename)
+            found = super()._lookup_file(filename)
         return found
 
-    def put(self, data, filename: str, binary: bool = True) -> str:
-        path = super().put(data, filename, binary)
-        if self._tier is not None:
-            if filename.startswith(GROUP_PREFIX):
-                self._promote_group(data, filename)
-            elif filename.endswith(ALONE):
-                self._tier.promote_key_files(self.key, [filename])
-        return path
+    def _stored(self, data, filename: str) -> None:
+        if self._tier is None:
+            return
+        if filename.startswith(GROUP_PREFIX):
+            self._promote_group(data, filename)
+        elif filename.endswith(ALONE):
+            self._tier.promote_key_files(self.key, [filename])
 
     def _promote_group(self, data, filename: str) -> None:
         """Promote a group just written (``put_group`` calls ``put`` for its group file, before
@@ -78,9 +79,9 @@ class TierCacheManager(FlightCacheManager):
                      if os.path.dirname(os.path.normpath(p)) == os.path.normpath(self.cache_dir)]
             if len(names) != len(children):
                 raise ValueError("a group whose children are not in its key folder")
-        except (TypeError, ValueError, AttributeError) as exc:
+        except Exception as exc:  # never into the job: the group stays local
             self._tier.counts("triton")["promote_failed"] += 1
-            self._tier.disable("triton", f"a group file it cannot read: {exc!r}")
+            self._tier.failed("triton", exc)
             return
         shared = os.path.join(self._tier.shared_folder("triton"), self.key)
         self._tier.promote_key_files(self.key, names, group_name=filename, shared_dir=shared)

@@ -15,6 +15,14 @@ the key's lock (after re-reading the cache under it: a leader may have just writ
 its frames are gone), at this thread's next miss of the same key, at process exit (the kernel
 drops the lock) and, for the waiters, after their timeout.
 
+Triton also keeps files outside groups, each read with ``get_file`` and, on a miss, made and
+written with ``put`` by the same manager: the shared objects ``runtime/build.py`` compiles with
+the C compiler (``cuda_utils``, and on Triton <= 3.6 a ``__triton_launcher`` per signature) and
+the autotuner's ``<fn>.autotune.json`` (``Autotuner.check_disk_cache``, which benchmarks every
+config on a miss). A miss of such a file takes a lock of its own (the key and the file name),
+re-reads under it, and the ``put`` of that file releases it; a miss never followed by its
+``put`` releases as a group's does (issue 26).
+
 ``SeedOverlayCacheManager`` (``TRITON_CACHE_MANAGER=gpu_cache_triton_seed:SeedOverlayCacheManager``,
 exported when the cache root is read-only) reads a read-only seed cache and writes elsewhere:
 Triton raises on a miss when its cache folder cannot be written, so gpu-cache points
@@ -37,6 +45,8 @@ except ImportError:  # a copy of this file without its sibling: Triton's plain f
     gpu_cache_flight = None
 
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
+#: Endings of the files Triton writes alone, with ``get_file`` then ``put``: single-flighted.
+SINGLE_FILES = (".so", ".autotune.json")
 
 
 class FlightCacheManager(FileCacheManager):
@@ -46,10 +56,13 @@ class FlightCacheManager(FileCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         super().__init__(key, override, dump)
         self._single_flight = gpu_cache_flight is not None and not (override or dump)
-        self._release = None
+        self._releases = {}  # None (the group) or a single file's name -> finalizer of its held lock
 
     def _lookup(self, filename: str) -> dict[str, str] | None:
         return FileCacheManager.get_group(self, filename)
+
+    def _lookup_file(self, filename: str) -> str | None:
+        return FileCacheManager.get_file(self, filename)
 
     def _where(self) -> str:
         """The cache folder single-flight names the key's lock after."""
@@ -59,40 +72,68 @@ class FlightCacheManager(FileCacheManager):
         group = self._lookup(filename)
         if group is not None or not self._single_flight:
             return group
-        if self._release is not None:  # this manager's earlier miss never put its group
-            self._release()  # the finalizer releases it as abandoned, once
-            self._release = None
+        return self._lead(None, self.key, lambda: self._lookup(filename))
+
+    def get_file(self, filename: str) -> str | None:
+        path = self._lookup_file(filename)
+        if path is not None or not self._single_flight or not filename.endswith(SINGLE_FILES):
+            return path
+        # a lock name apart from the group's: the name's end (the key) is what lock_name keeps
+        return self._lead(filename, f"{filename[:100]}-{self.key}", lambda: self._lookup_file(filename))
+
+    def _lead(self, what: str | None, key: str, read):
+        """After a miss of the group (``what`` None) or of the single file ``what``: the entry
+        another process wrote meanwhile, or None with this manager holding its lock."""
+        self._done(what, False)  # this manager's earlier miss of it was never written
         raised = []
 
-        def lookup() -> dict[str, str] | None:
+        def lookup():
             try:
-                return self._lookup(filename)
+                return read()
             except BaseException as exc:  # Triton's own error: raised as without single-flight
                 raised.append(exc)
                 raise
 
         try:
-            group, lock = gpu_cache_flight.lead("triton", self.key, self._where(), read=lookup, peek=lookup)
+            found, lock = gpu_cache_flight.lead("triton", key, self._where(), read=lookup, peek=lookup)
         except Exception as exc:
             if raised:
                 raise
             gpu_cache_flight.disable("triton", f"failed: {exc!r}"[:300])
             return None  # compile, as without single-flight
         if lock is not None:
-            self._release = weakref.finalize(self, lock.release, False)
-        return group
+            self._releases[what] = weakref.finalize(self, lock.release, False)
+        return found
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         try:
             path = super().put_group(filename, group)
         except BaseException:
-            self._done(False)
+            self._done(None, False)
             raise
-        self._done(True)
+        self._done(None, True)
         return path
 
-    def _done(self, wrote: bool) -> None:
-        release, self._release = self._release, None
+    def put(self, data, filename: str, binary: bool = True) -> str:
+        if filename not in self._releases:  # a group's child, or a file not missed under a lock
+            path = super().put(data, filename, binary)
+            self._stored(data, filename)
+            return path
+        try:
+            path = super().put(data, filename, binary)
+            self._stored(data, filename)
+        except BaseException:
+            self._done(filename, False)
+            raise
+        self._done(filename, True)
+        return path
+
+    def _stored(self, data, filename: str) -> None:
+        """``filename`` is written, and its lock (a group's file: the group's) not yet released:
+        the node-local tier promotes it here (``gpu_cache_tier_triton``). Never raises."""
+
+    def _done(self, what: str | None, wrote: bool) -> None:
+        release = self._releases.pop(what, None)
         detached = release.detach() if release is not None else None
         if detached is not None:
             _manager, lock_release, _args, _kwargs = detached
@@ -108,12 +149,12 @@ class SeedOverlayCacheManager(FlightCacheManager):
         seed = os.environ.get(SEED_VAR)
         self.seed_dir = os.path.join(seed, key) if seed and not (override or dump) else None
 
-    def get_file(self, filename: str) -> str | None:
+    def _lookup_file(self, filename: str) -> str | None:
         if self.seed_dir:
             path = os.path.join(self.seed_dir, filename)
             if os.path.exists(path):
                 return path
-        return super().get_file(filename)
+        return super()._lookup_file(filename)
 
     def _lookup(self, filename: str) -> dict[str, str] | None:
         # Same rules as FileCacheManager.get_group: a group counts only when every child exists.

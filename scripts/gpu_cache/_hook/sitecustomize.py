@@ -169,8 +169,12 @@ def _observe(name):
 
 
 def _inductor(module):
-    _piece("gpu_cache_hook_common")
-    tier = _piece("gpu_cache_tier").get(_HOOK.warn)
+    # Inductor's compile workers (up to 32 per process, started from this script) leave the
+    # tier to the process that started them: it copies in and promotes for them.
+    argv = getattr(sys, "argv", None) or [""]
+    if os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker":
+        return
+    tier = _piece("gpu_cache_hook_common").tier(_HOOK)
     if tier is not None:
         _HOOK.parts.setdefault("inductor", {})
         tier.fetch_tree("inductor")

@@ -117,11 +117,11 @@ def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
                only: tuple[str, ...] = kinds.TIERED, lock_timeout: float = 600.0,
-               verify_all: bool = False) -> None:
+               verify_all: bool = False, max_size: int | None = None) -> None:
     """Prune this node's local tier of the cache root (issue 23) into ``result``: its tiered
-    kinds together to ``local_tier.max_size`` (least recently used whole entries first,
-    promoted or not: the root keeps what was promoted), entries unused longer than
-    ``max_age``, broken ones and stale temporaries. A tier that does not exist on this node
+    kinds together to ``max_size`` (default ``local_tier.max_size``; least recently used whole
+    entries first, promoted or not: the root keeps what was promoted), entries unused longer
+    than ``max_age``, broken ones and stale temporaries. A tier that does not exist on this node
     is left alone; one that is not trusted is not touched (the problem says why)."""
     from gpu_cache.jobenv.env import tier_folder, tier_trusted_above
     from gpu_cache.jobenv.trust import distrust
@@ -130,7 +130,8 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
     wanted = [kind for kind in only if kinds.KINDS[kind].tiered]
     if local is None or not wanted or not local.is_dir():
         return
-    result.tier_folder, result.tier_max_size = str(local), settings.local_tier.max_size
+    max_size = settings.local_tier.max_size if max_size is None else max_size
+    result.tier_folder, result.tier_max_size = str(local), max_size
     why = distrust(local, settings.shared_group, tier_trusted_above(settings))
     if why:
         result.problems.append(f"local tier: {why}; not pruned")
@@ -163,7 +164,7 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                                        f"{exc.strerror or exc}")
                 continue
             found += entries
-        _remove(plan(found, settings.local_tier.max_size, max_age, time.time()), folders,
+        _remove(plan(found, max_size, max_age, time.time()), folders,
                 result.tier, dry_run)
     for kind, report in result.tier.items():
         log.info("prune: local tier %s: %s %d of %d entries, %s of %s", kind,
@@ -189,12 +190,13 @@ def repair(settings: Settings) -> PruneReport:
         UsageError: the root is a file or a broken link.
     """
     return prune(settings, max_size=sys.maxsize, max_age=float("inf"), dry_run=False,
-                 verify_all=True)
+                 verify_all=True, tier_max_size=sys.maxsize)
 
 
 def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
           only: tuple[str, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
-          verify_all: bool = False, strict_root: bool = True) -> PruneReport:
+          verify_all: bool = False, strict_root: bool = True,
+          tier_max_size: int | None = None) -> PruneReport:
     """Prune every kind (or the kinds in ``only``) under the cache root and return the report.
 
     Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
@@ -204,6 +206,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     decompress each, and compare its bytes with those verified before).
     ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
     reported (the workflow's prune must never fail a run because of the cache).
+    ``tier_max_size``: this node's local tier's bound (default ``local_tier.max_size``).
 
     Raises:
         UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
@@ -233,7 +236,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     result.software_mismatches = software_mismatches(root)
     _prune_shared(result, root, max_size, max_age, dry_run, only, lock_timeout, verify_all)
     # A read-only root (its lock cannot be taken) still has this node's tier to bound.
-    prune_tier(settings, max_age, dry_run, result, only, lock_timeout, verify_all)
+    prune_tier(settings, max_age, dry_run, result, only, lock_timeout, verify_all, tier_max_size)
     return result
 
 

@@ -70,6 +70,12 @@ def render(validations: list[Path], prune: Path | None) -> str:
             lines.append(f"  {kind} cache: {format_size(k.bytes_after)} in {k.entries_after} "
                          f"entries after pruning ({verb} {k.entries_removed}, "
                          f"{format_size(k.bytes_removed)})")
+        if p.tier:  # the node-local tier of the node that pruned (#23)
+            kept = sum(k.bytes_after for k in p.tier.values())
+            lines.append(f"  local tier of the pruning node: {format_size(kept)} in "
+                         f"{sum(k.entries_after for k in p.tier.values())} entries (bound "
+                         f"{format_size(p.tier_max_size)}; {verb} "
+                         f"{sum(k.entries_removed for k in p.tier.values())}) in {p.tier_folder}")
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return "\n".join(lines) + "\n"

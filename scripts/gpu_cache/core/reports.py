@@ -121,6 +121,34 @@ class KindTotals:
 
 
 @dataclass
+class TierTotals:
+    """What the node-local tier did for one kind, summed over the records of some processes
+    (issue 23; the hook's ``<kind>.tier`` part): entries copied in from the shared root
+    (``fetched``), promoted to it, promotions that failed (the entry stays local), and the
+    seconds the tier's own copies took."""
+
+    processes: int = 0
+    fetched: int = 0
+    fetched_bytes: int = 0
+    promoted: int = 0
+    promoted_bytes: int = 0
+    promote_failed: int = 0
+    seconds: float = 0.0
+    off: list[str] = field(default_factory=list)  # why the tier was off, per distinct reason
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TierTotals:
+        data = _mapping(data, "a kind's tier totals")
+        number = lambda key: _number(data.get(key, 0), "a kind's tier totals", key)  # noqa: E731
+        return cls(*(int(number(name)) for name in TIER_COUNTS), float(number("seconds")),
+                   [w for w in data.get("off") or [] if isinstance(w, str)])
+
+
+#: The tier's counts in a record (and in :class:`TierTotals`), besides ``seconds``.
+TIER_COUNTS = ("processes", "fetched", "fetched_bytes", "promoted", "promoted_bytes", "promote_failed")
+
+
+@dataclass
 class PhaseResult:
     """One pass over a GPU type's workloads (warm, cold or validate), as the workload runner
     saw it in the jobs' own software: ``warm/{gpu_type}.json`` is the warm pass.

@@ -23,6 +23,10 @@ from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_
 
 #: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
 CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
+#: Folders Apptainer and Singularity bind into every container at the same path: a node-local
+#: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
+#: lacks (a job on a node where no ``env`` made it yet) stops the container from starting.
+DEFAULT_BOUND = (Path("/tmp"), Path("/var/tmp"))
 #: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
 SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
 SEED_VAR = "GPU_CACHE_TRITON_SEED"
@@ -176,6 +180,11 @@ def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[st
             f"{where}, a network filesystem (local_tier.mode: auto)"
         problem = no_hook and "its reads and promotions need gpu-cache's startup hook, which cannot load"
         warnings: list[str] = []
+        if problem is None and local is not None:
+            # The folder that holds it is judged first: nothing is made in one not trusted.
+            problem = check_folder(local.parent, create=False, shared_group=settings.shared_group,
+                                   min_free=0, probe=False,
+                                   trusted_above=tier_trusted_above(settings)).problem
         if problem is None and local is not None:
             check = check_folder(local, shared_group=settings.shared_group,
                                  min_free=settings.min_free_space,
@@ -381,6 +390,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                 # The job works node-locally; the hook reads the shared folder on a miss and
                 # promotes new entries to it (a read-only one: they stay on this node).
                 wanted[kind.env_var] = str(kind.folder(local))
+                if check.read_only:  # the tier with promotion off: it stays on this node
+                    adjusted[kind.name] = (f"{kind.folder(root)} is read-only: jobs read it on a miss "
+                                           f"and keep new entries on this node in {kind.folder(local)}")
                 if kind.name == "jax" and xla_caches == "none":
                     xla_caches = TIER_XLA_CACHES
                 continue
@@ -430,8 +442,9 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
     if root is not None:  # the package's folder only for the hook (not when it cannot load)
         bound = [root] if no_hook else [root, PACKAGE_PARENT]
-        if tier["on"]:
-            bound.append(Path(str(tier["local"])))  # at the same path inside, like the root
+        local = Path(str(tier["local"])) if tier["on"] else None
+        if local is not None and not any(local.is_relative_to(top) for top in DEFAULT_BOUND):
+            bound.append(local)  # at the same path inside, like the root
         binds, skipped = container_binds(bound, environ)
         exports.values.update(binds)
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "

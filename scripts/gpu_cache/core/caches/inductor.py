@@ -174,9 +174,12 @@ def _listing(path: str) -> list[tuple[str, str, os.stat_result]]:
 def _temporary(scan: _Scan, relative: str, path: str, info: os.stat_result) -> None:
     """A writer's temporary file: left out while young, broken once stale."""
     if scan.now - info.st_mtime >= scan.grace:
+        promoted = os.path.basename(path).startswith(safe_io.PROMOTION_TEMP_PREFIX)
         scan.entries.append(InductorEntry(relative, "temporary", NAMES["temporary"], [path],
                                           info.st_size if stat.S_ISREG(info.st_mode) else 0,
-                                          info.st_mtime, "stale temporary file of a killed writer"))
+                                          info.st_mtime, "stale temporary file of an interrupted "
+                                          "promotion from a node-local tier" if promoted else
+                                          "stale temporary file of a killed writer"))
 
 
 def _other(scan: _Scan, relative: str, path: str, info: os.stat_result, top: str) -> None:
