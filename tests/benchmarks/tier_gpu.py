@@ -64,6 +64,14 @@ print(json.dumps({"seconds": round(time.perf_counter() - started, 3), "gemms": l
 '''
 
 
+def new_node(local: Path) -> Path:
+    """``local`` emptied, as a new node sees it: its folder moved aside. The path stays the same
+    on every node (jax <= 0.11 hashes XLA's autotune folder path into every key)."""
+    if local.exists():
+        local.rename(local.with_name(f"{local.name}-{bench.uuid.uuid4().hex[:8]}"))
+    return local
+
+
 def tier_environ(root: Path, local: Path | None) -> dict[str, str]:
     """gpu-cache's job environment on ``root``, through the tier in ``local`` (None: tier off)."""
     mode = {"mode": "on", "folder": str(local)} if local is not None else {"mode": "off"}
@@ -95,21 +103,21 @@ def case(command: list[str], environ: dict[str, str]) -> dict[str, Any]:
 
 
 def autotune_files(folder: Path) -> int:
-    where = folder / "jax" / AUTOTUNE_DIR
-    return sum(1 for p in where.rglob("*") if p.is_file()) if where.is_dir() else 0
+    """XLA's per-fusion autotune results anywhere under ``folder`` (a root or a local tier)."""
+    return sum(1 for where in folder.rglob(AUTOTUNE_DIR) for p in where.rglob("*") if p.is_file())
 
 
 def section_xla(scratch: Path, quick: bool) -> dict[str, Any]:
     program = scratch / "gemms.py"
     program.write_text(GEMMS)
     command = [sys.executable, str(program), *(["--quick"] if quick else [])]
-    root, other = scratch / "root", scratch / "other-root"
-    out: dict[str, Any] = {"cold": case(command, tier_environ(root, scratch / "node-1"))}
-    out["autotune_files"] = {"local": autotune_files(scratch / "node-1"), "shared": autotune_files(root)}
+    root, other, local = scratch / "root", scratch / "other-root", scratch / "local"
+    out: dict[str, Any] = {"cold": case(command, tier_environ(root, local))}
+    out["autotune_files"] = {"local": autotune_files(local), "shared": autotune_files(root)}
     for entry in (root / "jax").glob("*-cache"):
         entry.unlink()
-    out["miss, autotune kept"] = case(command, tier_environ(root, scratch / "node-2"))
-    out["miss, nothing kept"] = case(command, tier_environ(other, scratch / "node-3"))
+    out["miss, autotune kept"] = case(command, tier_environ(root, new_node(local)))
+    out["miss, nothing kept"] = case(command, tier_environ(other, new_node(local)))
 
     def compile_seconds(run: dict[str, Any]) -> float:
         return float(run.get("cache", {}).get("jax", {}).get("compile_seconds") or 0.0)
@@ -122,11 +130,11 @@ def section_xla(scratch: Path, quick: bool) -> dict[str, Any]:
 def tier_cost(command: list[str], scratch: Path) -> dict[str, Any]:
     straight = scratch / "straight-root"
     case(command, tier_environ(straight, None))
-    root = scratch / "root"
+    root, local = scratch / "root", scratch / "local"
     out = {"straight, warm": case(command, tier_environ(straight, None)),
-           "tier, cold": case(command, tier_environ(root, scratch / "node-a")),
-           "tier, new node": case(command, tier_environ(root, scratch / "node-b")),
-           "tier, warm node": case(command, tier_environ(root, scratch / "node-b"))}
+           "tier, cold": case(command, tier_environ(root, local)),
+           "tier, new node": case(command, tier_environ(root, new_node(local))),
+           "tier, warm node": case(command, tier_environ(root, local))}
     base = out["straight, warm"]["wall_seconds"]
     for name in ("tier, new node", "tier, warm node"):
         out[f"{name} over straight"] = round(out[name]["wall_seconds"] / base, 3) if base else None
