@@ -119,7 +119,9 @@ def test_host_pipeline_on_two_nodes(slurm_two_nodes, two_nodes):
         # Each prediction ran on its sample's GPU type's node, where that type was warmed.
         assert_on_its_node(slurm_two_nodes, environment["SLURM_JOB_ID"], prediction["host"],
                            samples[path.stem]["gpu_type"])
-        assert environment["JAX_COMPILATION_CACHE_DIR"] == str(cache / "jax")
+        # The share is sshfs: each job works in its node's local tier over the shared root.
+        assert environment["GPU_CACHE_SHARED"] == str(cache)
+        assert environment["JAX_COMPILATION_CACHE_DIR"] == os.path.join(environment["GPU_CACHE_TIER"], "jax")
         assert environment["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
         assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
 

@@ -51,7 +51,8 @@ result = {
     "host": socket.gethostname(),
     "environment": {name: os.environ.get(name) for name in (
         "JAX_COMPILATION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")},
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
+        "GPU_CACHE_TIER", "GPU_CACHE_SHARED")},
 }
 text = json.dumps(result, indent=1)
 if args.output:
