@@ -273,11 +273,7 @@ class Tier:
         except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc, fetching=True)
             return False
-        if size:
-            stats = self.counts(kind)
-            stats["fetched"] += 1
-            stats["fetched_bytes"] += size
-            stats["seconds"] += time.monotonic() - started
+        self._fetched(kind, size, started)
         return bool(size) or _exists(self.local, kind, name)
 
     def promote(self, kind, name, check=None):
@@ -297,6 +293,13 @@ class Tier:
             return False
         self._promoted(kind, size, started)
         return True
+
+    def _fetched(self, kind, size, started):
+        if size:
+            stats = self.counts(kind)
+            stats["fetched"] += 1
+            stats["fetched_bytes"] += size
+            stats["seconds"] += time.monotonic() - started
 
     def _promoted(self, kind, size, started):
         stats = self.counts(kind)
@@ -358,10 +361,7 @@ class Tier:
             for fd in (src, dst):
                 if fd is not None:
                     os.close(fd)
-        stats = self.counts(kind)
-        stats["fetched"] += 1
-        stats["fetched_bytes"] += size
-        stats["seconds"] += time.monotonic() - started
+        self._fetched(kind, size, started)
         return True
 
     def fetch_key_file(self, key, name):
@@ -385,11 +385,7 @@ class Tier:
             for fd in (src, dst):
                 if fd is not None:
                     os.close(fd)
-        if size:
-            stats = self.counts(kind)
-            stats["fetched"] += 1
-            stats["fetched_bytes"] += size
-            stats["seconds"] += time.monotonic() - started
+        self._fetched(kind, size, started)
         return bool(size)
 
     def promote_key_files(self, key, names, group_name=None, shared_dir=None):
