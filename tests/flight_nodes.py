@@ -240,9 +240,11 @@ def lease_holder(path: Path) -> tuple[str, int, str] | None:
 
 
 def leader_fault(work: Path, share: SshfsMount, fault: str, points: tuple[Path, Path], env: dict[str, str],
-                 config: dict, length: int = 60) -> dict:
-    """Node A's only job takes a key's lease (a compile of seconds); once node B's job waits on
-    it (B holds its node's lock), A's job gets ``fault`` (SIGKILL or SIGSTOP). Returns when
+                 config: dict, length: int = 600) -> dict:
+    """Node A's only job takes a key's lease (a compile of seconds: a chain of 600, 12 s here; one
+    of 60 took 1.7 s and could end before the fault); once node B's job waits on it (B holds its
+    node's lock), A's job runs on for 1.5 s (B watches its lease beat), is stopped again, and then
+    gets ``fault`` (SIGKILL or SIGSTOP), so the fault lands mid-compile on any machine. Returns when
     B went on (made the next lease), in seconds after the signal, and both nodes' reports (a
     stopped A is resumed once B finished). ``points``: the two nodes' mount points."""
     import signal
@@ -273,7 +275,10 @@ def leader_fault(work: Path, share: SshfsMount, fault: str, points: tuple[Path, 
             time.sleep(0.005)
         os.kill(leader, signal.SIGCONT)
         time.sleep(1.5)  # B watches the lease beat, mid-compile (the compile takes seconds)
+        os.kill(leader, signal.SIGSTOP)  # the fault lands mid-compile, however fast this machine is
         alive = lease.exists() and not list(folder.glob("*.1.lease"))
+        if list((share.server_dir / "cache" / "jax").glob("*-cache")):
+            raise RuntimeError("node A finished its compile before the fault: make the chain longer")
         os.kill(leader, getattr(signal, fault))
         signalled = time.monotonic()
         taken = None
