@@ -328,30 +328,44 @@ class Tier:
         """Copy the shared Triton group ``<key>/<group_name>`` (its children, then its group
         file, with the child paths made local) into the local tier. Whether it is there now.
         Never raises."""
+        return self._fetch_key(key, group_name=group_name, local_dir=local_dir)
+
+    def fetch_key_file(self, key, name):
+        """Copy one shared file ``<key>/<name>`` of Triton's (a launcher ``.so``, an
+        ``*.autotune.json``) into the local tier. Whether it is there now. Never raises."""
+        return self._fetch_key(key, names=(name,))
+
+    def _fetch_key(self, key, names=(), group_name=None, local_dir=None):
+        """Copy the shared Triton files ``<key>/<names>`` (with ``group_name``: the group's
+        children) missing locally, then the group file with its child paths made local ones.
+        Whether they are all there now. Never raises."""
         kind = "triton"
-        if kind in self.off or not _plain(key) or not _plain(group_name):
+        plain = all(_plain(n) for n in names) and (group_name is None or _plain(group_name))
+        if kind in self.off or not _plain(key) or not plain:
             return False
         started = time.monotonic()
         src = dst = None
         try:
             src = self.shared.sub(kind, key, make=False)
-            children = _group_children(src, group_name)
-            if children is None:
-                return False
+            if group_name is not None:
+                names = _group_children(src, group_name)
+                if names is None:
+                    return False
             dst = self.local.sub(kind, key, make=True)
             size = 0
-            for child in children:
+            for name in names:
                 try:
-                    os.stat(child, dir_fd=dst, follow_symlinks=False)
+                    os.stat(name, dir_fd=dst, follow_symlinks=False)
                     continue
                 except FileNotFoundError:
                     pass
-                placed = self._place(src, child, self.local.folder(kind), dst, child)
-                if not placed and not _exists_at(dst, child):
+                placed = self._place(src, name, self.local.folder(kind), dst, name)
+                if not placed and not _exists_at(dst, name):
                     return False
                 size += placed
-            size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
-                                rewrite=lambda data: _rewrite_group(data, local_dir))
+            if group_name is not None:
+                size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
+                                    rewrite=lambda data: _rewrite_group(data, local_dir))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
@@ -363,30 +377,6 @@ class Tier:
                     os.close(fd)
         self._fetched(kind, size, started)
         return True
-
-    def fetch_key_file(self, key, name):
-        """Copy one shared file ``<key>/<name>`` of Triton's (a launcher ``.so``, an
-        ``*.autotune.json``) into the local tier. Never raises."""
-        kind = "triton"
-        if kind in self.off or not _plain(key) or not _plain(name):
-            return False
-        started = time.monotonic()
-        src = dst = None
-        try:
-            src = self.shared.sub(kind, key, make=False)
-            dst = self.local.sub(kind, key, make=True)
-            size = self._place(src, name, self.local.folder(kind), dst, name)
-        except FileNotFoundError:
-            return False
-        except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc, fetching=True)
-            return False
-        finally:
-            for fd in (src, dst):
-                if fd is not None:
-                    os.close(fd)
-        self._fetched(kind, size, started)
-        return bool(size)
 
     def promote_key_files(self, key, names, group_name=None, shared_dir=None):
         """Promote the local Triton files ``<key>/<names>``, then (``group_name``) the group
