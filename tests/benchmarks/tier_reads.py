@@ -38,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
 
+from timing import publish, table  # noqa: E402
+
 from nodes import TwoNodes  # noqa: E402
 from tier_jobs import job_env, local_folder, worker, worker_argv  # noqa: E402
 
@@ -123,11 +125,8 @@ def measure(nodes: TwoNodes, program: Path, kind: str, keys: int, repeat: int, b
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    head = ("kind", "setup", "keys", "hits", "read_seconds", "job_seconds", "share_calls")
-    lines = ["  ".join(f"{h:>14}" for h in head)]
-    lines += ["  ".join(f"{row[h]!s:>14}" for h in head) for row in rows]
-    return "\n".join(lines)
+#: The columns printed while the benchmark runs.
+COLUMNS = ("kind", "setup", "keys", "hits", "read_seconds", "job_seconds", "share_calls")
 
 
 def main() -> int:
@@ -149,12 +148,8 @@ def main() -> int:
         for kind, keys in (("triton", args.keys), ("jax", args.jax_keys)):
             if keys:
                 report["rows"] += measure(nodes, program, kind, keys, args.repeat, args.by_hand)
-                print(table(report["rows"]), file=sys.stderr, flush=True)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+                print(table(report["rows"], COLUMNS), file=sys.stderr, flush=True)
+    publish(report, args.out)
     return 0
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
 
+from timing import publish, table  # noqa: E402
+
 from nodes import TwoNodes  # noqa: E402
 from tier_jobs import stress_round, worker  # noqa: E402
 
@@ -68,12 +70,9 @@ def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) ->
     }
 
 
-def table(rows: list[dict]) -> str:
-    head = ("kind", "setup", "processes", "compiles", "failed", "crashed_processes", "cache_warnings",
+#: The columns printed while the benchmark runs.
+COLUMNS = ("kind", "setup", "processes", "compiles", "failed", "crashed_processes", "cache_warnings",
             "entries_complete", "entries_broken", "wall_seconds")
-    lines = ["  ".join(f"{h:>16}" for h in head)]
-    lines += ["  ".join(f"{row[h]!s:>16}" for h in head) for row in rows]
-    return "\n".join(lines)
 
 
 def main() -> int:
@@ -110,12 +109,8 @@ def main() -> int:
                           f"{len(done[-1]['crashed'])} crashed", file=sys.stderr, flush=True)
                 if done:
                     report["results"].append(summary(kind, setup, done, procs, keys))
-    print(table(report["results"]), file=sys.stderr)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print(table(report["results"], COLUMNS, 16), file=sys.stderr)
+    publish(report, args.out)
     return 0
 
 

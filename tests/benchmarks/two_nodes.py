@@ -38,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
 
+from timing import publish  # noqa: E402
+
 from flight_nodes import Node, go, job_commands, leader_fault, wait_ready  # noqa: E402
 from helpers import clean_environ  # noqa: E402
 from sshfs_mount import SshfsMount  # noqa: E402
@@ -129,11 +131,7 @@ def main() -> int:
                 report["faults"].append(fault_report)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    publish(report, args.out)
     return 0
 
 
