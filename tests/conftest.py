@@ -4,12 +4,15 @@ puts this checkout's scripts/ and tests/ first.)"""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import containers
-from helpers import unavailable
+from gpu_cache.core.caches import jax as jax_cache
+from helpers import FILLER, jax_job_env, unavailable
 from nodes import TwoNodes
 from nodes import missing as nodes_missing
 from slurm_cluster import SlurmCluster, missing_binaries
@@ -127,3 +130,13 @@ def unbound_dir():
     path = containers.unbound_host_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def twelve_entries(tmp_path_factory) -> Path:
+    """A JAX cache with 12 real entries, made once per test module on local disk (tests copy it
+    where they need it)."""
+    folder = tmp_path_factory.mktemp("twelve") / "jax"
+    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
+    assert len(jax_cache.scan(folder)) == 12
+    return folder

@@ -23,7 +23,6 @@ from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.jobenv.env import tier_digest
 from gpu_cache.jobenv.fs import check_folder
 from helpers import (
-    FILLER,
     HOOK,
     READER,
     SMALL,
@@ -67,15 +66,6 @@ LOCK_PHRASE = "file locks there lock only within one machine"
 
 def warnings_about_reads(stderr: str) -> int:
     return stderr.count("Error reading persistent compilation cache entry")
-
-
-@pytest.fixture(scope="module")
-def twelve_entries(tmp_path_factory) -> Path:
-    """A JAX cache with 12 real entries, made once on local disk (copied onto sshfs per test)."""
-    folder = tmp_path_factory.mktemp("twelve") / "jax"
-    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
-    assert len(jax_cache.scan(folder)) == 12
-    return folder
 
 
 # ---------------------------------------------------------------- doctor / env

@@ -17,17 +17,9 @@ import pytest
 
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.jobenv.env import tier_digest
-from helpers import FILLER, clean_environ, jax_job_env, run_cli, write_config
+from helpers import FILLER, clean_environ, run_cli, write_config
 
 HOUR = 3600.0
-
-
-@pytest.fixture(scope="module")
-def twelve_entries(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("twelve") / "jax"
-    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
-    assert len(jax_cache.scan(folder)) == 12
-    return folder
 
 
 def two_tiers(tmp_path: Path, twelve_entries: Path, max_size: str = "20G") -> tuple[Path, Path, Path]:

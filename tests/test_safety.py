@@ -271,15 +271,6 @@ def test_eight_warmers_on_one_empty_cache(tmp_path):
 
 
 
-@pytest.fixture(scope="module")
-def twelve_entries(tmp_path_factory) -> Path:
-    """A JAX cache with 12 real entries, made once."""
-    folder = tmp_path_factory.mktemp("twelve") / "jax"
-    subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
-    assert len(jax_cache.scan(folder)) == 12
-    return folder
-
-
 
 
 def test_prune_while_eight_readers_load_the_cache(tmp_path, twelve_entries):
