@@ -53,10 +53,18 @@ def create(path, group_bits):
     """Create ``path`` exclusively by the lock rules; its descriptor (O_RDWR).
 
     Raises:
-        OSError: as ``open`` does (FileExistsError, or on sshfs often PermissionError, for a
-            name that exists), or the new file is not ours (a filesystem that maps owners).
+        FileExistsError: the name exists (also where sshfs said EPERM for it).
+        OSError: as ``open`` does, or the new file is not ours (a filesystem that maps owners).
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN, 0o600)
+    except PermissionError:
+        # sshfs answers an exclusive create of a name another node just made with EPERM (SFTP's
+        # generic failure), not EEXIST: taken for "locks do not work here", it turned
+        # single-flight off for the whole process on CI (#22)
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", path) from None
+        raise
     try:
         os.fchmod(fd, 0o600 | group_bits)  # whatever the umask or a default ACL
         info = os.fstat(fd)

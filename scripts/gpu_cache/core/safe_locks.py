@@ -56,10 +56,17 @@ def _new_lock_file(path: Path, group_bits: int, flags: int = _LOCK_FLAGS) -> int
     """Create ``path`` exclusively, mode 0600 (0660 in a team's folder) whatever the umask.
 
     Raises:
-        FileExistsError: it exists.
+        FileExistsError: it exists (also where sshfs said EPERM for it).
         NotPrivate: the new file is not yours (a filesystem that maps owners).
     """
-    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except PermissionError:
+        # sshfs answers an exclusive create of a name another node just made with EPERM, not
+        # EEXIST (#22); the hook's lock files do the same
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+        raise
     try:
         os.fchmod(fd, 0o600 | group_bits)
         owner = os.fstat(fd).st_uid
