@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -117,39 +116,50 @@ def test_a_leader_killed_or_stopped_on_one_node_frees_the_other_node_within_the_
     assert not [p for p in folder.glob("*.lease") if (lease_holder(p) or ("",))[0] == "node-b"]
 
 
-def _race_creates(folder: str, rounds: int, create, results) -> None:
-    """One racer: per round, wait for its go file, exclusively create the round's name."""
+def _race(folder: str, rounds: int, take, results) -> None:
+    """One racer: per round, wait for its go file, then ``take`` the round's name (what it
+    returns is counted, or the type of the error it raised)."""
     seen = Counter()
     for n in range(rounds):
         while not os.path.exists(os.path.join(folder, f"go{n}")):
             pass
         try:
-            os.close(create(os.path.join(folder, f"key{n}")))
-            seen["won"] += 1
+            seen[take(os.path.join(folder, f"key{n}"))] += 1
         except OSError as exc:
             seen[type(exc).__name__] += 1
     results.put(dict(seen))
 
 
-@pytest.mark.parametrize("side", ["hook", "package"])
-def test_an_exclusive_create_that_loses_a_race_on_sshfs_says_the_name_exists(sshfs_mount, side):
-    """Three mounts of one share race to create each of 200 names. sshfs answers a create
-    that loses the race with EPERM about one time in eight; taken for "locks do not work",
-    it turned single-flight off for the whole job (CI, #22). Every loser now sees
-    FileExistsError, and each name has exactly one winner."""
+def _hook_create(path: str) -> str:
     sys.path.insert(0, str(HOOK))
     try:
-        from gpu_cache_lock_files import create as hook_create
+        from gpu_cache_lock_files import create
     finally:
         sys.path.remove(str(HOOK))
-    from gpu_cache.core.safe_locks import _new_lock_file
+    os.close(create(path, 0))
+    return "won"
 
-    create = (lambda p: hook_create(p, 0)) if side == "hook" else (lambda p: _new_lock_file(Path(p), 0))
+
+def _package_lock(path: str) -> str:
+    from gpu_cache.core.safe_locks import exclusive_lock
+
+    with exclusive_lock(path, timeout=60) as held:
+        return "held" if held else "not held"
+
+
+@pytest.mark.parametrize("side", ["hook", "package"])
+def test_an_exclusive_create_that_loses_a_race_on_sshfs_says_the_name_exists(sshfs_mount, side):
+    """Three mounts of one share, two racers each, race for each of 200 names. sshfs answers a
+    create that loses the race with EPERM about one time in eight; the hook took it for "locks
+    do not work" and turned single-flight off for the whole job (CI, #22), and gpu-cache's own
+    locks (prune, unpack) raised it. The hook's create now says FileExistsError to every loser
+    (each name has one winner); gpu-cache's lock is taken every time."""
+    take = _hook_create if side == "hook" else _package_lock
     mounts = [sshfs_mount.mount_point, sshfs_mount.mount(), sshfs_mount.mount()]
     (mounts[0] / "race").mkdir()
     rounds, context = 200, multiprocessing.get_context("fork")
     results = context.Queue()
-    racers = [context.Process(target=_race_creates, args=(str(m / "race"), rounds, create, results))
+    racers = [context.Process(target=_race, args=(str(m / "race"), rounds, take, results))
               for m in mounts for _ in range(2)]
     for racer in racers:
         racer.start()
@@ -161,7 +171,9 @@ def test_an_exclusive_create_that_loses_a_race_on_sshfs_says_the_name_exists(ssh
         seen.update(results.get(timeout=120))
     for racer in racers:
         racer.join(timeout=30)
-    assert seen == {"won": rounds, "FileExistsError": rounds * (len(racers) - 1)}, seen
+    losers = rounds * (len(racers) - 1)
+    assert seen == ({"won": rounds, "FileExistsError": losers} if side == "hook"
+                    else {"held": rounds * len(racers)}), seen
 
 
 def test_names_do_not_depend_on_the_mount_path() -> None:
