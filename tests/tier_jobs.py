@@ -306,4 +306,16 @@ def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd:
     else:
         entries = jax_entries(shared)
     return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
-            "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values())}
+            "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values()),
+            "flights": flight_sections(nodes.host_path(root / "records"), kind)}
+
+
+def flight_sections(records: Path, kind: str) -> list[dict]:
+    """The ``single_flight`` section of ``kind`` in each hook record under ``records`` (none
+    for the plain set-up, which runs no hook)."""
+    found = []
+    for path in sorted(records.glob("*.json")) if records.is_dir() else ():
+        section = json.loads(path.read_text()).get(kind) or {}
+        if "single_flight" in section:
+            found.append(section["single_flight"])
+    return found

@@ -51,6 +51,7 @@ def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) ->
     jobs = [d for r in rounds for d in r["done"]]
     failures = Counter(f.split(":", 1)[0] for d in jobs for f in d["failed"])
     examples = sorted({f for d in jobs for f in d["failed"]})[:5]
+    flights = [f for r in rounds for f in r["flights"]]
     return {
         "kind": kind, "setup": setup, "rounds": len(rounds), "processes": 2 * procs * len(rounds),
         "compiles": 2 * procs * keys * len(rounds),
@@ -67,12 +68,17 @@ def summary(kind: str, setup: str, rounds: list[dict], procs: int, keys: int) ->
         "entries_broken": sum(r["broken"] for r in rounds),
         "wall_seconds": round(sum(r["wall"] for r in rounds), 1),
         "compile_seconds_max": round(max((d["compile_seconds"] for d in jobs), default=0), 2),
+        # from the hook's records: processes whose single-flight was off, leases passed over
+        "single_flight_off": sum(1 for f in flights if f["state"] != "on"),
+        "single_flight_off_examples": sorted({f["state"] for f in flights if f["state"] != "on"})[:3],
+        "leases_passed": sum(f.get("leases_passed", 0) for f in flights),
+        "gave_up": sum(f.get("gave_up", 0) for f in flights),
     }
 
 
 #: The columns printed while the benchmark runs.
-COLUMNS = ("kind", "setup", "processes", "compiles", "failed", "crashed_processes", "cache_warnings",
-            "entries_complete", "entries_broken", "wall_seconds")
+COLUMNS = ("kind", "setup", "processes", "compiles", "misses", "failed", "crashed_processes",
+           "cache_warnings", "entries_complete", "entries_broken", "single_flight_off", "wall_seconds")
 
 
 def main() -> int:
