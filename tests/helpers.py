@@ -152,3 +152,9 @@ def start_many(n: int, command: list[str], env: dict[str, str]) -> list[subproce
 def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
     """Each process's exit code and stderr, once all have ended."""
     return [(p.wait(timeout=timeout), p.communicate()[1]) for p in processes]
+
+
+def records(root: Path, kind: str) -> list[dict]:
+    """The ``kind`` section of each hook record under ``root/records`` (none where no hook ran)."""
+    found = [json.loads(p.read_text()) for p in sorted((root / "records").glob("*.json"))]
+    return [r[kind] for r in found if kind in r]

@@ -20,7 +20,7 @@ import pytest
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.jobenv import env
-from helpers import HOOK, clean_environ, run_cli
+from helpers import HOOK, clean_environ, records, run_cli
 
 N = 4
 
@@ -77,11 +77,6 @@ def start_together(tmp_path: Path, what: str, environ: dict[str, str], n: int = 
         time.sleep(0.01)
     go.touch()
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
-
-
-def records(root: Path, kind: str) -> list[dict]:
-    found = [json.loads(p.read_text()) for p in sorted((root / "records").glob("*.json"))]
-    return [r[kind] for r in found if kind in r]
 
 
 def compiles_per_key(sections: list[dict]) -> Counter:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import SCRIPTS, clean_environ
+from helpers import SCRIPTS, clean_environ, records
 
 #: One job (see the module's docstring). argv[1]: a JSON spec.
 WORKER = r'''
@@ -274,7 +274,8 @@ def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd:
     """One round of the crash stress (tests/benchmarks/tier_stress.py): ``procs`` fresh jobs of
     ``setup`` on each node of ``nodes`` (tests/nodes.py's TwoNodes), a fresh folder on the share,
     ``keys`` keys each, a barrier before each key. Returns the jobs' JSON lines (``done``), what
-    crashed, the wall seconds, and the entries whole and broken on the share afterwards."""
+    crashed, the wall seconds, the entries whole and broken on the share afterwards, and
+    the ``single_flight`` part of each hook record (``flights``; none for ``plain``)."""
     tag = f"{kind}-{setup}-{rnd}"
     root, work = nodes.shared / tag, nodes.workdir / "stress" / tag
     work.mkdir(parents=True)
@@ -307,15 +308,5 @@ def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd:
         entries = jax_entries(shared)
     return {"tag": tag, "wall": wall, "done": done, "crashed": crashed,
             "complete": sum(entries.values()), "broken": len(entries) - sum(entries.values()),
-            "flights": flight_sections(nodes.host_path(root / "records"), kind)}
-
-
-def flight_sections(records: Path, kind: str) -> list[dict]:
-    """The ``single_flight`` section of ``kind`` in each hook record under ``records`` (none
-    for the plain set-up, which runs no hook)."""
-    found = []
-    for path in sorted(records.glob("*.json")) if records.is_dir() else ():
-        section = json.loads(path.read_text()).get(kind) or {}
-        if "single_flight" in section:
-            found.append(section["single_flight"])
-    return found
+            "flights": [s["single_flight"] for s in records(nodes.host_path(root), kind)
+                        if "single_flight" in s]}
