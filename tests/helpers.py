@@ -3,11 +3,14 @@ configs and working directories, and a JAX job's environment. (Fixtures live in 
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -43,6 +46,28 @@ def unavailable(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def hook_piece(name: str) -> types.ModuleType:
+    """The startup hook's module ``name``, loaded in this process as a job loads it: from the
+    hook's folder, beside the hook's ``sitecustomize`` (whose names the pieces import), which is
+    loaded without starting the hook here (as when another copy of it already runs)."""
+    site = sys.modules.get("sitecustomize")
+    if getattr(site, "__file__", None) != str(HOOK / "sitecustomize.py"):
+        mark = "_gpu_cache_startup_hook"
+        before = getattr(sys, mark, None)
+        setattr(sys, mark, before or {"file": "tests/helpers.py"})
+        spec = importlib.util.spec_from_file_location("sitecustomize", HOOK / "sitecustomize.py")
+        site = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(site)
+        sys.modules["sitecustomize"] = site
+        if before is None:
+            delattr(sys, mark)
+    sys.path.insert(0, str(HOOK))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(HOOK))
 
 
 def clean_environ(**extra: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ tokamax's ``AutotuningResult`` dump and load, its per-op cache, its miss log) is
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
-from helpers import HOOK
+from helpers import hook_piece
 from test_hook import records_of, warnings_in
 from test_tokamax import gpu_cache_env, real_tokamax
 
@@ -247,11 +246,7 @@ def test_triton_autotuning_results_are_counted(tmp_path):
 
 
 def test_the_hooks_copies_match_the_inventory():
-    sys.path.insert(0, str(HOOK))
-    try:
-        hook = importlib.import_module("gpu_cache_hook_tokamax")
-    finally:
-        sys.path.remove(str(HOOK))
+    hook = hook_piece("gpu_cache_hook_tokamax")
     assert (hook.FORMAT, hook.RESULT_LIMIT) == (autotune_cache.FORMAT, autotune_cache.RESULT_LIMIT)
     for versions in (("0.0.12", "0.10.2"), ("0.0.12+local", "0.11.2rc1/x")):
         assert hook.version_folder(*versions) == autotune_cache.version_folder(*versions)

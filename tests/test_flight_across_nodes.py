@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from flight_nodes import Node, go, job_commands, leader_fault, lease_holder, wait_ready
-from helpers import HOOK, clean_environ
+from helpers import HOOK, clean_environ, hook_piece
 from test_single_flight import compiles_per_key, records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
@@ -131,12 +131,7 @@ def _race(folder: str, rounds: int, take, results) -> None:
 
 
 def _hook_create(path: str) -> str:
-    sys.path.insert(0, str(HOOK))
-    try:
-        from gpu_cache_lock_files import create
-    finally:
-        sys.path.remove(str(HOOK))
-    os.close(create(path, 0))
+    os.close(hook_piece("gpu_cache_lock_files").create(path, 0))
     return "won"
 
 

@@ -4,7 +4,6 @@ sitecustomize, never breaking a job, the rule of a Snakemake job, and last use f
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import pwd
@@ -18,7 +17,17 @@ import pytest
 
 import test_trust
 from gpu_cache.jobenv import trust
-from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli, run_snakemake, unavailable
+from helpers import (
+    HOOK,
+    REPO,
+    SCRIPTS,
+    clean_environ,
+    hook_piece,
+    jax_job_env,
+    run_cli,
+    run_snakemake,
+    unavailable,
+)
 from test_trust import GROUP, MASK, USER, set_acl
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
@@ -416,14 +425,6 @@ def test_a_record_stays_small_whatever_the_number_of_compiles(cache_root, tmp_pa
 base, private_user = test_trust.base, test_trust.private_user
 
 
-def hook_module(name: str):
-    """A module of the hook, loaded in this process (the hook may not import gpu_cache)."""
-    spec = importlib.util.spec_from_file_location(name, HOOK / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def need_root() -> None:
     if os.geteuid() != 0:
         unavailable("needs root (chown, runuser, mount)")
@@ -451,7 +452,7 @@ ABOVE = {"above 0777": (0o777, 0), "above 1777": (0o1777, 0), "above 0775 group 
 
 def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     need_root()
-    hook = hook_module("gpu_cache_hook_fallback")
+    hook = hook_piece("gpu_cache_hook_fallback")
     verdicts = {}
     for name, (mode, owner, acl, default) in FOLDERS.items():
         folder = base / name.replace(" ", "-")

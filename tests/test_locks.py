@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FILLER, HOOK, clean_environ, jax_job_env, run_cli
+from helpers import FILLER, clean_environ, hook_piece, jax_job_env, run_cli
 from test_single_flight import (
     DRIVER,
     compiles_per_key,
@@ -388,13 +388,7 @@ def test_prune_and_unpack_never_wait_on_a_lock_another_user_holds(base):
 def test_the_hook_judges_lock_files_as_gpu_cache_does(tmp_path):
     """The hook's copy of the lock-file rule (it may not import gpu_cache) agrees with
     core.safe_locks on real files: modes, another user's file, a link, a FIFO."""
-    import importlib
-
-    sys.path.insert(0, str(HOOK))
-    try:
-        hook = importlib.import_module("gpu_cache_lock_files")
-    finally:
-        sys.path.remove(str(HOOK))
+    hook = hook_piece("gpu_cache_lock_files")
     from gpu_cache.core import safe_locks
 
     cases = []

@@ -191,19 +191,3 @@ def test_pack_takes_the_root_and_the_local_entries_it_lacks(tmp_path, twelve_ent
                     "--cache-root", str(root))
     assert json.loads(alone.stdout)["entries"] == {"jax": 6}
 
-
-def test_prune_knows_the_hooks_name_for_a_promotions_temporary_file():
-    """The hook (standard library only) keeps its own copy of the prefix; prune must find what
-    the hook leaves behind."""
-    import ast
-
-    from gpu_cache.core import safe_io
-    from helpers import HOOK
-
-    source = HOOK / "gpu_cache_tier_bound.py"
-    if not source.exists():
-        pytest.skip("the hook's tier (gpu_cache_tier_bound.py) is not on this branch")
-    values = {target.id: node.value.value for node in ast.parse(source.read_text()).body
-              if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-              for target in node.targets if isinstance(target, ast.Name)}
-    assert values["TMP_PREFIX"] == safe_io.PROMOTION_TEMP_PREFIX

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from gpu_cache import __version__
 from gpu_cache.config.settings import Settings, load_config_file, settings_from
-from gpu_cache.core import kinds
+from gpu_cache.core import kinds, names
 from gpu_cache.core.errors import UsageError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -364,7 +364,7 @@ def _no_command(names: list[str]) -> int:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", metavar="DIR",
-                        help="cache root (default: config, $GPU_CACHE_ROOT, $XDG_CACHE_HOME/gpu-cache, "
+                        help=f"cache root (default: config, ${names.ROOT_VAR}, $XDG_CACHE_HOME/gpu-cache, "
                              "~/.cache/gpu-cache); 'none' turns caching off")
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON config (same keys as the workflow's)")
     parser.add_argument("--config-json", metavar="JSON", help=argparse.SUPPRESS)  # from the rules

@@ -62,10 +62,8 @@ import threading
 import time
 
 import gpu_cache_lock_files as lock_files
+from sitecustomize import CLUSTER, LOCK_MODE_VAR, LOCK_TIMEOUT_VAR, LOCKS_VAR, NODE
 
-LOCKS_VAR = "GPU_CACHE_LOCKS"
-TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
-MODE_VAR = "GPU_CACHE_LOCK_MODE"
 DEFAULT_TIMEOUT = 600.0
 #: What a leader that wrote no entry leaves in its lock file for the processes waiting on it.
 ABANDONED = b"abandoned\n"
@@ -82,7 +80,7 @@ _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
 
 def _stat_fields():
-    return {"state": "on", "mode": "node", "led": 0, "waited": 0, "hits_after_wait": 0,
+    return {"state": "on", "mode": NODE, "led": 0, "waited": 0, "hits_after_wait": 0,
             "gave_up": 0, "abandoned": 0, "wait_seconds": 0.0, "leases_passed": 0, "replaced": 0}
 
 
@@ -104,9 +102,9 @@ class _Flight:
         if self.folder is None:
             self.off["*"] = f"{LOCKS_VAR} is not set" if not folder else \
                 f"{LOCKS_VAR} is not an absolute path: {folder[:200]!r}"
-        self.cluster = environ.get(MODE_VAR) == "cluster"
+        self.cluster = environ.get(LOCK_MODE_VAR) == CLUSTER
         try:
-            self.timeout = max(0.0, float(environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT))
+            self.timeout = max(0.0, float(environ.get(LOCK_TIMEOUT_VAR) or DEFAULT_TIMEOUT))
         except ValueError:
             self.timeout = DEFAULT_TIMEOUT
         if self.timeout != self.timeout or self.timeout == float("inf"):  # nan, inf
@@ -191,7 +189,7 @@ def stats(kind):
     if why:
         out["state"] = f"off: {why}"
     if flight.cluster:
-        out["mode"] = f"node: {flight.no_leases[kind]}" if kind in flight.no_leases else "cluster"
+        out["mode"] = f"{NODE}: {flight.no_leases[kind]}" if kind in flight.no_leases else CLUSTER
     out["wait_seconds"] = round(out["wait_seconds"], 3)
     out["timeout"] = flight.timeout
     return out

@@ -5,6 +5,8 @@ jax and triton, and the way to single-flight. Standard library only, Python 3.9+
 import os
 import sys
 
+from sitecustomize import LOCKS_VAR
+
 #: At most this many entries in each list (and key_parts) of a record; the rest are counted.
 MAX_ITEMS = 1000
 #: At most this many characters in each name, key or argument a record keeps.
@@ -84,7 +86,7 @@ def flight_stats(hook, kind):
     """What single-flight did for ``kind``, for the record."""
     if not hook.flight:
         refused = hook.parts.get("fallbacks", {}).get("locks", {}).get("refused")
-        return {"state": text(f"off: {refused}" if refused else "off: GPU_CACHE_LOCKS is not set", 300)}
+        return {"state": text(f"off: {refused}" if refused else f"off: {LOCKS_VAR} is not set", 300)}
     try:
         return flight(hook).stats(kind)
     except Exception as exc:

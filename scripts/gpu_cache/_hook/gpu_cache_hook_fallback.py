@@ -24,6 +24,8 @@ import os
 import stat
 import struct
 
+from sitecustomize import NODE_LOCAL_PREFIX, TRITON_CACHE_DIR_VAR
+
 ACL_ACCESS = "system.posix_acl_access"
 ACL_DEFAULT = "system.posix_acl_default"
 _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
@@ -197,9 +199,9 @@ def _record(hook, kind, **fields):
 def _private_triton():
     import tempfile
 
-    used = tempfile.mkdtemp(prefix="gpu-cache-triton-")
+    used = tempfile.mkdtemp(prefix=f"{NODE_LOCAL_PREFIX}triton-")
     _remove_at_exit(used)
-    os.environ["TRITON_CACHE_DIR"] = used
+    os.environ[TRITON_CACHE_DIR_VAR] = used
     return used
 
 
@@ -208,12 +210,12 @@ def triton(wanted, why, hook, stderr):
     when it is trusted, else a private one."""
     import tempfile
 
-    base = os.path.join(tempfile.gettempdir(), f"gpu-cache-{os.getuid()}")
+    base = os.path.join(tempfile.gettempdir(), f"{NODE_LOCAL_PREFIX}{os.getuid()}")
     local = os.path.join(base, "triton")
     refused = _trusted_folders([base, local])
     if refused is None:
         used, what = local, f"this process uses {local}"
-        os.environ["TRITON_CACHE_DIR"] = used
+        os.environ[TRITON_CACHE_DIR_VAR] = used
     else:
         used = _private_triton()
         what = (f"its node-local fallback is refused ({refused}), so this process uses a private "

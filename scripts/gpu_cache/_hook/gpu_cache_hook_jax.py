@@ -14,6 +14,7 @@ import time
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import MAX_ITEMS, keep, text, touch
+from sitecustomize import JAX_CACHE_DIR_VAR
 
 
 def on_import(jax_module, hook):
@@ -182,7 +183,7 @@ def _wrap_jax_cache_logging(hook, stats):
     def on_hit(module_name, cache_key, *args, **kwargs):
         try:
             keep(stats, "hit_keys", text(cache_key))
-            folder = common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+            folder = common.jax_cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR)
             if folder:
                 path = os.path.join(folder, f"{cache_key}-cache")
                 # older jax (0.4.30) names the entry by its key alone
@@ -277,7 +278,7 @@ def _wrap_jax_cache(hook, tier):
         return mine
 
     def folder():
-        return common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR") or ""
+        return common.jax_cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
 
     def tiered():
         """The tier, where this process's JAX cache folder is the local tier's."""

@@ -16,6 +16,7 @@ import sys
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import text
+from sitecustomize import GPU_TYPE_VAR, RECORDS_VAR, RULE_VAR, RUN_ID_VAR, WILDCARDS_VAR
 
 _RECORD_VERSION = 1
 
@@ -62,18 +63,18 @@ def _snakemake_target(max_depth=12):
 
 def _job_info(hook):
     env = os.environ
-    rule, wildcards = env.get("GPU_CACHE_RULE"), env.get("GPU_CACHE_WILDCARDS")
+    rule, wildcards = env.get(RULE_VAR), env.get(WILDCARDS_VAR)
     if not rule:
         try:
             rule, wildcards = _snakemake_target()
         except Exception as exc:  # /proc missing or odd: the record just has no rule
             hook.warn("finding the snakemake job", exc)
     return {
-        "gpu_type": env.get("GPU_CACHE_GPU_TYPE"),
+        "gpu_type": env.get(GPU_TYPE_VAR),
         "rule": rule,
         "wildcards": wildcards,
         "slurm_job_id": env.get("SLURM_JOB_ID"),
-        "run_id": env.get("GPU_CACHE_RUN_ID"),
+        "run_id": env.get(RUN_ID_VAR),
         "env": {name: env.get(name) for name in _KEY_ENV},
     }
 
@@ -182,7 +183,7 @@ def write(hook):
 
     folder = hook.folder
     if not os.path.isabs(folder):
-        raise ValueError(f"GPU_CACHE_RECORDS is not an absolute path: {folder!r}")
+        raise ValueError(f"{RECORDS_VAR} is not an absolute path: {folder!r}")
     record = _record(hook, time, socket)
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(record["host"]))[:100]
     name = f"{time.time_ns()}-{host}-{record['pid']}.json"

@@ -40,6 +40,7 @@ import sys
 import threading
 
 from gpu_cache_hook_common import text
+from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
 
 FUNCTION = "get_autotuning_cache_overlay_state"
 #: A copy of gpu_cache.core.caches.autotune's names (a test fails when they drift).
@@ -56,7 +57,7 @@ def on_import(op_module, hook):
     """Run right after ``tokamax._src.ops.op`` is imported, in the importing thread."""
     part = hook.parts.setdefault("tokamax", {})
     if not hook.tokamax_fix:
-        part["fix"] = "off: GPU_CACHE_TOKAMAX_FIX switches it off"
+        part["fix"] = f"off: {TOKAMAX_FIX_VAR} switches it off"
         return
     make = getattr(op_module, FUNCTION, None)
     if not callable(make):
@@ -83,7 +84,7 @@ def file_name(device_kind):
 def on_package(tokamax, hook):
     """Run right after the ``tokamax`` package is imported: enter the saved results, count
     misses, and in a warm process keep what gets tuned."""
-    folder = os.environ.get("GPU_CACHE_AUTOTUNE", "")
+    folder = os.environ.get(AUTOTUNE_VAR, "")
     if not os.path.isabs(folder):
         return
     jax = sys.modules.get("jax")
@@ -108,7 +109,7 @@ def on_package(tokamax, hook):
             except Exception as exc:  # that result is not used; the job runs as without it
                 first = (str(exc).splitlines() or [""])[0]
                 tuning["refused"].append(text(f"{name}: {type(exc).__name__}: {first}", 300))
-    if os.environ.get("GPU_CACHE_AUTOTUNE_SAVE") == "1":
+    if os.environ.get(AUTOTUNE_SAVE_VAR) == "1":
         _keep_tuned(tokamax, here, versions, tuning)
 
 

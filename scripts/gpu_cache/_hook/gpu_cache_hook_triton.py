@@ -18,6 +18,7 @@ import sys
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import keep, text, touch
+from sitecustomize import TRITON_MANAGER_VAR
 
 
 def on_import(triton_module, hook):
@@ -280,12 +281,12 @@ def _flight_triton(triton_module, hook, tier):
     if cache_knobs is None or not any("manager_class" in vars(k) for k in type(cache_knobs).__mro__):
         off("this triton has no triton.knobs.cache.manager_class (< 3.4)")
         return
-    theirs = os.environ.get("TRITON_CACHE_MANAGER")
+    theirs = os.environ.get(TRITON_MANAGER_VAR)
     if theirs:
         if theirs.split(":", 1)[0] != _SEED_MODULE:
-            off(text(f"TRITON_CACHE_MANAGER={theirs} is your own", 300))
+            off(text(f"{TRITON_MANAGER_VAR}={theirs} is your own", 300))
         elif tier is not None:  # gpu-cache's seed manager (a read-only root): single-flight in it
-            tier.disable("triton", text(f"TRITON_CACHE_MANAGER={theirs}", 300))
+            tier.disable("triton", text(f"{TRITON_MANAGER_VAR}={theirs}", 300))
         return
     seed = hook.piece(_SEED_MODULE)  # before the tier's manager, which builds on it
     cache_knobs.manager_class = hook.piece(_TIER_MODULE).TierCacheManager if tier is not None \

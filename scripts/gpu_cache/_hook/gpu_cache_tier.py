@@ -33,15 +33,14 @@ import threading
 import time
 
 import gpu_cache_tier_bound as bound
-
-TIER_VAR = "GPU_CACHE_TIER"
-SHARED_VAR = "GPU_CACHE_SHARED"
-MAX_VAR = "GPU_CACHE_TIER_MAX_BYTES"
-#: Test-only: a path the process creates when a promotion has written its temporary file and is
-#: about to link it, after which it sleeps (tests kill it there, deterministically).
-PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
-TMP_PREFIX = bound.TMP_PREFIX
-XLA_AUTOTUNE = bound.XLA_AUTOTUNE
+from sitecustomize import (
+    SHARED_VAR,
+    TEMP_PREFIX,
+    TIER_MAX_BYTES_VAR,
+    TIER_TEST_PAUSE_VAR,
+    TIER_VAR,
+    XLA_AUTOTUNE_CACHE,
+)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
@@ -63,7 +62,7 @@ def _counts():
 def _plain(name):
     """Whether ``name`` is one plain file name (no folder, no dot-entry, not ours)."""
     return (isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name
-            and name not in (".", "..") and not name.startswith(TMP_PREFIX))
+            and name not in (".", "..") and not name.startswith(TEMP_PREFIX))
 
 
 def _folder_problem(info, team_gid):
@@ -159,7 +158,7 @@ class _Side:
 class Tier:
     """The tier of this process: where the two tiers are, what it moved, what is off."""
 
-    XLA_AUTOTUNE = XLA_AUTOTUNE
+    XLA_AUTOTUNE = XLA_AUTOTUNE_CACHE
 
     def __init__(self, local, shared, max_bytes, warn):
         self.local = _Side(local, create=True)
@@ -233,7 +232,7 @@ class Tier:
                 chunks = [data]
             else:
                 chunks = None
-            tmp = f"{TMP_PREFIX}{self.host}.{os.getpid()}.{os.urandom(6).hex()}"
+            tmp = f"{TEMP_PREFIX}{self.host}.{os.getpid()}.{os.urandom(6).hex()}"
             out = os.open(tmp, _CREATE, 0o666, dir_fd=tmp_fd)
             try:
                 try:
@@ -500,8 +499,8 @@ class Tier:
         """Promote what is left (XLA's autotune files, Inductor's), then the bound."""
         if os.getpid() != self.pid:  # a forked child: its parent does this
             return
-        if self.known.get(("jax", XLA_AUTOTUNE)) is not None:
-            self.promote_tree("jax", XLA_AUTOTUNE)
+        if self.known.get(("jax", XLA_AUTOTUNE_CACHE)) is not None:
+            self.promote_tree("jax", XLA_AUTOTUNE_CACHE)
         if self.known.get(("inductor", "")) is not None:
             self.promote_tree("inductor")
         self.trim()
@@ -510,7 +509,7 @@ class Tier:
 # --- helpers -----------------------------------------------------------------------------
 
 def _pause_for_tests():
-    where = os.environ.get(PAUSE_VAR)
+    where = os.environ.get(TIER_TEST_PAUSE_VAR)  # tests kill the process there
     if where and os.path.isabs(where):
         os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         time.sleep(120)
@@ -659,7 +658,7 @@ def configured(environ):
     if not (os.path.isabs(local) and os.path.isabs(shared)):
         return None
     try:
-        max_bytes = int(environ.get(MAX_VAR) or 0)
+        max_bytes = int(environ.get(TIER_MAX_BYTES_VAR) or 0)
     except ValueError:
         max_bytes = 0
     return os.path.normpath(local), os.path.normpath(shared), max_bytes

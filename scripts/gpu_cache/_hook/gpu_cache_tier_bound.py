@@ -13,18 +13,15 @@ import os
 import stat
 import time
 
+from sitecustomize import TEMP_PREFIX, TRIM_LOCK, TRIM_STAMP, XLA_AUTOTUNE_CACHE
+
 TRIM_EVERY = 600.0
-STAMP = ".gpu-cache-trim"
-TRIM_LOCK = ".gpu-cache-trim.lock"
 #: Entries used within this many seconds are in use now: never trimmed.
 IN_USE = 60.0
 #: A temporary file of the local tier older than this was left by a killed process.
 STALE_TMP = 3600.0
 #: At most this many files of a tree kind (Inductor, XLA's autotune folder) are looked at once.
 MAX_TREE_FILES = 20000
-#: The tier's temporary files, and XLA's per-fusion autotune results in the JAX kind folder.
-TMP_PREFIX = ".gpu-cache-tmp."
-XLA_AUTOTUNE = "xla_gpu_per_fusion_autotune_cache_dir"
 
 
 def trim(root, max_bytes, now=None):
@@ -34,7 +31,7 @@ def trim(root, max_bytes, now=None):
 
     now = time.time() if now is None else now
     try:
-        if now - os.stat(os.path.join(root, STAMP), follow_symlinks=False).st_mtime < TRIM_EVERY:
+        if now - os.stat(os.path.join(root, TRIM_STAMP), follow_symlinks=False).st_mtime < TRIM_EVERY:
             return None
     except FileNotFoundError:
         pass
@@ -47,7 +44,7 @@ def trim(root, max_bytes, now=None):
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return None  # another process trims now
             raise
-        stamp = os.path.join(root, STAMP)
+        stamp = os.path.join(root, TRIM_STAMP)
         try:
             if now - os.stat(stamp, follow_symlinks=False).st_mtime < TRIM_EVERY:
                 return None  # it just did
@@ -110,7 +107,7 @@ def _local_entries(root, now):
         info = _lstat(item)
         if info is None:
             continue
-        if name.startswith(TMP_PREFIX):
+        if name.startswith(TEMP_PREFIX):
             if now - info.st_mtime > STALE_TMP:
                 _unlink(item.path)
         elif name.endswith("-cache") and stat.S_ISREG(info.st_mode):
@@ -119,7 +116,7 @@ def _local_entries(root, now):
             entries.append((max(info.st_mtime, extra.st_mtime if extra else 0),
                             info.st_size + (extra.st_size if extra else 0),
                             _remover([item.path, atime])))
-    for folder in (os.path.join(jax, XLA_AUTOTUNE), os.path.join(root, "inductor")):
+    for folder in (os.path.join(jax, XLA_AUTOTUNE_CACHE), os.path.join(root, "inductor")):
         for rel in tree_files(folder):
             path = os.path.join(folder, rel)
             info = _lstat_path(path)
@@ -129,7 +126,7 @@ def _local_entries(root, now):
         info = _lstat(item)
         if info is None:
             continue
-        if item.name.startswith(TMP_PREFIX):
+        if item.name.startswith(TEMP_PREFIX):
             if now - info.st_mtime > STALE_TMP:
                 _unlink(item.path)
             continue

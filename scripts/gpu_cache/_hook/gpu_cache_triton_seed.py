@@ -41,10 +41,9 @@ from triton.runtime.cache import FileCacheManager
 
 try:
     import gpu_cache_flight
-except ImportError:  # a copy of this file without its sibling: Triton's plain file cache
-    gpu_cache_flight = None
-
-SEED_VAR = "GPU_CACHE_TRITON_SEED"
+    from sitecustomize import TRITON_SEED_VAR
+except ImportError:  # a copy of this file without its siblings: Triton's plain file cache
+    gpu_cache_flight = TRITON_SEED_VAR = None
 #: Endings of the files Triton writes alone, with ``get_file`` then ``put``: single-flighted.
 SINGLE_FILES = (".so", ".autotune.json")
 
@@ -146,7 +145,7 @@ class SeedOverlayCacheManager(FlightCacheManager):
 
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         super().__init__(key, override, dump)
-        seed = os.environ.get(SEED_VAR)
+        seed = os.environ.get(TRITON_SEED_VAR) if TRITON_SEED_VAR else None
         self.seed_dir = os.path.join(seed, key) if seed and not (override or dump) else None
 
     def _lookup_file(self, filename: str) -> str | None:

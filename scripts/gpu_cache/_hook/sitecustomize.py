@@ -51,11 +51,41 @@ _LEGACY_WATCHER = "_ImportWatcher"
 #: The attribute of ``sys`` that says that a copy of the hook already runs in this process.
 _SYS_MARK = "_gpu_cache_startup_hook"
 
+# The job environment's names: the hook's one copy of those of gpu_cache.core.names that it
+# uses (it cannot import the package, and loads nothing more in every process). The pieces
+# import them from here; tests/test_names.py fails when one differs from gpu_cache.core.names.
+RECORDS_VAR = "GPU_CACHE_RECORDS"
+LOCKS_VAR = "GPU_CACHE_LOCKS"
+LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
+LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
+TIER_VAR = "GPU_CACHE_TIER"
+SHARED_VAR = "GPU_CACHE_SHARED"
+TIER_MAX_BYTES_VAR = "GPU_CACHE_TIER_MAX_BYTES"
+TIER_TEST_PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
+TRITON_SEED_VAR = "GPU_CACHE_TRITON_SEED"
+BYTECODE_VAR = "GPU_CACHE_BYTECODE"
+AUTOTUNE_VAR = "GPU_CACHE_AUTOTUNE"
+AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
+TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
+RULE_VAR = "GPU_CACHE_RULE"
+WILDCARDS_VAR = "GPU_CACHE_WILDCARDS"
+GPU_TYPE_VAR = "GPU_CACHE_GPU_TYPE"
+RUN_ID_VAR = "GPU_CACHE_RUN_ID"
+JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
+TRITON_CACHE_DIR_VAR = "TRITON_CACHE_DIR"
+TRITON_MANAGER_VAR = "TRITON_CACHE_MANAGER"
+NODE = "node"
+CLUSTER = "cluster"
+XLA_AUTOTUNE_CACHE = "xla_gpu_per_fusion_autotune_cache_dir"
+NODE_LOCAL_PREFIX = "gpu-cache-"
+TEMP_PREFIX = ".gpu-cache-tmp."
+TRIM_STAMP = ".gpu-cache-trim"
+TRIM_LOCK = ".gpu-cache-trim.lock"
+
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
 _WATCHED = ("jax", "triton")
-#: The import after which the tokamax fix runs, and the variable that switches it off.
+#: The import after which the tokamax fix runs (TOKAMAX_FIX_VAR switches it off).
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
-_TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
 #: The import after which the tier copies Inductor's shared files in (issue 23).
 _INDUCTOR_MODULE = "torch._inductor"
 _OFF = ("0", "off", "false", "no")
@@ -321,7 +351,7 @@ def _node_local(folder):
     """Whether ``folder`` is one of gpu-cache's node-local folders
     (``$TMPDIR/gpu-cache-<uid>/<kind>``): made on each node, by whoever comes first, so
     checked on each node (``gpu_cache_hook_fallback``)."""
-    return os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"gpu-cache-{os.getuid()}"
+    return os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}"
 
 
 def _usable_triton_folder():
@@ -330,7 +360,7 @@ def _usable_triton_folder():
     Costs one stat where the folder exists; the fallback (a trusted node-local folder, else a
     private one) is in ``gpu_cache_hook_fallback``, as is the check of a node-local folder
     that ``gpu-cache env`` exported."""
-    folder = os.environ.get("TRITON_CACHE_DIR")
+    folder = os.environ.get(TRITON_CACHE_DIR_VAR)
     if folder and _node_local(folder):
         _piece("gpu_cache_hook_fallback").triton_node_local(folder, _HOOK, _stderr)
         return
@@ -347,7 +377,7 @@ def _usable_triton_folder():
 def _bytecode_cache():
     """With gpu-cache's bytecode cache on, this process's bytecode goes to a folder of its
     interpreter and image (``gpu_cache_hook_bytecode``)."""
-    folder = os.environ.get("GPU_CACHE_BYTECODE")
+    folder = os.environ.get(BYTECODE_VAR)
     if folder and os.path.isabs(folder):
         _piece("gpu_cache_hook_bytecode").install(folder)
 
@@ -358,8 +388,8 @@ def _install():
             step()
         except Exception as exc:  # that part is off; the rest of the hook still works
             _HOOK.warn(name, exc)
-    folder = os.environ.get("GPU_CACHE_RECORDS") or None
-    locks = os.environ.get("GPU_CACHE_LOCKS")
+    folder = os.environ.get(RECORDS_VAR) or None
+    locks = os.environ.get(LOCKS_VAR)
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
     if _HOOK.flight and _node_local(locks):
         try:
@@ -372,16 +402,16 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
-    tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
+    tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
     handlers = {name: _observe(name) for name in _WATCHED} if watch else {}
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
-    _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF
+    _HOOK.tokamax_fix = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
     if _HOOK.tokamax_fix or folder:  # switched off, the record says so
         handlers[_TOKAMAX_MODULE] = _tokamax
-    if os.path.isabs(os.environ.get("GPU_CACHE_AUTOTUNE", "")):  # issue 24
+    if os.path.isabs(os.environ.get(AUTOTUNE_VAR, "")):  # issue 24
         handlers["tokamax"] = _tokamax_package
     sys.meta_path.insert(0, _Watcher(handlers))
 

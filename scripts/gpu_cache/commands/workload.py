@@ -9,6 +9,7 @@ from typing import Any
 from gpu_cache.config.settings import Settings, WorkloadConfig
 from gpu_cache.config.targets import gpu_types
 from gpu_cache.config.units import parse_age
+from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.runner import Command, Plan
 
@@ -140,10 +141,10 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
                              workload.builtin, workload.expects) for shape in workload.shapes]
-    environ = {"GPU_CACHE_GPU_TYPE": gpu_type, "GPU_CACHE_RULE": f"{phase}_cache",
-               "GPU_CACHE_TRITON_TARGETS": ",".join(settings.triton_targets)}
+    environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: f"{phase}_cache",
+               names.TRITON_TARGETS_VAR: ",".join(settings.triton_targets)}
     if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
-        environ["GPU_CACHE_AUTOTUNE_SAVE"] = "1"
+        environ[names.AUTOTUNE_SAVE_VAR] = "1"
     python = None if in_job_software else gpu_types(settings)[gpu_type].python or settings.python
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import parse_age, parse_size
-from gpu_cache.core import safe_io
+from gpu_cache.core import names, safe_io
 from gpu_cache.core.errors import UsageError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -210,7 +210,7 @@ def resolve_cache_root(
     """
     environ = os.environ if environ is None else environ
     if explicit is None:
-        explicit = environ.get("GPU_CACHE_ROOT")
+        explicit = environ.get(names.ROOT_VAR)
     if explicit is None:
         xdg = environ.get("XDG_CACHE_HOME")
         base = Path(xdg) if xdg else Path(environ.get("HOME") or Path.home()) / ".cache"

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache.core import safe_io
+from gpu_cache.core import names
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.caches import inductor as inductor_cache
@@ -82,7 +82,7 @@ def scan_triton(folder: Path, grace_seconds: float, verify_after: float | None =
         if other.kind == "trash":
             out.append(Entry("triton", other.path.name, "(trash)", other.bytes, 0.0,
                              "left over from an interrupted removal", other))
-        elif other.kind == "file" and other.path.name.startswith(safe_io.PROMOTION_TEMP_PREFIX):
+        elif other.kind == "file" and other.path.name.startswith(names.TEMP_PREFIX):
             try:
                 changed = other.path.lstat().st_mtime
             except OSError:

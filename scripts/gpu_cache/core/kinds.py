@@ -17,6 +17,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_cache.core import names
+
 if TYPE_CHECKING:
     from gpu_cache.core.entries import Entry
     from gpu_cache.core.verified import Record
@@ -91,8 +93,8 @@ class CacheKind:
 KINDS: dict[str, CacheKind] = {
     kind.name: kind for kind in (
         CacheKind(
-            "jax", "JAX_COMPILATION_CACHE_DIR", ReadOnlyUse.READ,
-            switch_off=("JAX_ENABLE_COMPILATION_CACHE", "false"), watched_module="jax",
+            "jax", names.JAX_CACHE_DIR_VAR, ReadOnlyUse.READ,
+            switch_off=(names.JAX_ENABLE_CACHE_VAR, "false"), watched_module="jax",
             scan=_inventory("scan_jax"), remove=_inventory("remove_jax"),
             verifies=True, carried=True, tiered=True,
             last_use="the time in JAX's -atime record where a size cap made JAX keep one: it "
@@ -100,32 +102,32 @@ KINDS: dict[str, CacheKind] = {
                      "count too only where the -atime file's own mtime agrees with it); "
                      "else the -cache file's mtime, which the startup hook sets on every hit"),
         CacheKind(
-            "triton", "TRITON_CACHE_DIR", ReadOnlyUse.SEED, watched_module="triton",
+            "triton", names.TRITON_CACHE_DIR_VAR, ReadOnlyUse.SEED, watched_module="triton",
             scan=_inventory("scan_triton"), remove=_inventory("remove_triton"), verifies=True,
             carried=True, tiered=True,
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
-        CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
+        CacheKind("inductor", names.INDUCTOR_CACHE_DIR_VAR, ReadOnlyUse.FALLBACK,
                   scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
-        CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
+        CacheKind("bytecode", names.BYTECODE_VAR, ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
                   scan=_inventory("scan_bytecode"), remove=_inventory("remove_file"),
                   last_use="when the .pyc file was written (Python never rewrites a current one)"),
         # The driver bounds it itself (CUDA_CACHE_MAXSIZE); gpu-cache removes it only whole.
-        CacheKind("cuda", "CUDA_CACHE_PATH", ReadOnlyUse.FALLBACK,
+        CacheKind("cuda", names.CUDA_CACHE_PATH_VAR, ReadOnlyUse.FALLBACK,
                   scan=_inventory("scan_cuda"), remove=_inventory("remove_cuda"),
                   last_use="the newest modification or access time of any of its files (the "
                            "whole cache is one entry)"),
         # tokamax's autotuning results per (tokamax, jax, device kind), issue 24: the hook saves
         # them in a warm process and enters the matching one in every job that imports tokamax.
-        CacheKind("autotune", "GPU_CACHE_AUTOTUNE", ReadOnlyUse.READ,
+        CacheKind("autotune", names.AUTOTUNE_VAR, ReadOnlyUse.READ,
                   scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"), carried=True,
                   last_use="when the warm step last wrote the result (the file's mtime)"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
-        CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
+        CacheKind("records", names.RECORDS_VAR, ReadOnlyUse.FALLBACK, exported=False,
                   scan=_inventory("scan_records"), remove=_inventory("remove_file"),
                   last_use="when the process wrote it (the file's mtime)"),
     )

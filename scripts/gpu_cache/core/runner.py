@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, safe_io, software
+from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, safe_io, software
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
@@ -130,13 +130,13 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
 
 def cache_root_of(environ: Mapping[str, str]) -> Path | None:
     """The cache root the job's environment names (None: caching off or not set)."""
-    root = environ.get("GPU_CACHE_ROOT")
-    return Path(root) if root and root != "none" and os.path.isabs(root) else None
+    root = environ.get(names.ROOT_VAR)
+    return Path(root) if root and root != names.ROOT_OFF and os.path.isabs(root) else None
 
 
 def tier_of(environ: Mapping[str, str]) -> Path | None:
     """The node-local tier the job's environment names (issue 23; None: no tier)."""
-    tier = environ.get("GPU_CACHE_TIER")
+    tier = environ.get(names.TIER_VAR)
     return Path(tier) if tier and os.path.isabs(tier) else None
 
 
@@ -185,7 +185,7 @@ def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[
 def state_file(root: Path | None, what: str, key: str) -> Path | None:
     """Where a measurement or verdict of these inputs is kept: ``<root>/state/<what>-<key>.json``
     (small files, one per set of inputs; not a cache kind)."""
-    return root / "state" / f"{what}-{key}.json" if root is not None else None
+    return root / names.STATE_FOLDER / f"{what}-{key}.json" if root is not None else None
 
 
 def _reused(plan: Plan, path: Path | None, result: PhaseResult) -> PhaseResult | None:
@@ -243,12 +243,12 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     environ = dict(os.environ if environ is None else environ)
     # Tells this pass's records apart from all others (made here: a plan is the same each time).
     run_id = f"{plan.phase}-{plan.gpu_type}-{uuid.uuid4().hex[:12]}"
-    child_env = dict(environ, **plan.environ, GPU_CACHE_RUN_ID=run_id)
+    child_env = dict(environ, **plan.environ, **{names.RUN_ID_VAR: run_id})
     if not plan.record:
-        child_env.pop("GPU_CACHE_RECORDS", None)
+        child_env.pop(names.RECORDS_VAR, None)
     # Several JAX processes may share a GPU (shapes side by side, the host's jobs beside
     # gpu-cache's): none may take 75% of its memory at start. Not part of any cache key.
-    child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    child_env.setdefault(names.XLA_PREALLOCATE_VAR, "false")
     root = cache_root_of(environ)
     python = plan.python or sys.executable
     identity, seen = software.identity(environ), device.detect(environ).as_dict()
@@ -279,10 +279,10 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root, tier)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
-    if plan.record and root is not None and "GPU_CACHE_RECORDS" in child_env:
-        found = list(hook_records.read(Path(child_env["GPU_CACHE_RECORDS"]), run_id))
+    if plan.record and root is not None and names.RECORDS_VAR in child_env:
+        found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
         result.recorded = hook_records.totals(found)
-    if plan.phase == "warm" and environ.get("JAX_ENABLE_COMPILATION_CACHE") != "false":
+    if plan.phase == "warm" and environ.get(names.JAX_ENABLE_CACHE_VAR) != "false":
         time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
         result.broken = broken_since(root, wall, tier)
     if plan.phase == "cold" and not result.failures():
@@ -298,7 +298,7 @@ def replay_command(environ: Mapping[str, str]) -> Command | None:
     """The replay step of a warm pass, when the records describe Triton kernels or autotune
     choices: it compiles them on all the job's cores at once and writes the choices (issue 26,
     docs/single-flight.md)."""
-    folder = environ.get("GPU_CACHE_RECORDS")
+    folder = environ.get(names.RECORDS_VAR)
     if not folder or not os.path.isabs(folder):
         return None
     found = list(hook_records.read(Path(folder)))
@@ -394,13 +394,13 @@ def with_threads(plan: Plan, threads: int) -> Plan:
 def cold_environ(environ: Mapping[str, str], scratch: Path) -> dict[str, str]:
     """``environ`` with every cache off or in the empty ``scratch``: the honest cold baseline."""
     environ = dict(environ)
-    environ.pop("GPU_CACHE_RECORDS", None)
+    environ.pop(names.RECORDS_VAR, None)
     for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
         if kind.switch_off is not None:
             environ[kind.switch_off[0]] = kind.switch_off[1]
         else:
             environ[kind.env_var] = str(kind.folder(scratch))
-    environ["CUDA_CACHE_DISABLE"] = "1"  # the driver's cache could serve PTX from earlier runs
+    environ[names.CUDA_CACHE_DISABLE_VAR] = "1"  # the driver's cache could serve PTX from earlier runs
     return environ
 
 

@@ -50,11 +50,6 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The folder inside a kind's folder where removed entries are renamed before they are deleted
 #: (a name no tool looks up).
 TRASH_DIR_NAME = ".gpu-cache-trash"
-#: The startup hook's temporary copy of an entry it promotes from the node-local tier to the
-#: cache root (issue 23): ``.gpu-cache-tmp.<host>.<pid>.<random>`` in a tiered kind's folder,
-#: linked to its final name, then unlinked; one older than prune's grace period was left by a
-#: killed process. (The hook keeps its own copy of this prefix: it imports nothing of gpu_cache.)
-PROMOTION_TEMP_PREFIX = ".gpu-cache-tmp."
 #: Read size of :func:`iter_chunks` and :func:`read_bounded`.
 CHUNK = 1 << 20
 

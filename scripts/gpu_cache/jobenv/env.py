@@ -16,38 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_cache.config.settings import Settings
-from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds
+from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds, names
 from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
 from gpu_cache.jobenv import trust
 from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_problem
 
-#: Bind lists of container runtimes, in the variables gpu-cache extends (see container_binds).
-CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
 #: Folders Apptainer and Singularity bind into every container at the same path: a node-local
 #: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
 #: lacks (a job on a node where no ``env`` made it yet) stops the container from starting.
 DEFAULT_BOUND = (Path("/tmp"), Path("/var/tmp"))
-#: Triton cache manager (in HOOK_DIR) that reads a read-only seed cache and writes node-locally.
-SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
-SEED_VAR = "GPU_CACHE_TRITON_SEED"
-MANAGED_VAR = "GPU_CACHE_MANAGED"
-WARNED_VAR = "GPU_CACHE_WARNED"
-#: Single-flight (the startup hook's gpu_cache_flight): the lock folder (empty: off), how
-#: long a waiter waits, in seconds, and its mode: "node" (flock) or "cluster" (flock within a
-#: node, a lease per key across the nodes that share the folder).
-LOCKS_VAR = "GPU_CACHE_LOCKS"
-LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
-LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
-#: The lock folder under the cache root: not a cache kind (nothing counts or prunes it).
-LOCKS_FOLDER = "locks"
-#: The node-local tier (issue 23; the startup hook's gpu_cache_tier): this root's local folder
-#: (empty: no tier in this process), the cache root it maps to, and the local bound in bytes.
-TIER_VAR = "GPU_CACHE_TIER"
-SHARED_VAR = "GPU_CACHE_SHARED"
-TIER_MAX_VAR = "GPU_CACHE_TIER_MAX_BYTES"
-#: XLA's per-fusion autotune results: kept with the tier on (in the local folder, where the
-#: rename that fails on BeeGFS is local), off on a network filesystem without it.
-TIER_XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 
 
 @dataclass
@@ -104,7 +81,7 @@ class Exports:
 
 def managed_names(environ: Mapping[str, str]) -> set[str]:
     """Names gpu-cache itself set earlier in this process tree."""
-    return {name for name in environ.get(MANAGED_VAR, "").split(",") if name}
+    return {name for name in environ.get(names.MANAGED_VAR, "").split(",") if name}
 
 
 def _user_set(name: str, environ: Mapping[str, str]) -> bool:
@@ -113,7 +90,7 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
 
 def node_local_fallback(kind: str) -> Path:
     """A per-user folder on local disk for a kind whose shared folder cannot be used."""
-    return Path(tempfile.gettempdir()) / f"gpu-cache-{os.getuid()}" / kind
+    return Path(tempfile.gettempdir()) / names.node_local_name(os.getuid()) / kind
 
 
 def tier_base(settings: Settings) -> Path:
@@ -124,7 +101,7 @@ def tier_base(settings: Settings) -> Path:
     configured = settings.local_tier.folder
     if configured:
         return Path(os.path.abspath(os.path.expandvars(os.path.expanduser(configured))))
-    return Path("/tmp") / f"gpu-cache-{os.getuid()}" / "tier"
+    return Path("/tmp") / names.node_local_name(os.getuid()) / names.TIER_FOLDER
 
 
 def tier_folder(settings: Settings) -> Path | None:
@@ -165,8 +142,8 @@ def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[st
                                "max_bytes": settings.local_tier.max_size, "why": None,
                                "problem": None}
     where = f"the cache root is on {root_check.fs_type}"
-    if _user_set(TIER_VAR, environ) and not environ[TIER_VAR]:
-        info["why"] = f"turned off for these jobs by {TIER_VAR}='' in the environment"
+    if _user_set(names.TIER_VAR, environ) and not environ[names.TIER_VAR]:
+        info["why"] = f"turned off for these jobs by {names.TIER_VAR}='' in the environment"
     elif root_check.problem:
         info["why"] = "the cache root cannot be used"
     elif mode == "off":
@@ -262,8 +239,8 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
             fallback = node_local_fallback(kind.name)
             if check_folder(fallback, trusted_above=fallback.parent).problem is None:
                 return _Placement(
-                    {kind.env_var: str(fallback), SEED_VAR: str(folder),
-                     "TRITON_CACHE_MANAGER": SEED_MANAGER},
+                    {kind.env_var: str(fallback), names.TRITON_SEED_VAR: str(folder),
+                     names.TRITON_MANAGER_VAR: names.SEED_MANAGER},
                     adjusted=f"{folder} is read-only: its kernels are read as a seed, new ones "
                              f"go to node-local {fallback}")
             problem = f"{folder} is read-only and its node-local fallback failed"
@@ -301,11 +278,11 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
                                "problem": None, "per_node": False, "mode": None, "why": None}
     if not settings.single_flight.enabled:
         info["problem"] = "turned off in the config (single_flight.enabled: false)"
-        return {LOCKS_VAR: ""}, info, []
-    fallback = node_local_fallback(LOCKS_FOLDER)
+        return {names.LOCKS_VAR: ""}, info, []
+    fallback = node_local_fallback(names.LOCKS_FOLDER)
     places = [(fallback, fallback.parent, None)]
     if root_problem is None:
-        places.insert(0, (root / LOCKS_FOLDER, root, settings.shared_group))
+        places.insert(0, (root / names.LOCKS_FOLDER, root, settings.shared_group))
     problems: list[str] = []
     for folder, above, group in places:
         check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
@@ -315,7 +292,7 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
             continue
         warnings = []
         shared = check.network or check.family == "fuse"
-        mode = "node"
+        mode: names.LockMode = names.NODE
         if problems:
             why = f"node-local folder ({problems[0]})"
             warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
@@ -325,7 +302,7 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
         else:
             trouble = lease_problem(folder)
             if trouble is None:
-                mode, why = "cluster", (f"{check.fs_type} may be shared by nodes, and flock there may "
+                mode, why = names.CLUSTER, (f"{check.fs_type} may be shared by nodes, and flock there may "
                                         "lock within one node only: flock within a node, a lease per "
                                         "key across nodes")
             else:
@@ -333,11 +310,12 @@ def _place_locks(settings: Settings, root: Path, root_problem: str | None
                 warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
                                 f"within one node only, and {trouble}: single-flight is per node there, "
                                 "and jobs on two nodes may compile the same key at once")
-        info.update(enabled=True, locks=str(folder), per_node=mode == "node" and (shared or bool(problems)),
-                    mode=mode, why=why)
-        return {LOCKS_VAR: str(folder), LOCK_TIMEOUT_VAR: f"{timeout:g}", LOCK_MODE_VAR: mode}, info, warnings
+        info.update(enabled=True, locks=str(folder), mode=mode, why=why,
+                    per_node=mode == names.NODE and (shared or bool(problems)))
+        return ({names.LOCKS_VAR: str(folder), names.LOCK_TIMEOUT_VAR: f"{timeout:g}",
+                 names.LOCK_MODE_VAR: mode}, info, warnings)
     info["problem"] = problems[0]
-    return {LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
+    return {names.LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
                                    f"{'; '.join(problems)}"]
 
 
@@ -366,11 +344,11 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                                "shared": None, "max_bytes": settings.local_tier.max_size,
                                "why": "caching is turned off", "problem": None}
     if root is None:
-        wanted["GPU_CACHE_ROOT"] = "none"
-        wanted["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        wanted[names.ROOT_VAR] = names.ROOT_OFF
+        wanted[names.JAX_ENABLE_CACHE_VAR] = "false"
         problems["all"] = "caching is turned off (cache root 'none')"
     else:
-        wanted["GPU_CACHE_ROOT"] = str(root)
+        wanted[names.ROOT_VAR] = str(root)
         # A root that cannot be made or trusted fails every kind alike.
         root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
                                   trusted_above=root, probe=False)
@@ -394,7 +372,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                     adjusted[kind.name] = (f"{kind.folder(root)} is read-only: jobs read it on a miss "
                                            f"and keep new entries on this node in {kind.folder(local)}")
                 if kind.name == "jax" and xla_caches == "none":
-                    xla_caches = TIER_XLA_CACHES
+                    xla_caches = names.XLA_AUTOTUNE_CACHE
                 continue
             how = _place(kind, root, check, xla_caches, hook=no_hook is None)
             wanted.update(how.values)
@@ -404,16 +382,17 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
                 adjusted[kind.name] = how.adjusted
             if how.xla_caches_off:
                 xla_caches = "none"
-        if "JAX_COMPILATION_CACHE_DIR" in wanted:
-            wanted["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-            wanted["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-            wanted["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] = xla_caches
-        if "TRITON_CACHE_DIR" in wanted:
+        if names.JAX_CACHE_DIR_VAR in wanted:
+            wanted[names.JAX_MIN_COMPILE_TIME_VAR] = "0"
+            wanted[names.JAX_MIN_ENTRY_SIZE_VAR] = "-1"
+            wanted[names.JAX_XLA_CACHES_VAR] = xla_caches
+        if names.TRITON_CACHE_DIR_VAR in wanted:
             # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
-            wanted["TRITON_HOME"] = str(Path(wanted["TRITON_CACHE_DIR"]).parent / "triton-home")
+            triton_folder = Path(wanted[names.TRITON_CACHE_DIR_VAR])
+            wanted[names.TRITON_HOME_VAR] = str(triton_folder.parent / "triton-home")
             # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
             # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
-            wanted["TRITON_CACHE_AUTOTUNING"] = "1"
+            wanted[names.TRITON_AUTOTUNING_VAR] = "1"
         if settings.stats_hook and "jax" not in problems:
             records = kinds.KINDS["records"]
             wanted[records.env_var] = str(records.folder(root))
@@ -421,10 +400,10 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         wanted.update(lock_values)
         warnings += lock_warnings
         if local is not None:
-            wanted.update({TIER_VAR: str(local), SHARED_VAR: str(root),
-                           TIER_MAX_VAR: str(settings.local_tier.max_size)})
-        elif TIER_VAR in managed_names(environ):
-            wanted[TIER_VAR] = ""  # gpu-cache turned it on earlier in this process tree: now off
+            wanted.update({names.TIER_VAR: str(local), names.SHARED_VAR: str(root),
+                           names.TIER_MAX_BYTES_VAR: str(settings.local_tier.max_size)})
+        elif names.TIER_VAR in managed_names(environ):
+            wanted[names.TIER_VAR] = ""  # gpu-cache turned it on earlier in this process tree: now off
     exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
                       root_problem=root_problem, single_flight=single_flight, tier=tier)
     for name, value in wanted.items():
@@ -432,10 +411,10 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
+    hook_needed = (settings.stats_hook and root is not None) or names.TRITON_SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
-        or bool(exports.values.get(LOCKS_VAR)) \
-        or bool(exports.values.get(TIER_VAR))  # the hook does single-flight and the tier
+        or bool(exports.values.get(names.LOCKS_VAR)) \
+        or bool(exports.values.get(names.TIER_VAR))  # the hook does single-flight and the tier
     if hook_needed and no_hook:
         exports.warnings.append(no_hook)
     elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -469,7 +448,7 @@ def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict
     skipped = [p for p in paths if p not in listable]
     usable = [p for p in listable if os.path.isdir(p)]  # Apptainer refuses to bind a missing path
     out = {}
-    for name in CONTAINER_BIND_VARS:
+    for name in names.CONTAINER_BIND_VARS:
         entries = [e for e in environ.get(name, "").split(",") if e]
         missing = [_own_path_bind(str(p), entries) for p in usable]
         if any(missing):
@@ -495,7 +474,7 @@ def _own_path_bind(path: str, entries: list[str]) -> str | None:
 def _managed_after(exports: Exports, environ: Mapping[str, str]) -> str:
     """``GPU_CACHE_MANAGED`` once ``exports`` are applied over ``environ``: the names gpu-cache
     set before and now (PYTHONPATH and the bind lists are merged, never owned)."""
-    merged = {"PYTHONPATH", *CONTAINER_BIND_VARS}
+    merged = {"PYTHONPATH", *names.CONTAINER_BIND_VARS}
     return ",".join(sorted(managed_names(environ) | (set(exports.values) - merged)))
 
 
@@ -504,20 +483,20 @@ def apply(exports: Exports, environ: MutableMapping[str, str] | None = None) -> 
     environ = os.environ if environ is None else environ
     managed = _managed_after(exports, environ)
     environ.update(exports.values)
-    environ[MANAGED_VAR] = managed
+    environ[names.MANAGED_VAR] = managed
 
 
 def warn_once(exports: Exports, environ: MutableMapping[str, str] | None = None) -> None:
     """Print the exports' messages to stderr, once per process tree."""
     environ = os.environ if environ is None else environ
     lines = exports.messages()
-    if lines and environ.get(WARNED_VAR) != "1":
+    if lines and environ.get(names.WARNED_VAR) != "1":
         import logging  # (loaded only when there is something to say)
 
         log = logging.getLogger(__name__)
         for line in lines:
             log.warning("%s", line)
-        environ[WARNED_VAR] = "1"
+        environ[names.WARNED_VAR] = "1"
 
 
 def export(settings: Settings, environ: MutableMapping[str, str] | None = None) -> Exports:
@@ -538,7 +517,7 @@ def export(settings: Settings, environ: MutableMapping[str, str] | None = None) 
 def shell_lines(exports: Exports) -> str:
     """``export NAME=value`` lines that ``eval "$(gpu-cache env)"`` runs."""
     values = dict(exports.values)
-    values[MANAGED_VAR] = _managed_after(exports, os.environ)
+    values[names.MANAGED_VAR] = _managed_after(exports, os.environ)
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 

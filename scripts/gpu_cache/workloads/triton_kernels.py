@@ -54,10 +54,10 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver as _triton_driver
 from triton.runtime.jit import JITFunction, MockTensor
 
+from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 
 WORKLOAD = "triton-kernels"
-ENV_TARGETS = "GPU_CACHE_TRITON_TARGETS"
 DEFAULT_TARGET = "sm_90"
 SHAPE_MIN = 1
 SHAPE_MAX = 16384
@@ -488,7 +488,7 @@ def require_cache_dir(environ: Mapping[str, str]) -> str:
     Raises:
         UsageError: it is unset or empty (Triton would otherwise write to ``~/.triton``).
     """
-    value = environ.get("TRITON_CACHE_DIR", "")
+    value = environ.get(names.TRITON_CACHE_DIR_VAR, "")
     if not value.strip():
         raise UsageError("TRITON_CACHE_DIR is not set: export an absolute cache directory "
                          "(refusing to fall back to ~/.triton)")
@@ -513,7 +513,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shape", type=int, required=True, help=f"problem size N ({SHAPE_MIN}..{SHAPE_MAX})")
     parser.add_argument("--targets", default=None,
                         help=f"aot targets, e.g. sm_80,sm_90 "
-                             f"(default: ${ENV_TARGETS}, else {DEFAULT_TARGET})")
+                             f"(default: ${names.TRITON_TARGETS_VAR}, else {DEFAULT_TARGET})")
     parser.add_argument("--mode", choices=("auto", "jit", "aot"), default="auto",
                         help="jit: launch on the GPU; aot: compile only; auto: jit if a GPU is visible")
     return parser
@@ -550,14 +550,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             mode = "jit" if gpu_available() else "aot"
         elif mode == "jit" and not gpu_available():
             raise UsageError("--mode jit needs a CUDA GPU visible to PyTorch, and none is")
-        targets_text = args.targets or os.environ.get(ENV_TARGETS, "").strip() or DEFAULT_TARGET
+        targets_text = args.targets or os.environ.get(names.TRITON_TARGETS_VAR, "").strip() or DEFAULT_TARGET
         capabilities = parse_targets(targets_text)
     except UsageError as exc:
         print(f"triton-kernels: error: {exc}", file=sys.stderr)
         return 2
     try:
         os.makedirs(cache_dir, exist_ok=True)
-        os.environ["TRITON_CACHE_DIR"] = cache_dir  # absolute, so manifests name absolute paths
+        os.environ[names.TRITON_CACHE_DIR_VAR] = cache_dir  # absolute, so manifests name absolute paths
         start = time.perf_counter()
         if mode == "jit":
             target, events = run_jit(args.shape)

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpu_cache.core import hook_records, safe_io
+from gpu_cache.core import hook_records, names, safe_io
 from gpu_cache.core.errors import UsageError
 
 PROG = "triton-replay"
@@ -374,8 +374,8 @@ class _OneLineParser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m gpu_cache.workloads.triton_replay",
                             description="Compile the Triton kernels the records describe, in parallel.")
-    parser.add_argument("--records", default=os.environ.get("GPU_CACHE_RECORDS"),
-                        help="the records folder (default: $GPU_CACHE_RECORDS)")
+    parser.add_argument("--records", default=os.environ.get(names.RECORDS_VAR),
+                        help=f"the records folder (default: ${names.RECORDS_VAR})")
     parser.add_argument("--jobs", type=int, default=_cores(),
                         help="processes at once (default: the cores this process may use); 1 compiles "
                              "in turn")
@@ -389,10 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if not args.records or not os.path.isabs(args.records):
-            raise UsageError("no records folder: give --records or export an absolute GPU_CACHE_RECORDS")
+            raise UsageError(f"no records folder: give --records or export an absolute {names.RECORDS_VAR}")
         if args.jobs < 1:
             raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-        cache_dir = os.environ.get("TRITON_CACHE_DIR", "")
+        cache_dir = os.environ.get(names.TRITON_CACHE_DIR_VAR, "")
         if not os.path.isabs(cache_dir):
             raise UsageError("TRITON_CACHE_DIR is not an absolute folder: export the cache's "
                              "(refusing to fall back to ~/.triton)")

@@ -50,7 +50,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from gpu_cache.core import safe_io, safe_locks, verified
+from gpu_cache.core import names, safe_io, safe_locks, verified
 from gpu_cache.core.caches import triton as triton_cache
 
 #: A code shard folder: two characters of a base32 key.
@@ -174,7 +174,7 @@ def _listing(path: str) -> list[tuple[str, str, os.stat_result]]:
 def _temporary(scan: _Scan, relative: str, path: str, info: os.stat_result) -> None:
     """A writer's temporary file: left out while young, broken once stale."""
     if scan.now - info.st_mtime >= scan.grace:
-        promoted = os.path.basename(path).startswith(safe_io.PROMOTION_TEMP_PREFIX)
+        promoted = os.path.basename(path).startswith(names.TEMP_PREFIX)
         scan.entries.append(InductorEntry(relative, "temporary", NAMES["temporary"], [path],
                                           info.st_size if stat.S_ISREG(info.st_mode) else 0,
                                           info.st_mtime, "stale temporary file of an interrupted "
@@ -189,7 +189,7 @@ def _other(scan: _Scan, relative: str, path: str, info: os.stat_result, top: str
             _other(scan, f"{relative}/{name}", child, child_info, top)
         return
     base = os.path.basename(path)
-    if TEMP_RE.match(base) or base.startswith(safe_io.PROMOTION_TEMP_PREFIX):
+    if TEMP_RE.match(base) or base.startswith(names.TEMP_PREFIX):
         _temporary(scan, relative, path, info)
         return
     problem = None if stat.S_ISREG(info.st_mode) else \
@@ -204,7 +204,7 @@ def _shard(scan: _Scan, shard: str, path: str, locks: dict[str, tuple[str, os.st
     for name, child, info in _listing(path):
         relative = f"{shard}/{name}"
         if name.startswith("."):
-            if TEMP_RE.match(name) or name.startswith(safe_io.PROMOTION_TEMP_PREFIX):
+            if TEMP_RE.match(name) or name.startswith(names.TEMP_PREFIX):
                 _temporary(scan, relative, child, info)
             else:
                 _other(scan, relative, child, info, shard)
@@ -343,7 +343,7 @@ def scan(folder: str | os.PathLike[str], grace_seconds: float = 3600.0, verify: 
             _key_folders(state, name, path, GUARDED[name], name)
         elif name == TRITON and stat.S_ISDIR(info.st_mode):
             _triton(state, path)
-        elif TEMP_RE.match(name) or name.startswith(safe_io.PROMOTION_TEMP_PREFIX):
+        elif TEMP_RE.match(name) or name.startswith(names.TEMP_PREFIX):
             _temporary(state, name, path, info)
         else:
             _other(state, name, path, info, name)

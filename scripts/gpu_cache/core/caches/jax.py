@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import safe_io, safe_locks, verified
+from gpu_cache.core import names, safe_io, safe_locks, verified
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
@@ -393,7 +393,7 @@ def scan(folder: Path | str, verify_after: float | None = None,
                 continue
             found = match(name)
             if found is None:
-                promoted = name.startswith(safe_io.PROMOTION_TEMP_PREFIX)
+                promoted = name.startswith(names.TEMP_PREFIX)
                 if temp_grace is not None and (promoted or _TEMP_RE.match(name)):
                     try:
                         info = item.stat(follow_symlinks=False)
