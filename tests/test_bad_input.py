@@ -215,3 +215,11 @@ def test_install_profile_from_a_non_editable_install(tmp_path):
     result = run_cli("install-profile", "--target", str(tmp_path / "profile"), env=env)
     assert result.returncode == 0, result.stderr
     assert "export_from_profile" in (tmp_path / "profile" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("command", ["warm", "validate"])
+def test_a_gpu_type_that_ends_in_a_newline_is_one_line_exit_2(command, tmp_path):
+    result = run_cli(command, "--cache-root", str(tmp_path / "cache"), "--gpu-type", "a100\n",
+                     "--output", str(tmp_path / "out.json"))
+    assert "a GPU type is letters" in one_line_error(result)
+    assert not (tmp_path / "out.json").exists()

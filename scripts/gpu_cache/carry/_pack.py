@@ -169,7 +169,7 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
         source = entry.source
         assert isinstance(source, autotune_cache.AutotuneEntry)
         problem = entry.problem
-        if problem is None and not autotune_cache.KEY_RE.match(entry.key):
+        if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
             problem = "a name gpu-cache does not give a result"
         if problem is None:
             try:
