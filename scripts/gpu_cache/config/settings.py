@@ -85,7 +85,6 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
     if not config:
         return copy.deepcopy(DEFAULT_CONFIG)  # the schema's defaults, checked by a test
-    import jsonschema  # deferred: only configs that set something pay for it
 
     if _too_big(config):
         raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
