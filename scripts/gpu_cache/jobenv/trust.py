@@ -339,11 +339,13 @@ def _distrust_above(top: Path, shared_group: str | None) -> str | None:
         if who is None:
             continue
         quoted = shlex.quote(folder)
+        if info.st_mode & stat.S_ISVTX and who != "owner":  # the cause is the entry's owner
+            return (f"{entry} is owned by {_user_name(below)}, not by you: another user made it in "
+                    f"{folder} (which everyone may write to; its sticky bit protects only entries of "
+                    f"yours), so they decide what is in it; it is refused; fix: have it removed, or "
+                    f"choose a cache root under folders owned by you or root")
         what = {"owner": f"owned by {_user_name(info.st_uid)}", "others": "writable by everyone",
                 "group": f"writable by group {group_name(info.st_gid)}"}[who]
-        if info.st_mode & stat.S_ISVTX and who != "owner":
-            what += (f" (its sticky bit protects only entries of yours, and {os.path.basename(entry)} is "
-                     f"{_user_name(below)}'s)")
         fix = "choose a cache root under folders owned by you or root"
         if who != "owner" and below in (me, 0):
             bit = "o-w" if who == "others" else "g-w"
