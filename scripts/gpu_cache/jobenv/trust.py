@@ -39,7 +39,6 @@ trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.ch
 from __future__ import annotations
 
 import errno
-import functools
 import grp
 import os
 import pwd
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.owners import private_group
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770
@@ -94,29 +94,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-@functools.lru_cache(maxsize=64)
-def private_group(uid: int, gid: int) -> bool:
-    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
-    primary group, with no other member listed and no other user's primary group. Group 0
-    never is (see the module's docstring)."""
-    if gid == 0:
-        return False
-    try:
-        user = pwd.getpwuid(uid)
-        group = grp.getgrgid(gid)
-    except KeyError:
-        return False
-    if group.gr_name != user.pw_name or user.pw_gid != gid:
-        return False
-    if any(member != user.pw_name for member in group.gr_mem):
-        return False
-    try:
-        others = [entry.pw_name for entry in pwd.getpwall() if entry.pw_gid == gid and entry.pw_uid != uid]
-    except OSError:
-        return False
-    return not others
 
 
 def _group_may_write(gid: int, owner: int, shared_gid: int | None) -> bool:
