@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.commands.workload import resolve_workload
+from gpu_cache.config.workloads import resolve_workload
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core.errors import UsageError
 from gpu_cache.workloads import alphafold3

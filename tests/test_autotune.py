@@ -299,7 +299,7 @@ def test_the_hooks_copies_match_the_inventory():
 
 
 def test_only_the_warm_pass_saves_what_tokamax_tunes():
-    from gpu_cache.commands.workload import plan_phase
+    from gpu_cache.config.workloads import plan_phase
 
     settings = settings_from({})
     assert plan_phase(settings, "cpu", "warm").environ["GPU_CACHE_AUTOTUNE_SAVE"] == "1"

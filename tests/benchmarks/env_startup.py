@@ -54,7 +54,7 @@ def cases(scripts: Path, bare: Path, root: Path) -> dict[str, tuple[list[str], d
         "pass, no bytecode": ([*python, "pass"], {**base, "PYTHONDONTWRITEBYTECODE": "1"}),
         "import logging": ([*python, "import logging"], base),
         "import gpu_cache.cli": ([*python, "import gpu_cache.cli"], compiled),
-        "build every parser": ([*python, "import gpu_cache.cli as c; c.build_parser()"], compiled),
+        "build the env parser": ([*python, "import gpu_cache.cli as c; c.build_parser('env')"], compiled),
         "import yaml, jsonschema": ([*python, "import yaml, jsonschema"], base),
     }
 

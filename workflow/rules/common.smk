@@ -30,7 +30,7 @@ from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config.settings import PLACEMENT_RESOURCES as GPU_CACHE_PLACEMENT
 from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
-from gpu_cache.commands.workload import plan_phase as gpu_cache_plan_phase
+from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
 
 validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
 try:

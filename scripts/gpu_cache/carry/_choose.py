@@ -86,7 +86,7 @@ def workload_matcher(settings: Any, name: str) -> Callable[[Any], bool]:
     Raises:
         UsageError: no such workload.
     """
-    from gpu_cache.commands.workload import BUILTINS, resolve_workload
+    from gpu_cache.config.workloads import BUILTINS, resolve_workload
 
     workload = resolve_workload(settings, name)
     if workload.builtin:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
+import sys
 from importlib import metadata
 from typing import Any
 
+from gpu_cache.commands import common
 from gpu_cache.commands.stats import outside_root
 from gpu_cache.config import targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
+from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import env
 
@@ -125,3 +129,48 @@ def render(report: dict[str, Any]) -> str:
                      f"repaired {fixed['repaired']}")
     lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
     return shown_lines(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead")
+    parser.add_argument("--output", metavar="FILE", help="also write the JSON report here")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a cache is unusable")
+    parser.add_argument("--explain", action="store_true",
+                        help="account for every miss `gpu-cache stats` counts, by rule and cause, and "
+                             "explain why computations missed: diff their cache-key parts against "
+                             "earlier runs' (from the stats hook's records)")
+    parser.add_argument("--run-id", help="with --explain: the run whose misses to explain "
+                                         "(default: every record; key by key, the latest that missed)")
+    parser.add_argument("--fix", action="store_true",
+                        help="also remove broken entries (empty or truncated JAX entries, orphan halves, "
+                             "stale temporaries), as prune does, keeping every good one")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = common.settings(args)
+    if args.explain:
+        return explain_misses(settings, args)
+    report = preflight(settings)
+    if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
+        from gpu_cache.commands.prune import repair
+
+        fixed = repair(settings)
+        report["fixed"] = {kind: vars(fixed.kinds[kind]) for kind in kinds.PRUNABLE}
+        report["warnings"] += fixed.problems
+    if args.output:
+        common.emit(report, args.output, to_stdout=False)
+    sys.stdout.write(common.dumps(report) if args.json else render(report))
+    return 0 if report["ok"] or args.no_fail else 1
+
+
+def explain_misses(settings: Settings, args: argparse.Namespace) -> int:
+    """``doctor --explain``: every miss accounted for, by rule and cause (``explain``)."""
+    from gpu_cache.commands import explain
+
+    if settings.cache_root is None:
+        raise UsageError("--explain needs a cache root (caching is turned off)")
+    report = explain.account_cache(settings.cache_root, args.run_id)
+    if args.output:
+        common.emit(report, args.output, to_stdout=False)
+    sys.stdout.write(common.dumps(report) if args.json else explain.render_account(report))
+    return 0

@@ -7,10 +7,12 @@ per rule (from the stats hook's records).
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 from html import escape
 from pathlib import Path
 
+from gpu_cache.commands import common
 from gpu_cache.commands.summary import load_prune, load_verdict
 from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
@@ -129,3 +131,19 @@ def write_plots(verdict_paths: list[Path], prune_path: Path | None, by_rule: dic
         write_output(outdir / name, svg, what="plot")
         written.append(outdir / name)
     return written
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_report_inputs(parser)
+    parser.add_argument("--outdir", required=True, metavar="DIR", help="folder for the .svg files")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_cache.commands import stats
+
+    settings = common.settings(args)
+    by_rule = stats.usage(settings.cache_root)["by_rule"] if settings.cache_root else {}
+    written = write_plots([Path(p) for p in args.validate],
+                          Path(args.prune) if args.prune else None, by_rule, Path(args.outdir))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -4,6 +4,7 @@ local tier (issue 23), to its own bound."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import time
@@ -11,8 +12,9 @@ from contextlib import ExitStack
 from operator import attrgetter
 from pathlib import Path
 
+from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
-from gpu_cache.config.units import format_size
+from gpu_cache.config.units import format_size, parse_age, parse_size
 from gpu_cache.core import kinds, safe_io, safe_locks, verified
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
@@ -279,3 +281,54 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
             result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-size", help="largest size per kind, like 10G (default: config, 10G)")
+    parser.add_argument("--max-age", help="remove entries unused for longer, like 30d (default: config, 30d)")
+    parser.add_argument("--kind", action="append", metavar="KIND",
+                        help=f"prune only this kind ({', '.join(kinds.PRUNABLE)}); repeatable")
+    parser.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--output", metavar="FILE", help="also write the JSON report here")
+    parser.add_argument("--no-fail", action="store_true",
+                        help="a cache root that is a file or a broken link is reported in the JSON, "
+                             "exit 0 (the workflow's prune rule uses this)")
+
+
+def run(args: argparse.Namespace) -> int:
+    with kinds.no_cyclic_gc():  # millions of objects and no cycles
+        settings = common.settings(args)
+        try:
+            max_size = settings.prune.max_size if args.max_size is None else parse_size(args.max_size)
+        except UsageError as exc:
+            raise UsageError(f"--max-size: {exc}") from None
+        try:
+            max_age = settings.prune.max_age_seconds if args.max_age is None else parse_age(args.max_age)
+        except UsageError as exc:
+            raise UsageError(f"--max-age: {exc}") from None
+        report = prune(settings, max_size=max_size, max_age=max_age,
+                       dry_run=args.dry_run or settings.prune.dry_run,
+                       only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
+        common.emit(report.as_dict(), args.output, to_stdout=args.json, compact=True)
+    if not args.json:
+        sys.stdout.write(removed_lines(report))
+    for line in report.problems:
+        common.warn("prune: %s", line)
+    for line in report.software_mismatches:
+        common.warn("software mismatch: %s", line)
+    return 1 if report.software_mismatches and settings.validate.strict else 0
+
+
+def removed_lines(report: PruneReport, shown: int = 20) -> str:
+    """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
+    verb = "would remove" if report.dry_run else "removed"
+    lines = []
+    parts = [*report.kinds.items(), *((f"local tier {kind}", part) for kind, part in report.tier.items())]
+    for kind, part in parts:
+        for entry in part.removed[:shown]:
+            lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
+                         f"{format_size(entry['bytes'])}): {entry['reason']}")
+        if len(part.removed) > shown:
+            lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
+    return "".join(f"{line}\n" for line in lines)

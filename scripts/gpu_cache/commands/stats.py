@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import os
+import sys
 import time
 from collections import Counter, defaultdict
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, hook_records, kinds, safe_io, software, verified
@@ -379,3 +382,19 @@ def render(stats: dict[str, Any]) -> str:
                   f"{run['processes']} process(es), {format_age(time.time() - run['time'])} ago"
                   for run in stats["runs"]]
     return shown_lines(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_cache.jobenv.fs import require_folder_or_missing
+
+    with kinds.no_cyclic_gc():  # millions of objects and no cycles
+        settings = common.settings(args)
+        if settings.cache_root is not None:
+            require_folder_or_missing(settings.cache_root)
+        report = cache_stats(settings)
+        sys.stdout.write(common.dumps(report, compact=True) if args.json else render(report))
+    return 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
+from gpu_cache.commands import common
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
@@ -80,3 +83,22 @@ def render(validations: list[Path], prune: Path | None) -> str:
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return shown_lines(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_report_inputs(parser)
+    parser.add_argument("--output", metavar="FILE", help="also write the summary here")
+
+
+def run(args: argparse.Namespace) -> int:
+    validations = [Path(p) for p in args.validate]
+    text = render(validations, Path(args.prune) if args.prune else None)
+    if args.output:
+        common.write_text(Path(args.output), text)
+    sys.stdout.write(text)
+    # A type whose workloads could not even start is an error at the end of the run, not a
+    # quiet "FAILED" line (every host job still ran: they only missed their warm cache).
+    failed = errors(validations)
+    for line in failed:
+        print(f"gpu-cache: ERROR: {line}", file=sys.stderr)
+    return 1 if failed else 0

@@ -7,18 +7,21 @@ file name when the process is not ours) so the user knows what to look at.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache.commands import explain
-from gpu_cache.commands.workload import plan_phase
+from gpu_cache.commands import common, explain
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
-from gpu_cache.core import kinds, runner, software
+from gpu_cache.config.workloads import plan_phase
+from gpu_cache.core import kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
+from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
 from gpu_cache.jobenv import env
 
@@ -215,3 +218,47 @@ def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
             marker.unlink()
         except OSError:
             pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_phase_arguments(parser)
+    parser.add_argument("--phases", metavar="FILE",
+                        help="judge the passes the workload runner ran in the jobs' software "
+                             "(the workflow's check_cache output) instead of running them here")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = common.settings(args)
+    gpu_type = common.gpu_type(settings, args.gpu_type)
+    exports = env.resolve(settings)
+    if args.phases:
+        phases = load_phases(Path(args.phases))
+    else:
+        env.warn_once(exports)
+        with common.log_stream(args.log) as output:
+            phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
+    verdict = judge_phases(settings, gpu_type, phases, exports)
+    remember(settings, verdict, phases["validate"])
+    common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
+    if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
+        for problem in verdict.problems:
+            print(f"gpu-cache: {gpu_type} {problem}", file=sys.stderr)
+    elif not verdict.passed:
+        for problem in verdict.problems:
+            print(f"gpu-cache: validation of {gpu_type} failed: {problem}", file=sys.stderr)
+        if settings.validate.strict:
+            return 1
+    return 0
+
+
+def load_phases(path: Path) -> dict[str, PhaseResult | None]:
+    """The validation passes the workload runner wrote (a mapping of phase to result, or
+    one validate pass)."""
+    data = safe_io.load_json(path)
+    try:
+        if isinstance(data, dict) and "validate" in data:
+            return {name: None if value is None else PhaseResult.from_dict(value)
+                    for name, value in data.items()}
+        return {"validate": PhaseResult.from_dict(data)}
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None

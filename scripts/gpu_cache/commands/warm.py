@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import TextIO
 
-from gpu_cache.commands.workload import plan_phase
+from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
+from gpu_cache.config.workloads import plan_phase
 from gpu_cache.core import runner
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
@@ -27,3 +29,18 @@ def warm(settings: Settings, gpu_type: str, output: TextIO) -> PhaseResult:
     result.cache_warnings = exports.messages()
     result.cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()]
     return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_phase_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = common.settings(args)
+    gpu_type = common.gpu_type(settings, args.gpu_type)
+    with common.log_stream(args.log) as output:
+        report = warm(settings, gpu_type, output)
+    for line in report.broken:
+        common.warn("%s", line)
+    common.emit(report.as_dict(), args.output, to_stdout=args.output is None)
+    return 0
