@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.config.workloads import resolve_workload
 from gpu_cache.config.settings import settings_from
+from gpu_cache.config.workloads import resolve_workload
 from gpu_cache.core.errors import UsageError
 from gpu_cache.workloads import alphafold3
 from helpers import REPO, read_json, run_cli, write_config

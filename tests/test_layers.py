@@ -124,7 +124,41 @@ def test_the_job_side_runs_on_the_oldest_python_we_support():
     assert runner.returncode == 0 and "usage" in runner.stdout, runner.stderr
 
 
-def test_no_module_of_the_package_is_a_room_of_its_own():
-    """No module over 700 lines (#19): past that, a module holds several concerns."""
-    sizes = {str(p.relative_to(SCRIPTS)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert {path: n for path, n in sizes.items() if n > 700} == {}
+#: The host side's layers, lowest first: each imports only from the layers below it (and
+#: itself). (``core`` and the hook are held above; ``workloads`` run in jobs, beside core.)
+HOST_LAYERS = (("core",), ("config",), ("jobenv", "reports"), ("carry",), ("commands", "profile"), ("cli",))
+
+
+def layer_of(module: str) -> int | None:
+    part = module.split(".")[1] if module.startswith("gpu_cache.") else None
+    return next((n for n, names in enumerate(HOST_LAYERS) if part in names), None)
+
+
+def test_each_host_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = layer_of(".".join(path.relative_to(SCRIPTS).with_suffix("").parts))
+        if own is None:
+            continue
+        wrong += [f"{path.relative_to(SCRIPTS)}:{line}: {module}" for line, module, _optional in imports(path)
+                  if (layer_of(module) or 0) > own]
+    assert wrong == []
+
+
+#: The longest a module and a function of the package may be: past that, one holds several concerns.
+MODULE_LINES, FUNCTION_LINES = 600, 80
+
+
+def test_no_module_is_over_600_lines_and_no_function_over_80():
+    long_modules, long_functions = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        where = str(path.relative_to(SCRIPTS))
+        if len(text.splitlines()) > MODULE_LINES:
+            long_modules[where] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    long_functions[f"{where}:{node.lineno} {node.name}"] = length
+    assert (long_modules, long_functions) == ({}, {})

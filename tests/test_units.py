@@ -9,10 +9,11 @@ import pytest
 from gpu_cache.commands.explain import explain_key, explain_records
 from gpu_cache.commands.prune import plan
 from gpu_cache.commands.validate import NAMED_MISSES, judge
-from gpu_cache.core.caches.jax import ZstdFrame, zstd_problem
+from gpu_cache.core.caches.jax_frames import ZstdFrame
 from gpu_cache.core.device import gpu_type_of
 from gpu_cache.core.entries import Entry
-from gpu_cache.core.reports import KindCounts, Missed
+from gpu_cache.core.reports import Missed
+from gpu_cache.reports import KindCounts
 
 DAY = 86400.0
 NOW = 1_000 * DAY
@@ -192,7 +193,15 @@ def test_explain_records_takes_the_latest_run_with_misses_against_earlier_ones()
     assert item["changed"] == ["computation"]
 
 
-# --- jax.zstd_problem(chunks): is a zstd frame whole, from its headers alone ---------------------
+# --- jax.ZstdFrame: is a zstd frame whole, from its headers alone ------------------------------
+
+
+def zstd_problem(chunks) -> str | None:
+    """Why the bytes in ``chunks`` are not one whole zstd frame, or None."""
+    frame = ZstdFrame()
+    for chunk in chunks:
+        frame.feed(chunk)
+    return frame.finish()
 
 _RANDOM = random.Random(21)
 #: What JAX compresses (an executable: some of it compressible, some not), and edge cases.

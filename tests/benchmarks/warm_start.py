@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from gpu_cache.commands.doctor import KEY_PACKAGES, installed_version
-from gpu_cache.config.workloads import python_for, resolve_workload, run_command
 from gpu_cache.config.settings import settings_from
+from gpu_cache.config.workloads import python_for, resolve_workload, run_command
 from gpu_cache.core import device
 from gpu_cache.jobenv import env
 

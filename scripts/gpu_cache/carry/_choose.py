@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.commands.stats import OWN_RULES
-from gpu_cache.core import hook_records, software
+from gpu_cache.core import hook_records, names, software
 from gpu_cache.core.caches import autotune as autotune_cache
 
 from ._format import ManifestEntry, printable
@@ -120,7 +119,7 @@ def own_records(root: Path, gpu_type: str | None,
     """The records of warm and validate passes (of one GPU type, of one workload), oldest first."""
     found = []
     for record in hook_records.read(hook_records.records_dir(root)):
-        if record.get("rule") not in OWN_RULES:
+        if record.get("rule") not in names.OWN_RULES:
             continue
         if gpu_type is not None and record.get("gpu_type") != gpu_type:
             continue

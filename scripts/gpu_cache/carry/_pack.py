@@ -22,6 +22,7 @@ from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_frames
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
@@ -93,7 +94,7 @@ def _jax_candidates(folder: Path, wanted: set[str] | None, skipped: list[dict[st
         assert isinstance(source, jax_cache.JaxEntry)
         problem = entry.problem
         if problem is None and source.cache_path is not None:
-            problem = jax_cache.undecompressable(source.cache_path)  # truncated, a bomb
+            problem = jax_frames.undecompressable(source.cache_path)  # truncated, a bomb
         progress.step(number, 0)
         if problem is not None or source.cache_path is None:
             skipped.append({"kind": "jax", "key": entry.key, "reason": problem or "no -cache file"})

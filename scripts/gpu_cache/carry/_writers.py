@@ -28,6 +28,7 @@ from typing import Any
 from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_frames
 from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
@@ -191,7 +192,7 @@ class JaxWriter(Writer):
     def finish(self) -> bool:
         key, last_use = self.entry.key, self.entry.last_use
         executable = next(n for n in (f"{key}-cache", key) if n in self.temps)
-        problem = jax_cache.undecompressable(self.folder / self.temps[executable])
+        problem = jax_frames.undecompressable(self.folder / self.temps[executable])
         if problem:
             raise Damaged(problem)
         if self.capped and f"{key}-cache" in self.temps and f"{key}-atime" not in self.temps:

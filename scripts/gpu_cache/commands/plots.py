@@ -16,8 +16,8 @@ from gpu_cache.commands import common
 from gpu_cache.commands.summary import load_prune, load_verdict
 from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.reports import PruneReport, Usage, Verdict
 from gpu_cache.core.safe_io import write_output
+from gpu_cache.reports import PruneReport, Usage, Verdict
 
 #: Colours of the series, in order (colour-blind safe: Okabe-Ito).
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7")

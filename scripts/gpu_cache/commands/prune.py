@@ -19,8 +19,8 @@ from gpu_cache.core import kinds, safe_io, safe_locks, verified
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.reports import KindPruneReport, PruneReport
 from gpu_cache.jobenv.fs import require_folder_or_missing
+from gpu_cache.reports import KindPruneReport, PruneReport
 
 log = logging.getLogger(__name__)
 

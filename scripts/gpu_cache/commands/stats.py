@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
-from gpu_cache.core import device, hook_records, kinds, safe_io, software, verified
+from gpu_cache.core import device, hook_records, kinds, names, safe_io, software, verified
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.entries import Entry
-from gpu_cache.core.reports import Usage
 from gpu_cache.core.shown import shown_lines
+from gpu_cache.reports import Usage
 
 TOP = 10
 
@@ -219,18 +219,13 @@ def summarise(found: list[Entry], now: float) -> dict[str, Any]:
 _NAME, _SIZE, _LAST_USE = attrgetter("name"), attrgetter("size"), attrgetter("last_use")
 
 
-#: The rules of gpu-cache's own passes (warm_cache, validate_cache): their records tell
-#: which software warmed and validated each GPU type.
-OWN_RULES = ("warm_cache", "validate_cache")
-
-
 def warmed_software(loaded: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """From the records of gpu-cache's own passes: the software of the latest that warmed or
     validated each GPU type, and the device it saw."""
     warmed: dict[str, dict[str, Any]] = {}
     warmed_on: dict[str, str] = {}
     for record in sorted(loaded, key=lambda r: r["time"]):
-        if record.get("rule") in OWN_RULES and isinstance(record.get("software"), dict):
+        if record.get("rule") in names.OWN_RULES and isinstance(record.get("software"), dict):
             warmed[record.get("gpu_type") or "-"] = record["software"]
             warmed_on[record.get("gpu_type") or "-"] = device_seen(record)
     return warmed, warmed_on
@@ -242,7 +237,7 @@ def mismatch_of(record: dict[str, Any], warmed: dict[str, dict[str, Any]],
     without a type: the types warmed on the device it got, else every type, and only when
     it differs from all of them); None when it ran the same, or is one of gpu-cache's own."""
     soft = record.get("software")
-    if not isinstance(soft, dict) or record.get("rule") in OWN_RULES:
+    if not isinstance(soft, dict) or record.get("rule") in names.OWN_RULES:
         return None
     gpu_type = record.get("gpu_type")
     same_device = [warmed[t] for t, seen in warmed_on.items() if seen == device_seen(record) != "-"]
@@ -265,7 +260,7 @@ def mismatch_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
     found: dict[tuple[str, str, str], list[float]] = {}
     matching: dict[str, list[float]] = {}  # rule -> times of its processes without a mismatch
     for record in loaded:
-        if record.get("rule") in OWN_RULES or not isinstance(record.get("software"), dict):
+        if record.get("rule") in names.OWN_RULES or not isinstance(record.get("software"), dict):
             continue
         reference = mismatch_of(record, warmed, warmed_on)
         rule = record.get("rule") or "-"

@@ -10,8 +10,8 @@ from gpu_cache.commands import common
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.reports import PruneReport, Verdict
 from gpu_cache.core.shown import shown_lines
+from gpu_cache.reports import PruneReport, Verdict
 
 
 def load_verdict(path: Path) -> Verdict:

@@ -22,8 +22,9 @@ from gpu_cache.config.workloads import plan_phase
 from gpu_cache.core import kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
+from gpu_cache.core.reports import Missed, PhaseResult
 from gpu_cache.jobenv import env
+from gpu_cache.reports import KindCounts, Verdict
 
 #: How many missed computations a problem line names before it says "and N more".
 NAMED_MISSES = 5

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import parse_age, parse_size
-from gpu_cache.core import names, safe_io
+from gpu_cache.core import names, owners, safe_io
 from gpu_cache.core.errors import UsageError
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -390,9 +390,7 @@ def settings_from(
     """
     filled = validate_config(config)
     if filled["shared_group"] is not None:
-        from gpu_cache.jobenv.trust import group_id
-
-        group_id(filled["shared_group"])
+        owners.group_id(filled["shared_group"])
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
     defaults = tuple(filled["default_workloads"])
     return Settings(

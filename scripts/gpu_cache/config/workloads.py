@@ -141,7 +141,7 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
                              workload.builtin, workload.expects) for shape in workload.shapes]
-    environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: f"{phase}_cache",
+    environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: names.own_rule(phase),
                names.TRITON_TARGETS_VAR: ",".join(settings.triton_targets)}
     if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
         environ[names.AUTOTUNE_SAVE_VAR] = "1"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import kinds, owners, safe_io
-from gpu_cache.core.reports import TIER_COUNTS, KindTotals, Missed, TierTotals
+from gpu_cache.core.reports import KindTotals, Missed
 
 #: A record larger than this is not one the hook wrote.
 MAX_RECORD_BYTES = 16 << 20
@@ -143,29 +143,6 @@ def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
             misses=sum(count(t.get("misses")) for t in tuning),
             missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
-
-
-def tier_totals(found: list[dict[str, Any]]) -> dict[str, TierTotals]:
-    """What the node-local tier did per kind, summed over records (issue 23): each kind whose
-    record section has a ``tier`` part (the hook's, with the tier on)."""
-    out: dict[str, TierTotals] = {}
-    for name in kinds.KINDS:
-        parts = [t for t in (tier_of(r, name) for r in found) if t is not None]
-        if parts:
-            total = out[name] = TierTotals(processes=len(parts))
-            for field_name in TIER_COUNTS[1:]:
-                setattr(total, field_name, sum(count(t.get(field_name)) for t in parts))
-            total.seconds = round(sum(seconds(t.get("seconds")) for t in parts), 3)
-            total.off = sorted({t["state"][len("off: "):] for t in parts
-                                if isinstance(t.get("state"), str) and t["state"].startswith("off: ")})
-    return out
-
-
-def tier_of(record: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The hook's ``tier`` part of a record's section for ``kind``, when it has a valid one."""
-    section = part(record, kind)
-    tier = section.get("tier") if section else None
-    return tier if isinstance(tier, dict) else None
 
 
 def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:

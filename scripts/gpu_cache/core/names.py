@@ -80,6 +80,8 @@ CLUSTER: LockMode = "cluster"
 #: ``local_tier.mode``: on where the cache root is on a network filesystem, always, never.
 TierMode = Literal["auto", "on", "off"]
 TIER_MODES = ("auto", "on", "off")
+#: The rule (RULE_VAR) each pass of gpu-cache's own names its records with: ``<phase>_cache``.
+OWN_RULES = ("warm_cache", "validate_cache")
 #: The value of ``GPU_CACHE_ROOT`` that ``gpu-cache env`` exports with caching off.
 ROOT_OFF = "none"
 #: XLA's per-fusion autotune results, the value of JAX_XLA_CACHES_VAR that keeps only them.
@@ -107,3 +109,8 @@ TRIM_LOCK = ".gpu-cache-trim.lock"
 def node_local_name(uid: int) -> str:
     """The name of user ``uid``'s node-local folder: ``gpu-cache-<uid>``."""
     return f"{NODE_LOCAL_PREFIX}{uid}"
+
+
+def own_rule(phase: str) -> str:
+    """The rule name a pass of gpu-cache's own (``warm``, ``validate``, ``cold``) records."""
+    return f"{phase}_cache"

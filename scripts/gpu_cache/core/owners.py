@@ -11,6 +11,23 @@ import os
 import pwd
 import stat
 
+from gpu_cache.core.errors import UsageError
+
+
+def group_id(name: str) -> int:
+    """The id of group ``name`` (a name or a number).
+
+    Raises:
+        UsageError: no such group on this machine.
+    """
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        if name.isdigit():
+            return int(name)
+        raise UsageError(f"config key shared_group: no group {name!r} on this machine "
+                         "(see `getent group`)") from None
+
 
 @functools.lru_cache(maxsize=64)
 def private_group(uid: int, gid: int) -> bool:

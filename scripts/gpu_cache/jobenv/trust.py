@@ -48,8 +48,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache.core.errors import UsageError
-from gpu_cache.core.owners import private_group
+from gpu_cache.core.owners import group_id, private_group
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770
@@ -64,21 +63,6 @@ ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 0x01, 0x
 ACL_WRITE = 0x02
 #: errno values of getxattr that mean "no ACL here" (none set, or a filesystem without ACLs).
 _NO_ACL = {errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
-
-
-def group_id(name: str) -> int:
-    """The id of group ``name`` (a name or a number).
-
-    Raises:
-        UsageError: no such group on this machine.
-    """
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        if name.isdigit():
-            return int(name)
-        raise UsageError(f"config key shared_group: no group {name!r} on this machine "
-                         "(see `getent group`)") from None
 
 
 def group_name(gid: int) -> str:
