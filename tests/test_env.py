@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.config.settings import settings_from
+from gpu_cache.core import names
 from gpu_cache.core.runner import Command, run_command, shell_command
 from gpu_cache.jobenv import env
 from helpers import REPO, SCRIPTS, clean_environ, run_cli, run_snakemake
@@ -184,7 +185,7 @@ def test_gpu_cache_under_a_folder_with_a_colon_runs_jobs_without_its_hook(tmp_pa
     exports = json.loads(shown.stdout)["exports"]
     assert "PYTHONPATH" not in exports and "TRITON_CACHE_MANAGER" not in exports
     assert exports["JAX_COMPILATION_CACHE_DIR"] == str(cache_root / "jax")
-    assert all(str(copy) not in exports.get(name, "") for name in env.CONTAINER_BIND_VARS)
+    assert all(str(copy) not in exports.get(name, "") for name in names.CONTAINER_BIND_VARS)
     shell = (f'eval "$({gpu_cache} env --cache-root {root})" && '
              f'cd {shlex.quote(str(work))} && {shlex.quote(sys.executable)} {shlex.quote(str(job))}')
     result = subprocess.run(["bash", "-c", shell], env=environ, capture_output=True, text=True, timeout=300)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.config.settings import settings_from
+from gpu_cache.core import names
 from gpu_cache.jobenv import env
 from helpers import HOOK, clean_environ, records, run_cli
 
@@ -160,7 +161,7 @@ def test_on_a_read_only_root_the_seed_manager_does_single_flight_node_locally(tm
         shown = json.loads(run_cli("env", "--json", "--cache-root", str(cache_root),
                                    env=clean_environ(TMPDIR=str(local))).stdout)
         exports = shown["exports"]
-        assert exports["TRITON_CACHE_MANAGER"] == env.SEED_MANAGER
+        assert exports["TRITON_CACHE_MANAGER"] == names.SEED_MANAGER
         locks = local / f"gpu-cache-{os.getuid()}" / "locks"
         assert exports["GPU_CACHE_LOCKS"] == str(locks)
         assert any("single-flight holds within this node only" in w for w in shown["warnings"])

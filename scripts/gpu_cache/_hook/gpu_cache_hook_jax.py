@@ -70,6 +70,51 @@ def _jax_listeners(hook, stats):
 _PART_CHARS = 16
 
 
+class _Tee:
+    """A sha256 of the whole key that also hashes each part of it on its own."""
+
+    def __init__(self, hashlib, *args):
+        self._sha256 = hashlib.sha256
+        self._whole = hashlib.sha256(*args)
+        self._part = hashlib.sha256()
+        self.parts = {}
+
+    def update(self, data):
+        self._whole.update(data)
+        self._part.update(data)
+
+    def digest(self):
+        return self._whole.digest()
+
+    def hexdigest(self):
+        return self._whole.hexdigest()
+
+    def copy(self):
+        return self._whole.copy()
+
+    def cut(self, name):
+        self.parts[name] = self._part.hexdigest()[:_PART_CHARS]
+        self._part = self._sha256()
+
+
+class _Hashlib:
+    """``hashlib`` for cache_key.py, whose first ``sha256()`` in a ``get`` of this thread
+    (``local.in_get``) is a :class:`_Tee`."""
+
+    def __init__(self, hashlib, local):
+        self._hashlib, self._local = hashlib, local
+
+    def __getattr__(self, name):
+        return getattr(self._hashlib, name)
+
+    def sha256(self, *args):
+        local = self._local
+        if getattr(local, "in_get", False) and getattr(local, "tee", None) is None:
+            local.tee = _Tee(self._hashlib, *args)
+            return local.tee
+        return self._hashlib.sha256(*args)
+
+
 def _wrap_jax_cache_key(hook, stats):
     """Record a hash of each part of every JAX cache key, for ``gpu-cache doctor --explain``.
 
@@ -86,41 +131,6 @@ def _wrap_jax_cache_key(hook, stats):
     original_get = cache_key.get
     original_log = cache_key._log_cache_key_hash
     local = threading.local()
-
-    class _Tee:
-        def __init__(self, *args):
-            self._whole = hashlib.sha256(*args)
-            self._part = hashlib.sha256()
-            self.parts = {}
-
-        def update(self, data):
-            self._whole.update(data)
-            self._part.update(data)
-
-        def digest(self):
-            return self._whole.digest()
-
-        def hexdigest(self):
-            return self._whole.hexdigest()
-
-        def copy(self):
-            return self._whole.copy()
-
-        def cut(self, name):
-            self.parts[name] = self._part.hexdigest()[:_PART_CHARS]
-            self._part = hashlib.sha256()
-
-    class _Hashlib:
-        """``hashlib`` for cache_key.py, whose ``sha256()`` in ``get`` is a tee."""
-
-        def __getattr__(self, name):
-            return getattr(hashlib, name)
-
-        def sha256(self, *args):
-            if getattr(local, "in_get", False) and getattr(local, "tee", None) is None:
-                local.tee = _Tee(*args)
-                return local.tee
-            return hashlib.sha256(*args)
 
     def log_part(hash_obj, last_serialized, *args, **kwargs):
         if isinstance(hash_obj, _Tee):
@@ -140,32 +150,42 @@ def _wrap_jax_cache_key(hook, stats):
         finally:
             local.in_get = False
         try:
-            parts = stats["key_parts"]
-            if local.tee is not None:
-                name = text(key)
-                if name in parts or len(parts) < MAX_ITEMS:
-                    parts[name] = local.tee.parts
-                else:
-                    stats["dropped"]["key_parts"] += 1
-            context = stats["key_context"]
-            if not context:
-                flat = list(getattr(devices, "flat", devices))
-                context.update({
-                    "platform": str(getattr(backend, "platform", "?")),
-                    "platform_version": str(getattr(backend, "platform_version", "?")),
-                    "device_count": len(flat),
-                    "device_kinds": sorted({str(getattr(d, "device_kind", "?")) for d in flat}),
-                    "compression": str(kwargs.get("compression_algorithm", args[0] if args else "?")),
-                    "jaxlib": str(getattr(cache_key, "jaxlib_version_str", "?")),
-                })
+            _keep_key_parts(stats, key, local.tee)
+            if not stats["key_context"]:
+                stats["key_context"].update(_key_context(cache_key, devices, backend, args, kwargs))
         except Exception as exc:
             hook.warn("jax cache key parts", exc)
         local.tee = None
         return key
 
-    cache_key.hashlib = _Hashlib()
+    cache_key.hashlib = _Hashlib(hashlib, local)
     cache_key._log_cache_key_hash = log_part
     cache_key.get = get
+
+
+def _keep_key_parts(stats, key, tee):
+    """The record keeps the parts' hashes of ``key`` (up to MAX_ITEMS keys; the rest are counted)."""
+    if tee is None:
+        return
+    parts = stats["key_parts"]
+    name = text(key)
+    if name in parts or len(parts) < MAX_ITEMS:
+        parts[name] = tee.parts
+    else:
+        stats["dropped"]["key_parts"] += 1
+
+
+def _key_context(cache_key, devices, backend, args, kwargs):
+    """What the process's keys were computed for: platform, devices, compression, jaxlib."""
+    flat = list(getattr(devices, "flat", devices))
+    return {
+        "platform": str(getattr(backend, "platform", "?")),
+        "platform_version": str(getattr(backend, "platform_version", "?")),
+        "device_count": len(flat),
+        "device_kinds": sorted({str(getattr(d, "device_kind", "?")) for d in flat}),
+        "compression": str(kwargs.get("compression_algorithm", args[0] if args else "?")),
+        "jaxlib": str(getattr(cache_key, "jaxlib_version_str", "?")),
+    }
 
 
 def _wrap_jax_cache_logging(hook, stats):
@@ -245,8 +265,6 @@ def _wrap_jax_cache(hook, tier):
     Computations of several processes of one ``jax.distributed`` run are left alone by
     single-flight: JAX shares those between the processes itself, and only process 0 writes.
     """
-    import threading
-
     flight = common.flight(hook) if hook.flight else None
     from jax._src import compiler
 
@@ -263,109 +281,125 @@ def _wrap_jax_cache(hook, tier):
         if tier is not None:
             tier.disable("jax", why)
         return
-    original_read = compiler._cache_read
-    original_write = compiler._cache_write
-    original_compile = compiler.compile_or_get_cached
-    local = threading.local()
+    cache = _JaxCache(hook, flight, tier, compiler, state)
+    compiler._cache_read = cache.read
+    compiler._cache_write = cache.write
+    if flight is not None:
+        compiler.compile_or_get_cached = cache.compile_or_get_cached
+    now = cache.tiered()
+    if now is not None:  # XLA's per-fusion autotune results kept on the shared tier
+        now.fetch_tree("jax", now.XLA_AUTOTUNE)
 
-    def flying():
-        return flight is not None and flight.enabled("jax")
 
-    def held():
-        mine = getattr(local, "held", None)
+class _JaxCache:
+    """JAX's ``_cache_read``, ``_cache_write`` and ``compile_or_get_cached`` through
+    single-flight (``flight``) and the node-local tier (``tier``), as :func:`_wrap_jax_cache`
+    says; ``state``: JAX's distributed state (a run of several processes is left alone)."""
+
+    def __init__(self, hook, flight, tier, compiler, state):
+        import threading
+
+        self.hook, self.flight, self.tier, self.state = hook, flight, tier, state
+        self.original_read = compiler._cache_read
+        self.original_write = compiler._cache_write
+        self.original_compile = compiler.compile_or_get_cached
+        self.local = threading.local()
+
+    def flying(self):
+        return self.flight is not None and self.flight.enabled("jax")
+
+    def held(self):
+        """The keys' locks this thread holds."""
+        mine = getattr(self.local, "held", None)
         if mine is None:
-            mine = local.held = {}
+            mine = self.local.held = {}
         return mine
 
-    def folder():
+    def folder(self):
         return common.jax_cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
 
-    def tiered():
+    def tiered(self):
         """The tier, where this process's JAX cache folder is the local tier's."""
+        tier = self.tier
         if tier is None or not tier.enabled("jax"):
             return None
-        return tier if os.path.normpath(folder()) == tier.local_folder("jax") else None
+        return tier if os.path.normpath(self.folder()) == tier.local_folder("jax") else None
 
-    def fetch(cache_key):
+    def fetch(self, cache_key):
         """Copy the entry from the shared tier where the local one lacks it."""
-        now = tiered()
+        now = self.tiered()
         if now is not None:
             now.fetch("jax", f"{cache_key}-cache", check=_whole)
 
-    def where():
-        now = tiered()
-        return now.shared_folder("jax") if now is not None else folder()
-
-    def cache_read(module_name, cache_key, *args, **kwargs):
-        fetch(cache_key)
+    def read(self, module_name, cache_key, *args, **kwargs):
+        self.fetch(cache_key)
         # JAX writes entries in place: one being written now (here or on another node) is a
         # miss, never read half (a warning and a second compile), and waited for below.
-        writing = flying() and jax_entry(folder(), cache_key) == "partial"
-        result = (None, None) if writing else original_read(module_name, cache_key, *args, **kwargs)
-        if result[0] is not None and tiered() is not None:  # used now: the bound trims LRU first
-            touch(os.path.join(folder(), f"{cache_key}-cache"))
-        if result[0] is not None or not flying() or getattr(state, "client", None) is not None:
+        writing = self.flying() and jax_entry(self.folder(), cache_key) == "partial"
+        result = (None, None) if writing else self.original_read(module_name, cache_key, *args, **kwargs)
+        if result[0] is not None and self.tiered() is not None:  # used now: the bound trims LRU first
+            touch(os.path.join(self.folder(), f"{cache_key}-cache"))
+        if result[0] is not None or not self.flying() or getattr(self.state, "client", None) is not None:
             return result
+        return self._lead(module_name, cache_key, args, kwargs, result)
+
+    def _lead(self, module_name, cache_key, args, kwargs, result):
+        """A miss: take the key's lock, or load what its leader wrote meanwhile."""
         raised = []
 
         def read():
-            fetch(cache_key)
-            if settled_jax_entry(folder(), cache_key) == "partial":
+            self.fetch(cache_key)
+            if settled_jax_entry(self.folder(), cache_key) == "partial":
                 return None
             try:
-                again = original_read(module_name, cache_key, *args, **kwargs)
+                again = self.original_read(module_name, cache_key, *args, **kwargs)
             except BaseException as exc:  # jax told to raise cache errors: as without the hook
                 raised.append(exc)
                 raise
             return again if again[0] is not None else None
 
         def peek():
-            now = tiered()
+            now = self.tiered()
             if now is not None:  # another node's promoted entry is whole the moment it shows
                 return read() if _has(now.shared_folder("jax"), cache_key) else None
-            return read() if jax_entry(folder(), cache_key) == "whole" else None
+            return read() if jax_entry(self.folder(), cache_key) == "whole" else None
 
+        now = self.tiered()
+        where = now.shared_folder("jax") if now is not None else self.folder()
         try:
-            found, lock = flight.lead("jax", cache_key, where(), read, peek)
+            found, lock = self.flight.lead("jax", cache_key, where, read, peek)
         except Exception as exc:
             if raised:
                 raise
-            hook.warn("jax single-flight", exc)
+            self.hook.warn("jax single-flight", exc)
             return result
         if found is not None:
             return found
         if lock is not None:
-            held()[cache_key] = lock
+            self.held()[cache_key] = lock
         return result
 
-    def cache_write(cache_key, *args, **kwargs):
+    def write(self, cache_key, *args, **kwargs):
         try:
-            return original_write(cache_key, *args, **kwargs)
+            return self.original_write(cache_key, *args, **kwargs)
         finally:
-            now = tiered()
-            if now is not None and _jax_entry_written(folder(), cache_key):
+            folder = self.folder()
+            now = self.tiered()
+            if now is not None and _jax_entry_written(folder, cache_key):
                 now.promote("jax", f"{cache_key}-cache", check=_whole)
                 now.promote_tree("jax", now.XLA_AUTOTUNE)
-            lock = held().pop(cache_key, None)
+            lock = self.held().pop(cache_key, None)
             if lock is not None:
-                lock.release(wrote=_jax_entry_written(folder(), cache_key))
+                lock.release(wrote=_jax_entry_written(folder, cache_key))
 
-    def compile_or_get_cached(*args, **kwargs):
-        before = set(held())
+    def compile_or_get_cached(self, *args, **kwargs):
+        before = set(self.held())
         try:
-            return original_compile(*args, **kwargs)
+            return self.original_compile(*args, **kwargs)
         finally:
-            mine = held()
+            mine = self.held()
             for key in [key for key in mine if key not in before]:
                 mine.pop(key).release(wrote=False)
-
-    compiler._cache_read = cache_read
-    compiler._cache_write = cache_write
-    if flight is not None:
-        compiler.compile_or_get_cached = compile_or_get_cached
-    now = tiered()
-    if now is not None:  # XLA's per-fusion autotune results kept on the shared tier
-        now.fetch_tree("jax", now.XLA_AUTOTUNE)
 
 
 def _has(folder, cache_key):
