@@ -32,15 +32,9 @@ FLIGHT_CONFIG = {"single_flight": {"timeout": "5m"}, "local_tier": {"mode": "off
 
 
 def lease_bound() -> tuple[float, float]:
-    """LEASE_STALE and MAX_LEASE_POLL of the hook's gpu_cache_flight (read from its source)."""
-    import ast
-
-    values = {}
-    for node in ast.parse((HOOK / "gpu_cache_flight.py").read_text()).body:
-        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
-        if name in ("LEASE_STALE", "MAX_LEASE_POLL"):
-            values[name] = ast.literal_eval(node.value)
-    return values["LEASE_STALE"], values["MAX_LEASE_POLL"]
+    """LEASE_STALE and MAX_LEASE_POLL of the hook's single-flight leases."""
+    leases = hook_piece("gpu_cache_flight_leases")
+    return leases.LEASE_STALE, leases.MAX_LEASE_POLL
 
 
 def outputs(result: dict) -> list[dict]:

@@ -23,7 +23,6 @@ from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.jobenv.env import tier_digest
 from gpu_cache.jobenv.fs import check_folder
 from helpers import (
-    HOOK,
     READER,
     SMALL,
     TINY,
@@ -39,10 +38,8 @@ from helpers import (
 #: Jobs straight on the share: the node-local tier (on by default on sshfs, #23) off.
 DIRECT = {"local_tier": {"mode": "off"}}
 #: The job tests run both ways: straight on the share, and through the node-local tier (the
-#: default on sshfs; its folder in the test's own tmp_path), which needs the hook's tier piece.
-WAYS = [pytest.param("direct", id="direct"),
-        pytest.param("tier", id="through-the-tier", marks=pytest.mark.skipif(
-            not (HOOK / "gpu_cache_tier.py").exists(), reason="the hook's tier is not on this branch"))]
+#: default on sshfs; its folder in the test's own tmp_path).
+WAYS = [pytest.param("direct", id="direct"), pytest.param("tier", id="through-the-tier")]
 
 
 def way(name: str, tmp_path: Path) -> dict:

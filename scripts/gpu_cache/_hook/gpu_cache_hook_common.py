@@ -118,6 +118,8 @@ def jax_cache_dir():
 
 def flight(hook):
     """gpu-cache's single-flight module (next to this file), told how this hook warns."""
+    hook.piece("gpu_cache_lock_files")  # before the pieces that import them: from this folder
+    hook.piece("gpu_cache_flight_leases")
     module = hook.piece("gpu_cache_flight")
     module.configure(hook.warn)
     return module
@@ -145,7 +147,8 @@ def tier(hook):
     """This process's node-local tier (``gpu_cache_tier``), or None where it is off."""
     if not hook.tier:
         return None
-    hook.piece("gpu_cache_tier_bound")  # before the piece that imports it: from this folder
+    hook.piece("gpu_cache_tier_bound")  # before the piece that imports them: from this folder
+    hook.piece("gpu_cache_tier_files")
     return hook.piece("gpu_cache_tier").get(hook.warn)
 
 

@@ -186,3 +186,13 @@ def parse(content):
             name, _, value = line.partition(" ")
             fields[name] = value
     return fields
+
+
+def stale(fd, path):
+    """Whether ``path`` no longer names the file open as ``fd`` (its holder unlinked it)."""
+    mine = os.fstat(fd)
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return True
+    return (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino)

@@ -33,6 +33,7 @@ import threading
 import time
 
 import gpu_cache_tier_bound as bound
+import gpu_cache_tier_files as files
 from sitecustomize import (
     SHARED_VAR,
     TEMP_PREFIX,
@@ -42,117 +43,10 @@ from sitecustomize import (
     XLA_AUTOTUNE_CACHE,
 )
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-#: Errors of os.link that mean "no hard links here": rename-if-absent instead.
-_NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS)
-_CHUNK = 1 << 20
-
-
-class Refused(OSError):
-    """A folder the tier may not use (not ours, writable by others, a link)."""
-
 
 def _counts():
     return {"fetched": 0, "fetched_bytes": 0, "promoted": 0, "promoted_bytes": 0,
             "promote_failed": 0, "seconds": 0.0}
-
-
-def _plain(name):
-    """Whether ``name`` is one plain file name (no folder, no dot-entry, not ours)."""
-    return (isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name
-            and name not in (".", "..") and not name.startswith(TEMP_PREFIX))
-
-
-def _folder_problem(info, team_gid):
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a folder"
-    ours = info.st_uid in (os.geteuid(), 0)
-    team = team_gid is not None and info.st_gid == team_gid
-    if not ours and not team:
-        return f"owned by uid {info.st_uid}"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by everyone"
-    if info.st_mode & stat.S_IWGRP and not team:
-        return f"writable by group {info.st_gid}"
-    return None
-
-
-class _Side:
-    """One tier's root (local or shared): its kind folders, opened by the trust rules once."""
-
-    def __init__(self, root, create):
-        self.root = root
-        self.create = create  # make missing kind folders (the local tier: ours)
-        self.fds = {}  # kind -> fd, or the Refused of that kind
-        self.mutex = threading.Lock()
-        self.team_gid = None
-        try:
-            info = os.stat(root)
-            if info.st_mode & stat.S_IWGRP and not info.st_mode & stat.S_IWOTH:
-                self.team_gid = info.st_gid  # a team's root (shared_group mode)
-        except OSError:
-            pass
-        # the mode of the folders it makes (a Triton key, a tree's folders): as the tools
-        # make them under a usual umask, never writable by others (the rules would refuse it)
-        self.dir_mode = 0o700 if create else 0o775 if self.team_gid is not None else 0o755
-
-    def folder(self, kind):
-        """The descriptor of ``<root>/<kind>``. Raises Refused or OSError."""
-        with self.mutex:
-            return self._folder(kind)
-
-    def _folder(self, kind):
-        known = self.fds.get(kind)
-        if isinstance(known, int):
-            return known
-        if known is not None:
-            raise known
-        path = os.path.join(self.root, kind)
-        try:
-            try:
-                fd = os.open(path, _DIR)
-            except FileNotFoundError:
-                if not self.create:
-                    raise
-                os.makedirs(path, 0o700, exist_ok=True)
-                fd = os.open(path, _DIR)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                exc = Refused(exc.errno, f"{path} is a link or not a folder")
-            if isinstance(exc, Refused):
-                self.fds[kind] = exc
-            raise exc from None
-        why = _folder_problem(os.fstat(fd), self.team_gid)
-        if why:
-            os.close(fd)
-            refused = Refused(errno.EPERM, f"{path} is {why}")
-            self.fds[kind] = refused
-            raise refused
-        self.fds[kind] = fd
-        return fd
-
-    def sub(self, kind, name, make):
-        """The descriptor of the folder ``<root>/<kind>/<name>`` (a Triton key), checked like a
-        kind folder; the caller closes it. Raises Refused or OSError (FileNotFoundError)."""
-        parent = self.folder(kind)
-        if make:
-            try:
-                os.mkdir(name, self.dir_mode, dir_fd=parent)
-            except FileExistsError:
-                pass
-        try:
-            fd = os.open(name, _DIR, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise Refused(exc.errno, f"{kind}/{name} is a link or not a folder") from None
-            raise
-        why = _folder_problem(os.fstat(fd), self.team_gid)
-        if why:
-            os.close(fd)
-            raise Refused(errno.EPERM, f"{kind}/{name} is {why}")
-        return fd
 
 
 class Tier:
@@ -161,8 +55,8 @@ class Tier:
     XLA_AUTOTUNE = XLA_AUTOTUNE_CACHE
 
     def __init__(self, local, shared, max_bytes, warn):
-        self.local = _Side(local, create=True)
-        self.shared = _Side(shared, create=False)
+        self.local = files.Side(local, create=True)
+        self.shared = files.Side(shared, create=False)
         self.max_bytes = max_bytes
         self.warn = warn
         self.stats = {}
@@ -218,7 +112,7 @@ class Tier:
         bytes placed, 0 when the name was taken meanwhile or the source is not whole (``check``)
         or not a regular file. Raises OSError."""
         try:
-            fd = os.open(src_name, _READ, dir_fd=src_fd)
+            fd = os.open(src_name, files.READ, dir_fd=src_fd)
         except FileNotFoundError:
             return 0
         try:
@@ -226,24 +120,24 @@ class Tier:
             if not stat.S_ISREG(info.st_mode) or (check is not None and not check(fd, info.st_size)):
                 return 0
             if rewrite is not None:
-                data = rewrite(_read_all(fd, info.st_size))
+                data = rewrite(files.read_all(fd, info.st_size))
                 if data is None:
                     return 0
                 chunks = [data]
             else:
                 chunks = None
             tmp = f"{TEMP_PREFIX}{self.host}.{os.getpid()}.{os.urandom(6).hex()}"
-            out = os.open(tmp, _CREATE, 0o666, dir_fd=tmp_fd)
+            out = os.open(tmp, files.CREATE, 0o666, dir_fd=tmp_fd)
             try:
                 try:
-                    size = _write_all(out, chunks) if chunks is not None else _copy_fd(fd, out)
+                    size = files.write_all(out, chunks) if chunks is not None else files.copy_fd(fd, out)
                 finally:
                     os.close(out)
                 if chunks is None and size != info.st_size:
                     raise OSError(errno.EIO, f"{src_name} changed while it was copied")
                 if pause:
                     _pause_for_tests()
-                placed = _link_new(tmp, tmp_fd, dst_fd, dst_name)
+                placed = files.link_new(tmp, tmp_fd, dst_fd, dst_name)
             finally:
                 try:
                     os.unlink(tmp, dir_fd=tmp_fd)
@@ -273,7 +167,7 @@ class Tier:
             self._refused(kind, exc, fetching=True)
             return False
         self._fetched(kind, size, started)
-        return bool(size) or _exists(self.local, kind, name)
+        return bool(size) or files.exists(self.local, kind, name)
 
     def promote(self, kind, name, check=None):
         """Promote the local entry ``<kind>/<name>`` (one file) to the shared tier, unless it
@@ -311,7 +205,7 @@ class Tier:
         """A kind folder the rules refuse, a filesystem error, or any other failure: warn
         once. A refused kind folder turns the tier off for the kind, a read-only (or full, or
         not writable) shared one promotion (copy-in goes on); other errors count per entry."""
-        if isinstance(exc, Refused):
+        if isinstance(exc, files.Refused):
             self.disable(kind, exc.strerror)
         elif not fetching and getattr(exc, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM,
                                                                errno.ENOSPC, errno.EDQUOT):
@@ -339,15 +233,15 @@ class Tier:
         children) missing locally, then the group file with its child paths made local ones.
         Whether they are all there now. Never raises."""
         kind = "triton"
-        plain = all(_plain(n) for n in names) and (group_name is None or _plain(group_name))
-        if kind in self.off or not _plain(key) or not plain:
+        plain = all(files.plain(n) for n in names) and (group_name is None or files.plain(group_name))
+        if kind in self.off or not files.plain(key) or not plain:
             return False
         started = time.monotonic()
         src = dst = None
         try:
             src = self.shared.sub(kind, key, make=False)
             if group_name is not None:
-                names = _group_children(src, group_name)
+                names = files.group_children(src, group_name)
                 if names is None:
                     return False
             dst = self.local.sub(kind, key, make=True)
@@ -359,12 +253,12 @@ class Tier:
                 except FileNotFoundError:
                     pass
                 placed = self._place(src, name, self.local.folder(kind), dst, name)
-                if not placed and not _exists_at(dst, name):
+                if not placed and not files.exists_at(dst, name):
                     return False
                 size += placed
             if group_name is not None:
                 size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
-                                    rewrite=lambda data: _rewrite_group(data, local_dir))
+                                    rewrite=lambda data: files.rewrite_group(data, local_dir))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
@@ -382,7 +276,7 @@ class Tier:
         file with its child paths made shared ones, only when every child is in the shared tier.
         Never raises."""
         kind = "triton"
-        if not self.promoting(kind) or not _plain(key) or not all(_plain(n) for n in names):
+        if not self.promoting(kind) or not files.plain(key) or not all(files.plain(n) for n in names):
             self.counts(kind)["promote_failed"] += 1
             return False
         started = time.monotonic()
@@ -394,12 +288,12 @@ class Tier:
             dst = self.shared.sub(kind, key, make=True)
             for name in names:
                 placed = self._place(src, name, shared, dst, name, pause=True)
-                if not placed and not _exists_at(dst, name):
+                if not placed and not files.exists_at(dst, name):
                     raise OSError(errno.ENOENT, f"{key}/{name} could not be promoted")
                 size += placed
-            if group_name is not None and _plain(group_name):
+            if group_name is not None and files.plain(group_name):
                 size += self._place(src, group_name, shared, dst, group_name, pause=True,
-                                    rewrite=lambda data: _rewrite_group(data, shared_dir))
+                                    rewrite=lambda data: files.rewrite_group(data, shared_dir))
         except Exception as exc:  # never into the job: the entry stays where it is
             self._refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
@@ -430,8 +324,8 @@ class Tier:
                 if os.path.lexists(os.path.join(local_root, rel)):
                     continue
                 folder, name = os.path.split(rel)
-                src = _open_below(self.shared, kind, os.path.join(sub, folder), make=False)
-                dst = _open_below(self.local, kind, os.path.join(sub, folder), make=True)
+                src = files.open_below(self.shared, kind, os.path.join(sub, folder), make=False)
+                dst = files.open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
                     placed = self._place(src, name, self.local.folder(kind), dst, name)
                 finally:
@@ -462,8 +356,8 @@ class Tier:
                 if rel in known:
                     continue
                 folder, name = os.path.split(rel)
-                src = _open_below(self.local, kind, os.path.join(sub, folder), make=False)
-                dst = _open_below(self.shared, kind, os.path.join(sub, folder), make=True)
+                src = files.open_below(self.local, kind, os.path.join(sub, folder), make=False)
+                dst = files.open_below(self.shared, kind, os.path.join(sub, folder), make=True)
                 try:
                     placed = self._place(src, name, self.shared.folder(kind), dst, name, pause=True)
                 finally:
@@ -513,137 +407,6 @@ def _pause_for_tests():
     if where and os.path.isabs(where):
         os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         time.sleep(120)
-
-
-def _copy_fd(src, dst):
-    size = 0
-    while True:
-        chunk = os.read(src, _CHUNK)
-        if not chunk:
-            return size
-        size += _write_all(dst, [chunk])
-
-
-def _write_all(fd, chunks):
-    size = 0
-    for chunk in chunks:
-        view = memoryview(chunk)
-        while view:
-            written = os.write(fd, view)
-            if written <= 0:
-                raise OSError(errno.EIO, "short write")
-            view = view[written:]
-            size += written
-    return size
-
-
-def _read_all(fd, size, limit=1 << 20):
-    """The content of a small file (a Triton group file)."""
-    if size > limit:
-        raise OSError(errno.EFBIG, "a Triton group file over 1 MiB")
-    chunks = []
-    while True:
-        chunk = os.read(fd, limit)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _link_new(tmp, tmp_fd, dst_fd, name):
-    """Give the file ``tmp`` the name ``name`` when that name is free: a hard link (atomic,
-    never over an existing file), or where links are not supported a rename when the name is
-    free. Whether it was placed."""
-    try:
-        os.link(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in _NO_LINK:
-            raise
-    if _exists_at(dst_fd, name):
-        return False
-    os.rename(tmp, name, src_dir_fd=tmp_fd, dst_dir_fd=dst_fd)
-    return True
-
-
-def _exists_at(folder_fd, name):
-    try:
-        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        return True
-    except OSError:
-        return False
-
-
-def _exists(side, kind, name):
-    try:
-        return _exists_at(side.folder(kind), name)
-    except OSError:
-        return False
-
-
-def _open_below(side, kind, rel, make):
-    """The descriptor of the folder ``<kind>/<rel>`` of ``side``, walked one name at a time
-    without following a link (made where missing and ``make``), each checked by the rules."""
-    fd = os.dup(side.folder(kind))
-    try:
-        for name in [part for part in rel.split(os.sep) if part]:
-            if name in (".", ".."):
-                raise Refused(errno.EPERM, f"{rel} is not a plain path")
-            if make:
-                try:
-                    os.mkdir(name, side.dir_mode, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            sub = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-            why = _folder_problem(os.fstat(fd), side.team_gid)
-            if why:
-                raise Refused(errno.EPERM, f"{kind}/{rel} is {why}")
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-#: Names a tree sync never copies: locks, temporary files of the tools and of the tier.
-def _group_children(folder_fd, group_name):
-    """The child file names a Triton group file lists (each must be a plain name), or None."""
-    import json
-
-    try:
-        fd = os.open(group_name, _READ, dir_fd=folder_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        children = json.loads(_read_all(fd, info.st_size)).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    finally:
-        os.close(fd)
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    names = [os.path.basename(p) for p in children.values()]
-    return names if all(_plain(n) for n in names) else None
-
-
-def _rewrite_group(data, folder):
-    """A Triton group file's content with each child path moved into ``folder`` (Triton lists
-    children by absolute path: a group copied elsewhere must name the copies)."""
-    import json
-
-    try:
-        children = json.loads(data).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
-    return json.dumps({"child_paths": moved}).encode()
 
 
 # --- the process's tier ------------------------------------------------------------------
