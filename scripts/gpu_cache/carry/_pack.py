@@ -225,6 +225,22 @@ def check_kinds(asked: Iterable[str]) -> tuple[str, ...]:
     return chosen
 
 
+def _kind_candidates(kind: str, root: Path, tier: Path | None, wanted: set[str] | None,
+                     skipped: list[dict[str, str]]) -> list[_Packed]:
+    """The entries of ``kind`` to pack (of ``wanted`` keys, when given) from the root, and, for
+    a tiered kind with ``tier``, those of the local tier that the root lacks; broken ones go to
+    ``skipped``."""
+    found = _CANDIDATES[kind](KINDS[kind].folder(root), wanted, skipped)
+    if tier is None or not KINDS[kind].tiered:
+        return found
+    known = {p.entry.key for p in found} | {s["key"] for s in skipped if s["kind"] == kind}
+    local_skipped: list[dict[str, str]] = []
+    found += [p for p in _CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped)
+              if p.entry.key not in known]
+    skipped += [s for s in local_skipped if s["key"] not in known]
+    return found
+
+
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
          tier: Path | None = None) -> PackReport:
@@ -265,14 +281,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         if selective and any(dropped(r, kind) for r in used):
             log.warning("some records list only their first keys: a few %s entries of the "
                         "selection may be left out", kind)
-        folder = KINDS[kind].folder(root)
-        found = _CANDIDATES[kind](folder, wanted, skipped)
-        if tier is not None and KINDS[kind].tiered:
-            known = {p.entry.key for p in found} | {s["key"] for s in skipped if s["kind"] == kind}
-            local_skipped: list[dict[str, str]] = []
-            found += [p for p in _CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped)
-                      if p.entry.key not in known]
-            skipped += [s for s in local_skipped if s["key"] not in known]
+        found = _kind_candidates(kind, root, tier, wanted, skipped)
         if wanted is not None:
             missing[kind] = len(wanted - {p.entry.key for p in found}
                                 - {s["key"] for s in skipped if s["kind"] == kind})
