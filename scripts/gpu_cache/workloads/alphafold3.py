@@ -85,7 +85,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if args.script is None:
         args.script = find_script()
         if args.script is None:
-            parser.exit(2, "alphafold3: error: no run_alphafold.py in this image (looked at "
+            parser.exit(2, "alphafold3: error: found no run_alphafold.py (looked at "
                            f"{', '.join(KNOWN_SCRIPTS)}, on PATH and under {' and '.join(SEARCHED)}): "
                            "set the workload's script: to where the image keeps it\n")
         print(f"alphafold3: using {args.script}, found in the image (the workload's script: "
