@@ -100,7 +100,8 @@ def readme_section() -> str:
 
 def readme_blocks(language: str) -> list[str]:
     """The code blocks of README.md's module section in ``language`` (python: the Snakefile's)."""
-    return [block.strip("\n") for block in re.findall(rf"```{language}\n(.*?)```", readme_section(), re.DOTALL)]
+    found = re.findall(rf"```{language}\n(.*?)```", readme_section(), re.DOTALL)
+    return [block.strip("\n") for block in found]
 
 
 def test_the_readme_module_section_is_what_the_fixture_uses():

@@ -77,17 +77,24 @@ def fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
 
 def named_as_text(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with GPU type names and GPU models that YAML read as numbers (``3090:``,
-    ``gpu_model: 3090``, as SLURM names the GPU) as the text they are."""
+    ``gpu_model: 3090``, as SLURM names the GPU) as the text they are, and a list of SLURM
+    partitions (a host's ``slurm_partition: [a, b]``, given by an anchor) as ``a,b``."""
     config = dict(config)
     types = config.get("gpu_types")
-    if isinstance(types, Mapping):
-        config["gpu_types"] = {str(name) if isinstance(name, int) else name: spec
-                               for name, spec in types.items()}
-        for name, spec in config["gpu_types"].items():
-            resources = spec.get("resources") if isinstance(spec, Mapping) else None
-            model = resources.get("gpu_model") if isinstance(resources, Mapping) else None
-            if isinstance(model, int) and not isinstance(model, bool):
-                config["gpu_types"][name] = {**spec, "resources": {**resources, "gpu_model": str(model)}}
+    if not isinstance(types, Mapping):
+        return config
+    config["gpu_types"] = {str(name) if isinstance(name, int) else name: spec for name, spec in types.items()}
+    for name, spec in config["gpu_types"].items():
+        resources = spec.get("resources") if isinstance(spec, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        resources = dict(resources)
+        model, partition = resources.get("gpu_model"), resources.get("slurm_partition")
+        if isinstance(model, int) and not isinstance(model, bool):
+            resources["gpu_model"] = str(model)
+        if isinstance(partition, list) and all(isinstance(p, str) for p in partition):
+            resources["slurm_partition"] = ",".join(partition)
+        config["gpu_types"][name] = {**spec, "resources": resources}
     return config
 
 
@@ -196,7 +203,9 @@ def load_config_file(path: str | os.PathLike[str], key: str | None = None) -> di
     try:
         return validate_config(data)
     except UsageError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+        hint = ("; a host pipeline's config holds gpu-cache's under gpu_cache: (or the key "
+                "--config-key names)") if str(exc).startswith("config key (top level): Additional") else ""
+        raise UsageError(f"{where}: {exc}{hint}") from None
 
 
 def host_block(data: dict[str, Any] | None, key: str | None, path: Any) -> tuple[Any, str]:
