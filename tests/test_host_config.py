@@ -1,8 +1,10 @@
 """What an AlphaPulldownSnakemake user meets in gpu-cache's config (#30): the CLI reads a host
 pipeline's config (its gpu_cache: block, or the block --config-key names), GPU names that
 YAML reads as numbers are taken as the text they are, a host's list of partitions is taken as
-SLURM takes it, and doctor's hint for a GRES type no GPU type asks for works when pasted.
-Fast: the config loader and the CLI's argument handling, in process or one CLI call each."""
+SLURM takes it, doctor's hint for a GRES type no GPU type asks for works when pasted, the
+alphafold3 workload finds run_alphafold.py where images keep it, and a verdict names the
+image as the config does. Fast: the config loader and the CLI's argument handling, in
+process or one CLI call each."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import shutil
 import pytest
 import yaml
 
+from gpu_cache.commands.validate import judge_phases
 from gpu_cache.config.settings import load_config_file, settings_from
 from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PhaseResult, RunResult
+from gpu_cache.jobenv import env
 from gpu_cache.workloads import alphafold3
 from helpers import REPO, run_cli
 
@@ -107,3 +112,20 @@ def test_a_workload_without_script_says_where_it_looked(tmp_path, capsys):
     assert "found no run_alphafold.py (looked at /app/alphafold/run_alphafold.py, " \
            "/app/AlphaPulldown/alphafold3/run_alphafold.py" in line and "set the workload's script:" in line
 
+
+
+def test_a_verdicts_problems_name_the_image_as_the_config_does(tmp_path):
+    """A type whose workloads could not start in its image: the verdict's problem line names
+    the image as the config (and the summary) do, not the file Snakemake pulled it to."""
+    image = "docker://kosinskilab/alphafold3:2.6.2"
+    pulled = str(tmp_path / ".snakemake" / "singularity" / "2a6b4010ee62cfd996fc337661297be8.simg")
+    settings = settings_from({"gpu_types": {"3090": {"container": image, "device": "cpu"}},
+                              "cache_root": str(tmp_path / "cache")})
+    phase = PhaseResult("validate", "3090", "run", device={"name": "cpu", "gpu_type": "cpu", "count": 0},
+                        runs=[RunResult("alphafold3", 128, 0.1, 2, "alphafold3: error: no script")],
+                        software={"python": "3.12.3", "jax": "0.9.1", "image": pulled})
+    verdict = judge_phases(settings, "3090", {"cold": None, "validate": phase}, env.resolve(settings))
+    assert verdict.outcome == "error"
+    assert f"They ran with jax 0.9.1 (Python 3.12.3) in {image}:" in verdict.problems[0]
+    assert pulled not in " ".join(verdict.problems)
+    assert verdict.software["image"] == pulled and verdict.software["container"] == image
