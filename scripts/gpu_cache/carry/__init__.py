@@ -44,6 +44,7 @@ least-recently-used order survives.
 
 from gpu_cache.core.kinds import CARRIED
 
+from ._archive import open_archive
 from ._choose import workload_matcher
 from ._format import (
     FORMAT,
@@ -60,6 +61,6 @@ from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
     "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
-    "Refused", "UnpackReport", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
+    "Refused", "UnpackReport", "open_archive", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
     "unpack", "workload_matcher",
 ]
