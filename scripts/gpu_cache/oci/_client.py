@@ -114,6 +114,14 @@ class Transfer:
             self.next = time.monotonic() + _PROGRESS_SECONDS
 
 
+def base_url(reference: Reference) -> str:
+    """``http://`` for this machine's own registry, ``https://`` for every other."""
+    host = reference.registry if reference.registry.startswith("[") and reference.registry.endswith("]") \
+        else reference.registry.rsplit(":", 1)[0] if reference.registry.count(":") == 1 or "]:" in reference.registry \
+        else reference.registry
+    return f"{'http' if host in LOCAL_HOSTS else 'https'}://{reference.registry}"
+
+
 def _docker_config(environ: Mapping[str, str]) -> Path:
     folder = environ.get(DOCKER_CONFIG_VARIABLE)
     return Path(folder) / "config.json" if folder else Path(environ.get("HOME") or Path.home()) / ".docker" / "config.json"
@@ -151,8 +159,8 @@ class Session:
                              "`registry` extra)") from None
         self.requests = requests
         self.reference = reference
-        plain = reference.registry.rsplit(":", 1)[0] in LOCAL_HOSTS or reference.registry in LOCAL_HOSTS
-        self.base = f"{'http' if plain else 'https'}://{reference.registry}"
+        self.base = base_url(reference)
+        plain = self.base.startswith("http://")
         challenge = self._probe()
         self.basic = challenge.lower().startswith("basic")
         self.client = oras.provider.Registry(hostname=reference.registry, insecure=plain,

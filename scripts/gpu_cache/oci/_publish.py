@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import tempfile
 import time
@@ -118,12 +119,18 @@ def _packs(root: Path, gpu_type: str, folder: Path) -> dict[str, tuple[Path, dic
     from gpu_cache import carry
 
     out = {}
-    for kind in CARRIED:
-        path = folder / f"{kind}.tar.gz"
-        report = carry.pack(root=root, archive=path, kinds=[kind], gpu_type=gpu_type, stable=True)
-        if report.entries.get(kind):
-            with carry.open_archive(path) as opened:
-                out[kind] = (path, opened.manifest)
+    quiet = logging.getLogger("gpu_cache.carry")  # its per-archive lines are not the user's files
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        for kind in CARRIED:
+            path = folder / f"{kind}.tar.gz"
+            report = carry.pack(root=root, archive=path, kinds=[kind], gpu_type=gpu_type, stable=True)
+            if report.entries.get(kind):
+                with carry.open_archive(path) as opened:
+                    out[kind] = (path, opened.manifest)
+    finally:
+        quiet.setLevel(level)
     if not out:
         raise RegistryError(f"no entry under {root} was used by the validated passes of {gpu_type}: "
                             "nothing to publish")
@@ -177,6 +184,7 @@ def publish(*, root: Path, reference: Reference, verdict: Mapping[str, Any],
         raise RegistryError(f"publish to a tag ({reference.name}:TAG), not {reference}")
     gpu_type = str(verdict["gpu_type"])
     session = Session(reference, environ)
+    session.request("HEAD", f"manifests/{reference.tag}", ok=(200, 404))  # the login, before packing
     with tempfile.TemporaryDirectory(prefix="gpu-cache-publish-") as temp:
         packs = _packs(root, gpu_type, Path(temp))
         report = PublishReport(str(reference), "", gpu_type, "")
