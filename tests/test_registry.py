@@ -24,7 +24,8 @@ from daemons import free_port
 from gpu_cache import oci
 from gpu_cache.core import kinds
 from gpu_cache.core.caches import jax as jax_cache
-from helpers import SMALL, clean_environ, read_json, run_cli, unavailable
+from helpers import PROFILE, SMALL, SNAKEFILE, clean_environ, read_json, run_cli, run_snakemake, unavailable, \
+    workdir_with_config
 from registry import RegistryServer, missing_requirements
 
 CONFIG = json.dumps({**SMALL, "validate": {"measure_cold": False}})
@@ -294,3 +295,42 @@ def test_references_and_plain_http_only_for_this_machine() -> None:
     for bad in ("lab/af3-cache:1", "registry.example.org/Lab/x", "registry.example.org/x@sha256:12"):
         with pytest.raises(oci._client.UsageError):
             oci.parse_reference(bad)
+
+
+# --- the workflow: registry.publish after a passed validation, registry.fetch before warming ------
+
+
+def run_workflow(tmp_path: Path, name: str, root: Path, registry: dict[str, str]) -> tuple[Any, Path]:
+    work = workdir_with_config(tmp_path / name, {**SMALL, "validate": {"measure_cold": False},
+                                                 "registry": registry})
+    result = run_snakemake(work, "-s", SNAKEFILE, "--profile", PROFILE, "--cores", "2",
+                           env=clean_environ(GPU_CACHE_ROOT=str(root)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, work / "results" / "gpu-cache"
+
+
+def test_workflow_publishes_then_another_site_starts_warm(registry_server: RegistryServer, tmp_path: Path) -> None:
+    tag = f"{registry_server.host}/lab/workflow:1"
+    _, site_a = run_workflow(tmp_path, "a", tmp_path / "a root", {"publish": tag})
+    published = read_json(site_a / "publish" / "cpu.json")
+    assert published["published"] is True, published
+    pinned = f"{registry_server.host}/lab/workflow@{published['digest']}"
+    _, site_b = run_workflow(tmp_path, "b", tmp_path / "elsewhere" / "b root", {"fetch": pinned})
+    fetched = read_json(site_b / "fetch" / "cpu.json")
+    assert fetched["fetched"] is True and fetched["digest"] == published["digest"]
+    assert fetched["unpacked"]["jax"]["written"]["jax"] == published["layers"]["jax"]["entries"]
+    warm = read_json(site_b / "warm" / "cpu.json")
+    assert sum(warm["new_entries"].values()) == 0, warm["new_entries"]  # nothing left to compile
+    verdict = read_json(site_b / "validate" / "cpu.json")
+    assert verdict["passed"] is True and verdict["misses"] == 0 and verdict["new_entries"] == 0
+
+
+def test_workflow_with_an_unreachable_registry_warms_as_without(tmp_path: Path) -> None:
+    nowhere = f"127.0.0.1:{free_port()}/lab/cache"
+    result, site = run_workflow(tmp_path, "c", tmp_path / "root",
+                                {"fetch": f"{nowhere}@sha256:{'0' * 64}", "publish": f"{nowhere}:1"})
+    assert read_json(site / "fetch" / "cpu.json")["fetched"] is False
+    assert read_json(site / "publish" / "cpu.json")["published"] is False
+    assert read_json(site / "validate" / "cpu.json")["passed"] is True
+    logs = site.parent.parent / "logs" / "gpu-cache"
+    assert "cannot be reached" in (logs / "fetch" / "cpu.log").read_text()

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gpu_cache.core import kinds
+from gpu_cache.core.errors import UsageError
 
 NAME = "fetch"
 ABOUT = ("fetch a GPU type's validated pack from an OCI registry into the cache, every digest checked "
@@ -46,10 +47,14 @@ def run(args: argparse.Namespace) -> int:
         report = oci.fetch(root=settings.cache_root, reference=reference,
                            gpu_type=_gpu_type(settings, args.gpu_type), python=args.python, image=args.image,
                            kinds=args.kind, shared_group=settings.shared_group)
-    except oci.RegistryError as exc:
+    except (oci.RegistryError, UsageError, OSError) as exc:  # the workflow's run goes on: --no-fail
         if not args.no_fail:
+            if not isinstance(exc, oci.RegistryError):
+                raise  # bad input: exit 2; a filesystem error: exit 1 (cli.main)
             print(f"gpu-cache: error: {exc}", file=sys.stderr)
             return 1
+        if isinstance(exc, OSError):
+            exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
         print(f"gpu-cache: warning: not fetched, the warm step compiles everything: {exc}", file=sys.stderr)
         _emit({"fetched": False, "reference": str(reference), "why": str(exc)}, args.output, to_stdout=False)
         return 0

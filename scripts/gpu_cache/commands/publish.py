@@ -48,10 +48,14 @@ def run(args: argparse.Namespace) -> int:
         if gpu_type is not None and verdict["gpu_type"] != gpu_type:
             raise UsageError(f"{path} is the verdict of {verdict['gpu_type']}, not --gpu-type {gpu_type}")
         report = oci.publish(root=settings.cache_root, reference=reference, verdict=verdict)
-    except oci.RegistryError as exc:
+    except (oci.RegistryError, UsageError, OSError) as exc:  # the workflow's run goes on: --no-fail
         if not args.no_fail:
+            if not isinstance(exc, oci.RegistryError):
+                raise  # bad input: exit 2; a filesystem error: exit 1 (cli.main)
             print(f"gpu-cache: error: {exc}", file=sys.stderr)
             return 1
+        if isinstance(exc, OSError):
+            exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
         print(f"gpu-cache: warning: not published: {exc}", file=sys.stderr)
         if args.output:
             _emit({"published": False, "reference": str(reference), "why": str(exc)}, args.output, False)
