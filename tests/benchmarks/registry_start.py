@@ -11,7 +11,8 @@ their own: one runs ``gpu-cache warm`` then ``gpu-cache validate``, the other ``
 REF@DIGEST`` then ``gpu-cache validate``. Each site's time is until its verdict says passed
 (zero misses, no new entries). ``--model builtin``: the built-in jax-transformer workload (4
 layers, sequence lengths 32, 64, 128; ``--small``: 16 only); ``--model twelve``: a 12-layer JAX
-transformer (d_model 1024, 16 heads, batch 8, lengths 256, 512, 1024), the H200 baseline's model.
+transformer (d_model 1024, 16 heads, batch 8, lengths 256, 512, 1024), the H200 baseline's model
+(``--small``: 2 layers of d_model 64 at length 16, to try the path on a CPU).
 Writes ``DIR/registry_start_<device>.json`` (default DIR: tests/benchmarks/results).
 """
 
@@ -42,8 +43,11 @@ _LEAKY = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA
 
 
 def config_of(model: str, small: bool) -> dict[str, Any]:
-    if model == "twelve":
-        return {"workloads": {"twelve": TWELVE}, "default_workloads": ["twelve"],
+    if model == "twelve":  # --small: the same path at sizes a CPU runs in seconds
+        twelve = dict(TWELVE, command=TWELVE["command"].replace("--layers 12 --d-model 1024 --heads 16 --batch 8",
+                                                                 "--layers 2 --d-model 64 --heads 4 --batch 2"),
+                      shapes=[16]) if small else TWELVE
+        return {"workloads": {"twelve": twelve}, "default_workloads": ["twelve"],
                 "validate": {"measure_cold": False}}
     shapes = {"workloads": {"jax-transformer": {"shapes": [16]}}} if small else {}
     return {**shapes, "validate": {"measure_cold": False}}
@@ -51,7 +55,8 @@ def config_of(model: str, small: bool) -> dict[str, Any]:
 
 def environ() -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY) and k != "PYTHONPATH"}
-    out["PYTHONPATH"] = str(REPO / "scripts")
+    # this checkout first, then what the caller put there (carried wheels on the H200)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "scripts"), os.environ.get("PYTHONPATH")) if p)
     return out
 
 
@@ -87,7 +92,7 @@ def site(work: Path, name: str, config: str, first: list[str] | None) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("builtin", "twelve"), default="builtin")
-    parser.add_argument("--small", action="store_true", help="the built-in model at length 16 only")
+    parser.add_argument("--small", action="store_true", help="length 16 only (twelve: also 2 small layers)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--registry-binary", help="a docker-registry binary to run (default: on PATH)")
     parser.add_argument("--out", default=str(REPO / "tests" / "benchmarks" / "results"))
