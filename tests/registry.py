@@ -73,8 +73,12 @@ class RegistryServer:
             passwords = self.workdir / "htpasswd"
             passwords.write_text("")
             for user, password in self.users.items():
-                subprocess.run(["htpasswd", "-B", "-b", str(passwords), user, password], check=True,
-                               capture_output=True, timeout=60)
+                subprocess.run(
+                    ["htpasswd", "-B", "-b", str(passwords), user, password],
+                    check=True,
+                    capture_output=True,
+                    timeout=60,
+                )
             auth = _AUTH.format(path=passwords)
         self.port = free_port()
         config = self.workdir / "config.yml"
@@ -101,6 +105,7 @@ class RegistryServer:
             self.stop()
             raise
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.stop()

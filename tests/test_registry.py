@@ -24,8 +24,17 @@ from daemons import free_port
 from gpu_cache import oci
 from gpu_cache.core import kinds
 from gpu_cache.core.caches import jax as jax_cache
-from helpers import PROFILE, SMALL, SNAKEFILE, clean_environ, read_json, run_cli, run_snakemake, unavailable, \
-    workdir_with_config
+from helpers import (
+    PROFILE,
+    SMALL,
+    SNAKEFILE,
+    clean_environ,
+    read_json,
+    run_cli,
+    run_snakemake,
+    unavailable,
+    workdir_with_config,
+)
 from registry import RegistryServer, missing_requirements
 
 CONFIG = json.dumps({**SMALL, "validate": {"measure_cold": False}})
@@ -48,8 +57,17 @@ def registry_server(tmp_path_factory: pytest.TempPathFactory):
 def warm_and_validate(root: Path, work: Path) -> Path:
     """Warm ``root`` on the CPU and validate it; the verdict's path."""
     for command in ("warm", "validate"):
-        result = run_cli(command, "--config-json", CONFIG, "--cache-root", str(root),
-                         "--output", str(work / f"{command}.json"), "--log", str(work / f"{command}.log"))
+        result = run_cli(
+            command,
+            "--config-json",
+            CONFIG,
+            "--cache-root",
+            str(root),
+            "--output",
+            str(work / f"{command}.json"),
+            "--log",
+            str(work / f"{command}.log"),
+        )
         assert result.returncode == 0, result.stderr
     assert read_json(work / "validate.json")["passed"] is True
     return work / "validate.json"
@@ -62,11 +80,24 @@ def published(registry_server: RegistryServer, tmp_path_factory: pytest.TempPath
     root = work / "a root"
     verdict = warm_and_validate(root, work)
     ref = f"{registry_server.host}/lab/cache:1"
-    result = run_cli("publish", ref, "--cache-root", str(root), "--verdict", str(verdict),
-                     "--output", str(work / "publish.json"))
+    result = run_cli(
+        "publish",
+        ref,
+        "--cache-root",
+        str(root),
+        "--verdict",
+        str(verdict),
+        "--output",
+        str(work / "publish.json"),
+    )
     assert result.returncode == 0, result.stderr
-    return {"root": root, "verdict": verdict, "ref": ref, "report": read_json(work / "publish.json"),
-            "stdout": result.stdout}
+    return {
+        "root": root,
+        "verdict": verdict,
+        "ref": ref,
+        "report": read_json(work / "publish.json"),
+        "stdout": result.stdout,
+    }
 
 
 def fetch(ref: str, root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -95,7 +126,11 @@ def test_publish_names_what_was_validated(published: dict[str, Any], registry_se
     result = run_cli("fetch", "--list", f"{registry_server.host}/lab/cache")
     assert result.returncode == 0, result.stderr
     assert f"1  {registry_server.host}/lab/cache@{report['digest']}" in result.stdout
-    assert "cpu (cpu-" in result.stdout and "jax 0.10.2" in result.stdout and "passed, 6 hits, 0 misses" in result.stdout
+    assert (
+        "cpu (cpu-" in result.stdout
+        and "jax 0.10.2" in result.stdout
+        and "passed, 6 hits, 0 misses" in result.stdout
+    )
 
 
 def test_fetched_elsewhere_validation_hits_everything(published: dict[str, Any], tmp_path: Path) -> None:
@@ -103,15 +138,26 @@ def test_fetched_elsewhere_validation_hits_everything(published: dict[str, Any],
     result = fetch(published["ref"], root)
     assert result.returncode == 0, result.stderr
     digest = published["report"]["digest"]
-    assert result.stdout.startswith(f"fetched {published['ref'].rsplit(':', 1)[0]}@{digest} (from {published['ref']})")
+    assert result.stdout.startswith(
+        f"fetched {published['ref'].rsplit(':', 1)[0]}@{digest} (from {published['ref']})"
+    )
     assert set(entries(root)) == set(entries(published["root"]))
     for entry in entries(root).values():  # an arrival is a use: prune must not take them as old
         assert time.time() - entry.last_use < 120
     away = published["root"].with_name("moved away")
     published["root"].rename(away)  # nothing may read site A's root now
     try:
-        result = run_cli("validate", "--config-json", CONFIG, "--cache-root", str(root),
-                         "--output", str(tmp_path / "v.json"), "--log", str(tmp_path / "v.log"))
+        result = run_cli(
+            "validate",
+            "--config-json",
+            CONFIG,
+            "--cache-root",
+            str(root),
+            "--output",
+            str(tmp_path / "v.json"),
+            "--log",
+            str(tmp_path / "v.log"),
+        )
     finally:
         away.rename(published["root"])
     assert result.returncode == 0, result.stderr
@@ -158,7 +204,9 @@ def test_a_blob_damaged_in_the_registry_is_refused(tmp_path: Path) -> None:
     with RegistryServer(tmp_path / "registry") as server:  # its own store: the damage stays here
         verdict = warm_and_validate(tmp_path / "a", tmp_path)
         ref = f"{server.host}/lab/damaged:1"
-        result = run_cli("publish", ref, "--cache-root", str(tmp_path / "a"), "--verdict", str(verdict), "--json")
+        result = run_cli(
+            "publish", ref, "--cache-root", str(tmp_path / "a"), "--verdict", str(verdict), "--json"
+        )
         assert result.returncode == 0, result.stderr
         blob = server.blob_path(json.loads(result.stdout)["layers"]["jax"]["digest"])
         data = bytearray(blob.read_bytes())
@@ -199,8 +247,9 @@ def test_another_gpu_type_is_refused(published: dict[str, Any], tmp_path: Path) 
     assert not root.exists()
 
 
-def test_a_hostile_layer_is_refused(published: dict[str, Any], registry_server: RegistryServer,
-                                    tmp_path: Path) -> None:
+def test_a_hostile_layer_is_refused(
+    published: dict[str, Any], registry_server: RegistryServer, tmp_path: Path
+) -> None:
     """A layer with a symbolic link beside its entries, under a manifest that fits this site."""
     from test_carry import rebuild, special
 
@@ -210,8 +259,9 @@ def test_a_hostile_layer_is_refused(published: dict[str, Any], registry_server: 
     manifest = json.loads(raw)
     layer = tmp_path / "jax.tar.gz"
     layer.write_bytes(session.blob(manifest["layers"][0]["digest"], manifest["layers"][0]["size"], "layer"))
-    hostile = rebuild(layer, tmp_path / "hostile.tar.gz",
-                      members=[special("jax/evil", tarfile.SYMTYPE, link="/etc/passwd")])
+    hostile = rebuild(
+        layer, tmp_path / "hostile.tar.gz", members=[special("jax/evil", tarfile.SYMTYPE, link="/etc/passwd")]
+    )
     digest = oci._client.sha256_digest(hostile.read_bytes())
     session.upload(hostile, digest, hostile.stat().st_size, "layer")
     manifest["layers"][0].update(digest=digest, size=hostile.stat().st_size)
@@ -228,7 +278,9 @@ def test_a_hostile_layer_is_refused(published: dict[str, Any], registry_server: 
 # --- logins, unreachable registries, retiring ---------------------------------------------------
 
 
-def test_htpasswd_login_from_the_environment_and_docker_config(published: dict[str, Any], tmp_path: Path) -> None:
+def test_htpasswd_login_from_the_environment_and_docker_config(
+    published: dict[str, Any], tmp_path: Path
+) -> None:
     needs_registry()
     with RegistryServer(tmp_path / "registry", users={"lab": "s3cret"}) as server:
         ref = f"{server.host}/lab/private:1"
@@ -236,16 +288,25 @@ def test_htpasswd_login_from_the_environment_and_docker_config(published: dict[s
         result = run_cli("publish", ref, *args)
         assert result.returncode == 1
         assert f"registry {server.host} asks for a login" in one_line(result)
-        result = run_cli("publish", ref, *args, env=clean_environ(**{oci.USERNAME_VARIABLE: "lab",
-                                                                       oci.PASSWORD_VARIABLE: "wrong"}))
+        result = run_cli(
+            "publish",
+            ref,
+            *args,
+            env=clean_environ(**{oci.USERNAME_VARIABLE: "lab", oci.PASSWORD_VARIABLE: "wrong"}),
+        )
         assert result.returncode == 1 and "401" in one_line(result)
-        result = run_cli("publish", ref, *args, env=clean_environ(**{oci.USERNAME_VARIABLE: "lab",
-                                                                       oci.PASSWORD_VARIABLE: "s3cret"}))
+        result = run_cli(
+            "publish",
+            ref,
+            *args,
+            env=clean_environ(**{oci.USERNAME_VARIABLE: "lab", oci.PASSWORD_VARIABLE: "s3cret"}),
+        )
         assert result.returncode == 0, result.stderr
         docker = tmp_path / "docker"
         docker.mkdir()
-        (docker / "config.json").write_text(json.dumps(
-            {"auths": {server.host: {"auth": base64.b64encode(b"lab:s3cret").decode()}}}))
+        (docker / "config.json").write_text(
+            json.dumps({"auths": {server.host: {"auth": base64.b64encode(b"lab:s3cret").decode()}}})
+        )
         result = fetch(ref, tmp_path / "root", env=clean_environ(**{oci.DOCKER_CONFIG_VARIABLE: str(docker)}))
         assert result.returncode == 0, result.stderr
         assert len(entries(tmp_path / "root")) == len(entries(published["root"]))
@@ -266,8 +327,14 @@ def test_an_unreachable_registry_is_one_warning(tmp_path: Path) -> None:
 def test_a_failed_verdict_is_not_published(published: dict[str, Any], tmp_path: Path) -> None:
     verdict = read_json(published["verdict"]) | {"passed": False, "status": "failed", "misses": 2}
     (tmp_path / "failed.json").write_text(json.dumps(verdict))
-    result = run_cli("publish", published["ref"].replace(":1", ":failed"), "--cache-root", str(published["root"]),
-                     "--verdict", str(tmp_path / "failed.json"))
+    result = run_cli(
+        "publish",
+        published["ref"].replace(":1", ":failed"),
+        "--cache-root",
+        str(published["root"]),
+        "--verdict",
+        str(tmp_path / "failed.json"),
+    )
     assert result.returncode == 1
     assert "did not pass (failed): only validated caches are published" in one_line(result)
 
@@ -286,8 +353,12 @@ def test_retiring_a_tag(published: dict[str, Any], registry_server: RegistryServ
 
 def test_references_and_plain_http_only_for_this_machine() -> None:
     ref = oci.parse_reference("registry.example.org/lab/af3-cache:2.6.2")
-    assert (ref.registry, ref.repository, ref.tag, ref.digest) == ("registry.example.org", "lab/af3-cache",
-                                                                   "2.6.2", None)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (
+        "registry.example.org",
+        "lab/af3-cache",
+        "2.6.2",
+        None,
+    )
     assert oci._client.base_url(ref) == "https://registry.example.org"
     assert oci._client.base_url(oci.parse_reference("localhost:5000/x:1")) == "http://localhost:5000"
     assert oci._client.base_url(oci.parse_reference("127.0.0.1:5000/x:1")) == "http://127.0.0.1:5000"
@@ -301,15 +372,26 @@ def test_references_and_plain_http_only_for_this_machine() -> None:
 
 
 def run_workflow(tmp_path: Path, name: str, root: Path, registry: dict[str, str]) -> tuple[Any, Path]:
-    work = workdir_with_config(tmp_path / name, {**SMALL, "validate": {"measure_cold": False},
-                                                 "registry": registry})
-    result = run_snakemake(work, "-s", SNAKEFILE, "--profile", PROFILE, "--cores", "2",
-                           env=clean_environ(GPU_CACHE_ROOT=str(root)))
+    work = workdir_with_config(
+        tmp_path / name, {**SMALL, "validate": {"measure_cold": False}, "registry": registry}
+    )
+    result = run_snakemake(
+        work,
+        "-s",
+        SNAKEFILE,
+        "--profile",
+        PROFILE,
+        "--cores",
+        "2",
+        env=clean_environ(GPU_CACHE_ROOT=str(root)),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, work / "results" / "gpu-cache"
 
 
-def test_workflow_publishes_then_another_site_starts_warm(registry_server: RegistryServer, tmp_path: Path) -> None:
+def test_workflow_publishes_then_another_site_starts_warm(
+    registry_server: RegistryServer, tmp_path: Path
+) -> None:
     tag = f"{registry_server.host}/lab/workflow:1"
     _, site_a = run_workflow(tmp_path, "a", tmp_path / "a root", {"publish": tag})
     published = read_json(site_a / "publish" / "cpu.json")
@@ -327,8 +409,9 @@ def test_workflow_publishes_then_another_site_starts_warm(registry_server: Regis
 
 def test_workflow_with_an_unreachable_registry_warms_as_without(tmp_path: Path) -> None:
     nowhere = f"127.0.0.1:{free_port()}/lab/cache"
-    result, site = run_workflow(tmp_path, "c", tmp_path / "root",
-                                {"fetch": f"{nowhere}@sha256:{'0' * 64}", "publish": f"{nowhere}:1"})
+    _, site = run_workflow(
+        tmp_path, "c", tmp_path / "root", {"fetch": f"{nowhere}@sha256:{'0' * 64}", "publish": f"{nowhere}:1"}
+    )
     assert read_json(site / "fetch" / "cpu.json")["fetched"] is False
     assert read_json(site / "publish" / "cpu.json")["published"] is False
     assert read_json(site / "validate" / "cpu.json")["passed"] is True

@@ -37,18 +37,34 @@ sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests")]
 from gpu_cache.core import device, software  # noqa: E402
 from registry import RegistryServer  # noqa: E402
 
-TWELVE = {"command": "{python} -m gpu_cache.workloads.jax_transformer --layers 12 --d-model 1024 --heads 16 "
-                     "--batch 8 --shape {shape}", "shapes": [256, 512, 1024], "expects": ["jax"]}
+TWELVE = {
+    "command": "{python} -m gpu_cache.workloads.jax_transformer --layers 12 --d-model 1024 --heads 16 "
+    "--batch 8 --shape {shape}",
+    "shapes": [256, 512, 1024],
+    "expects": ["jax"],
+}
 _LEAKY = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
 
 
 def config_of(model: str, small: bool) -> dict[str, Any]:
     if model == "twelve":  # --small: the same path at sizes a CPU runs in seconds
-        twelve = dict(TWELVE, command=TWELVE["command"].replace("--layers 12 --d-model 1024 --heads 16 --batch 8",
-                                                                 "--layers 2 --d-model 64 --heads 4 --batch 2"),
-                      shapes=[16]) if small else TWELVE
-        return {"workloads": {"twelve": twelve}, "default_workloads": ["twelve"],
-                "validate": {"measure_cold": False}}
+        twelve = (
+            dict(
+                TWELVE,
+                command=TWELVE["command"].replace(
+                    "--layers 12 --d-model 1024 --heads 16 --batch 8",
+                    "--layers 2 --d-model 64 --heads 4 --batch 2",
+                ),
+                shapes=[16],
+            )
+            if small
+            else TWELVE
+        )
+        return {
+            "workloads": {"twelve": twelve},
+            "default_workloads": ["twelve"],
+            "validate": {"measure_cold": False},
+        }
     shapes = {"workloads": {"jax-transformer": {"shapes": [16]}}} if small else {}
     return {**shapes, "validate": {"measure_cold": False}}
 
@@ -62,11 +78,18 @@ def environ() -> dict[str, str]:
 
 def cli(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "gpu_cache", *args], env=environ(), capture_output=True,
-                            text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_cache", *args],
+        env=environ(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise SystemExit(f"gpu-cache {' '.join(args[:2])} failed ({result.returncode}): {result.stderr[-2000:]}")
+        raise SystemExit(
+            f"gpu-cache {' '.join(args[:2])} failed ({result.returncode}): {result.stderr[-2000:]}"
+        )
     return seconds, result
 
 
@@ -75,18 +98,39 @@ def site(work: Path, name: str, config: str, first: list[str] | None) -> dict[st
     root = work / name / "cache root"
     common = ["--cache-root", str(root)]
     if first is None:
-        before, _ = cli("warm", "--config-json", config, *common, "--output", str(work / f"{name}-warm.json"),
-                        "--log", str(work / f"{name}-warm.log"))
+        before, _ = cli(
+            "warm",
+            "--config-json",
+            config,
+            *common,
+            "--output",
+            str(work / f"{name}-warm.json"),
+            "--log",
+            str(work / f"{name}-warm.log"),
+        )
     else:
         before, _ = cli("fetch", *first, *common)
-    check, _ = cli("validate", "--config-json", config, *common, "--output", str(work / f"{name}.json"),
-                   "--log", str(work / f"{name}-validate.log"))
+    check, _ = cli(
+        "validate",
+        "--config-json",
+        config,
+        *common,
+        "--output",
+        str(work / f"{name}.json"),
+        "--log",
+        str(work / f"{name}-validate.log"),
+    )
     verdict = json.loads((work / f"{name}.json").read_text())
     if not verdict["passed"] or verdict["misses"] or verdict["new_entries"]:
         raise SystemExit(f"site {name}: the verdict did not pass: {verdict['problems']}")
-    return {"seconds": round(before + check, 3), "first_step_seconds": round(before, 3),
-            "validate_seconds": round(check, 3), "hits": verdict["hits"], "misses": verdict["misses"],
-            "new_entries": verdict["new_entries"]}
+    return {
+        "seconds": round(before + check, 3),
+        "first_step_seconds": round(before, 3),
+        "validate_seconds": round(check, 3),
+        "hits": verdict["hits"],
+        "misses": verdict["misses"],
+        "new_entries": verdict["new_entries"],
+    }
 
 
 def main() -> None:
@@ -109,19 +153,30 @@ def main() -> None:
         with RegistryServer(work / "registry") as server:
             tag = f"{server.host}/lab/cache:bench"
             origin = site(work, "a", config, None)
-            seconds, result = cli("publish", tag, "--cache-root", str(work / "a" / "cache root"),
-                                  "--verdict", str(work / "a.json"), "--json")
+            seconds, result = cli(
+                "publish",
+                tag,
+                "--cache-root",
+                str(work / "a" / "cache root"),
+                "--verdict",
+                str(work / "a.json"),
+                "--json",
+            )
             report = json.loads(result.stdout)
             pinned = f"{server.host}/lab/cache@{report['digest']}"
             rounds = []
             for number in range(args.rounds):
                 order = ("warm", "fetch") if number % 2 == 0 else ("fetch", "warm")
-                done = {how: site(work, f"{how}{number}", config, None if how == "warm" else [pinned])
-                        for how in order}
+                done = {
+                    how: site(work, f"{how}{number}", config, None if how == "warm" else [pinned])
+                    for how in order
+                }
                 rounds.append({"order": list(order), **done})
-                print(f"round {number + 1}: after warm {done['warm']['seconds']:.1f} s, after fetch "
-                      f"{done['fetch']['seconds']:.1f} s (fetch {done['fetch']['first_step_seconds']:.1f} s)",
-                      flush=True)
+                print(
+                    f"round {number + 1}: after warm {done['warm']['seconds']:.1f} s, after fetch "
+                    f"{done['fetch']['seconds']:.1f} s (fetch {done['fetch']['first_step_seconds']:.1f} s)",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     warm = statistics.median(r["warm"]["seconds"] for r in rounds)
@@ -129,23 +184,30 @@ def main() -> None:
     layers = report["layers"]
     out = {
         "what": "a new site's time to a passed verdict: fetch + validate against warm + validate",
-        "model": args.model, "small": args.small, "config": json.loads(config),
+        "model": args.model,
+        "small": args.small,
+        "config": json.loads(config),
         "device": {"name": here.name, "gpu_type": here.gpu_type, "count": here.count},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "software": software.identity(),
-        "site_a": origin, "publish_seconds": round(seconds, 3),
+        "site_a": origin,
+        "publish_seconds": round(seconds, 3),
         "pack_bytes": sum(x["size"] for x in layers.values()),
         "entries": {k: x["entries"] for k, x in layers.items()},
         "rounds": rounds,
-        "median_after_warm_seconds": round(warm, 3), "median_after_fetch_seconds": round(fetched, 3),
+        "median_after_warm_seconds": round(warm, 3),
+        "median_after_fetch_seconds": round(fetched, 3),
         "ratio_warm_over_fetch": round(warm / fetched, 2),
     }
     target = Path(args.out) / f"registry_start_{here.gpu_type}{'_small' if args.small else ''}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{here.name}: a new site reaches a passed verdict in {fetched:.1f} s after fetch, {warm:.1f} s after "
-          f"warming itself ({warm / fetched:.1f}x); pack {out['pack_bytes'] / 1e6:.2f} MB, "
-          f"{sum(out['entries'].values())} entries; wrote {target}")
+    print(
+        f"{here.name}: a new site reaches a passed verdict in {fetched:.1f} s after fetch, {warm:.1f} s "
+        f"after "
+        f"warming itself ({warm / fetched:.1f}x); pack {out['pack_bytes'] / 1e6:.2f} MB, "
+        f"{sum(out['entries'].values())} entries; wrote {target}"
+    )
 
 
 if __name__ == "__main__":

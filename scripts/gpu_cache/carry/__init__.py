@@ -61,6 +61,7 @@ from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
     "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
-    "Refused", "UnpackReport", "open_archive", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
+    "Refused", "UnpackReport", "open_archive", "pack",
+    "parse_manifest", "read_manifest", "render_pack", "render_unpack",
     "unpack", "workload_matcher",
 ]

@@ -227,8 +227,8 @@ def check_kinds(asked: Iterable[str]) -> tuple[str, ...]:
 
 def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
     """The entries with nothing that moves when a job hits them (#32: a registry layer of
-    unchanged entries must keep its digest): no last use, no JAX ``-atime`` file, in the
-    order of their kinds and keys, each one's files by name."""
+    unchanged entries must keep its digest): no last use (unpack stamps its arrival), no JAX
+    ``-atime`` file, in the order of their kinds and keys, each one's files by name."""
     out = []
     for item in chosen:
         entry = item.entry
@@ -241,14 +241,22 @@ def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
     return sorted(out, key=lambda p: (order[p.entry.kind], p.entry.key))
 
 
+def _stable_manifest(manifest: dict[str, Any], path_in_key: bool | None) -> None:
+    """Leave out what differs between two packs of the same entries (the source root only
+    where the JAX keys hold it), and say that the pack keeps no times."""
+    del manifest["created"], manifest["host"]
+    if not path_in_key:
+        del manifest["source_root"]
+    manifest["times_normalised"] = True
+
+
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
          tier: Path | None = None, stable: bool = False) -> PackReport:
     """Write the entries of ``kinds`` (default: every carried kind) under ``root`` into
     ``archive``, with a manifest; with ``tier`` (this node's local tier of the root, issue 23),
     also its entries of tiered kinds that the root lacks (not promoted yet, or a read-only root).
-    ``stable``: the same entries give the same bytes (#32): no times (unpack stamps its arrival
-    as each entry's last use), no JAX ``-atime`` files, no host or date, entries in key order.
+    ``stable``: the same entries give the same bytes (#32; :func:`_stabilised`).
 
     ``gpu_type``/``matcher`` (for ``workload``): only the entries that the warm and validate
     passes of that GPU type (and that workload) hit or wrote, as their records name them.
@@ -295,8 +303,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
             missing[kind] = len(wanted - {p.entry.key for p in found}
                                 - {s["key"] for s in skipped if s["kind"] == kind})
         chosen += found
-    if stable:
-        chosen = _stabilised(chosen)
+    chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)
     if gpu_type is not None:
@@ -315,11 +322,8 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
                   for kind, items in by_kind.items()},
         "skipped": skipped,
     }
-    if stable:  # what differs between two packs of the same entries
-        del manifest["created"], manifest["host"]
-        if not soft["jax_path_in_key"]:
-            del manifest["source_root"]
-        manifest["times_normalised"] = True
+    if stable:
+        _stable_manifest(manifest, soft["jax_path_in_key"])
     if soft["jax_path_in_key"]:
         log.warning("the JAX entries were written by jax %s with XLA caches in the cache folder: "
                     "their keys hold the folder's path, so they hit only at %s",

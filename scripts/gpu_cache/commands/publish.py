@@ -13,19 +13,30 @@ ABOUT = "publish the entries a passed validation used to an OCI registry (one in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("reference", metavar="REF", help="HOST/REPOSITORY:TAG, one tag per image "
-                                                        "(e.g. registry.example.org/lab/af3-cache:2.6.2)")
-    parser.add_argument("--verdict", metavar="FILE",
-                        help="the passed verdict of the GPU type (default: "
-                             "results/gpu-cache/validate/<--gpu-type or this machine's>.json)")
-    parser.add_argument("--gpu-type", help="the GPU type whose verdict to publish (default: the verdict's, "
-                                           "else this machine's)")
+    parser.add_argument(
+        "reference",
+        metavar="REF",
+        help="HOST/REPOSITORY:TAG, one tag per image (e.g. registry.example.org/lab/af3-cache:2.6.2)",
+    )
+    parser.add_argument(
+        "--verdict",
+        metavar="FILE",
+        help="the passed verdict of the GPU type (default: "
+        "results/gpu-cache/validate/<--gpu-type or this machine's>.json)",
+    )
+    parser.add_argument(
+        "--gpu-type",
+        help="the GPU type whose verdict to publish (default: the verdict's, else this machine's)",
+    )
     parser.add_argument("--retire", action="store_true", help="delete the tag REF instead (its index)")
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report here")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
-    parser.add_argument("--no-fail", action="store_true",
-                        help="a registry that fails, or a verdict that did not pass, is one warning and "
-                             "exit 0 (the workflow's publish rule uses this)")
+    parser.add_argument(
+        "--no-fail",
+        action="store_true",
+        help="a registry that fails, or a verdict that did not pass, is one warning and "
+        "exit 0 (the workflow's publish rule uses this)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,8 +53,11 @@ def run(args: argparse.Namespace) -> int:
         if settings.cache_root is None:
             raise UsageError("publish needs a cache root (caching is turned off)")
         gpu_type = args.gpu_type
-        path = Path(args.verdict) if args.verdict else \
-            Path("results/gpu-cache/validate") / f"{_gpu_type(settings, gpu_type)}.json"
+        path = (
+            Path(args.verdict)
+            if args.verdict
+            else Path("results/gpu-cache/validate") / f"{_gpu_type(settings, gpu_type)}.json"
+        )
         verdict = oci.load_verdict(path)
         if gpu_type is not None and verdict["gpu_type"] != gpu_type:
             raise UsageError(f"{path} is the verdict of {verdict['gpu_type']}, not --gpu-type {gpu_type}")

@@ -18,14 +18,31 @@ bytes are those the reference names, not who pushed them: see docs/registry.md.
 """
 
 from ._client import DOCKER_CONFIG_VARIABLE, PASSWORD_VARIABLE, USERNAME_VARIABLE, Reference, parse_reference
-from ._config import references
 from ._common import ARTIFACT_TYPE, Refused, RegistryError, Unreachable
+from ._config import references
 from ._fetch import FetchReport, fetch, render_fetch
 from ._listing import listing, render_listing, retire
 from ._publish import PublishReport, load_verdict, publish, render_publish
 
 __all__ = [
-    "ARTIFACT_TYPE", "DOCKER_CONFIG_VARIABLE", "PASSWORD_VARIABLE", "USERNAME_VARIABLE", "FetchReport",
-    "PublishReport", "Reference", "Refused", "RegistryError", "Unreachable", "fetch", "listing",
-    "load_verdict", "parse_reference", "publish", "references", "render_fetch", "render_listing", "render_publish", "retire",
+    "ARTIFACT_TYPE",
+    "DOCKER_CONFIG_VARIABLE",
+    "PASSWORD_VARIABLE",
+    "USERNAME_VARIABLE",
+    "FetchReport",
+    "PublishReport",
+    "Reference",
+    "Refused",
+    "RegistryError",
+    "Unreachable",
+    "fetch",
+    "listing",
+    "load_verdict",
+    "parse_reference",
+    "publish",
+    "references",
+    "render_fetch",
+    "render_listing",
+    "render_publish",
+    "retire",
 ]

@@ -49,10 +49,13 @@ READ_TIMEOUT = 300.0
 UPLOAD_CHUNK = 16 << 20
 _PROGRESS_SECONDS = 5.0
 
-_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REFERENCE = re.compile(rf"^(?P<host>{_HOST})/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)"
-                        r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+_REFERENCE = re.compile(
+    rf"^(?P<host>{_HOST})/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -91,8 +94,10 @@ def parse_reference(text: str) -> Reference:
     match = _REFERENCE.match(text)
     host = match.group("host") if match else ""
     if not match or not ("." in host or ":" in host or host.split(":")[0] == "localhost"):
-        raise UsageError(f"{text!r} is not a registry reference: write HOST[:PORT]/REPOSITORY[:TAG] or "
-                         "HOST/REPOSITORY@sha256:DIGEST, e.g. registry.example.org/lab/af3-cache:2.6.2")
+        raise UsageError(
+            f"{text!r} is not a registry reference: write HOST[:PORT]/REPOSITORY[:TAG] or "
+            "HOST/REPOSITORY@sha256:DIGEST, e.g. registry.example.org/lab/af3-cache:2.6.2"
+        )
     return Reference(host, match.group("repo"), match.group("tag"), match.group("digest"))
 
 
@@ -116,15 +121,18 @@ class Transfer:
 
 def base_url(reference: Reference) -> str:
     """``http://`` for this machine's own registry, ``https://`` for every other."""
-    host = reference.registry if reference.registry.startswith("[") and reference.registry.endswith("]") \
-        else reference.registry.rsplit(":", 1)[0] if reference.registry.count(":") == 1 or "]:" in reference.registry \
-        else reference.registry
-    return f"{'http' if host in LOCAL_HOSTS else 'https'}://{reference.registry}"
+    registry = reference.registry
+    host = registry[: registry.index("]") + 1] if registry.startswith("[") else registry.split(":")[0]
+    return f"{'http' if host in LOCAL_HOSTS else 'https'}://{registry}"
 
 
 def _docker_config(environ: Mapping[str, str]) -> Path:
     folder = environ.get(DOCKER_CONFIG_VARIABLE)
-    return Path(folder) / "config.json" if folder else Path(environ.get("HOME") or Path.home()) / ".docker" / "config.json"
+    return (
+        Path(folder) / "config.json"
+        if folder
+        else Path(environ.get("HOME") or Path.home()) / ".docker" / "config.json"
+    )
 
 
 def _timeouts(session: Any) -> None:
@@ -155,16 +163,18 @@ class Session:
             import oras.provider
             import requests
         except ImportError:
-            raise UsageError("registries need oras-py: pip install 'oras>=0.2.43,<0.3' (or gpu-cache's "
-                             "`registry` extra)") from None
+            raise UsageError(
+                "registries need oras-py: pip install 'oras>=0.2.43,<0.3' (or gpu-cache's `registry` extra)"
+            ) from None
         self.requests = requests
         self.reference = reference
         self.base = base_url(reference)
         plain = self.base.startswith("http://")
         challenge = self._probe()
         self.basic = challenge.lower().startswith("basic")
-        self.client = oras.provider.Registry(hostname=reference.registry, insecure=plain,
-                                             auth_backend="basic" if self.basic else "token")
+        self.client = oras.provider.Registry(
+            hostname=reference.registry, insecure=plain, auth_backend="basic" if self.basic else "token"
+        )
         _timeouts(self.client.session)
         self._login(challenge, os.environ if environ is None else environ)
 
@@ -175,8 +185,10 @@ class Session:
         try:
             response = requests.get(f"{self.base}/v2/", timeout=CONNECT_TIMEOUT)
         except requests.exceptions.SSLError as exc:
-            raise RegistryError(f"registry {self.reference.registry}: TLS failed ({_why(exc)}); a custom "
-                                "CA goes in REQUESTS_CA_BUNDLE") from None
+            raise RegistryError(
+                f"registry {self.reference.registry}: TLS failed ({_why(exc)}); a custom "
+                "CA goes in REQUESTS_CA_BUNDLE"
+            ) from None
         except requests.RequestException as exc:
             raise Unreachable(f"registry {self.reference.registry} cannot be reached ({_why(exc)})") from None
         if response.status_code == 401:
@@ -194,25 +206,41 @@ class Session:
             config = _docker_config(environ)
             if config.is_file():
                 try:
-                    auth.load_configs(self.client.get_container(f"{self.reference.repository}:x"),
-                                      configs=[str(config)])
+                    auth.load_configs(
+                        self.client.get_container(f"{self.reference.repository}:x"), configs=[str(config)]
+                    )
                 except (OSError, ValueError, KeyError) as exc:
                     log.warning("registry credentials in %s not read: %s", config, _why(exc))
         if challenge and self.basic and not getattr(auth, "_basic_auth", None):
-            raise RegistryError(f"registry {self.reference.registry} asks for a login: set {USERNAME_VARIABLE} "
-                                f"and {PASSWORD_VARIABLE}, or `docker login {self.reference.registry}`")
+            raise RegistryError(
+                f"registry {self.reference.registry} asks for a login: set {USERNAME_VARIABLE} "
+                f"and {PASSWORD_VARIABLE}, or `docker login {self.reference.registry}`"
+            )
 
-    def request(self, method: str, path: str, *, ok: tuple[int, ...] = (200,), headers: Mapping[str, str] | None = None,
-                data: bytes | None = None, stream: bool = False) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: tuple[int, ...] = (200,),
+        headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        stream: bool = False,
+    ) -> Any:
         """One request (``path`` below ``/v2/<repository>/``, or a whole URL); a status other
         than ``ok`` raises :class:`RegistryError` with the registry's own message."""
-        url = path if path.startswith(("http://", "https://")) else f"{self.base}/v2/{self.reference.repository}/{path}"
+        url = (
+            path
+            if path.startswith(("http://", "https://"))
+            else f"{self.base}/v2/{self.reference.repository}/{path}"
+        )
         sent = dict(headers or {})
         if self.basic:  # asked for on every request: send it at once (oras-py waits for the 401)
             sent.update(self.client.auth.get_auth_header())
         try:  # oras-py's do_request without its retry wrapper (see the module's docstring)
-            response = self.client.do_request.__wrapped__(self.client, url, method, data=data,
-                                                          headers=sent, stream=stream)
+            response = self.client.do_request.__wrapped__(
+                self.client, url, method, data=data, headers=sent, stream=stream
+            )
         except self.requests.RequestException as exc:
             raise Unreachable(f"registry {self.reference.registry}: {method} failed ({_why(exc)})") from None
         except ValueError as exc:  # oras-py: it cannot answer the authentication challenge
@@ -221,7 +249,9 @@ class Session:
             raise RegistryError(_failure(self.reference, method, path, response))
         return response
 
-    def manifest(self, target: str, accept: tuple[str, ...] = (INDEX_TYPE, MANIFEST_TYPE)) -> tuple[bytes, str]:
+    def manifest(
+        self, target: str, accept: tuple[str, ...] = (INDEX_TYPE, MANIFEST_TYPE)
+    ) -> tuple[bytes, str]:
         """The bytes of the manifest or index ``target`` (a tag or digest) and their digest,
         checked against ``target`` when it is one.
 
@@ -229,7 +259,9 @@ class Session:
             Refused: the registry served other bytes than the digest names.
             RegistryError: no such manifest, or one larger than :data:`MAX_MANIFEST`.
         """
-        response = self.request("GET", f"manifests/{target}", headers={"Accept": ", ".join(accept)}, stream=True)
+        response = self.request(
+            "GET", f"manifests/{target}", headers={"Accept": ", ".join(accept)}, stream=True
+        )
         raw = b"".join(_limited(response, MAX_MANIFEST, f"the manifest {target}"))
         digest = sha256_digest(raw)
         if DIGEST_RE.match(target) and digest != target:
@@ -244,8 +276,9 @@ class Session:
         """
         raw = b"".join(_limited(self.request("GET", f"blobs/{digest}", stream=True), size, what))
         if len(raw) != size or sha256_digest(raw) != digest:
-            raise Refused(f"{what} is damaged in the registry (its bytes are not {digest}, which its "
-                          "manifest names)")
+            raise Refused(
+                f"{what} is damaged in the registry (its bytes are not {digest}, which its manifest names)"
+            )
         return raw
 
     def download(self, digest: str, size: int, target: Path, what: str) -> None:
@@ -264,8 +297,10 @@ class Session:
                 out.write(chunk)
                 progress.step(len(chunk))
         if progress.done != size or "sha256:" + hashing.hexdigest() != digest:
-            raise Refused(f"{what} is damaged in the registry: {progress.done} bytes whose SHA-256 is not "
-                          f"{digest}, which its manifest names")
+            raise Refused(
+                f"{what} is damaged in the registry: {progress.done} bytes whose SHA-256 is not "
+                f"{digest}, which its manifest names"
+            )
 
     def has_blob(self, digest: str) -> bool:
         return self.request("HEAD", f"blobs/{digest}", ok=(200, 404)).status_code == 200
@@ -278,13 +313,23 @@ class Session:
         location = self.request("POST", "blobs/uploads/", ok=(202,)).headers["Location"]
         progress, start = Transfer(f"publish: {what}", size), 0
         for chunk in safe_io.iter_chunks(path, UPLOAD_CHUNK):
-            response = self.request("PATCH", self._absolute(location), ok=(202,), data=chunk, headers={
-                "Content-Type": "application/octet-stream", "Content-Range": f"{start}-{start + len(chunk) - 1}"})
+            response = self.request(
+                "PATCH",
+                self._absolute(location),
+                ok=(202,),
+                data=chunk,
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Range": f"{start}-{start + len(chunk) - 1}",
+                },
+            )
             location, start = response.headers["Location"], start + len(chunk)
             progress.step(len(chunk))
         closing = self._absolute(location)
         closing += ("&" if "?" in closing else "?") + urllib.parse.urlencode({"digest": digest})
-        self.request("PUT", closing, ok=(201,), data=b"", headers={"Content-Type": "application/octet-stream"})
+        self.request(
+            "PUT", closing, ok=(201,), data=b"", headers={"Content-Type": "application/octet-stream"}
+        )
         return True
 
     def _absolute(self, location: str) -> str:
@@ -310,8 +355,10 @@ class Session:
         """Delete the manifest ``digest`` (and so every tag that names it)."""
         response = self.request("DELETE", f"manifests/{digest}", ok=(202, 405))
         if response.status_code == 405:
-            raise RegistryError(f"registry {self.reference.registry} does not allow deleting (CNCF "
-                                "distribution: storage.delete.enabled: true)")
+            raise RegistryError(
+                f"registry {self.reference.registry} does not allow deleting (CNCF "
+                "distribution: storage.delete.enabled: true)"
+            )
 
 
 def _limited(response: Any, limit: int, what: str) -> Iterator[bytes]:
@@ -335,7 +382,9 @@ def _failure(reference: Reference, method: str, path: str, response: Any) -> str
     words = f"HTTP {response.status_code}"
     try:
         errors = json.loads(response.content[:65536]).get("errors") or []
-        words += ": " + "; ".join(f"{e.get('code')} {e.get('message')}" for e in errors if isinstance(e, dict))
+        words += ": " + "; ".join(
+            f"{e.get('code')} {e.get('message')}" for e in errors if isinstance(e, dict)
+        )
     except (ValueError, AttributeError):
         pass
     hint = ""

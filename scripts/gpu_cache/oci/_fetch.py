@@ -27,7 +27,6 @@ from ._common import (
     LAYER_TYPE,
     MAX_CONFIG,
     Refused,
-    RegistryError,
     log,
 )
 
@@ -43,15 +42,28 @@ class FetchReport:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"fetched": True, "reference": self.reference, "digest": self.digest, "gpu_type": self.gpu_type,
-                "manifest": self.manifest, "bytes": self.bytes, "unpacked": self.unpacked, "notes": self.notes}
+        return {
+            "fetched": True,
+            "reference": self.reference,
+            "digest": self.digest,
+            "gpu_type": self.gpu_type,
+            "manifest": self.manifest,
+            "bytes": self.bytes,
+            "unpacked": self.unpacked,
+            "notes": self.notes,
+        }
 
 
 def render_fetch(report: FetchReport, name: str) -> str:
-    parts = [f"{kind}: {u['written'].get(kind, 0)} new, {u['replaced'].get(kind, 0)} replaced, "
-             f"{u['kept_newer'].get(kind, 0)} kept" for kind, u in report.unpacked.items()]
-    return (f"fetched {name}@{report.digest} (from {report.reference}), GPU type {report.gpu_type}: "
-            f"{report.manifest}, {format_size(report.bytes)}; {'; '.join(parts)}\n")
+    parts = [
+        f"{kind}: {u['written'].get(kind, 0)} new, {u['replaced'].get(kind, 0)} replaced, "
+        f"{u['kept_newer'].get(kind, 0)} kept"
+        for kind, u in report.unpacked.items()
+    ]
+    return (
+        f"fetched {name}@{report.digest} (from {report.reference}), GPU type {report.gpu_type}: "
+        f"{report.manifest}, {format_size(report.bytes)}; {'; '.join(parts)}\n"
+    )
 
 
 def parse_json(raw: bytes, what: str) -> dict[str, Any]:
@@ -71,9 +83,14 @@ def _media_type(document: Mapping[str, Any]) -> str:
 
 def _descriptor(value: Any, what: str, media_type: str) -> dict[str, Any]:
     """A descriptor as gpu-cache writes them: its media type, digest and size checked."""
-    if not isinstance(value, dict) or value.get("mediaType") != media_type \
-            or not isinstance(value.get("digest"), str) or not DIGEST_RE.match(value["digest"]) \
-            or not isinstance(value.get("size"), int) or value["size"] < 0:
+    if (
+        not isinstance(value, dict)
+        or value.get("mediaType") != media_type
+        or not isinstance(value.get("digest"), str)
+        or not DIGEST_RE.match(value["digest"])
+        or not isinstance(value.get("size"), int)
+        or value["size"] < 0
+    ):
         raise Refused(f"{what} is not a gpu-cache descriptor ({media_type}, a sha256 digest, a size)")
     return value
 
@@ -121,13 +138,21 @@ def _config(session: Session, manifest: Mapping[str, Any], reference: Reference)
     raw = session.blob(descriptor["digest"], descriptor["size"], f"the config of {reference}")
     config = parse_json(raw, f"the config of {reference}")
     if config.get("format") != CONFIG_FORMAT or config.get("format_version") != CONFIG_VERSION:
-        raise Refused(f"{reference} is not a gpu-cache pack this version reads (config format "
-                      f"{config.get('format')!r} version {config.get('format_version')!r})")
+        raise Refused(
+            f"{reference} is not a gpu-cache pack this version reads (config format "
+            f"{config.get('format')!r} version {config.get('format_version')!r})"
+        )
     return config
 
 
-def _fit(config: Mapping[str, Any], kinds: list[str], gpu_type: str, python: str | None,
-         image: str | None, reference: Reference) -> None:
+def _fit(
+    config: Mapping[str, Any],
+    kinds: list[str],
+    gpu_type: str,
+    python: str | None,
+    image: str | None,
+    reference: Reference,
+) -> None:
     """unpack's checks of software and GPU type, on what the config says, before any layer
     is downloaded (unpack checks each layer's own manifest again)."""
     from gpu_cache.carry._fit import fit_problems, target_software
@@ -135,7 +160,10 @@ def _fit(config: Mapping[str, Any], kinds: list[str], gpu_type: str, python: str
     if config.get("gpu_type") != gpu_type:
         raise Refused(f"{reference} is a pack of GPU type {config.get('gpu_type')!r}, not {gpu_type}")
     target, words = target_software(python, image)
-    manifest = {"software_by_kind": config.get("software_by_kind") or {}, "device": config.get("device") or {}}
+    manifest = {
+        "software_by_kind": config.get("software_by_kind") or {},
+        "device": config.get("device") or {},
+    }
     try:
         problems, _notes = fit_problems(manifest, kinds, target, words, image, gpu_type)
     except (AttributeError, TypeError):
@@ -144,8 +172,9 @@ def _fit(config: Mapping[str, Any], kinds: list[str], gpu_type: str, python: str
         raise Refused(f"{reference} does not fit {words} and GPU type {gpu_type}: {'; '.join(problems)}")
 
 
-def _layers(manifest: Mapping[str, Any], kinds: Iterable[str] | None, reference: Reference,
-            notes: list[str]) -> dict[str, dict[str, Any]]:
+def _layers(
+    manifest: Mapping[str, Any], kinds: Iterable[str] | None, reference: Reference, notes: list[str]
+) -> dict[str, dict[str, Any]]:
     """The layers to fetch by kind: those of carried kinds (``kinds``: of those only)."""
     layers = manifest.get("layers")
     if not isinstance(layers, list):
@@ -164,9 +193,17 @@ def _layers(manifest: Mapping[str, Any], kinds: Iterable[str] | None, reference:
     return chosen
 
 
-def fetch(*, root: Path | None, reference: Reference, gpu_type: str, python: str | None = None,
-          image: str | None = None, kinds: Iterable[str] | None = None, shared_group: str | None = None,
-          environ: Mapping[str, str] | None = None) -> FetchReport:
+def fetch(
+    *,
+    root: Path | None,
+    reference: Reference,
+    gpu_type: str,
+    python: str | None = None,
+    image: str | None = None,
+    kinds: Iterable[str] | None = None,
+    shared_group: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> FetchReport:
     """Fetch ``gpu_type``'s pack from ``reference`` (a tag or digest) into ``root``.
 
     Raises:
@@ -190,18 +227,28 @@ def fetch(*, root: Path | None, reference: Reference, gpu_type: str, python: str
     try:
         free = shutil.disk_usage(folder).free
         if report.bytes > free:
-            raise Refused(f"the pack needs {format_size(report.bytes)} in {folder.parent}, which has "
-                          f"{format_size(free)} free (set TMPDIR)")
+            raise Refused(
+                f"the pack needs {format_size(report.bytes)} in {folder.parent}, which has "
+                f"{format_size(free)} free (set TMPDIR)"
+            )
         for kind, descriptor in layers.items():
-            session.download(descriptor["digest"], descriptor["size"], folder / f"{kind}.tar.gz", f"{kind} layer")
-        options = {"root": root, "gpu_type": gpu_type, "python": python, "image": image,
-                   "shared_group": shared_group}
+            session.download(
+                descriptor["digest"], descriptor["size"], folder / f"{kind}.tar.gz", f"{kind} layer"
+            )
+        options = {
+            "root": root,
+            "gpu_type": gpu_type,
+            "python": python,
+            "image": image,
+            "shared_group": shared_group,
+        }
         for kind in layers:  # every layer checked whole before the first entry is written
             checked = _unpack_layer(folder / f"{kind}.tar.gz", kind, reference, options, dry_run=True)
             report.notes += checked.notes
         for kind in layers:
-            report.unpacked[kind] = _unpack_layer(folder / f"{kind}.tar.gz", kind, reference, options,
-                                                  dry_run=False).as_dict()
+            report.unpacked[kind] = _unpack_layer(
+                folder / f"{kind}.tar.gz", kind, reference, options, dry_run=False
+            ).as_dict()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     log.info("fetch: %s was %s", reference, reference.at(top))

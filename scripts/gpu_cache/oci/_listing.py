@@ -25,10 +25,15 @@ def _loads(text: Any) -> Any:
 def _pack(entry: Any) -> dict[str, Any]:
     annotations = entry.get("annotations") if isinstance(entry, dict) else None
     annotations = annotations if isinstance(annotations, dict) else {}
-    return {"gpu_type": annotations.get(GPU_TYPE_KEY), "arch": annotations.get(ARCH_KEY),
-            "image": annotations.get(IMAGE_KEY), "software": _loads(annotations.get(SOFTWARE_KEY)),
-            "verdict": _loads(annotations.get(VERDICT_KEY)), "bytes": _loads(annotations.get(BYTES_KEY)),
-            "manifest": entry.get("digest") if isinstance(entry, dict) else None}
+    return {
+        "gpu_type": annotations.get(GPU_TYPE_KEY),
+        "arch": annotations.get(ARCH_KEY),
+        "image": annotations.get(IMAGE_KEY),
+        "software": _loads(annotations.get(SOFTWARE_KEY)),
+        "verdict": _loads(annotations.get(VERDICT_KEY)),
+        "bytes": _loads(annotations.get(BYTES_KEY)),
+        "manifest": entry.get("digest") if isinstance(entry, dict) else None,
+    }
 
 
 def listing(reference: Reference, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -44,24 +49,34 @@ def listing(reference: Reference, environ: Mapping[str, str] | None = None) -> d
         except RegistryError:
             document = {}
         entries = document.get("manifests") if document.get("mediaType") == INDEX_TYPE else None
-        out.append({"tag": tag, "digest": digest, "gpu_cache": isinstance(entries, list),
-                    "packs": [_pack(e) for e in entries] if isinstance(entries, list) else []})
+        out.append(
+            {
+                "tag": tag,
+                "digest": digest,
+                "gpu_cache": isinstance(entries, list),
+                "packs": [_pack(e) for e in entries] if isinstance(entries, list) else [],
+            }
+        )
     return {"repository": reference.name, "tags": out}
 
 
 def render_listing(found: Mapping[str, Any]) -> str:
     lines = [f"{found['repository']}: {len(found['tags'])} tags"]
     for tag in found["tags"]:
-        lines.append(f"  {tag['tag'] or '(digest)'}  {found['repository']}@{tag['digest']}"
-                     + ("" if tag["gpu_cache"] else "  (not a gpu-cache index)"))
+        lines.append(
+            f"  {tag['tag'] or '(digest)'}  {found['repository']}@{tag['digest']}"
+            + ("" if tag["gpu_cache"] else "  (not a gpu-cache index)")
+        )
         for pack in tag["packs"]:
             software = pack["software"] if isinstance(pack["software"], dict) else {}
             verdict = pack["verdict"] if isinstance(pack["verdict"], dict) else {}
             words = ", ".join(f"{k} {v}" for k, v in software.items() if v)
             size = format_size(pack["bytes"]) if isinstance(pack["bytes"], int) else "?"
-            lines.append(f"    {pack['gpu_type']} ({pack['arch']}): {words} in {pack['image']}; "
-                         f"{verdict.get('status', '?')}, {verdict.get('hits', '?')} hits, "
-                         f"{verdict.get('misses', '?')} misses; {size}")
+            lines.append(
+                f"    {pack['gpu_type']} ({pack['arch']}): {words} in {pack['image']}; "
+                f"{verdict.get('status', '?')}, {verdict.get('hits', '?')} hits, "
+                f"{verdict.get('misses', '?')} misses; {size}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -78,7 +93,9 @@ def retire(reference: Reference, environ: Mapping[str, str] | None = None) -> st
     _, digest = session.manifest(reference.tag)
     sharing = [t for t in session.tags() if t != reference.tag and session.manifest(t)[1] == digest]
     if sharing:
-        raise RegistryError(f"{reference} is the same index as tag(s) {', '.join(sharing)}: deleting it "
-                            "would remove them too; nothing deleted")
+        raise RegistryError(
+            f"{reference} is the same index as tag(s) {', '.join(sharing)}: deleting it "
+            "would remove them too; nothing deleted"
+        )
     session.delete(digest)
     return digest

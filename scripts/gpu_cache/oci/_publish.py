@@ -55,17 +55,27 @@ class PublishReport:
     kept: list[str] = field(default_factory=list)  # the other GPU types in the index
 
     def as_dict(self) -> dict[str, Any]:
-        return {"reference": self.reference, "digest": self.digest, "gpu_type": self.gpu_type,
-                "manifest": self.manifest, "layers": self.layers, "other_gpu_types": self.kept}
+        return {
+            "reference": self.reference,
+            "digest": self.digest,
+            "gpu_type": self.gpu_type,
+            "manifest": self.manifest,
+            "layers": self.layers,
+            "other_gpu_types": self.kept,
+        }
 
 
 def render_publish(report: PublishReport) -> str:
     name = report.reference.rsplit(":", 1)[0] if "@" not in report.reference else report.reference
-    moved = [f"{kind} {len(x['entries']) if isinstance(x['entries'], list) else x['entries']} entries "
-             f"({'uploaded' if x['uploaded'] else 'unchanged, already there'})"
-             for kind, x in report.layers.items()]
-    lines = [f"published {report.reference} = {name}@{report.digest}",
-             f"GPU type {report.gpu_type}: {report.manifest}; layers: {'; '.join(moved)}"]
+    moved = [
+        f"{kind} {len(x['entries']) if isinstance(x['entries'], list) else x['entries']} entries "
+        f"({'uploaded' if x['uploaded'] else 'unchanged, already there'})"
+        for kind, x in report.layers.items()
+    ]
+    lines = [
+        f"published {report.reference} = {name}@{report.digest}",
+        f"GPU type {report.gpu_type}: {report.manifest}; layers: {'; '.join(moved)}",
+    ]
     if report.kept:
         lines.append(f"kept in the index: {', '.join(report.kept)}")
     return "\n".join(lines) + "\n"
@@ -84,8 +94,10 @@ def load_verdict(path: Path) -> dict[str, Any]:
     if not isinstance(verdict, dict) or not isinstance(verdict.get("gpu_type"), str):
         raise RegistryError(f"{path} is not a validation verdict (validate/{{gpu_type}}.json)")
     if verdict.get("passed") is not True or verdict.get("misses"):
-        raise RegistryError(f"the validation of {verdict['gpu_type']} in {path} did not pass "
-                            f"({verdict.get('status')}): only validated caches are published")
+        raise RegistryError(
+            f"the validation of {verdict['gpu_type']} in {path} did not pass "
+            f"({verdict.get('status')}): only validated caches are published"
+        )
     return verdict
 
 
@@ -107,11 +119,15 @@ def fingerprint(identity: Mapping[str, Any]) -> dict[str, Any]:
 def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[str, str]:
     device = verdict.get("device") if isinstance(verdict.get("device"), dict) else {}
     ran = verdict.get("software") if isinstance(verdict.get("software"), dict) else {}
-    return {GPU_TYPE_KEY: gpu_type, ARCH_KEY: _arch(gpu_type, device), DEVICE_KEY: str(device.get("name") or "?"),
-            IMAGE_KEY: str(ran.get("container") or ran.get("image") or "host"),
-            SOFTWARE_KEY: json.dumps(fingerprint(ran), sort_keys=True),
-            VERDICT_KEY: json.dumps({k: verdict.get(k) for k in VERDICT_FIELDS}, sort_keys=True),
-            BYTES_KEY: str(total)}
+    return {
+        GPU_TYPE_KEY: gpu_type,
+        ARCH_KEY: _arch(gpu_type, device),
+        DEVICE_KEY: str(device.get("name") or "?"),
+        IMAGE_KEY: str(ran.get("container") or ran.get("image") or "host"),
+        SOFTWARE_KEY: json.dumps(fingerprint(ran), sort_keys=True),
+        VERDICT_KEY: json.dumps({k: verdict.get(k) for k in VERDICT_FIELDS}, sort_keys=True),
+        BYTES_KEY: str(total),
+    }
 
 
 def _packs(root: Path, gpu_type: str, folder: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
@@ -132,13 +148,15 @@ def _packs(root: Path, gpu_type: str, folder: Path) -> dict[str, tuple[Path, dic
     finally:
         quiet.setLevel(level)
     if not out:
-        raise RegistryError(f"no entry under {root} was used by the validated passes of {gpu_type}: "
-                            "nothing to publish")
+        raise RegistryError(
+            f"no entry under {root} was used by the validated passes of {gpu_type}: nothing to publish"
+        )
     return out
 
 
-def _merged_index(session: Session, reference: Reference, gpu_type: str, entry: dict[str, Any]) -> tuple[
-        dict[str, Any], list[str]]:
+def _merged_index(
+    session: Session, reference: Reference, gpu_type: str, entry: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
     """The index at the tag with ``entry`` for ``gpu_type`` in place of the one it had.
 
     Raises:
@@ -150,8 +168,12 @@ def _merged_index(session: Session, reference: Reference, gpu_type: str, entry: 
     except RegistryError as exc:
         if "MANIFEST_UNKNOWN" not in str(exc) and "NAME_UNKNOWN" not in str(exc) and "404" not in str(exc):
             raise
-        return {"schemaVersion": 2, "mediaType": INDEX_TYPE, "artifactType": ARTIFACT_TYPE,
-                "manifests": [entry]}, []
+        return {
+            "schemaVersion": 2,
+            "mediaType": INDEX_TYPE,
+            "artifactType": ARTIFACT_TYPE,
+            "manifests": [entry],
+        }, []
     try:
         old = json.loads(raw)
         others = [m for m in old["manifests"] if m["annotations"][GPU_TYPE_KEY] != gpu_type]
@@ -161,18 +183,40 @@ def _merged_index(session: Session, reference: Reference, gpu_type: str, entry: 
         if other["annotations"].get(SOFTWARE_KEY) != entry["annotations"][SOFTWARE_KEY]:
             raise RegistryError(
                 f"{reference} holds the {other['annotations'][GPU_TYPE_KEY]} pack of other software "
-                f"({other['annotations'].get(SOFTWARE_KEY)}): one reference per image; publish to another tag")
+                f"({other['annotations'].get(SOFTWARE_KEY)}): one reference per image; publish to another tag"
+            )
     kept = [str(m["annotations"][GPU_TYPE_KEY]) for m in others]
-    return {"schemaVersion": 2, "mediaType": INDEX_TYPE, "artifactType": ARTIFACT_TYPE,
-            "manifests": sorted([*others, entry], key=lambda m: m["annotations"][GPU_TYPE_KEY])}, kept
+    return {
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "manifests": sorted([*others, entry], key=lambda m: m["annotations"][GPU_TYPE_KEY]),
+    }, kept
 
 
 def _canonical(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
-def publish(*, root: Path, reference: Reference, verdict: Mapping[str, Any],
-            environ: Mapping[str, str] | None = None) -> PublishReport:
+def _upload_layers(
+    session: Session, packs: dict[str, tuple[Path, dict[str, Any]]], report: PublishReport
+) -> list[dict[str, Any]]:
+    """Upload each pack the registry lacks; the layer descriptors (``report.layers``: each
+    one's digest, size, entries and whether it was uploaded)."""
+    layers = []
+    for kind, (path, manifest) in packs.items():
+        digest, size = _file_digest(path), path.stat().st_size
+        uploaded = session.upload(path, digest, size, f"{kind} layer")
+        entries = len(manifest["kinds"][kind]["entries"])
+        report.layers[kind] = {"digest": digest, "size": size, "entries": entries, "uploaded": uploaded}
+        layers.append({"mediaType": LAYER_TYPE, "digest": digest, "size": size,
+                       "annotations": {KIND_KEY: kind, TITLE_KEY: path.name}})
+    return layers
+
+
+def publish(
+    *, root: Path, reference: Reference, verdict: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> PublishReport:
     """Publish the entries that ``verdict``'s passes used under ``root`` to ``reference`` (a tag).
 
     Raises:
@@ -188,35 +232,46 @@ def publish(*, root: Path, reference: Reference, verdict: Mapping[str, Any],
     with tempfile.TemporaryDirectory(prefix="gpu-cache-publish-") as temp:
         packs = _packs(root, gpu_type, Path(temp))
         report = PublishReport(str(reference), "", gpu_type, "")
-        layers = []
-        for kind, (path, manifest) in packs.items():
-            digest, size = _file_digest(path), path.stat().st_size
-            uploaded = session.upload(path, digest, size, f"{kind} layer")
-            entries = manifest["kinds"][kind]["entries"]
-            report.layers[kind] = {"digest": digest, "size": size, "entries": len(entries), "uploaded": uploaded}
-            layers.append({"mediaType": LAYER_TYPE, "digest": digest, "size": size,
-                           "annotations": {KIND_KEY: kind, TITLE_KEY: path.name}})
+        layers = _upload_layers(session, packs, report)
         total = sum(x["size"] for x in report.layers.values())
         annotations = _annotations(gpu_type, verdict, total)
-        config = _canonical({
-            "format": CONFIG_FORMAT, "format_version": CONFIG_VERSION, "gpu_type": gpu_type,
-            "gpu_cache_version": __version__, "annotations": annotations,
-            "software_by_kind": {k: m["software_by_kind"].get(k, []) for k, (_, m) in packs.items()},
-            "device": {k: m["device"].get(k, {}) for k, (_, m) in packs.items()},
-            "kinds": {k: {"entries": x["entries"], "bytes": x["size"], "layer": x["digest"]}
-                      for k, x in report.layers.items()}})
+        config = _canonical(
+            {
+                "format": CONFIG_FORMAT,
+                "format_version": CONFIG_VERSION,
+                "gpu_type": gpu_type,
+                "gpu_cache_version": __version__,
+                "annotations": annotations,
+                "software_by_kind": {k: m["software_by_kind"].get(k, []) for k, (_, m) in packs.items()},
+                "device": {k: m["device"].get(k, {}) for k, (_, m) in packs.items()},
+                "kinds": {
+                    k: {"entries": x["entries"], "bytes": x["size"], "layer": x["digest"]}
+                    for k, x in report.layers.items()
+                },
+            }
+        )
         config_path = Path(temp) / "config.json"
         config_path.write_bytes(config)
         session.upload(config_path, sha256_digest(config), len(config), "config")
-    manifest_raw = _canonical({
-        "schemaVersion": 2, "mediaType": MANIFEST_TYPE, "artifactType": ARTIFACT_TYPE,
-        "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config), "size": len(config)},
-        "layers": layers,
-        "annotations": {**annotations, CREATED_KEY: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}})
+    manifest_raw = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "artifactType": ARTIFACT_TYPE,
+            "config": {"mediaType": CONFIG_TYPE, "digest": sha256_digest(config), "size": len(config)},
+            "layers": layers,
+            "annotations": {**annotations, CREATED_KEY: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        }
+    )
     report.manifest = sha256_digest(manifest_raw)
     session.put_manifest(report.manifest, manifest_raw, MANIFEST_TYPE)
-    entry = {"mediaType": MANIFEST_TYPE, "artifactType": ARTIFACT_TYPE, "digest": report.manifest,
-             "size": len(manifest_raw), "annotations": annotations}
+    entry = {
+        "mediaType": MANIFEST_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "digest": report.manifest,
+        "size": len(manifest_raw),
+        "annotations": annotations,
+    }
     index, report.kept = _merged_index(session, reference, gpu_type, entry)
     index_raw = _canonical(index)
     session.put_manifest(str(reference.tag), index_raw, INDEX_TYPE)
