@@ -24,6 +24,7 @@ from daemons import free_port
 from gpu_cache import oci
 from gpu_cache.core import kinds
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.errors import UsageError
 from helpers import (
     PROFILE,
     SMALL,
@@ -254,7 +255,7 @@ def test_a_hostile_layer_is_refused(
     from test_carry import rebuild, special
 
     ref = oci.parse_reference(published["ref"])
-    session = oci._client.Session(ref)
+    session = oci.Session(ref)
     raw, _ = session.manifest(published["report"]["manifest"])
     manifest = json.loads(raw)
     layer = tmp_path / "jax.tar.gz"
@@ -262,13 +263,13 @@ def test_a_hostile_layer_is_refused(
     hostile = rebuild(
         layer, tmp_path / "hostile.tar.gz", members=[special("jax/evil", tarfile.SYMTYPE, link="/etc/passwd")]
     )
-    digest = oci._client.sha256_digest(hostile.read_bytes())
+    digest = oci.sha256_digest(hostile.read_bytes())
     session.upload(hostile, digest, hostile.stat().st_size, "layer")
     manifest["layers"][0].update(digest=digest, size=hostile.stat().st_size)
     raw = json.dumps(manifest).encode()
-    session.put_manifest(oci._client.sha256_digest(raw), raw, oci._client.MANIFEST_TYPE)
+    session.put_manifest(oci.sha256_digest(raw), raw, oci.MANIFEST_TYPE)
     root = tmp_path / "root"
-    result = fetch(f"{ref.name}@{oci._client.sha256_digest(raw)}", root)
+    result = fetch(f"{ref.name}@{oci.sha256_digest(raw)}", root)
     assert result.returncode == 1
     line = one_line(result)
     assert "archive member 'jax/evil' is a symbolic link" in line and "nothing written" in line
@@ -359,12 +360,13 @@ def test_references_and_plain_http_only_for_this_machine() -> None:
         "2.6.2",
         None,
     )
-    assert oci._client.base_url(ref) == "https://registry.example.org"
-    assert oci._client.base_url(oci.parse_reference("localhost:5000/x:1")) == "http://localhost:5000"
-    assert oci._client.base_url(oci.parse_reference("127.0.0.1:5000/x:1")) == "http://127.0.0.1:5000"
-    assert oci._client.base_url(oci.parse_reference("127.0.0.1.example.org/x:1")).startswith("https://")
-    for bad in ("lab/af3-cache:1", "registry.example.org/Lab/x", "registry.example.org/x@sha256:12"):
-        with pytest.raises(oci._client.UsageError):
+    assert oci.base_url(ref) == "https://registry.example.org"
+    assert oci.base_url(oci.parse_reference("localhost:5000/x:1")) == "http://localhost:5000"
+    assert oci.base_url(oci.parse_reference("127.0.0.1:5000/x:1")) == "http://127.0.0.1:5000"
+    assert oci.base_url(oci.parse_reference("127.0.0.1.example.org/x:1")).startswith("https://")
+    for bad in ("lab/af3-cache:1", "registry.example.org/Lab/x", "registry.example.org/x@sha256:12",
+                "registry.example.org/x:1\n"):
+        with pytest.raises(UsageError):
             oci.parse_reference(bad)
 
 

@@ -474,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpu_cache.commands import fetch, publish  # each owns its arguments (issue 33's shape)
 
     for module in (publish, fetch):
-        module.add_arguments(_command(sub, module.NAME, module.run, module.ABOUT))
+        run = module.run
+        module.add_arguments(_command(sub, module.NAME, lambda args, run=run: run(args, _settings(args)),
+                                      module.ABOUT))
 
     p = _command(sub, "install-profile", _install_profile,
                  "install the Snakemake profile (--profile gpu-cache)", common=False)

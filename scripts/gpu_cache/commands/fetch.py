@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpu_cache.commands.reporting import emit, gpu_type_of
+from gpu_cache.config.settings import Settings
 from gpu_cache.core import kinds
 from gpu_cache.core.errors import UsageError
 
@@ -48,22 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """The subcommand, with the settings of its --config and --cache-root (cli builds them)."""
     from gpu_cache import oci
-    from gpu_cache.cli import _emit, _gpu_type, _settings
-
-    settings = _settings(args)
     reference = oci.parse_reference(args.reference)
     try:
         if args.list:
             found = oci.listing(reference)
             sys.stdout.write(oci.render_listing(found) if not args.json else "")
-            _emit(found, args.output, to_stdout=args.json)
+            emit(found, args.output, to_stdout=args.json)
             return 0
         report = oci.fetch(
             root=settings.cache_root,
             reference=reference,
-            gpu_type=_gpu_type(settings, args.gpu_type),
+            gpu_type=gpu_type_of(settings, args.gpu_type),
             python=args.python,
             image=args.image,
             kinds=args.kind,
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(exc, OSError):
             exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
         print(f"gpu-cache: warning: not fetched, the warm step compiles everything: {exc}", file=sys.stderr)
-        _emit({"fetched": False, "reference": str(reference), "why": str(exc)}, args.output, to_stdout=False)
+        emit({"fetched": False, "reference": str(reference), "why": str(exc)}, args.output, to_stdout=False)
         return 0
     sys.stdout.write(oci.render_fetch(report, reference.name) if not args.json else "")
-    _emit(report.as_dict(), args.output, to_stdout=args.json)
+    emit(report.as_dict(), args.output, to_stdout=args.json)
     return 0

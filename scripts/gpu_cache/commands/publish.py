@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpu_cache.commands.reporting import emit, gpu_type_of
+from gpu_cache.config.settings import Settings
 from gpu_cache.core.errors import UsageError
 
 NAME = "publish"
@@ -39,11 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """The subcommand, with the settings of its --config and --cache-root (cli builds them)."""
     from gpu_cache import oci
-    from gpu_cache.cli import _emit, _gpu_type, _settings
-
-    settings = _settings(args)
     reference = oci.parse_reference(args.reference)
     try:
         if args.retire:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         path = (
             Path(args.verdict)
             if args.verdict
-            else Path("results/gpu-cache/validate") / f"{_gpu_type(settings, gpu_type)}.json"
+            else Path("results/gpu-cache/validate") / f"{gpu_type_of(settings, gpu_type)}.json"
         )
         verdict = oci.load_verdict(path)
         if gpu_type is not None and verdict["gpu_type"] != gpu_type:
@@ -72,11 +72,11 @@ def run(args: argparse.Namespace) -> int:
             exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
         print(f"gpu-cache: warning: not published: {exc}", file=sys.stderr)
         if args.output:
-            _emit({"published": False, "reference": str(reference), "why": str(exc)}, args.output, False)
+            emit({"published": False, "reference": str(reference), "why": str(exc)}, args.output, False)
         return 0
     if args.output:
-        _emit({"published": True, **report.as_dict()}, args.output, to_stdout=False)
+        emit({"published": True, **report.as_dict()}, args.output, to_stdout=False)
     sys.stdout.write(oci.render_publish(report) if not args.json else "")
     if args.json:
-        _emit({"published": True, **report.as_dict()}, None)
+        emit({"published": True, **report.as_dict()}, None)
     return 0

@@ -17,7 +17,17 @@ when every layer passed are entries written, through unpack's own path. A digest
 bytes are those the reference names, not who pushed them: see docs/registry.md.
 """
 
-from ._client import DOCKER_CONFIG_VARIABLE, PASSWORD_VARIABLE, USERNAME_VARIABLE, Reference, parse_reference
+from ._client import (
+    DOCKER_CONFIG_VARIABLE,
+    MANIFEST_TYPE,
+    PASSWORD_VARIABLE,
+    USERNAME_VARIABLE,
+    Reference,
+    Session,
+    base_url,
+    parse_reference,
+    sha256_digest,
+)
 from ._common import ARTIFACT_TYPE, Refused, RegistryError, Unreachable
 from ._config import references
 from ._fetch import FetchReport, fetch, render_fetch
@@ -27,6 +37,7 @@ from ._publish import PublishReport, load_verdict, publish, render_publish
 __all__ = [
     "ARTIFACT_TYPE",
     "DOCKER_CONFIG_VARIABLE",
+    "MANIFEST_TYPE",
     "PASSWORD_VARIABLE",
     "USERNAME_VARIABLE",
     "FetchReport",
@@ -34,7 +45,9 @@ __all__ = [
     "Reference",
     "Refused",
     "RegistryError",
+    "Session",
     "Unreachable",
+    "base_url",
     "fetch",
     "listing",
     "load_verdict",
@@ -45,4 +58,5 @@ __all__ = [
     "render_listing",
     "render_publish",
     "retire",
+    "sha256_digest",
 ]

@@ -91,7 +91,7 @@ def parse_reference(text: str) -> Reference:
         UsageError: not ``host/repository[:tag][@sha256:...]`` (the host is required: no
             registry is assumed).
     """
-    match = _REFERENCE.match(text)
+    match = _REFERENCE.fullmatch(text)
     host = match.group("host") if match else ""
     if not match or not ("." in host or ":" in host or host.split(":")[0] == "localhost"):
         raise UsageError(
@@ -264,7 +264,7 @@ class Session:
         )
         raw = b"".join(_limited(response, MAX_MANIFEST, f"the manifest {target}"))
         digest = sha256_digest(raw)
-        if DIGEST_RE.match(target) and digest != target:
+        if DIGEST_RE.fullmatch(target) and digest != target:
             raise Refused(f"the registry served a manifest for {target} whose bytes hash to {digest}")
         return raw, digest
 

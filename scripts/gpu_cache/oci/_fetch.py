@@ -87,7 +87,7 @@ def _descriptor(value: Any, what: str, media_type: str) -> dict[str, Any]:
         not isinstance(value, dict)
         or value.get("mediaType") != media_type
         or not isinstance(value.get("digest"), str)
-        or not DIGEST_RE.match(value["digest"])
+        or not DIGEST_RE.fullmatch(value["digest"])
         or not isinstance(value.get("size"), int)
         or value["size"] < 0
     ):
@@ -155,7 +155,7 @@ def _fit(
 ) -> None:
     """unpack's checks of software and GPU type, on what the config says, before any layer
     is downloaded (unpack checks each layer's own manifest again)."""
-    from gpu_cache.carry._fit import fit_problems, target_software
+    from gpu_cache.carry import fit_problems, target_software
 
     if config.get("gpu_type") != gpu_type:
         raise Refused(f"{reference} is a pack of GPU type {config.get('gpu_type')!r}, not {gpu_type}")
@@ -215,7 +215,7 @@ def fetch(
 
     if root is None:
         raise UsageError("fetch needs a cache root (caching is turned off)")
-    asked = None if kinds is None else carry._pack.check_kinds(kinds)
+    asked = None if kinds is None else carry.check_kinds(kinds)
     session = Session(reference, environ)
     top, digest, manifest = _artifact(session, reference, gpu_type)
     report = FetchReport(str(reference), top, gpu_type, digest)

@@ -103,7 +103,7 @@ def load_verdict(path: Path) -> dict[str, Any]:
 
 def _arch(gpu_type: str, device: Mapping[str, Any]) -> str:
     """The GPU's Triton target (``sm_90``), or the CPU's machine type for ``cpu``."""
-    from gpu_cache.carry._fit import target_of_gpu_type
+    from gpu_cache.carry import target_of_gpu_type
 
     for name in (gpu_type, device.get("gpu_type")):
         if isinstance(name, str) and (target := target_of_gpu_type(name)):
