@@ -22,6 +22,7 @@ import pytest
 
 from daemons import free_port
 from gpu_cache import oci
+from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
@@ -200,6 +201,7 @@ def test_republishing_unchanged_entries_moves_no_layer(published: dict[str, Any]
 # --- refusals: nothing written ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a daemon, or more than 2 s
 def test_a_blob_damaged_in_the_registry_is_refused(tmp_path: Path) -> None:
     needs_registry()
     with RegistryServer(tmp_path / "registry") as server:  # its own store: the damage stays here
@@ -313,6 +315,7 @@ def test_htpasswd_login_from_the_environment_and_docker_config(
         assert len(entries(tmp_path / "root")) == len(entries(published["root"]))
 
 
+@pytest.mark.slow  # a daemon, or more than 2 s
 def test_an_unreachable_registry_is_one_warning(tmp_path: Path) -> None:
     ref = f"127.0.0.1:{free_port()}/lab/cache:1"  # nothing listens there
     started = time.monotonic()
@@ -409,6 +412,7 @@ def test_workflow_publishes_then_another_site_starts_warm(
     assert verdict["passed"] is True and verdict["misses"] == 0 and verdict["new_entries"] == 0
 
 
+@pytest.mark.slow  # a daemon, or more than 2 s
 def test_workflow_with_an_unreachable_registry_warms_as_without(tmp_path: Path) -> None:
     nowhere = f"127.0.0.1:{free_port()}/lab/cache"
     _, site = run_workflow(
@@ -419,3 +423,13 @@ def test_workflow_with_an_unreachable_registry_warms_as_without(tmp_path: Path) 
     assert read_json(site / "validate" / "cpu.json")["passed"] is True
     logs = site.parent.parent / "logs" / "gpu-cache"
     assert "cannot be reached" in (logs / "fetch" / "cpu.log").read_text()
+
+
+def test_a_gpu_types_own_registry_keys_win_key_by_key() -> None:
+    pinned = f"registry.example.org/lab/cache@sha256:{'a' * 64}"
+    config = {"registry": {"fetch": pinned, "publish": "registry.example.org/lab/cache:1"},
+              "gpu_types": {"h200": {"registry": {"publish": None}}, "a100": {}}}
+    assert oci.references(config, "h200") == (pinned, None)
+    assert oci.references(config, "a100") == (pinned, "registry.example.org/lab/cache:1")
+    with pytest.raises(UsageError, match=r"registry\.fetch"):  # a tag could be moved: pin a digest
+        settings_from({"registry": {"fetch": "registry.example.org/lab/cache:1"}})

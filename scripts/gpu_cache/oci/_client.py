@@ -259,9 +259,19 @@ class Session:
             Refused: the registry served other bytes than the digest names.
             RegistryError: no such manifest, or one larger than :data:`MAX_MANIFEST`.
         """
+        found = self.manifest_if_any(target, accept)
+        if found is None:
+            raise RegistryError(f"{self.reference.name} has no manifest {target} (no such tag or digest)")
+        return found
+
+    def manifest_if_any(self, target: str, accept: tuple[str, ...] = (INDEX_TYPE, MANIFEST_TYPE)) -> (
+            tuple[bytes, str] | None):
+        """:meth:`manifest`, or None where the registry has none of that name."""
         response = self.request(
-            "GET", f"manifests/{target}", headers={"Accept": ", ".join(accept)}, stream=True
+            "GET", f"manifests/{target}", headers={"Accept": ", ".join(accept)}, stream=True, ok=(200, 404)
         )
+        if response.status_code == 404:
+            return None
         raw = b"".join(_limited(response, MAX_MANIFEST, f"the manifest {target}"))
         digest = sha256_digest(raw)
         if DIGEST_RE.fullmatch(target) and digest != target:

@@ -163,11 +163,8 @@ def _merged_index(
         RegistryError: the tag names something else than a gpu-cache index, or packs of other
             software (one reference per image).
     """
-    try:
-        raw, _ = session.manifest(reference.target)
-    except RegistryError as exc:
-        if "MANIFEST_UNKNOWN" not in str(exc) and "NAME_UNKNOWN" not in str(exc) and "404" not in str(exc):
-            raise
+    found = session.manifest_if_any(reference.target)
+    if found is None:  # a new tag
         return {
             "schemaVersion": 2,
             "mediaType": INDEX_TYPE,
@@ -175,7 +172,7 @@ def _merged_index(
             "manifests": [entry],
         }, []
     try:
-        old = json.loads(raw)
+        old = json.loads(found[0])
         others = [m for m in old["manifests"] if m["annotations"][GPU_TYPE_KEY] != gpu_type]
     except (ValueError, KeyError, TypeError):
         raise RegistryError(f"{reference} is not a gpu-cache index; publish to a tag of its own") from None
