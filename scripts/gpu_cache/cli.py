@@ -478,6 +478,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
     p.add_argument("--json", action="store_true", help="print a JSON report")
 
+    from gpu_cache.commands import fetch, publish  # each owns its arguments (issue 33's shape)
+
+    for module in (publish, fetch):
+        run = module.run
+        module.add_arguments(_command(sub, module.NAME, lambda args, run=run: run(args, _settings(args)),
+                                      module.ABOUT))
+
     p = _command(sub, "install-profile", _install_profile,
                  "install the Snakemake profile (--profile gpu-cache)", common=False)
     p.add_argument("--name", default="gpu-cache", help="shipped profile to install (default: gpu-cache)")

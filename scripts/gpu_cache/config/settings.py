@@ -46,6 +46,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "validate": {"measure_cold": True, "strict": False},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
     "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
+    "registry": {"fetch": None, "publish": None},
 }
 
 
