@@ -101,7 +101,8 @@ def plant(tier: Path, how: str) -> str:
     raise AssertionError(how)
 
 
-HOW = ["nobody's folders", "nobody's 0777 folders", "a link to nobody's folder", "ours, 0777, with nobody's tier"]
+HOW = ["nobody's folders", "nobody's 0777 folders", "a link to nobody's folder",
+       "ours, 0777, with nobody's tier"]
 
 
 @pytest.mark.parametrize("how", HOW)
@@ -118,7 +119,8 @@ def test_a_squatted_tier_runs_no_planted_executable_and_is_left_untouched(base, 
               + plant(tier, how) +
               f"real=$(readlink -f {tier}/jax)\n"
               f"victim=$(ls {scratch}/victim | grep '^jit__lambda.*-cache$')\n"
-              f"cp {scratch}/attacker/$(ls {scratch}/attacker | grep '^jit__lambda.*-cache$') \"$real/$victim\"\n"
+              f"theirs=$(ls {scratch}/attacker | grep '^jit__lambda.*-cache$')\n"
+              f"cp {scratch}/attacker/$theirs \"$real/$victim\"\n"
               f"chown -R nobody \"$real\"\n"
               f"rm -rf {scratch}\n"
               f"({listing('/tmp')}) > {base}/before\n"

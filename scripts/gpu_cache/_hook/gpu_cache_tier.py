@@ -130,6 +130,7 @@ class Tier:
             out = os.open(tmp, files.CREATE, 0o666, dir_fd=tmp_fd)
             try:
                 try:
+                    files.harden(out, os.fstat(tmp_fd))
                     size = files.write_all(out, chunks) if chunks is not None else files.copy_fd(fd, out)
                 finally:
                     os.close(out)

@@ -120,6 +120,16 @@ class Side:
         return fd
 
 
+def harden(fd, folder):
+    """No write for others (nor for the group, unless ``folder`` is a team's) on a file the tier
+    just made, whatever the umask let through (gpu_cache.core.safe_io.harden's rule)."""
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    team = folder.st_mode & stat.S_IWGRP and not folder.st_mode & stat.S_IWOTH
+    safe = mode & ~(0o002 if team else 0o022)
+    if safe != mode:
+        os.fchmod(fd, safe)
+
+
 def copy_fd(src, dst):
     size = 0
     while True:

@@ -34,6 +34,11 @@ COMMANDS = {
                     "write warmed cache entries into one archive, with a manifest"),
     "unpack": Command("gpu_cache.commands.unpack", "check an archive against this target and add its "
                                                    "entries to the cache; exit 1 when refused"),
+    "publish": Command("gpu_cache.commands.publish", "publish the entries a passed validation used to an "
+                                                     "OCI registry (one index per image)"),
+    "fetch": Command("gpu_cache.commands.fetch", "fetch a GPU type's validated pack from an OCI registry "
+                                                 "into the cache, every digest checked (exit 1 when "
+                                                 "refused, nothing written)"),
     "install-profile": Command("gpu_cache.commands.install_profile",
                                "install the Snakemake profile (--profile gpu-cache)", common=False),
 }

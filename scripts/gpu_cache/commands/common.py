@@ -27,7 +27,12 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", metavar="DIR",
                         help=f"cache root (default: config, ${names.ROOT_VAR}, $XDG_CACHE_HOME/gpu-cache, "
                              "~/.cache/gpu-cache); 'none' turns caching off")
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config (same keys as the workflow's)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML or JSON config (same keys as the workflow's), or a host pipeline's "
+                             "config: then its gpu_cache: block")
+    parser.add_argument("--config-key", metavar="KEY",
+                        help="with --config: the top-level key of the block that holds gpu-cache's "
+                             "config in a host's file (default: gpu_cache, where there is one)")
     parser.add_argument("--config-json", metavar="JSON", help=argparse.SUPPRESS)  # from the rules
 
 
@@ -48,8 +53,10 @@ def add_report_inputs(parser: argparse.ArgumentParser) -> None:
 def settings(args: argparse.Namespace) -> Settings:
     """The settings that ``--config``/``--config-json`` and ``--cache-root`` give."""
     config: dict[str, Any] | None = None
+    if getattr(args, "config_key", None) and not getattr(args, "config", None):
+        raise UsageError("--config-key needs --config: the file whose block it names")
     if getattr(args, "config", None):
-        config = load_config_file(args.config)
+        config = load_config_file(args.config, getattr(args, "config_key", None))
     if getattr(args, "config_json", None):
         import json
 

@@ -47,6 +47,9 @@ RULE_VAR = "GPU_CACHE_RULE"
 WILDCARDS_VAR = "GPU_CACHE_WILDCARDS"
 GPU_TYPE_VAR = "GPU_CACHE_GPU_TYPE"
 RUN_ID_VAR = "GPU_CACHE_RUN_ID"
+#: The OCI registry's login (issue 32); they win over docker's config.json.
+REGISTRY_USERNAME_VAR = "GPU_CACHE_REGISTRY_USERNAME"
+REGISTRY_PASSWORD_VAR = "GPU_CACHE_REGISTRY_PASSWORD"
 #: The Triton targets (``cuda:90,...``) the built-in Triton workload compiles for ahead of time.
 TRITON_TARGETS_VAR = "GPU_CACHE_TRITON_TARGETS"
 
