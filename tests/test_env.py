@@ -12,7 +12,7 @@ import pytest
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import names
 from gpu_cache.core.runner import Command, run_command, shell_command
-from gpu_cache.jobenv import env
+from gpu_cache.jobenv import env, fs
 from helpers import REPO, SCRIPTS, clean_environ, run_cli, run_snakemake
 
 
@@ -74,7 +74,7 @@ def test_a_root_that_cannot_be_created_degrades_with_reasons(tmp_path):
     assert exports.values["JAX_ENABLE_COMPILATION_CACHE"] == "false"
     assert "cannot create" in exports.problems["jax"]
     # Triton cannot be switched off: it goes to a node-local folder instead, and says so.
-    assert exports.values["TRITON_CACHE_DIR"] == str(env.node_local_fallback("triton"))
+    assert exports.values["TRITON_CACHE_DIR"] == str(fs.node_local_fallback("triton"))
     assert "node-local" in exports.problems["triton"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.jobenv.env import tier_digest
+from gpu_cache.jobenv.tier import digest as tier_digest
 from helpers import HOOK, clean_environ, run_cli, write_config
 
 TIERED = ("JAX_COMPILATION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
@@ -196,11 +196,11 @@ def test_the_schema_gives_local_tier_defaults_and_refuses_bad_values(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
     # ~ and $VARS in the folder are expanded (a per-user folder from one team config).
     expanded = settings.settings_from({"local_tier": {"folder": "$GPU_CACHE_TEST_X/t"}}, str(tmp_path / "c"))
-    from gpu_cache.jobenv.env import tier_base
+    from gpu_cache.jobenv import tier
 
     os.environ["GPU_CACHE_TEST_X"] = str(tmp_path)
     try:
-        assert tier_base(expanded) == tmp_path / "t"
+        assert tier.location(expanded).folder.parent == tmp_path / "t"
     finally:
         del os.environ["GPU_CACHE_TEST_X"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.jobenv.env import tier_digest
+from gpu_cache.jobenv.tier import digest as tier_digest
 from helpers import FILLER, clean_environ, run_cli, write_config
 
 HOUR = 3600.0

@@ -394,7 +394,7 @@ def test_exports_on_by_default_and_off_by_config(cache_root):
     on = env.resolve(settings_from({}, cache_root=str(cache_root)), base)
     assert on.values["GPU_CACHE_LOCKS"] == str(cache_root / "locks")
     assert on.values["GPU_CACHE_LOCK_TIMEOUT"] == "600"
-    assert on.single_flight["enabled"] and (cache_root / "locks").is_dir()
+    assert on.single_flight.enabled and (cache_root / "locks").is_dir()
     config = {"single_flight": {"timeout": "90s"}}
     short = env.resolve(settings_from(config, cache_root=str(cache_root)), base)
     assert short.values["GPU_CACHE_LOCK_TIMEOUT"] == "90"

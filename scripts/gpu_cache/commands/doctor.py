@@ -93,8 +93,8 @@ def preflight(settings: Settings) -> dict[str, Any]:
             report["kinds"]["records"] = exports.checks["records"].as_dict()
             report["ok"] = report["ok"] and exports.checks["records"].problem is None
     report["exports"] = exports.as_dict()
-    report["single_flight"] = dict(exports.single_flight)
-    report["tier"] = dict(exports.tier)
+    report["single_flight"] = exports.single_flight.as_dict()
+    report["tier"] = exports.tier.as_dict()
     report["warnings"] += exports.messages()  # problems, fallbacks, adjustments, low space
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []

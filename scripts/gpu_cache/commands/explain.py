@@ -20,7 +20,7 @@ from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv.env import in_tier_of
+from gpu_cache.jobenv.tier import in_tier_of
 
 #: What each key part means when it changed, as the first words of a hint.
 PART_HINTS = {

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gpu_cache.commands import common
+from gpu_cache.config.settings import Settings
 from gpu_cache.core import kinds
 from gpu_cache.core.errors import UsageError
 
@@ -25,7 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpu_cache import carry
-    from gpu_cache.jobenv import tier
 
     settings = common.settings(args)
     if settings.cache_root is None:
@@ -33,6 +33,18 @@ def run(args: argparse.Namespace) -> int:
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
     report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
                         gpu_type=args.gpu_type, workload=args.workload, matcher=matcher,
-                        tier=tier.trusted_local(settings, common.warn))
+                        tier=_trusted_tier(settings))
     sys.stdout.write(common.dumps(report.as_dict()) if args.json else carry.render_pack(report))
     return 0
+
+
+def _trusted_tier(settings: Settings) -> Path | None:
+    """This node's local tier of the cache root where it may be read; one that is not trusted
+    is left out, with a warning (its entries could be anyone's)."""
+    from gpu_cache.jobenv import tier
+
+    here = tier.on_this_node(settings)
+    if here is not None and here.problem:
+        common.warn("local tier left out: %s", here.problem)
+        return None
+    return here.folder if here is not None else None

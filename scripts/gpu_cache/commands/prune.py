@@ -125,18 +125,17 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
     entries first, promoted or not: the root keeps what was promoted), entries unused longer
     than ``max_age``, broken ones and stale temporaries. A tier that does not exist on this node
     is left alone; one that is not trusted is not touched (the problem says why)."""
-    from gpu_cache.jobenv.env import tier_folder, tier_trusted_above
-    from gpu_cache.jobenv.trust import distrust
+    from gpu_cache.jobenv import tier
 
-    local = tier_folder(settings)
     wanted = [kind for kind in only if kinds.KINDS[kind].tiered]
-    if local is None or not wanted or not local.is_dir():
+    here = tier.on_this_node(settings) if wanted else None
+    if here is None:
         return
+    local = here.folder
     max_size = settings.local_tier.max_size if max_size is None else max_size
     result.tier_folder, result.tier_max_size = str(local), max_size
-    why = distrust(local, settings.shared_group, tier_trusted_above(settings))
-    if why:
-        result.problems.append(f"local tier: {why}; not pruned")
+    if here.problem:
+        result.problems.append(f"local tier: {here.problem}; not pruned")
         return
     with ExitStack() as held:
         try:

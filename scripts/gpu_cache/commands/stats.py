@@ -67,9 +67,10 @@ def tier_stats(settings: Settings, now: float) -> dict[str, Any]:
     """This node's local tier of the cache root (issue 23): its folder, its bound, and per
     tiered kind what :func:`summarise` says (no kinds where this node has no tier). Entries
     there that the root lacks were not promoted (yet, or the root is read-only)."""
-    from gpu_cache.jobenv.env import tier_folder
+    from gpu_cache.jobenv import tier
 
-    local = tier_folder(settings)
+    where = tier.location(settings)
+    local = where.folder if where else None
     out: dict[str, Any] = {"local": str(local) if local else None,
                            "max_size": settings.local_tier.max_size, "kinds": {}}
     if local is None or not local.is_dir():
@@ -102,7 +103,7 @@ def device_seen(record: dict[str, Any]) -> str:
 
 def _under(path: str, root: Path) -> bool:
     """Whether ``path`` is the cache root's: under it, or its node-local tier (issue 23)."""
-    from gpu_cache.jobenv.env import in_tier_of
+    from gpu_cache.jobenv.tier import in_tier_of
 
     folder = os.path.normpath(path)
     return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/")

@@ -7,10 +7,8 @@ set again, e.g. when a workflow's config names another cache root than the profi
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
-import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +16,8 @@ from pathlib import Path
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds, names
 from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
-from gpu_cache.jobenv import trust
-from gpu_cache.jobenv.fs import FolderCheck, check_folder, flock_problem, lease_problem
+from gpu_cache.jobenv import locks, tier, trust
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, node_local_fallback
 
 #: Folders Apptainer and Singularity bind into every container at the same path: a node-local
 #: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
@@ -32,13 +30,16 @@ class Exports:
     """The resolved environment.
 
     ``values`` is what gpu-cache sets; ``kept`` maps each variable the user set to
-    ``(their value, the value gpu-cache would have set)``; ``problems`` says, per cache
+    ``(their value, the value gpu-cache would have set)``; ``single_flight`` and ``tier`` are
+    the plans of :mod:`gpu_cache.jobenv.locks` and :mod:`gpu_cache.jobenv.tier`; ``problems`` says, per cache
     kind, why it runs without its cache or on a node-local fallback; ``adjusted`` says, per
     kind, which setting gpu-cache changed from the config to keep the cache safe; ``checks``
     holds the probe of each kind's folder under the root (kinds the user pointed elsewhere
     are not probed).
     """
 
+    single_flight: locks.LockPlan
+    tier: tier.TierPlan
     values: dict[str, str] = field(default_factory=dict)
     kept: dict[str, tuple[str, str]] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
@@ -46,8 +47,6 @@ class Exports:
     warnings: list[str] = field(default_factory=list)
     checks: dict[str, FolderCheck] = field(default_factory=dict)
     root_problem: str | None = None
-    single_flight: dict[str, object] = field(default_factory=dict)
-    tier: dict[str, object] = field(default_factory=dict)
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings; a cache root that cannot
@@ -74,8 +73,8 @@ class Exports:
             "problems": dict(self.problems),
             "adjusted": dict(self.adjusted),
             "warnings": list(self.warnings),
-            "single_flight": dict(self.single_flight),
-            "tier": dict(self.tier),
+            "single_flight": self.single_flight.as_dict(),
+            "tier": self.tier.as_dict(),
         }
 
 
@@ -86,102 +85,6 @@ def managed_names(environ: Mapping[str, str]) -> set[str]:
 
 def _user_set(name: str, environ: Mapping[str, str]) -> bool:
     return name in environ and name not in managed_names(environ)
-
-
-def node_local_fallback(kind: str) -> Path:
-    """A per-user folder on local disk for a kind whose shared folder cannot be used."""
-    return Path(tempfile.gettempdir()) / names.node_local_name(os.getuid()) / kind
-
-
-def tier_base(settings: Settings) -> Path:
-    """The folder that holds each root's node-local tier: ``local_tier.folder`` (``~`` and
-    ``$VARS`` expanded), else ``/tmp/gpu-cache-<uid>/tier``: a fixed path on every node, never
-    ``$TMPDIR``, which a batch system may make per job (jax <= 0.10 hashes the path of XLA's
-    autotune folder into every key)."""
-    configured = settings.local_tier.folder
-    if configured:
-        return Path(os.path.abspath(os.path.expandvars(os.path.expanduser(configured))))
-    return Path("/tmp") / names.node_local_name(os.getuid()) / names.TIER_FOLDER
-
-
-def tier_folder(settings: Settings) -> Path | None:
-    """This cache root's node-local tier: ``<tier_base>/<16 hex of sha256(root)>``, so that two
-    roots never share one; None with caching off."""
-    if settings.cache_root is None:
-        return None
-    return tier_base(settings) / tier_digest(settings.cache_root)
-
-
-def tier_digest(root: Path | str) -> str:
-    """The name of the cache root ``root``'s folder in any node-local tier base."""
-    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
-
-
-def in_tier_of(folder: str, root: Path | str) -> bool:
-    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
-    (``<any tier base>/<tier_digest(root)>/<kind>``): a job's cache folder that is the root's."""
-    path = Path(os.path.normpath(folder))
-    return path.name in kinds.TIERED and path.parent.name == tier_digest(root)
-
-
-def tier_trusted_above(settings: Settings) -> Path:
-    """From where down the tier's folders must be trusted: the configured folder, or the
-    per-user ``/tmp/gpu-cache-<uid>`` (``/tmp`` itself is world-writable and sticky)."""
-    base = tier_base(settings)
-    return base if settings.local_tier.folder else base.parent
-
-
-def _place_tier(settings: Settings, root_check: FolderCheck, environ: Mapping[str, str],
-                no_hook: str | None) -> tuple[dict[str, object], list[str]]:
-    """Whether the node-local tier is on for these settings, where, and why (what doctor and
-    ``env --json`` show), with the warnings: a tier that is wanted but whose folder cannot be
-    used is off, with one line, and jobs use the cache root as without it."""
-    mode = settings.local_tier.mode
-    local = tier_folder(settings)
-    info: dict[str, object] = {"on": False, "mode": mode, "local": str(local), "shared": None,
-                               "max_bytes": settings.local_tier.max_size, "why": None,
-                               "problem": None}
-    where = f"the cache root is on {root_check.fs_type}"
-    if _user_set(names.TIER_VAR, environ) and not environ[names.TIER_VAR]:
-        info["why"] = f"turned off for these jobs by {names.TIER_VAR}='' in the environment"
-    elif root_check.problem:
-        info["why"] = "the cache root cannot be used"
-    elif mode == "off":
-        info["why"] = "local_tier.mode: off"
-    elif mode == "auto" and not root_check.network:
-        fuse = " (a FUSE filesystem: set local_tier.mode: on if it is remote)" \
-            if root_check.family == "fuse" else ", local to this node"
-        info["why"] = f"{where}{fuse} (local_tier.mode: auto)"
-    else:
-        info["why"] = "local_tier.mode: on" if mode == "on" else \
-            f"{where}, a network filesystem (local_tier.mode: auto)"
-        problem = no_hook and "its reads and promotions need gpu-cache's startup hook, which cannot load"
-        warnings: list[str] = []
-        if problem is None and local is not None:
-            # The folder that holds it is judged first: nothing is made in one not trusted.
-            problem = check_folder(local.parent, create=False, shared_group=settings.shared_group,
-                                   min_free=0, probe=False,
-                                   trusted_above=tier_trusted_above(settings)).problem
-        if problem is None and local is not None:
-            check = check_folder(local, shared_group=settings.shared_group,
-                                 min_free=settings.min_free_space,
-                                 trusted_above=tier_trusted_above(settings), private=True)
-            problem = check.problem or (f"{local} is read-only" if check.read_only else None)
-            warnings = [f"local tier: {line}" for line in check.warnings]
-            info.update(fs_type=check.fs_type, free_bytes=check.free_bytes)
-            for name in kinds.TIERED if problem is None else ():
-                inner = check_folder(kinds.KINDS[name].folder(local), shared_group=settings.shared_group,
-                                     min_free=0, trusted_above=local, probe=False, private=True)
-                problem = inner.problem
-                if problem:
-                    break
-        if problem:
-            info["problem"] = problem
-            return info, [f"local tier: {problem}; it is off, and jobs read and write the cache "
-                          f"root {settings.cache_root} directly"]
-        info.update(on=True, shared=str(settings.cache_root))
-        return info, warnings
-    return info, []
 
 
 def check_kind(settings: Settings, kind: str) -> FolderCheck:
@@ -267,58 +170,6 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
     return _Placement(problem=f"{problem}; node-local fallback failed too: {local.problem}")
 
 
-def _place_locks(settings: Settings, root: Path, root_problem: str | None
-                 ) -> tuple[dict[str, str], dict[str, object], list[str]]:
-    """Where single-flight's lock files go: ``<root>/locks``, else (a read-only or unusable
-    root) a node-local folder; off where flock does not work in either. Its mode: "cluster"
-    (leases across nodes) on a shared filesystem where they work, else "node", with why.
-    Returns the variables, what doctor shows, and warnings."""
-    timeout = settings.single_flight.timeout_seconds
-    info: dict[str, object] = {"enabled": False, "locks": None, "timeout_seconds": timeout,
-                               "problem": None, "per_node": False, "mode": None, "why": None}
-    if not settings.single_flight.enabled:
-        info["problem"] = "turned off in the config (single_flight.enabled: false)"
-        return {names.LOCKS_VAR: ""}, info, []
-    fallback = node_local_fallback(names.LOCKS_FOLDER)
-    places = [(fallback, fallback.parent, None)]
-    if root_problem is None:
-        places.insert(0, (root / names.LOCKS_FOLDER, root, settings.shared_group))
-    problems: list[str] = []
-    for folder, above, group in places:
-        check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
-        problem = check.problem or flock_problem(folder)
-        if problem:
-            problems.append(problem)
-            continue
-        warnings = []
-        shared = check.network or check.family == "fuse"
-        mode: names.LockMode = names.NODE
-        if problems:
-            why = f"node-local folder ({problems[0]})"
-            warnings.append(f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
-                            "so single-flight holds within this node only")
-        elif not shared:
-            why = f"{check.fs_type} is local to this node"
-        else:
-            trouble = lease_problem(folder)
-            if trouble is None:
-                mode, why = names.CLUSTER, (f"{check.fs_type} may be shared by nodes, and flock there may "
-                                        "lock within one node only: flock within a node, a lease per "
-                                        "key across nodes")
-            else:
-                why = f"leases do not work on {check.fs_type}: {trouble}"
-                warnings.append(f"single-flight: {folder} is on {check.fs_type}, where flock often locks "
-                                f"within one node only, and {trouble}: single-flight is per node there, "
-                                "and jobs on two nodes may compile the same key at once")
-        info.update(enabled=True, locks=str(folder), mode=mode, why=why,
-                    per_node=mode == names.NODE and (shared or bool(problems)))
-        return ({names.LOCKS_VAR: str(folder), names.LOCK_TIMEOUT_VAR: f"{timeout:g}",
-                 names.LOCK_MODE_VAR: mode}, info, warnings)
-    info["problem"] = problems[0]
-    return {names.LOCKS_VAR: ""}, info, [f"single-flight is off (every job compiles what it misses): "
-                                   f"{'; '.join(problems)}"]
-
-
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
     """Work out the exports for ``settings``; probes each cache folder (creates it).
 
@@ -328,90 +179,15 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
     kept off whatever the config says (they fail atomic renames there and crash).
     """
     environ = os.environ if environ is None else environ
-    wanted: dict[str, str] = {}
-    problems: dict[str, str] = {}
-    adjusted: dict[str, str] = {}
-    warnings: list[str] = []
-    checks: dict[str, FolderCheck] = {}
-    root_problem: str | None = None
-    xla_caches = settings.xla_caches
-    root = settings.cache_root
     no_hook = hook_problem()
-    single_flight: dict[str, object] = {
-        "enabled": False, "locks": None, "timeout_seconds": settings.single_flight.timeout_seconds,
-        "problem": "caching is turned off", "per_node": False, "mode": None, "why": None}
-    tier: dict[str, object] = {"on": False, "mode": settings.local_tier.mode, "local": None,
-                               "shared": None, "max_bytes": settings.local_tier.max_size,
-                               "why": "caching is turned off", "problem": None}
+    root = settings.cache_root
     if root is None:
-        wanted[names.ROOT_VAR] = names.ROOT_OFF
-        wanted[names.JAX_ENABLE_CACHE_VAR] = "false"
-        problems["all"] = "caching is turned off (cache root 'none')"
+        exports = Exports(locks.off(settings, "caching is turned off"),
+                          tier.off(settings, "caching is turned off"),
+                          problems={"all": "caching is turned off (cache root 'none')"})
+        wanted = {names.ROOT_VAR: names.ROOT_OFF, names.JAX_ENABLE_CACHE_VAR: "false"}
     else:
-        wanted[names.ROOT_VAR] = str(root)
-        # A root that cannot be made or trusted fails every kind alike.
-        root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
-                                  trusted_above=root, probe=False)
-        root_problem = root_check.problem
-        tier, tier_warnings = _place_tier(settings, root_check, environ, no_hook)
-        warnings += tier_warnings
-        local = Path(str(tier["local"])) if tier["on"] else None
-        for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
-            if not kind.enabled(settings):
-                continue
-            if _user_set(kind.env_var, environ):
-                wanted[kind.env_var] = str(kind.folder(local if local and kind.tiered else root))
-                continue  # reported as kept: theirs is used
-            check = checks[kind.name] = root_check if root_problem else check_kind(settings, kind.name)
-            warnings += [f"{kind.name}: {line}" for line in check.warnings]
-            if local is not None and kind.tiered and check.problem is None:
-                # The job works node-locally; the hook reads the shared folder on a miss and
-                # promotes new entries to it (a read-only one: they stay on this node).
-                wanted[kind.env_var] = str(kind.folder(local))
-                if check.read_only:  # the tier with promotion off: it stays on this node
-                    adjusted[kind.name] = (f"{kind.folder(root)} is read-only: jobs read it on a miss "
-                                           f"and keep new entries on this node in {kind.folder(local)}")
-                if kind.name == "jax" and xla_caches == "none":
-                    xla_caches = names.XLA_AUTOTUNE_CACHE
-                continue
-            how = _place(kind, root, check, xla_caches, hook=no_hook is None)
-            wanted.update(how.values)
-            if how.problem:
-                problems[kind.name] = how.problem
-            if how.adjusted:
-                adjusted[kind.name] = how.adjusted
-            if how.xla_caches_off:
-                xla_caches = "none"
-        if names.JAX_CACHE_DIR_VAR in wanted:
-            wanted[names.JAX_MIN_COMPILE_TIME_VAR] = "0"
-            wanted[names.JAX_MIN_ENTRY_SIZE_VAR] = "-1"
-            wanted[names.JAX_XLA_CACHES_VAR] = xla_caches
-        if names.TRITON_CACHE_DIR_VAR in wanted:
-            # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
-            triton_folder = Path(wanted[names.TRITON_CACHE_DIR_VAR])
-            wanted[names.TRITON_HOME_VAR] = str(triton_folder.parent / "triton-home")
-            # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
-            # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
-            wanted[names.TRITON_AUTOTUNING_VAR] = "1"
-        if settings.stats_hook and "jax" not in problems:
-            # Judged like a kind's folder: whoever can add a record there tells validate what
-            # the jobs compiled, and the Triton replay which modules to import.
-            records = kinds.KINDS["records"]
-            check = checks[records.name] = root_check if root_problem else check_kind(settings, records.name)
-            how = _place(records, root, check, xla_caches, hook=no_hook is None)
-            wanted.update(how.values)
-            if how.problem:
-                problems[records.name] = how.problem
-        lock_values, single_flight, lock_warnings = _place_locks(settings, root, root_problem)
-        wanted.update(lock_values)
-        warnings += lock_warnings
-        if local is not None:
-            wanted.update({names.TIER_VAR: str(local), names.SHARED_VAR: str(root),
-                           names.TIER_MAX_BYTES_VAR: str(settings.local_tier.max_size)})
-        elif names.TIER_VAR in managed_names(environ):
-            wanted[names.TIER_VAR] = ""  # gpu-cache turned it on earlier in this process tree: now off
-    exports = Exports(problems=problems, adjusted=adjusted, warnings=warnings, checks=checks,
-                      root_problem=root_problem, single_flight=single_flight, tier=tier)
+        exports, wanted = _resolve_root(settings, root, environ, no_hook)
     for name, value in wanted.items():
         if _user_set(name, environ) and environ[name] != value:
             exports.kept[name] = (environ[name], value)
@@ -427,7 +203,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         exports.values["PYTHONPATH"] = with_hook(environ.get("PYTHONPATH"))
     if root is not None:  # the package's folder only for the hook (not when it cannot load)
         bound = [root] if no_hook else [root, PACKAGE_PARENT]
-        local = Path(str(tier["local"])) if tier["on"] else None
+        local = exports.tier.local if exports.tier.on else None
         if local is not None and not any(local.is_relative_to(top) for top in DEFAULT_BOUND):
             bound.append(local)  # at the same path inside, like the root
         binds, skipped = container_binds(bound, environ)
@@ -435,6 +211,86 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
         exports.warnings += [f"containers: {path} is not bound into container jobs: a bind path "
                              "cannot hold ',' or ':'" for path in skipped]
     return exports
+
+
+def _resolve_root(settings: Settings, root: Path, environ: Mapping[str, str], no_hook: str | None
+                  ) -> tuple[Exports, dict[str, str]]:
+    """The exports of a cache root, before the user's own values are kept: the plans of the
+    tier and the locks, each kind's place, and the variables wanted."""
+    # A root that cannot be made or trusted fails every kind alike.
+    root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
+                              trusted_above=root, probe=False)
+    user_off = _user_set(names.TIER_VAR, environ) and not environ[names.TIER_VAR]
+    tier_plan = tier.plan(settings, root_check, user_off, no_hook)
+    lock_plan = locks.plan(settings, root, root_check.problem)
+    exports = Exports(lock_plan, tier_plan, warnings=list(tier_plan.warnings),
+                      root_problem=root_check.problem)
+    wanted = {names.ROOT_VAR: str(root)}
+    xla_caches = _place_kinds(settings, root, root_check, environ, no_hook, exports, wanted)
+    if names.JAX_CACHE_DIR_VAR in wanted:
+        wanted[names.JAX_MIN_COMPILE_TIME_VAR] = "0"
+        wanted[names.JAX_MIN_ENTRY_SIZE_VAR] = "-1"
+        wanted[names.JAX_XLA_CACHES_VAR] = xla_caches
+    if names.TRITON_CACHE_DIR_VAR in wanted:
+        # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
+        triton_folder = Path(wanted[names.TRITON_CACHE_DIR_VAR])
+        wanted[names.TRITON_HOME_VAR] = str(triton_folder.parent / "triton-home")
+        # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
+        # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
+        wanted[names.TRITON_AUTOTUNING_VAR] = "1"
+    if settings.stats_hook and "jax" not in exports.problems:
+        # Judged like a kind's folder: whoever can add a record there tells validate what
+        # the jobs compiled, and the Triton replay which modules to import.
+        records = kinds.KINDS["records"]
+        check = exports.checks[records.name] = root_check if root_check.problem \
+            else check_kind(settings, records.name)
+        how = _place(records, root, check, xla_caches, hook=no_hook is None)
+        wanted.update(how.values)
+        if how.problem:
+            exports.problems[records.name] = how.problem
+    exports.warnings += lock_plan.warnings
+    wanted.update(lock_plan.variables())
+    wanted.update(tier_plan.variables())
+    if not tier_plan.on and names.TIER_VAR in managed_names(environ):
+        wanted[names.TIER_VAR] = ""  # gpu-cache turned it on earlier in this process tree: now off
+    return exports, wanted
+
+
+def _place_kinds(settings: Settings, root: Path, root_check: FolderCheck, environ: Mapping[str, str],
+                 no_hook: str | None, exports: Exports, wanted: dict[str, str]) -> str:
+    """Each exported kind's folder into ``wanted`` (and its problems and adjustments into
+    ``exports``): the tier's, the root's, or a fallback. Returns what XLA's own caches are to be."""
+    local = exports.tier.local if exports.tier.on else None
+    xla_caches = settings.xla_caches
+    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+        if not kind.enabled(settings):
+            continue
+        if _user_set(kind.env_var, environ):
+            wanted[kind.env_var] = str(kind.folder(local if local and kind.tiered else root))
+            continue  # reported as kept: theirs is used
+        check = root_check if root_check.problem else check_kind(settings, kind.name)
+        exports.checks[kind.name] = check
+        exports.warnings += [f"{kind.name}: {line}" for line in check.warnings]
+        if local is not None and kind.tiered and check.problem is None:
+            # The job works node-locally; the hook reads the shared folder on a miss and
+            # promotes new entries to it (a read-only one: they stay on this node).
+            wanted[kind.env_var] = str(kind.folder(local))
+            if check.read_only:  # the tier with promotion off: it stays on this node
+                exports.adjusted[kind.name] = (
+                    f"{kind.folder(root)} is read-only: jobs read it on a miss and keep new entries "
+                    f"on this node in {kind.folder(local)}")
+            if kind.name == "jax" and xla_caches == "none":
+                xla_caches = names.XLA_AUTOTUNE_CACHE
+            continue
+        how = _place(kind, root, check, xla_caches, hook=no_hook is None)
+        wanted.update(how.values)
+        if how.problem:
+            exports.problems[kind.name] = how.problem
+        if how.adjusted:
+            exports.adjusted[kind.name] = how.adjusted
+        if how.xla_caches_off:
+            xla_caches = "none"
+    return xla_caches
 
 
 def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict[str, str], list[Path]]:

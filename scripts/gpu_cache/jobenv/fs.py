@@ -6,9 +6,11 @@ import errno
 import os
 import shutil
 import stat
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 from gpu_cache.jobenv import trust
 
@@ -282,70 +284,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                        problem, read_only, warnings)
 
 
-def lease_problem(folder: Path) -> str | None:
-    """Whether single-flight's leases work in ``folder``: an exclusive create makes the file
-    once and fails for a name that exists (with any error: sshfs often says EPERM), and what
-    one descriptor writes a fresh open reads. What is wrong, in a few words, or None. Uses a
-    probe file it removes; never raises."""
-    import uuid
-
-    probe = folder / f".gpu-cache-lease-probe-{uuid.uuid4().hex}"
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = -1
-    try:
-        fd = os.open(probe, flags, 0o600)
-        os.write(fd, b"beat 1\n")
-        os.fsync(fd)
-        try:
-            os.close(os.open(probe, flags, 0o600))
-            return f"an exclusive create in {folder} succeeds for a name that exists"
-        except OSError:
-            pass
-        with open(probe, "rb") as again:
-            if again.read() != b"beat 1\n":
-                return f"a fresh open in {folder} does not read what was written"
-        return None
-    except OSError as exc:
-        return f"cannot test leases in {folder}: {why_not(exc)}"
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            probe.unlink()
-        except OSError:
-            pass
-
-
-def flock_problem(folder: Path) -> str | None:
-    """Whether ``flock`` locks work in ``folder`` as single-flight needs them: two open file
-    descriptions of one file must exclude each other, and an unlock must let the second in.
-    What is wrong, in a few words, or None. Uses a probe file it removes; never raises."""
-    import fcntl
-    import uuid
-
-    probe = folder / f".gpu-cache-flock-probe-{uuid.uuid4().hex}"
-    first = second = -1
-    try:
-        first = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        second = os.open(probe, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        try:
-            fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return f"flock does not lock in {folder}: two opens of one file both got the lock"
-        except BlockingIOError:
-            pass
-        fcntl.flock(first, fcntl.LOCK_UN)
-        fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            return f"flock is not supported in {folder} ({exc.strerror or exc})"
-        return f"cannot test flock in {folder}: {why_not(exc)}"
-    finally:
-        for fd in (first, second):
-            if fd >= 0:
-                os.close(fd)
-        try:
-            probe.unlink()
-        except OSError:
-            pass
+def node_local_fallback(kind: str) -> Path:
+    """A per-user folder on local disk for a kind whose shared folder cannot be used:
+    ``$TMPDIR/gpu-cache-<uid>/<kind>``."""
+    return Path(tempfile.gettempdir()) / names.node_local_name(os.getuid()) / kind
