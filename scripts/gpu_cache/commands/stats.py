@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -131,6 +132,46 @@ def processes_text(n: int) -> str:
     return f"{n} process{'es' if n != 1 else ''}"
 
 
+@dataclass
+class _Seen:
+    """What the recorded processes behind one finding add up to: how many, their hits and
+    lookups, and when the last of them ran."""
+
+    processes: int = 0
+    hits: int = 0
+    lookups: int = 0
+    last: float = 0.0
+
+    def add(self, record: dict[str, Any], sections: list[dict[str, Any]]) -> None:
+        self.processes += 1
+        for section in sections:
+            hits = hook_records.count(section.get("hits"))
+            self.hits += hits
+            self.lookups += hits + hook_records.count(section.get("misses"))
+        self.last = max(self.last, record["time"])
+
+
+@dataclass
+class _Tally:
+    """The findings algorithm, for any kind of finding: the processes that show one, by its
+    key (whose first part is their rule), and the times of the rule's processes that did not.
+    A finding no longer holds once a process of its rule ran without it after the last that
+    showed it."""
+
+    found: dict[tuple[str, ...], _Seen] = field(default_factory=dict)
+    fine: dict[str, list[float]] = field(default_factory=dict)
+
+    def shows(self, key: tuple[str, ...], record: dict[str, Any], sections: list[dict[str, Any]]) -> None:
+        self.found.setdefault(key, _Seen()).add(record, sections)
+
+    def clear(self, rule: str, record: dict[str, Any]) -> None:
+        self.fine.setdefault(rule, []).append(record["time"])
+
+    def later(self, key: tuple[str, ...], seen: _Seen) -> int:
+        """How many processes of the finding's rule ran without it since it was last seen."""
+        return sum(1 for when in self.fine.get(key[0], []) if when > seen.last)
+
+
 class Finding(NamedTuple):
     """A line of stats about some recorded processes; ``holds``: later processes did not
     make it untrue. ``key`` names what it is about: (rule, folder) or (rule, ran, warmed)."""
@@ -150,29 +191,25 @@ def outside_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
     loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
     now = time.time() if now is None else now
     ours = kinds.KINDS["jax"].folder(root)
-    found: dict[tuple[str, str, bool], list[float]] = {}
-    inside: dict[str, list[float]] = {}  # rule -> times of its processes that used the root
+    tally = _Tally()
     for record in loaded:
         rule = record.get("rule") or "-"
         outside = outside_folder(record, root)
         if outside is None:
-            if hook_records.part(record, "jax") is not None:
-                inside.setdefault(rule, []).append(record["time"])
+            if hook_records.part(record, "jax") is not None:  # it used the root
+                tally.clear(rule, record)
             continue
-        section = hook_records.part(record, "jax") or {}
-        counts = found.setdefault((rule, *outside), [0, 0, 0, 0.0])
-        hits = hook_records.count(section.get("hits"))
-        counts[0] += 1
-        counts[1] += hits
-        counts[2] += hits + hook_records.count(section.get("misses"))
-        counts[3] = max(counts[3], record["time"])
+        folder, own_flag = outside  # a key of text: "own" where its program chose the folder
+        tally.shows((rule, folder, "own" if own_flag else ""), record,
+                    [hook_records.part(record, "jax") or {}])
     lines = []
-    for (rule, folder, own_flag), (n, hits, lookups, last) in sorted(found.items()):
-        said = (f"rule {rule} used {folder} (outside the cache root {root}) in {processes_text(int(n))}, "
-                f"{hits} of {lookups} hits")
-        later = sum(1 for t in inside.get(rule, []) if t > last)
+    for key, seen in sorted(tally.found.items()):
+        rule, folder, own_flag = key
+        said = (f"rule {rule} used {folder} (outside the cache root {root}) in "
+                f"{processes_text(seen.processes)}, {seen.hits} of {seen.lookups} hits")
+        later = tally.later(key, seen)
         if later:
-            lines.append(Finding((rule, folder), f"{said}; last seen {_last_seen(last, now)}; no "
+            lines.append(Finding((rule, folder), f"{said}; last seen {_last_seen(seen.last, now)}; no "
                                  f"longer: its {processes_text(later)} since used the cache root", False))
             continue
         fix = ("its program sets its own folder (a flag such as --jax_compilation_cache_dir, or "
@@ -258,37 +295,30 @@ def mismatch_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
     loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
     now = time.time() if now is None else now
     warmed, warmed_on = warmed_software(loaded)
-    found: dict[tuple[str, str, str], list[float]] = {}
-    matching: dict[str, list[float]] = {}  # rule -> times of its processes without a mismatch
+    tally = _Tally()
     for record in loaded:
         if record.get("rule") in names.OWN_RULES or not isinstance(record.get("software"), dict):
             continue
         reference = mismatch_of(record, warmed, warmed_on)
         rule = record.get("rule") or "-"
         if reference is None:
-            matching.setdefault(rule, []).append(record["time"])
+            tally.clear(rule, record)
             continue
-        key = (rule, software.describe(record["software"]), software.describe(reference))
-        counts = found.setdefault(key, [0, 0, 0, 0.0])
-        for kind in kinds.OBSERVED:
-            section = hook_records.part(record, kind)
-            if section is not None:
-                counts[0] += hook_records.count(section.get("hits"))
-                counts[1] += (hook_records.count(section.get("hits"))
-                              + hook_records.count(section.get("misses")))
-        counts[2] += 1
-        counts[3] = max(counts[3], record["time"])
+        sections = [s for s in (hook_records.part(record, kind) for kind in kinds.OBSERVED) if s is not None]
+        tally.shows((rule, software.describe(record["software"]), software.describe(reference)), record,
+                    sections)
     lines = []
-    for (rule, ran, ref), (hits, lookups, n, last) in sorted(found.items()):
-        said = (f"warmed with {ref}; rule {rule} ran {ran}: {hits} of {lookups} hits in "
-                f"{processes_text(int(n))}")
-        later = sum(1 for t in matching.get(rule, []) if t > last)
+    for key, seen in sorted(tally.found.items()):
+        rule, ran, ref = key
+        said = (f"warmed with {ref}; rule {rule} ran {ran}: {seen.hits} of {seen.lookups} hits in "
+                f"{processes_text(seen.processes)}")
+        later = tally.later(key, seen)
         if later:
-            lines.append(Finding((rule, ran, ref), f"{said}; last seen {_last_seen(last, now)}; no "
+            lines.append(Finding(key, f"{said}; last seen {_last_seen(seen.last, now)}; no "
                                  f"longer: its {processes_text(later)} since ran the software that "
                                  "warmed it", False))
         else:
-            lines.append(Finding((rule, ran, ref), f"{said}; warm it in the jobs' own software "
+            lines.append(Finding(key, f"{said}; warm it in the jobs' own software "
                                  "(gpu_types: container, conda or python)", True))
     return lines
 
