@@ -113,3 +113,4 @@ def test_profile_with_caching_off_switches_jax_off(tmp_path):
     assert "JAX_COMPILATION_CACHE_DIR" not in seen
     assert "JAX_ENABLE_COMPILATION_CACHE=false" in seen
     assert "caching is turned off" in result.stderr
+

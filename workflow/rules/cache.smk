@@ -21,7 +21,7 @@ rule preflight_cache:
 
 rule fetch_cache:
     input:
-        preflight="results/gpu-cache/preflight.json",
+        preflight=rules.preflight_cache.output.report,
     output:
         report="results/gpu-cache/fetch/{gpu_type}.json",
     log:
@@ -43,7 +43,7 @@ rule fetch_cache:
 
 rule warm_cache:
     input:
-        preflight="results/gpu-cache/preflight.json",
+        preflight=rules.preflight_cache.output.report,
         fetched=gpu_cache_fetched,
     output:
         report="results/gpu-cache/warm/{gpu_type}.json",
@@ -70,7 +70,7 @@ rule warm_cache:
 
 rule check_cache:
     input:
-        warm="results/gpu-cache/warm/{gpu_type}.json",
+        warm=rules.warm_cache.output.report,
     output:
         passes="results/gpu-cache/check/{gpu_type}.json",
     log:
@@ -94,7 +94,7 @@ rule check_cache:
 
 rule validate_cache:
     input:
-        passes="results/gpu-cache/check/{gpu_type}.json",
+        passes=rules.check_cache.output.passes,
     output:
         report="results/gpu-cache/validate/{gpu_type}.json",
     log:
@@ -113,7 +113,7 @@ rule validate_cache:
 
 rule publish_cache:
     input:
-        verdict="results/gpu-cache/validate/{gpu_type}.json",
+        verdict=rules.validate_cache.output.report,
     output:
         report="results/gpu-cache/publish/{gpu_type}.json",
     log:

@@ -28,7 +28,7 @@ from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
-from gpu_cache.config.settings import PLACEMENT_RESOURCES as GPU_CACHE_PLACEMENT
+from gpu_cache.config import placement as gpu_cache_placement
 from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
 from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
 from gpu_cache.oci import references as gpu_cache_registry_references
@@ -153,101 +153,51 @@ def gpu_cache_keep_host_target():
 
 #: Optional GPU types (the partition may lack them; by default every type that asks SLURM
 #: for a place): a job of them that found no node ends "unscheduled" and holds nothing back.
-GPU_CACHE_OPTIONAL = [name for name, spec in GPU_CACHE_TYPES.items() if spec.is_optional]
+GPU_CACHE_OPTIONAL = gpu_cache_placement.optional_types(GPU_CACHE_TYPES)
 
 
 def gpu_cache_retries():
-    """Retries of warm_cache and check_cache: one when a type is optional, so that its job
-    that found no node is retried as "unscheduled" (0: Snakemake's --retries applies)."""
-    return 1 if GPU_CACHE_OPTIONAL else 0
+    """Retries of warm_cache and check_cache (gpu_cache.config.placement.retries)."""
+    return gpu_cache_placement.retries(GPU_CACHE_TYPES)
 
 
 def gpu_cache_skip(gpu_type, input, attempt):
-    """Why a warm or check job of an optional type runs no workload (None: it runs them):
-    a later attempt (the first did not finish on a node of its type), or a check whose
-    warm was unscheduled. Reads the warm report only once it exists."""
-    if not GPU_CACHE_TYPES[gpu_type].is_optional:
-        return None
-    if attempt > 1:
-        return (
-            f"its job did not finish on a {gpu_type} node within "
-            f"gpu_types.{gpu_type}.queue_wait (no such node, rejected by SLURM, or dropped "
-            "at its --deadline; a job that started and failed is in its log)"
-        )
+    """Why a warm or check job runs no workload (None: it runs them; placement.skip_reason)."""
     warm = getattr(input, "warm", None)
-    if warm and os.path.isfile(warm):
-        try:
-            with open(warm) as stream:
-                why = json.load(stream).get("unscheduled")
-        except (OSError, ValueError, AttributeError):
-            why = None
-        if why:
-            return f"its warm job was not scheduled ({why})"
-    return None
-
-
-def gpu_cache_deadline(spec):
-    """The sbatch --deadline of an optional type's jobs (SLURM drops a job that cannot end
-    before it): queue_wait plus the type's runtime. None without a runtime: SLURM judges a
-    deadline against the job's time limit, which would then be the partition's default, so
-    a deadline could drop every job at once."""
-    if not spec.is_optional or not spec.resources.get("runtime"):
-        return None
-    return f"--deadline=now+{int(spec.queue_wait_seconds + 60 * spec.resources['runtime'])}"
+    return gpu_cache_placement.skip_reason(gpu_type, GPU_CACHE_TYPES[gpu_type], warm, attempt)
 
 
 def gpu_cache_resources():
     """Per-GPU-type SLURM resources of the warm and check jobs, one function per resource
-    name that any type sets; a type that does not set it asks for nothing (None). An
-    optional type's jobs carry a --deadline (queue_wait plus runtime) where the type sets
-    its runtime, and ask for no GPU when they run no workload (gpu_cache_skip)."""
-    names = {name for spec in GPU_CACHE_TYPES.values() for name in spec.resources}
-    if any(gpu_cache_deadline(spec) for spec in GPU_CACHE_TYPES.values()):
-        names.add("slurm_extra")
-    for name in names & {"mem_mb", "runtime"}:
-        lacking = [t for t, spec in GPU_CACHE_TYPES.items() if name not in spec.resources]
-        if lacking:  # Snakemake cannot leave a size or time resource unset for one wildcard
-            raise ValueError(
-                f"gpu-cache config: gpu_types: {name} is set for some GPU types but not "
-                f"for {', '.join(lacking)}; set it for every type or for none"
-            )
+    name (gpu_cache.config.placement): an optional type's jobs carry a --deadline where the
+    type sets its runtime, and ask for no GPU when they run no workload (gpu_cache_skip)."""
+    try:
+        names = gpu_cache_placement.resource_names(GPU_CACHE_TYPES)
+    except GpuCacheUsageError as error:
+        raise ValueError(f"gpu-cache config: {error}") from None
 
     def resource(name):
         def value(wildcards, input, attempt):
-            spec = GPU_CACHE_TYPES[wildcards.gpu_type]
-            if name in GPU_CACHE_PLACEMENT and gpu_cache_skip(wildcards.gpu_type, input, attempt):
-                return None
-            if name == "slurm_extra" and gpu_cache_deadline(spec):
-                return " ".join(filter(None, [spec.resources.get(name), gpu_cache_deadline(spec)]))
-            return spec.resources.get(name)
+            skipped = lambda: gpu_cache_skip(wildcards.gpu_type, input, attempt) is not None
+            return gpu_cache_placement.resource(name, GPU_CACHE_TYPES[wildcards.gpu_type], skipped)
 
         return value
 
-    out = {name: resource(name) for name in sorted(names)}
+    out = {name: resource(name) for name in names}
     if GPU_CACHE_OPTIONAL:  # the attempt, for the command (params cannot see it)
         out["gpu_cache_attempt"] = lambda wildcards, attempt: attempt
     return out
 
 
-def gpu_cache_validation(gpu_type):
-    """The validation verdict of one GPU type (a host including this workflow as a module
-    depends on `rules.gpu_cache_validate_cache.output.report` instead: it carries the prefix)."""
-    return f"results/gpu-cache/validate/{gpu_type}.json"
-
-
 def gpu_cache_validations():
-    """The validation verdicts of every configured GPU type."""
-    return [gpu_cache_validation(name) for name in GPU_CACHE_TYPES]
-
-
-def gpu_cache_summary():
-    """The end-of-run summary: requesting it runs everything, pruning included."""
-    return "results/gpu-cache/summary.txt"
+    """The validation verdicts of every configured GPU type (a host including this workflow
+    as a module expands `rules.gpu_cache_validate_cache.output.report` itself)."""
+    return expand(rules.validate_cache.output.report, gpu_type=list(GPU_CACHE_TYPES))
 
 
 def gpu_cache_print_summary():
     """Print the end-of-run summary, when this run wrote one."""
-    summary = Path(gpu_cache_summary())
+    summary = Path(rules.cache_report.output.summary)
     if summary.is_file():
         print(summary.read_text(), end="", file=sys.stderr)
 
@@ -255,15 +205,6 @@ def gpu_cache_print_summary():
 def gpu_cache_pruned(wildcards):
     """prune.json, once the prune checkpoint has run."""
     return checkpoints.prune_cache.get().output.report
-
-
-def gpu_cache_plots():
-    """The report's plots: request them to have them in `snakemake --report`."""
-    return [
-        "results/gpu-cache/plots/cold_warm.svg",
-        "results/gpu-cache/plots/cache_size.svg",
-        "results/gpu-cache/plots/hit_rates.svg",
-    ]
 
 
 def gpu_cache_fetch_ref(wildcards):
@@ -280,7 +221,7 @@ def gpu_cache_fetched(wildcards):
     """The fetch report warm_cache waits for, where the type fetches a pack (else nothing)."""
     if gpu_cache_fetch_ref(wildcards) is None:
         return []
-    return f"results/gpu-cache/fetch/{wildcards.gpu_type}.json"
+    return expand(rules.fetch_cache.output.report, gpu_type=wildcards.gpu_type)
 
 
 def gpu_cache_fetch_target(wildcards):
@@ -296,8 +237,7 @@ def gpu_cache_fetch_target(wildcards):
 
 def gpu_cache_published():
     """The publish reports of the types that publish (config registry.publish)."""
-    return [
-        f"results/gpu-cache/publish/{name}.json"
-        for name in GPU_CACHE_TYPES
-        if gpu_cache_registry_references(GPU_CACHE_SETTINGS.config, name)[1]
+    publishing = [
+        name for name in GPU_CACHE_TYPES if gpu_cache_registry_references(GPU_CACHE_SETTINGS.config, name)[1]
     ]
+    return expand(rules.publish_cache.output.report, gpu_type=publishing)
