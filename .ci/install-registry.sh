@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install what tests/registry.py needs for a real OCI registry over loopback on
+# Install what tests/harness/registry.py needs for a real OCI registry over loopback on
 # Debian 12: Debian's docker-registry (the CNCF distribution server, 2.8:
 # `docker-registry serve config.yml`, filesystem store) and apache2-utils
 # (htpasswd, for the test with basic authentication).

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install what tests/slurm_cluster.py needs for a real single-node SLURM test
+# Install what tests/harness/slurm_cluster.py needs for a real single-node SLURM test
 # cluster on Debian 12 (SLURM 22.05): munge, slurmctld, slurmd, slurmdbd, the
 # SLURM clients, and the MariaDB server binaries (server-core for mariadbd and
 # mariadb-install-db, client-core for the my_print_defaults it calls).

@@ -1,8 +1,8 @@
 #!/bin/sh
-# Install what tests/sshfs_mount.py needs for a real sshfs mount over loopback on
+# Install what tests/harness/sshfs_mount.py needs for a real sshfs mount over loopback on
 # Debian 12: the OpenSSH server (sshd, with the sftp-server sshfs talks to), the
 # OpenSSH client tools (ssh, ssh-keygen) and sshfs with fuse3 (fusermount3); and
-# what tests/nodes.py needs for namespaced nodes joined by a bridge: iproute2 (ip)
+# what tests/harness/nodes.py needs for namespaced nodes joined by a bridge: iproute2 (ip)
 # and util-linux (nsenter, unshare, setpriv).
 #
 # Idempotent: exits at once when every binary is already there. Otherwise it

@@ -1,5 +1,5 @@
-"""Fixtures only; the helpers the tests share are in helpers.py. (pyproject's pytest ``pythonpath``
-puts this checkout's scripts/ and tests/ first.)"""
+"""Fixtures only; what the tests share besides is in harness/ (pyproject's pytest ``pythonpath``
+puts this checkout's scripts/, tests/ and tests/harness/ first)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def cache_root(tmp_path: Path) -> Path:
     return tmp_path / "cache root"  # a space, on purpose: paths must be quoted everywhere
 
 
-# --- real SLURM clusters (tests/slurm_cluster.py) and namespaced nodes (tests/nodes.py) ------
+# --- real SLURM clusters (harness/slurm_cluster.py) and namespaced nodes (harness/nodes.py) --------
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +63,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def two_nodes():
     """Nodes ``a`` and ``b`` (plus ``head`` and ``storage``), each in its own network, UTS and
-    mount namespace, with one sshfs share at the same path on each (tests/nodes.py says how to
+    mount namespace, with one sshfs share at the same path on each (tests/harness/nodes.py says how to
     use them). Skips on a developer's machine that lacks what they need; fails under CI."""
     missing = nodes_missing()
     if missing:
@@ -85,7 +85,7 @@ def slurm_two_nodes(two_nodes: TwoNodes):
         yield cluster
 
 
-# --- a real network filesystem: sshfs over loopback (tests/sshfs_mount.py) ---------------
+# --- a real network filesystem: sshfs over loopback (tests/harness/sshfs_mount.py) ---------------
 
 
 @pytest.fixture
@@ -106,12 +106,12 @@ def sshfs_root(sshfs_mount: SshfsMount) -> Path:
     return sshfs_mount.mount_point
 
 
-# --- container roots and the apptainer stand-in (tests/containers.py, tests/bin/apptainer) ---
+# --- container roots and the apptainer stand-in (tests/harness/containers.py, tests/bin/apptainer) ---
 
 
 @pytest.fixture(scope="session")
 def container_root() -> containers.ContainerRoot:
-    """The default isolated root (Python 3.9, jax 0.4.30; see tests/containers.py).
+    """The default isolated root (Python 3.9, jax 0.4.30; see tests/harness/containers.py).
 
     Its ``environ(**extra)`` gives a clean environment with tests/bin (the ``apptainer``
     stand-in) first on ``PATH``, for ``snakemake --sdm apptainer`` runs; ``exec(...)`` runs a

@@ -2,7 +2,7 @@
 (auto: the cache root on a network filesystem; ``local_tier.mode``), what jobs get, and that a
 local folder that cannot be trusted or used leaves the tier off with one warning line and the
 jobs on the cache root as without it. The network filesystem is a real sshfs mount
-(tests/sshfs_mount.py); untrusted folders are real folders of another user (``nobody``)."""
+(tests/harness/sshfs_mount.py); untrusted folders are real folders of another user (``nobody``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Single-flight across nodes (issue 22 item 2), on two nodes made on this machine
-(tests/flight_nodes.py: each node its own mount, UTS and PID namespace with its own sshfs mount
+(tests/harness/flight_nodes.py: each node its own mount, UTS and PID namespace with its own sshfs mount
 of one export, where ``flock`` excludes only within a node): N JAX jobs per node on an empty
 root compile each key exactly once; a leader that is SIGKILLed or SIGSTOPped on node A frees
 node B's waiter within the lease bound, even when the nodes mount the share at different paths."""
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
 #: These nodes share this machine's /tmp, so a node-local tier (on by default on sshfs, #23)
 #: would be one folder for both: the jobs here read and write the share directly, which is
 #: what single-flight's leases across nodes are proven on (the tier's two-node tests give
-#: each node its own /tmp: tests/nodes.py).
+#: each node its own /tmp: tests/harness/nodes.py).
 FLIGHT_CONFIG = {"single_flight": {"timeout": "5m"}, "local_tier": {"mode": "off"}}
 
 

@@ -1,5 +1,5 @@
 """The network-filesystem row of the README's fault table, proven on a real network filesystem:
-sshfs over loopback (tests/sshfs_mount.py: a private sshd on 127.0.0.1, an sshfs mount of a
+sshfs over loopback (tests/harness/sshfs_mount.py: a private sshd on 127.0.0.1, an sshfs mount of a
 server-side folder, type ``fuse.sshfs``). Every cache operation goes through the mount, i.e.
 through SFTP over a real ssh connection; nothing of gpu-cache, JAX or Triton is mocked.
 
@@ -379,7 +379,7 @@ def test_file_locks_on_sshfs_exclude_only_within_one_mount(sshfs_mount, api):
         holder.wait(timeout=30)
 
 
-# ---------------------------------------------------------------- two nodes (tests/nodes.py)
+# ---------------------------------------------------------------- two nodes (tests/harness/nodes.py)
 
 
 def test_two_nodes_have_their_own_hostname_tmp_and_mount_and_locks_of_one_share(two_nodes, tmp_path):

@@ -1,6 +1,6 @@
 """Validated packs through a real OCI registry: ``gpu-cache publish``, ``fetch`` and ``fetch --list``.
 
-Debian's ``docker-registry`` (the CNCF distribution server, tests/registry.py) runs on loopback
+Debian's ``docker-registry`` (the CNCF distribution server, tests/harness/registry.py) runs on loopback
 with a filesystem store. Root A is warmed and validated on the CPU (the small jax-transformer
 workload) and published; fetched into an empty root B at another path, with A moved away, a
 real ``gpu-cache validate`` must hit everything. A blob damaged in the registry's storage, a

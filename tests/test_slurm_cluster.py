@@ -139,7 +139,7 @@ def test_restart_after_crash_cleans_stale_daemons(slurm_cluster: SlurmCluster, t
     """Daemons orphaned by a killed owner are killed by the next start, in any work directory."""
     workdir = tmp_path / "crashed"
     owner = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("slurm_cluster.py")), str(workdir)],
+        [sys.executable, str(Path(__file__).parent / "harness" / "slurm_cluster.py"), str(workdir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
@@ -220,7 +220,7 @@ def test_two_nodes_of_a_killed_owner_are_swept_and_stop_leaves_nothing(two_nodes
     from daemons import processes_in_netns
     from nodes import TwoNodes
 
-    owner = subprocess.Popen([sys.executable, str(Path(__file__).with_name("nodes.py")), "--slurm"],
+    owner = subprocess.Popen([sys.executable, str(Path(__file__).parent / "harness" / "nodes.py"), "--slurm"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     try:

@@ -1,5 +1,5 @@
 """The gpu-cache workflow and the example host pipeline through the SLURM profile on a real
-two-node cluster (tests/nodes.py): slurmctld on the head node, one slurmd on ``gcnode-a`` and one
+two-node cluster (tests/harness/nodes.py): slurmctld on the head node, one slurmd on ``gcnode-a`` and one
 on ``gcnode-b``, each node in its own network, UTS and mount namespaces, with its own ``/tmp``
 and its own sshfs mount of the share that holds the working directory and the cache root.
 Snakemake runs on the head, as on a login node. Each GPU type is sent to one node through its

@@ -1,7 +1,7 @@
 """Single-flight across nodes with real SLURM jobs (issue 22), on the two-node cluster of
-tests/nodes.py: every job is an ``sbatch`` job submitted from the head and sent to its node with
+tests/harness/nodes.py: every job is an ``sbatch`` job submitted from the head and sent to its node with
 ``--nodelist``; its script does what a job on a cluster does, ``eval "$(gpu-cache env ...)"`` for a
-cache root on the shared sshfs folder, then runs a small JAX program on CPU (tests/flight_nodes.py's
+cache root on the shared sshfs folder, then runs a small JAX program on CPU (tests/harness/flight_nodes.py's
 job: it waits for a go file, then jits a few chains, one cache key each). The job's pid and output go
 to a folder every node and the host see (not the share), so the test can start the jobs together and
 hold or kill one of them.

@@ -1,4 +1,4 @@
-"""The node-local tier (issue 23) on two nodes (tests/nodes.py: each node its own ``/tmp``, so its
+"""The node-local tier (issue 23) on two nodes (tests/harness/nodes.py: each node its own ``/tmp``, so its
 own local tier, and its own sshfs mount of one share): jobs on node A compile and promote while
 node B reads the share.
 
@@ -50,13 +50,14 @@ KILL_POINTS = [
 ]
 KEYS = 2
 #: What node B sees of a cache root: ``{"triton": {key: whole}, "jax": {entry: whole}}``.
+HARNESS = str(REPO / "tests" / "harness")
 SEEN = ("import json, sys; sys.path[:0] = [sys.argv[2]]; from pathlib import Path; import tier_jobs as t; "
         "r = Path(sys.argv[1]); print(json.dumps({'triton': t.triton_groups(r / 'triton'), "
         "'jax': t.jax_entries(r / 'jax')}))")
 
 
 def seen_on(node, root: Path) -> dict[str, dict[str, bool]]:
-    done = node.run([sys.executable, "-c", SEEN, str(root), str(REPO / "tests")], env=clean_environ(),
+    done = node.run([sys.executable, "-c", SEEN, str(root), HARNESS], env=clean_environ(),
                     check=True)
     return json.loads(done.stdout)
 
@@ -210,7 +211,7 @@ def test_the_local_tier_is_trimmed_to_its_max_size_and_the_share_keeps_what_it_t
     assert int(python(LOCAL_SIZE)) <= bound
     kept = keys & old_keys  # least recently used first: only entries used long ago went
     assert len(keys - old_keys) == 6 and len(kept) < 6, (len(keys - old_keys), len(kept))
-    here = json.loads(node.run([sys.executable, "-c", SEEN, str(local), str(REPO / "tests")],
+    here = json.loads(node.run([sys.executable, "-c", SEEN, str(local), HARNESS],
                                env=clean_environ(), check=True).stdout)["triton"]
     assert set(here) == keys and all(here.values())  # whole entries went: no folder left half
     shared = on_share(two_nodes, root)["triton"]
@@ -251,7 +252,7 @@ def test_sbatch_jobs_through_the_tier_on_both_nodes(slurm_two_nodes, two_nodes):
         triton_run, jax_run = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         assert triton_run["failed"] == [] and jax_run["failed"] == []
         results[node.name] = (triton_run, jax_run)
-        local = node.run([sys.executable, "-c", SEEN, str(local_folder(root)), str(REPO / "tests")],
+        local = node.run([sys.executable, "-c", SEEN, str(local_folder(root)), HARNESS],
                          env=clean_environ(), check=True)
         mine = json.loads(local.stdout)
         assert len(mine["triton"]) == 4 and all(mine["triton"].values())  # each node its own copy

@@ -4,7 +4,7 @@ after warming itself, measured side by side in one run.
     python tests/benchmarks/registry_start.py [--model builtin|twelve] [--small] [--rounds N]
                                               [--registry-binary PATH] [--out DIR]
 
-A real registry (Debian's ``docker-registry``, tests/registry.py; ``--registry-binary`` names a
+A real registry (Debian's ``docker-registry``, tests/harness/registry.py; ``--registry-binary`` names a
 carried one) runs on loopback. Site A warms and validates an empty root and publishes it. Then,
 round after round and in alternating order, two new sites start from empty roots at paths of
 their own: one runs ``gpu-cache warm`` then ``gpu-cache validate``, the other ``gpu-cache fetch
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests" / "harness")]
 
 from gpu_cache.core import device, software  # noqa: E402
 from registry import RegistryServer  # noqa: E402

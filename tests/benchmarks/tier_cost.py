@@ -16,7 +16,7 @@ exports them), the variables of the tier set by hand as ``gpu-cache env`` export
 - Triton: the built-in triton-kernels workload (5 kernels, ahead of time for sm_90), the same
   four cases.
 
-``--sshfs`` puts the shared roots on a real sshfs mount of this machine (tests/sshfs_mount.py;
+``--sshfs`` puts the shared roots on a real sshfs mount of this machine (tests/harness/sshfs_mount.py;
 needs root) instead of a local folder: the network read and write path. Prints a table and
 writes the figures as JSON with ``--out``.
 """
@@ -38,7 +38,7 @@ from typing import Any
 from timing import run  # tests/benchmarks/timing.py
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # tests/sshfs_mount.py, for --sshfs
+sys.path.insert(0, str(REPO / "tests" / "harness"))  # tests/harness/sshfs_mount.py, for --sshfs
 HOOK = REPO / "scripts" / "gpu_cache" / "_hook"
 FILLER = ("import jax, jax.numpy as jnp, numpy as np, sys\n"
           "for i in range(int(sys.argv[1])):\n"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             shared = None
             if args.sshfs:
-                from sshfs_mount import SshfsMount  # tests/sshfs_mount.py
+                from sshfs_mount import SshfsMount  # tests/harness/sshfs_mount.py
 
                 shared = stack.enter_context(SshfsMount(scratch_path / "sshfs")).mount_point
             results = measure(args, scratch_path, shared)

@@ -1,7 +1,7 @@
 """A warm job's cache reads, and its metadata operations on the shared folder, straight from the
 network folder vs through the node-local tier (issue 23, figures b and c).
 
-On the two nodes of tests/nodes.py (each its own ``/tmp``, its own sshfs mount of one share), for
+On the two nodes of tests/harness/nodes.py (each its own ``/tmp``, its own sshfs mount of one share), for
 Triton (``--keys`` kernels, ahead of time for sm_90) and JAX (``--jax-keys`` jitted functions), each
 set-up gets its own cache root on the share, warmed by one job on node A; then jobs on node B, where
 every lookup hits, are timed (the worker's seconds from its first lookup to its last result:
@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
+sys.path[:0] = [str(HERE.parent / "harness"), str(HERE.parent.parent / "scripts")]
 
 from timing import publish, table  # noqa: E402
 

@@ -1,13 +1,13 @@
 """The crash stress of triton-lang/triton#11512 on two nodes, plain vs through the node-local tier
 (issue 23, figure a).
 
-On the two nodes of tests/nodes.py (each its own namespaces, its own ``/tmp``, its own sshfs mount
+On the two nodes of tests/harness/nodes.py (each its own namespaces, its own ``/tmp``, its own sshfs mount
 of one share at the same path), each round starts ``--procs`` fresh processes on EACH node on a
 fresh cache folder on the share; they compile the same ``--keys`` Triton kernel variants (ahead of
 time for sm_90, cubins from the wheel's ptxas), each variant after a barrier of all processes of
 the round (#11512's reproducer: same keys, at the same instant). ``--jax-procs`` JAX processes per
 node then jit ``--jax-keys`` functions the same way (jax-ml/jax#22718: the cache used in parallel).
-Set-ups (tests/tier_jobs.py):
+Set-ups (tests/harness/tier_jobs.py):
 
 - ``plain``: the tools' own caches straight on the share (``TRITON_CACHE_DIR`` /
   ``JAX_COMPILATION_CACHE_DIR`` there), no gpu-cache;
@@ -37,7 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
+sys.path[:0] = [str(HERE.parent / "harness"), str(HERE.parent.parent / "scripts")]
 
 from timing import publish, table  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Single-flight across nodes, measured on two nodes made on this machine (issue 22 item 3).
 
 Each node is a process tree in its own mount, UTS and PID namespace with its own sshfs mount of
-one export at the same path (tests/flight_nodes.py over tests/sshfs_mount.py's loopback sshd).
+one export at the same path (tests/harness/flight_nodes.py over tests/harness/sshfs_mount.py's loopback sshd).
 On each node ``--jobs`` JAX processes start at one instant and jit the same ``--keys`` chains
 (one cache key each) on an empty cache root on the share, in three set-ups:
 
@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "scripts")]
+sys.path[:0] = [str(HERE.parent / "harness"), str(HERE.parent.parent / "scripts")]
 
 from timing import publish  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Each node is a process tree in its own mount, UTS and PID namespace (``unshare --mount
 --propagation private --uts --pid --fork --mount-proc``) with its own ``sshfs`` mount of one
-export (``tests/sshfs_mount.py``'s loopback sshd), as cluster nodes see a shared filesystem:
+export (``tests/harness/sshfs_mount.py``'s loopback sshd), as cluster nodes see a shared filesystem:
 ``flock`` through one sshfs mount excludes only the processes of that mount (of that node), a
 node has its own hostname, and the pids of one node mean nothing on the other (a lease holder
 on another node can only be judged by its beat). The node's first process is its init: when it

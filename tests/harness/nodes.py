@@ -1,7 +1,7 @@
 """Two compute nodes, a head node and a storage node on this machine, for tests of what a
 cluster of several nodes sees (fixtures ``two_nodes`` and ``slurm_two_nodes``).
 
-:class:`TwoNodes` starts, on the harness of tests/daemons.py:
+:class:`TwoNodes` starts, on the harness of tests/harness/daemons.py:
 
 * a :class:`daemons.Network` of four namespaced nodes on one bridge in ``10.251.0.0/24``:
   ``head`` (hostname ``gc-head``, ``.1``), ``storage`` (``gc-storage``, ``.2``), ``a``
@@ -33,7 +33,7 @@ slurmdbd and MariaDB on ``head``, one slurmd on ``a`` and one on ``b`` (NodeName
 and ``gcnode-b``, each with fake ``gpu:h100:1`` and ``gpu:a100:1``); submit from ``head``
 (``cluster.sbatch``, ``cluster.run``, ``two_nodes.head.run(["snakemake", ...], cwd=...)``).
 
-Run ``python tests/nodes.py [--slurm]`` to start them by hand (Ctrl-C or SIGTERM stops them).
+Run ``python tests/harness/nodes.py [--slurm]`` to start them by hand (Ctrl-C or SIGTERM stops them).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class TwoNodes:
 
 def _main(argv: Sequence[str]) -> int:
     if argv not in ([], ["--slurm"]):
-        print("usage: python tests/nodes.py [--slurm]", file=sys.stderr)
+        print("usage: python tests/harness/nodes.py [--slurm]", file=sys.stderr)
         return 2
     from slurm_cluster import SlurmCluster
 

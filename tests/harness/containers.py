@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 #: The folder with the ``apptainer`` stand-in; first on ``PATH`` for container jobs.
 BIN = TESTS / "bin"
 APPTAINER = BIN / "apptainer"

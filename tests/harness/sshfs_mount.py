@@ -1,6 +1,6 @@
 """A real, throw-away sshfs mount for tests: a network file system on one machine.
 
-``SshfsMount`` starts, on the harness of tests/daemons.py (nothing in ``/etc/ssh``, no systemd):
+``SshfsMount`` starts, on the harness of tests/harness/daemons.py (nothing in ``/etc/ssh``, no systemd):
 
 * a private ``sshd`` with its own host key and configuration in the work folder (public-key
   authentication only, root login allowed by key, the in-process ``internal-sftp`` server),
@@ -18,7 +18,7 @@ mount, so this is what two machines see, not what two processes on one machine s
 :meth:`SshfsMount.stop` unmounts every mount point (``fusermount3 -u``, else ``umount -l`` when
 something still holds it), waits for each ``sshfs`` to exit, then stops ``sshd`` and the
 per-connection children it forked, and checks that none survived. :meth:`SshfsMount.start` first
-sweeps leftovers (see tests/daemons.py: an earlier session in the same work folder, and any
+sweeps leftovers (see tests/harness/daemons.py: an earlier session in the same work folder, and any
 whose owner died). Outside the work folder it touches only its runtime folder under
 ``daemons.RUNTIME_BASE`` and creates ``/run/sshd`` (sshd's privilege separation folder) when it
 is missing. It needs root, ``/dev/fuse`` and the binaries in :data:`SSHFS_BINARIES`
@@ -30,7 +30,7 @@ Usage::
         (share.mount_point / "a").write_text("over ssh")
         assert (share.server_dir / "a").read_text() == "over ssh"
 
-Run ``python tests/sshfs_mount.py DIR`` to mount one by hand (Ctrl-C or SIGTERM unmounts it).
+Run ``python tests/harness/sshfs_mount.py DIR`` to mount one by hand (Ctrl-C or SIGTERM unmounts it).
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class SshfsMount:
         # Without PAM, sshd refuses a locked account ("!" password) even for key logins.
         use_pam = _account_locked(self.user) and Path("/etc/pam.d/sshd").exists()
         self.sshd_config.write_text("\n".join([
-            "# private sshd for tests/sshfs_mount.py; not the system's",
+            "# private sshd for tests/harness/sshfs_mount.py; not the system's",
             f"ListenAddress {self.server.address}:{self.port}",
             f"HostKey {self.host_key}",
             "PidFile none",
@@ -307,7 +307,7 @@ class SshfsMount:
 
 def _main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python tests/sshfs_mount.py WORKDIR", file=sys.stderr)
+        print("usage: python tests/harness/sshfs_mount.py WORKDIR", file=sys.stderr)
         return 2
     share = SshfsMount(argv[0])
     # Background jobs of a non-interactive shell ignore SIGINT: stop on SIGTERM too.

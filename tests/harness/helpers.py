@@ -18,7 +18,7 @@ from typing import NoReturn
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 HOOK = SCRIPTS / "gpu_cache" / "_hook"
 SNAKEFILE = str(REPO / "workflow" / "Snakefile")
@@ -56,7 +56,7 @@ def hook_piece(name: str) -> types.ModuleType:
     if getattr(site, "__file__", None) != str(HOOK / "sitecustomize.py"):
         mark = "_gpu_cache_startup_hook"
         before = getattr(sys, mark, None)
-        setattr(sys, mark, before or {"file": "tests/helpers.py"})
+        setattr(sys, mark, before or {"file": "tests/harness/helpers.py"})
         spec = importlib.util.spec_from_file_location("sitecustomize", HOOK / "sitecustomize.py")
         site = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(site)

@@ -1,4 +1,4 @@
-"""Jobs for the node-local tier (issue 23) on the two nodes of tests/nodes.py, shared by
+"""Jobs for the node-local tier (issue 23) on the two nodes of tests/harness/nodes.py, shared by
 tests/test_tier_nodes.py and tests/benchmarks/tier_stress.py and tier_reads.py.
 
 A job is one Python process on a node: :data:`WORKER` compiles ``keys`` Triton kernels (ahead of
@@ -272,7 +272,7 @@ def jax_entries(folder: Path) -> dict[str, bool]:
 def stress_round(nodes, program: Path, config: Path, kind: str, setup: str, rnd: int, procs: int,
               keys: int, by_hand: bool) -> dict:
     """One round of the crash stress (tests/benchmarks/tier_stress.py): ``procs`` fresh jobs of
-    ``setup`` on each node of ``nodes`` (tests/nodes.py's TwoNodes), a fresh folder on the share,
+    ``setup`` on each node of ``nodes`` (tests/harness/nodes.py's TwoNodes), a fresh folder on the share,
     ``keys`` keys each, a barrier before each key. Returns the jobs' JSON lines (``done``), what
     crashed, the wall seconds, the entries whole and broken on the share afterwards, and
     the ``single_flight`` part of each hook record (``flights``; none for ``plain``)."""

@@ -1,6 +1,6 @@
 """A real, throw-away SLURM cluster for tests: on this machine, or on namespaced nodes.
 
-``SlurmCluster`` starts, on the harness of tests/daemons.py (plain child processes, no
+``SlurmCluster`` starts, on the harness of tests/harness/daemons.py (plain child processes, no
 systemd), every daemon a small SLURM 22.05 installation on Debian 12 needs:
 
 * ``munged`` on every node (as the ``munge`` user, one key for all, created if missing),
@@ -33,7 +33,7 @@ configuration folder onto ``/etc/slurm`` there.
 
 :meth:`SlurmCluster.stop` kills every process it started (daemons, then any job process that
 still references the cluster), then checks that none survived. :meth:`SlurmCluster.start`
-first sweeps leftovers (tests/daemons.py): a previous cluster in the same work folder, and
+first sweeps leftovers (tests/harness/daemons.py): a previous cluster in the same work folder, and
 clusters anywhere whose owner died without ``stop()``.
 
 Usage::
@@ -42,7 +42,7 @@ Usage::
         job_id = cluster.sbatch("#!/bin/sh\\necho $CUDA_VISIBLE_DEVICES", "--gres=gpu:h100:1")
         cluster.wait_job(job_id)
 
-Run ``python tests/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C or SIGTERM stops
+Run ``python tests/harness/slurm_cluster.py DIR`` to start a cluster by hand (Ctrl-C or SIGTERM stops
 it).
 """
 
@@ -484,7 +484,7 @@ class SlurmCluster:
                           f"RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN"
                           for node in self.nodes)
         slurm_conf = f"""\
-# Written by tests/slurm_cluster.py; everything as root.
+# Written by tests/harness/slurm_cluster.py; everything as root.
 ClusterName={self.cluster_name}
 SlurmctldHost={head.hostname}({head.address})
 SlurmctldPort={self.ports['slurmctld']}
@@ -642,7 +642,7 @@ StorageLoc=slurm_acct_db
 
 def _main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python tests/slurm_cluster.py WORKDIR", file=sys.stderr)
+        print("usage: python tests/harness/slurm_cluster.py WORKDIR", file=sys.stderr)
         return 2
     cluster = SlurmCluster(argv[0])
     # Background jobs of a non-interactive shell ignore SIGINT: stop on SIGTERM too.

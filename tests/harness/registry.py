@@ -2,7 +2,7 @@
 distribution server, 2.8) on ``127.0.0.1`` and a free port, with a filesystem store in the work
 folder, deletes allowed and, with ``users``, htpasswd (bcrypt) authentication.
 
-It runs on the harness of tests/daemons.py (its pid is the server's; a killed test run's server
+It runs on the harness of tests/harness/daemons.py (its pid is the server's; a killed test run's server
 is swept by the next). ``.ci/install-registry.sh`` installs it, and ``htpasswd``.
 
 Usage::
