@@ -3,9 +3,12 @@ puts this checkout's scripts/, tests/ and tests/harness/ first)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def cache_root(tmp_path: Path) -> Path:
     return tmp_path / "cache root"  # a space, on purpose: paths must be quoted everywhere
+
+
+# --- other users' view: a folder they can reach, a group, a user with a user-private group ---
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A folder other users can reach (pytest's own folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="gpu-cache-reachable-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def team_group() -> Iterator[str]:
+    """A real group, made for the test and deleted after it."""
+    name = f"gpucachet{os.getpid() % 100000}"
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+@pytest.fixture
+def private_user(base: Path) -> Iterator[str]:
+    """A real user with a user-private group (useradd --user-group) and a home under ``base``."""
+    name = f"gpucacheu{os.getpid() % 100000}"
+    home = base / "home" / name
+    subprocess.run(["useradd", "--user-group", "--no-create-home", "--home-dir", str(home),
+                    "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)
 
 
 # --- real SLURM clusters (harness/slurm_cluster.py) and namespaced nodes (harness/nodes.py) --------

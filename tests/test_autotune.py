@@ -29,72 +29,7 @@ from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
 from helpers import hook_piece
-from test_hook import records_of, warnings_in
-from test_tokamax import gpu_cache_env, real_tokamax
-
-#: A warm process: tunes the GLU of one shape (the config sorted last is the fastest).
-WARM_PROGRAM = """
-import jax, jax.numpy as jnp
-from tokamax._src.autotuning import autotuner
-from tokamax._src import benchmarking
-from tokamax._src.ops.gated_linear_unit import pallas_triton
-
-glu = pallas_triton.PallasTritonGatedLinearUnit()
-x, w = jnp.ones((8, 16)), jnp.ones((16, 2, 32))
-bound = glu.bind(x, w, activation=jax.nn.swish)
-
-class FixedTimes(autotuner.Autotuner):  # stands for timing the kernels on a GPU
-    def autotune(self, op_fn, configs, *args, **kwargs):
-        ranked = sorted(configs, key=str)
-        return autotuner.AutotuningData({c: benchmarking.BenchmarkData(1.0, 1.0, (10.0 - i,), {})
-                                         for i, c in enumerate(ranked)})
-
-configs = sorted(glu._get_autotuning_configs(bound), key=str)[:3]
-bound.autotune(set(configs), autotuner=FixedTimes())
-print(configs[-1])
-"""
-#: A job: the GLU looked up while tracing (three calls of one jit) and in a second thread.
-JOB_PROGRAM = """
-import json, threading
-import jax, jax.numpy as jnp
-from tokamax._src.ops.gated_linear_unit import pallas_triton
-
-glu = pallas_triton.PallasTritonGatedLinearUnit()
-x, w = jnp.ones((8, 16)), jnp.ones((16, 2, 32))
-out = {"traces": 0}
-
-def config():
-    data = glu.bind(x, w, activation=jax.nn.swish).cached_autotuning_data
-    return None if data is None else str(data.fastest_config)
-
-@jax.jit
-def glu_step(x, w):
-    out["traces"] += 1
-    out["main"] = config()
-    return jax.nn.swish(x @ w[:, 0]) * (x @ w[:, 1])
-
-for _ in range(3):
-    glu_step(x, w).block_until_ready()
-thread = threading.Thread(target=lambda: out.update(other=config()))
-thread.start()
-thread.join()
-out["compiled"] = glu_step._cache_size()
-print(json.dumps(out))
-"""
-
-
-def run(code: str, environ: dict[str, str], umask: int = -1) -> tuple[str, str]:
-    done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
-                          text=True, timeout=600, umask=umask)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert not warnings_in(done.stderr), done.stderr
-    return done.stdout.splitlines()[-1], done.stderr
-
-
-def tuning_of(root: Path) -> dict:
-    """The autotuning part of the latest record."""
-    latest = max(records_of(root), key=lambda r: r["time"])
-    return latest["tokamax"]["autotuning"]
+from hook_jobs import JOB_PROGRAM, WARM_PROGRAM, gpu_cache_env, real_tokamax, records_of, run, tuning_of
 
 
 def warmed(tmp_path: Path) -> tuple[Path, str]:

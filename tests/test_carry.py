@@ -23,7 +23,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-import test_autotune
+import hook_jobs
+from archives import rebuild, special
 from gpu_cache import carry
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
@@ -287,36 +288,10 @@ def test_image_is_run_to_learn_its_software(archive: Path, tmp_path: Path, conta
 # --- hostile archives -------------------------------------------------------------------------
 
 
-def rebuild(source: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None,
-            members: list[tuple[tarfile.TarInfo, bytes | None]] | None = None, keep: bool = True) -> Path:
-    """A copy of the archive ``source`` with its manifest edited and ``members`` appended
-    (``keep=False``: instead of its own members)."""
-    with tarfile.open(source) as tar:
-        own = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
-    manifest = json.loads(own[0][1])
-    if edit:
-        edit(manifest)
-    data = json.dumps(manifest).encode()
-    with tarfile.open(target, "w:gz", format=tarfile.PAX_FORMAT) as out:
-        info = tarfile.TarInfo(carry.MANIFEST_NAME)
-        info.size = len(data)
-        out.addfile(info, io.BytesIO(data))
-        for member, content in (own[1:] if keep else []) + (members or []):
-            out.addfile(member, io.BytesIO(content) if content is not None else None)
-    return target
-
-
 def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     return info, data
-
-
-def special(name: str, kind: bytes, size: int = 0, link: str = "") -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.size = kind, link, size
-    info.devmajor, info.devminor = 1, 3
-    return info, None
 
 
 def sha256(data: bytes) -> str:
@@ -720,9 +695,9 @@ def result_key(tokamax: str = "0.0.12", device: str = "cpu") -> str:
 def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: Path) -> None:
     """A result tokamax tuned in a warm process, packed with one of another tokamax and a
     broken one, unpacked at another path: a job there gets the tuned config with no miss."""
-    test_autotune.real_tokamax()
+    hook_jobs.real_tokamax()
     source = tmp_path / "root"
-    best, _ = test_autotune.run(test_autotune.WARM_PROGRAM, test_autotune.gpu_cache_env(
+    best, _ = hook_jobs.run(hook_jobs.WARM_PROGRAM, hook_jobs.gpu_cache_env(
         source, GPU_CACHE_AUTOTUNE_SAVE="1", GPU_CACHE_RULE="warm_cache", GPU_CACHE_GPU_TYPE="cpu"))
     other = source / "autotune" / result_key("0.0.11", "NVIDIA H200")
     other.parent.mkdir()
@@ -759,10 +734,10 @@ def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: 
         assert copy.read_bytes() == original.read_bytes()
         assert copy.stat().st_mtime == original.stat().st_mtime  # its last use survives the trip
     assert all(e.problem is None for e in kinds.scan("autotune", root / "autotune"))
-    out, stderr = test_autotune.run(test_autotune.JOB_PROGRAM, test_autotune.gpu_cache_env(root))
+    out, stderr = hook_jobs.run(hook_jobs.JOB_PROGRAM, hook_jobs.gpu_cache_env(root))
     assert json.loads(out) == {"traces": 1, "compiled": 1, "main": best, "other": best}
     assert "Autotuning cache miss" not in stderr
-    tuning = test_autotune.tuning_of(root)
+    tuning = hook_jobs.tuning_of(root)
     assert (tuning["loaded"], tuning["misses"], tuning["refused"]) == (["cpu.json"], 0, [])
 
     # A result as new here is kept, a newer one too; an older or broken one is replaced.

@@ -17,9 +17,9 @@ from collections import Counter
 
 import pytest
 
+from flight_jobs import compiles_per_key, lease_bound
 from flight_nodes import Node, go, job_commands, leader_fault, lease_holder, wait_ready
-from helpers import HOOK, clean_environ, hook_piece
-from test_single_flight import compiles_per_key, records
+from helpers import HOOK, clean_environ, hook_piece, records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
                                 reason="mount namespaces and sshfs mounts need root")
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
 #: what single-flight's leases across nodes are proven on (the tier's two-node tests give
 #: each node its own /tmp: tests/harness/nodes.py).
 FLIGHT_CONFIG = {"single_flight": {"timeout": "5m"}, "local_tier": {"mode": "off"}}
-
-
-def lease_bound() -> tuple[float, float]:
-    """LEASE_STALE and MAX_LEASE_POLL of the hook's single-flight leases."""
-    leases = hook_piece("gpu_cache_flight_leases")
-    return leases.LEASE_STALE, leases.MAX_LEASE_POLL
 
 
 def outputs(result: dict) -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import test_trust
+from acls import GROUP, MASK, USER, set_acl
 from gpu_cache.jobenv import trust
 from helpers import (
     HOOK,
@@ -28,7 +28,7 @@ from helpers import (
     run_snakemake,
     unavailable,
 )
-from test_trust import GROUP, MASK, USER, set_acl
+from hook_jobs import FAKE_PROGRAM, fake_jax, records_of, same_as_without_the_hook, warnings_in
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
@@ -40,11 +40,6 @@ def hook_env(cache_root: Path, *more_path: str, **extra: str) -> dict[str, str]:
 def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
-
-
-def records_of(cache_root: Path) -> list[dict]:
-    folder = cache_root / "records"
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
 
 
 @pytest.mark.slow
@@ -144,52 +139,8 @@ def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
 OLD_HOOK = REPO / "tests" / "fixtures" / "hook-before-marker"
 #: The hook as one file, before it was split into pieces (commit 49c8287): it has the marker.
 WHOLE_HOOK = REPO / "tests" / "fixtures" / "hook-before-split"
-#: A fake ``jax`` with just what the hook hooks: monitoring, the cache key and the cache log.
-FAKE_JAX = {
-    "__init__.py": "from jax import monitoring\nfrom jax._src import compiler\n"
-                   "def compile_many(n, hit=False, prefix='f'):\n"
-                   "    for i in range(n):\n"
-                   "        compiler.compile(f'{prefix}{i}', hit)\n",
-    "monitoring.py": "_events, _durations = [], []\n"
-                     "def register_event_listener(f): _events.append(f)\n"
-                     "def register_event_duration_secs_listener(f): _durations.append(f)\n"
-                     "def record_event(name):\n"
-                     "    for f in _events: f(name)\n",
-    "_src/__init__.py": "",
-    "_src/cache_key.py": "import hashlib\n"
-                         "def _log_cache_key_hash(hash_obj, last_serialized, hashfn=None): pass\n"
-                         "def get(module, devices, compile_options, backend, compression_algorithm='zlib'):\n"
-                         "    h = hashlib.sha256()\n"
-                         "    for part in ('computation', 'compile_options'):\n"
-                         "        h.update(f'{module}/{part}'.encode())\n"
-                         "        _log_cache_key_hash(h, part)\n"
-                         "    return f'jit_{module}-{h.hexdigest()}'\n",
-    "_src/compiler.py": "from jax import monitoring\nfrom jax._src import cache_key\n"
-                        "def log_persistent_cache_hit(module_name, cache_key): pass\n"
-                        "def log_persistent_cache_miss(module_name, cache_key): pass\n"
-                        "def compile(name, hit):\n"
-                        "    key = cache_key.get(name, [], None, None)\n"
-                        "    monitoring.record_event('/jax/compilation_cache/compile_requests_use_cache')\n"
-                        "    if hit:\n"
-                        "        monitoring.record_event('/jax/compilation_cache/cache_hits')\n"
-                        "        log_persistent_cache_hit(f'jit_{name}', key)\n"
-                        "    else:\n"
-                        "        log_persistent_cache_miss(f'jit_{name}', key)\n",
-}
-#: A job on the fake jax: compiles, prints, and exits with its own code.
-FAKE_PROGRAM = "import jax; jax.compile_many(3); print('the job ran'); raise SystemExit(3)"
 #: A user's sitecustomize that counts its runs in $RUNS_FILE.
 COUNTING_SITE = "import os\nwith open(os.environ['RUNS_FILE'], 'a') as f:\n    f.write('ran\\n')\n"
-
-
-def fake_jax(tmp_path: Path, **replace: str) -> Path:
-    """A folder for PYTHONPATH with a fake top-level ``jax``; ``replace`` maps a file of it
-    to other text (an empty module stands for a jax whose internals differ)."""
-    folder = tmp_path / "fake"
-    for name, text in (FAKE_JAX | replace).items():
-        (folder / "jax" / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / "jax" / name).write_text(text)
-    return folder
 
 
 def user_site(tmp_path: Path, text: str = COUNTING_SITE) -> Path:
@@ -210,25 +161,6 @@ def hook_copy(tmp_path: Path, how: str) -> Path:
         shutil.copytree(HOOK, folder, ignore=shutil.ignore_patterns("__pycache__"))
         return folder
     return {"old": OLD_HOOK, "whole": WHOLE_HOOK}[how]
-
-
-def warnings_in(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("gpu-cache: warning")]
-
-
-def same_as_without_the_hook(code: str, hooked: dict[str, str], fake: Path, *,
-                             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` with the hook and without it: same exit code and stdout, and stderr
-    differs by one gpu-cache warning line at most. Returns the hooked run."""
-    bare = clean_environ(PYTHONPATH=os.pathsep.join([str(fake), str(SCRIPTS)]))
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
-                           text=True, timeout=60) for env in (bare, hooked)]
-    plain, done = runs
-    assert (done.returncode, done.stdout) == (plain.returncode, plain.stdout), done.stderr
-    others = [line for line in done.stderr.splitlines() if not line.startswith("gpu-cache: warning")]
-    assert others == plain.stderr.splitlines()
-    assert len(warnings_in(done.stderr)) <= 1, done.stderr
-    return done
 
 
 @contextlib.contextmanager
@@ -422,7 +354,6 @@ def test_a_record_stays_small_whatever_the_number_of_compiles(cache_root, tmp_pa
 
 
 #: test_trust's fixtures: a folder other users can reach, a user with a user-private group.
-base, private_user = test_trust.base, test_trust.private_user
 
 
 def need_root() -> None:

@@ -13,26 +13,23 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import FILLER, clean_environ, hook_piece, jax_job_env, run_cli
-from test_single_flight import (
+from flight_jobs import (
     DRIVER,
     compiles_per_key,
     finished,
     has_open,
     job_env,
-    records,
     start_together,
     start_triton,
     stopped_holding_a_lock,
 )
+from helpers import FILLER, clean_environ, hook_piece, jax_job_env, records, run_cli
 
 # Every test here runs real compiles for seconds: the slow layer.
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
@@ -54,15 +51,6 @@ for path in sys.argv[1:]:
 print(f"held {len(held)}", flush=True)
 time.sleep(600)
 '''
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A folder other users can reach (pytest's own folders are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="gpu-cache-locks-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Holder:

@@ -254,7 +254,7 @@ def test_a_hostile_layer_is_refused(
     published: dict[str, Any], registry_server: RegistryServer, tmp_path: Path
 ) -> None:
     """A layer with a symbolic link beside its entries, under a manifest that fits this site."""
-    from test_carry import rebuild, special
+    from archives import rebuild, special
 
     ref = oci.parse_reference(published["ref"])
     session = oci.Session(ref)

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from flight_jobs import compiles_per_key, lease_bound
 from flight_nodes import go, has_open_below, job_commands, lease_holder
-from helpers import clean_environ
+from helpers import clean_environ, records
 from slurm_cluster import pid_alive
-from test_flight_across_nodes import lease_bound
-from test_single_flight import compiles_per_key, records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 #: Seconds a job may take, from submission to its end (6 JAX imports on 2 shared cores).

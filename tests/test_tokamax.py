@@ -13,15 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from gpu_cache.config.settings import settings_from
-from gpu_cache.jobenv import env
-from helpers import HOOK, SCRIPTS, clean_environ, unavailable
-from test_hook import fake_jax, records_of, warnings_in
+from helpers import HOOK, SCRIPTS, clean_environ
+from hook_jobs import fake_jax, gpu_cache_env, real_tokamax, records_of, warnings_in
 
 #: Three calls of one jitted function whose trace looks up tokamax's autotuning cache; prints
 #: how often it was traced and how many executables jax holds for it.
@@ -44,21 +41,6 @@ for _ in range(3):
     glu_step(x, w).block_until_ready()
 print(json.dumps({"traces": len(traces), "compiled": glu_step._cache_size()}))
 """
-
-
-def real_tokamax() -> None:
-    try:
-        version = metadata.version("tokamax")
-    except metadata.PackageNotFoundError:
-        version = None
-    if version != "0.0.12":
-        unavailable(f"tokamax 0.0.12 is not installed here (found {version}): pip install tokamax==0.0.12")
-
-
-def gpu_cache_env(root: Path, **extra: str) -> dict[str, str]:
-    """A job's environment as ``gpu-cache env`` exports it for ``root``, on CPU."""
-    base = clean_environ(JAX_PLATFORMS="cpu")
-    return env.job_environ(env.resolve(settings_from({}, cache_root=str(root)), base), base, **extra)
 
 
 def run_glu(environ: dict[str, str]) -> dict:

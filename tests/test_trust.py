@@ -18,15 +18,13 @@ import json
 import os
 import pwd
 import shutil
-import struct
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from acls import GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, set_acl
 from gpu_cache.config.settings import resolve_cache_root
 from gpu_cache.core.errors import UsageError
 from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, write_config
@@ -43,40 +41,6 @@ def one_config(folder: Path, config: dict) -> Path:
     path = write_config(folder / "config.yaml", config)
     path.chmod(0o644)
     return path
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A folder other users can reach (pytest's own folders are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="gpu-cache-trust-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def team_group() -> Iterator[str]:
-    """A real group, made for the test and deleted after it."""
-    name = f"gpucachet{os.getpid() % 100000}"
-    subprocess.run(["groupadd", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["groupdel", name], capture_output=True)
-
-
-@pytest.fixture
-def private_user(base: Path) -> Iterator[str]:
-    """A real user with a user-private group (useradd --user-group) and a home under ``base``."""
-    name = f"gpucacheu{os.getpid() % 100000}"
-    home = base / "home" / name
-    subprocess.run(["useradd", "--user-group", "--no-create-home", "--home-dir", str(home),
-                    "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)
 
 
 def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None,
@@ -418,22 +382,7 @@ def test_a_user_private_group_may_write_until_it_has_another_member(base, privat
 
 # ---------------------------------------------------------------- ACLs
 
-USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 NO_ID = 0xFFFFFFFF
-
-
-def set_acl(folder: Path, *entries: tuple[int, int, int], default: bool = False) -> None:
-    """Write a POSIX ACL as the kernel stores it (what `setfacl` does; not installed here):
-    version 2, then (tag, perm, id) little-endian entries."""
-    data = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
-    name = "system.posix_acl_default" if default else "system.posix_acl_access"
-    try:
-        os.setxattr(folder, name, data)
-    except OSError as exc:
-        message = f"this filesystem takes no POSIX ACLs ({exc.strerror})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def nobody_can_add_a_file(folder: Path) -> bool:
