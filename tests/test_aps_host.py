@@ -13,10 +13,8 @@ default binds, so the jobs see it only because gpu-cache binds it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -321,13 +319,7 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     started = time.time()
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = process.communicate(timeout=SLURM_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        log, _ = process.communicate()
-        slurm_cluster.run(["scancel", "--full", "-p", partition], check=False)
-        pytest.fail(f"the pipeline stalled ({SLURM_TIMEOUT} s):\n{log[-5000:]}")
+    log = slurm_cluster.finish(process, SLURM_TIMEOUT)
     assert process.returncode == 0, log[-5000:]
     results = work / "results" / "gpu-cache"
     assert read_json(results / "validate" / "h100.json")["status"] == "passed"

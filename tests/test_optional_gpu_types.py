@@ -7,8 +7,6 @@ h200."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -93,13 +91,7 @@ def test_an_optional_type_slurm_cannot_schedule_is_unscheduled_and_holds_nothing
                "--nocolor"]
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        log, _ = process.communicate()
-        slurm_cluster.run(["scancel", "--full", "-p", slurm_cluster.partition], check=False)
-        pytest.fail(f"the pipeline stalled ({TIMEOUT} s):\n{log[-5000:]}")
+    log = slurm_cluster.finish(process, TIMEOUT)
     assert process.returncode == 0, log[-5000:]
     results = work / "results" / "gpu-cache"
     # h100 exists: warmed and validated on its node, with the deadline SLURM accepted.

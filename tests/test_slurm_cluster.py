@@ -45,8 +45,6 @@ this cluster, are recorded next to the tests that prove them:
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -306,17 +304,7 @@ def test_snakemake_slurm_executor_gpu_types_and_env(
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
-    try:
-        log, _ = proc.communicate(timeout=SNAKEMAKE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            log, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            log, _ = proc.communicate()
-        slurm_cluster.run(["scancel", "--full", "-p", slurm_cluster.partition], check=False)
-        pytest.fail(f"snakemake --executor slurm hung for {SNAKEMAKE_TIMEOUT_S} s:\n{log[-5000:]}")
+    log = slurm_cluster.finish(proc, SNAKEMAKE_TIMEOUT_S, "snakemake --executor slurm")
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, log[-5000:]
     print(f"snakemake --executor slurm: {elapsed:.1f} s")

@@ -7,7 +7,6 @@ Snakemake runs on the head, as on a login node. Each GPU type is sent to one nod
 on its node (its hostname, SLURM's NodeList), with its type's GRES, and see the shared root."""
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +38,7 @@ def run_pipeline(cluster, two_nodes, work: Path, cache: Path, *args: str) -> str
                "--jobs", "4", "--nocolor"]
     process = two_nodes.head.popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        log, _ = process.communicate()
-        cluster.run(["scancel", "--full", "-p", cluster.partition], check=False)
-        pytest.fail(f"the SLURM pipeline did not finish in {TIMEOUT} s:\n{log[-5000:]}")
+    log = cluster.finish(process, TIMEOUT, "the SLURM pipeline")
     assert process.returncode == 0, log[-5000:]
     return log
 

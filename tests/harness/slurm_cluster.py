@@ -370,6 +370,25 @@ class SlurmCluster:
         ).stdout
         return [dict(zip(names, line.split("|"), strict=False)) for line in out.splitlines() if line]
 
+    def finish(self, process: subprocess.Popen[str], timeout: float, what: str = "the pipeline") -> str:
+        """The output of ``process`` (a Snakemake run on this cluster, started in a session of its
+        own, its output piped) once it ends. Past ``timeout`` seconds its whole process group is
+        stopped (SIGTERM, then SIGKILL after 10 s), the partition's jobs are cancelled, and the
+        test fails with the end of the output."""
+        import pytest
+
+        try:
+            return process.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                log = process.communicate(timeout=10)[0]
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                log = process.communicate()[0]
+            self.run(["scancel", "--full", "-p", self.partition], check=False)
+            pytest.fail(f"{what} did not finish in {timeout} s:\n{log[-5000:]}")
+
     def wait_accounted(
         self,
         job_id: int | str,
