@@ -519,3 +519,42 @@ def test_through_gpu_cache_env_a_second_node_hits_what_the_first_compiled(tmp_pa
                                                      record[kind]["tier"]["promoted"]))
     assert by_node["jax"] == [(0, 3, 0, 3), (3, 0, 3, 0)]
     assert by_node["triton"] == [(0, 5, 0, 5), (5, 0, 5, 0)]
+
+
+def test_a_link_at_a_triton_key_folder_of_the_shared_root_is_never_read_through(tmp_path, tier):
+    """A Triton key folder of the shared root swapped for a link to a folder of the user's own,
+    whole and with that kernel's very files (as one who can rename in the root could do): node B
+    does not read through it (the tier is off for Triton there, with one line), compiles that
+    kernel itself, and its job passes."""
+    root, local = tier
+    run_on(tmp_path / "node-a", local, TRITON, node_env(root, local, tmp_path / "rec-a"))
+    key = next((root / "triton").glob("*/__grp__*.json")).parent
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    key.rename(elsewhere / key.name)
+    key.symlink_to(elsewhere / key.name, target_is_directory=True)
+    second, err = run_on(tmp_path / "node-b", local, TRITON, node_env(root, local, tmp_path / "rec-b"))
+    part = second["triton"]
+    assert key.name in {m["key"] for m in part["missed"]}, part["missed"]
+    assert part["tier"]["fetched"] < 5 and "is a link or not a folder" in part["tier"]["state"], part["tier"]
+    assert err.count("gpu-cache: warning") == 1
+    assert not any(p.is_symlink() for p in (tmp_path / "node-b" / "triton").rglob("*"))
+
+
+def test_a_promotion_never_replaces_the_entry_the_shared_root_holds_under_its_name(tmp_path, tier):
+    """The shared root holds an entry under a name node B is about to promote (here one that is
+    not whole: B does not copy it in, so it compiles and promotes that key itself): the root's
+    entry keeps its inode and its bytes; B's own stays on B (a promotion links a new name, never
+    renames over one)."""
+    root, local = tier
+    job = jax_job(tmp_path)
+    run_on(tmp_path / "node-a", local, job, node_env(root, local, tmp_path / "rec-a"))
+    taken = next(iter(sorted((root / "jax").glob("*-cache"))))
+    whole = taken.read_bytes()
+    taken.write_bytes(whole[: len(whole) // 2])  # truncated in place: same inode
+    before = (os.stat(taken).st_ino, taken.read_bytes())
+    second, _ = run_on(tmp_path / "node-b", local, job, node_env(root, local, tmp_path / "rec-b"))
+    assert second["jax"]["misses"] == 1 and second["jax"]["tier"]["fetched"] == 2, second["jax"]
+    assert (os.stat(taken).st_ino, taken.read_bytes()) == before
+    assert (tmp_path / "node-b" / "jax" / taken.name).read_bytes() != before[1]
+    assert not temporaries(root)
