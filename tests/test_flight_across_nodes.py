@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from flight_jobs import compiles_per_key, lease_bound
-from flight_nodes import Node, go, job_commands, leader_fault, lease_holder, wait_ready
+from flight_nodes import Node, go, has_open_below, job_commands, leader_fault, lease_holder, wait_ready
 from helpers import HOOK, clean_environ, hook_piece, records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
@@ -71,6 +71,57 @@ def test_three_jobs_on_each_of_two_nodes_compile_each_key_once(sshfs_mount, tmp_
     flights = [s["single_flight"] for s in sections]
     assert {f["mode"] for f in flights} == {"cluster"} and sum(f["gave_up"] for f in flights) == 0
     assert not list((root / "locks" / "jax").iterdir())  # no lock or lease left
+
+
+def test_with_the_tier_a_leader_holds_its_key_until_the_entry_is_on_the_share(sshfs_mount, tmp_path):
+    """The node-local tier and single-flight across nodes together, each node its own ``flock``
+    domain (its own sshfs mount of the share) and its own local tier: node A's job leads a key
+    and is held just before it links the entry into the share (its promotion's temporary file
+    is written); node B's job, missing the same key meanwhile, waits for A's lease instead of
+    compiling, and loads the entry once A has promoted it: one compile for the key over both
+    nodes. (A leader that let its waiters go before promoting would send B to a share without
+    the entry, to compile it again.) The jobs keep XLA's caches out of the cache folder
+    themselves: the two tiers' paths differ here, and jax 0.10 would hash each into the keys;
+    on a cluster every node has its tier at one path."""
+    work = tmp_path / "work"
+    work.mkdir()
+    point, pause = tmp_path / "share", tmp_path / "paused"
+    environ = clean_environ(JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES="none")
+    nodes = []
+
+    def node(name: str, **override: str) -> Node:
+        (tmp_path / name).mkdir()
+        config = {**FLIGHT_CONFIG, "local_tier": {"mode": "on", "folder": str(tmp_path / name)}}
+        nodes.append(Node(work, sshfs_mount, name, point, job_commands(work, name, 1, 1), environ,
+                          root=point / "cache", config=config, override=override))
+        return nodes[-1]
+
+    try:
+        node("node-a", GPU_CACHE_TIER_TEST_PAUSE=str(pause))
+        wait_ready(work, 1, nodes)
+        go(work)
+        waited = time.monotonic() + 240
+        while not pause.exists():
+            assert nodes[0].proc.poll() is None and time.monotonic() < waited, "A never promoted"
+            time.sleep(0.05)
+        b = node("node-b")  # the go file is there: B's job goes as soon as it has imported jax
+        while not has_open_below(b.jobs[0], point / "cache" / "locks" / "jax", ".lock"):
+            assert b.proc.poll() is None and time.monotonic() < waited, "B never missed the key"
+            time.sleep(0.05)
+        time.sleep(5)  # ample for B to compile the key, were it let go
+        pause.unlink()
+        results = [n.result() for n in nodes]
+    finally:
+        pause.unlink(missing_ok=True)
+        for each in nodes:
+            each.kill()
+    assert all(r["tier"]["on"] and r["single_flight"]["mode"] == "cluster" for r in results), results
+    sections = records(sshfs_mount.server_dir / "cache", "jax")
+    compiled = compiles_per_key(sections)
+    assert len(compiled) == 1 and set(compiled.values()) == {1}, compiled
+    assert sum(s["tier"]["promoted"] for s in sections) == 1
+    a_job, b_job = (outputs(r)[0] for r in results)
+    assert (a_job["compiled"], b_job["compiled"], b_job["loaded"]) == (1, 0, 1)
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])

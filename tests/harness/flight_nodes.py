@@ -54,7 +54,7 @@ try:
                                 spec["root"], "--config-json", spec["config"]], env=environ,
                                capture_output=True, text=True)
         report = json.loads(shown.stdout)
-        result["single_flight"] = report["single_flight"]
+        result["single_flight"], result["tier"] = report["single_flight"], report["tier"]
         environ.update(report["exports"])
     environ.update(spec["override"])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -404,10 +404,14 @@ class Tier:
 # --- helpers -----------------------------------------------------------------------------
 
 def _pause_for_tests():
-    where = os.environ.get(TIER_TEST_PAUSE_VAR)  # tests kill the process there
+    """Tests only: create the file the variable names, then wait until the test removes it (at
+    most 120 s): a test kills the process there, or lets it go on at a moment of its choosing."""
+    where = os.environ.get(TIER_TEST_PAUSE_VAR)
     if where and os.path.isabs(where):
         os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        time.sleep(120)
+        until = time.monotonic() + 120
+        while os.path.lexists(where) and time.monotonic() < until:
+            time.sleep(0.05)
 
 
 # --- the process's tier ------------------------------------------------------------------
