@@ -363,3 +363,41 @@ def test_the_replay_never_takes_a_record_another_user_could_have_written(recorde
     proc = _run("gpu_cache.workloads.triton_replay", env, "--records", str(records))
     assert _summary(proc) == {"workload": "triton-replay", "described": 0}
     assert not marker.exists(), "the replay imported a module another user's record named"
+
+
+def test_a_recorded_key_this_triton_does_not_compile_is_counted_apart(recorded: Path, tmp_path: Path) -> None:
+    """Two records name keys other than those this Triton computes for their kernels (a job
+    under other cache-invalidating settings, say): the replay compiles all five and says that
+    three of five came out under the recorded key (the summary warm reads), not five."""
+    (record,) = list(hook_records.read(recorded))
+    kernels = record["triton"]["kernels"]
+    for kernel in kernels[:2]:
+        kernel["key"] = "A" * len(kernel["key"])
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "1-other-keys.json").write_text(json.dumps(record))
+    replay = _summary(_replay(tmp_path / "cache", records, "--jobs", "1"))
+    assert (replay["compiled"], replay["failed"]) == (KERNELS, 0)
+    assert (replay["same_key"], replay["key_checked"]) == (KERNELS - 2, KERNELS)
+
+
+def test_an_autotune_choice_whose_kernel_source_changed_is_not_written(tmp_path: Path) -> None:
+    """The tuned kernel's source changes between the job that tuned it and the replay (a new
+    version of its package): the choice is not written (one line), so a later process tunes
+    the new kernel itself instead of taking a choice measured on the old one."""
+    package = tmp_path / "package"
+    package.mkdir()
+    shutil.copy(FIXTURES / "triton_autotuned.py", package)
+    records, tuned = tmp_path / "records", tmp_path / "tuned"
+    env = _env(tuned, records, TRITON_CACHE_AUTOTUNING="1", PYTHONPATH=f"{HOOK}:{SCRIPTS}:{package}")
+    _summary(subprocess.run([sys.executable, "-c", "import triton_autotuned; triton_autotuned.main('tune')"],
+                            env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600))
+    source = package / "triton_autotuned.py"
+    source.write_text(source.read_text().replace("* 2.0, mask=mask)", "* 3.0, mask=mask)"))
+    cache = tmp_path / "cache"
+    proc = _run("gpu_cache.workloads.triton_replay", _env(cache, PYTHONPATH=f"{SCRIPTS}:{package}"),
+                "--records", str(records))
+    summary = _summary(proc)
+    assert (summary["autotune_written"], summary["autotune_skipped"]) == (0, 1)
+    assert "autotune choice of triton_autotuned:scale_kernel not written: its source changed" in proc.stderr
+    assert not _autotune_files(cache)
