@@ -100,6 +100,10 @@ def _record(hook, time, socket):
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
         record["triton"]["tier"] = common.tier_stats(hook, "triton")
+    if "jax_triton" in hook.libraries and "jax_triton" in hook.parts:
+        record["jax_triton"] = dict(hook.parts["jax_triton"])
+        record["jax_triton"]["single_flight"] = common.flight_stats(hook, "jax_triton")
+        record["jax_triton"]["tier"] = common.tier_stats(hook, "jax_triton")
     if "inductor" in hook.parts:
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     for name in ("tokamax", "fallbacks"):

@@ -13,6 +13,9 @@ only when needed (issue 19):
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
 - ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
+- ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
+  ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
@@ -52,7 +55,10 @@ _LEGACY_WATCHER = "_ImportWatcher"
 _SYS_MARK = "_gpu_cache_startup_hook"
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
-_WATCHED = ("jax", "triton")
+#: Each one's piece is ``gpu_cache_hook_<top-level name>``.
+_WATCHED = ("jax", "triton", "jax_triton.triton_lib")
+#: jax-triton's kernel folder (issue 34): its piece runs where it is set, records or not.
+_JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
 #: The import after which the tokamax fix runs, and the variable that switches it off.
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
 _TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
@@ -85,6 +91,7 @@ class _Hook:
         self.libraries = set()  # the watched libraries this process imported
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
+        self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
         self._exit = False
 
     def warn(self, what, exc):
@@ -160,10 +167,12 @@ def _piece(name):
 
 
 def _observe(name):
+    library = name.split(".", 1)[0]
+
     def handler(module):
-        _HOOK.observed(name)
+        _HOOK.observed(library)
         _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
-        _piece(f"gpu_cache_hook_{name}").on_import(module, _HOOK)
+        _piece(f"gpu_cache_hook_{library}").on_import(module, _HOOK)
 
     return handler
 
@@ -358,6 +367,7 @@ def _install():
             step()
         except Exception as exc:  # that part is off; the rest of the hook still works
             _HOOK.warn(name, exc)
+    _HOOK.triton_cache_dir = os.environ.get("TRITON_CACHE_DIR")
     folder = os.environ.get("GPU_CACHE_RECORDS") or None
     locks = os.environ.get("GPU_CACHE_LOCKS")
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
@@ -376,6 +386,8 @@ def _install():
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
     handlers = {name: _observe(name) for name in _WATCHED} if watch else {}
+    if os.path.isabs(os.environ.get(_JAX_TRITON_VAR, "")):  # its kernel cache, records or not
+        handlers[_WATCHED[2]] = _observe(_WATCHED[2])
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF

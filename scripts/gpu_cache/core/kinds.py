@@ -124,6 +124,12 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("autotune", "GPU_CACHE_AUTOTUNE", ReadOnlyUse.READ,
                   scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"), carried=True,
                   last_use="when the warm step last wrote the result (the file's mtime)"),
+        # jax-triton's Triton kernels (issue 34): compiled while JAX lowers, in every process;
+        # the startup hook keeps each (its PTX) and loads it in every later process.
+        CacheKind("jax_triton", "GPU_CACHE_JAX_TRITON", ReadOnlyUse.READ,
+                  watched_module="jax_triton.triton_lib", scan=_inventory("scan_jax_triton"),
+                  remove=_inventory("remove_jax_triton"), carried=True, tiered=True,
+                  last_use="the entry's mtime, which the startup hook sets on every hit"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", "GPU_CACHE_RECORDS", ReadOnlyUse.FALLBACK, exported=False,
                   scan=_inventory("scan_records"), remove=_inventory("remove_file"),
