@@ -298,8 +298,9 @@ class _Kernels:
         key = hashlib.sha256(whole.encode("utf-8", "surrogateescape")).hexdigest()
         digests = {k: hashlib.sha256(v.encode("utf-8", "surrogateescape")).hexdigest()[:_PART_CHARS]
                    for k, v in parts.items()}
-        return (key, name, {**digests, "jax-triton": self.version,
-                            "target": f"{call.platform}:{getattr(call.backend.target, 'arch', '?')}"}), None
+        arch = getattr(getattr(call.backend, "target", None), "arch", "?")
+        target = f"sm_{arch}" if isinstance(arch, int) else f"{call.platform}:{arch}"
+        return (key, name, {**digests, "jax-triton": self.version, "target": target}), None
 
     def triton_key(self):
         if self._triton_key is None:

@@ -118,7 +118,7 @@ def _record(hook, time, socket):
 _IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: Distributions whose versions decide whether a cache serves this process: a copy of
 #: gpu_cache.core.software.KEY_PACKAGES.
-_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
+_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
 
 
 def _software():

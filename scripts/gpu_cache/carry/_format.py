@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any
 
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
@@ -133,11 +134,12 @@ def is_group(name: str) -> bool:
 class ManifestEntry:
     """One entry of an archive as its manifest names it.
 
-    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``); ``files``: file name -> bytes;
+    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``jax_triton``); ``files``: file
+    name -> bytes;
     ``name``: the computation, kernel or device kind; ``last_use``: seconds since the epoch;
     ``triton_kind``: Triton's ``kernel`` or ``autotune``; ``target``: the Triton target
-    (``sm_90``); ``sha256``: file name -> its SHA-256; ``versions``: an autotuning result's
-    (tokamax, jax) versions.
+    (``sm_90``; a jax-triton kernel's too); ``sha256``: file name -> its SHA-256;
+    ``versions``: an autotuning result's (tokamax, jax) versions.
     """
 
     kind: str
@@ -165,6 +167,8 @@ class ManifestEntry:
             return f"jax/{file_name}"
         if self.kind == "autotune":  # the key is <version folder>/<file name>
             return f"autotune/{self.key.rpartition('/')[0]}/{file_name}"
+        if self.kind == "jax_triton":
+            return f"jax_triton/{file_name}"
         return f"triton/{self.key}/{file_name}"
 
     def as_json(self) -> dict[str, Any]:
@@ -172,6 +176,8 @@ class ManifestEntry:
                                "sha256": self.sha256, "size": self.size, "last_use": self.last_use}
         if self.kind == "triton":
             out.update(kind=self.triton_kind, target=self.target)
+        elif self.kind == "jax_triton":
+            out.update(target=self.target)
         if self.versions is not None:
             out.update(tokamax=self.versions[0], jax=self.versions[1])
         return out
@@ -251,6 +257,8 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
             and bool({f"{key}-cache", key} & set(files))
     elif kind == "autotune":  # one result file in its version folder, named as the key says
         good = bool(autotune_cache.KEY_RE.match(key)) and set(files) == {key.rpartition("/")[2]}
+    elif kind == "jax_triton":  # one file, named by its key
+        good = bool(kernel_cache.KEY_RE.match(key)) and set(files) == {key}
     else:  # a key folder of plain files; no writer's tmp. folder
         good = bool(triton_cache.KEY_RE.match(key)) and not any(n.startswith("tmp.") for n in files)
     if not good or not all(plain_name(n) for n in files):

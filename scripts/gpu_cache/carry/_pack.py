@@ -22,6 +22,7 @@ from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
@@ -186,7 +187,35 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
     return out
 
 
-_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates}
+def _kernel_candidates(folder: Path, wanted: set[str] | None,
+                       skipped: list[dict[str, str]]) -> list[_Packed]:
+    """jax-triton's kernels (issue 34), each one file, read whole and checked (not Triton's own
+    key of an installation: it names that machine's files)."""
+    out = []
+    for entry in scan("jax_triton", folder, grace_seconds=3600.0):
+        if (wanted is not None and entry.key not in wanted) or kernel_cache.MEMO_RE.match(entry.key):
+            continue
+        source = entry.source
+        assert isinstance(source, kernel_cache.KernelEntry)
+        problem, target = entry.problem, None
+        if problem is None:
+            try:
+                data = json.loads(safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT))
+                problem = kernel_cache.problem_of(data, entry.key)
+                target = data.get("target") if problem is None else None
+            except (OSError, ValueError, RecursionError) as exc:
+                problem = f"unreadable entry ({exc.__class__.__name__})"
+        if problem is not None:
+            skipped.append({"kind": "jax_triton", "key": entry.key, "reason": problem})
+            continue
+        path = Path(source.path)
+        out.append(_packed("jax_triton", entry.key, {path.name: path}, entry.last_use, name=entry.name,
+                           target=target))
+    return out
+
+
+_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates,
+               "jax_triton": _kernel_candidates}
 
 
 def _archive_mode(archive: Path) -> str:

@@ -24,6 +24,12 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
         ("triton",),
     ),
+    "jax-triton": (
+        # sequence lengths (multiples of 128): the kernels are specialised on them.
+        "gpu_cache.workloads.jax_triton_kernels", [256, 512],
+        "an attention block of jax-triton kernels (5 tiled matmuls, flash attention); run on a "
+        "GPU, lowered for triton_targets without one", ("jax_triton",),
+    ),
     "alphafold3": (
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],

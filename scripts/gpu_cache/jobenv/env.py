@@ -434,6 +434,7 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.values[name] = value
     hook_needed = (settings.stats_hook and root is not None) or SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
+        or kinds.KINDS["jax_triton"].env_var in exports.values \
         or bool(exports.values.get(LOCKS_VAR)) \
         or bool(exports.values.get(TIER_VAR))  # the hook does single-flight and the tier
     if hook_needed and no_hook:

@@ -16,9 +16,10 @@ process lowers at once. Layout:
   sources and ``libtriton.so``, which takes 0.4 s to compute on a 2-core machine), named by
   the identity of those files (path, inode, size, modification and change times), so the hook
   computes it once per installation instead of once per process.
-* ``<folder>/.gpu-cache-tmp.*``: a writer's temporary file (the hook writes an entry there,
-  then links it to its name: a reader sees the whole entry or none); one older than the grace
-  period was left by a killed process.
+* ``<folder>/.gpu-cache-tmp.*`` (the hook's) and ``.<key>.<pid>.<hex>.tmp`` (unpack's): a
+  writer's temporary file (an entry is written there, then linked or renamed to its name: a
+  reader sees the whole entry or none); one older than the grace period was left by a killed
+  process.
 
 An entry is one file: prune removes it whole; the hook moves its modification time on every
 hit, which is its last use.
@@ -125,7 +126,7 @@ def _describe(item: os.DirEntry[str], info: os.stat_result, now: float, grace_se
               verify_after: float | None) -> KernelEntry | None:
     """One name of the folder as an entry (None: a young temporary file, left to its writer)."""
     name = item.name
-    if name.startswith(TEMP_PREFIX):
+    if name.startswith(TEMP_PREFIX) or (name.startswith(".") and name.endswith(".tmp")):
         if now - info.st_mtime < grace_seconds:
             return None
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, "(temporary)",
