@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.commands import stats
+from gpu_cache.commands import explain_kernels, stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
@@ -230,8 +230,13 @@ class _Seen:
         self.jax: set[str] = set()
         self.by_name: dict[str, list[dict[str, Any]]] = {}
         self.triton: set[str] = set()
+        self.by_kernel: dict[str, list[dict[str, Any]]] = {}  # jax-triton kernel name -> records
 
     def add(self, record: dict[str, Any]) -> None:
+        for parts in explain_kernels.key_parts(record).values():
+            named = self.by_kernel.setdefault(str(parts.get("name")), [])
+            if not named or named[-1] is not record:
+                named.append(record)
         for key in _key_parts(record):
             self.jax.add(key)
             named = self.by_name.setdefault(_name_of(key), [])
@@ -310,6 +315,10 @@ def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: 
     if kind == "triton":
         keys = [_triton_key(m, seen) for m in named[:room]]
         out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
+    elif kind == explain_kernels.KIND:
+        keys = [explain_kernels.explain_kernel(m.key, record, seen.by_kernel.get(m.name, []))
+                for m in named[:room]]
+        out = [("jax-triton kernels compiled in the process (one by one below)", len(named), keys)]
     else:
         keys = [seen.explain(m.key, record) for m in named[:room]]
         out = [("computations the process missed (one by one below)", len(named), keys)]

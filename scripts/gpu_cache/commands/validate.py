@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache.commands import explain
+from gpu_cache.commands import explain, explain_kernels
 from gpu_cache.commands.workload import plan_phase
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
-from gpu_cache.core import kinds, runner, software
+from gpu_cache.core import hook_records, kinds, runner, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
 from gpu_cache.jobenv import env
@@ -170,6 +170,12 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
         problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
+    if counts[explain_kernels.KIND].misses and settings.cache_root is not None:
+        found = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
+        kernels = explain_kernels.explain_run(found, warm.run_id)
+        explanations += kernels
+        problems += [f"jax_triton: kernel {e['name']} missed: {e['causes'][0]}"
+                     for e in kernels[:NAMED_MISSES] if e["causes"]]
     ran_with = dict(warm.software)
     if expected is not None and expected.container and ran_with.get("image"):
         ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
