@@ -138,7 +138,11 @@ def _distrust_above(top):
     for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
         info = os.stat(folder)
         private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, os.lstat(entry).st_uid, me, private)
+        below = os.lstat(entry).st_uid
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, private)
+        if who is not None and info.st_mode & stat.S_ISVTX and who != "owner":
+            # the sticky bit guards an entry of one's own: this one another user made
+            return f"{entry} is owned by user {below}, not by you: another user made it in {folder}"
         if who is not None:
             what = {"owner": f"owned by user {info.st_uid}", "others": "writable by everyone",
                     "group": f"writable by group {info.st_gid}"}[who]

@@ -26,6 +26,7 @@ from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
+from gpu_cache.core.shown import shown_lines
 
 from ._choose import dropped, keys_of, own_records, software_section
 from ._common import Progress, log
@@ -36,7 +37,6 @@ from ._format import (
     MAX_SMALL_JSON,
     ManifestEntry,
     plain_name,
-    printable,
     shown,
 )
 
@@ -170,7 +170,7 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
         source = entry.source
         assert isinstance(source, autotune_cache.AutotuneEntry)
         problem = entry.problem
-        if problem is None and not autotune_cache.KEY_RE.match(entry.key):
+        if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
             problem = "a name gpu-cache does not give a result"
         if problem is None:
             try:
@@ -193,7 +193,7 @@ def _kernel_candidates(folder: Path, wanted: set[str] | None,
     key of an installation: it names that machine's files)."""
     out = []
     for entry in scan("jax_triton", folder, grace_seconds=3600.0):
-        if (wanted is not None and entry.key not in wanted) or kernel_cache.MEMO_RE.match(entry.key):
+        if (wanted is not None and entry.key not in wanted) or kernel_cache.MEMO_RE.fullmatch(entry.key):
             continue
         source = entry.source
         assert isinstance(source, kernel_cache.KernelEntry)
@@ -414,4 +414,4 @@ def render_pack(report: PackReport) -> str:
     for kind, n in report.missing.items():
         if n:
             lines.append(f"{n} {kind} entries the records name are no longer in the cache")
-    return printable("\n".join(lines) + "\n")  # the software a record names may be any text
+    return shown_lines(lines)  # the software a record names may be any text

@@ -43,7 +43,7 @@ HEAD = WIDTH // HEADS
 MATMULS = {"q": (64, 64, 32), "k": (128, 64, 32), "v": (64, 128, 32), "out": (128, 128, 64),
            "up": (64, 128, 64)}
 ATTENTION_BLOCKS = (64, 64)
-_TARGET_RE = re.compile(r"^sm_(\d{2,3})a?$")
+_TARGET_RE = re.compile(r"sm_(\d{2,3})a?")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -62,7 +62,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         parser.exit(2, f"{WORKLOAD}: error: --shape must be a positive multiple of 128, not {args.shape!r}\n")
     targets = args.targets or os.environ.get(ENV_TARGETS) or "sm_90"
-    found = [_TARGET_RE.match(t.strip()) for t in targets.split(",") if t.strip()]
+    found = [_TARGET_RE.fullmatch(t.strip()) for t in targets.split(",") if t.strip()]
     if not found or not all(found):
         parser.exit(2, f"{WORKLOAD}: error: targets must look like sm_90, not {targets!r}\n")
     args.capabilities = sorted({int(m.group(1)) for m in found if m})

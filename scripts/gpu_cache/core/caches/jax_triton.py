@@ -44,9 +44,9 @@ FORMAT = 1
 ENTRY_LIMIT = 64 << 20
 #: How much of an entry a scan reads to name it.
 HEAD_BYTES = 4096
-KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+KEY_RE = re.compile(r"[0-9a-f]{64}")
 MEMO_PREFIX = "triton-key-"
-MEMO_RE = re.compile(r"^triton-key-[0-9a-f]{32}$")
+MEMO_RE = re.compile(r"triton-key-[0-9a-f]{32}")
 TEMP_PREFIX = safe_io.PROMOTION_TEMP_PREFIX
 _KERNEL_RE = re.compile(rb'^\{"format": \d+, "key": "[0-9a-f]{64}", "kernel": "((?:[^"\\]|\\.){1,500})"')
 #: The fields of jax-triton's ``CompilationResult`` an entry must hold, with their types.
@@ -135,9 +135,9 @@ def _describe(item: os.DirEntry[str], info: os.stat_result, now: float, grace_se
         what = safe_io.describe(info.st_mode)
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, f"({what})",
                            f"{what} in the kernel folder (never followed; prune removes it itself)")
-    if MEMO_RE.match(name):
+    if MEMO_RE.fullmatch(name):
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, "(Triton's key)", None)
-    if not KEY_RE.match(name):
+    if not KEY_RE.fullmatch(name):
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, "?",
                            "not a jax-triton kernel entry (its name is no key)")
     problem = None
