@@ -9,11 +9,12 @@ One file per kernel in ``$GPU_CACHE_JAX_TRITON`` (the layout is
   nobody else can write it (``gpu_cache_tier.Side``'s rules, the tier's); ``gpu-cache env``
   checked the folders above it when it exported it;
 - an entry is read only when it is a regular file (never through a link, never a FIFO) of at
-  most ``ENTRY_LIMIT`` bytes that others cannot write, holding JSON of this format whose key
-  is its file name;
-- an entry is written into a new temporary file (mode 0644 at most, whatever the umask: the
-  mode given at creation only loses bits to it), then linked to its name, which never
-  replaces an entry there: a reader sees a whole entry or none.
+  most ``ENTRY_LIMIT`` bytes that no other user could have written (``owner_problem``: this
+  user's or root's, or the team's in a team's folder, and nobody else may write it), holding
+  JSON of this format whose key is its file name;
+- an entry is written into a new temporary file, given mode 0644 (0664 in a team's folder)
+  whatever the umask, then linked to its name, which never replaces an entry there: a reader
+  sees a whole entry or none.
 
 With the node-local tier on (``$GPU_CACHE_TIER``), the folder is the local tier's: a missing
 entry is fetched from the shared tier first, and a new one promoted to it at once (before
@@ -26,6 +27,7 @@ import os
 import stat
 
 import gpu_cache_tier
+from gpu_cache_hook_common import owner_problem, safe_mode
 
 KIND = "jax_triton"
 #: Copies of gpu_cache.core.caches.jax_triton's names (a test fails when they drift).
@@ -103,12 +105,8 @@ class Store:
             return "is not a regular file"
         if info.st_size > limit:
             return f"is larger than {limit} bytes"
-        team = self._side.team_gid
-        if info.st_uid not in (os.geteuid(), 0) and not (team is not None and info.st_gid == team):
-            return f"belongs to uid {info.st_uid}"
-        if info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and team is None):
-            return "is writable by others"
-        return None
+        why = owner_problem(info, self._side.team_gid)
+        return f"is {why}: another user could have written it" if why else None
 
     def load(self, key):
         """The entry ``key`` as a mapping, or None when there is none. Raises Unusable (it is
@@ -130,9 +128,10 @@ class Store:
         Whether this process placed it. Raises OSError, gpu_cache_tier.Refused."""
         folder = self._fd()
         temp = f"{TEMP_PREFIX}{self.host}.{os.getpid()}.{os.urandom(6).hex()}"
-        fd = os.open(temp, _CREATE, 0o644, dir_fd=folder)
+        fd = os.open(temp, _CREATE, 0o600, dir_fd=folder)
         try:
             try:
+                os.fchmod(fd, safe_mode(self._side.team_gid))
                 _write_all(fd, data)
             finally:
                 os.close(fd)

@@ -54,6 +54,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernels", choices=("all", "matmul"), default="all")
     parser.add_argument("--autotune", action="store_true", help="add an autotuned matmul")
     parser.add_argument("--xla", action="store_true", help="run the plain-JAX twin instead")
+    parser.add_argument("--module-out", help="write the lowered module's text to this file")
     args = parser.parse_args(argv)
     try:
         args.length = int(args.shape)
@@ -216,9 +217,17 @@ def lower(args: argparse.Namespace) -> dict:
         started = time.perf_counter()
         text = jax.jit(function).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
         out["lower_seconds"].append(round(time.perf_counter() - started, 3))
-        out["module_sha256"].append(hashlib.sha256(text.encode()).hexdigest())
+        out["module_sha256"].append(_module(text, args.module_out))
     out["targets"] = [f"sm_{c}" for c in args.capabilities]
     return out
+
+
+def _module(text: str, path: str | None) -> str:
+    """The lowered module's sha256 (its text written to ``path`` too, appended)."""
+    if path:
+        with open(path, "a") as out:
+            out.write(text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def run(args: argparse.Namespace) -> tuple[dict, bool]:
@@ -245,7 +254,7 @@ def run(args: argparse.Namespace) -> tuple[dict, bool]:
            "first_launch_seconds": round(first - compiled_at, 3),
            "first_call_seconds": round(first - started, 3),
            "second_call_seconds": round(time.perf_counter() - first, 4),
-           "module_sha256": [hashlib.sha256(lowered.as_text().encode()).hexdigest()]}
+           "module_sha256": [_module(lowered.as_text(), args.module_out)]}
     if args.xla:
         return out, True
     reference, _ = program(args.length, args.kernels, args.autotune, xla=True)
