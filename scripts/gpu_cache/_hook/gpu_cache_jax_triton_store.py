@@ -33,11 +33,14 @@ KIND = "jax_triton"
 #: Copies of gpu_cache.core.caches.jax_triton's names (a test fails when they drift).
 FORMAT = 1
 ENTRY_LIMIT = 64 << 20
-MEMO_PREFIX = "triton-key-"
+MEMO_FOLDER = ".triton-keys"
+#: Triton's key of an installation unused this long is removed when another one is kept.
+MEMO_AGE = 30 * 86400
 TEMP_PREFIX = gpu_cache_tier.TMP_PREFIX
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Unusable(Exception):
@@ -58,6 +61,7 @@ class Store:
             self._side = gpu_cache_tier.Side(root, create=False)
         self._name = os.path.basename(self.folder) if self.tier is None else KIND
         self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.uname().nodename)[:64]
+        self._memos = None
 
     def where(self):
         """The folder single-flight names its locks after: the shared one with the tier, so
@@ -72,12 +76,38 @@ class Store:
         """Raise when the folder may not be used (Refused) or cannot be opened (OSError)."""
         self._fd()
 
-    def read(self, name, limit=ENTRY_LIMIT):
-        """The bytes of the file ``name``, or None when there is none (fetched from the shared
-        tier first, with the tier on). Raises Unusable, OSError."""
-        folder = self._fd()
-        if self.tier is not None:
-            self.tier.fetch(KIND, name)
+    def memo_folder(self):
+        """The descriptor of ``<folder>/.triton-keys`` (made where missing), checked like the
+        folder: Triton's keys of installations, kept on this node (never fetched nor promoted:
+        an installation's identity holds this node's inodes). Raises Refused, OSError."""
+        if self._memos is None:
+            parent, team = self._fd(), self._side.team_gid
+            try:
+                os.mkdir(MEMO_FOLDER, 0o700, dir_fd=parent)
+                made = True
+            except FileExistsError:
+                made = False
+            fd = os.open(MEMO_FOLDER, _DIR, dir_fd=parent)
+            try:
+                if made:
+                    os.fchmod(fd, safe_mode(team, folder=True))
+                why = owner_problem(os.fstat(fd), team)
+                if why:
+                    raise gpu_cache_tier.Refused(errno.EPERM, f"{MEMO_FOLDER} is {why}")
+            except BaseException:
+                os.close(fd)
+                raise
+            self._memos = fd
+        return self._memos
+
+    def read(self, name, limit=ENTRY_LIMIT, folder=None):
+        """The bytes of the file ``name`` (in the folder ``folder``: a descriptor; default the
+        kernel folder, fetched from the shared tier first with the tier on), or None when there
+        is none. Raises Unusable, OSError."""
+        if folder is None:
+            folder = self._fd()
+            if self.tier is not None:
+                self.tier.fetch(KIND, name)
         try:
             fd = os.open(name, _READ, dir_fd=folder)
         except FileNotFoundError:
@@ -122,11 +152,13 @@ class Store:
             raise Unusable(f"{key} is not an entry of format {FORMAT} for its name")
         return entry
 
-    def write(self, name, data, replace=False):
-        """Place ``data`` as the file ``name``: whole or not at all, never over a file there
-        (``replace``: over one, which was found unusable). Promoted to the shared tier at once.
-        Whether this process placed it. Raises OSError, gpu_cache_tier.Refused."""
-        folder = self._fd()
+    def write(self, name, data, replace=False, folder=None):
+        """Place ``data`` as the file ``name`` (in ``folder``, default the kernel folder): whole
+        or not at all, never over a file there (``replace``: over one, which was found
+        unusable). A kernel is promoted to the shared tier at once. Whether this process placed
+        it. Raises OSError, gpu_cache_tier.Refused."""
+        promote = folder is None and self.tier is not None
+        folder = self._fd() if folder is None else folder
         temp = f"{TEMP_PREFIX}{self.host}.{os.getpid()}.{os.urandom(6).hex()}"
         fd = os.open(temp, _CREATE, 0o600, dir_fd=folder)
         try:
@@ -145,7 +177,7 @@ class Store:
                 os.unlink(temp, dir_fd=folder)
             except OSError:
                 pass
-        if self.tier is not None:
+        if promote:
             self.tier.promote(KIND, name)
         return placed
 
@@ -200,11 +232,12 @@ def triton_key(store, compute, triton_folder, stats):
     """Triton's key (``compute()``) of the installation at ``triton_folder``: read from the
     store where this installation's files are as they were when it was kept, else computed
     and kept. ``stats["triton_key"]`` says which."""
-    name = MEMO_PREFIX + installation_id(triton_folder)
+    name = installation_id(triton_folder)
     try:
-        kept = store.read(name, limit=1 << 20)
+        folder = store.memo_folder()
+        kept = store.read(name, limit=1 << 20, folder=folder)
     except (Unusable, OSError):
-        kept = None
+        folder = kept = None
     if kept:
         try:
             stats["triton_key"] = "kept"
@@ -213,8 +246,25 @@ def triton_key(store, compute, triton_folder, stats):
             pass
     value = compute()
     stats["triton_key"] = "computed"
-    try:
-        store.write(name, value.encode("utf-8"), replace=kept is not None)
-    except (OSError, gpu_cache_tier.Refused):
-        pass  # kept next time, or computed again
+    if folder is not None:
+        try:
+            store.write(name, value.encode("utf-8"), replace=kept is not None, folder=folder)
+            _forget_old(folder, name)
+        except OSError:
+            pass  # kept next time, or computed again
     return value
+
+
+def _forget_old(folder, kept):
+    """Remove the keys of installations unused for MEMO_AGE (a few kB each: one per image or
+    reinstall), never ``kept``."""
+    import time
+
+    now = time.time()
+    with os.scandir(folder) as listing:
+        for item in listing:
+            try:
+                if item.name != kept and now - item.stat(follow_symlinks=False).st_mtime > MEMO_AGE:
+                    os.unlink(item.name, dir_fd=folder)
+            except OSError:
+                pass

@@ -189,11 +189,10 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
 
 def _kernel_candidates(folder: Path, wanted: set[str] | None,
                        skipped: list[dict[str, str]]) -> list[_Packed]:
-    """jax-triton's kernels (issue 34), each one file, read whole and checked (not Triton's own
-    key of an installation: it names that machine's files)."""
+    """jax-triton's kernels (issue 34), each one file, read whole and checked."""
     out = []
     for entry in scan("jax_triton", folder, grace_seconds=3600.0):
-        if (wanted is not None and entry.key not in wanted) or kernel_cache.MEMO_RE.fullmatch(entry.key):
+        if wanted is not None and entry.key not in wanted:
             continue
         source = entry.source
         assert isinstance(source, kernel_cache.KernelEntry)

@@ -12,10 +12,12 @@ process lowers at once. Layout:
   the key's parts (for ``gpu-cache doctor --explain``), jax-triton's ``CompilationResult``
   fields (the PTX among them) and the TTIR. ``kernel`` comes first, so that a scan reads a
   small head of each file to name it.
-* ``<folder>/triton-key-<32 hex>``: Triton's own key of one Triton installation (a hash of its
-  sources and ``libtriton.so``, which takes 0.4 s to compute on a 2-core machine), named by
+* ``<folder>/.triton-keys/<32 hex>``: Triton's own key of one Triton installation (a hash of
+  its sources and ``libtriton.so``, which takes 0.4 s to compute on a 2-core machine), named by
   the identity of those files (path, inode, size, modification and change times), so the hook
-  computes it once per installation instead of once per process.
+  computes it once per installation and node instead of once per process. Not entries: the
+  scan passes the folder over (a validation on another node writes its own, and is no miss);
+  the hook removes those unused for 30 days.
 * ``<folder>/.gpu-cache-tmp.*`` (the hook's) and ``.<key>.<pid>.<hex>.tmp`` (unpack's): a
   writer's temporary file (an entry is written there, then linked or renamed to its name: a
   reader sees the whole entry or none); one older than the grace period was left by a killed
@@ -45,8 +47,7 @@ ENTRY_LIMIT = 64 << 20
 #: How much of an entry a scan reads to name it.
 HEAD_BYTES = 4096
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-MEMO_PREFIX = "triton-key-"
-MEMO_RE = re.compile(r"triton-key-[0-9a-f]{32}")
+MEMO_FOLDER = ".triton-keys"
 TEMP_PREFIX = safe_io.PROMOTION_TEMP_PREFIX
 _KERNEL_RE = re.compile(rb'^\{"format": \d+, "key": "[0-9a-f]{64}", "kernel": "((?:[^"\\]|\\.){1,500})"')
 #: The fields of jax-triton's ``CompilationResult`` an entry must hold, with their types.
@@ -135,8 +136,6 @@ def _describe(item: os.DirEntry[str], info: os.stat_result, now: float, grace_se
         what = safe_io.describe(info.st_mode)
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, f"({what})",
                            f"{what} in the kernel folder (never followed; prune removes it itself)")
-    if MEMO_RE.fullmatch(name):
-        return KernelEntry(name, item.path, info.st_size, info.st_mtime, "(Triton's key)", None)
     if not KEY_RE.fullmatch(name):
         return KernelEntry(name, item.path, info.st_size, info.st_mtime, "?",
                            "not a jax-triton kernel entry (its name is no key)")
@@ -164,7 +163,7 @@ def scan(folder: Path, grace_seconds: float = 3600.0, verify_after: float | None
     now = time.time()
     out = []
     for item in listing:
-        if item.name in (safe_io.TRASH_DIR_NAME, verified.NAME):
+        if item.name in (safe_io.TRASH_DIR_NAME, verified.NAME, MEMO_FOLDER):
             continue
         try:
             info = item.stat(follow_symlinks=False)
