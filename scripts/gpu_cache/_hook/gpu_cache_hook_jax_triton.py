@@ -355,7 +355,8 @@ class _Kernels:
                     raise self.store_module.Unusable(f"{call.key} is incomplete or another jax-triton's")
                 self.result(entry)
         except (self.store_module.Unusable, TypeError, ValueError) as exc:
-            keep(self.stats, "refused", text(str(exc), 300))
+            if not call.replace:  # (read again under single-flight's lock: said once)
+                keep(self.stats, "refused", text(str(exc), 300))
             call.replace = True
             return None
         return entry
