@@ -263,3 +263,113 @@ def test_entries_are_written_whole_with_safe_modes_whatever_the_umask(tmp_path):
     assert [p.name for p in (root / "jax_triton").iterdir() if p.name.startswith(".gpu-cache-tmp")] == []
     for path in found:
         assert kernel_cache.problem_of(json.loads(path.read_bytes()), path.name) is None
+
+
+# --- single-flight, the node-local tier -------------------------------------------------------
+
+#: One job: imports jax-triton, says it is ready, waits for the go file, then lowers the
+#: workload's five matmuls (so that every job misses every kernel at once).
+DRIVER = r'''
+import os, sys, time
+ready, go = sys.argv[1:3]
+import jax, jax_triton
+from gpu_cache.workloads import jax_triton_kernels
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.002)
+sys.exit(jax_triton_kernels.main(["--shape", "256", "--mode", "lower", "--kernels", "matmul"]))
+'''
+
+
+def driver_commands(work: Path, tag: str, count: int) -> list[list[str]]:
+    """``count`` DRIVER command lines, their ready files ``<tag><i>`` in ``work/sync``."""
+    program = work / "driver.py"
+    program.write_text(DRIVER)
+    (work / "sync").mkdir(exist_ok=True)
+    return [[sys.executable, str(program), str(work / "sync" / f"{tag}{i}"), str(work / "sync" / "go")]
+            for i in range(count)]
+
+
+def compiles_per_key(sections: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for section in sections:
+        for miss in section["missed"]:
+            counts[miss["key"]] = counts.get(miss["key"], 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+def test_processes_that_miss_together_compile_each_kernel_once(tmp_path):
+    needs_jax_triton()
+    root = tmp_path / "root"
+    environ = job_env(root, {"single_flight": {"timeout": "5m"}})
+    commands = driver_commands(tmp_path, "job", 3)
+    procs = [subprocess.Popen(c, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in commands]
+    deadline = time.monotonic() + 300
+    while len(list((tmp_path / "sync").iterdir())) < 3 and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.02)
+    (tmp_path / "sync" / "go").touch()
+    done = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    assert [code for code, _out, _err in done] == [0, 0, 0], [err[-2000:] for _c, _o, err in done]
+    modules = {json.loads(out.strip().splitlines()[-1])["module_sha256"][0] for _c, out, _e in done}
+    assert len(modules) == 1
+    sections = records(root, "jax_triton")
+    compiled = compiles_per_key(sections)
+    assert len(compiled) == 5 and set(compiled.values()) == {1}, compiled
+    assert sum(s["hits"] for s in sections) == 10
+    flights = [s["single_flight"] for s in sections]
+    assert {f["state"] for f in flights} == {"on"} and sum(f["led"] for f in flights) == 5
+    assert not list((root / "locks" / "jax_triton").iterdir())
+
+
+@pytest.mark.slow
+def test_two_nodes_compile_each_kernel_once(sshfs_mount, tmp_path):
+    """Two nodes (tests/flight_nodes.py: a mount namespace and sshfs mount each, where flock
+    excludes within a node only), two jobs each on an empty root: each kernel compiled once,
+    through the lease of cluster single-flight."""
+    from flight_nodes import Node, go, wait_ready
+
+    needs_jax_triton()
+    work = tmp_path / "work"
+    work.mkdir()
+    point = tmp_path / "share"
+    config = {"single_flight": {"timeout": "5m"}, "local_tier": {"mode": "off"}}
+    nodes = []
+    try:
+        for name in ("node-a", "node-b"):
+            nodes.append(Node(work, sshfs_mount, name, point, driver_commands(work, name, 2),
+                              clean_environ(), root=point / "cache", config=config))
+        wait_ready(work, 4, nodes)
+        go(work)
+        results = [node.result() for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    runs = [run for result in results for run in result["runs"]]
+    assert [run["returncode"] for run in runs] == [0] * 4, [run["stderr"] for run in runs]
+    sections = records(sshfs_mount.server_dir / "cache", "jax_triton")
+    compiled = compiles_per_key(sections)
+    assert len(compiled) == 5 and set(compiled.values()) == {1}, compiled
+    assert {s["single_flight"]["mode"] for s in sections} == {"cluster"}
+
+
+@pytest.mark.slow
+def test_the_node_local_tier_promotes_kernels_and_a_fresh_node_fetches_them(tmp_path):
+    needs_jax_triton()
+    root, tiers = tmp_path / "root", tmp_path / "tiers"
+    config = {"local_tier": {"mode": "on", "folder": str(tiers)}}
+    environ = job_env(root, config)
+    local = Path(environ["GPU_CACHE_JAX_TRITON"])
+    assert local.parent == Path(environ["GPU_CACHE_TIER"]) and local != root / "jax_triton"
+    lower(environ, *MATMULS)
+    assert len(entries(root)) == 5  # promoted to the shared root as each was written
+    assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == \
+        [p.name for p in entries(root)]
+    shutil.rmtree(tiers)  # another node: an empty local tier
+    environ = job_env(root, config)
+    lower(environ, *MATMULS)
+    first, second = records(root, "jax_triton")
+    assert (first["misses"], first["tier"]["promoted"]) == (5, 5)
+    assert (second["hits"], second["misses"], second["tier"]["fetched"]) == (5, 0, 5)
