@@ -20,7 +20,7 @@ import pytest
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.jobenv import env
-from helpers import HOOK, clean_environ, records, unavailable
+from helpers import HOOK, clean_environ, read_json, records, run_cli, unavailable
 
 #: The workload's five tiled matmuls, without the attention: the lead's check.
 MATMULS = ("--kernels", "matmul")
@@ -373,3 +373,66 @@ def test_the_node_local_tier_promotes_kernels_and_a_fresh_node_fetches_them(tmp_
     first, second = records(root, "jax_triton")
     assert (first["misses"], first["tier"]["promoted"]) == (5, 5)
     assert (second["hits"], second["misses"], second["tier"]["fetched"]) == (5, 0, 5)
+
+
+# --- warm, validate, explain, stats, prune, pack ----------------------------------------------
+
+WORKLOAD = {"default_workloads": ["jax-triton"], "workloads": {"jax-triton": {"shapes": [256]}},
+            "validate": {"measure_cold": False}}
+
+
+def _pass(command: str, root: Path, tmp_path: Path, **extra: str) -> dict:
+    result = run_cli(command, "--config-json", json.dumps(WORKLOAD), "--cache-root", str(root),
+                     "--output", str(tmp_path / f"{command}.json"), "--log", str(tmp_path / "log"),
+                     env=clean_environ(**extra))
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return read_json(tmp_path / f"{command}.json")
+
+
+@pytest.mark.slow
+def test_warm_and_validate_prove_the_kernels_and_explain_names_what_changed(tmp_path):
+    """The built-in workload lowered for sm_90 here (no GPU): warm keeps its six kernels, a
+    fresh validation hits all six; with another Triton variable in the jobs it fails, and the
+    cause is named."""
+    needs_jax_triton()
+    root = tmp_path / "root"
+    warmed = _pass("warm", root, tmp_path)
+    assert warmed["new_entries"]["jax_triton"] == 6
+    verdict = _pass("validate", root, tmp_path)
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["jax_triton"] == {"hits": 6, "misses": 0, "new_entries": 0, "processes_observed": 1}
+    verdict = _pass("validate", root, tmp_path, TRITON_DEFAULT_FP_FUSION="0")
+    assert verdict["passed"] is False and verdict["jax_triton"]["misses"] == 6
+    named = [p for p in verdict["problems"] if p.startswith("jax_triton: kernel")]
+    assert named and all("TRITON_DEFAULT_FP_FUSION changed from None to '0'" in p for p in named), named
+    assert {tuple(e["changed"]) for e in verdict["explain"]} == {("environment",)}
+    report = run_cli("doctor", "--explain", "--cache-root", str(root))
+    assert "jax-triton kernels compiled in the process" in report.stdout, report.stdout
+    assert "environment: Triton's cache-invalidating variables differ" in report.stdout
+
+
+@pytest.mark.slow
+def test_stats_prune_and_pack_carry_the_kernels(warmed, tmp_path):
+    root = _copy(warmed, tmp_path)
+    stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)["kinds"]["jax_triton"]
+    assert stats["entries"] == 5 and {row["name"] for row in stats["by_function"]} == {"matmul_kernel"}
+    archive = tmp_path / "kernels.tar.gz"
+    packed = run_cli("pack", str(archive), "--cache-root", str(root), "--kind", "jax_triton", "--json")
+    assert packed.returncode == 0, packed.stderr
+    assert json.loads(packed.stdout)["entries"] == {"jax_triton": 5}
+    other = tmp_path / "elsewhere" / "root"  # another machine's root, at another path
+    unpacked = run_cli("unpack", str(archive), "--cache-root", str(other), "--json")
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert json.loads(unpacked.stdout)["written"] == {"jax_triton": 5}
+    assert {oct(p.stat().st_mode & 0o7777) for p in entries(other)} == {"0o644"}
+    lower(job_env(other), *MATMULS)
+    assert records(other, "jax_triton")[0]["hits"] == 5
+    old = time.time() - 3 * 86400
+    victims = entries(root)[:2]
+    for path in victims:
+        os.utime(path, (old, old))
+    pruned = run_cli("prune", "--cache-root", str(root), "--max-age", "2d", "--kind", "jax_triton", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    removed = json.loads(pruned.stdout)["jax_triton"]["removed"]
+    assert sorted(r["key"] for r in removed) == sorted(p.name for p in victims)
+    assert len(entries(root)) == 3 and (root / "jax_triton" / ".triton-keys").is_dir()
