@@ -20,23 +20,31 @@ import pytest
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.jobenv import env
-from helpers import HOOK, clean_environ, read_json, records, run_cli, unavailable
+from helpers import HOOK, REPO, SCRIPTS, clean_environ, read_json, records, run_cli, unavailable
 
 #: The workload's five tiled matmuls, without the attention: the lead's check.
 MATMULS = ("--kernels", "matmul")
+#: jaxlib's CUDA plugin, which jax-triton imports: installed by .ci/run apart from
+#: site-packages (there it makes every `import jax` of the suite print CUDA warnings).
+PLUGIN = Path(os.environ.get("GPU_CACHE_TEST_JAX_CUDA_PLUGIN") or REPO / ".ci-cache" / "jax-cuda12-plugin")
 
 
 def needs_jax_triton() -> None:
-    for module in ("jax_triton", "jax_cuda12_plugin"):
-        if importlib.util.find_spec(module) is None:
-            unavailable(f"{module} is not installed (the test extra's jax-triton; .ci/run installs "
-                        "jax-cuda12-plugin with --no-deps)")
+    if importlib.util.find_spec("jax_triton") is None:
+        unavailable("jax-triton is not installed (the test extra has it)")
+    if not (PLUGIN / "jax_cuda12_plugin").is_dir():
+        unavailable(f"no jax-cuda12-plugin in {PLUGIN} (.ci/run installs it there)")
+
+
+def plugin_environ(**extra: str) -> dict[str, str]:
+    """A clean environment whose processes import jax with its CUDA plugin (no GPU: lowering)."""
+    return clean_environ(PYTHONPATH=f"{SCRIPTS}{os.pathsep}{PLUGIN}", **extra)
 
 
 def job_env(root: Path, config: dict | None = None, **extra: str) -> dict[str, str]:
     """A job's environment as ``gpu-cache env`` exports it for ``root`` (the hook first on
     PYTHONPATH)."""
-    base = clean_environ()
+    base = plugin_environ()
     exports = env.resolve(settings_from(config or {}, cache_root=str(root)), base)
     return env.job_environ(exports, base, **extra)
 
@@ -139,7 +147,7 @@ def test_a_second_process_lowers_the_same_module_from_the_kept_kernels(tmp_path)
     assert sections[1]["state"] == "on" and sections[1]["triton_key"] == "kept"
     assert sorted(sections[1]["hit_keys"]) == [p.name for p in entries(root)]
     assert warnings(done) == []
-    lower(clean_environ(), *MATMULS, module_out=tmp_path / "plain.mlir")  # no hook, no cache
+    lower(plugin_environ(), *MATMULS, module_out=tmp_path / "plain.mlir")  # no hook, no cache
     assert (tmp_path / "plain.mlir").read_text() == (tmp_path / "first.mlir").read_text()
 
 
@@ -340,7 +348,7 @@ def test_two_nodes_compile_each_kernel_once(sshfs_mount, tmp_path):
     try:
         for name in ("node-a", "node-b"):
             nodes.append(Node(work, sshfs_mount, name, point, driver_commands(work, name, 2),
-                              clean_environ(), root=point / "cache", config=config))
+                              plugin_environ(), root=point / "cache", config=config))
         wait_ready(work, 4, nodes)
         go(work)
         results = [node.result() for node in nodes]
@@ -384,7 +392,7 @@ WORKLOAD = {"default_workloads": ["jax-triton"], "workloads": {"jax-triton": {"s
 def _pass(command: str, root: Path, tmp_path: Path, **extra: str) -> dict:
     result = run_cli(command, "--config-json", json.dumps(WORKLOAD), "--cache-root", str(root),
                      "--output", str(tmp_path / f"{command}.json"), "--log", str(tmp_path / "log"),
-                     env=clean_environ(**extra))
+                     env=plugin_environ(**extra))
     assert result.returncode in (0, 1), result.stderr[-3000:]
     return read_json(tmp_path / f"{command}.json")
 
