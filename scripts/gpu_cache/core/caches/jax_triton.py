@@ -13,7 +13,7 @@ process lowers at once. Layout:
   fields (the PTX among them) and the TTIR. ``kernel`` comes first, so that a scan reads a
   small head of each file to name it.
 * ``<folder>/.triton-keys/<32 hex>``: Triton's own key of one Triton installation (a hash of
-  its sources and ``libtriton.so``, which takes 0.4 s to compute on a 2-core machine), named by
+  its sources and the whole ``libtriton.so``, 500 MB in Triton 3.9's wheel), named by
   the identity of those files (path, inode, size, modification and change times), so the hook
   computes it once per installation and node instead of once per process. Not entries: the
   scan passes the folder over (a validation on another node writes its own, and is no miss);
