@@ -444,3 +444,26 @@ def test_stats_prune_and_pack_carry_the_kernels(warmed, tmp_path):
     removed = json.loads(pruned.stdout)["jax_triton"]["removed"]
     assert sorted(r["key"] for r in removed) == sorted(p.name for p in victims)
     assert len(entries(root)) == 3 and (root / "jax_triton" / ".triton-keys").is_dir()
+
+
+@pytest.mark.slow
+def test_a_read_only_kernel_folder_serves_its_kernels_and_the_job_runs_with_one_warning(warmed, tmp_path):
+    """A kernel folder that cannot be written (a read-only bind mount, which binds root too):
+    what it holds is loaded, what it lacks is compiled and not kept, with one warning line."""
+    if os.geteuid() != 0:
+        unavailable("a read-only bind mount needs root")
+    root = _copy(warmed, tmp_path)
+    for path in entries(root)[:2]:
+        path.unlink()
+    environ = job_env(root)
+    folder = root / "jax_triton"
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+        _summary, done = lower(environ, *MATMULS)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+    (section,) = records(root, "jax_triton")
+    assert (section["hits"], section["misses"]) == (3, 2)
+    assert len(warnings(done)) == 1 and "write" in warnings(done)[0], done.stderr[-2000:]
+    assert len(entries(root)) == 3
