@@ -67,6 +67,9 @@ def preflight(settings: Settings) -> dict[str, Any]:
             report["kinds"][kind] = check.as_dict()
             if check.problem:
                 report["ok"] = False
+        if "records" in exports.checks:  # the hook's records: judged like a kind's folder
+            report["kinds"]["records"] = exports.checks["records"].as_dict()
+            report["ok"] = report["ok"] and exports.checks["records"].problem is None
     report["exports"] = exports.as_dict()
     report["single_flight"] = dict(exports.single_flight)
     report["tier"] = dict(exports.tier)
