@@ -23,6 +23,7 @@ def _hook_constant(module: str, name: str) -> tuple[str, ...]:
 
 def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("sitecustomize", "_WATCHED") == kinds.WATCHED_MODULES
+    assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
     assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
     assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
     assert _hook_constant("gpu_cache_hook_bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES

@@ -67,8 +67,9 @@ _INDUCTOR_MODULE = "torch._inductor"
 #: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
 #: node-local fallback folders that ``_guard`` judges here (Triton's and the locks' are judged
 #: where they are used: ``_usable_triton_folder``, ``_install``); a test fails when they drift.
-_TIERED = ("jax", "triton", "inductor")
-_NODE_LOCAL_VARS = ("TORCHINDUCTOR_CACHE_DIR", "GPU_CACHE_BYTECODE", "CUDA_CACHE_PATH", "GPU_CACHE_RECORDS")
+_TIERED = ("jax", "triton", "inductor", "jax_triton")
+_NODE_LOCAL_VARS = ("TORCHINDUCTOR_CACHE_DIR", "GPU_CACHE_BYTECODE", "CUDA_CACHE_PATH", "GPU_CACHE_RECORDS",
+                    "GPU_CACHE_JAX_TRITON")
 _OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")

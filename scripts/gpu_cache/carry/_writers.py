@@ -395,8 +395,8 @@ class AutotuneWriter(Writer):
 
 
 class KernelWriter(Writer):
-    """A jax-triton kernel (issue 34) into a temporary file beside its name (mode 0644 at most,
-    as the startup hook writes one: the hook reads no entry that others can write), checked
+    """A jax-triton kernel (issue 34) into a temporary file beside its name (never writable by
+    others: the startup hook reads no entry that another user could have written), checked
     (its digest, then an entry of its key in the hook's format), then renamed into place,
     unless a valid entry as new is there."""
 
@@ -410,7 +410,7 @@ class KernelWriter(Writer):
         if member.size > kernel_cache.ENTRY_LIMIT:
             raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
         self.temp = safe_io.temp_name(file_name)
-        fd = os.open(self.temp, safe_io.CREATE_FLAGS, 0o644, dir_fd=self.dir_fd)
+        fd = safe_io.new_file(self.temp, dir_fd=self.dir_fd)
         try:
             _fill(fd, file_name, source, member, self.entry)
             os.utime(fd, (self.entry.last_use, self.entry.last_use))
