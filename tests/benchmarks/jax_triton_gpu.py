@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the gpu-cache cases with the ptxas shim on")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (lowering only)")
     parser.add_argument("--quick", action="store_true", help="small sizes (shape 256, 3 workers)")
+    parser.add_argument("--budget", type=float, default=420.0,
+                        help="seconds after which sections not begun are skipped (default 420)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shape, args.workers = 256, 3
@@ -292,17 +294,25 @@ def main(argv: list[str] | None = None) -> int:
             "shape": args.shape, "workers": args.workers, "command": command[1:],
             "machine": {"device": gpu or "cpu", "cpus": os.cpu_count(), "software": software.identity()},
             "baselines": baseline_cases(command, scratch), "gpu_cache": {}}
-        for shim in ((False, True) if args.ptxas_shim else (None,)):
+        skipped = report["skipped"] = []
+        for shim in ((True, False) if args.ptxas_shim else (None,)):
             variant = {None: "as exported", True: "on", False: "off"}[shim]
+            if time.perf_counter() - started > args.budget:
+                skipped.append(f"gpu-cache, ptxas shim {variant}")
+                continue
             cases = gpu_cache_cases(command, scratch, args.workers, shim)
             cases["ratios"] = ratios(cases, report["baselines"])
             report["gpu_cache"][variant] = cases
-        if gpu is not None:
+        if gpu is not None and time.perf_counter() - started <= args.budget:
             report["autotune"] = autotune_cases(command, scratch, True if args.ptxas_shim else None)
+        elif gpu is not None:
+            skipped.append("autotune")
         report["seconds"] = round(time.perf_counter() - started, 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(summary(report))
+    if report["skipped"]:
+        print(f"skipped past the budget of {args.budget:.0f} s: {', '.join(report['skipped'])}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
