@@ -13,6 +13,9 @@ only when needed (issue 19):
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
 - ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
+- ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
+  (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
+  installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
@@ -85,6 +88,7 @@ class _Hook:
         self.libraries = set()  # the watched libraries this process imported
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
+        self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
         self._exit = False
 
     def warn(self, what, exc):
@@ -372,6 +376,12 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
+    if os.path.isabs(os.environ.get("GPU_CACHE_PTXAS", "")):  # issue 34: before jaxlib loads
+        try:
+            _piece("gpu_cache_hook_common")
+            _piece("gpu_cache_hook_ptxas").install(_HOOK)
+        except Exception as exc:
+            _HOOK.warn("ptxas cache", exc)
     tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
