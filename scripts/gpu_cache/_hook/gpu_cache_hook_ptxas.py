@@ -25,28 +25,8 @@ import gpu_cache_hook_common as common
 
 #: The package whose kernels run through jaxlib's ptxas: where it is not installed, no shim.
 JAX_TRITON = "jax_triton"
-#: Where jaxlib looks after PATH (tsl's CandidateCudaRoots), and JAX's CUDA wheels.
-CUDA_ROOTS = ("/usr/local/cuda", "/opt/cuda")
-WHEEL_ROOTS = (("nvidia", "cu13"), ("nvidia", "cuda_nvcc"))
 #: A tally larger than this is not read (a line per ptxas call: about 300 bytes).
 MAX_TALLY = 8 << 20
-
-
-def find_real(shim, path_value, search_path):
-    """``(the ptxas jaxlib would run, where it was found)``, or (None, None)."""
-    found = shim.on_path(path_value)
-    if found is not None:
-        return found, "PATH"
-    for root in CUDA_ROOTS:
-        candidate = os.path.join(root, "bin", "ptxas")
-        if shim.runnable(candidate) and not shim.is_shim(candidate):
-            return candidate, root
-    for entry in search_path:
-        for parts in WHEEL_ROOTS:
-            candidate = os.path.join(entry or ".", *parts, "bin", "ptxas")
-            if shim.runnable(candidate) and not shim.is_shim(candidate):
-                return candidate, "a CUDA wheel"
-    return None, None
 
 
 def _jax_triton_installed():
@@ -80,13 +60,14 @@ def install(hook):
                                   "found_in": None, **_counts()}
     why = _why_off(hook, shim, folder)
     path_value = os.environ.get("PATH", os.defpath)
-    real, where = (None, None) if why else find_real(shim, path_value, sys.path)
+    real, where = (None, None) if why else shim.find_real(path_value, sys.path)
     if why is None and real is None:
         why = "no ptxas on PATH, in /usr/local/cuda, /opt/cuda or a CUDA wheel"
     if why:
         part["state"] = f"off: {why}"
         return
-    rest = [entry for entry in path_value.split(os.pathsep) if not (entry and shim.same_folder(entry, shim.SHIM_DIR))]
+    rest = [entry for entry in path_value.split(os.pathsep)
+            if not (entry and shim.same_folder(entry, shim.SHIM_DIR))]
     os.environ["PATH"] = os.pathsep.join([shim.SHIM_DIR, *rest])
     os.environ[shim.REAL_VAR] = real
     if sys.executable and os.access(sys.executable, os.X_OK):

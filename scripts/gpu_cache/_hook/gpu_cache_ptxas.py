@@ -201,6 +201,30 @@ def real_ptxas(environ):
     return named if runnable(named) and not is_shim(named) else None
 
 
+#: Where jaxlib looks after PATH (tsl's CandidateCudaRoots), and JAX's CUDA wheels.
+CUDA_ROOTS = ("/usr/local/cuda", "/opt/cuda")
+WHEEL_ROOTS = (("nvidia", "cu13"), ("nvidia", "cuda_nvcc"))
+
+
+def find_real(path_value, search_path):
+    """``(the ptxas jaxlib runs without the shim, where it was found)``: the first on PATH,
+    else the one of ``/usr/local/cuda``, ``/opt/cuda`` or a CUDA wheel on ``search_path``
+    (sys.path), as jaxlib looks; (None, None) where there is none."""
+    found = on_path(path_value)
+    if found is not None:
+        return found, "PATH"
+    for root in CUDA_ROOTS:
+        candidate = os.path.join(root, "bin", "ptxas")
+        if runnable(candidate) and not is_shim(candidate):
+            return candidate, root
+    for entry in search_path:
+        for parts in WHEEL_ROOTS:
+            candidate = os.path.join(os.path.abspath(entry or "."), *parts, "bin", "ptxas")
+            if runnable(candidate) and not is_shim(candidate):
+                return candidate, "a CUDA wheel"
+    return None, None
+
+
 def _script_targets(path, head):
     """The absolute paths of files a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
     outside its ``#!`` line: they are part of what the wrapper runs."""

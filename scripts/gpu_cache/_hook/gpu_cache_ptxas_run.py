@@ -23,8 +23,8 @@ def version_of(real):
     try:
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            pid = os.posix_spawn(real, [real, "--version"], shim.real_environ(),
-                                 file_actions=[(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, null, 2)])
+            actions = [(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
+            pid = os.posix_spawn(real, [real, "--version"], shim.real_environ(), file_actions=actions)
         finally:
             os.close(null)
         os.close(write)

@@ -13,7 +13,7 @@ from gpu_cache.config import targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
-from gpu_cache.jobenv import env
+from gpu_cache.jobenv import env, ptxas
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -76,6 +76,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["device"] = device.detect().as_dict()
     report["gres"] = cluster_gres(settings)
     report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
+    report["ptxas"] = ptxas.report(exports.values)  # issue 34: which ptxas XLA and jaxlib run
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
@@ -113,6 +114,7 @@ def render(report: dict[str, Any]) -> str:
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
     lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
+    lines += ptxas.render(report["ptxas"]) if report.get("ptxas") else []
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from gpu_cache.commands import explain
+from gpu_cache.commands import explain, explain_ptxas
 from gpu_cache.commands.workload import plan_phase
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
@@ -170,6 +170,10 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
         problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
+    if counts["ptxas"].misses and settings.cache_root is not None:  # issue 34
+        problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
+                     for e in explain_ptxas.explain_run(settings.cache_root, warm.run_id)[:NAMED_MISSES]
+                     if e["causes"]]
     ran_with = dict(warm.software)
     if expected is not None and expected.container and ran_with.get("image"):
         ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)

@@ -149,9 +149,11 @@ CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.ca
 #: Kinds that work in the node-local tier when it is on (issue 23).
 TIERED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.tiered)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
-OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module or kind.recorded)
+OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items()
+                                  if kind.watched_module or kind.recorded)
 #: Top-level modules the startup hook watches.
-WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in KINDS.values() if kind.watched_module)
+WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in KINDS.values()
+                                         if kind.watched_module)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
 #: shown by doctor, compared by explain.
 KEY_ENVIRONMENT: tuple[str, ...] = (
