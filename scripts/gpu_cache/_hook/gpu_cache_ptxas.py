@@ -226,14 +226,15 @@ def find_real(path_value, search_path):
 
 
 def _script_targets(path, head):
-    """The absolute paths of files a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
-    outside its ``#!`` line: they are part of what the wrapper runs."""
+    """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
+    outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
+    only executable files count)."""
     if not head.startswith(b"#!"):
         return []
     found = []
     for line in head.split(b"\n")[1:]:
         for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
-            if word.startswith(b"/") and os.path.isfile(word) and word not in found:
+            if word.startswith(b"/") and runnable(os.fsdecode(word)) and word not in found:
                 found.append(word)
     return found
 
