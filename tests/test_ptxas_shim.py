@@ -7,14 +7,23 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpu_cache.core.caches import ptxas as ptxas_cache
-from ptxas_fixtures import (SHIM, SHIM_DIR, assemble, make_ptx, mode_of, older_ptxas, runs, shim_environ,
-                            site_wrapper, triton_ptxas)
+from ptxas_fixtures import (
+    SHIM,
+    SHIM_DIR,
+    assemble,
+    make_ptx,
+    mode_of,
+    older_ptxas,
+    runs,
+    shim_environ,
+    site_wrapper,
+    triton_ptxas,
+)
 
 XLA_CALL = ["/tmp/tempfile-h-1-2-3", "-o", "/tmp/tempfile-h-1-2-4", "-arch=sm_90a", "--warn-on-spills"]
 
@@ -86,7 +95,8 @@ def test_the_real_ptxas_is_the_next_on_path_never_a_shim(tmp_path):
     link = tmp_path / "link"
     link.mkdir()
     (link / "ptxas").symlink_to(SHIM.FRONT)  # the shim again, through a link
-    path = os.pathsep.join(["/nonexistent", str(SHIM_DIR), "relative", str(copy), str(link), str(real.parent)])
+    path = os.pathsep.join(["/nonexistent", str(SHIM_DIR), "relative", str(copy), str(link),
+                            str(real.parent)])
     assert SHIM.real_ptxas({"PATH": path}) == str(real)
     assert SHIM.real_ptxas({"PATH": f"{copy}:{SHIM_DIR}:{real.parent}"}) == str(real)
     # only shims after it: the one the hook found, unless that is a shim too
@@ -292,8 +302,8 @@ def test_processes_that_miss_one_kernel_at_once_run_the_real_ptxas_once(ptx, tmp
     slow.chmod(0o755)
     locks = tmp_path / "root" / "locks"
     environ = shim_environ(tmp_path / "root" / "ptxas", slow.parent, GPU_CACHE_LOCKS=str(locks))
-    started = [subprocess.Popen(["ptxas", str(ptx["add"]), "-o", str(tmp_path / f"{n}.cubin"), "-arch=sm_90a"],
-                                env=environ) for n in range(4)]
+    started = [subprocess.Popen(["ptxas", str(ptx["add"]), "-o", str(tmp_path / f"{n}.cubin"),
+                                 "-arch=sm_90a"], env=environ) for n in range(4)]
     assert [p.wait(timeout=120) for p in started] == [0, 0, 0, 0]
     assert runs(log) == 1
     assert len({(tmp_path / f"{n}.cubin").read_bytes() for n in range(4)}) == 1

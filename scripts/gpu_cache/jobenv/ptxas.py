@@ -131,7 +131,8 @@ def render(info: dict[str, Any]) -> list[str]:
     else:
         head = f"not used ({info['why_not']})"
     lines = [f"ptxas shim: {head}"]
-    for who, what in (("jaxlib (jax-triton kernels)", info["jaxlib"]), ("XLA (its own kernels)", info["xla"])):
+    for who, what in (("jaxlib (jax-triton kernels)", info["jaxlib"]),
+                      ("XLA (its own kernels)", info["xla"])):
         if what["runs"] is None:
             lines.append(f"  {who}: finds no ptxas")
             continue
