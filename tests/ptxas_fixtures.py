@@ -71,6 +71,10 @@ sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i
 k = triton.compile(ASTSource(mm, sig, constexprs={"BM": 64, "BN": 64, "BK": 32}), target=target,
                    options={"num_warps": 4, "num_stages": 3})
 open(out + "/mm.ptx", "w").write(k.asm["ptx"])
+if sys.argv[2:] == ["big"]:
+    k = triton.compile(ASTSource(mm, sig, constexprs={"BM": 128, "BN": 128, "BK": 64}), target=target,
+                       options={"num_warps": 8, "num_stages": 3})
+    open(out + "/mm128.ptx", "w").write(k.asm["ptx"])
 '''
 
 #: Hand-written PTX whose double-precision warnings name the input file (with
@@ -91,15 +95,15 @@ F64_PTX = """.version 8.7
 """
 
 
-def make_ptx(folder: Path) -> dict[str, Path]:
-    """``add.ptx`` and ``mm.ptx`` (Triton 3.9 for sm_90a, PTX 9.4), ``spill.ptx`` (``mm`` held to
-    64 registers, so ptxas warns that registers are spilled), ``f64.ptx`` and ``add87.ptx`` (``add``
-    as PTX 8.7)."""
+def make_ptx(folder: Path, big: bool = False) -> dict[str, Path]:
+    """``add.ptx`` and ``mm.ptx`` (this Triton's PTX for sm_90a: 9.4 from Triton 3.9), ``spill.ptx``
+    (``mm`` held to 64 registers, so ptxas warns that registers are spilled), ``f64.ptx`` and
+    ``add87.ptx`` (``add`` as PTX 8.7); with ``big``, ``mm128.ptx`` (128x128x64, 8 warps)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TRITON_CACHE_DIR=str(folder / "triton-cache"))
     script = folder / "make_ptx.py"  # Triton reads a kernel's source from its file
     script.write_text(PTX_SCRIPT)
-    subprocess.run([sys.executable, str(script), str(folder)], env=env, check=True,
+    subprocess.run([sys.executable, str(script), str(folder), *(["big"] if big else [])], env=env, check=True,
                    capture_output=True, timeout=300)
     mm = (folder / "mm.ptx").read_text()
     (folder / "spill.ptx").write_text(mm.replace(".reqntid 128", ".reqntid 128\n.maxnreg 64", 1))
