@@ -103,7 +103,8 @@ def micro(scratch: Path, reps: int) -> dict[str, Any]:
     first = timed(["ptxas", str(made["add87"]), "-o", str(scratch / "first.cubin"), "-arch=sm_90a"], environ)
     out: dict[str, Any] = {"real_ptxas": real, "python_start_ms": median_ms(
         [timed([sys.executable, "-I", "-S", "-c", "pass"]) for _ in range(reps)]),
-        "first_call_ever_ms": round(first * 1000, 2), "calls": {}}
+        "first_call_ever_ms": round(first * 1000, 2), "calls": {},
+        "hook_sitecustomize_us": hook_install_us(scratch, reps)}
     for name, path in files.items():
         call = [str(path), "-o", str(scratch / "out.cubin"), "-arch=sm_90a", "--warn-on-spills"]
         real_s, misses, hits = [], [], []
@@ -117,6 +118,26 @@ def micro(scratch: Path, reps: int) -> dict[str, Any]:
                               "shim_miss_ms": median_ms(misses), "shim_hit_ms": median_ms(hits),
                               "hit_saves_ms": round(median_ms(real_s) - median_ms(hits), 2),
                               "miss_costs_ms": round(median_ms(misses) - median_ms(real_s), 2)}
+    return out
+
+
+def hook_install_us(scratch: Path, reps: int) -> dict[str, float]:
+    """What the hook's ``sitecustomize`` import takes (``python -X importtime``, microseconds,
+    median), with the ptxas cache exported (the shim installed at start) and without."""
+    out = {}
+    root = scratch / "hook-root"
+    for case, folder in (("without GPU_CACHE_PTXAS", ""), ("with GPU_CACHE_PTXAS", str(root / "ptxas"))):
+        (root / "ptxas").mkdir(parents=True, exist_ok=True)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CACHE_")}
+        environ.update(PYTHONPATH=str(REPO / "scripts" / "gpu_cache" / "_hook"), GPU_CACHE_PTXAS=folder,
+                       GPU_CACHE_RECORDS=str(root / "records"))
+        samples = []
+        for _ in range(reps):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=environ,
+                                  capture_output=True, text=True, check=True)
+            line = next(x for x in done.stderr.splitlines() if x.split("|")[-1].strip() == "sitecustomize")
+            samples.append(float(line.split("|")[1]))
+        out[case] = statistics.median(samples)
     return out
 
 
@@ -312,7 +333,8 @@ def summary(report: dict[str, Any]) -> None:
     if "micro" in report:
         m = report["micro"]
         print(f"micro ({m['real_ptxas']}; python -I -S start {m['python_start_ms']} ms; first call of a "
-              f"ptxas file {m['first_call_ever_ms']} ms):")
+              f"ptxas file {m['first_call_ever_ms']} ms; the hook's sitecustomize, microseconds: "
+              f"{m['hook_sitecustomize_us']}):")
         for name, c in m["calls"].items():
             print(f"  {name:>14} ({c['ptx_bytes']} B): real {c['real_ms']} ms, shim miss "
                   f"{c['shim_miss_ms']} ms (+{c['miss_costs_ms']}), shim hit {c['shim_hit_ms']} ms "
