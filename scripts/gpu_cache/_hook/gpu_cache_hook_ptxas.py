@@ -125,7 +125,7 @@ def _add(part, fields, separator):
         return
     if outcome == "hit":
         part["hits"] += 1
-        part["saved_seconds"] += max(0.0, _number(saved))
+        part["saved_seconds"] += _number(saved)  # negative where a hit took longer than the run
         if key and key not in part["hit_keys"]:
             common.keep(part, "hit_keys", key)
         return

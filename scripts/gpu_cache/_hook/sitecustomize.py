@@ -25,7 +25,8 @@ only when needed (issue 19):
 
 Rules it keeps:
 
-- standard library only, and nothing but the watcher in a process without jax or triton;
+- standard library only, and nothing but the watcher in a process without jax or triton
+  (and, where the ptxas cache is exported, the shim's set-up: about 1 ms);
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
