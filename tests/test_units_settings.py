@@ -99,3 +99,26 @@ def test_bad_config_names_the_key(config, where):
         return
     with pytest.raises(UsageError, match=where.replace(".", r"\.")):
         validate_config(config)
+
+
+@pytest.mark.parametrize("config, where", [
+    ({"gpu_types": {"a100\n": {}}}, "gpu_types"),
+    ({"gpu_types": {"a100": {"workloads": ["jax-transformer\n"]}}}, "gpu_types.a100.workloads.0"),
+    ({"default_workloads": ["jax-transformer\n"]}, "default_workloads.0"),
+    ({"triton_targets": ["sm_90\n"]}, "triton_targets.0"),
+    ({"shared_group": "team\n"}, "shared_group"),
+])
+def test_a_name_that_ends_in_a_newline_is_refused_in_one_line(config, where):
+    # jsonschema's re.search lets "$" match before a final newline: the whole value must match
+    with pytest.raises(UsageError) as error:
+        validate_config(config)
+    assert str(error.value).startswith(f"config key {where}:")
+    assert "\n" not in str(error.value)
+
+
+def test_the_gpu_type_name_rule_is_the_schemas():
+    from gpu_cache.config.settings import load_schema
+    from gpu_cache.config.targets import GPU_TYPE_NAME
+
+    pattern = load_schema()["properties"]["gpu_types"]["propertyNames"]["pattern"]
+    assert pattern == f"^{GPU_TYPE_NAME.pattern}$"

@@ -86,6 +86,22 @@ def test_installed_profile_exports_into_any_workflow(tmp_path):
     assert "keeping your TRITON_CACHE_DIR" in result.stderr  # and is reported
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["-n"], ["-np"], ["--dry-run", "--quiet"]])
+def test_a_dry_run_with_the_installed_profile_creates_no_cache_folder(tmp_path, flags):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_environ(HOME=str(home))
+    for name in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "GPU_CACHE_ROOT"):
+        env.pop(name, None)
+    assert run_cli("install-profile", env=env).returncode == 0
+    work = workdir_with_config(tmp_path, SMALL)
+    result = run_snakemake(work, "-s", SNAKEFILE, "--profile", "gpu-cache", *flags, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (home / ".cache" / "gpu-cache").exists(), "a dry run created the cache root"
+    assert not list(tmp_path.glob("**/gpu-cache-*")), "a dry run created a node-local folder"
+
+
 def test_profile_with_caching_off_switches_jax_off(tmp_path):
     work = tmp_path / "stranger"
     work.mkdir()

@@ -98,8 +98,10 @@ def _write_text(target: Path, text: str) -> None:
 
 
 def _gpu_type(settings: Settings, requested: str | None) -> str:
-    from gpu_cache.config.targets import gpu_types
+    from gpu_cache.config.targets import GPU_TYPE_NAME, gpu_types
 
+    if requested is not None and not GPU_TYPE_NAME.fullmatch(requested):
+        raise UsageError(f"--gpu-type {requested!r}: a GPU type is letters, digits, '.', '_' and '-'")
     return requested or next(iter(gpu_types(settings)))
 
 

@@ -21,11 +21,15 @@ def export_from_profile() -> None:
     """Export the cache environment into this (Snakemake's) process, for every job it runs.
 
     Called by the profile's ``__definitions__``. The root comes from ``$GPU_CACHE_ROOT`` or
-    the default; a problem warns and never stops Snakemake from starting.
+    the default; a problem warns and never stops Snakemake from starting. A command line that
+    only plans (``-n``, ``--lint``, ...) exports nothing: probing the folders would create them.
     """
     from gpu_cache.config.settings import settings_from
     from gpu_cache.jobenv import env
+    from gpu_cache.jobenv.planning import planning_only
 
+    if planning_only():  # a dry run, --lint, a listing: no job runs, nothing may be created
+        return
     try:
         env.export(settings_from({}))
     except Exception as exc:  # noqa: BLE001 - a raising profile stops snakemake obscurely

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from gpu_cache.core import shown as terminal
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
@@ -102,10 +103,8 @@ def shown(name: str) -> str:
     return text if len(text) <= 120 else text[:117] + "...'"
 
 
-def printable(text: str) -> str:
-    """``text`` (from an archive or a record) as it can be printed: characters that no stream
-    can encode (a lone surrogate) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+#: ``text`` (from an archive or a record) as one line it can be printed as (gpu_cache.core.shown).
+printable = terminal.shown
 
 
 def file_name(name: str) -> bool:
@@ -247,12 +246,12 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
         raise UsageError(f"the archive's manifest gives the {kind} entry {shown(key)} digests of "
                          "other files than its own; nothing written")
     if kind == "jax":  # the executable, and its last use where JAX kept one
-        good = bool(_JAX_KEY_RE.match(key)) and set(files) <= {f"{key}-cache", f"{key}-atime", key} \
+        good = bool(_JAX_KEY_RE.fullmatch(key)) and set(files) <= {f"{key}-cache", f"{key}-atime", key} \
             and bool({f"{key}-cache", key} & set(files))
     elif kind == "autotune":  # one result file in its version folder, named as the key says
-        good = bool(autotune_cache.KEY_RE.match(key)) and set(files) == {key.rpartition("/")[2]}
+        good = bool(autotune_cache.KEY_RE.fullmatch(key)) and set(files) == {key.rpartition("/")[2]}
     else:  # a key folder of plain files; no writer's tmp. folder
-        good = bool(triton_cache.KEY_RE.match(key)) and not any(n.startswith("tmp.") for n in files)
+        good = bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
     if not good or not all(plain_name(n) for n in files):
         raise Refused(f"the archive's manifest names an unsafe {kind} entry {shown(key)} (a path "
                       "in a file name, or a name an entry of that kind does not have)")

@@ -25,6 +25,7 @@ from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
+from gpu_cache.core.shown import shown_lines
 
 from ._choose import dropped, keys_of, own_records, software_section
 from ._common import Progress, log
@@ -35,7 +36,6 @@ from ._format import (
     MAX_SMALL_JSON,
     ManifestEntry,
     plain_name,
-    printable,
     shown,
 )
 
@@ -169,7 +169,7 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
         source = entry.source
         assert isinstance(source, autotune_cache.AutotuneEntry)
         problem = entry.problem
-        if problem is None and not autotune_cache.KEY_RE.match(entry.key):
+        if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
             problem = "a name gpu-cache does not give a result"
         if problem is None:
             try:
@@ -385,4 +385,4 @@ def render_pack(report: PackReport) -> str:
     for kind, n in report.missing.items():
         if n:
             lines.append(f"{n} {kind} entries the records name are no longer in the cache")
-    return printable("\n".join(lines) + "\n")  # the software a record names may be any text
+    return shown_lines(lines)  # the software a record names may be any text

@@ -86,14 +86,13 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         raise UsageError(f"the config must be a mapping of keys, not {type(config).__name__}")
     if not config:
         return copy.deepcopy(DEFAULT_CONFIG)  # the schema's defaults, checked by a test
-    import jsonschema  # deferred: only configs that set something pay for it
 
     if _too_big(config):
         raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
                          "(YAML aliases nested too deep?)")
     config = dict(config or {})
     schema = load_schema()
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         error = errors[0]
@@ -117,6 +116,25 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         except UsageError as exc:
             raise UsageError(f"config key {key}: {exc}") from None
     return filled
+
+
+def _validator_class() -> Any:
+    """The schema's validator, with each ``pattern`` matched against the whole value.
+
+    jsonschema matches a pattern with ``re.search``, where ``$`` also matches before a final
+    newline: "a100" with a newline after it would pass ``^[A-Za-z0-9_.-]+$`` and become a GPU
+    type, a wildcard value and a file name with a newline in it (ECMA-262 has no end-of-text
+    anchor to write instead).
+    """
+    import re
+
+    import jsonschema
+
+    def whole_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string") and re.fullmatch(pattern, instance) is None:
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": whole_pattern})
 
 
 #: A config holds a few hundred values; more means a YAML alias bomb (a few hundred bytes

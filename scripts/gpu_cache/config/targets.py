@@ -8,6 +8,10 @@ import re
 from gpu_cache.config.settings import GpuType, Settings
 from gpu_cache.core import device
 
+#: What a GPU type's name may be: the schema's pattern for ``gpu_types`` keys (a test checks
+#: they agree), matched whole (a name may not end in a newline).
+GPU_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
 
 def gpu_types(settings: Settings) -> dict[str, GpuType]:
     """The configured GPU types; when none are, the one type of this machine (``cpu`` without a GPU)."""

@@ -24,16 +24,24 @@ PLANNING_OPTIONS = (
 )
 
 
+#: Snakemake's functions whose local ``args`` holds the parsed command line: ``args_to_api``
+#: while it parses the workflow, ``parse_args`` while it renders a profile (a profile's YTE
+#: ``__definitions__`` run there, with the options of the command line parsed once already).
+_HOLDERS = ("args_to_api", "parse_args")
+
+
 def planning_only(frame: FrameType | None = None) -> bool:
     """True when the ``snakemake`` command line that runs this code only plans (dry run,
     lint, listings, graphs, report, unlock); False for a real run, a remote job, and any
     use outside the command line."""
     frame = frame or sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == "args_to_api" and "snakemake" in frame.f_code.co_filename:
+        code = frame.f_code
+        if code.co_name in _HOLDERS and "snakemake" in code.co_filename:
             args = frame.f_locals.get("args")
-            if getattr(args, "report_after_run", False):  # --report ... --report-after-run runs
-                return bool(getattr(args, "dryrun", False))
-            return any(bool(getattr(args, name, None)) for name in PLANNING_OPTIONS)
+            if args is not None and hasattr(args, "dryrun"):
+                if getattr(args, "report_after_run", False):  # --report ... --report-after-run runs
+                    return bool(getattr(args, "dryrun", False))
+                return any(bool(getattr(args, name, None)) for name in PLANNING_OPTIONS)
         frame = frame.f_back
     return False

@@ -72,7 +72,7 @@ def scan(folder: str | os.PathLike[str]) -> CudaCache | None:
         names.append(item.name)
         if item.name == INDEX and stat.S_ISREG(info.st_mode):
             pass
-        elif FOLDER_RE.match(item.name) and stat.S_ISDIR(info.st_mode):
+        elif FOLDER_RE.fullmatch(item.name) and stat.S_ISDIR(info.st_mode):
             pending.append((item.path, 1))
         elif why_not is None:
             why_not = f"unexpected {item.name!r} at the top"
@@ -89,13 +89,13 @@ def scan(folder: str | os.PathLike[str]) -> CudaCache | None:
             except OSError:
                 continue
             if stat.S_ISDIR(info.st_mode):
-                if depth == 1 and FOLDER_RE.match(item.name):
+                if depth == 1 and FOLDER_RE.fullmatch(item.name):
                     pending.append((item.path, 2))
                 else:
                     why_not = why_not or f"unexpected folder {item.path[len(root) + 1:]!r}"
                     pending.append((item.path, 3))
                 continue
-            if why_not is None and (depth != 2 or not FILE_RE.match(item.name)
+            if why_not is None and (depth != 2 or not FILE_RE.fullmatch(item.name)
                                     or not stat.S_ISREG(info.st_mode)):
                 why_not = f"unexpected {item.path[len(root) + 1:]!r}"
             size, files, newest = _add(info, size, files, newest)

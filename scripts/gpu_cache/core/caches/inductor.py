@@ -337,7 +337,7 @@ def scan(folder: str | os.PathLike[str], grace_seconds: float = 3600.0, verify: 
                 state.entries.append(InductorEntry(f"{name}/{leftover}", "trash", NAMES["trash"],
                                                    [left_path], size, 0.0,
                                                    "left over from an interrupted removal"))
-        elif SHARD_RE.match(name) and stat.S_ISDIR(info.st_mode):
+        elif SHARD_RE.fullmatch(name) and stat.S_ISDIR(info.st_mode):
             _shard(state, name, path, locks)
         elif name in GUARDED and stat.S_ISDIR(info.st_mode):
             _key_folders(state, name, path, GUARDED[name], name)

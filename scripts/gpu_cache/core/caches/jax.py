@@ -368,7 +368,7 @@ def scan(folder: Path | str, verify_after: float | None = None,
     temps: list[JaxEntry] = []
     now = time.time()
     started = time.monotonic()
-    match = _FILE_RE.match
+    match = _FILE_RE.fullmatch
     tail = _HASH_TAIL.fullmatch
     try:
         listing = os.scandir(folder_text)

@@ -324,7 +324,7 @@ def scan(cache_dir: str | os.PathLike[str], record: verified.Record | None = Non
     temps: list[TempDir] = []
     others: list[OtherPath] = []
     errors: list[str] = []
-    key_match = KEY_RE.match
+    key_match = KEY_RE.fullmatch
     for item in listing:
         name = item.name
         try:
@@ -361,7 +361,7 @@ def remove_entry(cache_dir: str | os.PathLike[str], key: str) -> int:
         TritonCacheError: ``key`` is not a Triton key name, or names something that is not a
             directory, or the rename fails (e.g. read-only filesystem).
     """
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise TritonCacheError(f"{key!r} is not a Triton cache key")
     root = Path(cache_dir).absolute()
     victim = root / key
