@@ -19,6 +19,7 @@ their parts) and removed. Standard library only, Python 3.9+.
 """
 
 import os
+import stat
 import sys
 
 import gpu_cache_hook_common as common
@@ -145,9 +146,12 @@ def part(hook):
     if not tally:
         return out
     out.update(_counts())
-    try:
-        with open(tally, "rb") as stream:
-            data = stream.read(MAX_TALLY)
+    try:  # never through a link; a FIFO never blocks
+        fd = os.open(tally, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, MAX_TALLY) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
     except OSError:
         data = b""
     for line in data.decode("utf-8", "replace").splitlines():
