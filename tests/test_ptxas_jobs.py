@@ -191,3 +191,17 @@ def test_stats_counts_and_prune_removes_ptxas_entries_and_what_writers_left(tmp_
     pruned = json.loads(run_cli("prune", "--json", "--cache-root", str(root)).stdout)
     assert pruned["ptxas"]["entries_removed"] == 2  # the cut-short entry, the stale temporary file
     assert sorted(p.name for p in folder.iterdir()) == [f"{'3' * 64}.ptxas"]
+
+
+def test_a_passed_verdict_still_holds_while_its_ptxas_entries_are_there(tmp_path):
+    from gpu_cache.core import runner
+
+    root = tmp_path / "root"
+    (root / "ptxas").mkdir(parents=True)
+    key = "5" * 64
+    _entry(root / "ptxas", key, ("k", "v", "d", "o", "i"))
+    marker = tmp_path / "passed.json"
+    runner.save_state(marker, {"gpu_type": "h200", "run_id": "r", "keys": {"ptxas": [key]}})
+    assert runner.still_valid(root, marker)  # the next warm step only re-checks
+    (root / "ptxas" / f"{key}.ptxas").unlink()  # pruned since: it warms again
+    assert not runner.still_valid(root, marker)
