@@ -205,3 +205,23 @@ def test_a_passed_verdict_still_holds_while_its_ptxas_entries_are_there(tmp_path
     assert runner.still_valid(root, marker)  # the next warm step only re-checks
     (root / "ptxas" / f"{key}.ptxas").unlink()  # pruned since: it warms again
     assert not runner.still_valid(root, marker)
+
+
+def test_doctor_explain_accounts_for_a_jobs_ptxas_misses(tmp_path):
+    from gpu_cache.commands import explain
+
+    root = tmp_path / "root"
+    (root / "ptxas").mkdir(parents=True)
+    (root / "records").mkdir()
+    parts = {"name": "attn", "ptxas": "release 13.4, V13.4.59", "ptxas_digest": "d" * 16,
+             "options": "<input> -arch sm_80", "input": "i" * 16}
+    _entry(root / "ptxas", "6" * 64, (*list(parts.values())[:3], "<input> -arch sm_90a", "i" * 16))
+    record = {"version": 1, "time": 1.0, "rule": "predict", "ptxas": {
+        "state": "on", "hits": 0, "misses": 1, "missed": [{"name": "attn", "key": "7" * 64, "parts": parts}]}}
+    (root / "records" / "1-node-1.json").write_text(json.dumps(record))
+    (group,) = explain.account_cache(root)["by_rule"]
+    assert (group["rule"], group["kind"], group["misses"]) == ("predict", "ptxas", 1)
+    (cause,) = group["causes"]
+    (item,) = cause["keys"]
+    assert item["changed"] == ["options"] and "-arch" in item["causes"][0]
+    assert "attn: changed key parts: options" in explain.render_account(explain.account_cache(root))
