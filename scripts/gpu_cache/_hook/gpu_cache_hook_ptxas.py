@@ -49,7 +49,7 @@ def _why_off(hook, shim, folder):
     try:
         os.close(shim.Folder(folder).fd)
     except OSError as exc:
-        return f"the cache folder is refused: {exc.strerror or exc}"
+        return f"the cache folder cannot be used: {exc.strerror or exc}"
     return None
 
 

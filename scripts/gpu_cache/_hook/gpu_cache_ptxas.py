@@ -490,7 +490,7 @@ def serve(real, args, started):
     try:
         folder = Folder(folder_path)
     except OSError as exc:
-        raise Pass(f"cache folder refused: {exc.strerror or exc}") from None
+        raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
     fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
