@@ -44,7 +44,9 @@ least-recently-used order survives.
 
 from gpu_cache.core.kinds import CARRIED
 
+from ._archive import open_archive
 from ._choose import workload_matcher
+from ._fit import fit_problems, target_of_gpu_type, target_software
 from ._format import (
     FORMAT,
     FORMAT_VERSION,
@@ -55,11 +57,29 @@ from ._format import (
     parse_manifest,
     read_manifest,
 )
-from ._pack import PackReport, pack, render_pack
+from ._pack import PackReport, check_kinds, pack, render_pack
 from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
-    "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
-    "Refused", "UnpackReport", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
-    "unpack", "workload_matcher",
+    "CARRIED",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "SCHEMA",
+    "ManifestEntry",
+    "PackReport",
+    "Refused",
+    "UnpackReport",
+    "check_kinds",
+    "fit_problems",
+    "open_archive",
+    "pack",
+    "parse_manifest",
+    "read_manifest",
+    "render_pack",
+    "render_unpack",
+    "target_of_gpu_type",
+    "target_software",
+    "unpack",
+    "workload_matcher",
 ]

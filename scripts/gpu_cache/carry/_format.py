@@ -78,6 +78,8 @@ SCHEMA: dict[str, Any] = {
             for kind in CARRIED}},
         "source_root": {"type": "string"},
         "jax_path_in_key": {"type": ["boolean", "null"]},
+        # a stable pack (#32) keeps no times: each entry's last use is its arrival
+        "times_normalised": {"type": "boolean"},
     },
 }
 

@@ -178,23 +178,37 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
 def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None,
                     limit: int = 20) -> list[dict[str, Any]]:
     """Explain the JAX misses of one run (``run_id``), or else of the latest record with
-    misses, against every record written before them. At most ``limit`` explanations."""
+    misses, against every record written before them. At most ``limit`` explanations. A
+    record of a jax that names no miss has its misses inferred, as :func:`account` does:
+    the keys it computed that no earlier process computed."""
     ordered = sorted(all_records, key=lambda r: float(r.get("time") or 0.0))
     if run_id is not None:
         targets = [r for r in ordered if r.get("run_id") == run_id]
     else:
-        with_misses = [r for r in ordered if (r.get("jax") or {}).get("missed")]
+        with_misses = [r for r in ordered if (r.get("jax") or {}).get("missed")
+                       or hook_records.count((r.get("jax") or {}).get("misses"))]
         targets = with_misses[-1:]
     out: list[dict[str, Any]] = []
     for record in targets:
         start = float(record.get("time") or 0.0)
         earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
-        missed = (record.get("jax") or {}).get("missed")
-        for miss in missed if isinstance(missed, list) else []:
-            key = miss.get("key") if isinstance(miss, dict) else None
-            if isinstance(key, str) and key and len(out) < limit:
+        for key in _missed_keys(record, earlier):
+            if len(out) < limit:
                 out.append(explain_key(key, record, earlier))
     return out
+
+
+def _missed_keys(record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[str]:
+    """The keys a record's process missed: those the hook named, else (a jax that names none)
+    those of its keys no earlier process computed, as many as it missed."""
+    part = record.get("jax") or {}
+    missed = part.get("missed")
+    named = [m.get("key") for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
+    named = [key for key in named if isinstance(key, str) and key]
+    if named:
+        return named
+    before = {key for other in earlier for key in _key_parts(other)}
+    return [key for key in _key_parts(record) if key not in before][:hook_records.count(part.get("misses"))]
 
 
 def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpu_cache.commands import explain, explain_ptxas
 from gpu_cache.commands.workload import plan_phase
@@ -116,16 +116,18 @@ def run_phases(settings: Settings, gpu_type: str, output: TextIO,
     return {"cold": cold, "validate": warm}
 
 
-def not_started(phase: PhaseResult) -> str | None:
+def not_started(phase: PhaseResult, ran_with: Mapping[str, Any] | None = None) -> str | None:
     """A problem line when no workload run of ``phase`` ran to the end (each one exited
     with an error or timed out): the workloads could not even start in the software they
-    ran with, so the pass measured nothing. None when one run succeeded or none was made."""
+    ran with (``ran_with``, default the phase's), so the pass measured nothing. None when
+    one run succeeded or none was made."""
     if not phase.runs or any(run.ok for run in phase.runs):
         return None
     said = next((run.error for run in reversed(phase.runs) if run.error), None)
     last = f"; the last one said: {said}" if said else ""
     return (f"no workload run of GPU type {phase.gpu_type} ran to the end ({len(phase.runs)} of "
-            f"{len(phase.runs)} failed{last}). They ran with {software.describe(phase.software)}: "
+            f"{len(phase.runs)} failed{last}). They ran with "
+            f"{software.describe(phase.software if ran_with is None else ran_with)}: "
             f"give the type the jobs' own software (gpu_types.{phase.gpu_type}.container, conda or "
             "python), or fix the workload's command")
 
@@ -148,14 +150,17 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     assert warm is not None
     if warm.unscheduled:
         return unscheduled_verdict(gpu_type, warm, exports)
-    broken = not_started(warm)
+    expected = gpu_types(settings).get(gpu_type)
+    ran_with = dict(warm.software)
+    if expected is not None and expected.container and ran_with.get("image"):
+        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
+    broken = not_started(warm, ran_with)
     cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
                       if kind in ("jax", "all")]
     counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
     missed = [m for kind in kinds.OBSERVED for m in missed_in(warm, kind)]
     seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
                   int(warm.device.get("count") or 0)) if warm.device else None
-    expected = gpu_types(settings).get(gpu_type)
     if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
     if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
@@ -174,9 +179,6 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
                      for e in explain_ptxas.explain_run(settings.cache_root, warm.run_id)[:NAMED_MISSES]
                      if e["causes"]]
-    ran_with = dict(warm.software)
-    if expected is not None and expected.container and ran_with.get("image"):
-        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
     observed = any(c.processes_observed for c in counts.values())
     notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
              f"({cold.reused}); validate.measure_cold: always measures it every time"] \
@@ -184,6 +186,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     notes += [] if observed else [
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
+    notes += unremembered(warm, counts) if not problems else []
     return Verdict(
         gpu_type=gpu_type,
         device=warm.device,
@@ -203,6 +206,16 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
+
+
+def unremembered(phase: PhaseResult, counts: Mapping[str, KindCounts]) -> list[str]:
+    """A note when a validation that hit cannot be remembered (:func:`remember` needs the keys
+    of its hits), so that the next run on this root warms again."""
+    if any(t.hit_keys for t in phase.recorded.values()) or not any(c.hits for c in counts.values()):
+        return []
+    return [f"the next run warms again: the startup hook learnt no key of these hits from "
+            f"{software.describe(phase.software)} (its records say why), so warm.skip_when_valid "
+            "cannot check that they are still in the cache"]
 
 
 def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:

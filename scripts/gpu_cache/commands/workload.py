@@ -149,4 +149,5 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     # told); validation runs them one after another, as the jobs start them.
     parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
     reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
-    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse)
+    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse,
+                gpu_types(settings)[gpu_type].container)
