@@ -106,6 +106,8 @@ def _record(hook, time, socket):
         record["jax_triton"]["tier"] = common.tier_stats(hook, "jax_triton")
     if "inductor" in hook.parts:
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
+    if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
+        record["ptxas"] = hook.piece("gpu_cache_hook_ptxas").part(hook)
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:
             record[name] = hook.parts[name]

@@ -16,6 +16,9 @@ only when needed (issue 19):
 - ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
   ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
   the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+- ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
+  (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
+  installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
   triton, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
@@ -25,7 +28,8 @@ only when needed (issue 19):
 
 Rules it keeps:
 
-- standard library only, and nothing but the watcher in a process without jax or triton;
+- standard library only, and nothing but the watcher in a process without jax or triton
+  (and, where the ptxas cache is exported, the shim's set-up: about 1 ms);
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
@@ -98,6 +102,7 @@ class _Hook:
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
         self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
+        self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
         self._exit = False
 
     def warn(self, what, exc):
@@ -407,6 +412,12 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
+    if os.path.isabs(os.environ.get("GPU_CACHE_PTXAS", "")):  # issue 34: before jaxlib loads
+        try:
+            _piece("gpu_cache_hook_common")
+            _piece("gpu_cache_hook_ptxas").install(_HOOK)
+        except Exception as exc:
+            _HOOK.warn("ptxas cache", exc)
     tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.commands import explain_kernels, stats
+from gpu_cache.commands import explain_kernels, explain_ptxas, stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
@@ -241,11 +241,19 @@ class _Seen:
     by computation name, the only ones :func:`explain_key` compares with) and Triton keys.
     Grown record by record, so accounting for N records reads each once."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_root: Path | None = None) -> None:
         self.jax: set[str] = set()
         self.by_name: dict[str, list[dict[str, Any]]] = {}
         self.triton: set[str] = set()
         self.by_kernel: dict[str, list[dict[str, Any]]] = {}  # jax-triton kernel name -> records
+        self.cache_root = cache_root
+        self._ptxas: explain_ptxas.Entries | None = None
+
+    def ptxas(self) -> explain_ptxas.Entries:
+        """The ptxas shim's entries under the cache root, read at the first use."""
+        if self._ptxas is None:
+            self._ptxas = explain_ptxas.Entries(self.cache_root)
+        return self._ptxas
 
     def add(self, record: dict[str, Any]) -> None:
         for parts in explain_kernels.key_parts(record).values():
@@ -287,7 +295,7 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
                 + stats.mismatch_findings(cache_root, ordered, now)}
     warmed, warmed_on = stats.warmed_software(ordered)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    seen = _Seen()
+    seen = _Seen(cache_root)
     for record in ordered:
         rule = record.get("rule") or "-"
         for kind in kinds.OBSERVED:
@@ -327,7 +335,11 @@ def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: 
     """A process's misses of one kind explained computation by computation: (cause, how
     many, at most ``room`` explanations in all)."""
     named = hook_records.missed_of(section, kind)[:misses]
-    if kind == "triton":
+    if kind == "ptxas":  # issue 34: compared with the cache's entries of the same PTX
+        items = explain_ptxas.missed_items(section)[:misses]
+        keys = [explain_ptxas.explain_item(item, seen.ptxas()) for item in items[:room]]
+        out = [("ptxas runs of jax-triton kernels in the process (one by one below)", len(items), keys)]
+    elif kind == "triton":
         keys = [_triton_key(m, seen) for m in named[:room]]
         out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
     elif kind == explain_kernels.KIND:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.commands import explain, explain_kernels
+from gpu_cache.commands import explain, explain_kernels, explain_ptxas
 from gpu_cache.commands.workload import plan_phase
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
@@ -220,6 +220,10 @@ def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, 
         explanations += found
         problems += [f"jax_triton: kernel {e['name']} missed: {e['causes'][0]}"
                      for e in found[:NAMED_MISSES] if e["causes"]]
+    if counts["ptxas"].misses:  # issue 34: the shim's misses, by the PTX they were asked for
+        problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
+                     for e in explain_ptxas.explain_run(settings.cache_root, phase.run_id)[:NAMED_MISSES]
+                     if e["causes"]]
     return explanations, problems
 
 

@@ -18,6 +18,7 @@ from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import jax_triton as jax_triton_cache
+from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.verified import Record
 
@@ -259,6 +260,14 @@ def scan_autotune(folder: Path, grace_seconds: float, verify_after: float | None
     named by its device kind."""
     return [Entry("autotune", e.key, e.device_kind, e.size, e.last_use, e.problem, e)
             for e in autotune_cache.scan(folder, grace_seconds)]
+
+
+def scan_ptxas(folder: Path, grace_seconds: float, verify_after: float | None = None,
+               record: Record | None = None) -> list[Entry]:
+    """The ptxas shim's files (:mod:`gpu_cache.core.caches.ptxas`): each result (named by its
+    kernel) and each identity file is one entry; every result's header is checked whole."""
+    return [Entry("ptxas", e.key, e.name, e.size, e.last_use, e.problem, e)
+            for e in ptxas_cache.scan(folder, grace_seconds)]
 
 
 def remove_autotune(folder: Path, entry: Entry) -> None:
