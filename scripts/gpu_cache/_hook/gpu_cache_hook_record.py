@@ -1,5 +1,5 @@
-"""gpu-cache's startup hook, the record: loaded at exit in a process that imported jax or
-triton, and only then.
+"""gpu-cache's startup hook, the record: loaded at exit in a process that imported jax,
+triton or Inductor's code cache, and only then.
 
 One JSON record per process into ``$GPU_CACHE_RECORDS``: the host, the job (its rule and
 wildcards, from ``$GPU_CACHE_RULE`` or the ``snakemake --target-jobs`` that runs it), the
@@ -100,7 +100,9 @@ def _record(hook, time, socket):
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
         record["triton"]["tier"] = common.tier_stats(hook, "triton")
-    if "inductor" in hook.parts:
+    if "inductor" in hook.libraries:
+        record["inductor"] = hook.piece("gpu_cache_hook_inductor").section(hook)
+    elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:

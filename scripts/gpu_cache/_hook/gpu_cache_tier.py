@@ -449,9 +449,10 @@ class Tier:
         stats["fetched_bytes"] += size
         stats["seconds"] += time.monotonic() - started
 
-    def promote_tree(self, kind, sub=""):
+    def promote_tree(self, kind, sub="", skip=None):
         """Promote the local ``<kind>/<sub>`` files that the shared tier lacks (as far as this
-        process knows: what it saw there or promoted). Never raises."""
+        process knows: what it saw there or promoted), except those below the folder ``skip``.
+        Never raises."""
         if not self.promoting(kind):
             return
         started = time.monotonic()
@@ -460,7 +461,7 @@ class Tier:
         size = promoted = 0
         try:
             for rel in bound.tree_files(local_root):
-                if rel in known:
+                if rel in known or (skip and rel.startswith(skip.rstrip(os.sep) + os.sep)):
                     continue
                 folder, name = os.path.split(rel)
                 src = _open_below(self.local, kind, os.path.join(sub, folder), make=False)
@@ -482,6 +483,24 @@ class Tier:
         stats["promoted"] += promoted
         stats["promoted_bytes"] += size
         stats["seconds"] += time.monotonic() - started
+
+    def fetch_entry(self, kind, sub):
+        """Copy the shared entry folder ``<kind>/<sub>`` of a tree kind (an Inductor key folder)
+        where the local tier lacks files of it, and when that brought one, the rest of the
+        kind's tree (the code the entry names). Never raises."""
+        before = self.counts(kind)["fetched"]
+        self.fetch_tree(kind, sub)
+        if self.counts(kind)["fetched"] > before:
+            self.fetch_tree(kind)
+
+    def promote_entry(self, kind, sub):
+        """Promote the new local files of a tree kind, those of the entry folder ``<kind>/<sub>``
+        last: a process that sees the entry in the shared tier finds the files it names there.
+        Never raises."""
+        self.promote_tree(kind, skip=sub)
+        self.promote_tree(kind, sub)
+        self.known.setdefault((kind, ""), set()).update(
+            os.path.join(sub, rel) for rel in self.known.get((kind, sub), ()))
 
     # --- the bound ---------------------------------------------------------------------------
 

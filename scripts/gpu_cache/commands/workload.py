@@ -24,6 +24,11 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
         ("triton",),
     ),
+    "torch-compile": (
+        "gpu_cache.workloads.torch_compile", [32, 64],
+        "4 pre-norm transformer blocks under torch.compile (Inductor), forward and backward, per "
+        "sequence length", ("inductor",),
+    ),
     "alphafold3": (
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],

@@ -106,7 +106,8 @@ KINDS: dict[str, CacheKind] = {
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
-                  scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
+                  watched_module="torch._inductor.codecache", scan=_inventory("scan_inductor"),
+                  remove=_inventory("remove_inductor"), verifies=True,
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
@@ -140,7 +141,8 @@ CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.ca
 TIERED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.tiered)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
-#: Top-level modules the startup hook watches.
+#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
+#: without compiling loads nothing of the hook).
 WATCHED_MODULES: tuple[str, ...] = tuple(KINDS[name].watched_module or "" for name in OBSERVED)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
 #: shown by doctor, compared by explain.
