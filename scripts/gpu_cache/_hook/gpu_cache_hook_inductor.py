@@ -8,8 +8,9 @@ imports torch without compiling.
   own counters, read at exit), the graphs that missed (``missed``: a name such as ``backward
   graph 0/1`` and the FX graph key), the keys that hit, the compile time the hits saved (as
   Inductor stored it with each graph), and the parts of every FX graph key this process
-  computed, from Inductor's own debug lines (``key_context``: the parts of the first key;
-  ``key_parts``: per key, the parts that differ from it), for ``gpu-cache doctor --explain``.
+  computed, from Inductor's own debug lines (``key_context``: the parts of the first key, each
+  ``[hash, value]``, the value where it is short text; ``key_parts``: per key, the parts that
+  differ from it; ``key_names``: per key, the graph's name), for ``gpu-cache doctor --explain``.
 - Single-flight for Inductor's AOTAutograd and FX graph caches (``gpu_cache_inductor_flight``).
 
 A torch whose functions lack the parameters in :data:`API` (checked with
@@ -74,7 +75,8 @@ def part(hook):
     found = hook.parts.setdefault("inductor", {})
     if "missed" not in found:
         found.update({"state": "not installed: no compile", "compile_seconds": 0.0,
-                      "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_context": {}, "key_parts": {},
+                      "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_context": {},
+                      "key_parts": {}, "key_names": {},
                       "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}})
     return found
 
@@ -184,7 +186,7 @@ def _wrap_fx_cache(cache, hook, stats, flight):
                 kind = "inference" if fx_kwargs.get("is_inference") else \
                     "backward" if fx_kwargs.get("is_backward") else "forward"
                 names[key] = f"{kind} graph {_compile_id()}"
-                _keep_parts(stats, key, lines)
+                _keep_parts(stats, key, names[key], lines)
         except Exception as exc:
             hook.warn("inductor key parts", exc)
         return result
@@ -254,9 +256,10 @@ def _parse(lines):
     return parts
 
 
-def _keep_parts(stats, key, lines):
-    """Keep the parts of FX graph key ``key``: the first key's all of them (the context), each
-    later key's those that differ from the context (None: the part is absent from the key)."""
+def _keep_parts(stats, key, name, lines):
+    """Keep the parts of FX graph key ``key`` (of the graph ``name``): the first key's all of
+    them (the context), each later key's those that differ from the context (None: the part
+    is absent from the key)."""
     parts = _parse(lines)
     context = stats["key_context"]
     if not context:
@@ -266,6 +269,7 @@ def _keep_parts(stats, key, lines):
     found = stats["key_parts"]
     if key in found or len(found) < MAX_ITEMS:
         found[text(key)] = own
+        stats["key_names"][text(key)] = text(name)
     else:
         stats["dropped"]["key_parts"] += 1
 

@@ -1,4 +1,5 @@
 """Why did a JAX computation miss? Diff the cache-key parts of two runs and name the cause.
+(Inductor's graphs: :mod:`gpu_cache.commands.explain_inductor`, dispatched from here.)
 
 The stats hook records, per JAX cache key, a hash of each part that
 ``jax._src.cache_key.get`` feeds into the key (computation, jaxlib version, backend version,
@@ -15,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.commands import stats
+from gpu_cache.commands import explain_inductor, stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
@@ -174,25 +175,36 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     return result
 
 
+#: The kinds whose misses are explained key part by key part, and how.
+EXPLAINERS = {"jax": explain_key, "inductor": explain_inductor.explain_key}
+
+
+def _missed_keys(record: dict[str, Any], kind: str) -> list[str]:
+    section = record.get(kind)
+    missed = section.get("missed") if isinstance(section, dict) else None
+    return [m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)
+            and m["key"]] if isinstance(missed, list) else []
+
+
 def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None,
                     limit: int = 20) -> list[dict[str, Any]]:
-    """Explain the JAX misses of one run (``run_id``), or else of the latest record with
-    misses, against every record written before them. At most ``limit`` explanations."""
+    """Explain the JAX and Inductor misses of one run (``run_id``), or else of the latest
+    record with misses, against every record written before them. At most ``limit``
+    explanations."""
     ordered = sorted(all_records, key=lambda r: float(r.get("time") or 0.0))
     if run_id is not None:
         targets = [r for r in ordered if r.get("run_id") == run_id]
     else:
-        with_misses = [r for r in ordered if (r.get("jax") or {}).get("missed")]
+        with_misses = [r for r in ordered if any(_missed_keys(r, kind) for kind in EXPLAINERS)]
         targets = with_misses[-1:]
     out: list[dict[str, Any]] = []
     for record in targets:
         start = float(record.get("time") or 0.0)
         earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
-        missed = (record.get("jax") or {}).get("missed")
-        for miss in missed if isinstance(missed, list) else []:
-            key = miss.get("key") if isinstance(miss, dict) else None
-            if isinstance(key, str) and key and len(out) < limit:
-                out.append(explain_key(key, record, earlier))
+        for kind, explainer in EXPLAINERS.items():
+            for key in _missed_keys(record, kind):
+                if len(out) < limit:
+                    out.append({"kind": kind, **explainer(key, record, earlier)})
     return out
 
 
@@ -230,8 +242,11 @@ class _Seen:
         self.jax: set[str] = set()
         self.by_name: dict[str, list[dict[str, Any]]] = {}
         self.triton: set[str] = set()
+        self.graphs: dict[str, list[dict[str, Any]]] = {}  # Inductor graph name -> records
 
     def add(self, record: dict[str, Any]) -> None:
+        for graph in set(explain_inductor.names(record)):
+            self.graphs.setdefault(graph, []).append(record)
         for key in _key_parts(record):
             self.jax.add(key)
             named = self.by_name.setdefault(_name_of(key), [])
@@ -310,6 +325,10 @@ def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: 
     if kind == "triton":
         keys = [_triton_key(m, seen) for m in named[:room]]
         out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
+    elif kind == "inductor":
+        keys = [explain_inductor.explain_key(m.key, record, seen.graphs.get(m.name, []))
+                for m in named[:room]]
+        out = [("graphs the process compiled (one by one below)", len(named), keys)]
     else:
         keys = [seen.explain(m.key, record) for m in named[:room]]
         out = [("computations the process missed (one by one below)", len(named), keys)]
@@ -355,7 +374,7 @@ def _key_lines(item: dict[str, Any], indent: str) -> list[str]:
 def render(explanations: list[dict[str, Any]]) -> str:
     """The human-readable form of :func:`explain_records`."""
     if not explanations:
-        return "no recorded JAX misses to explain\n"
+        return "no recorded JAX or Inductor misses to explain\n"
     return "\n".join(line for item in explanations for line in _key_lines(item, "")) + "\n"
 
 

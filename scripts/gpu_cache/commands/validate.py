@@ -166,9 +166,9 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
             + autotuning_problems(warm)
     explanations: list[dict] = []
-    if counts["jax"].misses and settings.cache_root is not None:
+    if (counts["jax"].misses or counts["inductor"].misses) and settings.cache_root is not None:
         explanations = explain.explain_cache(settings.cache_root, warm.run_id)
-        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
+        problems += [f"{e['kind']}: {e['name']} missed: {e['causes'][0]}"
                      for e in explanations[:NAMED_MISSES] if e["causes"]]
     ran_with = dict(warm.software)
     if expected is not None and expected.container and ran_with.get("image"):

@@ -100,11 +100,14 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
 
 def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
     """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
-    ``args`` for run_alphafold.py (braces doubled: the command is a template).
+    ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
+    Braces doubled: the command is a template.
 
     Raises:
         UsageError: alphafold3 without ``model_dir``.
     """
+    if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
+        return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
     if name != "alphafold3":
         return ""
     if entry is None or not entry.model_dir:
