@@ -59,6 +59,13 @@ def parts_of(record: dict[str, Any], key: str) -> dict[str, list[Any]] | None:
     return {name: value for name, value in parts.items() if isinstance(value, list) and value}
 
 
+def _differ(parts: dict[str, list[Any]], theirs: dict[str, list[Any]]) -> list[str]:
+    """The parts whose hash differs (a value's text may differ where its hash does not: a
+    function's is its address)."""
+    return sorted(p for p in set(parts) | set(theirs)
+                  if (parts.get(p) or [None])[0] != (theirs.get(p) or [None])[0])
+
+
 def name_of(record: dict[str, Any], key: str) -> str | None:
     found = _mapping(_section(record), "key_names").get(key)
     return found if isinstance(found, str) else None
@@ -125,15 +132,15 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
             theirs = parts_of(other, other_key)
             if theirs is None:
                 continue
-            differ = sum(1 for p in set(parts) | set(theirs) if parts.get(p) != theirs.get(p))
-            candidate = (differ, -float(other.get("time") or 0.0), other_key, other, theirs)
+            candidate = (len(_differ(parts, theirs)), -float(other.get("time") or 0.0), other_key,
+                         other, theirs)
             if best is None or candidate[:2] < best[:2]:
                 best = candidate
     if best is None:
         result["causes"] = [f"no earlier process compiled {name}: a first compile (was it part of "
                             "the warm-up workload, at the same shapes?)"]
         return result
-    _differ, _time, other_key, other, theirs = best
+    _count, _time, other_key, other, theirs = best
     result["compared_with"] = {"key": other_key, **{k: other.get(k) for k in
                                                     ("time", "host", "pid", "rule", "gpu_type", "run_id")}}
     if other_key == key:
@@ -141,7 +148,7 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
                             "process's Inductor folder: it was pruned, not written (a failed "
                             "save), or the processes used different TORCHINDUCTOR_CACHE_DIR folders"]
         return result
-    changed = sorted(p for p in set(parts) | set(theirs) if parts.get(p) != theirs.get(p))
+    changed = _differ(parts, theirs)
     result["changed"] = changed
     causes = [_specific(p, record, other, _value(parts, p), _value(theirs, p)) for p in changed]
     families = sorted({_family(p) for p in changed})
