@@ -111,6 +111,11 @@ KINDS: dict[str, CacheKind] = {
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
+        # vLLM's own compile cache root (issue 31): one entry per torch.compile hash folder.
+        CacheKind("vllm", "VLLM_CACHE_ROOT", ReadOnlyUse.FALLBACK,
+                  scan=_inventory("scan_vllm"), remove=_inventory("remove_vllm"),
+                  last_use="the newest modification or access time of the entry's files (vLLM "
+                           "marks no hit; a hit reads them)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
         CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
                   scan=_inventory("scan_bytecode"), remove=_inventory("remove_file"),

@@ -11,7 +11,9 @@ these arguments and the software, so a second process with the same cache must h
 
 Printed: the loss per length, ``first_call_seconds`` (compile and first step) and
 ``step_seconds`` (a second step at the same length) per length, and ``compile_seconds``: the
-sum of their differences, the compile part of the process.
+sum of their differences, the compile part of the process. ``--save-artifacts`` and
+``--load-artifacts`` carry the process's graphs in torch's portable form (Mega-Cache), to
+compare with carrying Inductor's folder (tests/benchmarks/torch_compile_gpu.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--d-model", default="128", help="model width (default 128)")
     parser.add_argument("--heads", default="4", help="attention heads (default 4)")
     parser.add_argument("--batch", default="2", help="batch size (default 2)")
+    parser.add_argument("--save-artifacts", metavar="FILE",
+                        help="at the end, write torch's portable cache (Mega-Cache: "
+                             "torch.compiler.save_cache_artifacts) of what this process compiled or loaded")
+    parser.add_argument("--load-artifacts", metavar="FILE",
+                        help="before the first compile, load a Mega-Cache FILE (a pickle: only one "
+                             "you made yourself) into Inductor's cache folder")
     args = parser.parse_args(argv)
     try:
         args.shapes = [_positive(part) for part in args.shape.split(",")]
@@ -77,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    loaded = None
+    if args.load_artifacts:
+        begin = time.perf_counter()
+        with open(args.load_artifacts, "rb") as stream:
+            torch.compiler.load_cache_artifacts(stream.read())
+        loaded = round(time.perf_counter() - begin, 3)
     torch.manual_seed(0)
     model = _model(torch, args.blocks, args.d_model, args.heads).to(device)
     compiled = torch.compile(model, dynamic=False)
@@ -101,12 +115,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torch-compile: error: loss is not finite ({value}) at length {length}", file=sys.stderr)
             return 1
         losses.append(round(value, 4))
+    saved = None
+    if args.save_artifacts:
+        artifacts = torch.compiler.save_cache_artifacts()
+        if artifacts is not None:
+            with open(args.save_artifacts, "wb") as stream:
+                stream.write(artifacts[0])
+            saved = len(artifacts[0])
     print(json.dumps({
         "workload": "torch-compile", "shape": args.shape, "loss": losses,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__, "first_call_seconds": firsts, "step_seconds": steps,
         "compile_seconds": round(sum(max(0.0, f - s) for f, s in zip(firsts, steps)), 3),
         "seconds": round(time.perf_counter() - started, 3),
+        "artifacts_saved_bytes": saved, "artifacts_load_seconds": loaded,
     }))
     return 0
 
