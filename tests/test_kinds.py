@@ -43,6 +43,6 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "bytecode", "cuda", "autotune", "records")
+    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune", "records")
     assert kinds.OBSERVED == ("jax", "triton", "inductor")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

@@ -44,8 +44,8 @@ class VllmEntry:
 
 
 def _measure(path: str) -> tuple[int, float]:
-    """(bytes, newest modification or access time) of the tree at ``path``, not following
-    links; races ignored."""
+    """(bytes, newest modification or access time of its files) of the tree at ``path``, not
+    following links; races ignored."""
     total, newest = 0, 0.0
     pending = [path]
     while pending:
@@ -59,18 +59,18 @@ def _measure(path: str) -> tuple[int, float]:
                     info = item.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                newest = max(newest, info.st_mtime, info.st_atime)
-                if stat.S_ISDIR(info.st_mode):
+                if stat.S_ISDIR(info.st_mode):  # its access time moves as it is listed
                     pending.append(item.path)
                 elif stat.S_ISREG(info.st_mode):
                     total += info.st_size
+                    newest = max(newest, info.st_mtime, info.st_atime)
     return total, newest
 
 
 def _entry(key: str, name: str, path: str, info: os.stat_result) -> VllmEntry:
     if stat.S_ISDIR(info.st_mode):
         size, newest = _measure(path)
-        return VllmEntry(key, name, path, size, max(newest, info.st_mtime))
+        return VllmEntry(key, name, path, size, newest or info.st_mtime)  # an empty one: its own
     if stat.S_ISREG(info.st_mode):
         return VllmEntry(key, name, path, info.st_size, max(info.st_mtime, info.st_atime))
     return VllmEntry(key, name, path, 0, info.st_mtime,
