@@ -7,9 +7,11 @@ Every case is fresh processes of the built-in ``torch-compile`` workload (4 tran
 forward and backward, 2 sequence lengths; ``--quick``: 1 small block, 1 length):
 
 - ``alone``: one process on an empty root under ``gpu-cache env`` (the cold process);
-- ``warm``: a process on that root again, twice, each beside a ``bare_warm`` process on the
-  same folders without the startup hook: what the hook (records, single-flight) costs a
-  process that hits everything;
+- ``warm``: a process on that root again; ``records``: what the records cost the processes
+  (the hook's own seconds in each, and each record's bytes);
+- ``carry``: a warm process on a fresh root at another path, fed from the cold process by
+  copying its Inductor and Triton folders, or by torch's Mega-Cache (the cold process saved
+  ``torch.compiler.save_cache_artifacts()``, this one loads it before its first compile);
 - for each N of ``--workers``: ``storm_N``, N processes at once on an empty root with plain
   Inductor and Triton folders (no hook: every process compiles every graph), and ``flight_N``,
   N processes at once on an empty root under ``gpu-cache env`` (single-flight).
@@ -17,8 +19,9 @@ forward and backward, 2 sequence lengths; ``--quick``: 1 small block, 1 length):
 Targets (issue 31): ``flight_N`` wall at most 1.1x ``alone``; its CPU at most 1.2x one cold
 process plus N-1 warm ones; a warm process's compile part at most 0.15x the cold one's (the
 workload's ``compile_seconds``: first step minus second step per length). Writes
-DIR/<gpu|cpu>_torch_compile.json and prints a line per case. On an H200 it takes about 5.5
-minutes (one cold process ~50 s, 4 warm ~15 s each, storms and fan-outs ~50-70 s each).
+DIR/<gpu|cpu>_torch_compile.json (after each case) and prints a line per case. On an H200 it
+takes about 5.5 minutes (one cold process ~50 s, 3 warm ones ~20 s each, the storms and
+fan-outs of 4 and 8 ~50-70 s each).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -70,24 +72,47 @@ def brief(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def record_cost(root: Path) -> dict[str, Any]:
+    """What the records cost the processes on ``root``: the hook's own seconds (key parts,
+    the record's section) and each record's bytes."""
+    found = [json.loads(p.read_text()) for p in (root / "records").glob("*.json")]
+    sections = [r["inductor"] for r in found if "inductor" in r]
+    return {"processes": len(sections),
+            "hook_seconds": [s.get("hook_seconds") for s in sections],
+            "record_bytes": sorted(p.stat().st_size for p in (root / "records").glob("*.json"))}
+
+
 def alone_and_warm(cmd: list[str], scratch: Path) -> dict[str, Any]:
+    """One cold process (it also saves its Mega-Cache artifacts), one warm one on its root."""
     root = scratch / "alone"
-    cold = run_one(cmd, cache_environ(root, scratch))
-    warm, bare = [], []
-    for _ in range(2):  # alternated: both see the same machine state
-        warm.append(run_one(cmd, cache_environ(root, scratch)))
-        bare.append(run_one(cmd, plain_environ(root)))
-    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
-    cold_part, warm_part = compile_part(cold), statistics.median(compile_part(r) or 0.0 for r in warm)
+    cold = run_one([*cmd, "--save-artifacts", str(scratch / "mega.bin")], cache_environ(root, scratch))
+    warm = run_one(cmd, cache_environ(root, scratch))
+    cold_part, warm_part = compile_part(cold), compile_part(warm)
     return {
-        "alone": brief(cold), "warm": [brief(r) for r in warm], "bare_warm": [brief(r) for r in bare],
-        "warm_cpu_seconds": med(warm, "cpu_seconds"),
-        "ratios": {
-            "warm_compile_part_vs_cold": round(warm_part / cold_part, 3) if cold_part else None,
-            "hook_cost_wall_seconds": round(med(warm, "wall_seconds") - med(bare, "wall_seconds"), 3),
-            "hook_cost_cpu_seconds": round(med(warm, "cpu_seconds") - med(bare, "cpu_seconds"), 3),
-        },
+        "alone": brief(cold), "warm": brief(warm), "warm_cpu_seconds": warm["cpu_seconds"],
+        "records": record_cost(root),
+        "ratios": {"warm_compile_part_vs_cold": round(warm_part / cold_part, 3)
+                   if cold_part and warm_part is not None else None},
     }
+
+
+def carry(cmd: list[str], scratch: Path) -> dict[str, Any]:
+    """A warm process on a fresh root at another path, fed two ways from the cold process: its
+    Inductor and Triton folders copied there, or torch's Mega-Cache artifacts loaded before the
+    first compile into an empty root."""
+    source = scratch / "alone"
+    folders = scratch / "carried-folders"
+    for kind in ("inductor", "triton"):
+        if (source / kind).is_dir():
+            shutil.copytree(source / kind, folders / kind, symlinks=True)
+    by_folders = run_one(cmd, cache_environ(folders, scratch))
+    mega = scratch / "mega.bin"
+    by_mega = run_one([*cmd, "--load-artifacts", str(mega)], cache_environ(scratch / "carried-mega", scratch))
+    size = sum(p.stat().st_size for kind in ("inductor", "triton") for p in (source / kind).rglob("*")
+               if p.is_file() and not p.is_symlink())
+    return {"folders": {**brief(by_folders), "bytes": size},
+            "mega_cache": {**brief(by_mega), "bytes": mega.stat().st_size if mega.exists() else None,
+                           "load_seconds": by_mega.get("result", {}).get("artifacts_load_seconds")}}
 
 
 def fan_out(cmd: list[str], scratch: Path, workers: int, base: dict[str, Any]) -> dict[str, Any]:
@@ -126,28 +151,39 @@ def main() -> int:
     started = time.perf_counter()
     try:
         base = alone_and_warm(cmd, scratch)
-        alone, warm = base["alone"], [r["wall_seconds"] for r in base["warm"]]
+        alone, warm = base["alone"], base["warm"]
         print(f"alone: {alone['wall_seconds']} s, {alone['cpu_seconds']} CPU-s, compile part "
-              f"{alone['compile_seconds']} s; warm: {warm} s (without the hook "
-              f"{[r['wall_seconds'] for r in base['bare_warm']]} s); {base['ratios']}", flush=True)
+              f"{alone['compile_seconds']} s; warm: {warm['wall_seconds']} s, compile part "
+              f"{warm['compile_seconds']} s; {base['ratios']}; records {base['records']}", flush=True)
+        base["carry"] = carry(cmd, scratch)
+        print(f"carried: {base['carry']}", flush=True)
+        save(args.out, gpu, found, cmd, args.quick, started, base, [])
         cases = []
         for n in workers:
             case = fan_out(cmd, scratch, n, base)
             cases.append(case)
+            save(args.out, gpu, found, cmd, args.quick, started, base, cases)
             storm = case["storm"]
             print(f"{n} at once: storm {storm['wall_seconds']} s / {storm['cpu_seconds']} CPU-s, "
                   f"single-flight {case['single_flight']['wall_seconds']} s / "
                   f"{case['single_flight']['cpu_seconds']} CPU-s; {case['ratios']}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"{'gpu' if gpu else 'cpu'}_torch_compile.json"
-    (out / name).write_text(json.dumps({"machine": found, "command": cmd[1:], "quick": args.quick,
-                                        "seconds": round(time.perf_counter() - started, 1), **base,
-                                        "fan_out": cases}, indent=1))
-    print(f"wrote {out / name} ({time.perf_counter() - started:.0f} s)")
+    print(f"wrote {save(args.out, gpu, found, cmd, args.quick, started, base, cases)} "
+          f"({time.perf_counter() - started:.0f} s)")
     return 0
+
+
+def save(folder: str, gpu: bool, found: dict[str, Any], cmd: list[str], quick: bool, started: float,
+         base: dict[str, Any], cases: list[dict[str, Any]]) -> Path:
+    """Write what was measured so far (a run cut short keeps its finished cases)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{'gpu' if gpu else 'cpu'}_torch_compile.json"
+    path.write_text(json.dumps({"machine": found, "command": cmd[1:], "quick": quick,
+                                "seconds": round(time.perf_counter() - started, 1), **base,
+                                "fan_out": cases}, indent=1) + "\n")
+    return path
 
 
 if __name__ == "__main__":

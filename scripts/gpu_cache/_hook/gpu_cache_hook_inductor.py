@@ -22,6 +22,7 @@ only, Python 3.9+.
 import os
 import sys
 import threading
+import time
 
 import gpu_cache_hook_common as common
 from gpu_cache_hook_common import MAX_ITEMS, keep, text
@@ -74,7 +75,7 @@ def part(hook):
     may have made an empty one already)."""
     found = hook.parts.setdefault("inductor", {})
     if "missed" not in found:
-        found.update({"state": "not installed: no compile", "compile_seconds": 0.0,
+        found.update({"state": "not installed: no compile", "compile_seconds": 0.0, "hook_seconds": 0.0,
                       "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_context": {},
                       "key_parts": {}, "key_names": {},
                       "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}})
@@ -179,6 +180,7 @@ def _wrap_fx_cache(cache, hook, stats, flight):
 
     def prepare_key(*args, **kwargs):
         result = original_prepare(*args, **kwargs)
+        began = time.perf_counter()
         try:
             if result[0] is not None and hook.folder:
                 key, lines = result[0]
@@ -189,6 +191,7 @@ def _wrap_fx_cache(cache, hook, stats, flight):
                 _keep_parts(stats, key, names[key], lines)
         except Exception as exc:
             hook.warn("inductor key parts", exc)
+        stats["hook_seconds"] += time.perf_counter() - began
         return result
 
     def load_with_key(*args, **kwargs):
@@ -311,8 +314,6 @@ def _wrap_compile(module, hook, stats, flight):
     """Wrap ``compile_fx`` (Dynamo's backend: its outermost call per thread holds the AOTAutograd
     keys until a save, a failure, or the lazy backward's bound) and ``_compile_fx_inner`` (one
     graph: its FX keys are released when it ends)."""
-    import time
-
     original_outer = module.compile_fx
     original_inner = module._compile_fx_inner
     local = threading.local()
@@ -344,6 +345,7 @@ def section(hook):
     """The record's ``inductor`` part at exit: torch's counters added, ``hits`` and ``misses``
     of the FX graph cache (each graph a process compiled or loaded), single-flight and the
     tier."""
+    began = time.perf_counter()
     stats = dict(part(hook))
     counts = {"fxgraph": {"hits": 0, "misses": 0, "bypassed": 0},
               "aotautograd": {"hits": 0, "misses": 0, "bypassed": 0, "guard_misses": 0, "saved": 0}}
@@ -370,6 +372,8 @@ def section(hook):
     if flight is not None:
         stats["single_flight"].update(flight.counts())
     stats["tier"] = common.tier_stats(hook, "inductor")
+    # What the record costs this process: its key parts and this section (not the JSON write).
+    stats["hook_seconds"] = round(stats["hook_seconds"] + time.perf_counter() - began, 4)
     return stats
 
 
