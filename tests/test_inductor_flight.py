@@ -148,3 +148,47 @@ def test_a_torch_whose_functions_differ_is_left_untouched():
         piece.mismatch(module, [])
     del module.compile_fx
     assert piece.mismatch(module, []).endswith("compile_fx is missing")
+
+
+@pytest.mark.slow
+def test_through_the_node_local_tier_a_second_node_waits_and_loads_the_first_nodes_graphs(tmp_path):
+    """Two nodes (mount namespaces, each with its own folder at the local tier's path) on one
+    shared root, cluster mode (leases): the graphs are compiled once, and the other node's
+    process copies them from the shared tier after its wait."""
+    from test_tier_hook import node_env, on_node
+
+    root, local = tmp_path / "shared root", tmp_path / "local"  # no space where Inductor builds
+    for kind in ("inductor", "triton", "jax"):
+        (root / kind).mkdir(parents=True)
+    local.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    procs = []
+    for node in ("node-a", "node-b"):
+        environ = node_env(root, local, tmp_path / "records", GPU_CACHE_LOCKS=str(root / "locks"),
+                           GPU_CACHE_LOCK_MODE="cluster", GPU_CACHE_LOCK_TIMEOUT="180",
+                           TORCHINDUCTOR_CACHE_DIR=str(local / "inductor"))
+        command = [sys.executable, str(driver), str(sync / f"ready-{node}"), str(sync / "go"), "-",
+                   json.dumps(WORKLOAD)]
+        procs.append(on_node(tmp_path / node, local, command, environ))
+    deadline = time.monotonic() + 180
+    while len(list(sync.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.01)
+    (sync / "go").touch()
+    for proc in procs:
+        _out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    sections = [json.loads(p.read_text())["inductor"] for p in (tmp_path / "records").glob("*.json")]
+    assert len(sections) == 2
+    assert fx_misses(sections) <= 2 + 1, [s["missed"] for s in sections]
+    waited = [s for s in sections if s["single_flight"]["hits_after_wait"]]
+    assert len(waited) == 1 and waited[0]["single_flight"]["mode"] == "cluster"
+    assert waited[0]["tier"]["fetched"] > 0  # the leader's entries, from the shared tier
+    leader = next(s for s in sections if s is not waited[0])
+    assert leader["tier"]["promoted"] > 0
+    assert any((root / "inductor" / "fxgraph").rglob("*"))
+    assert any((root / "inductor" / "aotautograd").iterdir())
