@@ -5,6 +5,9 @@ changed and its values."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from helpers import clean_environ, read_json, run_cli, write_config
@@ -49,3 +52,28 @@ def test_warm_then_validate_counts_inductor_graphs_and_names_a_changed_config_va
     assert all(e["changed"] == ["inductor_config[size_asserts]"] for e in explained), explained
     assert any("inductor: forward graph 0/0 missed: inductor_config[size_asserts] changed from "
                "True to False" in p for p in verdict["problems"]), verdict["problems"]
+
+
+@pytest.mark.slow
+def test_inductors_graphs_carried_in_a_pack_hit_at_another_path(tmp_path):
+    """Pack Inductor's entries of a warmed root, unpack them into a root at another path: a
+    fresh process there loads both graphs and compiles nothing."""
+    import json
+
+    from test_inductor_flight import WORKLOAD, job_env
+
+    source, target = tmp_path / "warmed", tmp_path / "elsewhere" / "root"
+    command = [sys.executable, "-m", "gpu_cache.workloads.torch_compile", *WORKLOAD]
+    first = subprocess.run(command, env=job_env(source), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    archive = str(tmp_path / "torch.tar.gz")
+    packed = run_cli("pack", archive, "--cache-root", str(source), "--kind", "inductor")
+    assert packed.returncode == 0, packed.stderr
+    unpacked = run_cli("unpack", archive, "--cache-root", str(target), "--json")
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert json.loads(unpacked.stdout)["written"]["inductor"] > 0
+    again = subprocess.run(command, env=job_env(target), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (record,) = [json.loads(p.read_text())["inductor"] for p in (target / "records").glob("*.json")]
+    assert (record["fxgraph"]["hits"], record["fxgraph"]["misses"]) == (2, 0)
+    assert record["aotautograd"]["hits"] == 1

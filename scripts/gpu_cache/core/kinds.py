@@ -107,7 +107,7 @@ KINDS: dict[str, CacheKind] = {
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
                   watched_module="torch._inductor.codecache", scan=_inventory("scan_inductor"),
-                  remove=_inventory("remove_inductor"), verifies=True,
+                  remove=_inventory("remove_inductor"), verifies=True, carried=True,
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
