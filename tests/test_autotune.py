@@ -11,8 +11,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pwd
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,9 +84,9 @@ print(json.dumps(out))
 """
 
 
-def run(code: str, environ: dict[str, str]) -> tuple[str, str]:
+def run(code: str, environ: dict[str, str], umask: int = -1) -> tuple[str, str]:
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, umask=umask)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not warnings_in(done.stderr), done.stderr
     return done.stdout.splitlines()[-1], done.stderr
@@ -190,6 +194,46 @@ def test_a_result_of_other_versions_is_refused_by_gpu_caches_own_key(tmp_path, m
         assert refused == "cpu.json: ValidationError: 4 validation errors for AutotuningResult"
     else:
         assert tuning["refused"] == expected
+
+
+@pytest.mark.slow
+def test_under_umask_000_a_warm_saves_results_nobody_else_can_rewrite(tmp_path):
+    real_tokamax()
+    base = Path(tempfile.mkdtemp(prefix="gpu-cache-autotune-"))  # pytest's folders are root's alone
+    base.chmod(0o755)
+    root = base / "root"
+    best, _ = run(WARM_PROGRAM, gpu_cache_env(root, GPU_CACHE_AUTOTUNE_SAVE="1"), umask=0)
+    for folder in (root, root / "autotune"):
+        folder.chmod(0o755)  # what a user may well have: others may look, not write
+    version = root / "autotune" / "tokamax-0.0.12_jax-0.10.2"
+    saved = version / "cpu.json"
+    assert stat.S_IMODE(version.stat().st_mode) == 0o700 and stat.S_IMODE(saved.stat().st_mode) == 0o644
+    rewrite = f"open({str(saved)!r}, 'a').write(' ')"
+    refused = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", rewrite],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    out, _ = run(JOB_PROGRAM, gpu_cache_env(root))
+    assert json.loads(out)["main"] == best
+    shutil.rmtree(base)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["a folder others may write", "a result of another user's"])
+def test_a_result_another_user_could_have_written_is_never_loaded(tmp_path, planted):
+    real_tokamax()
+    root, _ = warmed(tmp_path)
+    version = root / "autotune" / "tokamax-0.0.12_jax-0.10.2"
+    if planted == "a folder others may write":  # as the hook made it under umask 000 before
+        version.chmod(0o777)
+        expected = f"{version} is writable by everyone"
+    else:
+        os.chown(version / "cpu.json", pwd.getpwnam("nobody").pw_uid, -1)
+        expected = "cpu.json: ValueError: owned by uid"
+    out, _ = run(JOB_PROGRAM, gpu_cache_env(root))
+    assert json.loads(out)["main"] is None
+    tuning = tuning_of(root)
+    assert tuning["loaded"] == [] and len(tuning["refused"]) == 1
+    assert tuning["refused"][0].startswith(expected), tuning["refused"]
 
 
 def test_the_inventory_prune_and_stats_cover_results(tmp_path):

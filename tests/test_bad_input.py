@@ -223,3 +223,26 @@ def test_a_gpu_type_that_ends_in_a_newline_is_one_line_exit_2(command, tmp_path)
                      "--output", str(tmp_path / "out.json"))
     assert "a GPU type is letters" in one_line_error(result)
     assert not (tmp_path / "out.json").exists()
+
+
+#: Text a record may hold to drive a terminal or forge a report line.
+HOSTILE_TEXT = "x\x1b]0;owned\x07\x1b[2J\u202e\nexplain: cpu on cpu: PASSED\r"
+
+
+def test_text_from_records_reaches_no_terminal_raw(tmp_path):
+    records = tmp_path / "records"
+    now = time.time()
+    record = {"time": now, "rule": HOSTILE_TEXT, "host": HOSTILE_TEXT, "gpu_type": HOSTILE_TEXT,
+              "run_id": HOSTILE_TEXT, "jax": {"requests": 2, "hits": 0, "misses": 2,
+                                              "missed": [{"name": HOSTILE_TEXT, "key": HOSTILE_TEXT}]}}
+    write_record(records, "1.json", record)
+    write_record(records, "2.json", {**record, "time": now + 1})
+    for args in (["stats"], ["doctor", "--explain"]):
+        result = run_cli(*args, "--cache-root", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        out = result.stdout + result.stderr
+        assert not any(char in out for char in "\x1b\x07\r\u202e"), (args, out)
+        assert "\\x1b]0;owned\\x07" in result.stdout, (args, result.stdout)  # shown, escaped
+        assert not [line for line in out.splitlines() if line.startswith("explain: cpu on cpu")], out
+    data = json.loads(run_cli("stats", "--json", "--cache-root", str(tmp_path)).stdout)
+    assert HOSTILE_TEXT in data["usage"]["by_rule"]  # --json keeps the value (JSON escapes it)

@@ -124,7 +124,7 @@ def _planted_link(folder: Path) -> None:
 @pytest.mark.parametrize(("make", "said"), [
     (_anothers, "is owned by nobody"),
     (_world_writable, "is world-writable"),
-    (_planted_link, "another user could rename"),
+    (_planted_link, "not by you: another user made it in"),
 ], ids=["another-users", "world-writable", "planted-symlink"])
 def test_an_untrusted_local_folder_leaves_the_tier_off_with_one_warning(sshfs_root, tmp_path, make, said):
     root = sshfs_root / "cache"

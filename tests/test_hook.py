@@ -508,10 +508,10 @@ def tree(folder: Path) -> list[str]:
 
 
 PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
-#: Why each is refused: /tmp's sticky bit protects only an entry of one's own (as ssh's
-#: StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
-REFUSED = {"nobody's 0777": "is writable by everyone, so another user could put a folder of theirs",
-           "nobody's 0755": "is writable by everyone, so another user could put a folder of theirs",
+#: Why each is refused, naming the real cause: /tmp's sticky bit protects only an entry of one's
+#: own (as ssh's StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
+REFUSED = {"nobody's 0777": f"is owned by user {NOBODY}, not by you: another user made it in",
+           "nobody's 0755": f"is owned by user {NOBODY}, not by you: another user made it in",
            "ours 0777, nobody's triton": "world-writable"}
 
 

@@ -274,6 +274,42 @@ def test_a_lease_another_user_planted_and_keeps_beating_is_not_waited_on(base):
     assert not list(folder.iterdir())  # the planted leases set aside, the jobs' own removed
 
 
+@pytest.mark.parametrize("planted", ["symlink", "folder", "folder with a file"])
+def test_a_link_or_folder_at_a_lease_or_lock_name_is_set_aside(base, planted):
+    """Cluster mode: each key's lock name and lease 0 hold a link to a lease-like file of the
+    user's own (a beating holder's content) or a folder. Opened, they raised ELOOP or EISDIR and
+    that key went on without single-flight, with a warning; now each is set aside as a FIFO is,
+    never followed, and the jobs compile each key once, at once."""
+    root = base / "cache"
+    environ = job_env(root, {"single_flight": {"timeout": "5m"}}, GPU_CACHE_LOCK_MODE="cluster")
+    keys = jax_keys(root, environ, base)
+    folder = root / "locks" / "jax"
+    target = base / "target"
+    target.write_bytes(b"gpu-cache lease 1\nbeat 000000000001\n")
+    names = [folder / flock_name(key, "jax") for key in keys]
+    for path in names + [p.with_name(p.name.replace(".lock", ".0.lease")) for p in names]:
+        if planted == "symlink":
+            path.symlink_to(target)
+        else:
+            path.mkdir()
+            if planted == "folder with a file":
+                (path / "inside").write_text("kept\n")
+    runs = start_together(base, "jax", environ, n=2)
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert not any("gpu-cache: warning" in r.stderr for r in runs), [r.stderr[-2000:] for r in runs]
+    sections = records(root, "jax")
+    compiled = compiles_per_key(sections)
+    assert sorted(compiled) == keys and set(compiled.values()) == {1}, compiled
+    flights = [s["single_flight"] for s in sections]
+    assert {f["state"] for f in flights} == {"on"} and sum(f["gave_up"] for f in flights) == 0, flights
+    assert sum(f["replaced"] for f in flights) >= 6, flights
+    assert target.read_bytes() == b"gpu-cache lease 1\nbeat 000000000001\n"
+    left = [p for p in folder.iterdir() if not p.name.endswith(".aside")]
+    assert not left, left
+    kept = list(folder.glob("*.aside/inside"))  # a folder that is not empty stays aside, whole
+    assert len(kept) == (6 if planted == "folder with a file" else 0)
+
+
 # --- a waiter stops as soon as the entry exists ----------------------------------------------
 
 HOLD_OWN = r'''

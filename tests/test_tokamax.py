@@ -211,6 +211,17 @@ def test_a_fix_that_fails_never_fails_the_job(tmp_path):
     assert record["tokamax"]["fix"].startswith("failed: RuntimeError('no backend')")
 
 
+@pytest.mark.parametrize("raised", ["SystemExit(3)", "KeyboardInterrupt()"])
+def test_a_fix_whose_function_exits_never_changes_the_jobs_exit(tmp_path, raised):
+    function = FUNCTION_RAISES.replace('RuntimeError("no backend")', raised)
+    plain, hooked, done = run_fake(tmp_path, function)  # both runs exit 0 and print their state
+    assert hooked == plain | {"calls": ["MainThread"]}
+    (warning,) = warnings_in(done.stderr)
+    assert "tokamax fix" in warning and raised.split("(")[0] in warning
+    (record,) = records_of(tmp_path / "root")
+    assert record["tokamax"]["fix"].startswith(f"failed: {raised.split('(')[0]}")
+
+
 @pytest.mark.parametrize("value", ["0", "off", "false"])
 def test_the_switch_turns_the_fix_off(tmp_path, value):
     plain, hooked, done = run_fake(tmp_path, FUNCTION_0_0_12, GPU_CACHE_TOKAMAX_FIX=value)

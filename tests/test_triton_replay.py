@@ -297,3 +297,69 @@ def test_autotune_choices_under_another_real_triton(tmp_path: Path) -> None:
     assert _autotune_files(tmp_path / "second") == _autotune_files(tmp_path / "first")
     checked = run(tmp_path / "second", "import triton_autotuned as t; t.main('check')")
     assert checked == {**tuned, "benchmarked": 0}
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"tuple": [value]}
+    return value
+
+
+#: Descriptions no hook writes, each made from a good one: (what, how the kernel changes).
+ODD = {
+    "a tuple of a number": lambda k: {**k, "signature": {**k["signature"], "n_elements": {"tuple": 5}}},
+    "a float of text": lambda k: {**k, "constants": [[[0], {"float": "many"}]]},
+    "a float of a list": lambda k: {**k, "constants": [[[0], {"float": [1]}]]},
+    "nesting 300 deep": lambda k: {**k, "constants": [[[0], _deep(150)]]},
+    "a JIT function in the options": lambda k: {**k, "options": {"num_warps": {"jit_function": "os:path"}}},
+    "a dtype in the options": lambda k: {**k, "options": {"num_warps": {"dtype": "fp32"}}},
+    "a dtype of a number": lambda k: {**k, "signature": {**k["signature"], "n_elements": {"dtype": 5}}},
+    "two tags": lambda k: {**k, "constants": [[[0], {"tuple": [], "float": 1}]]},
+    "an arch of a list": lambda k: {**k, "target": {**k["target"], "arch": [90]}},
+    "a path of text": lambda k: {**k, "attrs": [[["x"], []]]},
+}
+
+
+def test_an_odd_description_is_one_skipped_kernel_with_one_line(recorded: Path, tmp_path: Path) -> None:
+    (record,) = list(hook_records.read(recorded))
+    good = record["triton"]["kernels"]
+    vector_add = next(k for k in good if k["qualname"] == "vector_add_kernel")
+    record["triton"]["kernels"] = [*good, *(make(vector_add) for make in ODD.values())]
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "1-odd.json").write_text(json.dumps(record))
+    proc = _replay(tmp_path / "cache", records, "--jobs", "1")
+    replay = _summary(proc)  # exit 0 and its JSON line
+    assert "Traceback" not in proc.stderr
+    assert (replay["compiled"], replay["skipped"], replay["failed"]) == (KERNELS, len(ODD), 0), proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == len(ODD) and all(line.startswith("triton-replay: skipped ") for line in lines), lines
+
+
+#: A module that says so when it is imported.
+MARKER_MODULE = "import pathlib, os\npathlib.Path(os.environ['IMPORTED_MARKER']).write_text('imported')\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's record needs root (chown)")
+@pytest.mark.parametrize("how", ["another user's", "one others may write"])
+def test_the_replay_never_takes_a_record_another_user_could_have_written(recorded: Path, tmp_path: Path,
+                                                                        how: str) -> None:
+    (record,) = list(hook_records.read(recorded))
+    evil = {**record["triton"]["kernels"][0], "module": "planted_module"}
+    record["triton"]["kernels"] = [evil]
+    records = tmp_path / "records"
+    records.mkdir()
+    planted = records / "1-planted.json"
+    planted.write_text(json.dumps(record))
+    if how == "another user's":
+        shutil.chown(planted, user="nobody")
+    else:
+        planted.chmod(0o666)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "planted_module.py").write_text(MARKER_MODULE)
+    marker = tmp_path / "imported"
+    env = _env(tmp_path / "cache", IMPORTED_MARKER=str(marker), PYTHONPATH=f"{tmp_path / 'lib'}:{SCRIPTS}")
+    proc = _run("gpu_cache.workloads.triton_replay", env, "--records", str(records))
+    assert _summary(proc) == {"workload": "triton-replay", "described": 0}
+    assert not marker.exists(), "the replay imported a module another user's record named"

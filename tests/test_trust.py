@@ -283,6 +283,28 @@ def test_who_may_write_a_kind_folder_decides_what_env_exports(mode, shared, cach
     assert shown["exports"]["TRITON_CACHE_DIR"] == str(root / "triton")
 
 
+@pytest.mark.parametrize("folder", ["records", "locks"])
+def test_a_records_or_locks_folder_others_may_write_is_refused_with_one_warning(folder, base):
+    # A 0777 records folder inside a trusted root was exported without a word: whoever adds a
+    # record there tells validate what the jobs compiled, and the replay what to import.
+    root = base / "cache"
+    (root / folder).mkdir(parents=True)
+    os.chmod(root / folder, 0o777)
+    shown = env_exports(root, folder=base)
+    if folder == "records":
+        assert not shown["exports"]["GPU_CACHE_RECORDS"].startswith(str(root))
+        assert "world-writable" in shown["problems"]["records"]
+    else:
+        locks = shown["single_flight"]["locks"]
+        assert locks is None or not locks.startswith(str(root))
+    shell = run_cli("env", "--cache-root", str(root), env=clean_environ(TMPDIR=str(base)))
+    assert sum(f"{root / folder} is world-writable" in line for line in shell.stderr.splitlines()) == 1
+    doctor = run_cli("doctor", "--cache-root", str(root), env=clean_environ(TMPDIR=str(base)))
+    assert f"{root / folder} is world-writable" in doctor.stdout
+    if folder == "records":
+        assert "records: PROBLEM" in doctor.stdout, doctor.stdout
+
+
 def test_a_root_only_others_can_write_sends_every_kind_elsewhere(base):
     root = base / "cache"
     root.mkdir()

@@ -274,9 +274,7 @@ def _open(flight, kind, path, folder):
                 return _give_up_on_locks(flight, kind, path, exc)
         except OSError as exc:
             return _give_up_on_locks(flight, kind, path, exc)
-        if stat.S_ISDIR(named.st_mode):
-            return _give_up_on_locks(flight, kind, path, OSError(errno.EISDIR, "a folder is at a lock name"))
-        # a device is never opened
+        # a folder, link or device is never opened: set aside like a lock file of someone else's
         why = None if stat.S_ISREG(named.st_mode) else lock_files.describe(named.st_mode)
         if why is None:
             try:

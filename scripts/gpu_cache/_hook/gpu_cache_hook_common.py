@@ -3,6 +3,7 @@ which piece does what): text and list limits, marking a hit entry used, the reco
 jax and triton, and the way to single-flight. Standard library only, Python 3.9+."""
 
 import os
+import stat
 import sys
 
 #: At most this many entries in each list (and key_parts) of a record; the rest are counted.
@@ -23,6 +24,53 @@ def keep(stats, field, item):
         items.append(item)
     else:
         stats["dropped"][field] += 1
+
+
+def team_gid(info):
+    """The group of a team's folder (``info``: its stat), or None: gpu-cache makes the folders of
+    a shared-group cache group-writable and never world-writable (mode 2770)."""
+    mode = info.st_mode
+    return info.st_gid if mode & stat.S_IWGRP and not mode & stat.S_IWOTH else None
+
+
+def owner_problem(info, team):
+    """Why the file or folder ``info`` (its stat) may hold what another user put there, or None:
+    it must be this user's or root's (or, in the team's folder ``team``, of the team's group),
+    and nobody else may write it (gpu_cache.jobenv.trust's rule, for one file)."""
+    in_team = team is not None and info.st_gid == team
+    if info.st_uid not in (os.geteuid(), 0) and not in_team:
+        return f"owned by uid {info.st_uid}"
+    if info.st_mode & stat.S_IWOTH:
+        return "writable by everyone"
+    if info.st_mode & stat.S_IWGRP and not in_team:
+        return f"writable by group {info.st_gid}"
+    return None
+
+
+def safe_mode(team, folder=False):
+    """The mode of a file or folder this hook creates, whatever the umask: nobody but the user
+    (and the team, in a team's folder) may write it."""
+    if folder:
+        return 0o2770 if team is not None else 0o700
+    return 0o664 if team is not None else 0o644
+
+
+def make_folders(path):
+    """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
+    of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
+    under umask 000)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, safe_mode(team_gid(os.stat(os.path.dirname(folder))), folder=True))
+        except FileExistsError:
+            pass
 
 
 def touch(path):

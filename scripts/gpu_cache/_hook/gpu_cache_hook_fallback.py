@@ -138,7 +138,11 @@ def _distrust_above(top):
     for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
         info = os.stat(folder)
         private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, os.lstat(entry).st_uid, me, private)
+        below = os.lstat(entry).st_uid
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, private)
+        if who is not None and info.st_mode & stat.S_ISVTX and who != "owner":
+            # the sticky bit guards an entry of one's own: this one another user made
+            return f"{entry} is owned by user {below}, not by you: another user made it in {folder}"
         if who is not None:
             what = {"owner": f"owned by user {info.st_uid}", "others": "writable by everyone",
                     "group": f"writable by group {info.st_gid}"}[who]
@@ -161,12 +165,12 @@ def distrust(folder):
         return f"cannot inspect {folder} (so it is not trusted): {exc}"
 
 
-def _trusted_folders(folders):
+def _trusted_folders(folders, mode=0o755):
     """Make each of ``folders`` (outermost first) that is missing, checking each before going
     into it: why one is refused, or None."""
     for folder in folders:
         try:
-            os.mkdir(folder, 0o755)  # the umask may take more away, never add
+            os.mkdir(folder, mode)  # the umask may take more away, never add
         except FileExistsError:
             pass
         except OSError as exc:
@@ -188,6 +192,98 @@ def _remove_at_exit(folder):
             shutil.rmtree(folder, ignore_errors=True)
 
     atexit.register(remove)
+
+
+_PRIVATE = []
+
+
+def _private(name):
+    """``<a private folder of this process>/<name>`` (new, 0700, removed at exit), made."""
+    import tempfile
+
+    if not _PRIVATE:
+        _PRIVATE.append(tempfile.mkdtemp(prefix=f"gpu-cache-{os.getuid()}-private-"))
+        _remove_at_exit(_PRIVATE[0])
+    folder = os.path.join(_PRIVATE[0], name)
+    os.makedirs(folder, 0o700, exist_ok=True)
+    return folder
+
+
+def _chain(folder):
+    """``folder`` and the folders above it that are missing, outermost first."""
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return list(reversed(missing)) or [folder]
+
+
+def _tier_refused(tier, kinds):
+    """Why the node-local tier ``tier`` may not be used on this node, or None: it, every folder
+    above it and each of its ``kinds`` folders that exists pass the trust rule (made 0700 where
+    missing, each checked before it is entered)."""
+    why = _trusted_folders(_chain(tier), mode=0o700) or distrust(tier)
+    if why:
+        return why
+    for kind in kinds:
+        path = os.path.join(tier, kind)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return f"{path} is a symbolic link"
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"cannot inspect {path}: {exc.strerror}"
+        try:
+            why = _distrust_one(path)
+        except (OSError, ValueError) as exc:
+            why = f"cannot inspect {path} (so it is not trusted): {exc}"
+        if why:
+            return why
+    return None
+
+
+def guard(tier, kinds, names, hook, stderr):
+    """Before any tool reads them: the node-local tier ``tier`` (with its ``kinds`` folders) and
+    the node-local folders the variables ``names`` point at (``$TMPDIR/gpu-cache-<uid>/<kind>``)
+    may have been made on this node by another user, who would then decide what the job loads
+    (and, through links and dates in them, what the tier's bound deletes). One that fails the
+    trust rule is neither read nor written by any tool: every variable that points into it is
+    pointed at a private folder of this process instead (records: none), with one warning line.
+    Returns whether the tier may be used."""
+    refused = []
+    if tier:
+        why = _tier_refused(tier, kinds)
+        if why:
+            for name, value in list(os.environ.items()):
+                if name == "GPU_CACHE_TIER":
+                    os.environ[name] = ""  # the tier is off, in this process and its children
+                elif value == tier or value.startswith(tier + os.sep):
+                    os.environ[name] = _private("tier") + value[len(tier):]
+                    os.makedirs(os.environ[name], 0o700, exist_ok=True)
+            refused.append(("tier", tier, why))
+            _record(hook, "tier", wanted=tier[:500], problem=None, used=_PRIVATE[0], refused=why[:500])
+    for name in names:
+        folder = (os.environ.get(name) or "").rstrip(os.sep)
+        if not folder:
+            continue
+        why = _trusted_folders([os.path.dirname(folder), folder])
+        if why:
+            os.environ[name] = "" if name == "GPU_CACHE_RECORDS" else _private(os.path.basename(folder))
+            refused.append((name, folder, why))
+            _record(hook, name, wanted=folder[:500], problem=None, used=os.environ[name] or None,
+                    refused=why[:500])
+    if refused:
+        what, folder, why = refused[0]
+        where = f"a private folder {_PRIVATE[0]}" if _PRIVATE else "no records"
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        label = "node-local tier" if what == "tier" else f"node-local folder of {what}"
+        stderr(f"gpu-cache: warning: the {label} {folder[:300]} is refused ({why[:500]}){more}; this "
+               f"process uses {where} instead, without a cache across processes\n")
+    return not (tier and refused and refused[0][0] == "tier")
 
 
 def _record(hook, kind, **fields):

@@ -151,11 +151,17 @@ def _save(folder, name, data):
             raise OSError(exc.errno, "the records folder is a symbolic link: refused", folder) from None
         raise
     try:
+        info = os.fstat(folder_fd)
+        team = common.team_gid(info)
+        why = common.owner_problem(info, team)
+        if why is not None:  # its readers would take another user's records for this user's
+            raise OSError(errno.EPERM, f"the records folder is {why}: refused", folder)
         temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o666, dir_fd=folder_fd)
+                     0o600, dir_fd=folder_fd)
         try:
             try:
+                os.fchmod(fd, common.safe_mode(team))  # readable as the tools' files are, whatever the umask
                 view = memoryview(data)
                 while view:
                     written = os.write(fd, view)
@@ -189,5 +195,5 @@ def write(hook):
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(record["host"]))[:100]
     name = f"{time.time_ns()}-{host}-{record['pid']}.json"
     data = json.dumps(record, default=str).encode("utf-8", "replace")
-    os.makedirs(folder, exist_ok=True)
+    common.make_folders(folder)
     _save(folder, name, data)

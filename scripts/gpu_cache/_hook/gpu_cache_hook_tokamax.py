@@ -39,7 +39,7 @@ import stat
 import sys
 import threading
 
-from gpu_cache_hook_common import text
+from gpu_cache_hook_common import owner_problem, safe_mode, team_gid, text
 
 FUNCTION = "get_autotuning_cache_overlay_state"
 #: A copy of gpu_cache.core.caches.autotune's names (a test fails when they drift).
@@ -65,7 +65,7 @@ def on_import(op_module, hook):
     thread = threading.current_thread()
     try:
         make()
-    except Exception as exc:  # the job runs as without the fix
+    except BaseException as exc:  # the job runs as without the fix, even after a SystemExit
         part["fix"] = text(f"failed: {exc!r}", 300)
         hook.warn("tokamax fix", exc)
         return
@@ -93,6 +93,10 @@ def on_package(tokamax, hook):
     hook.parts.setdefault("tokamax", {})["autotuning"] = tuning
     logging.getLogger("absl").addFilter(_MissCounter(tuning))
     here = os.path.join(folder, version_folder(*versions))
+    why = _distrust(folder, here)
+    if why is not None:  # another user could have written what is there: neither read nor written
+        tuning["refused"].append(text(why, 300))
+        return
     try:
         names = sorted(os.listdir(here))
     except OSError:
@@ -105,11 +109,29 @@ def on_package(tokamax, hook):
         if name.endswith(".json") and not name.startswith("."):
             try:
                 _enter(tokamax, os.path.join(here, name), versions, tuning)
-            except Exception as exc:  # that result is not used; the job runs as without it
+            except BaseException as exc:  # that result is not used; the job runs as without it
                 first = (str(exc).splitlines() or [""])[0]
                 tuning["refused"].append(text(f"{name}: {type(exc).__name__}: {first}", 300))
     if os.environ.get("GPU_CACHE_AUTOTUNE_SAVE") == "1":
         _keep_tuned(tokamax, here, versions, tuning)
+
+
+def _distrust(folder, here):
+    """Why the results folder ``folder`` or its version folder ``here`` may hold results another
+    user wrote (a result decides which kernels a job runs), or None. A missing ``here`` is fine."""
+    for path in (folder, here):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot inspect {path}: {exc.strerror}"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{path} is not a folder (a link?)"
+        why = owner_problem(info, team_gid(os.lstat(folder)))
+        if why is not None:
+            return f"{path} is {why}"
+    return None
 
 
 def _others(folder):
@@ -123,8 +145,12 @@ def _read(path):
     """A result file's wrapper: a regular file, never followed, at most RESULT_LIMIT bytes."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
+        why = owner_problem(info, team_gid(os.stat(os.path.dirname(os.path.dirname(path)))))
+        if why is not None:
+            raise ValueError(f"{why}: another user could have written it")
         data = os.read(fd, RESULT_LIMIT + 1)
     finally:
         os.close(fd)
@@ -203,34 +229,62 @@ def _keep_tuned(tokamax, here, versions, tuning):
 
 def _save(tokamax, here, versions, tuned, tuning):
     """Merge this process's tuned configs into the device kind's result (under a lock on the
-    version folder: warm runs its shapes side by side), written whole through a rename."""
+    version folder: warm runs its shapes side by side), written whole through a rename, with a
+    mode nobody else may write whatever the umask."""
     if not tuned:
         tuning["save"] = "nothing tuned"
         return
     try:
         device = sys.modules["jax"].devices()[0].device_kind
         result = tokamax.AutotuningResult(device, tuple(tuned))
-        os.makedirs(here, exist_ok=True)
-        path = os.path.join(here, file_name(device))
-        fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        team = team_gid(os.stat(os.path.dirname(here)))
+        try:
+            os.mkdir(here, safe_mode(team, folder=True))
+        except FileExistsError:
+            pass
+        why = _distrust(os.path.dirname(here), here)
+        if why is not None:
+            raise OSError(f"refused: {why}")
+        name = file_name(device)
+        fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             import fcntl
 
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                wrapper = _read(path)
+                wrapper = _read(os.path.join(here, name))
                 if (str(wrapper.get("tokamax")), str(wrapper.get("jax"))) == versions:
                     result = tokamax.AutotuningResult.loads(wrapper["result"]) | result
             except (OSError, ValueError):
                 pass  # none yet (or unusable): this process's result replaces it
             body = json.dumps({"format": FORMAT, "tokamax": versions[0], "jax": versions[1],
                                "device_kind": device, "result": result.dumps()})
-            temp = os.path.join(here, f".{file_name(device)}.{os.getpid()}.tmp")
-            with open(temp, "w") as out:
-                out.write(body)
-            os.replace(temp, path)
+            _write_new(fd, name, body.encode(), safe_mode(team))
         finally:
             os.close(fd)
         tuning["save"] = f"saved {len(result.data)} config set(s) for {text(device, 100)}"
-    except Exception as exc:  # the job's exit is never changed by it
+    except BaseException as exc:  # the job's exit is never changed by it, even by a SystemExit
         tuning["save"] = text(f"failed: {exc!r}", 300)
+
+
+def _write_new(folder_fd, name, data, mode):
+    """``name`` in ``folder_fd`` replaced whole by ``data``: a new temporary file (never through
+    a link) with ``mode`` set after the umask had its say, then a rename."""
+    temp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                  dir_fd=folder_fd)
+    try:
+        try:
+            os.fchmod(out, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+        finally:
+            os.close(out)
+        os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=folder_fd)
+        except OSError:
+            pass
+        raise

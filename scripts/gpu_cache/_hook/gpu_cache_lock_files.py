@@ -99,18 +99,37 @@ def set_aside(path, judged):
             os.link(aside, path)  # a fresh lock file of another process: back in place
         except OSError:
             pass
+    if stat.S_ISDIR(moved.st_mode):
+        try:
+            os.rmdir(aside)
+        except OSError:
+            pass  # not empty: it stays aside, under a hidden name no lock or lease ever takes
+        return
     os.unlink(aside)
 
 
+#: What ``open`` says of a name that is no file to read: a link (O_NOFOLLOW), a socket.
+_NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP)
+
+
 def read_small(path, limit=8192):
-    """``(content, fstat)`` of the file at ``path``, opened without following a link and never
-    blocking; None where there is no such name."""
+    """``(content, stat)`` of what ``path`` names, opened without following a link and never
+    blocking; None where there is no such name. A link, folder, socket or device is never read:
+    its content is empty and its stat says what it is (the caller sets it aside)."""
     try:
         fd = os.open(path, os.O_RDONLY | OPEN)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno not in _NOT_A_FILE:
+            raise
+        try:
+            return b"", os.lstat(path)
+        except FileNotFoundError:
+            return None
     try:
-        return os.read(fd, limit), os.fstat(fd)
+        info = os.fstat(fd)
+        return (os.read(fd, limit) if stat.S_ISREG(info.st_mode) else b""), info
     finally:
         os.close(fd)
 

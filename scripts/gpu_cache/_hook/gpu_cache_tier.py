@@ -237,6 +237,7 @@ class Tier:
             out = os.open(tmp, _CREATE, 0o666, dir_fd=tmp_fd)
             try:
                 try:
+                    _harden(out, os.fstat(tmp_fd))
                     size = _write_all(out, chunks) if chunks is not None else _copy_fd(fd, out)
                 finally:
                     os.close(out)
@@ -533,6 +534,16 @@ def _pause_for_tests():
     if where and os.path.isabs(where):
         os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         time.sleep(120)
+
+
+def _harden(fd, folder):
+    """No write for others (nor for the group, unless ``folder`` is a team's) on a file the tier
+    just made, whatever the umask let through (gpu_cache.core.safe_io.harden's rule)."""
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    team = folder.st_mode & stat.S_IWGRP and not folder.st_mode & stat.S_IWOTH
+    safe = mode & ~(0o002 if team else 0o022)
+    if safe != mode:
+        os.fchmod(fd, safe)
 
 
 def _copy_fd(src, dst):

@@ -29,45 +29,62 @@ XLA_AUTOTUNE = "xla_gpu_per_fusion_autotune_cache_dir"
 
 def trim(root, max_bytes, now=None):
     """Cut the local tier ``root`` to ``max_bytes``. Returns the entries removed (None: not
-    this time). Raises OSError."""
+    this time). Every name is reached from the tier's own descriptor, one folder at a time and
+    never through a link, so nothing outside the tier is ever removed. Raises OSError."""
     import fcntl
 
     now = time.time() if now is None else now
+    root_fd = os.open(root, _DIR)
     try:
-        if now - os.stat(os.path.join(root, STAMP), follow_symlinks=False).st_mtime < TRIM_EVERY:
+        if _recent(root_fd, now):
             return None
-    except FileNotFoundError:
-        pass
-    fd = os.open(os.path.join(root, TRIM_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                 | os.O_NONBLOCK, 0o600)
-    try:
+        fd = os.open(TRIM_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o600, dir_fd=root_fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None  # another process trims now
-            raise
-        stamp = os.path.join(root, STAMP)
-        try:
-            if now - os.stat(stamp, follow_symlinks=False).st_mtime < TRIM_EVERY:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return None  # another process trims now
+                raise
+            if _recent(root_fd, now):
                 return None  # it just did
-        except FileNotFoundError:
-            os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        os.utime(stamp, (now, now), follow_symlinks=False)
-        entries = _local_entries(root, now)
-        total = sum(size for _used, size, _remove in entries)
-        removed = 0
-        for used, size, remove in sorted(entries, key=lambda entry: entry[0]):
-            if total <= max_bytes:
-                break
-            if now - used < IN_USE:
-                continue
-            remove()
-            total -= size
-            removed += 1
-        return removed
+            return _cut(root_fd, max_bytes, now)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(root_fd)
+
+
+def _recent(root_fd, now):
+    """Whether the tier was trimmed within TRIM_EVERY seconds (a stamp dated in the future,
+    by a clock that was wrong or by whoever could write it, counts as long ago)."""
+    try:
+        when = os.stat(STAMP, dir_fd=root_fd, follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return False
+    return 0 <= now - when < TRIM_EVERY
+
+
+def _cut(root_fd, max_bytes, now):
+    try:
+        os.close(os.open(STAMP, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         0o600, dir_fd=root_fd))
+    except FileExistsError:
+        pass
+    os.utime(STAMP, (now, now), dir_fd=root_fd, follow_symlinks=False)
+    entries = _local_entries(root_fd, now)
+    total = sum(size for _used, size, _remove in entries)
+    removed = 0
+    for used, size, remove in sorted(entries, key=lambda entry: entry[0]):
+        if total <= max_bytes:
+            break
+        if now - used < IN_USE:
+            continue
+        remove()
+        total -= size
+        removed += 1
+    return removed
 
 
 _SKIP_DIRS = ("locks",)
@@ -99,90 +116,143 @@ def tree_files(root):
 
 
 
-def _local_entries(root, now):
-    """``(last used, bytes, remove)`` for each whole entry of the local tier: a JAX entry (its
-    ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's autotune folder or of
-    Inductor's tree. Temporary files of the tier left by a killed process are removed here."""
+def _local_entries(root_fd, now):
+    """``(last used, bytes, remove)`` for each whole entry of the local tier (``root_fd``): a
+    JAX entry (its ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's
+    autotune folder or of Inductor's tree. Temporary files of the tier left by a killed process
+    are removed here. A time in the future (beyond IN_USE: a clock set wrong, or a date someone
+    planted) counts as the oldest, never as in use."""
     entries = []
-    jax = os.path.join(root, "jax")
-    for item in _scan(jax):
-        name = item.name
-        info = _lstat(item)
-        if info is None:
-            continue
-        if name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-        elif name.endswith("-cache") and stat.S_ISREG(info.st_mode):
-            atime = item.path[:-len("-cache")] + "-atime"
-            extra = _lstat_path(atime)
-            entries.append((max(info.st_mtime, extra.st_mtime if extra else 0),
-                            info.st_size + (extra.st_size if extra else 0),
-                            _remover([item.path, atime])))
-    for folder in (os.path.join(jax, XLA_AUTOTUNE), os.path.join(root, "inductor")):
-        for rel in tree_files(folder):
-            path = os.path.join(folder, rel)
-            info = _lstat_path(path)
-            if info is not None:
-                entries.append((info.st_mtime, info.st_size, _remover([path])))
-    for item in _scan(os.path.join(root, "triton")):
-        info = _lstat(item)
-        if info is None:
-            continue
-        if item.name.startswith(TMP_PREFIX):
-            if now - info.st_mtime > STALE_TMP:
-                _unlink(item.path)
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            continue
-        used, size, files = info.st_mtime, 0, []
-        for child in _scan(item.path):
-            child_info = _lstat(child)
-            if child_info is None or not stat.S_ISREG(child_info.st_mode):
-                continue
-            used, size = max(used, child_info.st_mtime), size + child_info.st_size
-            files.append(child.path)
-        # group files first: a reader then sees a miss, never a group without its children
-        files.sort(key=lambda path: not os.path.basename(path).startswith("__grp__"))
-        entries.append((used, size, _remover(files, folder=item.path)))
+    with _Folder(root_fd, ("jax",)) as jax:
+        for name, info in jax.files():
+            if name.startswith(TMP_PREFIX):
+                if now - info.st_mtime > STALE_TMP:
+                    jax.unlink(name)
+            elif name.endswith("-cache"):
+                atime = name[:-len("-cache")] + "-atime"
+                extra = jax.lstat(atime)
+                used = _when(max(info.st_mtime, extra.st_mtime if extra else 0), now)
+                entries.append((used, info.st_size + (extra.st_size if extra else 0),
+                                _remover(root_fd, ("jax",), [name, atime])))
+    for parts in (("jax", XLA_AUTOTUNE), ("inductor",)):
+        for folder, name, info in _tree(root_fd, parts):
+            entries.append((_when(info.st_mtime, now), info.st_size, _remover(root_fd, folder, [name])))
+    with _Folder(root_fd, ("triton",)) as triton:
+        for name, info in triton.items():
+            if name.startswith(TMP_PREFIX):
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TMP:
+                    triton.unlink(name)
+            elif stat.S_ISDIR(info.st_mode):
+                entries.append(_key_entry(root_fd, name, info, now))
     return entries
 
 
-def _scan(folder):
-    try:
-        return list(os.scandir(folder))
-    except OSError:
-        return []
+def _key_entry(root_fd, key, info, now):
+    """The entry of the Triton key folder ``key``: its newest time, its files' bytes, and how to
+    remove it (group files first: a reader then sees a miss, never a group without its
+    children)."""
+    used, size, files = info.st_mtime, 0, []
+    with _Folder(root_fd, ("triton", key)) as folder:
+        for name, child in folder.files():
+            used, size = max(used, child.st_mtime), size + child.st_size
+            files.append(name)
+    files.sort(key=lambda name: not name.startswith("__grp__"))
+    return _when(used, now), size, _remover(root_fd, ("triton", key), files, rmdir=True)
 
 
-def _lstat(item):
-    try:
-        return item.stat(follow_symlinks=False)
-    except OSError:
-        return None
+def _when(used, now):
+    return 0.0 if used > now + IN_USE else used
 
 
-def _lstat_path(path):
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+class _Folder:
+    """A folder of the tier reached from its descriptor one name at a time, never through a
+    link; a folder that is missing or is no folder has no items."""
+
+    def __init__(self, root_fd, parts):
+        self.root_fd, self.parts, self.fd = root_fd, parts, None
+
+    def __enter__(self):
+        fd = os.dup(self.root_fd)
+        try:
+            for name in self.parts:
+                sub = os.open(name, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = sub
+        except OSError:
+            os.close(fd)
+            return self
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def items(self):
+        """``(name, lstat)`` of everything in it."""
+        if self.fd is None:
+            return []
+        out = []
+        try:
+            names = os.listdir(self.fd)
+        except OSError:
+            return []
+        for name in names:
+            info = self.lstat(name)
+            if info is not None:
+                out.append((name, info))
+        return out
+
+    def files(self):
+        return [(name, info) for name, info in self.items() if stat.S_ISREG(info.st_mode)]
+
+    def lstat(self, name):
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return None
+
+    def unlink(self, name):
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            pass
 
 
-def _remover(paths, folder=None):
+def _tree(root_fd, parts, limit=MAX_TREE_FILES):
+    """``(folder parts, name, lstat)`` of each regular file under ``parts`` (no links followed;
+    no hidden, temporary or lock files), at most ``limit``."""
+    out, stack = [], [tuple(parts)]
+    while stack and len(out) < limit:
+        folder = stack.pop()
+        with _Folder(root_fd, folder) as here:
+            for name, info in here.items():
+                if name.startswith(".") or name.endswith((".tmp", ".lock")) or ".tmp" in name:
+                    continue
+                if stat.S_ISDIR(info.st_mode) and name not in _SKIP_DIRS:
+                    stack.append((*folder, name))
+                elif stat.S_ISREG(info.st_mode) and len(out) < limit:
+                    out.append((folder, name, info))
+    return out
+
+
+def _remover(root_fd, parts, names, rmdir=False):
+    """Remove ``names`` from the tier's folder ``parts`` (then the folder, when ``rmdir`` and
+    it is empty), reached again from the tier's descriptor at the time of removal."""
     def remove():
-        for path in paths:
-            _unlink(path)
-        if folder is not None:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass  # a file appeared meanwhile: kept
+        with _Folder(root_fd, parts) as folder:
+            if folder.fd is None:
+                return
+            for name in names:
+                folder.unlink(name)
+        if rmdir:
+            with _Folder(root_fd, parts[:-1]) as parent:
+                if parent.fd is not None:
+                    try:
+                        os.rmdir(parts[-1], dir_fd=parent.fd)
+                    except OSError:
+                        pass  # a file appeared meanwhile: kept
     return remove

@@ -63,6 +63,11 @@ _TOKAMAX_MODULE = "tokamax._src.ops.op"
 _TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
 #: The import after which the tier copies Inductor's shared files in (issue 23).
 _INDUCTOR_MODULE = "torch._inductor"
+#: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
+#: node-local fallback folders that ``_guard`` judges here (Triton's and the locks' are judged
+#: where they are used: ``_usable_triton_folder``, ``_install``); a test fails when they drift.
+_TIERED = ("jax", "triton", "inductor")
+_NODE_LOCAL_VARS = ("TORCHINDUCTOR_CACHE_DIR", "GPU_CACHE_BYTECODE", "CUDA_CACHE_PATH", "GPU_CACHE_RECORDS")
 _OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")
@@ -366,7 +371,26 @@ def _bytecode_cache():
         _piece("gpu_cache_hook_bytecode").install(folder)
 
 
+def _guard():
+    """A node-local tier or fallback folder this job was given is judged on this node before
+    any tool reads it: ``gpu-cache env`` checked it where it ran, but another user may have
+    made it here first (``gpu_cache_hook_fallback.guard``). Costs a few string tests when the
+    job has none."""
+    tier = os.environ.get("GPU_CACHE_TIER", "")
+    tier = os.path.normpath(tier) if os.path.isabs(tier) and os.path.isabs(
+        os.environ.get("GPU_CACHE_SHARED", "")) else ""
+    names = [n for n in _NODE_LOCAL_VARS if _node_local(os.environ.get(n) or "")
+             and not (tier and os.environ[n].startswith(tier + os.sep))]
+    if tier or names:
+        _piece("gpu_cache_hook_fallback").guard(tier, _TIERED, names, _HOOK, _stderr)
+
+
 def _install():
+    try:
+        _guard()
+    except Exception as exc:  # the tier is not used then: nothing unjudged is read
+        os.environ["GPU_CACHE_TIER"] = ""
+        _HOOK.warn("judging the node-local folders", exc)
     for name, step in (("triton fallback", _usable_triton_folder), ("bytecode cache", _bytecode_cache)):
         try:
             step()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from gpu_cache.core import shown as terminal
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
@@ -108,10 +109,8 @@ def shown(name: str) -> str:
     return text if len(text) <= 120 else text[:117] + "...'"
 
 
-def printable(text: str) -> str:
-    """``text`` (from an archive or a record) as it can be printed: characters that no stream
-    can encode (a lone surrogate) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+#: ``text`` (from an archive or a record) as one line it can be printed as (gpu_cache.core.shown).
+printable = terminal.shown
 
 
 def file_name(name: str) -> bool:

@@ -26,6 +26,7 @@ from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
+from gpu_cache.core.shown import shown_lines
 
 from ._choose import dropped, keys_of, own_records, software_section
 from ._common import Progress, log
@@ -36,7 +37,6 @@ from ._format import (
     MAX_SMALL_JSON,
     ManifestEntry,
     plain_name,
-    printable,
     shown,
 )
 
@@ -413,4 +413,4 @@ def render_pack(report: PackReport) -> str:
     for kind, n in report.missing.items():
         if n:
             lines.append(f"{n} {kind} entries the records name are no longer in the cache")
-    return printable("\n".join(lines) + "\n")  # the software a record names may be any text
+    return shown_lines(lines)  # the software a record names may be any text

@@ -24,6 +24,7 @@ from gpu_cache.core import safe_io
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import KINDS, scan
+from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import trust
 
 from ._archive import Archive, open_archive
@@ -79,7 +80,7 @@ def render_unpack(report: UnpackReport) -> str:
     lines = [f"{verb} {report.archive} into {report.cache_root} ({format_size(report.bytes)}): "
              + "; ".join(parts)]
     lines += [f"forced past: {line}" for line in report.forced]
-    return printable("\n".join(lines) + "\n")
+    return shown_lines(lines)
 
 
 def _existing(kind: str, folder: Path) -> dict[str, Any]:

@@ -166,7 +166,7 @@ class JaxWriter(Writer):
 
     def _temp(self, file_name: str, fill: Callable[[int], None], mtime: float) -> None:
         temp = safe_io.temp_name(file_name)
-        fd = os.open(temp, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.dir_fd)
+        fd = safe_io.new_file(temp, dir_fd=self.dir_fd)
         self.temps[file_name] = temp
         try:
             fill(fd)
@@ -223,12 +223,12 @@ class TritonWriter(Writer):
         super().__init__(folder, dir_fd, entry)
         self.replace = replace
         self.temp = safe_io.temp_name(entry.key)
-        os.mkdir(self.temp, 0o777, dir_fd=dir_fd)
+        safe_io.new_folder(self.temp, dir_fd=dir_fd)
         self.fd: int | None = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=dir_fd)
         self.group: tuple[str, bytes, float] | None = None
 
     def _write(self, file_name: str, fill: Callable[[int], None], mtime: float) -> None:
-        fd = os.open(file_name, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.fd)
+        fd = safe_io.new_file(file_name, dir_fd=self.fd)
         try:
             fill(fd)
             os.utime(fd, (mtime, mtime))
@@ -333,7 +333,7 @@ class AutotuneWriter(Writer):
         super().__init__(folder, dir_fd, entry)
         pair, _, self.name = entry.key.rpartition("/")
         with suppress(FileExistsError):
-            os.mkdir(pair, 0o777, dir_fd=dir_fd)
+            safe_io.new_folder(pair, dir_fd=dir_fd)
         try:
             self.fd: int | None = os.open(pair, safe_io.DIR_FLAGS, dir_fd=dir_fd)
         except OSError as exc:
@@ -348,7 +348,7 @@ class AutotuneWriter(Writer):
         if member.size > autotune_cache.RESULT_LIMIT:
             raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
         self.temp = safe_io.temp_name(file_name)
-        fd = os.open(self.temp, safe_io.CREATE_FLAGS, 0o666, dir_fd=self.fd)
+        fd = safe_io.new_file(self.temp, dir_fd=self.fd)
         try:
             _fill(fd, file_name, source, member, self.entry)
             os.utime(fd, (self.entry.last_use, self.entry.last_use))

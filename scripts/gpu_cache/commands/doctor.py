@@ -13,6 +13,7 @@ from gpu_cache.config import targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
+from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import env
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
@@ -66,6 +67,9 @@ def preflight(settings: Settings) -> dict[str, Any]:
             report["kinds"][kind] = check.as_dict()
             if check.problem:
                 report["ok"] = False
+        if "records" in exports.checks:  # the hook's records: judged like a kind's folder
+            report["kinds"]["records"] = exports.checks["records"].as_dict()
+            report["ok"] = report["ok"] and exports.checks["records"].problem is None
     report["exports"] = exports.as_dict()
     report["single_flight"] = dict(exports.single_flight)
     report["tier"] = dict(exports.tier)
@@ -120,4 +124,4 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"    fixed: {kind}: removed {fixed['entries_removed']} broken entries, "
                      f"repaired {fixed['repaired']}")
     lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)

@@ -20,6 +20,7 @@ from gpu_cache.commands import explain_inductor, stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
+from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.env import in_tier_of
 
 #: What each key part means when it changed, as the first words of a hint.
@@ -375,7 +376,7 @@ def render(explanations: list[dict[str, Any]]) -> str:
     """The human-readable form of :func:`explain_records`."""
     if not explanations:
         return "no recorded JAX or Inductor misses to explain\n"
-    return "\n".join(line for item in explanations for line in _key_lines(item, "")) + "\n"
+    return shown_lines(line for item in explanations for line in _key_lines(item, ""))
 
 
 def render_account(report: dict[str, Any], shown: int = 5) -> str:
@@ -394,4 +395,4 @@ def render_account(report: dict[str, Any], shown: int = 5) -> str:
                 lines += _key_lines(item, "    ")
             if len(cause["keys"]) > shown:
                 lines.append(f"    ... {len(cause['keys']) - shown} more (--json lists them)")
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)

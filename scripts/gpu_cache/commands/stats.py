@@ -16,6 +16,7 @@ from gpu_cache.core import device, hook_records, kinds, safe_io, software, verif
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.reports import Usage
+from gpu_cache.core.shown import shown_lines
 
 TOP = 10
 
@@ -377,4 +378,4 @@ def render(stats: dict[str, Any]) -> str:
         lines += [f"  {run['run_id']}: {run['rule'] or '-'} on {run['gpu_type'] or '-'}, "
                   f"{run['processes']} process(es), {format_age(time.time() - run['time'])} ago"
                   for run in stats["runs"]]
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)

@@ -8,6 +8,7 @@ from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PruneReport, Verdict
+from gpu_cache.core.shown import shown_lines
 
 
 def load_verdict(path: Path) -> Verdict:
@@ -78,4 +79,4 @@ def render(validations: list[Path], prune: Path | None) -> str:
                          f"{sum(k.entries_removed for k in p.tier.values())}) in {p.tier_folder}")
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)

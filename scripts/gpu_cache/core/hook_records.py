@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import kinds, safe_io
+from gpu_cache.core import kinds, owners, safe_io
 from gpu_cache.core.reports import TIER_COUNTS, KindTotals, Missed, TierTotals
 
 #: A record larger than this is not one the hook wrote.
@@ -34,10 +34,12 @@ def records_dir(cache_root: Path) -> Path | None:
 
 def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
     """Each record in ``folder`` (optionally of one run), cleaned by :func:`clean`; files
-    that are not regular, too large or not JSON objects are skipped. No folder: none."""
+    that are not regular, too large or not JSON objects are skipped, and so is a file another
+    user could have written (:func:`gpu_cache.core.owners.written_by_others`). No folder: none."""
     if folder is None:
         return
     try:
+        team = owners.team_of(os.stat(folder))
         listing = list(os.scandir(folder))
     except OSError:
         return
@@ -48,6 +50,8 @@ def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, A
             info = item.stat(follow_symlinks=False)
         except OSError:
             continue
+        if owners.written_by_others(info, team) is not None:
+            continue  # another user's word on what your jobs compiled (the replay imports it)
         record = clean(_load(item.path, info))
         if record is not None and (run_id is None or record.get("run_id") == run_id):
             yield record
@@ -187,11 +191,29 @@ def kernels(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
         items = section.get("kernels")
         for item in items if isinstance(items, list) else ():
             if _is_kernel(item):
+                # one too deep for json.dumps is kept as it is: the replay skips it with a line
                 same = json.dumps({k: v for k, v in item.items() if k not in ("key", "triton", "version")},
-                                  sort_keys=True)
+                                  sort_keys=True) if _shallow(item) else f"deep {len(out)}"
                 if same in out or len(out) < MAX_KERNELS:
                     out[same] = item
     return list(out.values())
+
+
+#: A description nested deeper than this is none the hook wrote (and would overflow the stack
+#: of whoever walks it: ``json.dumps`` here, the replay's decoder).
+MAX_DEPTH = 40
+
+
+def _shallow(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (from JSON) nests at most ``limit`` deep; never recursive."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= limit:
+                return False
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return True
 
 
 def _is_kernel(item: Any) -> bool:
@@ -218,7 +240,8 @@ def autotuned(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _is_choice(item: Any) -> bool:
     shapes = {"module": str, "qualname": str, "triton": str, "cache_key": str, "target": dict,
               "key_text": str, "configs_timings": list, "chosen": int}
-    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
+    return (isinstance(item, dict) and _shallow(item)
+            and all(isinstance(item.get(k), t) for k, t in shapes.items())
             and "key" in item and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], dict)
                                       for p in item["configs_timings"]))
 

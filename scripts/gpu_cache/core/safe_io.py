@@ -229,6 +229,53 @@ def iter_chunks(path: str | os.PathLike[str], size: int = CHUNK) -> Iterator[byt
             yield chunk
 
 
+def harden(fd: int, folder: os.stat_result) -> None:
+    """Take write permission for others (and for the group, unless ``folder``, the stat of the
+    folder it is in, is a team's: group-writable, as gpu-cache makes a shared-group cache) off
+    the file or folder ``fd`` that gpu-cache just made, whatever the umask let through: under
+    ``umask 000`` a new entry would be 0666, and whoever may write an entry decides what the
+    jobs that load it run. The umask's own restrictions stay."""
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    team = folder.st_mode & stat.S_IWGRP and not folder.st_mode & stat.S_IWOTH
+    safe = mode & ~(0o002 if team else 0o022)
+    if safe != mode:
+        os.fchmod(fd, safe)
+
+
+def _folder_of(name: str | os.PathLike[str], dir_fd: int | None) -> os.stat_result:
+    return os.stat(os.path.dirname(os.fspath(name)) or ".", dir_fd=dir_fd)
+
+
+def new_file(name: str | os.PathLike[str], dir_fd: int | None = None) -> int:
+    """A write descriptor of a new file under a name nobody else has (never through a link),
+    hardened (:func:`harden`).
+
+    Raises:
+        OSError: as ``open`` does (FileExistsError: the name exists).
+    """
+    fd = os.open(name, CREATE_FLAGS, 0o666, dir_fd=dir_fd)
+    try:
+        harden(fd, _folder_of(name, dir_fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def new_folder(name: str | os.PathLike[str], dir_fd: int | None = None) -> None:
+    """Make the folder ``name``, hardened (:func:`harden`).
+
+    Raises:
+        OSError: as ``mkdir`` does (FileExistsError: the name exists).
+    """
+    os.mkdir(name, 0o777, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        harden(fd, _folder_of(name, dir_fd))
+    finally:
+        os.close(fd)
+
+
 def temp_name(name: str) -> str:
     """A unique hidden name for a temporary file beside ``name``:
     ``.<name>.<pid>.<8 hex digits>.tmp`` (prune removes stale ones it made in the JAX folder)."""
@@ -249,7 +296,7 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int | None = N
     The data goes into a new temporary file beside ``path`` (``O_EXCL | O_NOFOLLOW``: a name
     planted there is never written through), which is then renamed over ``path``; whatever
     ``path`` was (a symlink, a FIFO, a hard link) is replaced, not written to. ``mode``: the
-    new file's permission bits (default: 0o666 less the umask).
+    new file's permission bits (default: 0o666 less the umask, :func:`harden`-ed).
 
     Raises:
         OSError: the temporary file cannot be written or renamed (it is then removed).
@@ -276,7 +323,7 @@ def _via_temp(path: Path, data: bytes, mode: int | None, place: Callable[[Path, 
     """Write ``data`` to a new temporary file beside ``path``, then ``place(temp, path)``
     (rename or link); the temporary name is gone afterwards."""
     temp = path.with_name(temp_name(path.name))
-    fd = os.open(temp, CREATE_FLAGS, 0o666)
+    fd = new_file(temp)
     try:
         try:
             if mode is not None:
@@ -329,7 +376,7 @@ def trash_fd(root_fd: int) -> int:
             info = None
         if info is None:
             try:
-                os.mkdir(TRASH_DIR_NAME, 0o777, dir_fd=root_fd)
+                new_folder(TRASH_DIR_NAME, dir_fd=root_fd)
             except FileExistsError:
                 pass
         try:

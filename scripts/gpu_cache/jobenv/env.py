@@ -415,8 +415,14 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
             wanted["TRITON_CACHE_AUTOTUNING"] = "1"
         if settings.stats_hook and "jax" not in problems:
+            # Judged like a kind's folder: whoever can add a record there tells validate what
+            # the jobs compiled, and the Triton replay which modules to import.
             records = kinds.KINDS["records"]
-            wanted[records.env_var] = str(records.folder(root))
+            check = checks[records.name] = root_check if root_problem else check_kind(settings, records.name)
+            how = _place(records, root, check, xla_caches, hook=no_hook is None)
+            wanted.update(how.values)
+            if how.problem:
+                problems[records.name] = how.problem
         lock_values, single_flight, lock_warnings = _place_locks(settings, root, root_problem)
         wanted.update(lock_values)
         warnings += lock_warnings

@@ -39,7 +39,6 @@ trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.ch
 from __future__ import annotations
 
 import errno
-import functools
 import grp
 import os
 import pwd
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.owners import private_group
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770
@@ -94,29 +94,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-@functools.lru_cache(maxsize=64)
-def private_group(uid: int, gid: int) -> bool:
-    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
-    primary group, with no other member listed and no other user's primary group. Group 0
-    never is (see the module's docstring)."""
-    if gid == 0:
-        return False
-    try:
-        user = pwd.getpwuid(uid)
-        group = grp.getgrgid(gid)
-    except KeyError:
-        return False
-    if group.gr_name != user.pw_name or user.pw_gid != gid:
-        return False
-    if any(member != user.pw_name for member in group.gr_mem):
-        return False
-    try:
-        others = [entry.pw_name for entry in pwd.getpwall() if entry.pw_gid == gid and entry.pw_uid != uid]
-    except OSError:
-        return False
-    return not others
 
 
 def _group_may_write(gid: int, owner: int, shared_gid: int | None) -> bool:
@@ -339,11 +316,13 @@ def _distrust_above(top: Path, shared_group: str | None) -> str | None:
         if who is None:
             continue
         quoted = shlex.quote(folder)
+        if info.st_mode & stat.S_ISVTX and who != "owner":  # the cause is the entry's owner
+            return (f"{entry} is owned by {_user_name(below)}, not by you: another user made it in "
+                    f"{folder} (which everyone may write to; its sticky bit protects only entries of "
+                    f"yours), so they decide what is in it; it is refused; fix: have it removed, or "
+                    f"choose a cache root under folders owned by you or root")
         what = {"owner": f"owned by {_user_name(info.st_uid)}", "others": "writable by everyone",
                 "group": f"writable by group {group_name(info.st_gid)}"}[who]
-        if info.st_mode & stat.S_ISVTX and who != "owner":
-            what += (f" (its sticky bit protects only entries of yours, and {os.path.basename(entry)} is "
-                     f"{_user_name(below)}'s)")
         fix = "choose a cache root under folders owned by you or root"
         if who != "owner" and below in (me, 0):
             bit = "o-w" if who == "others" else "g-w"

@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 
 from gpu_cache.core import hook_records, safe_io
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import shown
 
 PROG = "triton-replay"
 _TASKS: list[tuple[Any, ...]] = []  # what each forked worker compiles, by index
@@ -84,33 +85,51 @@ def _resolve_function(path: str, modules: dict[str, Any]) -> Any:
     return found
 
 
-def decode(value: Any, modules: dict[str, Any]) -> Any:
-    """The value the hook's ``encode`` wrote (``_hook/gpu_cache_hook_triton.py``).
+#: A recorded value nested deeper than this is no value the hook wrote.
+MAX_DEPTH = 32
+#: The forms ``encode`` writes (``_hook/gpu_cache_hook_triton.py``), and those an option may take.
+TAGS = frozenset({"tuple", "float", "constexpr", "dtype", "jit_function"})
+OPTION_TAGS = frozenset({"tuple", "float"})
+
+
+def decode(value: Any, modules: dict[str, Any], tags: frozenset[str] = TAGS, depth: int = 0) -> Any:
+    """The value the hook's ``encode`` wrote (``_hook/gpu_cache_hook_triton.py``), taking only
+    the forms in ``tags``.
 
     Raises:
-        Skip: a value this software cannot make (an unknown dtype, a missing JIT function).
+        Skip: a value this software cannot make (an unknown dtype, a missing JIT function), or
+        one of a form the hook never writes there (a record is whatever is in the folder).
     """
+    if depth > MAX_DEPTH:
+        raise Skip(f"a recorded value nested deeper than {MAX_DEPTH}")
     if isinstance(value, list):
-        return [decode(v, modules) for v in value]
+        return [decode(v, modules, tags, depth + 1) for v in value]
     if not isinstance(value, dict):
         return value
-    import triton.language as tl
-
-    (tag, inner), = value.items() if len(value) == 1 else (("?", None),)
-    if tag == "tuple":
-        return tuple(decode(v, modules) for v in inner)
-    if tag == "float":
-        return float(inner)
+    if len(value) != 1 or next(iter(value)) not in tags:
+        raise Skip(f"a recorded value of unknown form {shown(str(sorted(value))[:100])}")
+    (tag, inner), = value.items()
+    if tag == "tuple" and isinstance(inner, list):
+        return tuple(decode(v, modules, tags, depth + 1) for v in inner)
+    if tag == "float" and isinstance(inner, (str, int, float)) and not isinstance(inner, bool):
+        try:
+            return float(inner)
+        except ValueError:
+            raise Skip(f"a float of text {shown(inner[:50])!r}") from None
     if tag == "constexpr":
-        return tl.constexpr(decode(inner, modules))
-    if tag == "dtype":
+        import triton.language as tl
+
+        return tl.constexpr(decode(inner, modules, tags, depth + 1))
+    if tag == "dtype" and isinstance(inner, str):
+        import triton.language as tl
+
         try:
             return tl.dtype(inner)
         except Exception as exc:
-            raise Skip(f"dtype {inner!r} is unknown to this triton") from exc
-    if tag == "jit_function":
-        return _resolve_function(str(inner), modules)
-    raise Skip(f"a recorded value of unknown form {sorted(value)}")
+            raise Skip(f"dtype {shown(inner[:50])!r} is unknown to this triton") from exc
+    if tag == "jit_function" and isinstance(inner, str):
+        return _resolve_function(inner, modules)
+    raise Skip(f"a recorded {tag} of the wrong type ({type(inner).__name__})")
 
 
 def prepare(kernel: dict[str, Any], modules: dict[str, Any]) -> tuple[Any, ...]:
@@ -141,10 +160,10 @@ def prepare(kernel: dict[str, Any], modules: dict[str, Any]) -> tuple[Any, ...]:
     constants, attrs = paths(kernel["constants"]), paths(kernel["attrs"])
     target = kernel["target"]
     try:
-        gpu = GPUTarget(str(target["backend"]), decode(target["arch"], modules), int(target["warp_size"]))
+        gpu = GPUTarget(str(target["backend"]), _plain_arch(target["arch"]), int(target["warp_size"]))
     except (KeyError, TypeError, ValueError) as exc:
-        raise Skip(f"an odd target {target!r}") from exc
-    options = {str(k): decode(v, modules) for k, v in kernel["options"].items()}
+        raise Skip(f"an odd target {shown(repr(target)[:200])}") from exc
+    options = {str(k): decode(v, modules, OPTION_TAGS) for k, v in kernel["options"].items()}
     if kernel.get("triton") == triton.__version__:  # Triton's own compile call, as the job made it
         return (kernel["qualname"], fn, signature, constants, attrs, gpu, options, kernel.get("key"))
     # Another Triton may specialise and key differently: launch it ahead of time with arguments
@@ -154,6 +173,17 @@ def prepare(kernel: dict[str, Any], modules: dict[str, Any]) -> tuple[Any, ...]:
     known = _option_names(gpu)
     return (kernel["qualname"], fn, args, None, None, gpu, {k: v for k, v in options.items() if k in known},
             None)
+
+
+def _plain_arch(arch: Any) -> int | str:
+    """A target's architecture as recorded: a number (CUDA) or a name (HIP).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if not isinstance(arch, (int, str)) or isinstance(arch, bool):
+        raise TypeError(f"an architecture of type {type(arch).__name__}")
+    return arch
 
 
 _OPTION_NAMES: dict[Any, frozenset[str]] = {}
@@ -245,13 +275,15 @@ def replay(kernels: Sequence[dict[str, Any]], jobs: int, targets: Sequence[int] 
     skipped = 0
     del _TASKS[:]
     for kernel in kernels:
-        if targets is not None and kernel["target"].get("arch") not in targets:
+        if targets is not None and kernel["target"].get("arch") not in targets:  # ints: == only
             continue
         try:
             _TASKS.append(prepare(kernel, modules))
-        except Skip as exc:
+        except Exception as exc:  # noqa: BLE001 - one odd description is one skipped kernel
             skipped += 1
-            warn(f"skipped {kernel['module']}:{kernel['qualname']}: {exc}")
+            why = exc if isinstance(exc, Skip) else f"an odd description ({type(exc).__name__}: " \
+                f"{_first_line(exc)})"
+            warn(shown(f"skipped {kernel['module'][:200]}:{kernel['qualname'][:200]}: {why}"))
     prepared = time.perf_counter() - started
     processes = max(1, min(jobs, len(_TASKS)))
     if processes == 1:
@@ -314,13 +346,14 @@ def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | No
             if fn.cache_key != choice["cache_key"]:
                 raise Skip("its source changed since it was tuned")
             target = choice["target"]
-            backend = make_backend(GPUTarget(str(target["backend"]), decode(target["arch"], modules),
+            backend = make_backend(GPUTarget(str(target["backend"]), _plain_arch(target["arch"]),
                                              int(target["warp_size"])))
             configs = [str(Config(**config)) for config, _timings in choice["configs_timings"]]
             # Autotuner.check_disk_cache's key and file, as this Triton computes and writes them
             parts = [triton_key(), backend.hash(), fn.cache_key, env, choice["key_text"], *configs]
             key = hashlib.sha256("-".join(parts).encode("utf-8")).hexdigest()
-            timings = [[config, decode(times, modules)] for config, times in choice["configs_timings"]]
+            timings = [[config, decode(times, modules, OPTION_TAGS)]
+                       for config, times in choice["configs_timings"]]
             data = json.dumps({"key": choice["key"], "configs_timings": timings})
             # the folder get_cache_manager(key) names: the digest in base32, unpadded
             folder = Path(triton.knobs.cache.dir, base64.b32encode(bytes.fromhex(key)).decode().rstrip("="))
@@ -329,10 +362,10 @@ def write_choices(choices: Sequence[dict[str, Any]], targets: Sequence[int] | No
             counts["autotune_written" if added else "autotune_present"] += 1
         except Skip as exc:
             counts["autotune_skipped"] += 1
-            warn(f"autotune choice of {name} not written: {exc}")
-        except (OSError, TypeError, ValueError, KeyError, RuntimeError) as exc:
+            warn(shown(f"autotune choice of {name} not written: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - one odd choice is one choice not written
             counts["autotune_skipped"] += 1
-            warn(f"autotune choice of {name} not written: {type(exc).__name__}: {_last_line(exc)}")
+            warn(shown(f"autotune choice of {name} not written: {type(exc).__name__}: {_last_line(exc)}"))
     return counts
 
 
