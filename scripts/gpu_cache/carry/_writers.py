@@ -398,7 +398,7 @@ def _folder_below(dir_fd: int, relative: str) -> int:
     try:
         for part in relative.split("/"):
             with suppress(FileExistsError):
-                os.mkdir(part, 0o777, dir_fd=fd)
+                safe_io.new_folder(part, dir_fd=fd)
             inner = os.open(part, safe_io.DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = inner
@@ -426,14 +426,14 @@ class InductorWriter(Writer):
         self.fd: int | None = None
         if self.keyed:
             self.temp = safe_io.temp_name(self.name)
-            os.mkdir(self.temp, 0o777, dir_fd=self.parent_fd)
+            safe_io.new_folder(self.temp, dir_fd=self.parent_fd)
             self.fd = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=self.parent_fd)
 
     def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
         self.pending.discard(file_name)
         where = self.fd if self.keyed else self.parent_fd
         name = file_name if self.keyed else safe_io.temp_name(file_name)
-        fd = os.open(name, safe_io.CREATE_FLAGS, 0o666, dir_fd=where)
+        fd = safe_io.new_file(name, dir_fd=where)
         if not self.keyed:
             self.temps[file_name] = name
         try:
