@@ -41,6 +41,12 @@ from gpu_cache.workloads import torch_compile
 open(ready, "w").close()
 while not os.path.exists(go):
     time.sleep(0.002)
+if fail == "forward-only":  # compiles the training graph's forward, never runs its backward
+    torch.manual_seed(0)
+    model = torch.compile(torch_compile._model(torch, 1, 32, 2), dynamic=False)
+    model(torch.randn(2, 16, 32))
+    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
+    sys.exit(0)
 sys.exit(torch_compile.main(json.loads(sys.argv[4])))
 '''
 
@@ -52,18 +58,20 @@ def job_env(root: Path) -> dict[str, str]:
     return env.job_environ(exports, base)
 
 
-def start(tmp_path: Path, root: Path, fail: tuple[bool, ...], stagger: float = 0.0) -> list:
+def start(tmp_path: Path, root: Path, fail: tuple[bool | str, ...], stagger: float = 0.0,
+          **extra: str) -> list:
     """One job per entry of ``fail``, started at one instant (the first ``stagger`` seconds
     before the others); their completed processes."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     sync = tmp_path / f"sync-{time.monotonic_ns()}"
     sync.mkdir()
-    environ = job_env(root)
+    environ = dict(job_env(root), **extra)
 
-    def spawn(i: int, failing: bool) -> subprocess.Popen:
+    def spawn(i: int, failing: bool | str) -> subprocess.Popen:
+        mode = failing if isinstance(failing, str) else "fail" if failing else "-"
         return subprocess.Popen([sys.executable, str(driver), str(sync / f"ready{i}"), str(sync / f"go{i}"),
-                                 "fail" if failing else "-", json.dumps(WORKLOAD)], env=environ,
+                                 mode, json.dumps(WORKLOAD)], env=environ,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     procs = [spawn(i, failing) for i, failing in enumerate(fail)]
@@ -126,6 +134,25 @@ def test_a_leader_whose_compile_raises_frees_the_processes_waiting_for_it(tmp_pa
     assert all(f["single_flight"]["gave_up"] == 0 for f in followers)
     assert all(f["single_flight"]["wait_seconds"] < 60 for f in followers)
     assert fx_misses(followers) >= 2  # the graphs were compiled after all
+
+
+@pytest.mark.slow
+def test_a_leader_that_never_runs_its_backward_frees_its_waiters_after_the_bound(tmp_path):
+    """A training graph's AOTAutograd entry is saved only with the lazy backward: a leader
+    that compiled the forward and then idles (here 70 s) holds its key for AWAIT_BACKWARD
+    (30 s) after its last compile, not for the 3-minute timeout."""
+    root = tmp_path / "root"
+    started = time.monotonic()
+    runs = start(tmp_path, root, ("forward-only", False), stagger=1.0, HOLD_SECONDS="70")
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-3000:] for r in runs]
+    found = [json.loads(p.read_text()) for p in (root / "records").glob("*.json")]
+    by_pid = {r["pid"]: r["inductor"] for r in found}
+    leader, follower = by_pid[runs[0].pid], by_pid[runs[1].pid]
+    assert leader["single_flight"]["awaited_backward"] == 1
+    assert leader["single_flight"]["backward_bound_expired"] == 1
+    assert follower["single_flight"]["gave_up"] == 0
+    assert 20 < follower["single_flight"]["wait_seconds"] < 90, follower["single_flight"]
+    assert time.monotonic() - started < 170  # the follower did not wait for the timeout
 
 
 def test_a_torch_whose_functions_differ_is_left_untouched():

@@ -160,7 +160,10 @@ def _named(func):
     signature = inspect.signature(func)
 
     def named(args, kwargs):
-        return signature.bind_partial(*args, **kwargs).arguments
+        try:
+            return signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:  # a call the signature does not take: torch raises it itself
+            return {}
 
     return named
 
@@ -203,9 +206,12 @@ def _wrap_fx_cache(cache, hook, stats, flight):
         finally:
             state.loading = None
         if result[0] is None and hook.folder:
-            kind = "backward" if given.get("is_backward") else "forward"
-            name = names.pop(key, None) or f"{kind} graph {_compile_id()}"
-            keep(stats, "missed", {"name": text(name), "key": text(key)})
+            try:
+                kind = "backward" if given.get("is_backward") else "forward"
+                name = names.pop(key, None) or f"{kind} graph {_compile_id()}"
+                keep(stats, "missed", {"name": text(name), "key": text(key)})
+            except Exception as exc:
+                hook.warn("inductor miss", exc)
         return result
 
     def lookup_graph(*args, **kwargs):
@@ -216,11 +222,14 @@ def _wrap_fx_cache(cache, hook, stats, flight):
         given = of_lookup(args, kwargs)
         key = given.get("key")
         result = original_lookup(*args, **kwargs)
-        if result[0] is None and given.get("local") and getattr(state, "loading", None) == key:
-            found = flight.lead(key, cache._get_tmp_dir_for_key(key), 3, read)
+        if result[0] is None and key and given.get("local") and getattr(state, "loading", None) == key:
+            found = flight.lead(key, _folder_of(cache, key, hook), 3, read)
             result = found if found is not None else result
         if result[0] is not None and hook.folder:
-            _hit(stats, key, result[0])
+            try:
+                _hit(stats, key, result[0])
+            except Exception as exc:
+                hook.warn("inductor hit", exc)
         return result
 
     def save_graph(*args, **kwargs):
@@ -228,12 +237,22 @@ def _wrap_fx_cache(cache, hook, stats, flight):
         try:
             return original_save(*args, **kwargs)
         finally:
-            flight.saved(key, cache._get_tmp_dir_for_key(key), 3)
+            flight.saved(key, _folder_of(cache, key, hook), 3)
 
     cache.prepare_key = staticmethod(prepare_key)
     cache.load_with_key = staticmethod(load_with_key)
     cache._lookup_graph = staticmethod(lookup_graph)
     cache._save_graph = staticmethod(save_graph)
+
+
+def _folder_of(cache, key, hook):
+    """Where Inductor keeps ``key``'s entries (None: it cannot say; the key goes without
+    single-flight)."""
+    try:
+        return cache._get_tmp_dir_for_key(key) if key else None
+    except Exception as exc:
+        hook.warn("inductor cache folder", exc)
+        return None
 
 
 def _hit(stats, key, graph):
@@ -292,9 +311,9 @@ def _wrap_aot_cache(cache, hook, stats, flight):
 
         result = read()
         given = of_lookup(args, kwargs)
-        if result is None and given.get("local"):
-            key = given.get("key")
-            result = flight.lead(key, cache._get_tmp_dir_for_key(key), 2, read, aot=True)
+        key = given.get("key")
+        if result is None and key and given.get("local"):
+            result = flight.lead(key, _folder_of(cache, key, hook), 2, read, aot=True)
         return result
 
     def save(*args, **kwargs):
@@ -302,7 +321,7 @@ def _wrap_aot_cache(cache, hook, stats, flight):
         try:
             return original_save(*args, **kwargs)
         finally:
-            flight.saved(key, cache._get_tmp_dir_for_key(key), 2)
+            flight.saved(key, _folder_of(cache, key, hook), 2)
 
     cache._lookup = staticmethod(lookup)
     cache.save = staticmethod(save)

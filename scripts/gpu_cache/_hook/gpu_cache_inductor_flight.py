@@ -91,7 +91,7 @@ class Flight:
         """After a miss of ``key`` (whose entries go to ``key_folder``, ``depth`` folders below
         Inductor's cache folder): wait for the process compiling it and return what ``read()``
         then finds, or lead (None: compile; the lock is held until :meth:`saved`)."""
-        if not self._flying():
+        if not self._flying() or not key_folder:
             return None
         folder = _above(key_folder, depth)
         tier = self._tiered(folder)
@@ -133,6 +133,8 @@ class Flight:
     def saved(self, key, key_folder, depth):
         """After Inductor saved ``key`` (or tried to): promote its files through the tier, then
         release the key. Never raises."""
+        if not key_folder:
+            return
         try:
             wrote = bool(_names(key_folder))
             tier = self._tiered(_above(key_folder, depth))
