@@ -384,7 +384,7 @@ def section(hook):
     stats["saved_seconds"] = round(stats["saved_seconds"], 3)
     stats["torch"] = _torch_version()
     stats["cache_dir"] = _cache_dir()
-    stats["device"] = _device_name()
+    stats["device"], stats["device_count"] = _device()
     with _MUTEX:
         flight = _STATE["flight"]
     stats["single_flight"] = common.flight_stats(hook, "inductor")
@@ -403,12 +403,13 @@ def _cache_dir():
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or None
 
 
-def _device_name():
-    """The GPU Inductor compiled for (part of its keys), where this process used CUDA."""
+def _device():
+    """(name, count) of the GPUs where this process used CUDA (the name is part of Inductor's
+    keys), else (None, 0)."""
     try:
         cuda = sys.modules["torch"].cuda
         if cuda.is_initialized():
-            return text(cuda.get_device_name(), 100)
+            return text(cuda.get_device_name(), 100), int(cuda.device_count())
     except Exception:
         pass
-    return None
+    return None, 0

@@ -101,7 +101,11 @@ def _record(hook, time, socket):
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
         record["triton"]["tier"] = common.tier_stats(hook, "triton")
     if "inductor" in hook.libraries:
-        record["inductor"] = hook.piece("gpu_cache_hook_inductor").section(hook)
+        record["inductor"] = section = hook.piece("gpu_cache_hook_inductor").section(hook)
+        if "device" not in record:  # what it compiled for, where no jax said
+            name = section.get("device")
+            record["device"] = {"platform": "gpu" if name else "cpu", "kinds": [name or "cpu"],
+                                "count": section.get("device_count") or (0 if name else 1)}
     elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     for name in ("tokamax", "fallbacks"):
