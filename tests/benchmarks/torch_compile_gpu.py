@@ -78,6 +78,8 @@ def record_cost(root: Path) -> dict[str, Any]:
     found = [json.loads(p.read_text()) for p in (root / "records").glob("*.json")]
     sections = [r["inductor"] for r in found if "inductor" in r]
     return {"processes": len(sections),
+            "states": sorted({f"{s.get('torch')}: {s.get('state')}; single-flight "
+                              f"{(s.get('single_flight') or {}).get('state')}" for s in sections}),
             "hook_seconds": [s.get("hook_seconds") for s in sections],
             "record_bytes": sorted(p.stat().st_size for p in (root / "records").glob("*.json"))}
 
