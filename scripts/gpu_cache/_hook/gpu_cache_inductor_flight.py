@@ -59,7 +59,7 @@ class Flight:
         self.held = {}  # key -> (lock, aot, key folder)
         self.awaiting = {}  # AOTAutograd key -> lock, kept for the lazy backward
         self.local = threading.local()  # .taken: keys taken in the current compile call
-        self.active = 0  # compile calls running in this process
+        self.active = 0  # threads of this process in a compile call
         self.waiting = 0  # of them, those waiting for another process's key
         self.last_end = time.monotonic()
         self.watchdog = None
@@ -155,8 +155,11 @@ class Flight:
         while an AOTAutograd key of an outer call stays for the lazy backward."""
         taken = self._taken()
         start = len(taken)
-        with self.mutex:
-            self.active += 1
+        depth = getattr(self.local, "depth", 0)
+        self.local.depth = depth + 1
+        if not depth:  # threads compiling, each once however deep its calls
+            with self.mutex:
+                self.active += 1
         ok = False
         try:
             result = call()
@@ -165,8 +168,9 @@ class Flight:
         finally:
             mine = taken[start:]
             del taken[start:]
+            self.local.depth = depth
             with self.mutex:
-                self.active -= 1
+                self.active -= not depth
                 self.last_end = time.monotonic()
             try:
                 self._settle(mine, ok, outer, backward)
