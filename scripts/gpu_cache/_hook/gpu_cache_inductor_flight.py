@@ -44,6 +44,24 @@ def _names(folder):
         return set()
 
 
+def fetch_entry(tier, sub):
+    """Copy the shared key folder ``inductor/<sub>`` where the local tier lacks files of it,
+    and when that brought one, the rest of Inductor's tree (the code the entry names)."""
+    before = tier.counts(KIND)["fetched"]
+    tier.fetch_tree(KIND, sub)
+    if tier.counts(KIND)["fetched"] > before:
+        tier.fetch_tree(KIND)
+
+
+def promote_entry(tier, sub):
+    """Promote Inductor's new local files, those of the key folder ``inductor/<sub>`` last: a
+    process that sees the entry in the shared tier finds the files it names there."""
+    tier.promote_tree(KIND, skip=sub)
+    tier.promote_tree(KIND, sub)
+    tier.known.setdefault((KIND, ""), set()).update(
+        os.path.join(sub, rel) for rel in tier.known.get((KIND, sub), ()))
+
+
 def _above(folder, depth):
     for _ in range(depth):
         folder = os.path.dirname(folder)
@@ -101,7 +119,7 @@ class Flight:
 
         def again():
             if tier is not None:
-                tier.fetch_entry(KIND, rel)
+                fetch_entry(tier, rel)
             return read()
 
         def peek():
@@ -139,7 +157,7 @@ class Flight:
             wrote = bool(_names(key_folder))
             tier = self._tiered(_above(key_folder, depth))
             if wrote and tier is not None:
-                tier.promote_entry(KIND, os.path.relpath(key_folder, _above(key_folder, depth)))
+                promote_entry(tier, os.path.relpath(key_folder, _above(key_folder, depth)))
             with self.mutex:
                 held = self.held.pop(key, None)
                 lock = held[0] if held else self.awaiting.pop(key, None)

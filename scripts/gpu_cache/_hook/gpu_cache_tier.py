@@ -485,24 +485,6 @@ class Tier:
         stats["promoted_bytes"] += size
         stats["seconds"] += time.monotonic() - started
 
-    def fetch_entry(self, kind, sub):
-        """Copy the shared entry folder ``<kind>/<sub>`` of a tree kind (an Inductor key folder)
-        where the local tier lacks files of it, and when that brought one, the rest of the
-        kind's tree (the code the entry names). Never raises."""
-        before = self.counts(kind)["fetched"]
-        self.fetch_tree(kind, sub)
-        if self.counts(kind)["fetched"] > before:
-            self.fetch_tree(kind)
-
-    def promote_entry(self, kind, sub):
-        """Promote the new local files of a tree kind, those of the entry folder ``<kind>/<sub>``
-        last: a process that sees the entry in the shared tier finds the files it names there.
-        Never raises."""
-        self.promote_tree(kind, skip=sub)
-        self.promote_tree(kind, sub)
-        self.known.setdefault((kind, ""), set()).update(
-            os.path.join(sub, rel) for rel in self.known.get((kind, sub), ()))
-
     # --- the bound ---------------------------------------------------------------------------
 
     def trim(self, now=None):
