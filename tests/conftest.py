@@ -22,7 +22,7 @@ from sshfs_mount import SshfsMount, missing_requirements
 #: shares a module's cache that takes seconds to compile (the first user pays for it).
 SLOW_FIXTURES = frozenset({
     "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
-    "unbound_dir", "mounts", "private_tmpfs",
+    "unbound_dir", "mounts", "private_tmpfs", "registry_server", "published",
     "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
 })
 

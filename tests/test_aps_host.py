@@ -1,8 +1,10 @@
 """gpu-cache as a module of an AlphaPulldownSnakemake-shaped host (tests/aps_host), as the
 README's module section says: its own `rule all`, structure inference in a `container:`
-rule (run through tests/bin/apptainer, the stand-in over bwrap: Python 3.9 and jax 0.4.30),
-binds set with os.environ.setdefault at parse time, GPU resources without a GPU model, and
-batches that pass their own --jax_compilation_cache_dir.
+rule (run through tests/bin/apptainer, the stand-in over bwrap: Python 3.9 and jax 0.4.30)
+on any GPU of its partition (default gpu-el8), binds set with os.environ.setdefault at parse
+time, no --buckets (the jobs pad to AlphaPulldown's own), batches that pass their own
+--jax_compilation_cache_dir, and the built-in alphafold3 warm workload finding
+run_alphafold.py where AlphaPulldown's images keep it (a stand-in, bound there).
 
 Real Snakemake runs, a few seconds each; the cache root lies outside the container's
 default binds, so the jobs see it only because gpu-cache binds it.
@@ -27,6 +29,10 @@ from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
 
 FIXTURE = REPO / "tests" / "aps_host"
 PROFILE_ARGS = ("--profile", "config/profiles/desktop", "--config", f"gpu_cache_workflow={SNAKEFILE}")
+#: Where AlphaPulldown's AlphaFold 3 images keep AlphaFold 3 (docker/alphafold3.dockerfile,
+#: 2.1.8 to 2.6.2): the tests bind the stand-in run_alphafold.py (tests/fixtures) there, so
+#: the image has it where the real ones do.
+IMAGE_AF3 = "/app/AlphaPulldown/alphafold3"
 #: Longest a run of the look-alike through SLURM may take.
 SLURM_TIMEOUT = 600
 
@@ -48,6 +54,12 @@ def configure(work: Path, **changes) -> None:
     path.write_text(yaml.safe_dump(config))
 
 
+def aps_environ(container_root, **extra: str) -> dict[str, str]:
+    """The environment of a run of the look-alike: the container stand-in first on PATH, and
+    AlphaFold 3's stand-in in the image where AlphaPulldown's images keep it."""
+    return container_root.environ(APPTAINER_BIND=f"{REPO / 'tests' / 'fixtures'}:{IMAGE_AF3}:ro", **extra)
+
+
 def records(root: Path, rule: str | None = None) -> list[dict]:
     found = [json.loads(p.read_text()) for p in sorted((root / "records").glob("*.json"))]
     return [r for r in found if rule is None or r.get("rule") == rule]
@@ -61,7 +73,7 @@ def predictions(work: Path) -> dict[str, dict]:
 def test_a_dry_run_and_lint_plan_the_hosts_target_and_create_no_cache_folder(container_root, tmp_path):
     work = aps_copy(tmp_path)
     root = tmp_path / "cache"
-    env = container_root.environ(GPU_CACHE_ROOT=str(root))
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
     dry = run_snakemake(work, *PROFILE_ARGS, "-n", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
     # The host's own `rule all` is the default target (gpu-cache's `all` is not), with
@@ -81,30 +93,61 @@ def test_a_dry_run_and_lint_plan_the_hosts_target_and_create_no_cache_folder(con
     assert "directly uses variable" not in found, found
 
 
-def readme_blocks() -> list[str]:
-    """The Snakefile fragments of README.md's module section (python blocks, split at `...`)."""
+def readme_section() -> str:
     text = (REPO / "README.md").read_text()
-    section = text.split("## Use it inside a pipeline, as a Snakemake module", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    return [part.strip("\n") for block in blocks for part in block.split("\n...\n") if part.strip()]
+    return text.split("## Use it inside a pipeline, as a Snakemake module", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The code blocks of README.md's module section in ``language`` (python: the Snakefile's)."""
+    found = re.findall(rf"```{language}\n(.*?)```", readme_section(), re.DOTALL)
+    return [block.strip("\n") for block in found]
 
 
 def test_the_readme_module_section_is_what_the_fixture_uses():
+    """Each Snakefile block of the README is a piece of the look-alike's Snakefile as it is,
+    with the host lines around gpu-cache's that say where it goes (no `...`); the config
+    block gives the look-alike's config its shape."""
     snakefile = (FIXTURE / "workflow" / "Snakefile").read_text()
-    fragments = readme_blocks()
-    assert len(fragments) >= 5
+    fragments = readme_blocks("python")
+    assert len(fragments) >= 4 and not any("\n...\n" in f for f in fragments)
     for fragment in fragments:
         assert fragment in snakefile, fragment
+    (example,) = readme_blocks("yaml")[:1]
+    readme = yaml.safe_load(example)
     config = yaml.safe_load((FIXTURE / "config" / "config.yaml").read_text())
     assert set(config["gpu_cache"]) <= {"gpu_types", "workloads", "validate"}
+    # The README's types warm on the predictions' partition with their image and weights, by
+    # anchors on the host's own keys, as the look-alike's do.
+    for spec in readme["gpu_cache"]["gpu_types"].values():
+        assert spec["container"] == readme["prediction_container"]
+        assert spec["resources"]["slurm_partition"] == readme["slurm_partition"] == "gpu-el8"
+    assert readme["gpu_cache"]["workloads"]["alphafold3"]["model_dir"] == readme["backend_weights_directory"]
+    for spec in config["gpu_cache"]["gpu_types"].values():
+        assert spec["container"] == config["prediction_container"]
+        assert spec["resources"]["slurm_partition"] == config["slurm_partition"] == "gpu-el8"
+    assert config["gpu_cache"]["workloads"]["alphafold3"]["model_dir"] == config["backend_weights_directory"]
+    # No --buckets: the jobs pad to AlphaPulldown's buckets, and the warm compiles some of them.
+    assert "--buckets" not in config["structure_inference_arguments"]
+    for shapes in (readme["gpu_cache"]["workloads"]["alphafold3"]["shapes"],
+                   config["gpu_cache"]["workloads"]["alphafold3"]["shapes"]):
+        assert set(shapes) <= set(ALPHAPULLDOWN_BUCKETS), shapes
+    assert "script" not in readme["gpu_cache"]["workloads"]["alphafold3"]  # found in the image
+
+
+#: AlphaPulldown's default --buckets (alphapulldown/scripts/run_structure_prediction.py, 2.6.2).
+ALPHAPULLDOWN_BUCKETS = (128, 256, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 3584, 4096, 4608, 5120)
 
 
 def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container_root, unbound_dir, tmp_path):
     root = unbound_dir / "cache"
     work = aps_copy(tmp_path)
-    env = container_root.environ(GPU_CACHE_ROOT=str(root))
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
     run = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
+    # The warm found AlphaFold 3's run_alphafold.py in the image (no script: in the config).
+    log = (work / "logs" / "gpu-cache" / "warm" / "3090.log").read_text()
+    assert f"alphafold3: using {IMAGE_AF3}/run_alphafold.py, found in the image" in log
     results = work / "results" / "gpu-cache"
     validations = [results / "validate" / f"{t}.json" for t in ("3090", "a100")]
     for path in validations:
@@ -118,6 +161,8 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     assert [p.parent.name for p in done] == ["A+B", "B", "C"]
     finished = max(p.stat().st_mtime for p in done)
     assert min(p.stat().st_mtime for p in done) >= max(v.stat().st_mtime for v in validations)
+    # No --buckets: the folds padded to AlphaPulldown's buckets, both warmed.
+    assert {f: p["bucket"] for f, p in predictions(work).items()} == {"A+B": 256, "B": 128, "C": 128}
     for fold, prediction in predictions(work).items():
         assert prediction["cache"]["requests"] > 0
         assert prediction["cache"]["hits"] == prediction["cache"]["requests"], fold
@@ -143,18 +188,19 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     configure(work, batch_size=2)
     config = yaml.safe_load((work / "config" / "config.yaml").read_text())
     config["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
-                                              "workloads": ["inference"], "resources": {"runtime": 60}}
+                                              "workloads": ["alphafold3"], "resources": {"runtime": 60}}
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     second = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
     # The workloads of l4 could not start: an error at the end of the run, with its cause...
     assert second.returncode != 0
     assert "gpu-cache: ERROR: GPU type l4: no workload run" in second.stderr
-    assert "No module named 'jax'" in second.stderr
+    missing = "alphafold3: error: found no run_alphafold.py (looked at /app/alphafold/run_alphafold.py"
+    assert missing in second.stderr
     summary = second.stdout[second.stdout.index("gpu-cache summary"):]
-    assert "l4 on cpu: ERROR" in summary and "No module named 'jax'" in summary
+    assert "l4 on cpu: ERROR" in summary and missing in summary
     verdict = read_json(results / "validate" / "l4.json")
     assert verdict["status"] == "error" and verdict["passed"] is False
-    assert "ModuleNotFoundError: No module named 'jax'" in verdict["problems"][0]
+    assert missing in verdict["problems"][0]
     assert all(run["error"] for run in verdict["runs"])
     # ... after the host's jobs ran anyway (they only missed a warm cache for l4).
     batches = {p.parent.name: p.stat().st_mtime
@@ -171,13 +217,16 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     doctor = run_cli("doctor", "--json", "--no-fail", "--cache-root", str(root))
     assert json.loads(doctor.stdout)["outside_root"] == [line]
     # Every miss stats counts, doctor --explain accounts for, by rule: those jobs' misses are
-    # in their own folder (jax 0.4.30 in the image names no missed computation).
+    # in their own folder. --json's explain names the latest process's misses key by key (the
+    # hook names jax 0.4.30's misses, which that jax itself logs nowhere).
     assert_explained(root)
     (inference,) = explained(root)["structure_inference"]
     assert inference["cause"] == line
+    report = json.loads(run_cli("doctor", "--explain", "--json", "--cache-root", str(root)).stdout)
+    assert report["explain"] and all(item["causes"] for item in report["explain"]), report
 
     # The fix: point the flag at gpu-cache's folder; the jobs hit it again.
-    flags = {"--buckets": "32,64", "--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
+    flags = {"--fold_backend": "alphafold3", "--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
     configure(work, structure_inference_arguments=flags)
     config = yaml.safe_load((work / "config" / "config.yaml").read_text())
     del config["gpu_cache"]["gpu_types"]["l4"]
@@ -199,6 +248,37 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     assert_explained(root)
     assert explained(root)["structure_inference"][0]["cause"].split("; last seen")[0] == \
         stale.split("; last seen")[0]
+
+
+def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound_dir, tmp_path):
+    """README: a run in another folder on the same root skips warming while the last verdict
+    holds, here with the image's jax 0.4.30 (whose hits the startup hook names from its cache
+    reads) and though each folder pulls the image to a file of its own."""
+    root = unbound_dir / "cache"
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
+    warms = {}
+    for name in ("one", "two", "three"):
+        if name == "three":  # an entry the validation hit is gone (pruned): warm again
+            hit = next(k for r in records(root, "validate_cache") for k in r["jax"]["hit_keys"])
+            (root / "jax" / hit).unlink()
+        work = aps_copy(tmp_path / name)
+        run = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-4000:]
+        results = work / "results" / "gpu-cache"
+        warms[name] = {t: read_json(results / "warm" / f"{t}.json") for t in ("3090", "a100")}
+        for gpu_type in ("3090", "a100"):
+            assert read_json(results / "validate" / f"{gpu_type}.json")["status"] == "passed"
+        for prediction in predictions(work).values():
+            assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
+    assert not any(w["skipped"] for w in warms["one"].values())
+    for warm in warms["two"].values():
+        assert warm["skipped"].startswith("the last validation of the same workloads")
+        assert warm["runs"] == []
+    assert warms["two"]["3090"]["software"]["image"] != warms["one"]["3090"]["software"]["image"]
+    assert warms["two"]["3090"]["fingerprint"] == warms["one"]["3090"]["fingerprint"]
+    # The first type to warm again writes the entry back: the other may then find it there.
+    again = [w for w in warms["three"].values() if not w["skipped"]]
+    assert again and again[0]["new_entries"]["jax"] == 1
 
 
 def explained(root: Path) -> dict[str, list[dict]]:
@@ -229,12 +309,12 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     config = yaml.safe_load((work / "config" / "config.yaml").read_text())
     image = config["prediction_container"]
     config["gpu_cache"]["gpu_types"] = {
-        name: {"container": image, "device": "cpu", "workloads": ["inference"],
+        name: {"container": image, "device": "cpu", "workloads": ["alphafold3"],
                "resources": {"slurm_partition": partition, "gpu": 1, "gpu_model": name, "runtime": 10}}
         for name in ("h100", "h200")}
     (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     root = unbound_dir / "cache"
-    env = container_root.environ(GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--config",
                f"gpu_cache_workflow={SNAKEFILE}", "--slurm-init-seconds-before-status-checks", "1",
                "--jobs", "4", "--nocolor"]

@@ -85,6 +85,11 @@ def test_warm_in_the_image_makes_the_images_jobs_hit(container_root, unbound_dir
     assert record["software"]["jax"] == container_root.jax_version
     stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
     assert stats["software_mismatches"] == []
+    # jax 0.4.30 logs neither hits nor misses: the startup hook names them from its cache reads,
+    # so the next warm step can check that what validation hit is still there.
+    (warmed,) = records_of(root, "warm_cache")
+    assert len(warmed["jax"]["missed"]) == warmed["jax"]["misses"] >= 3 and not warmed["jax"]["hit_keys"]
+    assert sorted(record["jax"]["hit_keys"]) == sorted(m["key"] for m in warmed["jax"]["missed"])
 
 
 def test_warm_on_the_host_makes_the_images_jobs_miss_and_says_why(container_root, unbound_dir, tmp_path):

@@ -152,9 +152,10 @@ PARTS = {"computation": "c1", "jax_lib version": "j1", "XLA flags": "x1", "compi
 
 
 def test_misses_of_a_jax_that_names_none_are_inferred_from_the_keys_it_computed(cache_root):
-    """jax 0.4.30 (AlphaFold 3 images of AlphaPulldown before 2.5) logs no missed computation:
-    its records count misses and hold every key's parts, but name no miss. Records written
-    here as the hook writes them there."""
+    """A jax whose misses the hook cannot name (one that logs none and whose cache reads it
+    does not know; jax 0.4.30 logs none, but the hook names them from its cache reads): its
+    records count misses and hold every key's parts, but name no miss. Records written here
+    as the hook writes them then. --json's explain infers them too, key by key."""
     soft = {"python": "3.9.2", "jax": "0.4.30"}
     write_record(cache_root, "warm", 100.0, rule="warm_cache", gpu_type="h100", software=soft,
                  jax={"hits": 0, "misses": 2, "missed": [],
@@ -171,6 +172,8 @@ def test_misses_of_a_jax_that_names_none_are_inferred_from_the_keys_it_computed(
     assert job["cause"].startswith("jax 0.4.30 does not name the computations that missed")
     (item,) = job["keys"]
     assert item["name"] == "jit_f" and item["changed"] == ["XLA flags"]
+    report = json.loads(run_cli("doctor", "--explain", "--json", "--cache-root", str(cache_root)).stdout)
+    assert report["explain"] == [item]
 
 
 def test_a_folder_outside_the_root_and_other_software_are_the_causes_stats_names(cache_root, tmp_path):

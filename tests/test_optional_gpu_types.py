@@ -151,6 +151,9 @@ def test_doctor_names_the_clusters_gres_types_and_the_gpu_type_that_asks_for_eac
     lacking = ("GPU type h200 asks for gpu:h200, which no partition offers: its jobs end "
                "unscheduled and hold nothing back")
     assert lacking in report["gres"] and lacking in report["warnings"]
+    # Which cluster and configuration sinfo answered from (a node may read another's).
+    assert report["slurm"] == f"cluster {slurm_cluster.cluster_name} (config {slurm_cluster.slurm_conf})"
     text = run_cli("doctor", "--no-fail", "--config", str(path), "--cache-root", str(tmp_path / "cache"),
                    env=env).stdout
     assert f"gres: gpu:h100 (partition {partition}): GPU type h100" in text
+    assert f"slurm: sinfo answered for {report['slurm']}" in text

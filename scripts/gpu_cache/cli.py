@@ -38,8 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _settings(args: argparse.Namespace) -> Settings:
     config: dict[str, Any] | None = None
+    if getattr(args, "config_key", None) and not getattr(args, "config", None):
+        raise UsageError("--config-key needs --config: the file whose block it names")
     if getattr(args, "config", None):
-        config = load_config_file(args.config)
+        config = load_config_file(args.config, getattr(args, "config_key", None))
     if getattr(args, "config_json", None):
         import json
 
@@ -368,7 +370,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", metavar="DIR",
                         help="cache root (default: config, $GPU_CACHE_ROOT, $XDG_CACHE_HOME/gpu-cache, "
                              "~/.cache/gpu-cache); 'none' turns caching off")
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config (same keys as the workflow's)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML or JSON config (same keys as the workflow's), or a host pipeline's "
+                             "config: then its gpu_cache: block")
+    parser.add_argument("--config-key", metavar="KEY",
+                        help="with --config: the top-level key of the block that holds gpu-cache's "
+                             "config in a host's file (default: gpu_cache, where there is one)")
     parser.add_argument("--config-json", metavar="JSON", help=argparse.SUPPRESS)  # from the rules
 
 
@@ -470,6 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="unpack even when the archive does not fit")
     p.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
     p.add_argument("--json", action="store_true", help="print a JSON report")
+
+    from gpu_cache.commands import fetch, publish  # each owns its arguments (issue 33's shape)
+
+    for module in (publish, fetch):
+        run = module.run
+        module.add_arguments(_command(sub, module.NAME, lambda args, run=run: run(args, _settings(args)),
+                                      module.ABOUT))
 
     p = _command(sub, "install-profile", _install_profile,
                  "install the Snakemake profile (--profile gpu-cache)", common=False)

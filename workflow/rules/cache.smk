@@ -19,9 +19,32 @@ rule preflight_cache:
         "{params.cli} doctor --config-json {params.config:q} --no-fail --output {output.report} > {log} 2>&1"
 
 
+rule fetch_cache:
+    input:
+        preflight="results/gpu-cache/preflight.json",
+    output:
+        report="results/gpu-cache/fetch/{gpu_type}.json",
+    log:
+        "logs/gpu-cache/fetch/{gpu_type}.log",
+    # Where Snakemake runs (a login node reaches the registry), into the cache root; a
+    # registry that fails or a pack that is refused is a warning, and warm compiles it all.
+    localrule: True
+    conda:
+        "../envs/gpu-cache.yaml"
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+        reference=gpu_cache_fetch_ref,
+        target=gpu_cache_fetch_target,
+    shell:
+        "{params.cli} fetch {params.reference:q} --gpu-type {wildcards.gpu_type} {params.target}"
+        " --config-json {params.config:q} --no-fail --output {output.report} 2> {log}"
+
+
 rule warm_cache:
     input:
         preflight="results/gpu-cache/preflight.json",
+        fetched=gpu_cache_fetched,
     output:
         report="results/gpu-cache/warm/{gpu_type}.json",
     log:
@@ -88,11 +111,32 @@ rule validate_cache:
         " --phases {input.passes} --output {output.report} 2> {log}"
 
 
+rule publish_cache:
+    input:
+        verdict="results/gpu-cache/validate/{gpu_type}.json",
+    output:
+        report="results/gpu-cache/publish/{gpu_type}.json",
+    log:
+        "logs/gpu-cache/publish/{gpu_type}.log",
+    # Where Snakemake runs; only a passed verdict is published, and a failure is a warning.
+    localrule: True
+    conda:
+        "../envs/gpu-cache.yaml"
+    params:
+        cli=gpu_cache_cli,
+        config=gpu_cache_config,
+        reference=gpu_cache_publish_ref,
+    shell:
+        "{params.cli} publish {params.reference:q} --gpu-type {wildcards.gpu_type} --verdict {input.verdict}"
+        " --config-json {params.config:q} --no-fail --output {output.report} 2> {log}"
+
+
 # A checkpoint whose inputs are everything else, so it runs last; a host overrides its
 # input with its own final outputs (`use rule prune_cache ... with: input: ...`).
 checkpoint prune_cache:
     input:
         validations=gpu_cache_validations(),
+        published=gpu_cache_published(),
     output:
         report="results/gpu-cache/prune.json",
     log:

@@ -31,6 +31,7 @@ from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config.settings import PLACEMENT_RESOURCES as GPU_CACHE_PLACEMENT
 from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
 from gpu_cache.commands.workload import plan_phase as gpu_cache_plan_phase
+from gpu_cache.oci import references as gpu_cache_registry_references
 
 validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
 try:
@@ -262,4 +263,41 @@ def gpu_cache_plots():
         "results/gpu-cache/plots/cold_warm.svg",
         "results/gpu-cache/plots/cache_size.svg",
         "results/gpu-cache/plots/hit_rates.svg",
+    ]
+
+
+def gpu_cache_fetch_ref(wildcards):
+    """The pack this GPU type's warm step starts from (config registry.fetch; None: none)."""
+    return gpu_cache_registry_references(GPU_CACHE_SETTINGS.config, wildcards.gpu_type)[0]
+
+
+def gpu_cache_publish_ref(wildcards):
+    """The tag this GPU type's validated entries go to (config registry.publish; None: none)."""
+    return gpu_cache_registry_references(GPU_CACHE_SETTINGS.config, wildcards.gpu_type)[1]
+
+
+def gpu_cache_fetched(wildcards):
+    """The fetch report warm_cache waits for, where the type fetches a pack (else nothing)."""
+    if gpu_cache_fetch_ref(wildcards) is None:
+        return []
+    return f"results/gpu-cache/fetch/{wildcards.gpu_type}.json"
+
+
+def gpu_cache_fetch_target(wildcards):
+    """Whose software the fetched pack must fit: the type's image where warm runs in it, else
+    the Python its workloads run with (a conda environment: Snakemake's own Python)."""
+    spec = GPU_CACHE_TYPES[wildcards.gpu_type]
+    if spec.container and gpu_cache_in_job_software(wildcards.gpu_type):
+        return f"--image {shlex.quote(spec.container)}"
+    if spec.conda and gpu_cache_in_job_software(wildcards.gpu_type):
+        return ""
+    return f"--python {shlex.quote(spec.python or GPU_CACHE_SETTINGS.python or sys.executable)}"
+
+
+def gpu_cache_published():
+    """The publish reports of the types that publish (config registry.publish)."""
+    return [
+        f"results/gpu-cache/publish/{name}.json"
+        for name in GPU_CACHE_TYPES
+        if gpu_cache_registry_references(GPU_CACHE_SETTINGS.config, name)[1]
     ]

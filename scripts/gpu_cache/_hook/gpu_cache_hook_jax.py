@@ -177,29 +177,74 @@ def _wrap_jax_cache_logging(hook, stats):
     original_hit = getattr(compiler, "log_persistent_cache_hit", None)
     original_miss = getattr(compiler, "log_persistent_cache_miss", None)
     if original_hit is None or original_miss is None:
+        _wrap_jax_cache_read_names(hook, stats, compiler)
         return
 
     def on_hit(module_name, cache_key, *args, **kwargs):
-        try:
-            keep(stats, "hit_keys", text(cache_key))
-            folder = common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-            if folder:
-                path = os.path.join(folder, f"{cache_key}-cache")
-                # older jax (0.4.30) names the entry by its key alone
-                touch(path if os.path.lexists(path) else os.path.join(folder, cache_key))
-        except Exception as exc:
-            hook.warn("jax hit", exc)
+        _named_hit(hook, stats, cache_key)
         return original_hit(module_name, cache_key, *args, **kwargs)
 
     def on_miss(module_name, cache_key, *args, **kwargs):
-        try:
-            keep(stats, "missed", {"name": text(module_name), "key": text(cache_key)})
-        except Exception as exc:
-            hook.warn("jax miss", exc)
+        _named_miss(hook, stats, module_name, cache_key)
         return original_miss(module_name, cache_key, *args, **kwargs)
 
     compiler.log_persistent_cache_hit = on_hit
     compiler.log_persistent_cache_miss = on_miss
+
+
+def _named_hit(hook, stats, cache_key):
+    """Keep a hit's key (what the next warm step checks is still there) and mark its entry used."""
+    try:
+        keep(stats, "hit_keys", text(cache_key))
+        folder = common.jax_cache_dir() or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        if folder:
+            path = os.path.join(folder, f"{cache_key}-cache")
+            # older jax (0.4.30) names the entry by its key alone
+            touch(path if os.path.lexists(path) else os.path.join(folder, cache_key))
+    except Exception as exc:
+        hook.warn("jax hit", exc)
+
+
+def _named_miss(hook, stats, module_name, cache_key):
+    try:
+        keep(stats, "missed", {"name": text(module_name), "key": text(cache_key)})
+    except Exception as exc:
+        hook.warn("jax miss", exc)
+
+
+def _wrap_jax_cache_read_names(hook, stats, compiler):
+    """Names of hits and misses on a jax that logs neither (jax 0.4.30, whose
+    ``compile_or_get_cached`` only logs "Persistent compilation cache hit" at debug level):
+    from ``_cache_read``, which returns ``(executable, compile time)`` on a hit and
+    ``(None, None)`` on a miss. Installed over single-flight's wrapper, so a hit found after
+    waiting for another process's compile counts as the hit JAX then reports. A jax whose
+    ``_cache_read`` differs is left alone: the record says why its hits have no names."""
+    import inspect
+
+    wanted = _JAX_FLIGHT_API["_cache_read"][:2]  # all it uses (single-flight's wrapper has no more)
+    read = getattr(compiler, "_cache_read", None)
+    try:
+        names = tuple(inspect.signature(read).parameters)[:len(wanted)] if callable(read) else ()
+    except (TypeError, ValueError):
+        names = ()
+    if names != wanted:
+        stats["unnamed"] = ("this jax logs no cache hits and its jax._src.compiler._cache_read is not "
+                            f"_cache_read{wanted}: hits and misses are counted, not named")
+        return
+
+    def cache_read(module_name, cache_key, *args, **kwargs):
+        result = read(module_name, cache_key, *args, **kwargs)
+        try:
+            found = result[0] is not None
+        except Exception:  # not the pair this jax returns: leave it to jax
+            return result
+        if found:
+            _named_hit(hook, stats, cache_key)
+        else:
+            _named_miss(hook, stats, module_name, cache_key)
+        return result
+
+    compiler._cache_read = cache_read
 
 
 #: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must

@@ -100,6 +100,10 @@ def _record(hook, time, socket):
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
         record["triton"]["tier"] = common.tier_stats(hook, "triton")
+    if "jax_triton" in hook.libraries and "jax_triton" in hook.parts:
+        record["jax_triton"] = dict(hook.parts["jax_triton"])
+        record["jax_triton"]["single_flight"] = common.flight_stats(hook, "jax_triton")
+        record["jax_triton"]["tier"] = common.tier_stats(hook, "jax_triton")
     if "inductor" in hook.libraries:
         record["inductor"] = section = hook.piece("gpu_cache_hook_inductor").section(hook)
         if "device" not in record:  # what it compiled for, where no jax said
@@ -108,6 +112,8 @@ def _record(hook, time, socket):
                                 "count": section.get("device_count") or (0 if name else 1)}
     elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
+    if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
+        record["ptxas"] = hook.piece("gpu_cache_hook_ptxas").part(hook)
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:
             record[name] = hook.parts[name]
@@ -120,7 +126,7 @@ def _record(hook, time, socket):
 _IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: Distributions whose versions decide whether a cache serves this process: a copy of
 #: gpu_cache.core.software.KEY_PACKAGES.
-_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
+_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
 
 
 def _software():

@@ -659,6 +659,12 @@ def _rewrite_group(data, folder):
     return json.dumps({"child_paths": moved}).encode()
 
 
+#: For the jax-triton kernel store (issue 34, ``gpu_cache_jax_triton_store``), which opens its
+#: folder and places its entries by the same rules.
+Side = _Side
+link_new = _link_new
+
+
 # --- the process's tier ------------------------------------------------------------------
 
 _TIER = None

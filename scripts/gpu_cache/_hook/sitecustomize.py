@@ -16,6 +16,12 @@ only when needed (issue 19):
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
 - ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
+- ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
+  ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+- ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
+  (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
+  installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
 - ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax,
   triton or Inductor's code cache, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
@@ -25,7 +31,8 @@ only when needed (issue 19):
 
 Rules it keeps:
 
-- standard library only, and nothing but the watcher in a process without jax or triton;
+- standard library only, and nothing but the watcher in a process without jax or triton
+  (and, where the ptxas cache is exported, the shim's set-up: about 1 ms);
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
@@ -55,9 +62,13 @@ _LEGACY_WATCHER = "_ImportWatcher"
 _SYS_MARK = "_gpu_cache_startup_hook"
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
-_WATCHED = ("jax", "triton", "torch._inductor.codecache")
+#: Each one's piece is ``gpu_cache_hook_<top-level name>`` (Inductor's: ``gpu_cache_hook_inductor``).
+_WATCHED = ("jax", "triton", "torch._inductor.codecache", "jax_triton.triton_lib")
 #: The other modules the Inductor piece needs before it wraps anything (issue 31).
 _INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
+#: jax-triton's kernel folder (issue 34): its piece runs where it is set, records or not.
+_JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
+_JAX_TRITON_MODULE = "jax_triton.triton_lib"
 #: The import after which the tokamax fix runs, and the variable that switches it off.
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
 _TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
@@ -66,8 +77,9 @@ _INDUCTOR_MODULE = "torch._inductor"
 #: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
 #: node-local fallback folders that ``_guard`` judges here (Triton's and the locks' are judged
 #: where they are used: ``_usable_triton_folder``, ``_install``); a test fails when they drift.
-_TIERED = ("jax", "triton", "inductor")
-_NODE_LOCAL_VARS = ("TORCHINDUCTOR_CACHE_DIR", "GPU_CACHE_BYTECODE", "CUDA_CACHE_PATH", "GPU_CACHE_RECORDS")
+_TIERED = ("jax", "triton", "inductor", "jax_triton")
+_NODE_LOCAL_VARS = ("TORCHINDUCTOR_CACHE_DIR", "GPU_CACHE_BYTECODE", "CUDA_CACHE_PATH", "GPU_CACHE_RECORDS",
+                    "GPU_CACHE_JAX_TRITON")
 _OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")
@@ -95,6 +107,8 @@ class _Hook:
         self.libraries = set()  # the watched libraries this process imported
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
+        self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
+        self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
         self._exit = False
 
     def warn(self, what, exc):
@@ -178,14 +192,14 @@ def _compile_worker():
 
 
 def _observe(name):
-    kind = "inductor" if name.startswith("torch.") else name  # the piece is named by its kind
+    library = "inductor" if name.startswith("torch.") else name.split(".", 1)[0]
 
     def handler(module):
-        if kind == "inductor" and _compile_worker():
+        if library == "inductor" and _compile_worker():
             return
-        _HOOK.observed(kind)
+        _HOOK.observed(library)
         _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
-        _piece(f"gpu_cache_hook_{kind}").on_import(module, _HOOK)
+        _piece(f"gpu_cache_hook_{library}").on_import(module, _HOOK)
 
     return handler
 
@@ -396,6 +410,7 @@ def _install():
             step()
         except Exception as exc:  # that part is off; the rest of the hook still works
             _HOOK.warn(name, exc)
+    _HOOK.triton_cache_dir = os.environ.get("TRITON_CACHE_DIR")
     folder = os.environ.get("GPU_CACHE_RECORDS") or None
     locks = os.environ.get("GPU_CACHE_LOCKS")
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
@@ -410,10 +425,18 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
+    if os.path.isabs(os.environ.get("GPU_CACHE_PTXAS", "")):  # issue 34: before jaxlib loads
+        try:
+            _piece("gpu_cache_hook_common")
+            _piece("gpu_cache_hook_ptxas").install(_HOOK)
+        except Exception as exc:
+            _HOOK.warn("ptxas cache", exc)
     tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
     handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
+    if os.path.isabs(os.environ.get(_JAX_TRITON_VAR, "")):  # its kernel cache, records or not
+        handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF

@@ -6,7 +6,7 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
 (format :data:`FORMAT`, version :data:`FORMAT_VERSION`; what unpack reads of it is
 :data:`SCHEMA`) that says what the rest is:
 
-* ``kinds``: per carried kind (:data:`gpu_cache.core.kinds.CARRIED`: jax, triton, autotune) its
+* ``kinds``: per carried kind (:data:`gpu_cache.core.kinds.CARRIED`: jax, triton, autotune, jax_triton) its
   entries (:class:`ManifestEntry`), each with ``key``, ``name`` (the computation, kernel or
   device kind), ``files`` (file name -> bytes), ``sha256`` (file name -> digest), ``size``,
   ``last_use`` and, for Triton, the ``target`` it was compiled for (``sm_90``, from the
@@ -21,8 +21,8 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
 
 Then one regular-file member per file of each entry, entry after entry: ``jax/<key>-cache``
 (and ``jax/<key>-atime`` where JAX kept one; older jax: ``jax/<key>``),
-``triton/<key>/<file>`` and ``autotune/<version folder>/<device kind>.json``. Nothing else: no
-folders, links or devices.
+``triton/<key>/<file>``, ``autotune/<version folder>/<device kind>.json`` and
+``jax_triton/<key>``. Nothing else: no folders, links or devices.
 
 **Unpack** reads the manifest first and refuses (:class:`Refused`, exit 1) before it writes
 anything: a manifest that does not fit the target it is told (software, GPU type), a member
@@ -44,7 +44,9 @@ least-recently-used order survives.
 
 from gpu_cache.core.kinds import CARRIED
 
+from ._archive import open_archive
 from ._choose import workload_matcher
+from ._fit import fit_problems, target_of_gpu_type, target_software
 from ._format import (
     FORMAT,
     FORMAT_VERSION,
@@ -55,11 +57,29 @@ from ._format import (
     parse_manifest,
     read_manifest,
 )
-from ._pack import PackReport, pack, render_pack
+from ._pack import PackReport, check_kinds, pack, render_pack
 from ._unpack import UnpackReport, render_unpack, unpack
 
 __all__ = [
-    "CARRIED", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SCHEMA", "ManifestEntry", "PackReport",
-    "Refused", "UnpackReport", "pack", "parse_manifest", "read_manifest", "render_pack", "render_unpack",
-    "unpack", "workload_matcher",
+    "CARRIED",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "SCHEMA",
+    "ManifestEntry",
+    "PackReport",
+    "Refused",
+    "UnpackReport",
+    "check_kinds",
+    "fit_problems",
+    "open_archive",
+    "pack",
+    "parse_manifest",
+    "read_manifest",
+    "render_pack",
+    "render_unpack",
+    "target_of_gpu_type",
+    "target_software",
+    "unpack",
+    "workload_matcher",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpu_cache.core import shown as terminal
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
@@ -84,6 +85,8 @@ SCHEMA: dict[str, Any] = {
             for kind in CARRIED}},
         "source_root": {"type": "string"},
         "jax_path_in_key": {"type": ["boolean", "null"]},
+        # a stable pack (#32) keeps no times: each entry's last use is its arrival
+        "times_normalised": {"type": "boolean"},
     },
 }
 
@@ -138,11 +141,12 @@ def is_group(name: str) -> bool:
 class ManifestEntry:
     """One entry of an archive as its manifest names it.
 
-    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``inductor``); ``files``: file name -> bytes;
+    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``jax_triton``, ``inductor``);
+    ``files``: file name -> bytes;
     ``name``: the computation, kernel or device kind; ``last_use``: seconds since the epoch;
     ``triton_kind``: Triton's ``kernel`` or ``autotune``; ``target``: the Triton target
-    (``sm_90``); ``sha256``: file name -> its SHA-256; ``versions``: an autotuning result's
-    (tokamax, jax) versions.
+    (``sm_90``; a jax-triton kernel's too); ``sha256``: file name -> its SHA-256;
+    ``versions``: an autotuning result's (tokamax, jax) versions.
     """
 
     kind: str
@@ -173,6 +177,8 @@ class ManifestEntry:
         if self.kind == "inductor":  # a key folder's files, or a code entry's in its shard
             folder = self.key if self.key.startswith(INDUCTOR_FOLDERS) else self.key.rpartition("/")[0]
             return f"inductor/{folder}/{file_name}"
+        if self.kind == "jax_triton":
+            return f"jax_triton/{file_name}"
         return f"triton/{self.key}/{file_name}"
 
     def as_json(self) -> dict[str, Any]:
@@ -180,6 +186,8 @@ class ManifestEntry:
                                "sha256": self.sha256, "size": self.size, "last_use": self.last_use}
         if self.kind == "triton":
             out.update(kind=self.triton_kind, target=self.target)
+        elif self.kind == "jax_triton":
+            out.update(target=self.target)
         if self.versions is not None:
             out.update(tokamax=self.versions[0], jax=self.versions[1])
         return out
@@ -263,6 +271,8 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
         stem = key.rpartition("/")[2] + "."
         good = bool(_INDUCTOR_KEY_RE.fullmatch(key)) and (
             key.startswith(INDUCTOR_FOLDERS) or all(n.startswith(stem) for n in files))
+    elif kind == "jax_triton":  # one file, named by its key
+        good = bool(kernel_cache.KEY_RE.fullmatch(key)) and set(files) == {key}
     else:  # a key folder of plain files; no writer's tmp. folder
         good = bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
     if not good or not all(plain_name(n) for n in files):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import io
 import json
@@ -12,7 +13,7 @@ import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterable
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from gpu_cache.core import safe_io, software
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
@@ -210,11 +212,34 @@ def _inductor_candidates(folder: Path, wanted: set[str] | None,
             files = _regular_files(Path(source.paths[0]))
         if files:
             out.append(_packed("inductor", entry.key, files, entry.last_use, name=entry.name))
+def _kernel_candidates(folder: Path, wanted: set[str] | None,
+                       skipped: list[dict[str, str]]) -> list[_Packed]:
+    """jax-triton's kernels (issue 34), each one file, read whole and checked."""
+    out = []
+    for entry in scan("jax_triton", folder, grace_seconds=3600.0):
+        if wanted is not None and entry.key not in wanted:
+            continue
+        source = entry.source
+        assert isinstance(source, kernel_cache.KernelEntry)
+        problem, target = entry.problem, None
+        if problem is None:
+            try:
+                data = json.loads(safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT))
+                problem = kernel_cache.problem_of(data, entry.key)
+                target = data.get("target") if problem is None else None
+            except (OSError, ValueError, RecursionError) as exc:
+                problem = f"unreadable entry ({exc.__class__.__name__})"
+        if problem is not None:
+            skipped.append({"kind": "jax_triton", "key": entry.key, "reason": problem})
+            continue
+        path = Path(source.path)
+        out.append(_packed("jax_triton", entry.key, {path.name: path}, entry.last_use, name=entry.name,
+                           target=target))
     return out
 
 
 _CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates,
-               "inductor": _inductor_candidates}
+               "inductor": _inductor_candidates, "jax_triton": _kernel_candidates}
 
 
 def _archive_mode(archive: Path) -> str:
@@ -252,12 +277,38 @@ def check_kinds(asked: Iterable[str]) -> tuple[str, ...]:
     return chosen
 
 
+def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
+    """The entries with nothing that moves when a job hits them (#32: a registry layer of
+    unchanged entries must keep its digest): no last use (unpack stamps its arrival), no JAX
+    ``-atime`` file, in the order of their kinds and keys, each one's files by name."""
+    out = []
+    for item in chosen:
+        entry = item.entry
+        names = sorted(n for n in item.paths if not (entry.kind == "jax" and n.endswith("-atime")))
+        out.append(_Packed(ManifestEntry(entry.kind, entry.key, {n: entry.files[n] for n in names},
+                                         {n: entry.sha256[n] for n in names}, 0.0, entry.name,
+                                         entry.triton_kind, entry.target, entry.versions),
+                           {n: item.paths[n] for n in names}))
+    order = {kind: number for number, kind in enumerate(CARRIED)}
+    return sorted(out, key=lambda p: (order[p.entry.kind], p.entry.key))
+
+
+def _stable_manifest(manifest: dict[str, Any], path_in_key: bool | None) -> None:
+    """Leave out what differs between two packs of the same entries (the source root only
+    where the JAX keys hold it), and say that the pack keeps no times."""
+    del manifest["created"], manifest["host"]
+    if not path_in_key:
+        del manifest["source_root"]
+    manifest["times_normalised"] = True
+
+
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
-         tier: Path | None = None) -> PackReport:
+         tier: Path | None = None, stable: bool = False) -> PackReport:
     """Write the entries of ``kinds`` (default: every carried kind) under ``root`` into
     ``archive``, with a manifest; with ``tier`` (this node's local tier of the root, issue 23),
     also its entries of tiered kinds that the root lacks (not promoted yet, or a read-only root).
+    ``stable``: the same entries give the same bytes (#32; :func:`_stabilised`).
 
     ``gpu_type``/``matcher`` (for ``workload``): only the entries that the warm and validate
     passes of that GPU type (and that workload) hit or wrote, as their records name them.
@@ -304,6 +355,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
             missing[kind] = len(wanted - {p.entry.key for p in found}
                                 - {s["key"] for s in skipped if s["kind"] == kind})
         chosen += found
+    chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)
     if gpu_type is not None:
@@ -322,6 +374,8 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
                   for kind, items in by_kind.items()},
         "skipped": skipped,
     }
+    if stable:
+        _stable_manifest(manifest, soft["jax_path_in_key"])
     if soft["jax_path_in_key"]:
         log.warning("the JAX entries were written by jax %s with XLA caches in the cache folder: "
                     "their keys hold the folder's path, so they hit only at %s",
@@ -330,7 +384,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
     total = sum(e.size for e in entries)
     log.info("pack: %d entries, %s, into %s", len(chosen), format_size(total), target)
-    _write_archive(target, mode, manifest, chosen)
+    _write_archive(target, mode, manifest, chosen, stable)
     return PackReport(str(target), {k: len(v) for k, v in by_kind.items()}, total, skipped, missing,
                       soft["identity"], dev)
 
@@ -341,9 +395,10 @@ def _tar_info(name: str, size: int, mtime: float) -> tarfile.TarInfo:
     return info
 
 
-def _write_archive(target: Path, mode: str, manifest: dict[str, Any], chosen: list[_Packed]) -> None:
+def _write_archive(target: Path, mode: str, manifest: dict[str, Any], chosen: list[_Packed],
+                   stable: bool = False) -> None:
     """Stream the archive into a temporary file beside ``target``, then rename it there: a
-    reader never sees half an archive.
+    reader never sees half an archive. ``stable``: every time in it 0 (the gzip header's too).
 
     Raises:
         OSError: a file of an entry changed or vanished meanwhile, or writing failed.
@@ -352,15 +407,19 @@ def _write_archive(target: Path, mode: str, manifest: dict[str, Any], chosen: li
     temp = target.with_name(safe_io.temp_name(target.name))
     fd = os.open(temp, safe_io.CREATE_FLAGS, 0o644)
     try:
-        with os.fdopen(fd, "wb") as raw, \
-                tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        with ExitStack() as stack:
+            raw: Any = stack.enter_context(os.fdopen(fd, "wb"))
+            if stable and mode == "w:gz":  # tarfile's own gzip header holds the time and a file name
+                raw = stack.enter_context(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0))
+                mode = "w:"
+            tar = stack.enter_context(tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT))
             data = json.dumps(manifest, indent=1, default=str).encode()
-            tar.addfile(_tar_info(MANIFEST_NAME, len(data), time.time()), io.BytesIO(data))
+            tar.addfile(_tar_info(MANIFEST_NAME, len(data), 0 if stable else time.time()), io.BytesIO(data))
             progress = Progress("pack: writing", len(chosen))
             written = 0
             for number, item in enumerate(chosen, 1):
                 for name, path in item.paths.items():
-                    _add_file(tar, item.entry, name, path)
+                    _add_file(tar, item.entry, name, path, 0 if stable else None)
                 written += item.entry.size
                 progress.step(number, written)
         os.replace(temp, target)
@@ -386,8 +445,10 @@ class _Hashing(io.RawIOBase):
         return data
 
 
-def _add_file(tar: tarfile.TarFile, entry: ManifestEntry, name: str, path: Path) -> None:
-    """Add one file, as the manifest names it (the same size and digest), or fail."""
+def _add_file(tar: tarfile.TarFile, entry: ManifestEntry, name: str, path: Path,
+              mtime: float | None = None) -> None:
+    """Add one file, as the manifest names it (the same size and digest), with its own
+    modification time or ``mtime``, or fail."""
     changed = OSError(errno.EAGAIN, "changed while it was packed; pack again", str(path))
     with safe_io.open_regular(path) as fd:
         info = os.fstat(fd)
@@ -395,7 +456,8 @@ def _add_file(tar: tarfile.TarFile, entry: ManifestEntry, name: str, path: Path)
             raise changed
         with os.fdopen(os.dup(fd), "rb") as stream:
             hashing = _Hashing(stream)
-            tar.addfile(_tar_info(entry.member(name), info.st_size, info.st_mtime), hashing)
+            tar.addfile(_tar_info(entry.member(name), info.st_size,
+                                  info.st_mtime if mtime is None else mtime), hashing)
     if hashing.digest.hexdigest() != entry.sha256[name]:
         raise changed
 

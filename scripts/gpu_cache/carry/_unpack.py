@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -32,7 +33,16 @@ from ._common import Progress, log
 from ._fit import fit_problems, target_software
 from ._format import ManifestEntry, Refused, printable, shown
 from ._pack import check_kinds
-from ._writers import AutotuneWriter, Damaged, InductorWriter, JaxWriter, TritonWriter, Writer, member_problem
+from ._writers import (
+    AutotuneWriter,
+    Damaged,
+    InductorWriter,
+    JaxWriter,
+    KernelWriter,
+    TritonWriter,
+    Writer,
+    member_problem,
+)
 
 #: Free space kept beyond what unpack writes.
 SPACE_MARGIN = 64 << 20
@@ -220,8 +230,10 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
                     if any(ident[0] == kind for ident in todo):
                         fds[kind] = _kind_folder_fd(root, kind, shared_group)
                         stack.callback(os.close, fds[kind])
+                # a stable pack's entries (#32) are as new as their arrival here
+                arrival = time.time() if opened.manifest.get("times_normalised") is True else None
                 try:
-                    _write_entries(root, fds, opened, actions, report)
+                    _write_entries(root, fds, opened, actions, report, arrival)
                 except Refused as exc:  # the archive changed since the first pass
                     raise Refused(exc.reason, exc.hint, written=True) from None
     return report
@@ -235,9 +247,10 @@ def _capped(jax_folder: Path) -> bool:
 
 
 def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
-                   actions: dict[tuple[str, str], Action], report: UnpackReport) -> None:
+                   actions: dict[tuple[str, str], Action], report: UnpackReport,
+                   arrival: float | None = None) -> None:
     """Second pass: write each entry that is to be written, whole, into its kind's folder
-    (``fds``: their descriptors)."""
+    (``fds``: their descriptors), with its own times or, given ``arrival``, that one."""
     capped = _capped(KINDS["jax"].folder(root))
     todo = {ident for ident, action in actions.items() if action != Action.KEEP}
     progress = Progress("unpack", len(todo))
@@ -248,6 +261,8 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
             if entry.ident not in todo:
                 continue
             action = actions[entry.ident]
+            if arrival is not None:
+                member.mtime = entry.last_use = arrival
             if writer is None or writer.entry is not entry:
                 folder = KINDS[entry.kind].folder(root)
                 if entry.kind == "jax":
@@ -256,6 +271,8 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                     writer = AutotuneWriter(folder, fds[entry.kind], entry)
                 elif entry.kind == "inductor":
                     writer = InductorWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
+                elif entry.kind == "jax_triton":
+                    writer = KernelWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
                 else:
                     writer = TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
             counted = report.written if action == Action.WRITE else report.replaced

@@ -29,6 +29,7 @@ from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
@@ -93,13 +94,16 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
         return damaged
     if not read_all:
         return None
-    if entry.kind == "autotune" and member.size <= autotune_cache.RESULT_LIMIT:  # read as a job does
+    readers = {"autotune": (autotune_cache.RESULT_LIMIT, autotune_cache.problem_of),
+               "jax_triton": (kernel_cache.ENTRY_LIMIT, kernel_cache.problem_of)}
+    limit, problem_of = readers.get(entry.kind, (-1, None))
+    if problem_of is not None and member.size <= limit:  # read as a job does
         data = reader.read(member.size)
         problem = _digest_problem(entry, file_name, sha256(data))
         try:
-            return problem or autotune_cache.problem_of(json.loads(data), entry.key)
+            return problem or problem_of(json.loads(data), entry.key)
         except (ValueError, RecursionError) as exc:
-            return f"it is not a result jobs can read ({type(exc).__name__})"
+            return f"it is not an entry jobs can read ({type(exc).__name__})"
     digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
@@ -389,6 +393,67 @@ class AutotuneWriter(Writer):
             self.temp = ""
         os.close(self.fd)
         self.fd = None
+
+
+class KernelWriter(Writer):
+    """A jax-triton kernel (issue 34) into a temporary file beside its name (never writable by
+    others: the startup hook reads no entry that another user could have written), checked
+    (its digest, then an entry of its key in the hook's format), then renamed into place,
+    unless a valid entry as new is there."""
+
+    def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry, replace: bool) -> None:
+        super().__init__(folder, dir_fd, entry)
+        self.replace = replace
+        self.temp = ""
+
+    def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
+        self.pending.discard(file_name)
+        if member.size > kernel_cache.ENTRY_LIMIT:
+            raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
+        self.temp = safe_io.temp_name(file_name)
+        fd = safe_io.new_file(self.temp, dir_fd=self.dir_fd)
+        try:
+            _fill(fd, file_name, source, member, self.entry)
+            os.utime(fd, (self.entry.last_use, self.entry.last_use))
+        finally:
+            os.close(fd)
+
+    def _problem(self, name: str) -> str | None:
+        try:
+            data = json.loads(safe_io.read_bounded(name, kernel_cache.ENTRY_LIMIT, dir_fd=self.dir_fd))
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"it is not an entry jobs can read ({type(exc).__name__})"
+        return kernel_cache.problem_of(data, self.entry.key)
+
+    def finish(self) -> bool:
+        problem = self._problem(self.temp)
+        if problem:
+            raise Damaged(problem)
+        key = self.entry.key
+        if self.replace:
+            try:
+                info = os.lstat(key, dir_fd=self.dir_fd)
+                if stat.S_ISREG(info.st_mode) and info.st_mtime >= self.entry.last_use \
+                        and self._problem(key) is None:
+                    return False  # a process compiled it meanwhile: its entry stays
+            except FileNotFoundError:
+                pass
+            os.replace(self.temp, key, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        else:
+            try:
+                os.link(self.temp, key, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
+                        follow_symlinks=False)
+            except FileExistsError:
+                return False  # a process compiled it meanwhile: its entry stays
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        self.temp = ""
+        return True
+
+    def abandon(self) -> None:
+        if self.temp:
+            with suppress(OSError):
+                os.unlink(self.temp, dir_fd=self.dir_fd)
+            self.temp = ""
 
 
 def _folder_below(dir_fd: int, relative: str) -> int:

@@ -14,7 +14,7 @@ from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv import env
+from gpu_cache.jobenv import env, ptxas
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -45,6 +45,24 @@ def cluster_gres(settings: Settings) -> list[str] | None:
     except (OSError, subprocess.CalledProcessError):  # a client without a cluster
         return None
     return targets.gres_mapping(targets.gpu_types(settings), targets.parse_sinfo_gres(out))
+
+
+def slurm_source() -> str | None:
+    """Which cluster ``sinfo`` answered for, and from which configuration: ``cluster NAME
+    (config PATH)``, as ``scontrol show config`` reports them (a node of another cluster
+    may read that one's configuration, e.g. a configless ``/run/slurm/conf``). None where
+    ``scontrol`` does not tell."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    found = {name.strip(): value.strip() for name, value in found.items()}
+    cluster, conf = found.get("ClusterName"), found.get("SLURM_CONF")
+    if not cluster and not conf:
+        return None
+    return f"cluster {cluster or '?'} (config {conf or '?'})"
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
@@ -79,7 +97,9 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
     report["device"] = device.detect().as_dict()
     report["gres"] = cluster_gres(settings)
+    report["slurm"] = slurm_source() if report["gres"] is not None else None
     report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
+    report["ptxas"] = ptxas.report(exports.values)  # issue 34: which ptxas XLA and jaxlib run
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
@@ -116,7 +136,11 @@ def render(report: dict[str, Any]) -> str:
     dev = report["device"]
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
     lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
+    if report.get("gres") is not None:
+        source = report.get("slurm") or "a cluster scontrol does not name"
+        lines.append(f"    slurm: sinfo answered for {source}")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
+    lines += ptxas.render(report["ptxas"]) if report.get("ptxas") else []
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -11,13 +11,13 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from gpu_cache.commands import explain
+from gpu_cache.commands import explain, explain_kernels, explain_ptxas
 from gpu_cache.commands.workload import plan_phase
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
-from gpu_cache.core import kinds, runner, software
+from gpu_cache.core import hook_records, kinds, runner, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.reports import KindCounts, Missed, PhaseResult, Verdict
 from gpu_cache.jobenv import env
@@ -125,16 +125,18 @@ def run_phases(settings: Settings, gpu_type: str, output: TextIO,
     return {"cold": cold, "validate": warm}
 
 
-def not_started(phase: PhaseResult) -> str | None:
+def not_started(phase: PhaseResult, ran_with: Mapping[str, Any] | None = None) -> str | None:
     """A problem line when no workload run of ``phase`` ran to the end (each one exited
     with an error or timed out): the workloads could not even start in the software they
-    ran with, so the pass measured nothing. None when one run succeeded or none was made."""
+    ran with (``ran_with``, default the phase's), so the pass measured nothing. None when
+    one run succeeded or none was made."""
     if not phase.runs or any(run.ok for run in phase.runs):
         return None
     said = next((run.error for run in reversed(phase.runs) if run.error), None)
     last = f"; the last one said: {said}" if said else ""
     return (f"no workload run of GPU type {phase.gpu_type} ran to the end ({len(phase.runs)} of "
-            f"{len(phase.runs)} failed{last}). They ran with {software.describe(phase.software)}: "
+            f"{len(phase.runs)} failed{last}). They ran with "
+            f"{software.describe(phase.software if ran_with is None else ran_with)}: "
             f"give the type the jobs' own software (gpu_types.{phase.gpu_type}.container, conda or "
             "python), or fix the workload's command")
 
@@ -157,14 +159,17 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     assert warm is not None
     if warm.unscheduled:
         return unscheduled_verdict(gpu_type, warm, exports)
-    broken = not_started(warm)
+    expected = gpu_types(settings).get(gpu_type)
+    ran_with = dict(warm.software)
+    if expected is not None and expected.container and ran_with.get("image"):
+        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
+    broken = not_started(warm, ran_with)
     cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
                       if kind in ("jax", "all")]
     counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
     missed = [m for kind in kinds.OBSERVED for m in missed_in(warm, kind)]
     seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
                   int(warm.device.get("count") or 0)) if warm.device else None
-    expected = gpu_types(settings).get(gpu_type)
     if expected is not None and seen is not None:
         cache_problems += device_problems(expected, seen)
     if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
@@ -174,14 +179,8 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     else:
         problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
             + autotuning_problems(warm)
-    explanations: list[dict] = []
-    if (counts["jax"].misses or counts["inductor"].misses) and settings.cache_root is not None:
-        explanations = explain.explain_cache(settings.cache_root, warm.run_id)
-        problems += [f"{e['kind']}: {e['name']} missed: {e['causes'][0]}"
-                     for e in explanations[:NAMED_MISSES] if e["causes"]]
-    ran_with = dict(warm.software)
-    if expected is not None and expected.container and ran_with.get("image"):
-        ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
+    explanations, named = explain_misses(settings, warm, counts)
+    problems += named
     observed = any(c.processes_observed for c in counts.values())
     notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
              f"({cold.reused}); validate.measure_cold: always measures it every time"] \
@@ -189,6 +188,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     notes += [] if observed else [
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
+    notes += unremembered(warm, counts) if not problems else []
     return Verdict(
         gpu_type=gpu_type,
         device=warm.device,
@@ -208,6 +208,42 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
+
+
+def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
+                   ) -> tuple[list[dict], list[str]]:
+    """Why the pass's JAX computations, Inductor graphs and jax-triton kernels missed: the
+    explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
+    if settings.cache_root is None:
+        return [], []
+    explanations: list[dict] = []
+    problems: list[str] = []
+    if counts["jax"].misses or counts["inductor"].misses:  # Inductor's graphs: issue 31
+        found = explain.explain_cache(settings.cache_root, phase.run_id)
+        explanations += found
+        problems += [f"{e.get('kind', 'jax')}: {e['name']} missed: {e['causes'][0]}"
+                     for e in found[:NAMED_MISSES] if e["causes"]]
+    if counts[explain_kernels.KIND].misses:
+        records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
+        found = explain_kernels.explain_run(records, phase.run_id)
+        explanations += found
+        problems += [f"jax_triton: kernel {e['name']} missed: {e['causes'][0]}"
+                     for e in found[:NAMED_MISSES] if e["causes"]]
+    if counts["ptxas"].misses:  # issue 34: the shim's misses, by the PTX they were asked for
+        problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
+                     for e in explain_ptxas.explain_run(settings.cache_root, phase.run_id)[:NAMED_MISSES]
+                     if e["causes"]]
+    return explanations, problems
+
+
+def unremembered(phase: PhaseResult, counts: Mapping[str, KindCounts]) -> list[str]:
+    """A note when a validation that hit cannot be remembered (:func:`remember` needs the keys
+    of its hits), so that the next run on this root warms again."""
+    if any(t.hit_keys for t in phase.recorded.values()) or not any(c.hits for c in counts.values()):
+        return []
+    return [f"the next run warms again: the startup hook learnt no key of these hits from "
+            f"{software.describe(phase.software)} (its records say why), so warm.skip_when_valid "
+            "cannot check that they are still in the cache"]
 
 
 def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:

@@ -29,6 +29,12 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         "4 pre-norm transformer blocks under torch.compile (Inductor), forward and backward, per "
         "sequence length", ("inductor",),
     ),
+    "jax-triton": (
+        # sequence lengths (multiples of 128): the kernels are specialised on them.
+        "gpu_cache.workloads.jax_triton_kernels", [256, 512],
+        "an attention block of jax-triton kernels (5 tiled matmuls, flash attention); run on a "
+        "GPU, lowered for triton_targets without one", ("jax_triton",),
+    ),
     "alphafold3": (
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
@@ -157,4 +163,5 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     # told); validation runs them one after another, as the jobs start them.
     parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
     reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
-    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse)
+    return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse,
+                gpu_types(settings)[gpu_type].container)

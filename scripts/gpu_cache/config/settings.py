@@ -36,6 +36,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "min_free_space": "1G",
     "stats_hook": True,
     "bytecode_cache": False,
+    "ptxas_cache": True,
     "single_flight": {"enabled": True, "timeout": "10m"},
     "python": None,
     "triton_targets": ["sm_90"],
@@ -46,6 +47,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "validate": {"measure_cold": True, "strict": False},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
     "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
+    "registry": {"fetch": None, "publish": None},
 }
 
 
@@ -75,6 +77,29 @@ def fill_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     return filled
 
 
+def named_as_text(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with GPU type names and GPU models that YAML read as numbers (``3090:``,
+    ``gpu_model: 3090``, as SLURM names the GPU) as the text they are, and a list of SLURM
+    partitions (a host's ``slurm_partition: [a, b]``, given by an anchor) as ``a,b``."""
+    config = dict(config)
+    types = config.get("gpu_types")
+    if not isinstance(types, Mapping):
+        return config
+    config["gpu_types"] = {str(name) if isinstance(name, int) else name: spec for name, spec in types.items()}
+    for name, spec in config["gpu_types"].items():
+        resources = spec.get("resources") if isinstance(spec, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        resources = dict(resources)
+        model, partition = resources.get("gpu_model"), resources.get("slurm_partition")
+        if isinstance(model, int) and not isinstance(model, bool):
+            resources["gpu_model"] = str(model)
+        if isinstance(partition, list) and all(isinstance(p, str) for p in partition):
+            resources["slurm_partition"] = ",".join(partition)
+        config["gpu_types"][name] = {**spec, "resources": resources}
+    return config
+
+
 def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check ``config`` against the schema and return it with defaults filled in.
 
@@ -89,7 +114,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if _too_big(config):
         raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
                          "(YAML aliases nested too deep?)")
-    config = dict(config or {})
+    config = named_as_text(config)
     schema = load_schema()
     validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -158,13 +183,19 @@ def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
     return False
 
 
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a YAML or JSON config file (a symbolic link to one is followed).
+#: The key of a host pipeline's config that holds gpu-cache's (the README's module section).
+HOST_KEY = "gpu_cache"
+
+
+def load_config_file(path: str | os.PathLike[str], key: str | None = None) -> dict[str, Any]:
+    """Read and validate a YAML or JSON config file (a symbolic link to one is followed):
+    gpu-cache's own, or a host pipeline's that holds it under ``key`` (default
+    :data:`HOST_KEY` where the file has such a block; the host's other keys are not read).
 
     Raises:
         UsageError: the file is not a regular file (a FIFO would block the open forever, #21),
-            cannot be read, is not UTF-8 YAML, is not a mapping, is unreasonably large, or
-            does not match the schema.
+            cannot be read, is not UTF-8 YAML, is not a mapping, is unreasonably large, has
+            no ``key`` block, or does not match the schema.
     """
     try:
         raw = safe_io.read_bounded(os.path.realpath(path), MAX_CONFIG_BYTES)
@@ -188,10 +219,31 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    data, where = host_block(data, key, path)
     try:
         return validate_config(data)
     except UsageError as exc:
-        raise UsageError(f"config file {path}: {exc}") from None
+        hint = ("; a host pipeline's config holds gpu-cache's under gpu_cache: (or the key "
+                "--config-key names)") if str(exc).startswith("config key (top level): Additional") else ""
+        raise UsageError(f"{where}: {exc}{hint}") from None
+
+
+def host_block(data: dict[str, Any] | None, key: str | None, path: Any) -> tuple[Any, str]:
+    """gpu-cache's config in a file's ``data``, and how messages name it: the ``key`` block
+    (``--config-key``), else the :data:`HOST_KEY` block of a host's config, else all of it.
+
+    Raises:
+        UsageError: ``key`` is given and the file has no such block.
+    """
+    wanted = key or HOST_KEY
+    block = (data or {}).get(wanted)
+    if key is None and not isinstance(block, dict):  # gpu-cache's own config file
+        return data, f"config file {path}"
+    if not isinstance(block, dict):
+        keys = ", ".join(sorted(map(str, data or {}))[:12]) or "none"
+        raise UsageError(f"config file {path} has no {wanted}: block of gpu-cache's keys (its "
+                         f"top-level keys: {keys}); --config-key names the key that holds it")
+    return block, f"config file {path}, block {wanted}"
 
 
 def _yaml_error(exc: Exception, text: str) -> str:
@@ -362,6 +414,7 @@ class Settings:
     xla_caches: str = "none"
     stats_hook: bool = True
     bytecode_cache: bool = False
+    ptxas_cache: bool = True
     shared_group: str | None = None
     min_free_space: int = 1 << 30
     python: str | None = None
@@ -400,6 +453,7 @@ def settings_from(
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
         bytecode_cache=filled["bytecode_cache"],
+        ptxas_cache=filled["ptxas_cache"],
         shared_group=filled["shared_group"],
         min_free_space=parse_size(filled["min_free_space"]),
         python=filled["python"],

@@ -76,6 +76,18 @@ def parse_sinfo_gres(text: str) -> dict[str, set[str]]:
     return found
 
 
+def yaml_text(name: str) -> str:
+    """``name`` as YAML must spell it to read it back as that text: quoted where YAML would
+    read a number, a truth value or null (``3090``, ``on``)."""
+    import yaml
+
+    try:
+        plain = yaml.safe_load(name) == name
+    except yaml.YAMLError:
+        plain = False
+    return name if plain else '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> list[str]:
     """One line per GRES type name the cluster offers (``offered``: by partition, from
     :func:`parse_sinfo_gres`) saying which configured GPU types ask for it (or that none
@@ -88,11 +100,12 @@ def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> lis
             partitions.setdefault(name, []).append(partition)
     for name, where in sorted(partitions.items()):
         users = [t for t, names in asked.items() if name in names]
+        quoted = yaml_text(name)
         what = (", ".join(f"GPU type {t} (device {types[t].expected_device})" for t in users)
                 if users else
-                f"no GPU type asks for it (to warm it: gpu_types: {{{name}: {{device: <the name "
-                f"`gpu-cache doctor` prints on such a node>, resources: {{gpu: 1, gpu_model: "
-                f"{name}}}}}}})")
+                f"no GPU type asks for it (to warm it: gpu_types: {{{quoted}: {{device: <the name "
+                f"`gpu-cache doctor` prints on such a node>, resources: {{slurm_partition: "
+                f"{yaml_text(where[0])}, gpu: 1, gpu_model: {quoted}}}}}}})")
         lines.append(f"gpu:{name} (partition {', '.join(where)}): {what}")
     every = {name for names in offered.values() for name in names}
     for gpu_type, names in sorted(asked.items()):

@@ -61,7 +61,8 @@ class Plan:
     the startup hook's records (off for the cold pass); ``python``: the interpreter that
     ``{python}`` names (None: the runner's own, i.e. the job's); ``parallel``: runs at once;
     ``reuse``: a cold pass reuses its last measurement of the same inputs, and a warm pass is
-    skipped when the last validation of the same inputs passed (see :func:`fingerprint`).
+    skipped when the last validation of the same inputs passed (see :func:`fingerprint`);
+    ``container``: the type's image as the config names it (None: none).
     """
 
     phase: str
@@ -72,12 +73,13 @@ class Plan:
     python: str | None = None
     parallel: int = 1
     reuse: bool = False
+    container: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "gpu_type": self.gpu_type,
                 "commands": [vars(c) for c in self.commands], "environ": self.environ,
                 "record": self.record, "python": self.python, "parallel": self.parallel,
-                "reuse": self.reuse}
+                "reuse": self.reuse, "container": self.container}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -87,7 +89,8 @@ class Plan:
                          for c in data["commands"]),
                    {str(k): str(v) for k, v in dict(data.get("environ") or {}).items()},
                    bool(data.get("record", True)), data.get("python"),
-                   max(0, int(data.get("parallel", 1))), bool(data.get("reuse", False)))
+                   max(0, int(data.get("parallel", 1))), bool(data.get("reuse", False)),
+                   data.get("container") or None)
 
 
 def shell_command(command: Command, python: str, gpu_type: str) -> str:
@@ -173,12 +176,18 @@ def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None =
 
 def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[str, Any]) -> str:
     """What a measurement or a verdict depends on: the GPU type, its runs (workload, shape,
-    command), the software and the device. Passes of one type share it, whatever the phase."""
+    command), the software and the device. Passes of one type share it, whatever the phase.
+    The image counts by the name the config gives it: Snakemake pulls it to a file in each
+    working folder's ``.snakemake/singularity`` (unless ``--apptainer-prefix`` is shared), and
+    a run in another folder must find the same verdict (its software is in it besides)."""
     import hashlib
 
+    software_identity = dict(software_identity)
+    if plan.container and software_identity.get("image"):
+        software_identity["image"] = plan.container
     inputs = {"gpu_type": plan.gpu_type, "python": plan.python,
               "runs": [[c.workload, str(c.shape), c.template] for c in plan.commands],
-              "software": dict(software_identity), "device": dict(seen)}
+              "software": software_identity, "device": dict(seen)}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -318,9 +327,13 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     jax_folder, triton_folder = kinds.KINDS["jax"].folder(root), kinds.KINDS["triton"].folder(root)
+    kernel_folder = kinds.KINDS["jax_triton"].folder(root)
+    ptxas_folder = kinds.KINDS["ptxas"].folder(root)
     present = {
         "jax": lambda k: (jax_folder / f"{k}-cache").is_file() or (jax_folder / k).is_file(),
         "triton": lambda k: (triton_folder / k).is_dir(),
+        "jax_triton": lambda k: (kernel_folder / k).is_file(),
+        "ptxas": lambda k: (ptxas_folder / f"{k}.ptxas").is_file(),  # issue 34: the shim's results
     }
     return isinstance(keys, dict) and bool(keys) and all(
         kind in present and isinstance(found, list) and all(present[kind](str(k)) for k in found)

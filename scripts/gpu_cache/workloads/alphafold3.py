@@ -5,7 +5,9 @@ will compile it (issue 24).
 /weights`` writes a synthetic input (one poly-glycine protein chain of 512 residues, so 512
 tokens: exactly the 512 bucket; no MSA, no templates, one seed) and runs the image's own
 ``run_alphafold.py`` on it with the data pipeline off, the user's weights and the same
-``--buckets`` as inference, so that the compiled programs are those of the jobs. Anything
+``--buckets`` as inference, so that the compiled programs are those of the jobs. Without
+``--script`` it finds ``run_alphafold.py`` in the image (:func:`find_script`) and says where on
+stderr. Anything
 after ``--`` goes to ``run_alphafold.py`` as is (flags that change the compiled model, such as
 ``--num_diffusion_samples`` or ``--flash_attention_implementation``, must be the jobs' own).
 The prediction is written into a temporary folder and thrown away. Prints one JSON line.
@@ -15,15 +17,24 @@ Python 3.9+, standard library only.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-#: Where AlphaFold 3's own image keeps it (its Dockerfile: ``COPY . /app/alphafold``).
-DEFAULT_SCRIPT = "/app/alphafold/run_alphafold.py"
+#: Where images keep AlphaFold 3's ``run_alphafold.py``, looked at in this order: AlphaFold 3's
+#: own image (its Dockerfile: ``COPY . /app/alphafold``) and AlphaPulldown's AlphaFold 3 images
+#: (``docker/alphafold3.dockerfile``: AlphaPulldown with AlphaFold 3 as its ``alphafold3``
+#: submodule, in ``/app/AlphaPulldown`` from tag 2.1.8 to 2.6.2, in ``/AlphaPulldown`` from
+#: 2.0.2 to 2.1.5).
+KNOWN_SCRIPTS = ("/app/alphafold/run_alphafold.py", "/app/AlphaPulldown/alphafold3/run_alphafold.py",
+                 "/AlphaPulldown/alphafold3/run_alphafold.py")
+#: Then, where neither is: ``run_alphafold.py`` on PATH, then at most two folders below these.
+SEARCHED = ("/app", "/opt")
 
 
 def fold_input(residues: int) -> dict:
@@ -55,8 +66,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--buckets", required=True,
                         help="every bucket inference uses, comma-separated (run_alphafold.py's --buckets)")
     parser.add_argument("--model-dir", required=True, help="the folder of the AlphaFold 3 weights")
-    parser.add_argument("--script", default=DEFAULT_SCRIPT,
-                        help=f"AlphaFold 3's run_alphafold.py (default {DEFAULT_SCRIPT})")
+    parser.add_argument("--script", help="AlphaFold 3's run_alphafold.py (default: found in the "
+                                          f"image: {', '.join(KNOWN_SCRIPTS)}, PATH, "
+                                          f"{' and '.join(SEARCHED)})")
     args = parser.parse_args(argv)
     args.extra = extra
     try:
@@ -70,13 +82,40 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--shape {args.shape} is not one of --buckets")
     except ValueError as exc:
         parser.exit(2, f"alphafold3: error: {exc}\n")
-    if not os.path.isfile(args.script):
+    if args.script is None:
+        args.script = find_script()
+        if args.script is None:
+            parser.exit(2, "alphafold3: error: found no run_alphafold.py (looked at "
+                           f"{', '.join(KNOWN_SCRIPTS)}, on PATH and under {' and '.join(SEARCHED)}): "
+                           "set the workload's script: to where the image keeps it\n")
+        print(f"alphafold3: using {args.script}, found in the image (the workload's script: "
+              "was not set)", file=sys.stderr, flush=True)
+    elif not os.path.isfile(args.script):
         parser.exit(2, f"alphafold3: error: no run_alphafold.py at {args.script} (the workload's "
                        "script: in the config)\n")
     if not os.path.isdir(args.model_dir):
         parser.exit(2, f"alphafold3: error: the weights folder {args.model_dir} does not exist "
                        "(the workload's model_dir: in the config)\n")
     return args
+
+
+def find_script(root: str = "/") -> str | None:
+    """Where this image keeps ``run_alphafold.py`` (``root``: the image's top folder, for
+    tests): the first of :data:`KNOWN_SCRIPTS`, else the one on ``PATH``, else the first in
+    a folder at most two below :data:`SEARCHED`, in name order; None when there is none."""
+    for path in KNOWN_SCRIPTS:
+        if os.path.isfile(os.path.join(root, path.lstrip("/"))):
+            return os.path.join(root, path.lstrip("/"))
+    on_path = shutil.which("run_alphafold.py") if root == "/" else None
+    if on_path:
+        return on_path
+    for top in SEARCHED:
+        for depth in ("*", "*/*"):
+            pattern = os.path.join(root, top.lstrip("/"), depth, "run_alphafold.py")
+            found = sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
+            if found:
+                return found[0]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                       args.model_dir, args.buckets, args.extra)
         code = subprocess.call(run)  # its output goes where the runner sends the workload's
     print(json.dumps({"workload": "alphafold3", "bucket": args.shape, "buckets": args.buckets,
-                      "exit_code": code, "seconds": round(time.perf_counter() - started, 3)}))
+                      "script": args.script, "exit_code": code,
+                      "seconds": round(time.perf_counter() - started, 3)}))
     return code
 
 

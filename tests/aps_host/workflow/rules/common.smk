@@ -35,6 +35,11 @@ def read_folds(paths):
     return folds
 
 
+def fold_sequences(fold, data_directory, delimiter):
+    """The sequence files of a fold's proteins (AlphaPulldownSnakemake: their features)."""
+    return [join(data_directory, name + ".fasta") for name in fold.split(delimiter)]
+
+
 def fold_residues(fold, data_directory, delimiter):
     total = 0
     for name in fold.split(delimiter):

@@ -1,0 +1,131 @@
+"""What an AlphaPulldownSnakemake user meets in gpu-cache's config (#30): the CLI reads a host
+pipeline's config (its gpu_cache: block, or the block --config-key names), GPU names that
+YAML reads as numbers are taken as the text they are, a host's list of partitions is taken as
+SLURM takes it, doctor's hint for a GRES type no GPU type asks for works when pasted, the
+alphafold3 workload finds run_alphafold.py where images keep it, and a verdict names the
+image as the config does. Fast: the config loader and the CLI's argument handling, in
+process or one CLI call each."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+
+from gpu_cache.commands.validate import judge_phases
+from gpu_cache.config.settings import load_config_file, settings_from
+from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
+from gpu_cache.core.errors import UsageError
+from gpu_cache.core.reports import PhaseResult, RunResult
+from gpu_cache.jobenv import env
+from gpu_cache.workloads import alphafold3
+from helpers import REPO, run_cli
+
+#: The look-alike's config: AlphaPulldownSnakemake's own keys and gpu-cache's block.
+HOST_CONFIG = REPO / "tests" / "aps_host" / "config" / "config.yaml"
+
+
+def test_a_hosts_config_is_read_through_its_gpu_cache_block():
+    config = load_config_file(HOST_CONFIG)
+    types = gpu_types(settings_from(config))
+    assert sorted(types) == ["3090", "a100"]
+    assert types["3090"].resources["slurm_partition"] == "gpu-el8"  # the host's, by its anchor
+    assert config["workloads"]["alphafold3"]["model_dir"] == "weights"
+
+
+def test_another_key_is_named_with_config_key(tmp_path):
+    host = yaml.safe_load(HOST_CONFIG.read_text())
+    host["caches"] = host.pop("gpu_cache")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(host))
+    assert sorted(load_config_file(path, "caches")["gpu_types"]) == ["3090", "a100"]
+    with pytest.raises(UsageError, match=r"has no gpu_cache: block .*--config-key names the key"):
+        load_config_file(path, "gpu_cache")
+    # Without the option and without a gpu_cache block, the file is gpu-cache's own config:
+    # the host's keys are unknown there, and the message names the first.
+    with pytest.raises(UsageError, match=r"config file .*: config key \(top level\): Additional.*"
+                                         r"holds gpu-cache's under gpu_cache:"):
+        load_config_file(path)
+
+
+def test_doctor_takes_the_hosts_config_as_it_is(tmp_path):
+    shutil.copy(HOST_CONFIG, tmp_path / "config.yaml")
+    done = run_cli("doctor", "--json", "--no-fail", "--config", str(tmp_path / "config.yaml"),
+                   "--cache-root", str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    bad = run_cli("doctor", "--config", str(tmp_path / "config.yaml"), "--config-key", "nope",
+                  "--cache-root", str(tmp_path / "cache"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "has no nope: block" in bad.stderr
+    alone = run_cli("doctor", "--config-key", "gpu_cache")
+    assert alone.returncode == 2 and "--config-key needs --config" in alone.stderr
+
+
+def test_gres_names_yaml_reads_as_numbers_are_their_text():
+    config = yaml.safe_load("gpu_types: {3090: {device: rtx3090, resources: {gpu: 1, gpu_model: 3090}}}")
+    types = gpu_types(settings_from(config))
+    assert list(types) == ["3090"] and types["3090"].resources["gpu_model"] == "3090"
+
+
+def test_a_hosts_list_of_partitions_is_one_comma_separated_partition_resource():
+    config = yaml.safe_load("""
+        slurm_partition: &slurm_partition [gpu-el8, gpu-training]
+        gpu_cache:
+          gpu_types: {h200: {resources: {slurm_partition: *slurm_partition, gpu: 1, gpu_model: h200}}}
+        """)
+    types = gpu_types(settings_from(config["gpu_cache"]))
+    assert types["h200"].resources["slurm_partition"] == "gpu-el8,gpu-training"
+
+
+def test_doctors_hint_for_an_unasked_gres_type_works_when_pasted():
+    (line,) = gres_mapping({}, parse_sinfo_gres("gpu-el8* gpu:3090:4(S:0-1)\n"))
+    hint = re.search(r"to warm it: (gpu_types: .*)\)$", line).group(1)
+    pasted = yaml.safe_load(hint.replace("<the name `gpu-cache doctor` prints on such a node>", "rtx3090"))
+    spec = gpu_types(settings_from(pasted))["3090"]
+    assert spec.resources == {"slurm_partition": "gpu-el8", "gpu": 1, "gpu_model": "3090"}
+    assert spec.expected_device == "rtx3090"
+
+
+@pytest.mark.parametrize("present, found", [
+    (["app/AlphaPulldown/alphafold3/run_alphafold.py"], "app/AlphaPulldown/alphafold3/run_alphafold.py"),
+    (["AlphaPulldown/alphafold3/run_alphafold.py"], "AlphaPulldown/alphafold3/run_alphafold.py"),
+    (["app/alphafold/run_alphafold.py", "app/AlphaPulldown/alphafold3/run_alphafold.py"],
+     "app/alphafold/run_alphafold.py"),
+    (["opt/af3/src/run_alphafold.py", "opt/zz/run_alphafold.py"], "opt/zz/run_alphafold.py"),
+    (["opt/a/b/c/run_alphafold.py"], None),  # deeper than two folders: not searched
+    ([], None),
+])
+def test_run_alphafold_is_found_where_images_keep_it(tmp_path, present, found):
+    for name in present:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert alphafold3.find_script(str(tmp_path)) == (str(tmp_path / found) if found else None)
+
+
+def test_a_workload_without_script_says_where_it_looked(tmp_path, capsys):
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        alphafold3.main(["--shape", "16", "--buckets", "16", "--model-dir", str(tmp_path / "weights")])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "found no run_alphafold.py (looked at /app/alphafold/run_alphafold.py, " \
+           "/app/AlphaPulldown/alphafold3/run_alphafold.py" in line and "set the workload's script:" in line
+
+
+
+def test_a_verdicts_problems_name_the_image_as_the_config_does(tmp_path):
+    """A type whose workloads could not start in its image: the verdict's problem line names
+    the image as the config (and the summary) do, not the file Snakemake pulled it to."""
+    image = "docker://kosinskilab/alphafold3:2.6.2"
+    pulled = str(tmp_path / ".snakemake" / "singularity" / "2a6b4010ee62cfd996fc337661297be8.simg")
+    settings = settings_from({"gpu_types": {"3090": {"container": image, "device": "cpu"}},
+                              "cache_root": str(tmp_path / "cache")})
+    phase = PhaseResult("validate", "3090", "run", device={"name": "cpu", "gpu_type": "cpu", "count": 0},
+                        runs=[RunResult("alphafold3", 128, 0.1, 2, "alphafold3: error: no script")],
+                        software={"python": "3.12.3", "jax": "0.9.1", "image": pulled})
+    verdict = judge_phases(settings, "3090", {"cold": None, "validate": phase}, env.resolve(settings))
+    assert verdict.outcome == "error"
+    assert f"They ran with jax 0.9.1 (Python 3.12.3) in {image}:" in verdict.problems[0]
+    assert pulled not in " ".join(verdict.problems)
+    assert verdict.software["image"] == pulled and verdict.software["container"] == image
