@@ -212,6 +212,9 @@ def _inductor_candidates(folder: Path, wanted: set[str] | None,
             files = _regular_files(Path(source.paths[0]))
         if files:
             out.append(_packed("inductor", entry.key, files, entry.last_use, name=entry.name))
+    return out
+
+
 def _kernel_candidates(folder: Path, wanted: set[str] | None,
                        skipped: list[dict[str, str]]) -> list[_Packed]:
     """jax-triton's kernels (issue 34), each one file, read whole and checked."""
