@@ -62,7 +62,8 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "bytecode", "cuda", "autotune", "jax_triton",
-                              "ptxas", "records")
-    assert kinds.OBSERVED == ("jax", "triton", "jax_triton", "ptxas")  # ptxas: recorded from the shim's calls
+    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune",
+                              "jax_triton", "ptxas", "records")
+    # ptxas: recorded from the shim's calls
+    assert kinds.OBSERVED == ("jax", "triton", "inductor", "jax_triton", "ptxas")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

@@ -8,6 +8,9 @@ only when needed (issue 19):
 - ``gpu_cache_hook_jax`` when the process imports ``jax``: its cache listeners, the key parts
   for ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
 - ``gpu_cache_hook_triton`` when it imports ``triton``: Triton's listener and cache manager;
+- ``gpu_cache_hook_inductor`` when it imports ``torch._inductor.codecache`` (and the two
+  modules it also wraps): Inductor's hits and misses and single-flight (issue 31), never in
+  Inductor's compile workers;
 - ``gpu_cache_hook_tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's
   JAX context before the first trace, which saves the second compile (issue 20; switched off
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
@@ -19,8 +22,8 @@ only when needed (issue 19):
 - ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
   (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
   installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
-- ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
-  triton, written into ``$GPU_CACHE_RECORDS``;
+- ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax,
+  triton or Inductor's code cache, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
   with ``$GPU_CACHE_LOCKS``) and ``gpu_cache_tier`` (the node-local tier, with
   ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue 23), loaded by the pieces; the tier
@@ -59,10 +62,13 @@ _LEGACY_WATCHER = "_ImportWatcher"
 _SYS_MARK = "_gpu_cache_startup_hook"
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
-#: Each one's piece is ``gpu_cache_hook_<top-level name>``.
-_WATCHED = ("jax", "triton", "jax_triton.triton_lib")
+#: Each one's piece is ``gpu_cache_hook_<top-level name>`` (Inductor's: ``gpu_cache_hook_inductor``).
+_WATCHED = ("jax", "triton", "torch._inductor.codecache", "jax_triton.triton_lib")
+#: The other modules the Inductor piece needs before it wraps anything (issue 31).
+_INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
 #: jax-triton's kernel folder (issue 34): its piece runs where it is set, records or not.
 _JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
+_JAX_TRITON_MODULE = "jax_triton.triton_lib"
 #: The import after which the tokamax fix runs, and the variable that switches it off.
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
 _TOKAMAX_SWITCH = "GPU_CACHE_TOKAMAX_FIX"
@@ -177,10 +183,20 @@ def _piece(name):
     return module
 
 
+def _compile_worker():
+    """Whether this is one of Inductor's compile workers (up to 32 per process, started from
+    this script): they leave the tier, single-flight and the record to the process that
+    started them."""
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
+
+
 def _observe(name):
-    library = name.split(".", 1)[0]
+    library = "inductor" if name.startswith("torch.") else name.split(".", 1)[0]
 
     def handler(module):
+        if library == "inductor" and _compile_worker():
+            return
         _HOOK.observed(library)
         _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
         _piece(f"gpu_cache_hook_{library}").on_import(module, _HOOK)
@@ -189,10 +205,7 @@ def _observe(name):
 
 
 def _inductor(module):
-    # Inductor's compile workers (up to 32 per process, started from this script) leave the
-    # tier to the process that started them: it copies in and promotes for them.
-    argv = getattr(sys, "argv", None) or [""]
-    if os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker":
+    if _compile_worker():
         return
     tier = _piece("gpu_cache_hook_common").tier(_HOOK)
     if tier is not None:
@@ -421,9 +434,9 @@ def _install():
     tier, shared = os.environ.get("GPU_CACHE_TIER", ""), os.environ.get("GPU_CACHE_SHARED", "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
-    handlers = {name: _observe(name) for name in _WATCHED} if watch else {}
+    handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
     if os.path.isabs(os.environ.get(_JAX_TRITON_VAR, "")):  # its kernel cache, records or not
-        handlers[_WATCHED[2]] = _observe(_WATCHED[2])
+        handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(_TOKAMAX_SWITCH, "").strip().lower() not in _OFF

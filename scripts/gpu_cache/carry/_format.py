@@ -39,6 +39,12 @@ MAX_FILE_BYTES = 1 << 56
 LATEST = float(1 << 40)
 #: A JAX entry's file names: ``<key>-cache``, ``<key>-atime`` or (older jax) ``<key>``.
 _JAX_KEY_RE = re.compile(r"^[^/\x00]+-[0-9a-f]{64}$")
+#: Inductor's carried entries: an FX graph or AOTAutograd key folder, or the code files of one
+#: key in its shard folder (the shard: the key's second and third characters).
+_INDUCTOR_KEY_RE = re.compile(r"^(fxgraph/(?P<f>[a-z0-9]{2})/f(?P=f)[a-z0-9]{30,70}"
+                              r"|aotautograd/a[a-z0-9]{32,72}|(?P<c>[a-z0-9]{2})/c(?P=c)[a-z0-9]{30,70})$")
+#: Inductor's entries that are key folders (the rest are code files in a shard folder).
+INDUCTOR_FOLDERS = ("fxgraph/", "aotautograd/")
 
 _TEXT = {"type": ["string", "null"]}
 _TEXTS = {"type": "array", "items": {"type": "string"}}
@@ -135,8 +141,8 @@ def is_group(name: str) -> bool:
 class ManifestEntry:
     """One entry of an archive as its manifest names it.
 
-    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``jax_triton``); ``files``: file
-    name -> bytes;
+    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``jax_triton``, ``inductor``);
+    ``files``: file name -> bytes;
     ``name``: the computation, kernel or device kind; ``last_use``: seconds since the epoch;
     ``triton_kind``: Triton's ``kernel`` or ``autotune``; ``target``: the Triton target
     (``sm_90``; a jax-triton kernel's too); ``sha256``: file name -> its SHA-256;
@@ -168,6 +174,9 @@ class ManifestEntry:
             return f"jax/{file_name}"
         if self.kind == "autotune":  # the key is <version folder>/<file name>
             return f"autotune/{self.key.rpartition('/')[0]}/{file_name}"
+        if self.kind == "inductor":  # a key folder's files, or a code entry's in its shard
+            folder = self.key if self.key.startswith(INDUCTOR_FOLDERS) else self.key.rpartition("/")[0]
+            return f"inductor/{folder}/{file_name}"
         if self.kind == "jax_triton":
             return f"jax_triton/{file_name}"
         return f"triton/{self.key}/{file_name}"
@@ -258,6 +267,10 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
             and bool({f"{key}-cache", key} & set(files))
     elif kind == "autotune":  # one result file in its version folder, named as the key says
         good = bool(autotune_cache.KEY_RE.fullmatch(key)) and set(files) == {key.rpartition("/")[2]}
+    elif kind == "inductor":  # a key folder's plain files, or code files named by the key
+        stem = key.rpartition("/")[2] + "."
+        good = bool(_INDUCTOR_KEY_RE.fullmatch(key)) and (
+            key.startswith(INDUCTOR_FOLDERS) or all(n.startswith(stem) for n in files))
     elif kind == "jax_triton":  # one file, named by its key
         good = bool(kernel_cache.KEY_RE.fullmatch(key)) and set(files) == {key}
     else:  # a key folder of plain files; no writer's tmp. folder

@@ -27,12 +27,13 @@ from typing import Any
 
 from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
-from ._format import MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
+from ._format import INDUCTOR_FOLDERS, MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
 
 
 class Damaged(Exception):
@@ -453,3 +454,97 @@ class KernelWriter(Writer):
             with suppress(OSError):
                 os.unlink(self.temp, dir_fd=self.dir_fd)
             self.temp = ""
+
+
+def _folder_below(dir_fd: int, relative: str) -> int:
+    """A descriptor of the folder ``relative`` below ``dir_fd``, each part made where missing
+    and opened without following a link."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in relative.split("/"):
+            with suppress(FileExistsError):
+                safe_io.new_folder(part, dir_fd=fd)
+            inner = os.open(part, safe_io.DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class InductorWriter(Writer):
+    """An FX graph or AOTAutograd key folder built in a temporary folder beside it, then
+    renamed into place (Inductor lists a key folder's files: it sees all of them or none); a
+    code entry's files each through a temporary file in its shard folder, then given its
+    name (a file a process made meanwhile stays, unless the entry replaces a broken one). A
+    C++ library is checked to be whole (its ELF headers) before anything is put in place."""
+
+    def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry, replace: bool) -> None:
+        super().__init__(folder, dir_fd, entry)
+        self.replace = replace
+        self.keyed = entry.key.startswith(INDUCTOR_FOLDERS)
+        parent, _, self.name = entry.key.rpartition("/")
+        self.parent_fd: int | None = _folder_below(dir_fd, parent)
+        self.temps: dict[str, str] = {}
+        self.temp = ""
+        self.fd: int | None = None
+        if self.keyed:
+            self.temp = safe_io.temp_name(self.name)
+            safe_io.new_folder(self.temp, dir_fd=self.parent_fd)
+            self.fd = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=self.parent_fd)
+
+    def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
+        self.pending.discard(file_name)
+        where = self.fd if self.keyed else self.parent_fd
+        name = file_name if self.keyed else safe_io.temp_name(file_name)
+        fd = safe_io.new_file(name, dir_fd=where)
+        if not self.keyed:
+            self.temps[file_name] = name
+        try:
+            _fill(fd, file_name, source, member, self.entry)
+            os.utime(fd, (member_mtime(member),) * 2)
+            if file_name.endswith(".so"):
+                folder = self.folder / self.entry.key.rpartition("/")[0]
+                path = folder / self.temp / name if self.keyed else folder / name
+                problem = inductor_cache.elf_problem(str(path), os.fstat(fd))
+                if problem:
+                    raise Damaged(f"{shown(file_name)}: {problem}")
+        finally:
+            os.close(fd)
+
+    def finish(self) -> bool:
+        assert self.parent_fd is not None
+        if not self.keyed:
+            for file_name, temp in self.temps.items():
+                if self.replace:
+                    os.replace(temp, file_name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+                    continue
+                with suppress(FileExistsError):  # a process made it meanwhile: its file stays
+                    os.link(temp, file_name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+            return True
+        assert self.fd is not None
+        os.utime(self.fd, (self.entry.last_use, self.entry.last_use))
+        if self.replace:
+            inductor_cache.rename_away(str(self.folder), self.entry.key)  # a reader misses cleanly
+        try:
+            os.rename(self.temp, self.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False  # a process compiled it meanwhile: its entry stays
+            raise
+        self.temp = ""
+        return True
+
+    def abandon(self) -> None:
+        if self.parent_fd is not None:
+            for temp in self.temps.values():
+                with suppress(OSError):
+                    os.unlink(temp, dir_fd=self.parent_fd)
+            if self.temp:
+                shutil.rmtree(self.temp, dir_fd=self.parent_fd, ignore_errors=True)
+        for fd in (self.fd, self.parent_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.parent_fd = None
+        self.temps, self.temp = {}, ""

@@ -26,14 +26,23 @@ from gpu_cache.jobenv import env
 NAMED_MISSES = 5
 
 
+def compiled_keys(kind: str, keys: list[str]) -> list[str]:
+    """The new entries of ``kind`` that are each one compile: for Inductor its FX graphs (a
+    graph also writes code files and an AOTAutograd entry), by their key."""
+    if kind != "inductor":
+        return keys
+    return [key.rsplit("/", 1)[-1] for key in keys if key.startswith("fxgraph/")]
+
+
 def kind_counts(phase: PhaseResult, kind: str) -> KindCounts:
-    """One kind's counts in a pass: misses from the records or from new entries, whichever
-    saw more (a process without the hook still leaves new entries)."""
+    """One kind's counts in a pass: misses from the records or from new entries (each
+    compiled one: :func:`compiled_keys`), whichever saw more (a process without the hook
+    still leaves new entries)."""
     recorded = phase.recorded.get(kind)
     new = phase.new_keys.get(kind, [])
     return KindCounts(
         hits=recorded.hits if recorded else 0,
-        misses=max(recorded.misses if recorded else 0, len(new)),
+        misses=max(recorded.misses if recorded else 0, len(compiled_keys(kind, new))),
         new_entries=len(new),
         processes_observed=recorded.processes if recorded else 0,
     )
@@ -45,7 +54,7 @@ def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
     recorded = phase.recorded.get(kind)
     for miss in recorded.missed if recorded else []:
         by_key.setdefault(miss.key, miss)
-    for key in phase.new_keys.get(kind, []):
+    for key in compiled_keys(kind, phase.new_keys.get(kind, [])):
         name = key.rsplit("-", 1)[0] if kind == "jax" else key
         by_key.setdefault(key, Missed(kind, name, key))
     return list(by_key.values())
@@ -203,16 +212,16 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
                    ) -> tuple[list[dict], list[str]]:
-    """Why the pass's JAX computations and jax-triton kernels missed: the explanations, and a
-    problem line for each of the first NAMED_MISSES of each kind."""
+    """Why the pass's JAX computations, Inductor graphs and jax-triton kernels missed: the
+    explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
     if settings.cache_root is None:
         return [], []
     explanations: list[dict] = []
     problems: list[str] = []
-    if counts["jax"].misses:
+    if counts["jax"].misses or counts["inductor"].misses:  # Inductor's graphs: issue 31
         found = explain.explain_cache(settings.cache_root, phase.run_id)
         explanations += found
-        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
+        problems += [f"{e.get('kind', 'jax')}: {e['name']} missed: {e['causes'][0]}"
                      for e in found[:NAMED_MISSES] if e["causes"]]
     if counts[explain_kernels.KIND].misses:
         records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))

@@ -20,6 +20,7 @@ from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import jax_triton as jax_triton_cache
 from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.caches import vllm as vllm_cache
 from gpu_cache.core.verified import Record
 
 
@@ -229,6 +230,23 @@ def remove_inductor(folder: Path, entry: Entry) -> None:
     """
     assert isinstance(entry.source, inductor_cache.InductorEntry)
     inductor_cache.remove(folder, entry.source)
+
+
+def scan_vllm(folder: Path, grace_seconds: float, verify_after: float | None = None,
+              record: Record | None = None) -> list[Entry]:
+    """vLLM's entries (:mod:`gpu_cache.core.caches.vllm`): each torch.compile hash folder, and
+    every other name at the top of its cache root."""
+    return [Entry("vllm", e.key, e.name, e.size, e.last_use, e.problem, e) for e in vllm_cache.scan(folder)]
+
+
+def remove_vllm(folder: Path, entry: Entry) -> None:
+    """Remove a vLLM entry whole (a folder renamed away first).
+
+    Raises:
+        OSError: it could not be removed.
+    """
+    assert isinstance(entry.source, vllm_cache.VllmEntry)
+    vllm_cache.remove(folder, entry.source)
 
 
 def scan_cuda(folder: Path, grace_seconds: float, verify_after: float | None = None,

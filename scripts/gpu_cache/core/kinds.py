@@ -109,10 +109,16 @@ KINDS: dict[str, CacheKind] = {
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", "TORCHINDUCTOR_CACHE_DIR", ReadOnlyUse.FALLBACK,
-                  scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
+                  watched_module="torch._inductor.codecache", scan=_inventory("scan_inductor"),
+                  remove=_inventory("remove_inductor"), verifies=True, carried=True,
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
+        # vLLM's own compile cache root (issue 31): one entry per torch.compile hash folder.
+        CacheKind("vllm", "VLLM_CACHE_ROOT", ReadOnlyUse.FALLBACK,
+                  scan=_inventory("scan_vllm"), remove=_inventory("remove_vllm"),
+                  last_use="the newest modification or access time of the entry's files (vLLM "
+                           "marks no hit; a hit reads them)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
         CacheKind("bytecode", "GPU_CACHE_BYTECODE", ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
                   scan=_inventory("scan_bytecode"), remove=_inventory("remove_file"),
@@ -157,7 +163,8 @@ TIERED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.tie
 #: Kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items()
                                   if kind.watched_module or kind.recorded)
-#: Top-level modules the startup hook watches.
+#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
+#: without compiling loads nothing of the hook).
 WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in KINDS.values()
                                          if kind.watched_module)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
