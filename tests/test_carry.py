@@ -432,7 +432,8 @@ def test_pack_selects_by_gpu_type_and_workload(warmed: Path, tmp_path: Path) -> 
     path = tmp_path / "t.tar.xz"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--workload", "triton-kernels", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5, "autotune": 0, "inductor": 0, "jax_triton": 0}
+    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5, "autotune": 0, "inductor": 0,
+                                                    "jax_triton": 0}
     manifest = manifest_of(path)
     assert manifest["selection"]["workload"] == "triton-kernels"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--gpu-type", "cpu",
@@ -615,7 +616,8 @@ def test_what_is_written_is_checked_as_the_kind_reads_it(archive: Path, tmp_path
     after = contents(root)
     assert of_entry(after, "jax", jax_entry["key"]) == of_entry(before, "jax", jax_entry["key"])
     assert of_entry(after, "triton", kernel["key"]) == of_entry(before, "triton", kernel["key"])
-    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4, "autotune": 0, "inductor": 0, "jax_triton": 0}
+    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4, "autotune": 0, "inductor": 0,
+                                                     "jax_triton": 0}
     assert set(after) == set(before)  # no temporary file left
 
 
