@@ -190,6 +190,11 @@ def _install(triton_lib, kernels):
     def get_or_create_triton_kernel(backend_init_func, platform, *args, **kwargs):
         if getattr(local, "call", None) is not None:
             return original_get(backend_init_func, platform, *args, **kwargs)
+        if "torch_import" not in kernels.stats:  # the first kernel of the process
+            try:
+                kernels.stats["torch_import"] = kernels.hook.piece("gpu_cache_triton_no_torch").prime()
+            except Exception as exc:  # Triton imports torch as it would have
+                kernels.stats["torch_import"] = text(f"failed: {exc!r}", 300)
         call = local.call = _Call(platform, kwargs.get("dump"))
 
         def backend_of(*init_args, **init_kwargs):
