@@ -442,9 +442,12 @@ USERS_FILES = {
     "jax": {f"jit_mine-{HASHES[0]}-cache": zlib_entry(), f"jit_mine-{HASHES[0]}-atime": b"\0" * 8},
     "triton": {f"{TRITON_KEY}/notes.txt": b"mine"},
     "inductor": {"notes.txt": b"mine", "ab/cabmine.py": b"print('mine')\n"},
+    "vllm": {"notes.txt": b"mine", "torch_compile_cache/1517964802/rank_0_0/mine.py": b"print('mine')\n"},
     "bytecode": {"cpython-311-mine/mine.cpython-311.pyc": b"mine"},
     "cuda": {"index": b"i" * 100, "7/a/e0943aa8a566c2": b"p" * 100},
     "autotune": {"notes.txt": b"mine", "tokamax-1_jax-2/mine.json": b"{}"},
+    "jax_triton": {"notes.txt": b"mine", "a" * 64: b'{"format": 1}'},
+    "ptxas": {f"{'a' * 64}.ptxas": b"mine"},
     "records": {"mine.json": b'{"run_id": "mine", "time": 1.0}\n'},  # read as a record if followed
 }
 SQUEEZE = ("--max-size", "1K", "--max-age", "1s")

@@ -23,10 +23,28 @@ def _hook_constant(module: str, name: str) -> tuple[str, ...]:
 
 def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("sitecustomize", "_WATCHED") == kinds.WATCHED_MODULES
+    assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
     assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
     assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
     assert _hook_constant("gpu_cache_hook_bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
     assert _hook_constant("gpu_cache_hook_record", "_KEY_PACKAGES") == software.KEY_PACKAGES
+
+
+def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
+    from gpu_cache.core.caches import jax_triton
+
+    def constants(module: str) -> dict:
+        tree = ast.parse((HOOK / f"{module}.py").read_text())
+        return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(node.value, ast.Constant) and hasattr(t, "id")}
+
+    kind = kinds.KINDS["jax_triton"]
+    store, piece = constants("gpu_cache_jax_triton_store"), constants("gpu_cache_hook_jax_triton")
+    assert (store["KIND"], store["FORMAT"], store["MEMO_FOLDER"]) == \
+        (kind.name, jax_triton.FORMAT, jax_triton.MEMO_FOLDER)
+    assert piece["KIND"] == kind.name  # its variable: the hook's names (tests/test_names.py)
+    assert jax_triton.ENTRY_LIMIT == 64 << 20  # the store's: written as an expression there
+    assert "ENTRY_LIMIT = 64 << 20" in (HOOK / "gpu_cache_jax_triton_store.py").read_text()
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
@@ -37,6 +55,8 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "bytecode", "cuda", "autotune", "records")
-    assert kinds.OBSERVED == ("jax", "triton")
+    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune",
+                              "jax_triton", "ptxas", "records")
+    # ptxas: recorded from the shim's calls
+    assert kinds.OBSERVED == ("jax", "triton", "inductor", "jax_triton", "ptxas")
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)

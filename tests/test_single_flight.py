@@ -289,10 +289,13 @@ def test_exports_on_by_default_and_off_by_config(cache_root):
     config = {"single_flight": {"timeout": "90s"}}
     short = env.resolve(settings_from(config, cache_root=str(cache_root)), base)
     assert short.values["GPU_CACHE_LOCK_TIMEOUT"] == "90"
-    off = env.resolve(settings_from({"single_flight": {"enabled": False}, "stats_hook": False},
-                                    cache_root=str(cache_root)), base)
+    off = env.resolve(settings_from({"single_flight": {"enabled": False}, "stats_hook": False,
+                                     "ptxas_cache": False}, cache_root=str(cache_root)), base)
     assert off.values["GPU_CACHE_LOCKS"] == "" and "GPU_CACHE_LOCK_TIMEOUT" not in off.values
-    assert "PYTHONPATH" not in off.values  # nothing else needed the hook
+    # jax-triton's kernel cache (#34) is the hook's: it keeps the hook on PYTHONPATH, and it
+    # loads nothing more in a process that does not import jax_triton
+    assert off.values["PYTHONPATH"].split(os.pathsep) == [str(HOOK), *base["PYTHONPATH"].split(os.pathsep)]
+    assert "GPU_CACHE_JAX_TRITON" in off.values
     hook_only = env.resolve(settings_from({"stats_hook": False}, cache_root=str(cache_root)), base)
     assert hook_only.values["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK)  # single-flight needs it
     bad = run_cli("env", "--cache-root", str(cache_root), "--config-json",

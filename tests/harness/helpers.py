@@ -51,18 +51,13 @@ def unavailable(message: str) -> NoReturn:
 def hook_piece(name: str) -> types.ModuleType:
     """The startup hook's module ``name``, loaded in this process as a job loads it: from the
     hook's folder, beside the hook's ``sitecustomize`` (whose names the pieces import), which is
-    loaded without starting the hook here (as when another copy of it already runs)."""
+    loaded under another name, so that it starts nothing here."""
     site = sys.modules.get("sitecustomize")
     if getattr(site, "__file__", None) != str(HOOK / "sitecustomize.py"):
-        mark = "_gpu_cache_startup_hook"
-        before = getattr(sys, mark, None)
-        setattr(sys, mark, before or {"file": "tests/harness/helpers.py"})
-        spec = importlib.util.spec_from_file_location("sitecustomize", HOOK / "sitecustomize.py")
+        spec = importlib.util.spec_from_file_location("gpu_cache_hook_names", HOOK / "sitecustomize.py")
         site = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(site)
         sys.modules["sitecustomize"] = site
-        if before is None:
-            delattr(sys, mark)
     sys.path.insert(0, str(HOOK))
     try:
         return importlib.import_module(name)

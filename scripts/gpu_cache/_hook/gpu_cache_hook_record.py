@@ -1,5 +1,5 @@
-"""gpu-cache's startup hook, the record: loaded at exit in a process that imported jax or
-triton, and only then.
+"""gpu-cache's startup hook, the record: loaded at exit in a process that imported jax,
+triton or Inductor's code cache, and only then.
 
 One JSON record per process into ``$GPU_CACHE_RECORDS``: the host, the job (its rule and
 wildcards, from ``$GPU_CACHE_RULE`` or the ``snakemake --target-jobs`` that runs it), the
@@ -101,8 +101,20 @@ def _record(hook, time, socket):
         record["triton"] = dict(common.triton_part(hook))
         record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
         record["triton"]["tier"] = common.tier_stats(hook, "triton")
-    if "inductor" in hook.parts:
+    if "jax_triton" in hook.libraries and "jax_triton" in hook.parts:
+        record["jax_triton"] = dict(hook.parts["jax_triton"])
+        record["jax_triton"]["single_flight"] = common.flight_stats(hook, "jax_triton")
+        record["jax_triton"]["tier"] = common.tier_stats(hook, "jax_triton")
+    if "inductor" in hook.libraries:
+        record["inductor"] = section = hook.piece("gpu_cache_hook_inductor").section(hook)
+        if "device" not in record:  # what it compiled for, where no jax said
+            name = section.get("device")
+            record["device"] = {"platform": "gpu" if name else "cpu", "kinds": [name or "cpu"],
+                                "count": section.get("device_count") or (0 if name else 1)}
+    elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
+    if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
+        record["ptxas"] = hook.piece("gpu_cache_hook_ptxas").part(hook)
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:
             record[name] = hook.parts[name]
@@ -115,7 +127,7 @@ def _record(hook, time, socket):
 _IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: Distributions whose versions decide whether a cache serves this process: a copy of
 #: gpu_cache.core.software.KEY_PACKAGES.
-_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
+_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
 
 
 def _software():

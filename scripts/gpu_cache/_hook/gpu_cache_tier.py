@@ -343,9 +343,10 @@ class Tier:
         stats["fetched_bytes"] += size
         stats["seconds"] += time.monotonic() - started
 
-    def promote_tree(self, kind, sub=""):
+    def promote_tree(self, kind, sub="", skip=None):
         """Promote the local ``<kind>/<sub>`` files that the shared tier lacks (as far as this
-        process knows: what it saw there or promoted). Never raises."""
+        process knows: what it saw there or promoted), except those below the folder ``skip``.
+        Never raises."""
         if not self.promoting(kind):
             return
         started = time.monotonic()
@@ -354,7 +355,7 @@ class Tier:
         size = promoted = 0
         try:
             for rel in bound.tree_files(local_root):
-                if rel in known:
+                if rel in known or (skip and rel.startswith(skip.rstrip(os.sep) + os.sep)):
                     continue
                 folder, name = os.path.split(rel)
                 src = files.open_below(self.local, kind, os.path.join(sub, folder), make=False)

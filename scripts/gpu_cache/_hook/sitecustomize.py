@@ -8,13 +8,22 @@ only when needed (issue 19):
 - ``gpu_cache_hook_jax`` when the process imports ``jax``: its cache listeners, the key parts
   for ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
 - ``gpu_cache_hook_triton`` when it imports ``triton``: Triton's listener and cache manager;
+- ``gpu_cache_hook_inductor`` when it imports ``torch._inductor.codecache`` (and the two
+  modules it also wraps): Inductor's hits and misses and single-flight (issue 31), never in
+  Inductor's compile workers;
 - ``gpu_cache_hook_tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's
   JAX context before the first trace, which saves the second compile (issue 20; switched off
   with ``GPU_CACHE_TOKAMAX_FIX=0``);
 - ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
-- ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax or
-  triton, written into ``$GPU_CACHE_RECORDS``;
+- ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
+  ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+- ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
+  (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
+  installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
+- ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax,
+  triton or Inductor's code cache, written into ``$GPU_CACHE_RECORDS``;
 - ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
   with ``$GPU_CACHE_LOCKS``) and ``gpu_cache_tier`` (the node-local tier, with
   ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue 23), loaded by the pieces; the tier
@@ -22,7 +31,8 @@ only when needed (issue 19):
 
 Rules it keeps:
 
-- standard library only, and nothing but the watcher in a process without jax or triton;
+- standard library only, and nothing but the watcher in a process without jax or triton
+  (and, where the ptxas cache is exported, the shim's set-up: about 1 ms);
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
 - records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
@@ -66,6 +76,13 @@ TRITON_SEED_VAR = "GPU_CACHE_TRITON_SEED"
 BYTECODE_VAR = "GPU_CACHE_BYTECODE"
 AUTOTUNE_VAR = "GPU_CACHE_AUTOTUNE"
 AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
+JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
+PTXAS_VAR = "GPU_CACHE_PTXAS"
+PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
+PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
+PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
+PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
+TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
 RULE_VAR = "GPU_CACHE_RULE"
 WILDCARDS_VAR = "GPU_CACHE_WILDCARDS"
@@ -85,7 +102,12 @@ TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
-_WATCHED = ("jax", "triton")
+#: Each one's piece is ``gpu_cache_hook_<top-level name>`` (Inductor's: ``gpu_cache_hook_inductor``).
+_WATCHED = ("jax", "triton", "torch._inductor.codecache", "jax_triton.triton_lib")
+#: The other modules the Inductor piece needs before it wraps anything (issue 31).
+_INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
+#: jax-triton's module whose kernels its piece keeps (issue 34), where JAX_TRITON_VAR is set.
+_JAX_TRITON_MODULE = "jax_triton.triton_lib"
 #: The import after which the tokamax fix runs (TOKAMAX_FIX_VAR switches it off).
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
 #: The import after which the tier copies Inductor's shared files in (issue 23).
@@ -93,8 +115,8 @@ _INDUCTOR_MODULE = "torch._inductor"
 #: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
 #: node-local fallback folders that ``_guard`` judges here (Triton's and the locks' are judged
 #: where they are used: ``_usable_triton_folder``, ``_install``); a test fails when they drift.
-_TIERED = ("jax", "triton", "inductor")
-_NODE_LOCAL_VARS = (INDUCTOR_CACHE_DIR_VAR, BYTECODE_VAR, CUDA_CACHE_PATH_VAR, RECORDS_VAR)
+_TIERED = ("jax", "triton", "inductor", "jax_triton")
+_NODE_LOCAL_VARS = (INDUCTOR_CACHE_DIR_VAR, BYTECODE_VAR, CUDA_CACHE_PATH_VAR, RECORDS_VAR, JAX_TRITON_VAR)
 _OFF = ("0", "off", "false", "no")
 
 _HERE = globals().get("__file__")
@@ -122,6 +144,8 @@ class _Hook:
         self.libraries = set()  # the watched libraries this process imported
         self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
         self.tokamax_fix = True  # not switched off
+        self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
+        self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
         self._exit = False
 
     def warn(self, what, exc):
@@ -196,20 +220,29 @@ def _piece(name):
     return module
 
 
+def _compile_worker():
+    """Whether this is one of Inductor's compile workers (up to 32 per process, started from
+    this script): they leave the tier, single-flight and the record to the process that
+    started them."""
+    argv = getattr(sys, "argv", None) or [""]
+    return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
+
+
 def _observe(name):
+    library = "inductor" if name.startswith("torch.") else name.split(".", 1)[0]
+
     def handler(module):
-        _HOOK.observed(name)
+        if library == "inductor" and _compile_worker():
+            return
+        _HOOK.observed(library)
         _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
-        _piece(f"gpu_cache_hook_{name}").on_import(module, _HOOK)
+        _piece(f"gpu_cache_hook_{library}").on_import(module, _HOOK)
 
     return handler
 
 
 def _inductor(module):
-    # Inductor's compile workers (up to 32 per process, started from this script) leave the
-    # tier to the process that started them: it copies in and promotes for them.
-    argv = getattr(sys, "argv", None) or [""]
-    if os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker":
+    if _compile_worker():
         return
     tier = _piece("gpu_cache_hook_common").tier(_HOOK)
     if tier is not None:
@@ -414,6 +447,7 @@ def _install():
             step()
         except Exception as exc:  # that part is off; the rest of the hook still works
             _HOOK.warn(name, exc)
+    _HOOK.triton_cache_dir = os.environ.get(TRITON_CACHE_DIR_VAR)
     folder = os.environ.get(RECORDS_VAR) or None
     locks = os.environ.get(LOCKS_VAR)
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
@@ -428,10 +462,18 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
+    if os.path.isabs(os.environ.get(PTXAS_VAR, "")):  # issue 34: before jaxlib loads
+        try:
+            _piece("gpu_cache_hook_common")
+            _piece("gpu_cache_hook_ptxas").install(_HOOK)
+        except Exception as exc:
+            _HOOK.warn("ptxas cache", exc)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
-    handlers = {name: _observe(name) for name in _WATCHED} if watch else {}
+    handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
+    if os.path.isabs(os.environ.get(JAX_TRITON_VAR, "")):  # its kernel cache, records or not
+        handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
@@ -456,4 +498,7 @@ def _main():
         _HOOK.warn("finding your sitecustomize", exc)
 
 
-_main()
+# The hook starts where Python's site runs this file at start-up. Imported for its names alone
+# (by the ptxas shim, which runs isolated with -S, or under another module name), it starts nothing.
+if __name__ == "sitecustomize" and not sys.flags.no_site:
+    _main()

@@ -6,9 +6,10 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
 (format :data:`FORMAT`, version :data:`FORMAT_VERSION`; what unpack reads of it is
 :data:`SCHEMA`) that says what the rest is:
 
-* ``kinds``: per carried kind (:data:`gpu_cache.core.kinds.CARRIED`: jax, triton, autotune) its
-  entries (:class:`ManifestEntry`), each with ``key``, ``name`` (the computation, kernel or
-  device kind), ``files`` (file name -> bytes), ``sha256`` (file name -> digest), ``size``,
+* ``kinds``: per carried kind (:data:`gpu_cache.core.kinds.CARRIED`: jax, triton, inductor,
+  autotune, jax_triton) its entries (:class:`ManifestEntry`), each with ``key``, ``name``
+  (the computation, kernel or device kind), ``files`` (file name -> bytes), ``sha256`` (file
+  name -> digest), ``size``,
   ``last_use`` and, for Triton, the ``target`` it was compiled for (``sm_90``, from the
   kernel's metadata json), for an autotuning result its ``tokamax`` and ``jax`` versions;
 * ``software``: the identity (:func:`gpu_cache.core.software.identity`) of the interpreter that
@@ -21,8 +22,8 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
 
 Then one regular-file member per file of each entry, entry after entry: ``jax/<key>-cache``
 (and ``jax/<key>-atime`` where JAX kept one; older jax: ``jax/<key>``),
-``triton/<key>/<file>`` and ``autotune/<version folder>/<device kind>.json``. Nothing else: no
-folders, links or devices.
+``triton/<key>/<file>``, ``autotune/<version folder>/<device kind>.json`` and
+``jax_triton/<key>``. Nothing else: no folders, links or devices.
 
 **Unpack** reads the manifest first and refuses (:class:`Refused`, exit 1) before it writes
 anything: a manifest that does not fit the target it is told (software, GPU type), a member

@@ -64,9 +64,12 @@ def keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
     if section is None:
         return set()
     missed = section.get("missed")
-    return set(_texts(section.get("hit_keys"))) | (
+    found = set(_texts(section.get("hit_keys"))) | (
         {m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)}
         if isinstance(missed, list) else set())
+    if kind == "inductor":  # FX graph keys, as the inventory names their key folders
+        return {f"fxgraph/{key[1:3]}/{key}" for key in found}
+    return found
 
 
 def dropped(record: Mapping[str, Any], kind: str) -> bool:
@@ -135,6 +138,10 @@ def relevant(kind: str, identity: Mapping[str, Any]) -> tuple[Any, ...]:
         return (identity.get("jax"), identity.get("jaxlib"), bool(identity.get("zstandard")))
     if kind == "autotune":  # a result loads only in the tokamax and jax that made it
         return (identity.get("tokamax"), identity.get("jax"))
+    if kind == "inductor":  # torch's version is in every key; its pickles need the same Python
+        return (identity.get("torch"), _minor(identity.get("python")))
+    if kind == "jax_triton":  # its key holds jax-triton's version and Triton's build
+        return (identity.get("jax-triton"), identity.get("triton"), _minor(identity.get("python")))
     return (identity.get("triton"), _minor(identity.get("python")))  # the wheel's build and ABI
 
 
@@ -149,6 +156,14 @@ def describe_for(kind: str, identity: Mapping[str, Any]) -> str:
     elif kind == "autotune":
         words = (f"tokamax {identity['tokamax']} with jax {identity.get('jax') or 'none'}"
                  if identity.get("tokamax") else f"no tokamax (Python {identity.get('python') or '?'})")
+    elif kind == "inductor":
+        words = (f"torch {identity['torch']} on Python {_minor(identity.get('python'))}"
+                 if identity.get("torch") else f"no torch (Python {identity.get('python') or '?'})")
+    elif kind == "jax_triton" and not identity.get("jax-triton"):
+        words = f"no jax-triton (Python {identity.get('python') or '?'})"
+    elif kind == "jax_triton":
+        words = (f"jax-triton {identity['jax-triton']} with triton {identity.get('triton') or 'none'} "
+                 f"on Python {_minor(identity.get('python'))}")
     elif not identity.get("triton"):
         words = f"no triton (Python {identity.get('python') or '?'})"
     else:
@@ -214,5 +229,7 @@ def software_section(chosen: list[ManifestEntry],
         "triton": {"gpu_types": sorted(gpu_types.get("triton", set())),
                    "targets": sorted({e.target for e in chosen if e.kind == "triton" and e.target})},
         "autotune": {"device_kinds": sorted({e.name for e in chosen if e.kind == "autotune" and e.name})},
+        "jax_triton": {"gpu_types": sorted(gpu_types.get("jax_triton", set())),
+                       "targets": sorted({e.target for e in chosen if e.kind == "jax_triton" and e.target})},
     }
     return soft, dev

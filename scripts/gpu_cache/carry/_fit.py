@@ -119,12 +119,12 @@ def fit_problems(manifest: Mapping[str, Any], present: Iterable[str], target: di
             targets = section.get("targets") or []
             wanted = target_of_gpu_type(gpu_type)
             if not targets:
-                notes.append("the archive does not say which GPU its triton entries target")
+                notes.append(f"the archive does not say which GPU its {kind} entries target")
             elif wanted is None:
                 if gpu_type not in (section.get("gpu_types") or []):
                     notes.append(printable(f"the compute capability of GPU type {gpu_type} is unknown "
                                            f"here: Triton targets {', '.join(targets)} not checked"))
             elif wanted not in targets:
-                problems.append(printable(f"its triton entries target {', '.join(targets)}, not "
+                problems.append(printable(f"its {kind} entries target {', '.join(targets)}, not "
                                           f"{wanted} ({gpu_type})"))
     return problems, notes

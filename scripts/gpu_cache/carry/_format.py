@@ -19,6 +19,7 @@ from typing import Any
 
 from gpu_cache.core import shown as terminal
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
@@ -38,6 +39,12 @@ MAX_FILE_BYTES = 1 << 56
 LATEST = float(1 << 40)
 #: A JAX entry's file names: ``<key>-cache``, ``<key>-atime`` or (older jax) ``<key>``.
 _JAX_KEY_RE = re.compile(r"^[^/\x00]+-[0-9a-f]{64}$")
+#: Inductor's carried entries: an FX graph or AOTAutograd key folder, or the code files of one
+#: key in its shard folder (the shard: the key's second and third characters).
+_INDUCTOR_KEY_RE = re.compile(r"^(fxgraph/(?P<f>[a-z0-9]{2})/f(?P=f)[a-z0-9]{30,70}"
+                              r"|aotautograd/a[a-z0-9]{32,72}|(?P<c>[a-z0-9]{2})/c(?P=c)[a-z0-9]{30,70})$")
+#: Inductor's entries that are key folders (the rest are code files in a shard folder).
+INDUCTOR_FOLDERS = ("fxgraph/", "aotautograd/")
 
 _TEXT = {"type": ["string", "null"]}
 _TEXTS = {"type": "array", "items": {"type": "string"}}
@@ -134,11 +141,12 @@ def is_group(name: str) -> bool:
 class ManifestEntry:
     """One entry of an archive as its manifest names it.
 
-    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``); ``files``: file name -> bytes;
+    ``kind``: the cache kind (``jax``, ``triton``, ``autotune``, ``jax_triton``, ``inductor``);
+    ``files``: file name -> bytes;
     ``name``: the computation, kernel or device kind; ``last_use``: seconds since the epoch;
     ``triton_kind``: Triton's ``kernel`` or ``autotune``; ``target``: the Triton target
-    (``sm_90``); ``sha256``: file name -> its SHA-256; ``versions``: an autotuning result's
-    (tokamax, jax) versions.
+    (``sm_90``; a jax-triton kernel's too); ``sha256``: file name -> its SHA-256;
+    ``versions``: an autotuning result's (tokamax, jax) versions.
     """
 
     kind: str
@@ -166,6 +174,11 @@ class ManifestEntry:
             return f"jax/{file_name}"
         if self.kind == "autotune":  # the key is <version folder>/<file name>
             return f"autotune/{self.key.rpartition('/')[0]}/{file_name}"
+        if self.kind == "inductor":  # a key folder's files, or a code entry's in its shard
+            folder = self.key if self.key.startswith(INDUCTOR_FOLDERS) else self.key.rpartition("/")[0]
+            return f"inductor/{folder}/{file_name}"
+        if self.kind == "jax_triton":
+            return f"jax_triton/{file_name}"
         return f"triton/{self.key}/{file_name}"
 
     def as_json(self) -> dict[str, Any]:
@@ -173,6 +186,8 @@ class ManifestEntry:
                                "sha256": self.sha256, "size": self.size, "last_use": self.last_use}
         if self.kind == "triton":
             out.update(kind=self.triton_kind, target=self.target)
+        elif self.kind == "jax_triton":
+            out.update(target=self.target)
         if self.versions is not None:
             out.update(tokamax=self.versions[0], jax=self.versions[1])
         return out
@@ -252,6 +267,12 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
             and bool({f"{key}-cache", key} & set(files))
     elif kind == "autotune":  # one result file in its version folder, named as the key says
         good = bool(autotune_cache.KEY_RE.fullmatch(key)) and set(files) == {key.rpartition("/")[2]}
+    elif kind == "inductor":  # a key folder's plain files, or code files named by the key
+        stem = key.rpartition("/")[2] + "."
+        good = bool(_INDUCTOR_KEY_RE.fullmatch(key)) and (
+            key.startswith(INDUCTOR_FOLDERS) or all(n.startswith(stem) for n in files))
+    elif kind == "jax_triton":  # one file, named by its key
+        good = bool(kernel_cache.KEY_RE.fullmatch(key)) and set(files) == {key}
     else:  # a key folder of plain files; no writer's tmp. folder
         good = bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
     if not good or not all(plain_name(n) for n in files):

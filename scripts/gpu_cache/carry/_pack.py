@@ -22,8 +22,10 @@ from gpu_cache import __version__
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import jax_frames
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, KINDS, scan
@@ -188,7 +190,60 @@ def _autotune_candidates(folder: Path, wanted: set[str] | None,
     return out
 
 
-_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates}
+def _inductor_candidates(folder: Path, wanted: set[str] | None,
+                         skipped: list[dict[str, str]]) -> list[_Packed]:
+    """Inductor's FX graph and AOTAutograd key folders and its code entries (each C++ library
+    checked whole); not its locks, temporaries, Triton folder or other files (a process remakes
+    them). ``wanted`` (the records' graphs) selects FX graphs; the AOTAutograd entries and code
+    they may name all go."""
+    out = []
+    for entry in scan("inductor", folder, grace_seconds=3600.0, verify_after=0.0):
+        source = entry.source
+        assert isinstance(source, inductor_cache.InductorEntry)
+        if source.what not in ("code", "fxgraph", "aotautograd"):
+            continue
+        if wanted is not None and source.what == "fxgraph" and entry.key not in wanted:
+            continue
+        if entry.problem is not None:
+            skipped.append({"kind": "inductor", "key": entry.key, "reason": entry.problem})
+            continue
+        if source.what == "code":
+            files = {Path(p).name: Path(p) for p in source.paths if p != source.lock}
+        else:
+            files = _regular_files(Path(source.paths[0]))
+        if files:
+            out.append(_packed("inductor", entry.key, files, entry.last_use, name=entry.name))
+    return out
+
+
+def _kernel_candidates(folder: Path, wanted: set[str] | None,
+                       skipped: list[dict[str, str]]) -> list[_Packed]:
+    """jax-triton's kernels (issue 34), each one file, read whole and checked."""
+    out = []
+    for entry in scan("jax_triton", folder, grace_seconds=3600.0):
+        if wanted is not None and entry.key not in wanted:
+            continue
+        source = entry.source
+        assert isinstance(source, kernel_cache.KernelEntry)
+        problem, target = entry.problem, None
+        if problem is None:
+            try:
+                data = json.loads(safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT))
+                problem = kernel_cache.problem_of(data, entry.key)
+                target = data.get("target") if problem is None else None
+            except (OSError, ValueError, RecursionError) as exc:
+                problem = f"unreadable entry ({exc.__class__.__name__})"
+        if problem is not None:
+            skipped.append({"kind": "jax_triton", "key": entry.key, "reason": problem})
+            continue
+        path = Path(source.path)
+        out.append(_packed("jax_triton", entry.key, {path.name: path}, entry.last_use, name=entry.name,
+                           target=target))
+    return out
+
+
+_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates,
+               "inductor": _inductor_candidates, "jax_triton": _kernel_candidates}
 
 
 def _archive_mode(archive: Path) -> str:

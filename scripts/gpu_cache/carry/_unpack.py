@@ -33,7 +33,16 @@ from ._common import Progress, log
 from ._fit import fit_problems, target_software
 from ._format import ManifestEntry, Refused, printable, shown
 from ._pack import check_kinds
-from ._writers import AutotuneWriter, Damaged, JaxWriter, TritonWriter, Writer, member_problem
+from ._writers import (
+    AutotuneWriter,
+    Damaged,
+    InductorWriter,
+    JaxWriter,
+    KernelWriter,
+    TritonWriter,
+    Writer,
+    member_problem,
+)
 
 #: Free space kept beyond what unpack writes.
 SPACE_MARGIN = 64 << 20
@@ -260,6 +269,10 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                     writer = JaxWriter(folder, fds[entry.kind], entry, capped)
                 elif entry.kind == "autotune":
                     writer = AutotuneWriter(folder, fds[entry.kind], entry)
+                elif entry.kind == "inductor":
+                    writer = InductorWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
+                elif entry.kind == "jax_triton":
+                    writer = KernelWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
                 else:
                     writer = TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
             counted = report.written if action == Action.WRITE else report.replaced

@@ -27,12 +27,14 @@ from typing import Any
 
 from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import jax_frames
+from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 
 from ._archive import MemberReader
-from ._format import MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
+from ._format import INDUCTOR_FOLDERS, MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown
 
 
 class Damaged(Exception):
@@ -93,13 +95,16 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
         return damaged
     if not read_all:
         return None
-    if entry.kind == "autotune" and member.size <= autotune_cache.RESULT_LIMIT:  # read as a job does
+    readers = {"autotune": (autotune_cache.RESULT_LIMIT, autotune_cache.problem_of),
+               "jax_triton": (kernel_cache.ENTRY_LIMIT, kernel_cache.problem_of)}
+    limit, problem_of = readers.get(entry.kind, (-1, None))
+    if problem_of is not None and member.size <= limit:  # read as a job does
         data = reader.read(member.size)
         problem = _digest_problem(entry, file_name, sha256(data))
         try:
-            return problem or autotune_cache.problem_of(json.loads(data), entry.key)
+            return problem or problem_of(json.loads(data), entry.key)
         except (ValueError, RecursionError) as exc:
-            return f"it is not a result jobs can read ({type(exc).__name__})"
+            return f"it is not an entry jobs can read ({type(exc).__name__})"
     digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
@@ -389,3 +394,158 @@ class AutotuneWriter(Writer):
             self.temp = ""
         os.close(self.fd)
         self.fd = None
+
+
+class KernelWriter(Writer):
+    """A jax-triton kernel (issue 34) into a temporary file beside its name (never writable by
+    others: the startup hook reads no entry that another user could have written), checked
+    (its digest, then an entry of its key in the hook's format), then renamed into place,
+    unless a valid entry as new is there."""
+
+    def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry, replace: bool) -> None:
+        super().__init__(folder, dir_fd, entry)
+        self.replace = replace
+        self.temp = ""
+
+    def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
+        self.pending.discard(file_name)
+        if member.size > kernel_cache.ENTRY_LIMIT:
+            raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
+        self.temp = safe_io.temp_name(file_name)
+        fd = safe_io.new_file(self.temp, dir_fd=self.dir_fd)
+        try:
+            _fill(fd, file_name, source, member, self.entry)
+            os.utime(fd, (self.entry.last_use, self.entry.last_use))
+        finally:
+            os.close(fd)
+
+    def _problem(self, name: str) -> str | None:
+        try:
+            data = json.loads(safe_io.read_bounded(name, kernel_cache.ENTRY_LIMIT, dir_fd=self.dir_fd))
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"it is not an entry jobs can read ({type(exc).__name__})"
+        return kernel_cache.problem_of(data, self.entry.key)
+
+    def finish(self) -> bool:
+        problem = self._problem(self.temp)
+        if problem:
+            raise Damaged(problem)
+        key = self.entry.key
+        if self.replace:
+            try:
+                info = os.lstat(key, dir_fd=self.dir_fd)
+                if stat.S_ISREG(info.st_mode) and info.st_mtime >= self.entry.last_use \
+                        and self._problem(key) is None:
+                    return False  # a process compiled it meanwhile: its entry stays
+            except FileNotFoundError:
+                pass
+            os.replace(self.temp, key, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        else:
+            try:
+                os.link(self.temp, key, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
+                        follow_symlinks=False)
+            except FileExistsError:
+                return False  # a process compiled it meanwhile: its entry stays
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        self.temp = ""
+        return True
+
+    def abandon(self) -> None:
+        if self.temp:
+            with suppress(OSError):
+                os.unlink(self.temp, dir_fd=self.dir_fd)
+            self.temp = ""
+
+
+def _folder_below(dir_fd: int, relative: str) -> int:
+    """A descriptor of the folder ``relative`` below ``dir_fd``, each part made where missing
+    and opened without following a link."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in relative.split("/"):
+            with suppress(FileExistsError):
+                safe_io.new_folder(part, dir_fd=fd)
+            inner = os.open(part, safe_io.DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class InductorWriter(Writer):
+    """An FX graph or AOTAutograd key folder built in a temporary folder beside it, then
+    renamed into place (Inductor lists a key folder's files: it sees all of them or none); a
+    code entry's files each through a temporary file in its shard folder, then given its
+    name (a file a process made meanwhile stays, unless the entry replaces a broken one). A
+    C++ library is checked to be whole (its ELF headers) before anything is put in place."""
+
+    def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry, replace: bool) -> None:
+        super().__init__(folder, dir_fd, entry)
+        self.replace = replace
+        self.keyed = entry.key.startswith(INDUCTOR_FOLDERS)
+        parent, _, self.name = entry.key.rpartition("/")
+        self.parent_fd: int | None = _folder_below(dir_fd, parent)
+        self.temps: dict[str, str] = {}
+        self.temp = ""
+        self.fd: int | None = None
+        if self.keyed:
+            self.temp = safe_io.temp_name(self.name)
+            safe_io.new_folder(self.temp, dir_fd=self.parent_fd)
+            self.fd = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=self.parent_fd)
+
+    def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
+        self.pending.discard(file_name)
+        where = self.fd if self.keyed else self.parent_fd
+        name = file_name if self.keyed else safe_io.temp_name(file_name)
+        fd = safe_io.new_file(name, dir_fd=where)
+        if not self.keyed:
+            self.temps[file_name] = name
+        try:
+            _fill(fd, file_name, source, member, self.entry)
+            os.utime(fd, (member_mtime(member),) * 2)
+            if file_name.endswith(".so"):
+                folder = self.folder / self.entry.key.rpartition("/")[0]
+                path = folder / self.temp / name if self.keyed else folder / name
+                problem = inductor_cache.elf_problem(str(path), os.fstat(fd))
+                if problem:
+                    raise Damaged(f"{shown(file_name)}: {problem}")
+        finally:
+            os.close(fd)
+
+    def finish(self) -> bool:
+        assert self.parent_fd is not None
+        if not self.keyed:
+            for file_name, temp in self.temps.items():
+                if self.replace:
+                    os.replace(temp, file_name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+                    continue
+                with suppress(FileExistsError):  # a process made it meanwhile: its file stays
+                    os.link(temp, file_name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+            return True
+        assert self.fd is not None
+        os.utime(self.fd, (self.entry.last_use, self.entry.last_use))
+        if self.replace:
+            inductor_cache.rename_away(str(self.folder), self.entry.key)  # a reader misses cleanly
+        try:
+            os.rename(self.temp, self.name, src_dir_fd=self.parent_fd, dst_dir_fd=self.parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False  # a process compiled it meanwhile: its entry stays
+            raise
+        self.temp = ""
+        return True
+
+    def abandon(self) -> None:
+        if self.parent_fd is not None:
+            for temp in self.temps.values():
+                with suppress(OSError):
+                    os.unlink(temp, dir_fd=self.parent_fd)
+            if self.temp:
+                shutil.rmtree(self.temp, dir_fd=self.parent_fd, ignore_errors=True)
+        for fd in (self.fd, self.parent_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.parent_fd = None
+        self.temps, self.temp = {}, ""

@@ -18,7 +18,7 @@ from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv import env
+from gpu_cache.jobenv import env, ptxas
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -103,6 +103,7 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["gres"] = cluster_gres(settings)
     report["slurm"] = slurm_source() if report["gres"] is not None else None
     report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
+    report["ptxas"] = ptxas.report(exports.values)  # issue 34: which ptxas XLA and jaxlib run
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
@@ -143,6 +144,7 @@ def render(report: dict[str, Any]) -> str:
         source = report.get("slurm") or "a cluster scontrol does not name"
         lines.append(f"    slurm: sinfo answered for {source}")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
+    lines += ptxas.render(report["ptxas"]) if report.get("ptxas") else []
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -1,4 +1,5 @@
 """Why did a JAX computation miss? Diff the cache-key parts of two runs and name the cause.
+(Inductor's graphs: :mod:`gpu_cache.commands.explain_inductor`, dispatched from here.)
 
 The stats hook records, per JAX cache key, a hash of each part that
 ``jax._src.cache_key.get`` feeds into the key (computation, jaxlib version, backend version,
@@ -15,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.commands import stats
+from gpu_cache.commands import explain_inductor, explain_kernels, explain_ptxas, stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed
@@ -175,18 +176,27 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     return result
 
 
+def _graphs_missed(record: dict[str, Any]) -> list[str]:
+    """The FX graph keys a record's process missed (Inductor, issue 31)."""
+    section = record.get("inductor")
+    missed = section.get("missed") if isinstance(section, dict) else None
+    return [m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)
+            and m["key"]] if isinstance(missed, list) else []
+
+
 def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None,
                     limit: int = 20) -> list[dict[str, Any]]:
-    """Explain the JAX misses of one run (``run_id``), or else of the latest record with
-    misses, against every record written before them. At most ``limit`` explanations. A
-    record of a jax that names no miss has its misses inferred, as :func:`account` does:
-    the keys it computed that no earlier process computed."""
+    """Explain the JAX and Inductor misses of one run (``run_id``), or else of the latest
+    record with misses, against every record written before them. At most ``limit``
+    explanations. A record of a jax that names no miss has its misses inferred, as
+    :func:`account` does: the keys it computed that no earlier process computed."""
     ordered = sorted(all_records, key=lambda r: float(r.get("time") or 0.0))
     if run_id is not None:
         targets = [r for r in ordered if r.get("run_id") == run_id]
     else:
         with_misses = [r for r in ordered if (r.get("jax") or {}).get("missed")
-                       or hook_records.count((r.get("jax") or {}).get("misses"))]
+                       or hook_records.count((r.get("jax") or {}).get("misses"))
+                       or _graphs_missed(r)]
         targets = with_misses[-1:]
     out: list[dict[str, Any]] = []
     for record in targets:
@@ -194,7 +204,10 @@ def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None
         earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
         for key in _missed_keys(record, earlier):
             if len(out) < limit:
-                out.append(explain_key(key, record, earlier))
+                out.append({"kind": "jax", **explain_key(key, record, earlier)})
+        for key in _graphs_missed(record):
+            if len(out) < limit:
+                out.append(explain_inductor.explain_key(key, record, earlier))
     return out
 
 
@@ -241,12 +254,28 @@ class _Seen:
     by computation name, the only ones :func:`explain_key` compares with) and Triton keys.
     Grown record by record, so accounting for N records reads each once."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_root: Path | None = None) -> None:
         self.jax: set[str] = set()
         self.by_name: dict[str, list[dict[str, Any]]] = {}
         self.triton: set[str] = set()
+        self.graphs: dict[str, list[dict[str, Any]]] = {}  # Inductor graph name -> records
+        self.by_kernel: dict[str, list[dict[str, Any]]] = {}  # jax-triton kernel name -> records
+        self.cache_root = cache_root
+        self._ptxas: explain_ptxas.Entries | None = None
+
+    def ptxas(self) -> explain_ptxas.Entries:
+        """The ptxas shim's entries under the cache root, read at the first use."""
+        if self._ptxas is None:
+            self._ptxas = explain_ptxas.Entries(self.cache_root)
+        return self._ptxas
 
     def add(self, record: dict[str, Any]) -> None:
+        for graph in set(explain_inductor.names(record)):
+            self.graphs.setdefault(graph, []).append(record)
+        for parts in explain_kernels.key_parts(record).values():
+            named = self.by_kernel.setdefault(str(parts.get("name")), [])
+            if not named or named[-1] is not record:
+                named.append(record)
         for key in _key_parts(record):
             self.jax.add(key)
             named = self.by_name.setdefault(_name_of(key), [])
@@ -282,7 +311,7 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
                 + stats.mismatch_findings(cache_root, ordered, now)}
     warmed, warmed_on = stats.warmed_software(ordered)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    seen = _Seen()
+    seen = _Seen(cache_root)
     for record in ordered:
         rule = record.get("rule") or "-"
         for kind in kinds.OBSERVED:
@@ -322,9 +351,21 @@ def _by_key(record: dict[str, Any], kind: str, section: dict[str, Any], misses: 
     """A process's misses of one kind explained computation by computation: (cause, how
     many, at most ``room`` explanations in all)."""
     named = hook_records.missed_of(section, kind)[:misses]
-    if kind == "triton":
+    if kind == "ptxas":  # issue 34: compared with the cache's entries of the same PTX
+        items = explain_ptxas.missed_items(section)[:misses]
+        keys = [explain_ptxas.explain_item(item, seen.ptxas()) for item in items[:room]]
+        out = [("ptxas runs of jax-triton kernels in the process (one by one below)", len(items), keys)]
+    elif kind == "triton":
         keys = [_triton_key(m, seen) for m in named[:room]]
         out = [("Triton kernels compiled in the process (one by one below)", len(named), keys)]
+    elif kind == "inductor":
+        keys = [explain_inductor.explain_key(m.key, record, seen.graphs.get(m.name, []))
+                for m in named[:room]]
+        out = [("graphs the process compiled (one by one below)", len(named), keys)]
+    elif kind == explain_kernels.KIND:
+        keys = [explain_kernels.explain_kernel(m.key, record, seen.by_kernel.get(m.name, []))
+                for m in named[:room]]
+        out = [("jax-triton kernels compiled in the process (one by one below)", len(named), keys)]
     else:
         keys = [seen.explain(m.key, record) for m in named[:room]]
         out = [("computations the process missed (one by one below)", len(named), keys)]
@@ -370,7 +411,7 @@ def _key_lines(item: dict[str, Any], indent: str) -> list[str]:
 def render(explanations: list[dict[str, Any]]) -> str:
     """The human-readable form of :func:`explain_records`."""
     if not explanations:
-        return "no recorded JAX misses to explain\n"
+        return "no recorded JAX or Inductor misses to explain\n"
     return shown_lines(line for item in explanations for line in _key_lines(item, ""))
 
 

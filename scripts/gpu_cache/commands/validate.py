@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.commands import common, explain
+from gpu_cache.commands import common, explain, explain_kernels, explain_ptxas
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
 from gpu_cache.config.workloads import plan_phase
-from gpu_cache.core import kinds, runner, safe_io, software
+from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed, PhaseResult
@@ -30,14 +30,23 @@ from gpu_cache.reports import KindCounts, Verdict
 NAMED_MISSES = 5
 
 
+def compiled_keys(kind: str, keys: list[str]) -> list[str]:
+    """The new entries of ``kind`` that are each one compile: for Inductor its FX graphs (a
+    graph also writes code files and an AOTAutograd entry), by their key."""
+    if kind != "inductor":
+        return keys
+    return [key.rsplit("/", 1)[-1] for key in keys if key.startswith("fxgraph/")]
+
+
 def kind_counts(phase: PhaseResult, kind: str) -> KindCounts:
-    """One kind's counts in a pass: misses from the records or from new entries, whichever
-    saw more (a process without the hook still leaves new entries)."""
+    """One kind's counts in a pass: misses from the records or from new entries (each
+    compiled one: :func:`compiled_keys`), whichever saw more (a process without the hook
+    still leaves new entries)."""
     recorded = phase.recorded.get(kind)
     new = phase.new_keys.get(kind, [])
     return KindCounts(
         hits=recorded.hits if recorded else 0,
-        misses=max(recorded.misses if recorded else 0, len(new)),
+        misses=max(recorded.misses if recorded else 0, len(compiled_keys(kind, new))),
         new_entries=len(new),
         processes_observed=recorded.processes if recorded else 0,
     )
@@ -49,7 +58,7 @@ def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
     recorded = phase.recorded.get(kind)
     for miss in recorded.missed if recorded else []:
         by_key.setdefault(miss.key, miss)
-    for key in phase.new_keys.get(kind, []):
+    for key in compiled_keys(kind, phase.new_keys.get(kind, [])):
         name = key.rsplit("-", 1)[0] if kind == "jax" else key
         by_key.setdefault(key, Missed(kind, name, key))
     return list(by_key.values())
@@ -174,11 +183,8 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     else:
         problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
             + autotuning_problems(warm)
-    explanations: list[dict] = []
-    if counts["jax"].misses and settings.cache_root is not None:
-        explanations = explain.explain_cache(settings.cache_root, warm.run_id)
-        problems += [f"jax: {e['name']} missed: {e['causes'][0]}"
-                     for e in explanations[:NAMED_MISSES] if e["causes"]]
+    explanations, named = explain_misses(settings, warm, counts)
+    problems += named
     observed = any(c.processes_observed for c in counts.values())
     notes = [f"cold time measured earlier for the same workloads, shapes, software and device "
              f"({cold.reused}); validate.measure_cold: always measures it every time"] \
@@ -206,6 +212,32 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
+
+
+def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
+                   ) -> tuple[list[dict], list[str]]:
+    """Why the pass's JAX computations, Inductor graphs and jax-triton kernels missed: the
+    explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
+    if settings.cache_root is None:
+        return [], []
+    explanations: list[dict] = []
+    problems: list[str] = []
+    if counts["jax"].misses or counts["inductor"].misses:  # Inductor's graphs: issue 31
+        found = explain.explain_cache(settings.cache_root, phase.run_id)
+        explanations += found
+        problems += [f"{e.get('kind', 'jax')}: {e['name']} missed: {e['causes'][0]}"
+                     for e in found[:NAMED_MISSES] if e["causes"]]
+    if counts[explain_kernels.KIND].misses:
+        records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
+        found = explain_kernels.explain_run(records, phase.run_id)
+        explanations += found
+        problems += [f"jax_triton: kernel {e['name']} missed: {e['causes'][0]}"
+                     for e in found[:NAMED_MISSES] if e["causes"]]
+    if counts["ptxas"].misses:  # issue 34: the shim's misses, by the PTX they were asked for
+        problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
+                     for e in explain_ptxas.explain_run(settings.cache_root, phase.run_id)[:NAMED_MISSES]
+                     if e["causes"]]
+    return explanations, problems
 
 
 def unremembered(phase: PhaseResult, counts: Mapping[str, KindCounts]) -> list[str]:

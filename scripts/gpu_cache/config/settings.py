@@ -36,6 +36,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "min_free_space": "1G",
     "stats_hook": True,
     "bytecode_cache": False,
+    "ptxas_cache": True,
     "single_flight": {"enabled": True, "timeout": "10m"},
     "python": None,
     "triton_targets": ["sm_90"],
@@ -413,6 +414,7 @@ class Settings:
     xla_caches: str = "none"
     stats_hook: bool = True
     bytecode_cache: bool = False
+    ptxas_cache: bool = True
     shared_group: str | None = None
     min_free_space: int = 1 << 30
     python: str | None = None
@@ -449,6 +451,7 @@ def settings_from(
         xla_caches=filled["xla_caches"],
         stats_hook=filled["stats_hook"],
         bytecode_cache=filled["bytecode_cache"],
+        ptxas_cache=filled["ptxas_cache"],
         shared_group=filled["shared_group"],
         min_free_space=parse_size(filled["min_free_space"]),
         python=filled["python"],

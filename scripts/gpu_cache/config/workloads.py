@@ -25,6 +25,17 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
         ("triton",),
     ),
+    "torch-compile": (
+        "gpu_cache.workloads.torch_compile", [32, 64],
+        "4 pre-norm transformer blocks under torch.compile (Inductor), forward and backward, per "
+        "sequence length", ("inductor",),
+    ),
+    "jax-triton": (
+        # sequence lengths (multiples of 128): the kernels are specialised on them.
+        "gpu_cache.workloads.jax_triton_kernels", [256, 512],
+        "an attention block of jax-triton kernels (5 tiled matmuls, flash attention); run on a "
+        "GPU, lowered for triton_targets without one", ("jax_triton",),
+    ),
     "alphafold3": (
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
@@ -96,11 +107,14 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
 
 def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
     """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
-    ``args`` for run_alphafold.py (braces doubled: the command is a template).
+    ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
+    Braces doubled: the command is a template.
 
     Raises:
         UsageError: alphafold3 without ``model_dir``.
     """
+    if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
+        return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
     if name != "alphafold3":
         return ""
     if entry is None or not entry.model_dir:

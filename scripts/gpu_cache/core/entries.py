@@ -17,7 +17,10 @@ from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.caches import jax_triton as jax_triton_cache
+from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.caches import vllm as vllm_cache
 from gpu_cache.core.verified import Record
 
 
@@ -229,6 +232,23 @@ def remove_inductor(folder: Path, entry: Entry) -> None:
     inductor_cache.remove(folder, entry.source)
 
 
+def scan_vllm(folder: Path, grace_seconds: float, verify_after: float | None = None,
+              record: Record | None = None) -> list[Entry]:
+    """vLLM's entries (:mod:`gpu_cache.core.caches.vllm`): each torch.compile hash folder, and
+    every other name at the top of its cache root."""
+    return [Entry("vllm", e.key, e.name, e.size, e.last_use, e.problem, e) for e in vllm_cache.scan(folder)]
+
+
+def remove_vllm(folder: Path, entry: Entry) -> None:
+    """Remove a vLLM entry whole (a folder renamed away first).
+
+    Raises:
+        OSError: it could not be removed.
+    """
+    assert isinstance(entry.source, vllm_cache.VllmEntry)
+    vllm_cache.remove(folder, entry.source)
+
+
 def scan_cuda(folder: Path, grace_seconds: float, verify_after: float | None = None,
               record: Record | None = None) -> list[Entry]:
     """The CUDA driver's cache as one entry (:mod:`gpu_cache.core.caches.cuda`); one whose layout
@@ -260,6 +280,14 @@ def scan_autotune(folder: Path, grace_seconds: float, verify_after: float | None
             for e in autotune_cache.scan(folder, grace_seconds)]
 
 
+def scan_ptxas(folder: Path, grace_seconds: float, verify_after: float | None = None,
+               record: Record | None = None) -> list[Entry]:
+    """The ptxas shim's files (:mod:`gpu_cache.core.caches.ptxas`): each result (named by its
+    kernel) and each identity file is one entry; every result's header is checked whole."""
+    return [Entry("ptxas", e.key, e.name, e.size, e.last_use, e.problem, e)
+            for e in ptxas_cache.scan(folder, grace_seconds)]
+
+
 def remove_autotune(folder: Path, entry: Entry) -> None:
     """Remove one autotuning result whole.
 
@@ -268,3 +296,21 @@ def remove_autotune(folder: Path, entry: Entry) -> None:
     """
     assert isinstance(entry.source, autotune_cache.AutotuneEntry)
     autotune_cache.remove(folder, entry.source)
+
+
+def scan_jax_triton(folder: Path, grace_seconds: float, verify_after: float | None = None,
+                    record: Record | None = None) -> list[Entry]:
+    """jax-triton's kernels kept by the startup hook (:mod:`gpu_cache.core.caches.jax_triton`):
+    one entry per file, named by its kernel."""
+    return [Entry("jax_triton", e.key, e.name, e.size, e.last_use, e.problem, e)
+            for e in jax_triton_cache.scan(folder, grace_seconds, verify_after)]
+
+
+def remove_jax_triton(folder: Path, entry: Entry) -> None:
+    """Remove one jax-triton kernel entry (one file).
+
+    Raises:
+        OSError: it could not be removed.
+    """
+    assert isinstance(entry.source, jax_triton_cache.KernelEntry)
+    jax_triton_cache.remove(folder, entry.source)

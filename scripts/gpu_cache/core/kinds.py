@@ -60,7 +60,9 @@ class CacheKind:
     that turns an opt-in kind on. ``carried``: ``gpu-cache pack``/``unpack`` carry its entries
     to another machine (its entries do not hold the path or the host they were made on).
     ``tiered``: with the node-local tier on (issue 23), jobs work in ``<local tier>/<name>``,
-    fed from and promoted to ``<cache root>/<name>`` by the startup hook.
+    fed from and promoted to ``<cache root>/<name>`` by the startup hook. ``recorded``: the
+    hook records its hits and misses without an import of its own to watch (ptxas: the shim's
+    calls, counted in the record of the process that put it on ``PATH``).
     """
 
     def enabled(self, settings: object) -> bool:
@@ -80,6 +82,7 @@ class CacheKind:
     verifies: bool = False
     carried: bool = False
     tiered: bool = False
+    recorded: bool = False
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -108,10 +111,16 @@ KINDS: dict[str, CacheKind] = {
             last_use="the newest mtime in the key folder; the startup hook touches the folder "
                      "on every hit"),
         CacheKind("inductor", names.INDUCTOR_CACHE_DIR_VAR, ReadOnlyUse.FALLBACK,
-                  scan=_inventory("scan_inductor"), remove=_inventory("remove_inductor"), verifies=True,
+                  watched_module="torch._inductor.codecache", scan=_inventory("scan_inductor"),
+                  remove=_inventory("remove_inductor"), verifies=True, carried=True,
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
+        # vLLM's own compile cache root (issue 31): one entry per torch.compile hash folder.
+        CacheKind("vllm", names.VLLM_CACHE_ROOT_VAR, ReadOnlyUse.FALLBACK,
+                  scan=_inventory("scan_vllm"), remove=_inventory("remove_vllm"),
+                  last_use="the newest modification or access time of the entry's files (vLLM "
+                           "marks no hit; a hit reads them)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
         CacheKind("bytecode", names.BYTECODE_VAR, ReadOnlyUse.FALLBACK, enabled_by="bytecode_cache",
                   scan=_inventory("scan_bytecode"), remove=_inventory("remove_file"),
@@ -126,6 +135,19 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("autotune", names.AUTOTUNE_VAR, ReadOnlyUse.READ,
                   scan=_inventory("scan_autotune"), remove=_inventory("remove_autotune"), carried=True,
                   last_use="when the warm step last wrote the result (the file's mtime)"),
+        # jax-triton's Triton kernels (issue 34): compiled while JAX lowers, in every process;
+        # the startup hook keeps each (its PTX) and loads it in every later process.
+        CacheKind("jax_triton", names.JAX_TRITON_VAR, ReadOnlyUse.READ,
+                  watched_module="jax_triton.triton_lib", scan=_inventory("scan_jax_triton"),
+                  remove=_inventory("remove_jax_triton"), carried=True, tiered=True,
+                  last_use="the entry's mtime, which the startup hook sets on every hit"),
+        # jaxlib's ptxas runs of jax-triton kernels (issue 34): the hook's ptxas shim keeps each
+        # result as one file, written whole and read whole, so it needs no node-local tier; not
+        # carried (entries are made where jaxlib launches kernels, on the GPU nodes themselves).
+        CacheKind("ptxas", names.PTXAS_VAR, ReadOnlyUse.READ, switch_off=(names.PTXAS_VAR, ""),
+                  enabled_by="ptxas_cache", recorded=True, scan=_inventory("scan_ptxas"),
+                  remove=_inventory("remove_file"),
+                  last_use="the entry file's mtime, which the shim sets on every hit"),
         # Not a compile cache: the startup hook's per-process records, bounded like one.
         CacheKind("records", names.RECORDS_VAR, ReadOnlyUse.FALLBACK, exported=False,
                   scan=_inventory("scan_records"), remove=_inventory("remove_file"),
@@ -141,9 +163,12 @@ CARRIED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.ca
 #: Kinds that work in the node-local tier when it is on (issue 23).
 TIERED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.tiered)
 #: Kinds whose hits and misses the startup hook records (and validation counts).
-OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items() if kind.watched_module)
-#: Top-level modules the startup hook watches.
-WATCHED_MODULES: tuple[str, ...] = tuple(KINDS[name].watched_module or "" for name in OBSERVED)
+OBSERVED: tuple[str, ...] = tuple(name for name, kind in KINDS.items()
+                                  if kind.watched_module or kind.recorded)
+#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
+#: without compiling loads nothing of the hook).
+WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in KINDS.values()
+                                         if kind.watched_module)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
 #: shown by doctor, compared by explain.
 KEY_ENVIRONMENT: tuple[str, ...] = (

@@ -40,6 +40,17 @@ BYTECODE_VAR = "GPU_CACHE_BYTECODE"
 #: tokamax's autotuning results (issue 24), and ``1``: a warm process saves what it autotunes.
 AUTOTUNE_VAR = "GPU_CACHE_AUTOTUNE"
 AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
+#: jax-triton's kernel cache (issue 34), and the ptxas shim's (its results for jaxlib).
+JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
+PTXAS_VAR = "GPU_CACHE_PTXAS"
+#: The ptxas shim's own (the hook sets them for it): the real ptxas, the Python the shim runs
+#: with, its tally of calls (read into the record), and the mark of a call from the real ptxas.
+PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
+PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
+PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
+PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
+#: ``1``: Triton may import torch for its specialisation (the hook spares it otherwise).
+TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
 #: ``0``, ``off``, ``false`` or ``no`` switches the hook's tokamax fix off (issue 20).
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
 #: What a record names the job by: its rule, wildcards, GPU type, and the pass's run id.
@@ -66,6 +77,7 @@ TRITON_HOME_VAR = "TRITON_HOME"
 TRITON_AUTOTUNING_VAR = "TRITON_CACHE_AUTOTUNING"
 TRITON_MANAGER_VAR = "TRITON_CACHE_MANAGER"
 INDUCTOR_CACHE_DIR_VAR = "TORCHINDUCTOR_CACHE_DIR"
+VLLM_CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
 CUDA_CACHE_PATH_VAR = "CUDA_CACHE_PATH"
 CUDA_CACHE_DISABLE_VAR = "CUDA_CACHE_DISABLE"
 #: Set for the workloads: several JAX processes may share one GPU.

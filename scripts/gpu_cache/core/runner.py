@@ -327,9 +327,13 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     jax_folder, triton_folder = kinds.KINDS["jax"].folder(root), kinds.KINDS["triton"].folder(root)
+    kernel_folder = kinds.KINDS["jax_triton"].folder(root)
+    ptxas_folder = kinds.KINDS["ptxas"].folder(root)
     present = {
         "jax": lambda k: (jax_folder / f"{k}-cache").is_file() or (jax_folder / k).is_file(),
         "triton": lambda k: (triton_folder / k).is_dir(),
+        "jax_triton": lambda k: (kernel_folder / k).is_file(),
+        "ptxas": lambda k: (ptxas_folder / f"{k}.ptxas").is_file(),  # issue 34: the shim's results
     }
     return isinstance(keys, dict) and bool(keys) and all(
         kind in present and isinstance(found, list) and all(present[kind](str(k)) for k in found)

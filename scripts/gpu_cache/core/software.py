@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from importlib import metadata
 
 #: Distributions whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax")
+KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
 #: Variables that name the container image a process runs in (Apptainer, Singularity).
 IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: The identity fields whose difference makes a warmed cache useless to a job.
-KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch")
+KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch", "jax-triton")
 
 
 def _version(package: str) -> str | None:

@@ -195,8 +195,10 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.values[name] = value
     hook_needed = (settings.stats_hook and root is not None) or names.TRITON_SEED_VAR in exports.values \
         or kinds.KINDS["bytecode"].env_var in exports.values \
+        or kinds.KINDS["jax_triton"].env_var in exports.values \
         or bool(exports.values.get(names.LOCKS_VAR)) \
-        or bool(exports.values.get(names.TIER_VAR))  # the hook does single-flight and the tier
+        or bool(exports.values.get(names.TIER_VAR)) \
+        or bool(exports.values.get(kinds.KINDS["ptxas"].env_var))  # single-flight, tier, ptxas shim
     if hook_needed and no_hook:
         exports.warnings.append(no_hook)
     elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):

@@ -362,7 +362,7 @@ def _unlink(path: str) -> None:
         shutil.rmtree(path)  # fd-based: never follows a symlink inside
 
 
-def _rename_away(folder: str, relative: str) -> None:
+def rename_away(folder: str, relative: str) -> None:
     """Rename the folder ``relative`` (below ``folder``) into the trash, one atomic step
     through descriptors of real folders (a symlink swapped in is never followed), then
     delete it there."""
@@ -394,7 +394,7 @@ def remove(folder: str | os.PathLike[str], entry: InductorEntry) -> None:
     """
     root = os.path.abspath(folder)
     if entry.what in ("fxgraph", "aotautograd"):
-        _rename_away(root, entry.key)
+        rename_away(root, entry.key)
     elif entry.what == "triton":
         source = entry.source
         if isinstance(source, triton_cache.TritonEntry):

@@ -1,0 +1,557 @@
+"""gpu-cache's ptxas shim: a cache in front of the real ptxas, the way ccache's masquerade mode
+fronts a compiler (issue 34).
+
+jaxlib assembles each jax-triton kernel's PTX with the first ``ptxas`` on ``PATH``, at the
+kernel's first launch, in every process (about 1.5 s a kernel on an H200). The startup hook
+(``gpu_cache_hook_ptxas``) puts the folder ``ptxas/`` beside this file first on the job
+process's own ``PATH``; its one file, ``ptxas``, is a ``/bin/sh`` front that starts Python
+isolated (``-I -S``: the job's ``PYTHONPATH`` and the hook stay out) and calls :func:`main`.
+
+A call the cache can serve is ``ptxas [known options] <one input> -o <output>``, the form XLA's
+and jaxlib's ``CompileGpuAsmUsingPtxAs`` use (``ptxas <tmp> -o <tmp> -arch=sm_90a
+--warn-on-spills``, with temporary names). Its key: the real ptxas's identity (its ``--version``
+output and a digest of the file it resolves to, with the files a shell wrapper names), the
+options with the file names taken out, and the input's content. A hit writes the output byte for
+byte and replays stdout, stderr (the file names in them made the caller's) and the exit code
+(0: only successful runs are kept; a failure may be a killed or starved run, and fails fast
+again). ``--version`` probes, several or no inputs, stdin, unknown options pass through to the
+real ptxas untouched; so does any call where the shim meets an error before the real one ran.
+
+The real ptxas is the one the caller would have run without the shim: the next ``ptxas`` on
+``PATH`` after the shim's folder, else ``$GPU_CACHE_PTXAS_REAL`` (the one the hook found: in a
+CUDA root or a CUDA wheel). Never a shim (itself, a copy, one reached through a link); a real
+ptxas that is a wrapper calling ``ptxas`` again through ``PATH`` reaches the next one, uncached.
+
+Entries are GPU binaries, so the folder (``$GPU_CACHE_PTXAS``) must be trusted at every call:
+not a link, owned by you or root (or, in a team's root, by its group), nobody else may write to
+it; each entry is checked the same way and its header must name its key. Entries are written
+whole: a temporary file (mode ``0644``, ``0664`` in a team's root, whatever the umask), then a
+hard link to the key's name (never over an existing entry). On a miss, with single-flight on
+(``$GPU_CACHE_LOCKS``), one process per key runs the real ptxas and the others wait for its
+entry. Each call adds a line to ``$GPU_CACHE_PTXAS_TALLY`` (in the records folder), which the
+hook reads into the process's record. Standard library only, Python 3.9+.
+"""
+
+import errno
+import os
+import stat
+import sys
+import time
+
+# The names (the hook's copy, in sitecustomize; this process runs isolated, -S: it only reads them).
+# NESTED_VAR: set for the real ptxas this shim runs: a wrapper that calls ``ptxas`` again gets the next one.
+from sitecustomize import PTXAS_NESTED_VAR as NESTED_VAR
+from sitecustomize import PTXAS_REAL_VAR as REAL_VAR
+from sitecustomize import PTXAS_TALLY_VAR as TALLY_VAR
+from sitecustomize import PTXAS_VAR as CACHE_VAR
+
+try:  # the bare module: hashlib would add its OpenSSL binding to every call's start
+    from _sha256 import sha256
+except ImportError:
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
+
+#: The line in the front script that marks a file as a copy of this shim (never run as real).
+MARKER = b"gpu-cache ptxas shim"
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM_DIR = os.path.join(HERE, "ptxas")
+FRONT = os.path.join(SHIM_DIR, "ptxas")
+ENTRY_SUFFIX = ".ptxas"
+IDENTITY_SUFFIX = ".identity"
+TMP_PREFIX = ".gpu-cache-tmp."
+ENTRY_MAGIC = b"gpu-cache ptxas entry 1\n"
+IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"
+#: Inputs and entries larger than this are not cached (PTX of a big Triton kernel: about 1 MB).
+MAX_BYTES = 256 << 20
+#: What stands for the caller's input and output names in a kept stdout/stderr.
+IN_MARK, OUT_MARK = b"\0gpu-cache-input\0", b"\0gpu-cache-output\0"
+#: Names shorter than this are left as they are in a kept stderr (they could be part of words).
+MIN_NAME = 8
+#: Between the key parts of an entry's header and a tally line's ``meta`` field.
+META_SEP = "\x1f"
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS)
+
+#: Options that take no value, and options that take one (``-x v`` or ``-x=v``), that change
+#: nothing but the output and stderr: a call with any other option passes through.
+FLAGS = frozenset((
+    "-c", "--compile-only", "-g", "--device-debug", "-lineinfo", "--generate-line-info",
+    "-v", "--verbose", "-w", "--disable-warnings", "-Werror", "--warning-as-error",
+    "-warn-spills", "--warn-on-spills", "-warn-lmem-usage", "--warn-on-local-memory-usage",
+    "-warn-double-usage", "--warn-on-double-precision-use", "-ewp", "--extensible-whole-program",
+    "-preserve-relocs", "--preserve-relocs", "-ret-end", "--return-at-end", "-no-bb-merge",
+    "--dont-merge-basicblocks", "-disable-optimizer-consts", "--disable-optimizer-constants",
+    "-opt-fp-atomics", "--optimize-float-atomics", "-suppress-debug-info", "--suppress-debug-info",
+    "-suppress-stack-size-warning", "--suppress-stack-size-warning",
+))
+VALUED = frozenset((
+    "-arch", "--gpu-name", "-O", "--opt-level", "-m", "--machine", "-maxrregcount", "--maxrregcount",
+    "-func-maxrregcount", "--device-function-maxrregcount", "-fmad", "--fmad", "-pic",
+    "--position-independent-code", "-allow-expensive-optimizations", "--allow-expensive-optimizations",
+    "-maxntid", "--maxntid", "-minnctapersm", "--minnctapersm", "-regUsageLevel",
+    "--register-usage-level", "-Ofc", "--Ofast-compile", "-device-stack-protector",
+    "--device-stack-protector",
+))
+OUTPUT = frozenset(("-o", "--output-file"))
+
+
+class Pass(Exception):
+    """This call passes through to the real ptxas, uncached (the text says why)."""
+
+
+# --- the call --------------------------------------------------------------------------------
+
+def parse(args):
+    """``(input, output, options)`` of a call the cache can serve; ``options`` are the
+    arguments with the two file names replaced by ``<input>`` and ``<output>`` (and ``-x=v``
+    written ``-x v``). Raises Pass for any other call."""
+    inputs, output, options = [], None, []
+    at = 0
+    while at < len(args):
+        arg = args[at]
+        at += 1
+        name, equals, value = arg.partition("=")
+        if arg in FLAGS or (arg[:2] == "-O" and arg[2:].isdigit()):
+            options.append(arg)
+        elif name in VALUED or name in OUTPUT:
+            if not equals:
+                if at >= len(args):
+                    raise Pass(f"{name} without a value")
+                value = args[at]
+                at += 1
+            if name in OUTPUT:
+                if output is not None:
+                    raise Pass("several outputs")
+                output, value = value, "<output>"
+            options += [name, value]
+        elif arg.startswith("-") or not arg:
+            raise Pass(f"option {arg[:60]!r}" if arg not in ("-", "") else "input from stdin")
+        else:
+            inputs.append(arg)
+            options.append("<input>")
+    if len(inputs) != 1:
+        raise Pass("no input" if not inputs else "several inputs")
+    if not output or output == inputs[0]:
+        raise Pass("no output file" if not output else "output over its input")
+    return inputs[0], output, options
+
+
+def kernel_name(ptx):
+    """The first entry function's name in PTX (what records and explain call the call)."""
+    at = ptx.find(b".entry ")
+    if at < 0:
+        return "?"
+    name = ptx[at + 7:at + 300].lstrip().split(b"(", 1)[0].split()[0:1]
+    return name[0].decode("ascii", "replace") if name else "?"
+
+
+# --- the real ptxas ----------------------------------------------------------------------------
+
+def same_folder(a, b):
+    """Whether two paths name one file or folder (by their names where they are missing)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normpath(a) == os.path.normpath(b)
+
+
+def is_shim(path):
+    """Whether ``path`` is this shim, a copy of it, or reaches it through a link."""
+    if same_folder(path, FRONT):
+        return True
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and MARKER in os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def runnable(path):
+    return bool(path) and os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def on_path(path_value, after=None):
+    """The first ``ptxas`` on ``path_value`` that is not a shim; with ``after``, the first one
+    after that folder (None where ``after`` is not on it). Relative entries are passed over."""
+    entries = path_value.split(os.pathsep)
+    if after is not None:
+        at = next((i for i, entry in enumerate(entries) if entry and same_folder(entry, after)), None)
+        if at is None:
+            return None
+        entries = entries[at + 1:]
+    for entry in entries:
+        candidate = os.path.join(entry, "ptxas")
+        if os.path.isabs(entry) and runnable(candidate) and not is_shim(candidate):
+            return candidate
+    return None
+
+
+def real_ptxas(environ):
+    """The ptxas the caller would have run without the shim, or None."""
+    found = on_path(environ.get("PATH", ""), after=SHIM_DIR)
+    if found is not None or environ.get(NESTED_VAR):
+        return found  # nested: never the named one, which may be the wrapper that called us
+    named = environ.get(REAL_VAR, "")
+    return named if runnable(named) and not is_shim(named) else None
+
+
+#: Where jaxlib looks after PATH (tsl's CandidateCudaRoots), and JAX's CUDA wheels.
+CUDA_ROOTS = ("/usr/local/cuda", "/opt/cuda")
+WHEEL_ROOTS = (("nvidia", "cu13"), ("nvidia", "cuda_nvcc"))
+
+
+def find_real(path_value, search_path):
+    """``(the ptxas jaxlib runs without the shim, where it was found)``: the first on PATH,
+    else the one of ``/usr/local/cuda``, ``/opt/cuda`` or a CUDA wheel on ``search_path``
+    (sys.path), as jaxlib looks; (None, None) where there is none."""
+    found = on_path(path_value)
+    if found is not None:
+        return found, "PATH"
+    for root in CUDA_ROOTS:
+        candidate = os.path.join(root, "bin", "ptxas")
+        if runnable(candidate) and not is_shim(candidate):
+            return candidate, root
+    for entry in search_path:
+        for parts in WHEEL_ROOTS:
+            candidate = os.path.join(os.path.abspath(entry or "."), *parts, "bin", "ptxas")
+            if runnable(candidate) and not is_shim(candidate):
+                return candidate, "a CUDA wheel"
+    return None, None
+
+
+def _script_targets(path, head):
+    """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
+    outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
+    only executable files count)."""
+    if not head.startswith(b"#!"):
+        return []
+    found = []
+    for line in head.split(b"\n")[1:]:
+        for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
+            if word.startswith(b"/") and runnable(os.fsdecode(word)) and word not in found:
+                found.append(word)
+    return found
+
+
+def _stat_text(path):
+    info = os.stat(path)
+    return b"%s\0%d\0%d" % (os.fsencode(path), info.st_size, info.st_mtime_ns)
+
+
+def _digest_files(paths):
+    digest = sha256()
+    for path in paths:
+        digest.update(os.fsencode(path) if isinstance(path, str) else path)
+        with open(path, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def identity(real, folder):
+    """``(digest, version text)`` of the real ptxas: kept per file state (path, size, mtime of
+    the file it resolves to and of the files a wrapper names) in ``<folder>/<x>.identity``, so
+    a call costs a few stats; made once per state by running ``--version`` and reading them."""
+    resolved = os.path.realpath(real)
+    with open(resolved, "rb") as stream:
+        head = stream.read(65536)
+    files = [resolved, *(os.fsdecode(p) for p in _script_targets(resolved, head))]
+    state = sha256(b"\0\0".join(_stat_text(p) for p in files)).hexdigest()[:40]
+    name = state + IDENTITY_SUFFIX
+    data = folder.read(name, IDENTITY_MAGIC) if folder is not None else None
+    if data is not None:
+        digest, _, version = data.partition(b"\n")
+        if len(digest) == 64:
+            return digest.decode("ascii"), version
+    from gpu_cache_ptxas_run import version_of
+
+    version = version_of(real)
+    digest = _digest_files(files)
+    if folder is not None:
+        folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
+    return digest, version
+
+
+def version_line(version):
+    """The line of ``ptxas --version`` that names the release (``... release 13.4, V13.4.59``)."""
+    lines = [line for line in version.splitlines() if b"release" in line] or version.splitlines()[-1:]
+    return lines[0].decode("utf-8", "replace").strip()[:200] if lines else "?"
+
+
+def key_of(digest, version, options, ptx_digest):
+    """The entry's key: the real ptxas (its file digest and version text), the options without
+    file names, the input's digest."""
+    key = sha256(b"gpu-cache ptxas key 1\0")
+    for part in (digest.encode("ascii"), version, "\0".join(options).encode("utf-8", "surrogateescape")):
+        key.update(part + b"\0\0")
+    key.update(ptx_digest)
+    return key.hexdigest()
+
+
+# --- the cache folder ----------------------------------------------------------------------------
+
+class Folder:
+    """The cache folder, opened and checked by the trust rules (see the module's text)."""
+
+    def __init__(self, path):
+        self.path = path
+        root = os.stat(os.path.dirname(path))
+        self.team = root.st_gid if root.st_mode & stat.S_IWGRP and not root.st_mode & stat.S_IWOTH else None
+        if root.st_mode & stat.S_IWOTH and not root.st_mode & stat.S_ISVTX:
+            raise OSError(errno.EPERM, f"{os.path.dirname(path)} is writable by everyone")
+        self.fd = os.open(path, _DIR)
+        why = self.problem(os.fstat(self.fd), folder=True)
+        if why:
+            os.close(self.fd)
+            raise OSError(errno.EPERM, f"{path} is {why}")
+
+    def problem(self, info, folder=False):
+        """Why a folder or file of the cache breaks the trust rules, or None."""
+        if not (stat.S_ISDIR(info.st_mode) if folder else stat.S_ISREG(info.st_mode)):
+            return "not a folder" if folder else "not a regular file"
+        team = self.team is not None and info.st_gid == self.team
+        if info.st_uid not in (os.geteuid(), 0) and not team:
+            return f"owned by uid {info.st_uid}"
+        if info.st_mode & stat.S_IWOTH:
+            return "writable by everyone"
+        if info.st_mode & stat.S_IWGRP and not team:
+            return f"writable by group {info.st_gid}"
+        return None
+
+    def read(self, name, magic):
+        """The content after ``magic`` of the file ``name``; None where it is missing, breaks
+        the rules or is not one of ours."""
+        try:
+            fd = os.open(name, _READ, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            if self.problem(info) or info.st_size > MAX_BYTES:
+                return None
+            data = read_all(fd, info.st_size)
+        finally:
+            os.close(fd)
+        return data[len(magic):] if data.startswith(magic) else None
+
+    def write(self, name, data):
+        """Write ``name`` whole (a temporary file, then a link); whether it was placed (False:
+        it exists already). Raises OSError."""
+        tmp = f"{TMP_PREFIX}{os.uname().nodename[:60]}.{os.getpid()}.{os.urandom(6).hex()}"
+        fd = os.open(tmp, _NEW, 0o600, dir_fd=self.fd)
+        try:
+            try:
+                write_all(fd, data)
+                os.fchmod(fd, 0o664 if self.team is not None else 0o644)
+            finally:
+                os.close(fd)
+            return link_new(tmp, self.fd, name)
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:
+                pass
+
+    def touch(self, name):
+        """Mark an entry used now (its last use, for prune); a read-only root leaves it."""
+        try:
+            os.utime(name, dir_fd=self.fd, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass
+
+
+def link_new(tmp, folder_fd, name):
+    """Give ``tmp`` the name ``name`` when that is free: a hard link (atomic, never over an
+    entry), or where links fail a rename when the name is free. Whether it was placed."""
+    try:
+        os.link(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+    try:
+        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        return False
+    except FileNotFoundError:
+        os.rename(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        return True
+
+
+def read_all(fd, size):
+    chunks, got = [], 0
+    while got <= size:
+        chunk = os.read(fd, max(size - got, 0) + 1)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "short write")
+        view = view[written:]
+
+
+# --- entries ------------------------------------------------------------------------------------
+
+def pack_entry(key, stdout, stderr, output, seconds, meta):
+    """An entry's bytes: magic, key, lengths and compile seconds, the tab-separated key parts
+    (for explain), then stdout, stderr and the output."""
+    head = b"%s\n%d %d %d %.4f\n%s\n" % (key.encode("ascii"), len(stdout), len(stderr), len(output),
+                                        seconds, clean(meta).encode("utf-8", "replace"))
+    return ENTRY_MAGIC + head + stdout + stderr + output
+
+
+def unpack_entry(data, key):
+    """``(stdout, stderr, output, seconds, meta)`` of an entry's content after its magic, or
+    None where it is not whole or not the entry of ``key``."""
+    try:
+        named, sizes, meta, rest = data.split(b"\n", 3)
+        out_n, err_n, bin_n, seconds = sizes.split()
+        out_n, err_n, bin_n = int(out_n), int(err_n), int(bin_n)
+    except ValueError:
+        return None
+    if named != key.encode("ascii") or len(rest) != out_n + err_n + bin_n or bin_n == 0:
+        return None
+    return (rest[:out_n], rest[out_n:out_n + err_n], rest[out_n + err_n:], float(seconds),
+            meta.decode("utf-8", "replace"))
+
+
+def clean(text, limit=2000):
+    return str(text).replace("\t", " ").replace("\n", " ").replace("\r", " ")[:limit]
+
+
+def keep_names(data, source, output):
+    """A stdout/stderr to keep: the caller's file names replaced by marks."""
+    for name, mark in sorted(((output, OUT_MARK), (source, IN_MARK)), key=lambda p: -len(p[0])):
+        name = os.fsencode(name)
+        if len(name) >= MIN_NAME:
+            data = data.replace(name, mark)
+    return data
+
+
+def put_names(data, source, output):
+    """A kept stdout/stderr with this caller's file names."""
+    return data.replace(OUT_MARK, os.fsencode(output)).replace(IN_MARK, os.fsencode(source))
+
+
+# --- a call -------------------------------------------------------------------------------------
+
+def tally(outcome, key="", name="", seconds=0.0, saved=0.0, meta="", why=""):
+    """One line for this call in ``$GPU_CACHE_PTXAS_TALLY`` (the hook reads it into the
+    process's record); never raises."""
+    path = os.environ.get(TALLY_VAR, "")
+    if not os.path.isabs(path):
+        return
+    fields = (outcome, key, name, f"{seconds:.4f}", f"{saved:.4f}", meta, why)
+    line = ("\t".join(clean(field, 1500) for field in fields) + "\n").encode("utf-8", "replace")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def real_environ():
+    environ = dict(os.environ)
+    environ[NESTED_VAR] = "1"
+    return environ
+
+
+def run_through(real, args, why, outcome="pass"):
+    """Pass this call through to the real ptxas (this process becomes it)."""
+    tally(outcome, why=why)
+    os.execve(real, [real, *args], real_environ())
+
+
+def serve(real, args, started):
+    """Answer a call from the cache, or run the real ptxas once and keep its result. Returns
+    the exit code; raises Pass before the real ptxas ran."""
+    source, output, options = parse(args)
+    folder_path = os.environ.get(CACHE_VAR, "")
+    if not os.path.isabs(folder_path):
+        raise Pass(f"{CACHE_VAR} is not an absolute folder")
+    try:
+        folder = Folder(folder_path)
+    except OSError as exc:
+        raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_BYTES:
+            raise Pass("input over 256 MiB")
+        ptx = read_all(fd, size)
+    finally:
+        os.close(fd)
+    digest, version = identity(real, folder)
+    ptx_digest = sha256(ptx).digest()
+    key = key_of(digest, version, options, ptx_digest)
+    name = kernel_name(ptx)
+    meta = META_SEP.join((name, version_line(version), digest[:16], " ".join(options), ptx_digest.hex()[:16]))
+    found = lookup(folder, key)
+    if found is not None:
+        replay(found, source, output)
+        folder.touch(key + ENTRY_SUFFIX)
+        spent = time.monotonic() - started
+        tally("hit", key, name, spent, found[3] - spent, meta)
+        return 0
+    from gpu_cache_ptxas_run import miss
+
+    return miss(real, args, folder, key, meta, source, output, started)
+
+
+def lookup(folder, key):
+    data = folder.read(key + ENTRY_SUFFIX, ENTRY_MAGIC)
+    return unpack_entry(data, key) if data is not None else None
+
+
+def replay(entry, source, output):
+    """A hit: the output byte for byte, then stdout and stderr as the real run wrote them."""
+    stdout, stderr, binary = entry[0], entry[1], entry[2]
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        write_all(fd, binary)
+    finally:
+        os.close(fd)
+    for stream, data in ((1, stdout), (2, stderr)):
+        if data:
+            write_all(stream, put_names(data, source, output))
+
+
+def main():
+    started = time.monotonic()
+    args = sys.argv[1:]
+    try:
+        real = real_ptxas(os.environ)
+    except Exception:
+        real = None
+    if real is None:
+        os.write(2, f"gpu-cache ptxas shim: no real ptxas after the shim on PATH, nor in "
+                    f"{REAL_VAR}\n".encode())
+        os._exit(127)
+    if os.environ.get(NESTED_VAR):
+        run_through(real, args, "called from the real ptxas")
+    try:
+        code = serve(real, args, started)
+    except Pass as why:
+        run_through(real, args, str(why))
+    except Exception as exc:  # the real ptxas has not run: it runs now, as without the shim
+        run_through(real, args, f"shim error: {exc!r}")
+    os._exit(code)

@@ -1,0 +1,86 @@
+"""Why did the ptxas shim miss (issue 34)? Compare a missed call's key parts with the entries
+the cache holds for the same PTX.
+
+A record's ``ptxas.missed`` names each call that ran the real ptxas, with its key parts: the
+kernel, the ptxas (its version line and file digest), the options without file names, and a
+digest of the input. Each entry of ``<cache root>/ptxas`` keeps the same parts in its header.
+An entry for the same input with other parts names what changed; none means the PTX itself
+was never assembled here (the kernel, its shapes or block sizes, or the jax-triton or Triton
+that wrote it, changed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpu_cache.core import hook_records, kinds
+from gpu_cache.core.caches import ptxas as ptxas_cache
+
+#: What each changed key part means, as the first words of a cause.
+PART_HINTS = {
+    "ptxas": "another ptxas release ran it (PATH, the image, or a CUDA wheel changed)",
+    "ptxas_digest": "another ptxas file ran it (another install of the same release, or a "
+                    "wrapper script that changed)",
+    "options": "jaxlib passed other options (JAX_TRITON_PTXAS_EXTRA_FLAGS, "
+               "JAX_TRITON_PTXAS_DEVICE_DEBUG, or another compute capability: -arch)",
+}
+
+
+class Entries:
+    """The cache's entries, read once: their keys, and their key parts by input digest."""
+
+    def __init__(self, cache_root: Path | None) -> None:
+        self.keys: set[str] = set()
+        self.by_input: dict[str, list[dict[str, str]]] = {}
+        if cache_root is None:
+            return
+        for entry in ptxas_cache.scan(kinds.KINDS["ptxas"].folder(cache_root), grace_seconds=0.0):
+            if entry.problem is None and entry.parts:
+                self.keys.add(entry.key.removesuffix(".ptxas"))
+                self.by_input.setdefault(entry.parts.get("input", ""), []).append(entry.parts)
+
+
+def explain_item(item: dict[str, Any], entries: Entries) -> dict[str, Any]:
+    """The explanation of one missed call (a record's ``ptxas.missed`` item), shaped like a
+    JAX key's (``compared_with`` stays None: the causes say what the entry had)."""
+    parts = item.get("parts") if isinstance(item.get("parts"), dict) else {}
+    name, key = str(item.get("name") or "?"), str(item.get("key") or "")
+    result: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [], "causes": []}
+    why = item.get("why")
+    if isinstance(why, str) and why.startswith("exit code"):
+        result["causes"].append(f"the real ptxas failed ({why}): a failed run is not kept")
+    if key in entries.keys:
+        result["causes"].append("its entry is in the cache now: another process kept it meanwhile "
+                                "(the same kernel assembled by several processes at once), or this "
+                                "process could not read it")
+        return result
+    same_input = entries.by_input.get(str(parts.get("input") or "\0"), [])
+    if not same_input:
+        result["causes"].append(f"no entry holds this PTX of {name}: a first assembly here (was the "
+                                "kernel part of the warm-up workload?); other shapes, block sizes, "
+                                "or another jax-triton or Triton write other PTX")
+        return result
+    fields = tuple(PART_HINTS)
+    closest = min(same_input, key=lambda other: sum(other.get(f) != parts.get(f) for f in fields))
+    result["changed"] = [f for f in fields if closest.get(f) != parts.get(f)]
+    result["causes"] += [f"{f}: {PART_HINTS[f]} ({closest.get(f)!r} before, {parts.get(f)!r} now)"
+                         for f in result["changed"]]
+    return result
+
+
+def missed_items(section: dict[str, Any]) -> list[dict[str, Any]]:
+    missed = section.get("missed")
+    return [m for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
+
+
+def explain_run(cache_root: Path, run_id: str | None, limit: int = 20) -> list[dict[str, Any]]:
+    """Explain the ptxas misses of one run's records (all records with ``run_id`` None)."""
+    entries = Entries(cache_root)
+    out: list[dict[str, Any]] = []
+    for record in hook_records.read(hook_records.records_dir(cache_root), run_id):
+        section = hook_records.part(record, "ptxas")
+        for item in missed_items(section) if section else []:
+            if len(out) < limit:
+                out.append(explain_item(item, entries))
+    return out

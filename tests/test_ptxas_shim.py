@@ -1,0 +1,311 @@
+"""The ptxas shim (issue 34): what it keys on, what it passes through, and, with the real ptxas
+from Triton's wheel on real PTX made here by Triton's compiler, that a hit is what the real
+ptxas would have written, from a folder it trusts, and that it never runs itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpu_cache.core import names
+from gpu_cache.core.caches import ptxas as ptxas_cache
+from ptxas_fixtures import (
+    SHIM,
+    SHIM_DIR,
+    assemble,
+    make_ptx,
+    mode_of,
+    older_ptxas,
+    runs,
+    shim_environ,
+    site_wrapper,
+    triton_ptxas,
+)
+
+XLA_CALL = ["/tmp/tempfile-h-1-2-3", "-o", "/tmp/tempfile-h-1-2-4", "-arch=sm_90a", "--warn-on-spills"]
+
+
+# --- pure functions -------------------------------------------------------------------------
+
+def test_xlas_and_jaxlibs_call_is_served_with_the_file_names_taken_out():
+    source, output, options = SHIM.parse(XLA_CALL)
+    assert (source, output) == ("/tmp/tempfile-h-1-2-3", "/tmp/tempfile-h-1-2-4")
+    assert options == ["<input>", "-o", "<output>", "-arch", "sm_90a", "--warn-on-spills"]
+    # another spelling of the same options, other file names: the same options
+    assert SHIM.parse(["-arch", "sm_90a", "a.ptx", "--output-file=b.cubin", "--warn-on-spills"])[2] == \
+        ["-arch", "sm_90a", "<input>", "--output-file", "<output>", "--warn-on-spills"]
+    # jaxlib's extra flags (JAX_TRITON_PTXAS_EXTRA_FLAGS, --device-debug) and -v stay in the options
+    assert SHIM.parse([*XLA_CALL, "-O3", "--device-debug", "-v"])[2][-3:] == ["-O3", "--device-debug", "-v"]
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--version"], "option '--version'"),
+    (["a.ptx", "b.ptx", "-o", "x"], "several inputs"),
+    (["-", "-o", "x"], "input from stdin"),
+    (["a.ptx", "-arch=sm_90a"], "no output file"),
+    (["a.ptx", "-o", "x", "--input-as-string", ".version 99.99"], "option '--input-as-string'"),
+    (["a.ptx", "-o", "x", "--options-file", "f"], "option '--options-file'"),
+    (["a.ptx", "-o"], "-o without a value"),
+    (["a.ptx", "-o", "a.ptx"], "output over its input"),
+])
+def test_other_forms_pass_through(args, why):
+    with pytest.raises(SHIM.Pass, match=why.replace("(", r"\(").replace(")", r"\)")):
+        SHIM.parse(args)
+
+
+def test_a_kept_stderr_names_this_callers_files():
+    err = b"ptxas /tmp/tempfile-a-1, line 10; warning : Program is doing double precision computations.\n"
+    kept = SHIM.keep_names(err, "/tmp/tempfile-a-1", "/tmp/tempfile-a-2")
+    assert b"/tmp/tempfile-a-1" not in kept
+    assert SHIM.put_names(kept, "/tmp/tempfile-b-7", "/tmp/tempfile-b-8") == err.replace(b"a-1", b"b-7")
+    # a short name could be part of words: it is kept as it was
+    assert SHIM.keep_names(b"ptxas a, line 1", "a", "b") == b"ptxas a, line 1"
+
+
+def test_an_entry_is_served_only_whole_and_under_its_own_key():
+    key, other = "a" * 64, "b" * 64
+    data = SHIM.pack_entry(key, b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
+    body = data[len(SHIM.ENTRY_MAGIC):]
+    assert SHIM.unpack_entry(body, key) == (b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
+    assert SHIM.unpack_entry(body, other) is None  # renamed to another key: never served
+    assert SHIM.unpack_entry(body[:-1], key) is None  # cut short
+    assert SHIM.unpack_entry(body + b"x", key) is None
+
+
+def test_the_key_holds_the_ptxas_the_options_and_the_input():
+    base = ("d" * 64, b"release 13.4, V13.4.59", ["<input>", "-arch", "sm_90a"], b"ptx-digest")
+    key = SHIM.key_of(*base)
+    assert SHIM.key_of(*base) == key
+    assert SHIM.key_of("e" * 64, *base[1:]) != key
+    assert SHIM.key_of(base[0], b"release 12.9, V12.9.86", *base[2:]) != key
+    assert SHIM.key_of(*base[:2], ["<input>", "-arch", "sm_80"], base[3]) != key
+    assert SHIM.key_of(*base[:3], b"other-digest") != key
+
+
+def test_the_real_ptxas_is_the_next_on_path_never_a_shim(tmp_path):
+    real = tmp_path / "cuda" / "ptxas"
+    real.parent.mkdir()
+    real.write_text("#!/bin/sh\nexit 0\n")
+    real.chmod(0o755)
+    copy = tmp_path / "copy"
+    shutil.copytree(SHIM_DIR, copy)  # another checkout's shim
+    link = tmp_path / "link"
+    link.mkdir()
+    (link / "ptxas").symlink_to(SHIM.FRONT)  # the shim again, through a link
+    path = os.pathsep.join(["/nonexistent", str(SHIM_DIR), "relative", str(copy), str(link),
+                            str(real.parent)])
+    assert SHIM.real_ptxas({"PATH": path}) == str(real)
+    assert SHIM.real_ptxas({"PATH": f"{copy}:{SHIM_DIR}:{real.parent}"}) == str(real)
+    REAL, NESTED = names.PTXAS_REAL_VAR, names.PTXAS_NESTED_VAR
+    # only shims after it: the one the hook found, unless that is a shim too
+    assert SHIM.real_ptxas({"PATH": f"{SHIM_DIR}:{copy}", REAL: str(real)}) == str(real)
+    assert SHIM.real_ptxas({"PATH": f"{SHIM_DIR}:{copy}", REAL: str(link / "ptxas")}) is None
+    # called from the real one (a wrapper that runs ptxas again): never the named one
+    assert SHIM.real_ptxas({"PATH": str(SHIM_DIR), REAL: str(real), NESTED: "1"}) is None
+
+
+# --- with the real ptxas ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory) -> dict[str, Path]:
+    return make_ptx(tmp_path_factory.mktemp("ptx"))
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A site's ptxas (a logging wrapper around Triton's CUDA 13.4 ptxas), its log, the cache."""
+    log = tmp_path / "real-runs.log"
+    return site_wrapper(tmp_path / "site", triton_ptxas(), log), log, tmp_path / "root" / "ptxas"
+
+
+@pytest.mark.slow
+def test_a_hit_is_the_real_output_byte_for_byte_under_another_name(ptx, site, tmp_path):
+    wrapper, log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    first, second = tmp_path / "tempfile-node-11-1", tmp_path / "tempfile-node-22-7"
+    shutil.copy(ptx["spill"], first)
+    shutil.copy(ptx["spill"], second)
+    missed = assemble(first, tmp_path / "a.cubin", environ)
+    hit = assemble(second, tmp_path / "b.cubin", environ)
+    real = subprocess.run([str(triton_ptxas()), str(second), "-o", str(tmp_path / "c.cubin"),
+                           "-arch=sm_90a", "--warn-on-spills"], capture_output=True)
+    assert (missed.returncode, hit.returncode, real.returncode) == (0, 0, 0)
+    assert runs(log) == 1  # the second call never ran the real ptxas
+    assert (tmp_path / "b.cubin").read_bytes() == (tmp_path / "a.cubin").read_bytes() == \
+        (tmp_path / "c.cubin").read_bytes()
+    # XLA reads this line to drop a spilling autotuning config: a hit says it as the real run did
+    assert b"Registers are spilled" in hit.stderr
+    assert hit.stderr == missed.stderr
+    entries = ptxas_cache.scan(cache, 0.0)
+    assert [e.name for e in entries if e.key.endswith(".ptxas")] == ["mm"]
+    assert all(e.problem is None for e in entries)
+
+
+@pytest.mark.slow
+def test_a_hit_names_this_callers_file_in_the_warnings(ptx, site, tmp_path):
+    wrapper, log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    names = [tmp_path / "tempfile-first-call", tmp_path / "tempfile-second-call"]
+    done = []
+    for name in names:
+        shutil.copy(ptx["f64"], name)
+        done.append(assemble(name, tmp_path / "o.cubin", environ, "--warn-on-double-precision-use"))
+    assert runs(log) == 1
+    assert done[0].stderr.count(b"tempfile-first-call, line") == 3
+    assert done[1].stderr == done[0].stderr.replace(b"tempfile-first-call", b"tempfile-second-call")
+
+
+@pytest.mark.slow
+def test_other_ptx_another_ptxas_or_other_options_run_the_real_one(ptx, site, tmp_path):
+    wrapper, log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    for name in ("add87", "add87", "mm"):
+        assert assemble(ptx[name], tmp_path / "o.cubin", environ).returncode == 0
+    assert runs(log) == 2
+    assert assemble(ptx["add87"], tmp_path / "o.cubin", environ, "-O1").returncode == 0
+    assert runs(log) == 3
+    # the same PTX and options through CUDA 12.9's ptxas: its own entry, not 13.4's output
+    older_log = tmp_path / "older.log"
+    older = site_wrapper(tmp_path / "older", older_ptxas(), older_log)
+    done = assemble(ptx["add87"], tmp_path / "older.cubin", shim_environ(cache, older.parent))
+    assert done.returncode == 0 and runs(older_log) == 1
+    direct = tmp_path / "direct.cubin"
+    subprocess.run([str(older_ptxas()), str(ptx["add87"]), "-o", str(direct), "-arch=sm_90a",
+                    "--warn-on-spills"], check=True)
+    assert (tmp_path / "older.cubin").read_bytes() == direct.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_failure_and_a_version_probe_are_the_real_ones_and_nothing_is_kept(ptx, tmp_path):
+    log = tmp_path / "runs.log"
+    wrapper = site_wrapper(tmp_path / "site", older_ptxas(), log)  # CUDA 12.9: refuses PTX 9.4
+    cache = tmp_path / "root" / "ptxas"
+    environ = shim_environ(cache, wrapper.parent)
+    direct = subprocess.run([str(older_ptxas()), str(ptx["add"]), "-o", str(tmp_path / "x"), "-arch=sm_90a",
+                             "--warn-on-spills"], capture_output=True)
+    through = assemble(ptx["add"], tmp_path / "x", environ)
+    assert direct.returncode != 0
+    assert (through.returncode, through.stderr) == (direct.returncode, direct.stderr)
+    assemble(ptx["add"], tmp_path / "x", environ)
+    assert runs(log) == 2  # a failure is run again, never replayed
+    assert not any(e.key.endswith(".ptxas") for e in ptxas_cache.scan(cache, 0.0))
+    probe = subprocess.run(["ptxas", "--version"], env=environ, capture_output=True)
+    assert probe.stdout == subprocess.run([str(older_ptxas()), "--version"], capture_output=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("umask", [0o000, 0o077])
+def test_entries_get_safe_modes_whatever_the_umask(ptx, site, tmp_path, umask):
+    wrapper, _log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    old = os.umask(umask)
+    try:
+        assert assemble(ptx["add"], tmp_path / "o.cubin", environ).returncode == 0
+    finally:
+        os.umask(old)
+    assert sorted(mode_of(p) for p in cache.iterdir()) == [0o644, 0o644]  # the entry, the identity
+
+
+def _plant_fake_entry(ptx, site, tmp_path) -> tuple[Path, dict[str, str]]:
+    """Fill the cache with the real entry of ``add``, then put a fake cubin into it (same key,
+    a valid header): what another user who could write there would do."""
+    wrapper, _log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    assert assemble(ptx["add"], tmp_path / "real.cubin", environ).returncode == 0
+    entry = next(p for p in cache.iterdir() if p.suffix == ".ptxas")
+    data = SHIM.unpack_entry(entry.read_bytes()[len(SHIM.ENTRY_MAGIC):], entry.stem)
+    fake = SHIM.pack_entry(entry.stem, data[0], data[1], b"FAKE CUBIN", data[3], data[4])
+    entry.unlink()
+    entry.write_bytes(fake)
+    entry.chmod(0o644)
+    return entry, environ
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["folder writable by others", "entry owned by nobody",
+                                   "entry writable by others", "entry is a link", "folder is a link"])
+def test_a_folder_or_entry_others_could_write_is_never_served(ptx, site, tmp_path, fault):
+    entry, environ = _plant_fake_entry(ptx, site, tmp_path)
+    assert assemble(ptx["add"], tmp_path / "fake.cubin", environ).returncode == 0
+    assert (tmp_path / "fake.cubin").read_bytes() == b"FAKE CUBIN"  # as planted: trusted, served
+    cache = entry.parent
+    if fault == "folder writable by others":
+        cache.chmod(0o777)
+    elif fault == "entry owned by nobody":
+        os.chown(entry, 65534, 65534)
+    elif fault == "entry writable by others":
+        entry.chmod(0o666)
+    elif fault == "entry is a link":
+        moved = tmp_path / "elsewhere"
+        entry.rename(moved)
+        entry.symlink_to(moved)
+    else:
+        cache.rename(tmp_path / "moved")
+        cache.symlink_to(tmp_path / "moved")
+    assert assemble(ptx["add"], tmp_path / "out.cubin", environ).returncode == 0
+    assert (tmp_path / "out.cubin").read_bytes() == (tmp_path / "real.cubin").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
+def test_a_read_only_cache_serves_hits_and_keeps_nothing_new(ptx, site, tmp_path):
+    wrapper, log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    assert assemble(ptx["add"], tmp_path / "o.cubin", environ).returncode == 0
+    subprocess.run(["mount", "--bind", str(cache), str(cache)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(cache)], check=True)
+        hit = assemble(ptx["add"], tmp_path / "hit.cubin", environ)
+        missed = assemble(ptx["mm"], tmp_path / "miss.cubin", environ)
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True)
+    assert (hit.returncode, missed.returncode) == (0, 0)
+    assert (tmp_path / "hit.cubin").read_bytes() == (tmp_path / "o.cubin").read_bytes()
+    assert (tmp_path / "miss.cubin").stat().st_size > 0
+    assert runs(log) == 2  # add: once before; mm: the real one, since nothing can be kept
+    assert len([p for p in cache.iterdir() if p.suffix == ".ptxas"]) == 1
+
+
+@pytest.mark.slow
+def test_a_wrapper_that_runs_ptxas_again_through_path_gets_the_next_one(ptx, tmp_path):
+    real_dir = tmp_path / "cuda"
+    real_dir.mkdir()
+    (real_dir / "ptxas").symlink_to(triton_ptxas())
+    wrapper_dir = tmp_path / "site"
+    wrapper_dir.mkdir()
+    wrapper = wrapper_dir / "ptxas"  # a module-style wrapper: drops itself from PATH, runs "ptxas"
+    wrapper.write_text(f'#!/bin/sh\nPATH=$(echo "$PATH" | sed "s#{wrapper_dir}:##")\nexec ptxas "$@"\n')
+    wrapper.chmod(0o755)
+    environ = shim_environ(tmp_path / "root" / "ptxas", wrapper_dir, real_dir)
+    done = assemble(ptx["add"], tmp_path / "o.cubin", environ)
+    assert done.returncode == 0, done.stderr
+    assert assemble(ptx["add"], tmp_path / "p.cubin", environ).returncode == 0
+    assert (tmp_path / "o.cubin").read_bytes() == (tmp_path / "p.cubin").read_bytes()
+
+
+@pytest.mark.slow
+def test_only_shims_on_path_is_an_error_never_a_loop(tmp_path):
+    environ = shim_environ(tmp_path / "root" / "ptxas")
+    environ["PATH"] = f"{SHIM_DIR}:/usr/bin:/bin"
+    done = subprocess.run(["ptxas", "--version"], env=environ, capture_output=True, timeout=30)
+    assert done.returncode == 127 and b"no real ptxas" in done.stderr
+
+
+@pytest.mark.slow
+def test_processes_that_miss_one_kernel_at_once_run_the_real_ptxas_once(ptx, tmp_path):
+    log = tmp_path / "runs.log"
+    slow = tmp_path / "site" / "ptxas"  # a real run that takes 2 s: the others start meanwhile
+    slow.parent.mkdir()
+    slow.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nsleep 2\nexec {triton_ptxas()} "$@"\n')
+    slow.chmod(0o755)
+    locks = tmp_path / "root" / "locks"
+    environ = shim_environ(tmp_path / "root" / "ptxas", slow.parent, GPU_CACHE_LOCKS=str(locks))
+    started = [subprocess.Popen(["ptxas", str(ptx["add"]), "-o", str(tmp_path / f"{n}.cubin"),
+                                 "-arch=sm_90a"], env=environ) for n in range(4)]
+    assert [p.wait(timeout=120) for p in started] == [0, 0, 0, 0]
+    assert runs(log) == 1
+    assert len({(tmp_path / f"{n}.cubin").read_bytes() for n in range(4)}) == 1
