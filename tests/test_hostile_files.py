@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_environ, jax_job_env, unavailable
+from helpers import clean_environ, jax_job_env, run_cli_here, unavailable
 
 TIMEOUT = 60  # seconds; every command here takes about one
 #: Address-space cap of each CLI process: a reader that slurps /dev/zero or a bomb fails fast
@@ -476,6 +476,13 @@ def test_every_prunable_kind_has_users_files_to_try():
     assert set(USERS_FILES) == set(kinds.PRUNABLE)
 
 
+def here_ok(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in this process (:func:`helpers.run_cli_here`); it must succeed."""
+    done = run_cli_here(*args)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 @pytest.mark.parametrize("kind", sorted(USERS_FILES))
 def test_a_kind_folder_that_links_to_the_users_own_files_is_never_pruned(kind, tmp_path):
     """``<root>/<kind>`` a symbolic link to a folder of the user's own files (#21: with
@@ -492,18 +499,18 @@ def test_a_kind_folder_that_links_to_the_users_own_files_is_never_pruned(kind, t
     other = "records" if kind != "records" else "jax"
     users_folder(root / other, other)  # a kind under the root: pruned as ever
     common = ("--cache-root", str(root))
-    stats = ok(cli("stats", "--json", *common)).json()
-    dry = ok(cli("prune", "--dry-run", "--json", *SQUEEZE, *common)).json()
-    real = cli("prune", *SQUEEZE, *common)
+    stats = json.loads(here_ok("stats", "--json", *common).stdout)
+    dry = json.loads(here_ok("prune", "--dry-run", "--json", *SQUEEZE, *common).stdout)
+    real = here_ok("prune", *SQUEEZE, *common)
     assert listing(mine) == before, "nothing outside the root removed or written"
     if kind == "records":
         assert stats["runs"] == [], "the user's files are not read as the hook's records"
-    fixed = ok(cli("doctor", "--fix", "--no-fail", "--json", *common)).json()
+    fixed = json.loads(here_ok("doctor", "--fix", "--no-fail", "--json", *common).stdout)
     # (doctor's probe of an exported kind's folder makes and removes a file of its own there,
     # which moves the folder's mtime: the env side, not --fix)
     assert {k: v for k, v in listing(mine).items() if k != "."} == \
         {k: v for k, v in before.items() if k != "."}
-    warnings = [line for line in ok(real).stderr.splitlines() if "warning" in line]
+    warnings = [line for line in real.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "Traceback" not in real.stderr, real.stderr
     for problems in (dry["problems"], warnings, fixed["warnings"]):
         (said,) = [p for p in problems if p.count(f"{kind}: {root / kind} is a link to {mine}")]

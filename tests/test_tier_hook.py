@@ -30,6 +30,9 @@ from gpu_cache.core import hook_records
 from helpers import SCRIPTS, TINY, clean_environ, unavailable
 from tier_local import node_env, on_node
 
+#: Every test here binds a node's folder in a mount namespace of its own (a mount: slow).
+pytestmark = pytest.mark.slow
+
 TRITON = [sys.executable, "-m", "gpu_cache.workloads.triton_kernels", "--shape", "64", "--mode", "aot"]
 TMP_PREFIX = ".gpu-cache-tmp."
 

@@ -244,6 +244,7 @@ def _autotune_files(cache: Path) -> dict[str, bytes]:
     return {str(p.relative_to(cache)): p.read_bytes() for p in cache.glob("*/*.autotune.json")}
 
 
+@pytest.mark.slow  # four processes that tune, replay and check: 3 s
 def test_replay_writes_the_autotune_choice_a_later_process_takes(tmp_path: Path) -> None:
     first, records = tmp_path / "first", tmp_path / "records"
     tuned = _autotuned(first, "tune", records)
