@@ -13,7 +13,9 @@ install) the source is compiled in every process. This times, interleaved:
   folder with its bytecode compiled, and from a copy without bytecode run with
   ``PYTHONDONTWRITEBYTECODE=1`` (the baseline then runs with it too);
 - for ``python -c pass``, the same for the hook as one file, before it was split
-  (``tests/fixtures/hook-before-split``).
+  (``tests/fixtures/hook-before-split``);
+- with ``--before REV``, the same (both programs) for the hook folder as it was at git revision
+  ``REV`` of this checkout (``before_*``), side by side with this checkout's (``split_*``).
 
 Also, for ``python -c pass``, what ``python -X importtime`` says the ``sitecustomize`` import
 itself took (measured inside the process: less moved by other load on the machine than wall
@@ -71,11 +73,19 @@ def sitecustomize_us(env: dict[str, str]) -> int:
     return int(fields[1])
 
 
-def cases(work: Path) -> dict[str, dict[str, str]]:
+def hook_at(revision: str, work: Path) -> Path:
+    """The hook folder as it was at ``revision`` of this checkout, extracted into ``work``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "scripts/gpu_cache/_hook"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    return work / "scripts" / "gpu_cache" / "_hook"
+
+
+def cases(work: Path, hooks: dict[str, Path]) -> dict[str, dict[str, str]]:
     """Environment of each case: ``<hook>_<bytecode>`` and the two baselines."""
     out = {"none_bytecode": base_environ(),
            "none_no_bytecode": base_environ() | {"PYTHONDONTWRITEBYTECODE": "1"}}
-    for name, source in HOOKS.items():
+    for name, source in hooks.items():
         for bytecode in ("bytecode", "no_bytecode"):
             folder = work / f"{name}-{bytecode}"
             shutil.copytree(source, folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -89,9 +99,13 @@ def cases(work: Path) -> dict[str, dict[str, str]]:
     return out
 
 
-def measure(repeats: dict[str, int]) -> dict[str, Any]:
+def measure(repeats: dict[str, int], before: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpu-cache-hook-startup-") as scratch:
-        envs = cases(Path(scratch))
+        hooks = dict(HOOKS)
+        if before:
+            (Path(scratch) / "before").mkdir()
+            hooks["before"] = hook_at(before, Path(scratch) / "before")
+        envs = cases(Path(scratch), hooks)
         samples: dict[str, dict[str, list[tuple[float, float]]]] = {program: {} for program in PROGRAMS}
         for program, code in PROGRAMS.items():
             if not repeats[program]:
@@ -135,6 +149,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=60, help="runs of each `pass` case")
     parser.add_argument("--jax-repeats", type=int, default=20, help="runs of each jax case")
+    parser.add_argument("--before", metavar="REV", help="also time the hook folder of this git revision")
     parser.add_argument("--out", type=Path,
                         default=REPO / "tests" / "benchmarks" / "results" / "hook_startup.json")
     args = parser.parse_args()
@@ -143,7 +158,8 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "python": platform.python_version(), "load_average_at_start": os.getloadavg(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **measure({"pass": args.repeats, "jax": args.jax_repeats}),
+        "before": args.before,
+        **measure({"pass": args.repeats, "jax": args.jax_repeats}, args.before),
         "load_average_at_end": os.getloadavg(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
