@@ -116,6 +116,8 @@ LOCKS_FOLDER = "locks"
 STATE_FOLDER = "state"
 #: A copy or promotion's temporary file: ``.gpu-cache-tmp.<host>.<pid>.<random>``.
 TEMP_PREFIX = ".gpu-cache-tmp."
+#: The probe files gpu-cache env writes and removes in a folder it checks (writes, flock, leases).
+PROBE_PREFIX = ".gpu-cache-probe-"
 #: The local tier's trim stamp, and the lock that lets one process trim at a time.
 TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"

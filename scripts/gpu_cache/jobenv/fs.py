@@ -186,7 +186,7 @@ def _exists(path: Path) -> bool:
 def _probe_write(path: Path) -> tuple[str, int | None] | None:
     """Write a file and atomically rename it, as the caches do; why that failed (and the
     errno), or None."""
-    probe = path / f".gpu-cache-probe-{os.urandom(16).hex()}"
+    probe = path / f"{names.PROBE_PREFIX}{os.urandom(16).hex()}"
     renamed = probe.with_suffix(".renamed")
     step = "write a file"
     try:

@@ -104,7 +104,7 @@ def lease_problem(folder: Path) -> str | None:
     probe file it removes; never raises."""
     import uuid
 
-    probe = folder / f".gpu-cache-lease-probe-{uuid.uuid4().hex}"
+    probe = folder / f"{names.PROBE_PREFIX}lease-{uuid.uuid4().hex}"
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = -1
     try:
@@ -123,12 +123,7 @@ def lease_problem(folder: Path) -> str | None:
     except OSError as exc:
         return f"cannot test leases in {folder}: {why_not(exc)}"
     finally:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            probe.unlink()
-        except OSError:
-            pass
+        _remove_probe(probe, fd)
 
 
 def flock_problem(folder: Path) -> str | None:
@@ -138,7 +133,7 @@ def flock_problem(folder: Path) -> str | None:
     import fcntl
     import uuid
 
-    probe = folder / f".gpu-cache-flock-probe-{uuid.uuid4().hex}"
+    probe = folder / f"{names.PROBE_PREFIX}flock-{uuid.uuid4().hex}"
     first = second = -1
     try:
         first = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -157,10 +152,15 @@ def flock_problem(folder: Path) -> str | None:
             return f"flock is not supported in {folder} ({exc.strerror or exc})"
         return f"cannot test flock in {folder}: {why_not(exc)}"
     finally:
-        for fd in (first, second):
-            if fd >= 0:
-                os.close(fd)
-        try:
-            probe.unlink()
-        except OSError:
-            pass
+        _remove_probe(probe, first, second)
+
+
+def _remove_probe(probe: Path, *fds: int) -> None:
+    """Close a probe file's descriptors (-1: not opened) and remove it; never raises."""
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        probe.unlink()
+    except OSError:
+        pass
