@@ -127,7 +127,8 @@ def test_the_job_side_runs_on_the_oldest_python_we_support():
 
 #: The host side's layers, lowest first: each imports only from the layers below it (and
 #: itself). (``core`` and the hook are held above; ``workloads`` run in jobs, beside core.)
-HOST_LAYERS = (("core",), ("config",), ("jobenv", "reports"), ("carry", "oci"), ("commands", "profile"), ("cli",))
+HOST_LAYERS = (("core",), ("config",), ("jobenv", "reports"), ("carry", "oci"), ("commands", "profile"),
+               ("cli",))
 
 
 def layer_of(module: str) -> int | None:
