@@ -10,7 +10,7 @@ from gpu_cache.commands import common
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.shown import shown_lines
+from gpu_cache.core.shown import shown, shown_lines
 from gpu_cache.reports import PruneReport, Verdict
 
 
@@ -100,5 +100,5 @@ def run(args: argparse.Namespace) -> int:
     # quiet "FAILED" line (every host job still ran: they only missed their warm cache).
     failed = errors(validations)
     for line in failed:
-        print(f"gpu-cache: ERROR: {line}", file=sys.stderr)
+        print(shown(f"gpu-cache: ERROR: {line}"), file=sys.stderr)
     return 1 if failed else 0

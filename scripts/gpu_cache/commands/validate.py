@@ -23,6 +23,7 @@ from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import Missed, PhaseResult
+from gpu_cache.core.shown import shown
 from gpu_cache.jobenv import env
 from gpu_cache.reports import KindCounts, Verdict
 
@@ -288,10 +289,10 @@ def run(args: argparse.Namespace) -> int:
     common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
         for problem in verdict.problems:
-            print(f"gpu-cache: {gpu_type} {problem}", file=sys.stderr)
+            print(shown(f"gpu-cache: {gpu_type} {problem}"), file=sys.stderr)
     elif not verdict.passed:
         for problem in verdict.problems:
-            print(f"gpu-cache: validation of {gpu_type} failed: {problem}", file=sys.stderr)
+            print(shown(f"gpu-cache: validation of {gpu_type} failed: {problem}"), file=sys.stderr)
         if settings.validate.strict:
             return 1
     return 0
