@@ -2,6 +2,7 @@
 which piece does what): text and list limits, marking a hit entry used, the record's parts for
 jax and triton, and the way to single-flight. Standard library only, Python 3.9+."""
 
+import errno
 import os
 import stat
 import sys
@@ -55,6 +56,32 @@ def safe_mode(team, folder=False):
     if folder:
         return 0o2770 if team is not None else 0o700
     return 0o664 if team is not None else 0o644
+
+
+def replace_whole(folder_fd, temp, name, data, mode):
+    """``name`` in the folder ``folder_fd`` replaced whole by ``data``: the new file ``temp``
+    (never through a link) with ``mode`` set after the umask had its say, then a rename; the
+    temporary file is gone if anything fails."""
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=folder_fd)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, "short write", temp)
+                view = view[written:]
+        finally:
+            os.close(fd)
+        os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=folder_fd)
+        except OSError:
+            pass
+        raise
 
 
 def make_folders(path):

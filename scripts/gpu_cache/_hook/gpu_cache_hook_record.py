@@ -168,26 +168,8 @@ def _save(folder, name, data):
         if why is not None:  # its readers would take another user's records for this user's
             raise OSError(errno.EPERM, f"the records folder is {why}: refused", folder)
         temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=folder_fd)
-        try:
-            try:
-                os.fchmod(fd, common.safe_mode(team))  # readable as the tools' files are, whatever the umask
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    if written <= 0:
-                        raise OSError(errno.EIO, "short write", temp)
-                    view = view[written:]
-            finally:
-                os.close(fd)
-            os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-        except BaseException:
-            try:
-                os.unlink(temp, dir_fd=folder_fd)
-            except OSError:
-                pass
-            raise
+        # readable as the tools' files are, whatever the umask
+        common.replace_whole(folder_fd, temp, name, data, common.safe_mode(team))
     finally:
         os.close(folder_fd)
 

@@ -39,7 +39,7 @@ import stat
 import sys
 import threading
 
-from gpu_cache_hook_common import owner_problem, safe_mode, team_gid, text
+from gpu_cache_hook_common import owner_problem, replace_whole, safe_mode, team_gid, text
 from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
 
 FUNCTION = "get_autotuning_cache_overlay_state"
@@ -260,32 +260,10 @@ def _save(tokamax, here, versions, tuned, tuning):
                 pass  # none yet (or unusable): this process's result replaces it
             body = json.dumps({"format": FORMAT, "tokamax": versions[0], "jax": versions[1],
                                "device_kind": device, "result": result.dumps()})
-            _write_new(fd, name, body.encode(), safe_mode(team))
+            replace_whole(fd, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp", name, body.encode(),
+                          safe_mode(team))
         finally:
             os.close(fd)
         tuning["save"] = f"saved {len(result.data)} config set(s) for {text(device, 100)}"
     except BaseException as exc:  # the job's exit is never changed by it, even by a SystemExit
         tuning["save"] = text(f"failed: {exc!r}", 300)
-
-
-def _write_new(folder_fd, name, data, mode):
-    """``name`` in ``folder_fd`` replaced whole by ``data``: a new temporary file (never through
-    a link) with ``mode`` set after the umask had its say, then a rename."""
-    temp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                  dir_fd=folder_fd)
-    try:
-        try:
-            os.fchmod(out, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
-        finally:
-            os.close(out)
-        os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-    except BaseException:
-        try:
-            os.unlink(temp, dir_fd=folder_fd)
-        except OSError:
-            pass
-        raise
