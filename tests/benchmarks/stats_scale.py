@@ -146,7 +146,8 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
     rng = random.Random(14)
     now = time.time()
     folders = {name: root / name
-               for name in ("jax", "triton", "inductor", "records", "bytecode", "cuda", "autotune", "ptxas")}
+               for name in ("jax", "triton", "inductor", "records", "bytecode", "cuda", "autotune", "ptxas",
+                            "jax_triton", "vllm")}
     for folder in folders.values():
         folder.mkdir(parents=True)
     files = dirs = 0
@@ -249,6 +250,25 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         head = b"gpu-cache ptxas entry 1\n%s\n0 0 %d 1.5000\n%s\n" % (key.encode(), len(cubin), meta.encode())
         _write(os.path.join(str(folders["ptxas"]), f"{key}.ptxas"), head + cubin, used())
         files += 1
+    # jax-triton kernels the startup hook kept (issue 34), in core/caches/jax_triton.py's format
+    for i in range(6):
+        key = hashlib.sha256(b"k%d" % i).hexdigest()
+        entry = {"format": 1, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",
+                 "jax_triton": "0.3.0", "triton": "3.6.0", "target": "cuda:90", "key_parts": {},
+                 "result": {"binary": "p" * 20000, "name": f"attention_{i}", "shared_mem_bytes": 0},
+                 "ttir": "t" * 4000}
+        _write(os.path.join(str(folders["jax_triton"]), key), json.dumps(entry).encode(), used())
+        files += 1
+    # vLLM's torch.compile folders (issue 31): one hash folder per engine, a rank folder in each
+    for i in range(4):
+        engine = hashlib.sha256(b"v%d" % i).hexdigest()[:10]
+        rank = os.path.join(str(folders["vllm"]), "torch_compile_cache", engine, "rank_0_0", "backbone")
+        os.makedirs(rank)
+        dirs += 4 if i == 0 else 3
+        when = used()
+        _write(os.path.join(rank, "vllm_compile_cache.py"), b"{}\n", when)
+        _write(os.path.join(rank, "computation_graph.py"), b"# graph\n" * 200, when)
+        files += 2
     return {"files": files + 2, "folders": dirs + len(folders)}
 
 
