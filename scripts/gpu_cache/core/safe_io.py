@@ -413,9 +413,27 @@ def delete_in(folder_fd: int, name: str) -> None:
         pass
 
 
-def tree_size(path: str | os.PathLike[str]) -> tuple[int, int, float]:
+def listing(path: str | os.PathLike[str]) -> list[tuple[str, str, os.stat_result]]:
+    """(name, path, lstat) of each name in the folder ``path`` (none where it cannot be
+    listed); a name removed while listed is left out."""
+    out = []
+    try:
+        handle = os.scandir(path)
+    except OSError:
+        return out
+    with handle:
+        for item in handle:
+            try:
+                out.append((item.name, item.path, item.stat(follow_symlinks=False)))
+            except OSError:
+                continue
+    return out
+
+
+def tree_size(path: str | os.PathLike[str], access_times: bool = False) -> tuple[int, int, float]:
     """(bytes, regular files, newest mtime) under ``path``, not following symlinks; races ignored.
-    One ``lstat`` per name (``os.scandir``)."""
+    One ``lstat`` per name (``os.scandir``). ``access_times``: a regular file's access time
+    counts as a use too (for caches whose hits mark nothing but read the files)."""
     total = count = 0
     newest = 0.0
     pending = [os.fspath(path)]
@@ -436,8 +454,9 @@ def tree_size(path: str | os.PathLike[str]) -> tuple[int, int, float]:
                 if stat.S_ISREG(st.st_mode):
                     total += st.st_size
                     count += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                    if access_times:
+                        newest = max(newest, st.st_atime)
+                newest = max(newest, st.st_mtime)
     return total, count, newest
 
 

@@ -155,22 +155,6 @@ def elf_problem(path: str, info: os.stat_result) -> str | None:
     return None
 
 
-def _listing(path: str) -> list[tuple[str, str, os.stat_result]]:
-    """(name, path, lstat) of each name in the folder ``path``; races ignored."""
-    out = []
-    try:
-        handle = os.scandir(path)
-    except OSError:
-        return out
-    with handle:
-        for item in handle:
-            try:
-                out.append((item.name, item.path, item.stat(follow_symlinks=False)))
-            except OSError:
-                continue
-    return out
-
-
 def _temporary(scan: _Scan, relative: str, path: str, info: os.stat_result) -> None:
     """A writer's temporary file: left out while young, broken once stale."""
     if scan.now - info.st_mtime >= scan.grace:
@@ -185,7 +169,7 @@ def _temporary(scan: _Scan, relative: str, path: str, info: os.stat_result) -> N
 def _other(scan: _Scan, relative: str, path: str, info: os.stat_result, top: str) -> None:
     """Anything outside the known layout: each file an entry of its own; a folder, walked."""
     if stat.S_ISDIR(info.st_mode):
-        for name, child, child_info in _listing(path):
+        for name, child, child_info in safe_io.listing(path):
             _other(scan, f"{relative}/{name}", child, child_info, top)
         return
     base = os.path.basename(path)
@@ -201,7 +185,7 @@ def _other(scan: _Scan, relative: str, path: str, info: os.stat_result, top: str
 def _shard(scan: _Scan, shard: str, path: str, locks: dict[str, tuple[str, os.stat_result]]) -> None:
     """The code entries of one shard folder."""
     groups: dict[str, list[tuple[str, str, os.stat_result]]] = {}
-    for name, child, info in _listing(path):
+    for name, child, info in safe_io.listing(path):
         relative = f"{shard}/{name}"
         if name.startswith("."):
             if TEMP_RE.match(name) or name.startswith(names.TEMP_PREFIX):
@@ -245,7 +229,7 @@ def _shard(scan: _Scan, shard: str, path: str, locks: dict[str, tuple[str, os.st
 
 def _key_folders(scan: _Scan, what: str, path: str, levels: int, relative: str) -> None:
     """The key folders of a guarded cache (``levels`` shard folders above them)."""
-    for name, child, info in _listing(path):
+    for name, child, info in safe_io.listing(path):
         below = f"{relative}/{name}"
         if not stat.S_ISDIR(info.st_mode):
             if TEMP_RE.match(name):
@@ -258,7 +242,7 @@ def _key_folders(scan: _Scan, what: str, path: str, levels: int, relative: str) 
             size, count, newest = 0, 0, info.st_mtime
             problem = None
             stale_temp = False
-            for file_name, _file_path, file_info in _listing(child):
+            for file_name, _file_path, file_info in safe_io.listing(child):
                 newest = max(newest, _times(file_info))
                 if not stat.S_ISREG(file_info.st_mode):
                     problem = problem or (f"{file_name} is {safe_io.describe(file_info.st_mode)}, "
@@ -281,7 +265,7 @@ def _key_folders(scan: _Scan, what: str, path: str, levels: int, relative: str) 
 
 def _triton(scan: _Scan, path: str) -> None:
     """``triton/<device>/``: Triton caches of their own."""
-    for name, child, info in _listing(path):
+    for name, child, info in safe_io.listing(path):
         if not stat.S_ISDIR(info.st_mode):
             _other(scan, f"{TRITON}/{name}", child, info, TRITON)
             continue
@@ -318,11 +302,11 @@ def scan(folder: str | os.PathLike[str], grace_seconds: float = 3600.0, verify: 
     is given. One ``lstat`` per name."""
     root = os.path.abspath(folder)
     state = _Scan(root, time.time(), grace_seconds, verify, record)
-    top = _listing(root)
+    top = safe_io.listing(root)
     locks: dict[str, tuple[str, os.stat_result]] = {}
     for name, path, info in top:
         if name == LOCKS and stat.S_ISDIR(info.st_mode):
-            for lock_name, lock_path, lock_info in _listing(path):
+            for lock_name, lock_path, lock_info in safe_io.listing(path):
                 if lock_name.endswith(".lock") and stat.S_ISREG(lock_info.st_mode):
                     locks[lock_name[:-len(".lock")]] = (lock_path, lock_info)
                 else:
@@ -331,7 +315,7 @@ def scan(folder: str | os.PathLike[str], grace_seconds: float = 3600.0, verify: 
         if name == verified.NAME or (name == LOCKS and stat.S_ISDIR(info.st_mode)):
             continue
         if name == safe_io.TRASH_DIR_NAME and stat.S_ISDIR(info.st_mode):
-            for leftover, left_path, left_info in _listing(path):
+            for leftover, left_path, left_info in safe_io.listing(path):
                 size = safe_io.tree_size(left_path)[0] if stat.S_ISDIR(left_info.st_mode) \
                     else left_info.st_size
                 state.entries.append(InductorEntry(f"{name}/{leftover}", "trash", NAMES["trash"],

@@ -43,33 +43,9 @@ class VllmEntry:
     problem: str | None = None
 
 
-def _measure(path: str) -> tuple[int, float]:
-    """(bytes, newest modification or access time of its files) of the tree at ``path``, not
-    following links; races ignored."""
-    total, newest = 0, 0.0
-    pending = [path]
-    while pending:
-        try:
-            listing = os.scandir(pending.pop())
-        except OSError:
-            continue
-        with listing:
-            for item in listing:
-                try:
-                    info = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(info.st_mode):  # its access time moves as it is listed
-                    pending.append(item.path)
-                elif stat.S_ISREG(info.st_mode):
-                    total += info.st_size
-                    newest = max(newest, info.st_mtime, info.st_atime)
-    return total, newest
-
-
 def _entry(key: str, name: str, path: str, info: os.stat_result) -> VllmEntry:
     if stat.S_ISDIR(info.st_mode):
-        size, newest = _measure(path)
+        size, _files, newest = safe_io.tree_size(path, access_times=True)
         return VllmEntry(key, name, path, size, newest or info.st_mtime)  # an empty one: its own
     if stat.S_ISREG(info.st_mode):
         return VllmEntry(key, name, path, info.st_size, max(info.st_mtime, info.st_atime))
@@ -77,38 +53,23 @@ def _entry(key: str, name: str, path: str, info: os.stat_result) -> VllmEntry:
                      f"{safe_io.describe(info.st_mode)} in the cache folder (never followed)")
 
 
-def _listing(path: str) -> list[tuple[str, str, os.stat_result]]:
-    try:
-        handle = os.scandir(path)
-    except OSError:
-        return []
-    out = []
-    with handle:
-        for item in handle:
-            try:
-                out.append((item.name, item.path, item.stat(follow_symlinks=False)))
-            except OSError:
-                continue
-    return out
-
-
 def scan(folder: str | os.PathLike[str]) -> list[VllmEntry]:
     """Every entry of vLLM's cache root ``folder`` (none where it is missing)."""
     root = os.fspath(folder)
     entries = []
-    for name, path, info in _listing(root):
+    for name, path, info in safe_io.listing(root):
         if name == safe_io.TRASH_DIR_NAME and stat.S_ISDIR(info.st_mode):
-            for left, left_path, left_info in _listing(path):
+            for left, left_path, left_info in safe_io.listing(path):
                 found = _entry(f"{name}/{left}", "(trash)", left_path, left_info)
                 found.problem = "left over from an interrupted removal"
                 entries.append(found)
         elif name == COMPILE and stat.S_ISDIR(info.st_mode):
-            for child, child_path, child_info in _listing(path):
+            for child, child_path, child_info in safe_io.listing(path):
                 if child == AOT_COMPILE and stat.S_ISDIR(child_info.st_mode):
                     entries += [_entry(f"{COMPILE}/{child}/{h}", f"torch.compile (AOT) {h}", p, i)
-                                for h, p, i in _listing(child_path)]
+                                for h, p, i in safe_io.listing(child_path)]
                 else:
-                    ranks = sorted(r for r, _p, i in _listing(child_path) if stat.S_ISDIR(i.st_mode))
+                    ranks = sorted(r for r, _p, i in safe_io.listing(child_path) if stat.S_ISDIR(i.st_mode))
                     entries.append(_entry(f"{COMPILE}/{child}", f"torch.compile {child} "
                                           f"({', '.join(ranks) or 'no ranks'})", child_path, child_info))
         else:
