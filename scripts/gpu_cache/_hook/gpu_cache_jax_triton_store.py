@@ -164,7 +164,7 @@ class Store:
         try:
             try:
                 os.fchmod(fd, safe_mode(self._side.team_gid))
-                _write_all(fd, data)
+                tier_files.write_all(fd, [data])
             finally:
                 os.close(fd)
             if replace:
@@ -192,15 +192,6 @@ def _read_all(fd, size):
         total += len(chunk)
         if total > ENTRY_LIMIT:
             raise Unusable(f"grew past {ENTRY_LIMIT} bytes while it was read")
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "short write")
-        view = view[written:]
 
 
 # --- Triton's own key, once per installation ----------------------------------------------

@@ -367,6 +367,8 @@ class Folder:
             pass
 
 
+# link_new, read_all and write_all are gpu_cache_tier_files' again, on purpose: the shim runs
+# once per ptxas call and imports no hook piece but the names (a hit costs about one Python start).
 def link_new(tmp, folder_fd, name):
     """Give ``tmp`` the name ``name`` when that is free: a hard link (atomic, never over an
     entry), or where links fail a rename when the name is free. Whether it was placed."""
