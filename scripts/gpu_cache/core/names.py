@@ -61,6 +61,8 @@ RUN_ID_VAR = "GPU_CACHE_RUN_ID"
 #: The OCI registry's login (issue 32); they win over docker's config.json.
 REGISTRY_USERNAME_VAR = "GPU_CACHE_REGISTRY_USERNAME"
 REGISTRY_PASSWORD_VAR = "GPU_CACHE_REGISTRY_PASSWORD"
+#: Seconds a registry may take to connect or stay silent (default 5); each exchange's deadline grows with it.
+REGISTRY_TIMEOUT_VAR = "GPU_CACHE_REGISTRY_TIMEOUT"
 #: The Triton targets (``cuda:90,...``) the built-in Triton workload compiles for ahead of time.
 TRITON_TARGETS_VAR = "GPU_CACHE_TRITON_TARGETS"
 
