@@ -518,7 +518,8 @@ def test_a_registrys_hostile_error_message_is_escaped(
         assert result.returncode == (0 if extra else 1)
         no_control_characters(result.stderr)
         line = one_line(result)
-        assert "HTTP 500: UNKNOWN \\x1b[2K\\x0dgpu-cache: fetched everything, PASSED\\x07\\x0d\\x0agpu-cache" in line, line
+        escaped = "UNKNOWN \\x1b[2K\\x0dgpu-cache: fetched everything, PASSED\\x07\\x0d\\x0agpu-cache"
+        assert escaped in line, line
     assert not (tmp_path / "root").exists()
 
 
@@ -553,7 +554,8 @@ def test_listing_and_it_has_escape_the_registrys_annotations(
     no_control_characters(result.stdout)
     assert len(result.stdout.splitlines()) == 3, result.stdout  # the repository, the tag, its one pack
     assert "h100\\x1b[2K\\x0dgpu-cache: fetched everything" in result.stdout
-    assert "(\\x1b]0;title\\x07sm_90): jax 0.1\\x1b[31m in image\\x0d\\x0aforged; passed\\x9b31m" in result.stdout
+    pack = "(\\x1b]0;title\\x07sm_90): jax 0.1\\x1b[31m in image\\x0d\\x0aforged; passed\\x9b31m"
+    assert pack in result.stdout
     result = fetch(f"{ref.name}:hostile", tmp_path / "root", "--gpu-type", "h200")
     assert result.returncode == 1
     no_control_characters(result.stderr)

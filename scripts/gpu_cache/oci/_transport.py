@@ -103,7 +103,9 @@ def bounded(call: Callable[[threading.Event], T], seconds: float, late: str) -> 
     worker.join(seconds)
     if worker.is_alive() or not outcome:
         stop.set()
-        raise Unreachable(f"{late} within {round(seconds, 1):g} s ({names.REGISTRY_TIMEOUT_VAR} lets it take longer)")
+        raise Unreachable(
+            f"{late} within {round(seconds, 1):g} s ({names.REGISTRY_TIMEOUT_VAR} lets it take longer)"
+        )
     finished, value = outcome[0]
     if not finished:
         raise value
