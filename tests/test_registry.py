@@ -680,16 +680,17 @@ def _written(path: Path, data: bytes) -> tuple[str, int]:
     {"passed": False, "status": "error", "misses": 0},   # no workload ran: nothing missed either
     {"passed": False, "status": "failed", "misses": 0},  # it ran, and something differs
     {"passed": True, "status": "error", "misses": 0},    # a verdict that contradicts itself
+    {"passed": False, "status": None, "misses": 0},     # one older than the status field
 ])
 def test_a_verdict_that_did_not_pass_is_not_published_without_misses(
     published: dict[str, Any], tmp_path: Path, fields: dict[str, Any]
 ) -> None:
-    verdict = read_json(published["verdict"]) | fields
+    verdict = {k: v for k, v in (read_json(published["verdict"]) | fields).items() if v is not None}
     (tmp_path / "v.json").write_text(json.dumps(verdict))
     ref = published["ref"].replace(":1", ":not-passed")
     result = run_cli("publish", ref, "--cache-root", str(published["root"]), "--verdict",
                      str(tmp_path / "v.json"))
     assert result.returncode == 1
-    assert f"did not pass ({fields['status']}): only validated caches are published" in one_line(result)
+    assert f"did not pass ({verdict.get('status')}): only validated caches are published" in one_line(result)
     listed = run_cli("fetch", "--list", published["ref"].rsplit(":", 1)[0], "--json")
     assert "not-passed" not in [t["tag"] for t in json.loads(listed.stdout)["tags"]]
