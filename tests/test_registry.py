@@ -687,10 +687,11 @@ def test_a_verdict_that_did_not_pass_is_not_published_without_misses(
 ) -> None:
     verdict = {k: v for k, v in (read_json(published["verdict"]) | fields).items() if v is not None}
     (tmp_path / "v.json").write_text(json.dumps(verdict))
-    ref = published["ref"].replace(":1", ":not-passed")
+    tag = f"not-passed-{verdict.get('status')}-{verdict['passed']}".lower()  # each case its own
+    ref = published["ref"].replace(":1", f":{tag}")
     result = run_cli("publish", ref, "--cache-root", str(published["root"]), "--verdict",
                      str(tmp_path / "v.json"))
     assert result.returncode == 1
     assert f"did not pass ({verdict.get('status')}): only validated caches are published" in one_line(result)
     listed = run_cli("fetch", "--list", published["ref"].rsplit(":", 1)[0], "--json")
-    assert "not-passed" not in [t["tag"] for t in json.loads(listed.stdout)["tags"]]
+    assert tag not in [t["tag"] for t in json.loads(listed.stdout)["tags"]]
