@@ -266,17 +266,28 @@ def test_a_hostile_layer_is_refused(
     hostile = rebuild(
         layer, tmp_path / "hostile.tar.gz", members=[special("jax/evil", tarfile.SYMTYPE, link="/etc/passwd")]
     )
-    digest = oci.sha256_digest(hostile.read_bytes())
-    session.upload(hostile, digest, hostile.stat().st_size, "layer")
-    manifest["layers"][0].update(digest=digest, size=hostile.stat().st_size)
-    raw = json.dumps(manifest).encode()
-    session.put_manifest(oci.sha256_digest(raw), raw, oci.MANIFEST_TYPE)
+    digest, size = pushed(session, hostile)
+    manifest["layers"][0].update(digest=digest, size=size)
     root = tmp_path / "root"
-    result = fetch(f"{ref.name}@{oci.sha256_digest(raw)}", root)
+    result = fetch(f"{ref.name}@{pushed_manifest(session, manifest)}", root)
     assert result.returncode == 1
     line = one_line(result)
     assert "archive member 'jax/evil' is a symbolic link" in line and "nothing written" in line
     assert not root.exists()
+
+
+def pushed(session: oci.Session, path: Path) -> tuple[str, int]:
+    """The file at ``path`` uploaded as a blob: its digest and size."""
+    data = path.read_bytes()
+    session.upload(path, oci.sha256_digest(data), len(data), path.name)
+    return oci.sha256_digest(data), len(data)
+
+
+def pushed_manifest(session: oci.Session, manifest: dict[str, Any]) -> str:
+    """``manifest`` put into the registry under its digest, which it returns."""
+    raw = json.dumps(manifest).encode()
+    session.put_manifest(oci.sha256_digest(raw), raw, oci.MANIFEST_TYPE)
+    return oci.sha256_digest(raw)
 
 
 # --- logins, unreachable registries, retiring ---------------------------------------------------
@@ -653,27 +664,19 @@ def test_a_second_layer_that_is_refused_writes_nothing_of_the_first(
     layer = autotune_layer(tmp_path, case)
     with carry.open_archive(layer) as opened:
         config["software_by_kind"]["autotune"] = opened.manifest["software_by_kind"]["autotune"]
-    raw_config = json.dumps(config).encode()
-    session.upload(tmp_path / "c.json", *_written(tmp_path / "c.json", raw_config), "config")
-    manifest["config"].update(digest=oci.sha256_digest(raw_config), size=len(raw_config))
-    digest, size = _written(layer, layer.read_bytes())
-    session.upload(layer, digest, size, "layer")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    digest, size = pushed(session, tmp_path / "config.json")
+    manifest["config"].update(digest=digest, size=size)
+    digest, size = pushed(session, layer)
     manifest["layers"].append({**manifest["layers"][0], "digest": digest, "size": size,
                                "annotations": {"io.gpu-cache.kind": "autotune"}})
-    raw = json.dumps(manifest).encode()
-    session.put_manifest(oci.sha256_digest(raw), raw, oci.MANIFEST_TYPE)
     root = tmp_path / "root"
-    result = fetch(f"{ref.name}@{oci.sha256_digest(raw)}", root)
+    result = fetch(f"{ref.name}@{pushed_manifest(session, manifest)}", root)
     assert result.returncode == 1
     line = one_line(result)
     assert "the autotune layer of" in line and "nothing written" in line, line
     assert ("is a symbolic link" if case == "hostile" else "is damaged in the archive") in line
     assert not entries(root) and not root.exists()
-
-
-def _written(path: Path, data: bytes) -> tuple[str, int]:
-    path.write_bytes(data)
-    return oci.sha256_digest(data), len(data)
 
 
 @pytest.mark.parametrize("fields", [
