@@ -356,6 +356,33 @@ def _kind_candidates(kind: str, root: Path, tier: Path | None, wanted: set[str] 
     return found
 
 
+def _chosen(kinds: tuple[str, ...], root: Path, tier: Path | None, used: list[Any] | None, team: int | None
+            ) -> tuple[list[_Packed], list[dict[str, str]], list[dict[str, str]], dict[str, int]]:
+    """The entries of ``kinds`` to pack (those the records ``used`` name, when given), and those
+    left out: broken (``skipped``), another user's (``untrusted``), and per kind how many the
+    records name that are gone (``missing``)."""
+    skipped: list[dict[str, str]] = []
+    untrusted: list[dict[str, str]] = []
+    chosen: list[_Packed] = []
+    missing: dict[str, int] = {}
+    for kind in kinds:
+        wanted = set().union(*(keys_of(r, kind) for r in used)) if used is not None else None
+        if used is not None and any(dropped(r, kind) for r in used):
+            log.warning("some records list only their first keys: a few %s entries of the "
+                        "selection may be left out", kind)
+        found = _kind_candidates(kind, root, tier, wanted, skipped, untrusted, team)
+        if wanted is not None:
+            missing[kind] = len(wanted - {p.entry.key for p in found}
+                                - {s["key"] for s in skipped + untrusted if s["kind"] == kind})
+        chosen += found
+    for item in skipped:
+        log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
+    for item in untrusted:
+        log.warning("pack: left out %s entry %s, which another user could have written: %s", item["kind"],
+                    shown(item["key"]), shown(item["reason"]))
+    return chosen, skipped, untrusted, missing
+
+
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
          tier: Path | None = None, stable: bool = False, shared_group: str | None = None) -> PackReport:
@@ -394,20 +421,8 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         raise UsageError(f"no warm or validate pass of {what} is recorded under {root} (the stats "
                          "hook records them; a `python -c` workload cannot be told apart); pack "
                          "without that option to take every entry")
-    skipped: list[dict[str, str]] = []
-    untrusted: list[dict[str, str]] = []
-    chosen: list[_Packed] = []
-    missing: dict[str, int] = {}
-    for kind in chosen_kinds:
-        wanted = set().union(*(keys_of(r, kind) for r in used)) if selective else None
-        if selective and any(dropped(r, kind) for r in used):
-            log.warning("some records list only their first keys: a few %s entries of the "
-                        "selection may be left out", kind)
-        found = _kind_candidates(kind, root, tier, wanted, skipped, untrusted, team)
-        if wanted is not None:
-            missing[kind] = len(wanted - {p.entry.key for p in found}
-                                - {s["key"] for s in skipped + untrusted if s["kind"] == kind})
-        chosen += found
+    chosen, skipped, untrusted, missing = _chosen(chosen_kinds, root, tier, used if selective else None,
+                                                  team)
     chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)
@@ -433,11 +448,6 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         log.warning("the JAX entries were written by jax %s with XLA caches in the cache folder: "
                     "their keys hold the folder's path, so they hit only at %s",
                     soft["identity"].get("jax"), KINDS["jax"].folder(root))
-    for item in skipped:
-        log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
-    for item in untrusted:
-        log.warning("pack: left out %s entry %s, which another user could have written: %s", item["kind"],
-                    shown(item["key"]), shown(item["reason"]))
     total = sum(e.size for e in entries)
     log.info("pack: %d entries, %s, into %s", len(chosen), format_size(total), target)
     _write_archive(target, mode, manifest, chosen, stable)
