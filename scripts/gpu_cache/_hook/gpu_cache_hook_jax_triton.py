@@ -98,7 +98,7 @@ def on_import(triton_lib, hook):
     except Exception as exc:  # jax-triton's own path, as without the hook
         stats["state"] = text(f"off: {exc!r}", 300)
         common.flight_off(hook, KIND, text(f"not installed: {exc!r}", 300))
-        hook.warn("jax-triton kernel cache", exc)
+        hook.warn("jax-triton kernel cache", exc, off=True)
         return
     stats["state"] = "on"
 
