@@ -167,14 +167,10 @@ class _Hook:
             _stderr(line)
         elif self._held is None:
             self._held = line
-            try:
-                import atexit
 
-                atexit.register(self._print_held)
-            except Exception:
-                self._print_held()
-
-    def _print_held(self):
+    def print_held(self):
+        """At exit, after every other exit handler of the hook (registered first, so run last:
+        one registered while the exit handlers run would not run)."""
         held, self._held = self._held, False
         if held and not self.warned:
             self.warned = True
@@ -509,6 +505,9 @@ def _main():
         return  # another copy of this hook runs in this process, and ran the user's one
     try:
         setattr(sys, _SYS_MARK, {"file": _HERE, "marker": _HOOK_MARKER})
+        import atexit
+
+        atexit.register(_HOOK.print_held)
         _install()
     except Exception as exc:  # never break the interpreter's start
         _HOOK.warn("install", exc)
