@@ -21,11 +21,12 @@ from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, 
 
 #: One bad field per entry, its sha256 made anew: (what is changed, the field, the value,
 #: what the record says). ``result``'s fields are what jaxlib's TritonKernel takes.
+NOT_WHOLE = "shared_mem_bytes that is not a whole number"
 FIELDS = {
-    "shared_mem_bytes 'abc'": ("result", "shared_mem_bytes", "abc", "shared_mem_bytes that is not a whole number"),
-    "shared_mem_bytes -1": ("result", "shared_mem_bytes", -1, "shared_mem_bytes that is not a whole number"),
-    "shared_mem_bytes 2**70": ("result", "shared_mem_bytes", 2 ** 70, "shared_mem_bytes that is not a whole number"),
-    "shared_mem_bytes null": ("result", "shared_mem_bytes", None, "shared_mem_bytes that is not a whole number"),
+    "shared_mem_bytes 'abc'": ("result", "shared_mem_bytes", "abc", NOT_WHOLE),
+    "shared_mem_bytes -1": ("result", "shared_mem_bytes", -1, NOT_WHOLE),
+    "shared_mem_bytes 2**70": ("result", "shared_mem_bytes", 2 ** 70, NOT_WHOLE),
+    "shared_mem_bytes null": ("result", "shared_mem_bytes", None, NOT_WHOLE),
     "name 7": ("result", "name", 7, "name that is no PTX kernel name"),
     "name ''": ("result", "name", "", "name that is no PTX kernel name"),
     "binary ''": ("result", "binary", "", "binary that is not PTX"),
@@ -72,6 +73,23 @@ def _flip(path: Path) -> None:
     assert path.stat().st_size == info.st_size
 
 
+def test_the_hook_and_the_inventory_agree_on_an_entrys_sha256():
+    """The hook writes an entry's sha256 (``gpu_cache_jax_triton_store.sealed``); stats, prune
+    and pack check it with their own copy (``core/caches/jax_triton.digest``)."""
+    store = hook_piece("gpu_cache_jax_triton_store")
+    key = "a" * 64
+    entry = {"format": kernel_cache.FORMAT, "key": key, "kernel": "k\u00e9\udcff", "module": "m",
+             "name": "k", "jax_triton": "0.3.1", "triton": "3.9.0", "target": "sm_90",
+             "compile_seconds": 0.125, "parts": {"b": "1", "a": "2"},
+             "result": {"binary": "ptx", "name": "k", "shared_mem_bytes": 0, "ttgir": None, "llir": None},
+             "ttir": "tt.func"}
+    data = json.loads(store.sealed(entry))
+    assert list(data)[-1] == "sha256" and kernel_cache.problem_of(data, key) is None
+    data["result"]["shared_mem_bytes"] = 1
+    assert kernel_cache.problem_of(data, key) == "not as it was written (its sha256 differs)"
+    assert store.digest(data) == kernel_cache.digest(data)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cases", [list(FIELDS)[:5], [*list(FIELDS)[5:], FLIPPED[0]]],
                          ids=["shared_mem_bytes and name", "empty and junk fields, a flipped byte"])
@@ -81,7 +99,7 @@ def test_a_kept_kernel_with_a_bad_field_is_a_miss_and_set_aside(written, tmp_pat
     compile lowers; the record says why each was refused, and each is set aside and written
     anew."""
     root = _copy(written[0], tmp_path)
-    victims = dict(zip(cases, entries(root)))
+    victims = dict(zip(cases, entries(root), strict=True))
     expected = {}
     for case, path in victims.items():
         if case == FLIPPED[0]:
