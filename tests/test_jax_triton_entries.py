@@ -130,12 +130,19 @@ def test_a_kept_kernel_with_a_bad_field_is_a_miss_and_set_aside(written, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_bad_entry_in_the_shared_tier_is_not_fetched_and_is_set_aside(written, tmp_path):
-    """With the node-local tier, a bad entry in the shared root is judged before it is copied
-    in: a miss, set aside there, and the compile's entry promoted in its place."""
+@pytest.mark.parametrize("bad", ["a bad field", "another user's"])
+def test_a_bad_entry_in_the_shared_tier_is_not_fetched_and_is_set_aside(written, tmp_path, bad):
+    """With the node-local tier, an entry in the shared root is judged before it is copied
+    in (the copy would be this user's): a bad one is a miss, set aside there, and the
+    compile's entry promoted in its place."""
     root = _copy(written[0], tmp_path)
     victim = entries(root)[0]
-    _reseal(victim, "result", "shared_mem_bytes", "abc")
+    if bad == "a bad field":
+        _reseal(victim, "result", "shared_mem_bytes", "abc")
+    elif os.geteuid() == 0:
+        os.chown(victim, 65534, 65534)
+    else:
+        pytest.skip("giving a file to another user needs root")
     environ = job_env(root, {"local_tier": {"mode": "on", "folder": str(tmp_path / "tiers")}})
     _summary, done = lower(environ, *MATMULS, module_out=tmp_path / "second.mlir")
     assert (tmp_path / "second.mlir").read_text() == written[1]
