@@ -98,7 +98,7 @@ def on_import(triton_lib, hook):
     except Exception as exc:  # jax-triton's own path, as without the hook
         stats["state"] = text(f"off: {exc!r}", 300)
         common.flight_off(hook, KIND, text(f"not installed: {exc!r}", 300))
-        hook.warn("jax-triton kernel cache", exc)
+        hook.warn("jax-triton kernel cache", exc, off=True)
         return
     stats["state"] = "on"
 
@@ -147,7 +147,8 @@ def _mismatch(triton_lib):
 
 
 def _store(folder, hook):
-    hook.piece("gpu_cache_tier_files")  # the store's import, from this folder
+    hook.piece("gpu_cache_tier_files")  # the store's imports, from this folder
+    hook.piece("gpu_cache_lock_files")
     return hook.piece("gpu_cache_jax_triton_store").Store(folder, common.tier(hook))
 
 
@@ -255,15 +256,17 @@ class _Call:
         self.key = self.name = self.parts = self.module = None
         self.ast = ((), {})  # ast_to_ttir's arguments
         self.lock = None
-        self.replace = False  # the entry there was unusable: the new one replaces it
 
 
 class _Kernels:
     """The cache of this process: keys, lookups, stores, and what the record says."""
 
     def __init__(self, triton_lib, store, hook, stats):
+        import dataclasses
+
         self.triton_lib, self.store, self.hook, self.stats = triton_lib, store, hook, stats
         self.store_module = hook.piece("gpu_cache_jax_triton_store")
+        self.fields = tuple(f.name for f in dataclasses.fields(triton_lib.CompilationResult))
         self.version = stats["version"]
         self.flight = common.flight(hook) if hook.flight else None
         self._triton_key = None
@@ -350,35 +353,22 @@ class _Kernels:
         return None
 
     def _read(self, call):
-        """The entry of ``call.key`` (None: none, or one not usable, which the compile then
-        replaces). Raises OSError, gpu_cache_tier_files.Refused (the folder)."""
+        """The entry of ``call.key`` (None: none, or one not usable, which the store set aside
+        and the compile replaces). Raises OSError, gpu_cache_tier_files.Refused (the folder)."""
+        target = call.parts["target"]
         try:
-            entry = self.store.load(call.key)
-            if entry is not None:
-                if not _fits(entry, self.version):
-                    raise self.store_module.Unusable(f"{call.key} is incomplete or another jax-triton's")
-                self.result(entry)
-        except (self.store_module.Unusable, TypeError, ValueError) as exc:
-            if not call.replace:  # (read again under single-flight's lock: said once)
-                keep(self.stats, "refused", text(str(exc), 300))
-            call.replace = True
+            return self.store.load(call.key, lambda entry: self.store_module.problem(
+                entry, self.version, self.fields, target))
+        except self.store_module.Unusable as exc:
+            keep(self.stats, "refused", text(str(exc), 300))
             return None
-        return entry
 
     def result(self, entry):
-        """jax-triton's ``CompilationResult`` of a kept entry (lists back to tuples).
-
-        Raises:
-            TypeError, ValueError: the entry's fields are not this jax-triton's.
-        """
-        import dataclasses
-
-        cls = self.triton_lib.CompilationResult
-        fields = {f.name for f in dataclasses.fields(cls)}
+        """jax-triton's ``CompilationResult`` of an entry the store checked (lists back to
+        tuples)."""
         kept = entry["result"]
-        if not isinstance(kept, dict) or set(kept) != fields:
-            raise ValueError(f"an entry with the fields {sorted(kept)!r}, not {sorted(fields)!r}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()})
+        return self.triton_lib.CompilationResult(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()})
 
     def save(self, call, ttir, result, seconds):
         """After a compile: keep it, and let single-flight's waiters go. Never raises."""
@@ -393,8 +383,7 @@ class _Kernels:
                      "triton": _triton_version(), "target": call.parts["target"],
                      "compile_seconds": round(seconds, 6), "parts": call.parts,
                      "result": fields, "ttir": ttir}
-            data = json.dumps(entry, allow_nan=False).encode("utf-8", "surrogateescape")
-            self.store.write(call.key, data, replace=call.replace)
+            self.store.write(call.key, self.store_module.sealed(entry))
             wrote = True
         except Exception as exc:  # a read-only or full folder: compiled again next time
             self.hook.warn("jax-triton kernel cache (write)", exc)
@@ -433,13 +422,6 @@ class _Kernels:
     def _not_cached(self, why):
         self.stats["not_cached"] += 1
         keep(self.stats, "not_cached_kernels", text(why, 300))
-
-
-def _fits(entry, version):
-    """Whether a kept entry is whole and of this jax-triton."""
-    result = entry.get("result")
-    return (entry.get("jax_triton") == version and isinstance(entry.get("ttir"), str)
-            and isinstance(result, dict) and isinstance(result.get("binary"), str))
 
 
 def _triton_version():

@@ -138,6 +138,7 @@ class _Hook:
 
     def __init__(self):
         self.warned = False
+        self._held = None  # a lesser warning line, printed at exit (False: printed, or exiting)
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.tier = False  # the node-local tier wanted ($GPU_CACHE_TIER, $GPU_CACHE_SHARED)
@@ -148,17 +149,32 @@ class _Hook:
         self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
         self._exit = False
 
-    def warn(self, what, exc):
-        """One warning line per process at most; never raises."""
+    def warn(self, what, exc, off=False):
+        """One warning line per process at most; never raises. ``off``: the problem turned a
+        cache off, and is printed at once. A lesser one (a count or record the hook lost) waits
+        for the exit, and is printed there only when no cache went off meanwhile: the line
+        says what matters most."""
         if self.warned:
             return
-        self.warned = True
         try:
             detail = repr(exc)
             detail = detail if len(detail) <= 300 else detail[:300] + "..."
         except Exception:
             detail = type(exc).__name__
-        _stderr(f"gpu-cache: warning: stats hook disabled part of itself ({what}: {detail})\n")
+        line = f"gpu-cache: warning: stats hook disabled part of itself ({what}: {detail})\n"
+        if off or self._held is False:  # (False: past the exit's turn)
+            self.warned = True
+            _stderr(line)
+        elif self._held is None:
+            self._held = line
+
+    def print_held(self):
+        """At exit, after every other exit handler of the hook (registered first, so run last:
+        one registered while the exit handlers run would not run)."""
+        held, self._held = self._held, False
+        if held and not self.warned:
+            self.warned = True
+            _stderr(held)
 
     def piece(self, name):
         """The hook's module ``name`` (see ``_piece``)."""
@@ -445,8 +461,8 @@ def _install():
     for name, step in (("triton fallback", _usable_triton_folder), ("bytecode cache", _bytecode_cache)):
         try:
             step()
-        except Exception as exc:  # that part is off; the rest of the hook still works
-            _HOOK.warn(name, exc)
+        except Exception as exc:  # that cache is off; the rest of the hook still works
+            _HOOK.warn(name, exc, off=True)
     _HOOK.triton_cache_dir = os.environ.get(TRITON_CACHE_DIR_VAR)
     folder = os.environ.get(RECORDS_VAR) or None
     locks = os.environ.get(LOCKS_VAR)
@@ -467,7 +483,7 @@ def _install():
             _piece("gpu_cache_hook_common")
             _piece("gpu_cache_hook_ptxas").install(_HOOK)
         except Exception as exc:
-            _HOOK.warn("ptxas cache", exc)
+            _HOOK.warn("ptxas cache", exc, off=True)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
@@ -489,6 +505,9 @@ def _main():
         return  # another copy of this hook runs in this process, and ran the user's one
     try:
         setattr(sys, _SYS_MARK, {"file": _HERE, "marker": _HOOK_MARKER})
+        import atexit
+
+        atexit.register(_HOOK.print_held)
         _install()
     except Exception as exc:  # never break the interpreter's start
         _HOOK.warn("install", exc)
