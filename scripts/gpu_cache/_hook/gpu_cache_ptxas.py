@@ -38,6 +38,9 @@ import stat
 import sys
 import time
 
+from gpu_cache_hook_common import owner_problem, team_gid
+from gpu_cache_hook_fallback import distrust_above
+
 # The names (the hook's copy, in sitecustomize; this process runs isolated, -S: it only reads them).
 # NESTED_VAR: set for the real ptxas this shim runs: a wrapper that calls ``ptxas`` again gets the next one.
 from sitecustomize import PTXAS_NESTED_VAR as NESTED_VAR
@@ -73,6 +76,7 @@ MIN_NAME = 8
 META_SEP = "\x1f"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_READ_INPUT = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS)
 
@@ -226,12 +230,10 @@ def find_real(path_value, search_path):
     return None, None
 
 
-def _script_targets(path, head):
+def _script_targets(head):
     """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
     outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
     only executable files count)."""
-    if not head.startswith(b"#!"):
-        return []
     found = []
     for line in head.split(b"\n")[1:]:
         for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
@@ -256,27 +258,56 @@ def _digest_files(paths):
 
 
 def identity(real, folder):
-    """``(digest, version text)`` of the real ptxas: kept per file state (path, size, mtime of
-    the file it resolves to and of the files a wrapper names) in ``<folder>/<x>.identity``, so
-    a call costs a few stats; made once per state by running ``--version`` and reading them."""
+    """``(digest, version text)`` of the ptxas that compiles this call.
+
+    An ELF binary is its own file: the identity is kept per file state (path, size, mtime) in
+    ``<folder>/<x>.identity``, so a call costs a few stats; made once per state by running
+    ``--version`` and reading the file. Anything else is a wrapper, and which ptxas it runs
+    depends on this call's environment (``exec "${CUDA_HOME:-/usr/local/cuda}/bin/ptxas"``, a
+    module system): its ``--version`` is asked at every call, in this environment, and the
+    digest also holds the files it names and the values of the variables it reads."""
     resolved = os.path.realpath(real)
     with open(resolved, "rb") as stream:
         head = stream.read(65536)
-    files = [resolved, *(os.fsdecode(p) for p in _script_targets(resolved, head))]
+    wrapper = not head.startswith(b"\x7fELF")
+    files = [resolved, *(os.fsdecode(p) for p in _script_targets(head))] if wrapper else [resolved]
     state = sha256(b"\0\0".join(_stat_text(p) for p in files)).hexdigest()[:40]
     name = state + IDENTITY_SUFFIX
     data = folder.read(name, IDENTITY_MAGIC) if folder is not None else None
-    if data is not None:
-        digest, _, version = data.partition(b"\n")
-        if len(digest) == 64:
-            return digest.decode("ascii"), version
+    digest, _, version = (data or b"").partition(b"\n")
+    if len(digest) == 64 and not wrapper:
+        return digest.decode("ascii"), version
     from gpu_cache_ptxas_run import version_of
 
-    version = version_of(real)
-    digest = _digest_files(files)
-    if folder is not None:
-        folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
-    return digest, version
+    version = version_of(real)  # a wrapper's: at every call, in this call's environment
+    if len(digest) == 64:
+        digest = digest.decode("ascii")
+    else:
+        digest = _digest_files(files)
+        if folder is not None:
+            folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
+    return (_with_environment(digest, head) if wrapper else digest), version
+
+
+def _variables(text):
+    """The names of the variables a script reads (``${CUDA_HOME:-...}``, ``$PTXAS_FLAGS``)."""
+    names = set()
+    for part in text.split(b"$")[1:]:
+        part = part[1:] if part[:1] == b"{" else part
+        end = 0
+        while end < len(part) and (part[end:end + 1].isalnum() or part[end:end + 1] == b"_"):
+            end += 1
+        if end and not part[:1].isdigit():
+            names.add(part[:end])
+    return sorted(names)
+
+
+def _with_environment(digest, head):
+    """The wrapper's digest with the values of the variables its text reads."""
+    named = _variables(head)
+    parts = [digest.encode("ascii")]
+    parts += [b"%s=%s" % (n, os.environb[n]) if n in os.environb else n for n in named]
+    return sha256(b"\0".join(parts)).hexdigest()
 
 
 def version_line(version):
@@ -303,9 +334,12 @@ class Folder:
     def __init__(self, path):
         self.path = path
         root = os.stat(os.path.dirname(path))
-        self.team = root.st_gid if root.st_mode & stat.S_IWGRP and not root.st_mode & stat.S_IWOTH else None
-        if root.st_mode & stat.S_IWOTH and not root.st_mode & stat.S_ISVTX:
-            raise OSError(errno.EPERM, f"{os.path.dirname(path)} is writable by everyone")
+        # a team's root (shared_group mode): group-writable by a group of this user's
+        team = team_gid(root)
+        self.team = team if team is not None and (team == os.getegid() or team in os.getgroups()) else None
+        why = distrust_above(path, self.team)  # the hook's rule for the folders above a cache
+        if why:
+            raise OSError(errno.EPERM, why)
         self.fd = os.open(path, _DIR)
         why = self.problem(os.fstat(self.fd), folder=True)
         if why:
@@ -316,14 +350,7 @@ class Folder:
         """Why a folder or file of the cache breaks the trust rules, or None."""
         if not (stat.S_ISDIR(info.st_mode) if folder else stat.S_ISREG(info.st_mode)):
             return "not a folder" if folder else "not a regular file"
-        team = self.team is not None and info.st_gid == self.team
-        if info.st_uid not in (os.geteuid(), 0) and not team:
-            return f"owned by uid {info.st_uid}"
-        if info.st_mode & stat.S_IWOTH:
-            return "writable by everyone"
-        if info.st_mode & stat.S_IWGRP and not team:
-            return f"writable by group {info.st_gid}"
-        return None
+        return owner_problem(info, self.team)
 
     def read(self, name, magic):
         """The content after ``magic`` of the file ``name``; None where it is missing, breaks
@@ -336,10 +363,10 @@ class Folder:
             info = os.fstat(fd)
             if self.problem(info) or info.st_size > MAX_BYTES:
                 return None
-            data = read_all(fd, info.st_size)
+            data = read_all(fd)
         finally:
             os.close(fd)
-        return data[len(magic):] if data.startswith(magic) else None
+        return data[len(magic):] if data.startswith(magic) and len(data) <= MAX_BYTES else None
 
     def write(self, name, data):
         """Write ``name`` whole (a temporary file, then a link); whether it was placed (False:
@@ -388,10 +415,12 @@ def link_new(tmp, folder_fd, name):
         return True
 
 
-def read_all(fd, size):
+def read_all(fd, limit=MAX_BYTES):
+    """What ``fd`` holds to its end, whatever ``fstat`` said of its size, or ``limit`` + 1
+    bytes where it holds more (the caller refuses that)."""
     chunks, got = [], 0
-    while got <= size:
-        chunk = os.read(fd, max(size - got, 0) + 1)
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, 1 << 20))
         if not chunk:
             break
         chunks.append(chunk)
@@ -494,14 +523,7 @@ def serve(real, args, started):
         folder = Folder(folder_path)
     except OSError as exc:
         raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
-    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        if size > MAX_BYTES:
-            raise Pass("input over 256 MiB")
-        ptx = read_all(fd, size)
-    finally:
-        os.close(fd)
+    ptx = read_input(source)
     digest, version = identity(real, folder)
     ptx_digest = sha256(ptx).digest()
     key = key_of(digest, version, options, ptx_digest)
@@ -516,7 +538,29 @@ def serve(real, args, started):
         return 0
     from gpu_cache_ptxas_run import miss
 
-    return miss(real, args, folder, key, meta, source, output, started)
+    return miss(real, args, folder, key, meta, source, output, started, ptx_digest)
+
+
+def read_input(source):
+    """The whole input, read to its end. Raises Pass, before anything was read, where it is not
+    a regular file (a pipe from ``<(...)`` or ``/dev/stdin``, a FIFO, a socket, a device: what
+    the shim read there the real ptxas would not get) or is over MAX_BYTES."""
+    try:
+        info = os.stat(source)
+    except OSError as exc:
+        raise Pass(f"input: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise Pass("the input is not a regular file")
+    fd = os.open(source, _READ_INPUT)  # without blocking, should it have become a FIFO since
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Pass("the input is not a regular file")
+        ptx = read_all(fd)
+    finally:
+        os.close(fd)
+    if len(ptx) > MAX_BYTES:
+        raise Pass("input over 256 MiB")
+    return ptx
 
 
 def lookup(folder, key):
