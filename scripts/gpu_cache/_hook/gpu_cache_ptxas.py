@@ -265,7 +265,8 @@ def identity(real, folder):
     ``--version`` and reading the file. Anything else is a wrapper, and which ptxas it runs
     depends on this call's environment (``exec "${CUDA_HOME:-/usr/local/cuda}/bin/ptxas"``, a
     module system): its ``--version`` is asked at every call, in this environment, and the
-    digest also holds the files it names and the values of the variables it reads."""
+    digest also holds the files it names and the values of the variables it reads. Either way
+    the digest holds the name ``real`` is run by, which ptxas writes into the cubin."""
     resolved = os.path.realpath(real)
     with open(resolved, "rb") as stream:
         head = stream.read(65536)
@@ -276,7 +277,7 @@ def identity(real, folder):
     data = folder.read(name, IDENTITY_MAGIC) if folder is not None else None
     digest, _, version = (data or b"").partition(b"\n")
     if len(digest) == 64 and not wrapper:
-        return digest.decode("ascii"), version
+        return _as_called(digest.decode("ascii"), real, None), version
     from gpu_cache_ptxas_run import version_of
 
     version = version_of(real)  # a wrapper's: at every call, in this call's environment
@@ -286,7 +287,7 @@ def identity(real, folder):
         digest = _digest_files(files)
         if folder is not None:
             folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
-    return (_with_environment(digest, head) if wrapper else digest), version
+    return _as_called(digest, real, head if wrapper else None), version
 
 
 def _variables(text):
@@ -302,11 +303,12 @@ def _variables(text):
     return sorted(names)
 
 
-def _with_environment(digest, head):
-    """The wrapper's digest with the values of the variables its text reads."""
-    named = _variables(head)
-    parts = [digest.encode("ascii")]
-    parts += [b"%s=%s" % (n, os.environb[n]) if n in os.environb else n for n in named]
+def _as_called(digest, real, script):
+    """The digest with the name the real ptxas is run by (ptxas writes it into the cubin) and,
+    for a wrapper (``script``: its text), the values of the variables it reads."""
+    parts = [digest.encode("ascii"), os.fsencode(real)]
+    for name in _variables(script) if script is not None else ():
+        parts.append(b"%s=%s" % (name, os.environb[name]) if name in os.environb else name)
     return sha256(b"\0".join(parts)).hexdigest()
 
 
