@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -338,8 +337,8 @@ def test_an_input_that_is_not_a_regular_file_reaches_the_real_ptxas_and_is_never
                                                                                          how):
     wrapper, log, cache = site
     # the same calls without the shim (ptxas writes the name it was run by into the cubin)
-    plain = dict(os.environ, PATH=f"{site_wrapper(tmp_path / 'plain', triton_ptxas(), tmp_path / 'x').parent}:"
-                                  "/usr/bin:/bin")
+    plain_bin = site_wrapper(tmp_path / "plain", triton_ptxas(), tmp_path / "x").parent
+    plain = dict(os.environ, PATH=f"{plain_bin}:/usr/bin:/bin")
     for kernel in ("add", "mm"):  # the second one must get its own cubin, not the first one's
         outs = []
         for environ in (shim_environ(cache, wrapper.parent), plain):
@@ -363,28 +362,36 @@ def test_a_fifo_is_left_to_the_real_ptxas(tmp_path):
     log = tmp_path / "runs.log"
     site_bin = tmp_path / "site"
     site_bin.mkdir()
-    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec timeout 2 {triton_ptxas()} "$@"\n')
+    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
+                                    f'exec timeout 2 {triton_ptxas()} "$@"\n')
     (site_bin / "ptxas").chmod(0o755)
     cache = tmp_path / "root" / "ptxas"
     through = assemble(fifo, tmp_path / "o.cubin", shim_environ(cache, site_bin))
-    direct = subprocess.run([str(site_bin / "ptxas"), str(fifo), "-o", str(tmp_path / "d.cubin"), "-arch=sm_90a",
-                             "--warn-on-spills"], capture_output=True, timeout=60)
+    direct = subprocess.run([str(site_bin / "ptxas"), str(fifo), "-o", str(tmp_path / "d.cubin"),
+                             "-arch=sm_90a", "--warn-on-spills"], capture_output=True, timeout=60)
     assert through.returncode == direct.returncode == 124  # timeout's: the real ptxas waited for a writer
     assert runs(log) == 2 and _entries(cache) == []
 
 
 @pytest.mark.slow
-def test_an_input_is_read_to_its_end_and_kept_only_as_the_real_ptxas_read_it(ptx, site, tmp_path):
-    wrapper, log, cache = site
-    environ = shim_environ(cache, wrapper.parent)
-    # /dev/stdin that is a regular file: read whole, kept, and served again
+def test_a_result_is_kept_only_for_the_input_the_real_ptxas_read(ptx, tmp_path):
+    log, flag = tmp_path / "runs.log", tmp_path / "rewrite-once"
+    site_bin = tmp_path / "site"  # the input changes while ptxas runs (here: just before)
+    site_bin.mkdir()
+    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
+                                    f'if [ -e "{flag}" ]; then rm "{flag}"; cp "{ptx["mm"]}" "$1"; fi\n'
+                                    f'exec {triton_ptxas()} "$@"\n')
+    (site_bin / "ptxas").chmod(0o755)
+    flag.touch()
+    environ = shim_environ(tmp_path / "root" / "ptxas", site_bin)
     for n in range(2):
-        with open(ptx["mm"], "rb") as stdin:
-            done = subprocess.run(["ptxas", "/dev/stdin", "-o", str(tmp_path / f"{n}.cubin"), "-arch=sm_90a",
-                                   "--warn-on-spills"], env=environ, stdin=stdin, capture_output=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-    assert runs(log) == 1 and len(_entries(cache)) == 1
-    assert (tmp_path / "1.cubin").read_bytes() == _real_output(triton_ptxas(), ptx["mm"], tmp_path / "r.cubin")
+        source = tmp_path / f"tempfile-{n}"
+        shutil.copy(ptx["add"], source)
+        assert assemble(source, tmp_path / f"{n}.cubin", environ).returncode == 0
+    # the second call is add's, not the mm the first run compiled under add's key
+    assert runs(log) == 2
+    real = _real_output(triton_ptxas(), ptx["add"], tmp_path / "r.cubin")
+    assert (tmp_path / "1.cubin").read_bytes() == real
 
 
 @pytest.mark.slow

@@ -5,10 +5,8 @@ jaxlib runs the first ``ptxas`` on ``PATH`` on every jax-triton kernel's PTX at 
 first launch, in every process. A container job's ``PATH`` is the image's, so an exported one
 would not reach it: the hook puts the shim's folder (``ptxas/`` beside this file) first on the
 process's own ``PATH``, at start, before jaxlib loads (older XLA versions keep the ptxas they
-found first for the whole process). It does so only where ``jax_triton`` is installed: XLA's own
-kernels take ``<JAX's CUDA root>/bin/ptxas`` first and ``PATH`` after it, and a Python start
-per call costs about what one of XLA's small ptxas calls does, so a process that cannot run
-jaxlib's Triton kernels gets no shim (docs/ptxas.md, and ``tests/benchmarks/ptxas_gpu.py``).
+found first for the whole process). It does so only where ``jax_triton`` is installed: a process
+that cannot run jaxlib's Triton kernels gets no shim (docs/ptxas.md).
 
 It also sets, for the shim (and what the process starts): ``$GPU_CACHE_PTXAS_REAL``, the ptxas
 the process would have run (the first on ``PATH``, else in ``/usr/local/cuda``, ``/opt/cuda``
@@ -136,7 +134,7 @@ def on_jax_triton(module, hook):
     part = hook.parts["ptxas"]
     names = set()
 
-    def TritonKernel(*args, **kwargs):  # noqa: N802 - the name jax_triton calls
+    def TritonKernel(*args, **kwargs):
         kernel = original(*args, **kwargs)
         name = args[0] if args else None
         if isinstance(name, str) and name not in names and _mark(hook.ptxas_kernels, name):
@@ -151,7 +149,8 @@ def on_jax_triton(module, hook):
 def _mark(folder, name):
     """An empty file ``name`` in ``folder``; whether it is there (names the shim's front cannot
     match, like one with a "/", are not marked)."""
-    if not (0 < len(name) <= MAX_NAME and name.isascii() and name.replace("_", "a").replace("$", "a").isalnum()):
+    plain = name.replace("_", "a").replace("$", "a")
+    if not (0 < len(name) <= MAX_NAME and plain.isascii() and plain.isalnum()):
         return False
     try:
         os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,

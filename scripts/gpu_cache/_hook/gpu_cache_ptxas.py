@@ -9,13 +9,16 @@ isolated (``-I -S``: the job's ``PYTHONPATH`` and the hook stay out) and calls :
 
 A call the cache can serve is ``ptxas [known options] <one input> -o <output>``, the form XLA's
 and jaxlib's ``CompileGpuAsmUsingPtxAs`` use (``ptxas <tmp> -o <tmp> -arch=sm_90a
---warn-on-spills``, with temporary names). Its key: the real ptxas's identity (its ``--version``
-output and a digest of the file it resolves to, with the files a shell wrapper names), the
-options with the file names taken out, and the input's content. A hit writes the output byte for
-byte and replays stdout, stderr (the file names in them made the caller's) and the exit code
-(0: only successful runs are kept; a failure may be a killed or starved run, and fails fast
-again). ``--version`` probes, several or no inputs, stdin, unknown options pass through to the
-real ptxas untouched; so does any call where the shim meets an error before the real one ran.
+--warn-on-spills``, with temporary names); the front sends the calls of XLA's own kernels
+straight to the real ptxas (issue 37; ``gpu_cache_hook_ptxas``). The input must be a regular
+file, read to its end whatever ``fstat`` says; a pipe (``<(...)``, ``/dev/stdin``), a FIFO, a
+socket or a device passes through unread. Its key: the identity of the ptxas that compiles
+this call (:func:`identity`), the options with the file names taken out, and the input's
+content. A hit writes the output byte for byte and replays stdout, stderr (the file names in
+them made the caller's) and the exit code (0: only successful runs are kept, and only when the
+input still reads the same after the run; a failure may be a killed or starved run, and fails
+fast again). ``--version`` probes, several or no inputs, stdin, unknown options pass through to
+the real ptxas untouched; so does any call where the shim meets an error before the real one ran.
 
 The real ptxas is the one the caller would have run without the shim: the next ``ptxas`` on
 ``PATH`` after the shim's folder, else ``$GPU_CACHE_PTXAS_REAL`` (the one the hook found: in a
@@ -23,8 +26,10 @@ CUDA root or a CUDA wheel). Never a shim (itself, a copy, one reached through a 
 ptxas that is a wrapper calling ``ptxas`` again through ``PATH`` reaches the next one, uncached.
 
 Entries are GPU binaries, so the folder (``$GPU_CACHE_PTXAS``) must be trusted at every call:
-not a link, owned by you or root (or, in a team's root, by its group), nobody else may write to
-it; each entry is checked the same way and its header must name its key. Entries are written
+not a link, owned by you or root (or, in a team's root, by its group, one of yours), nobody
+else may write to it, and no folder above it lets another user swap it (the hook's rule,
+``gpu_cache_hook_fallback.distrust_above``); each entry is checked the same way and its header
+must name its key. Entries are written
 whole: a temporary file (mode ``0644``, ``0664`` in a team's root, whatever the umask), then a
 hard link to the key's name (never over an existing entry). On a miss, with single-flight on
 (``$GPU_CACHE_LOCKS``), one process per key runs the real ptxas and the others wait for its
@@ -230,88 +235,6 @@ def find_real(path_value, search_path):
     return None, None
 
 
-def _script_targets(head):
-    """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
-    outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
-    only executable files count)."""
-    found = []
-    for line in head.split(b"\n")[1:]:
-        for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
-            if word.startswith(b"/") and runnable(os.fsdecode(word)) and word not in found:
-                found.append(word)
-    return found
-
-
-def _stat_text(path):
-    info = os.stat(path)
-    return b"%s\0%d\0%d" % (os.fsencode(path), info.st_size, info.st_mtime_ns)
-
-
-def _digest_files(paths):
-    digest = sha256()
-    for path in paths:
-        digest.update(os.fsencode(path) if isinstance(path, str) else path)
-        with open(path, "rb") as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def identity(real, folder):
-    """``(digest, version text)`` of the ptxas that compiles this call.
-
-    An ELF binary is its own file: the identity is kept per file state (path, size, mtime) in
-    ``<folder>/<x>.identity``, so a call costs a few stats; made once per state by running
-    ``--version`` and reading the file. Anything else is a wrapper, and which ptxas it runs
-    depends on this call's environment (``exec "${CUDA_HOME:-/usr/local/cuda}/bin/ptxas"``, a
-    module system): its ``--version`` is asked at every call, in this environment, and the
-    digest also holds the files it names and the values of the variables it reads. Either way
-    the digest holds the name ``real`` is run by, which ptxas writes into the cubin."""
-    resolved = os.path.realpath(real)
-    with open(resolved, "rb") as stream:
-        head = stream.read(65536)
-    wrapper = not head.startswith(b"\x7fELF")
-    files = [resolved, *(os.fsdecode(p) for p in _script_targets(head))] if wrapper else [resolved]
-    state = sha256(b"\0\0".join(_stat_text(p) for p in files)).hexdigest()[:40]
-    name = state + IDENTITY_SUFFIX
-    data = folder.read(name, IDENTITY_MAGIC) if folder is not None else None
-    digest, _, version = (data or b"").partition(b"\n")
-    if len(digest) == 64 and not wrapper:
-        return _as_called(digest.decode("ascii"), real, None), version
-    from gpu_cache_ptxas_run import version_of
-
-    version = version_of(real)  # a wrapper's: at every call, in this call's environment
-    if len(digest) == 64:
-        digest = digest.decode("ascii")
-    else:
-        digest = _digest_files(files)
-        if folder is not None:
-            folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
-    return _as_called(digest, real, head if wrapper else None), version
-
-
-def _variables(text):
-    """The names of the variables a script reads (``${CUDA_HOME:-...}``, ``$PTXAS_FLAGS``)."""
-    names = set()
-    for part in text.split(b"$")[1:]:
-        part = part[1:] if part[:1] == b"{" else part
-        end = 0
-        while end < len(part) and (part[end:end + 1].isalnum() or part[end:end + 1] == b"_"):
-            end += 1
-        if end and not part[:1].isdigit():
-            names.add(part[:end])
-    return sorted(names)
-
-
-def _as_called(digest, real, script):
-    """The digest with the name the real ptxas is run by (ptxas writes it into the cubin) and,
-    for a wrapper (``script``: its text), the values of the variables it reads."""
-    parts = [digest.encode("ascii"), os.fsencode(real)]
-    for name in _variables(script) if script is not None else ():
-        parts.append(b"%s=%s" % (name, os.environb[name]) if name in os.environb else name)
-    return sha256(b"\0".join(parts)).hexdigest()
-
-
 def version_line(version):
     """The line of ``ptxas --version`` that names the release (``... release 13.4, V13.4.59``)."""
     lines = [line for line in version.splitlines() if b"release" in line] or version.splitlines()[-1:]
@@ -397,7 +320,7 @@ class Folder:
 
 
 # link_new, read_all and write_all are gpu_cache_tier_files' again, on purpose: the shim runs
-# once per ptxas call and imports no hook piece but the names (a hit costs about one Python start).
+# once per ptxas call (a hit costs about one Python start), and that module imports threading.
 def link_new(tmp, folder_fd, name):
     """Give ``tmp`` the name ``name`` when that is free: a hard link (atomic, never over an
     entry), or where links fail a rename when the name is free. Whether it was placed."""
@@ -526,6 +449,8 @@ def serve(real, args, started):
     except OSError as exc:
         raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
     ptx = read_input(source)
+    from gpu_cache_ptxas_identity import identity
+
     digest, version = identity(real, folder)
     ptx_digest = sha256(ptx).digest()
     key = key_of(digest, version, options, ptx_digest)

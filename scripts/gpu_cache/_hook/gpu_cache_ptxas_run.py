@@ -1,6 +1,6 @@
-"""gpu-cache's ptxas shim, the runs of the real ptxas: its ``--version`` (once per ptxas file
-state) and a call the cache missed, whose result it keeps. Loaded by ``gpu_cache_ptxas`` only
-then, so a hit pays for none of it. Standard library only, Python 3.9+."""
+"""gpu-cache's ptxas shim, the run of the real ptxas on a call the cache missed, whose result
+it keeps. Loaded by ``gpu_cache_ptxas`` only then, so a hit pays for none of it. Standard
+library only, Python 3.9+."""
 
 import os
 import time
@@ -16,35 +16,6 @@ def _spawn(real, args, actions):
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
-
-
-def version_of(real):
-    """What ``real --version`` prints on stdout. Raises OSError where it fails."""
-    read, write = os.pipe()
-    try:
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            actions = [(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
-            pid = os.posix_spawn(real, [real, "--version"], shim.real_environ(), file_actions=actions)
-        finally:
-            os.close(null)
-        os.close(write)
-        write = None
-        chunks = []
-        while True:
-            chunk = os.read(read, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        os.close(read)
-        if write is not None:
-            os.close(write)
-    out = b"".join(chunks)
-    if os.waitstatus_to_exitcode(status) != 0 or not out.strip():
-        raise OSError(f"{real} --version failed")
-    return out.strip()
 
 
 def _anonymous(folder):

@@ -159,6 +159,6 @@ def render(info: dict[str, Any]) -> list[str]:
             where = f"PATH: JAX's CUDA root has none ({info['jax_cuda_root_from']})"
         lines.append(f"  {who}: {runs} ({what['version'] or '?'}; from {where})")
     if info["xla"]["shim"]:
-        lines.append("  (XLA's own ptxas calls, made only when JAX's cache misses, then cost a Python start "
-                     "each; CUDA_ROOT=<your CUDA root> keeps them off the shim)")
+        lines.append("  (the shim's /bin/sh front passes XLA's own calls to the real ptxas without starting "
+                     "Python or caching: only kernels jaxlib's Triton path makes in the process are cached)")
     return lines
