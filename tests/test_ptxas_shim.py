@@ -379,7 +379,8 @@ def test_a_result_is_kept_only_for_the_input_the_real_ptxas_read(ptx, tmp_path):
     site_bin = tmp_path / "site"  # the input changes while ptxas runs (here: just before)
     site_bin.mkdir()
     (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
-                                    f'if [ -e "{flag}" ] && [ -f "$1" ]; then rm "{flag}"; cp "{ptx["mm"]}" "$1"; fi\n'
+                                    f'if [ -e "{flag}" ] && [ -f "$1" ]; then\n'
+                                    f'  rm "{flag}"; cp "{ptx["mm"]}" "$1"\nfi\n'
                                     f'exec {triton_ptxas()} "$@"\n')
     (site_bin / "ptxas").chmod(0o755)
     flag.touch()
