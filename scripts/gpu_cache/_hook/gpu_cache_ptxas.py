@@ -29,12 +29,12 @@ Entries are GPU binaries, so the folder (``$GPU_CACHE_PTXAS``) must be trusted a
 not a link, owned by you or root (or, in a team's root, by its group, one of yours), nobody
 else may write to it, and no folder above it lets another user swap it (the hook's rule,
 ``gpu_cache_hook_fallback.distrust_above``); each entry is checked the same way and its header
-must name its key. Entries are written
-whole: a temporary file (mode ``0644``, ``0664`` in a team's root, whatever the umask), then a
-hard link to the key's name (never over an existing entry). On a miss, with single-flight on
-(``$GPU_CACHE_LOCKS``), one process per key runs the real ptxas and the others wait for its
-entry. Each call adds a line to ``$GPU_CACHE_PTXAS_TALLY`` (in the records folder), which the
-hook reads into the process's record. Standard library only, Python 3.9+.
+must name its key. Entries are written whole: a temporary file (mode ``0644``, ``0664`` in a
+team's root, whatever the umask), then a hard link to the key's name (never over an existing
+entry). On a miss, with single-flight on (``$GPU_CACHE_LOCKS``), one process per key runs the
+real ptxas and the others wait for its entry. Each call adds a line to
+``$GPU_CACHE_PTXAS_TALLY`` (in the records folder), which the hook reads into the process's
+record. Standard library only, Python 3.9+.
 """
 
 import errno

@@ -11,6 +11,8 @@ def _script_targets(head):
     """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
     outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
     only executable files count)."""
+    if not head.startswith(b"#!"):
+        return []
     found = []
     for line in head.split(b"\n")[1:]:
         for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
