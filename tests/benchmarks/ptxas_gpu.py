@@ -233,8 +233,12 @@ def xla_section(scratch: Path, quick: bool, reps: int, wheel: str | None) -> dic
             print(f"  xla: {case}: {run['cpu_seconds']} CPU-s, {run['wall_seconds']} s wall, ptxas "
                   f"{run['ptxas']}, {run['ptxas_entries']} entries", flush=True)
     cpu = {case: statistics.median(r["cpu_seconds"] for r in runs) for case, runs in cases.items()}
+    # XLA meets the shim only where JAX's CUDA root has no bin/ptxas: it then looks on PATH
+    root, where = ptxas_lookup.jax_cuda_root(dict(os.environ))
+    xla_on_path = not (root and (Path(root) / "bin" / "ptxas").exists())
     return {"command": command, "cases": cases, "median_cpu_seconds": cpu,
-            "cpu_on_over_off": round(cpu["shim on"] / cpu["shim off"], 4)}
+            "cpu_on_over_off": round(cpu["shim on"] / cpu["shim off"], 4),
+            "xla_meets_the_shim": xla_on_path, "jax_cuda_root": [root, where]}
 
 
 def jax_triton_path(scratch: Path, wheel: str | None) -> tuple[str | None, str | None]:
@@ -336,7 +340,8 @@ def summary(report: dict[str, Any]) -> None:
               f"record {[r['ptxas'] for r in runs][:1]}")
     if "cpu_on_over_off" in xla:
         print(f"xla: median CPU with the shim on over off: {xla['cpu_on_over_off']} "
-              f"({xla['median_cpu_seconds']})")
+              f"({xla['median_cpu_seconds']}); XLA meets the shim: {xla['xla_meets_the_shim']} "
+              f"(JAX's CUDA root: {xla['jax_cuda_root']})")
     for case, runs in (report.get("jaxlib") or {}).get("cases", {}).items():
         first = [r["result"].get("first_call_seconds") for r in runs]
         counts = [(r["ptxas"]["hits"], r["ptxas"]["misses"]) if r["ptxas"] else None for r in runs]
