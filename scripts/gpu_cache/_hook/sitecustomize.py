@@ -82,6 +82,7 @@ PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
 PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
 PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
 PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
+PTXAS_KERNELS_VAR = "GPU_CACHE_PTXAS_KERNELS"
 TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
 RULE_VAR = "GPU_CACHE_RULE"
@@ -110,6 +111,8 @@ _INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._induct
 _JAX_TRITON_MODULE = "jax_triton.triton_lib"
 #: The import after which the tokamax fix runs (TOKAMAX_FIX_VAR switches it off).
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
+#: The import after which the ptxas piece marks jaxlib's Triton kernels for the shim (issue 37).
+_PTXAS_MODULE = "jax_triton"
 #: The import after which the tier copies Inductor's shared files in (issue 23).
 _INDUCTOR_MODULE = "torch._inductor"
 #: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
@@ -147,6 +150,7 @@ class _Hook:
         self.tokamax_fix = True  # not switched off
         self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
         self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
+        self.ptxas_kernels = None  # the folder of jaxlib's Triton kernel names for the shim (issue 37)
         self._exit = False
 
     def warn(self, what, exc, off=False):
@@ -264,6 +268,10 @@ def _inductor(module):
     if tier is not None:
         _HOOK.parts.setdefault("inductor", {})
         tier.fetch_tree("inductor")
+
+
+def _ptxas_kernels(module):
+    _piece("gpu_cache_hook_ptxas").on_jax_triton(module, _HOOK)
 
 
 def _tokamax(module):
@@ -490,6 +498,8 @@ def _install():
     handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
     if os.path.isabs(os.environ.get(JAX_TRITON_VAR, "")):  # its kernel cache, records or not
         handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
+    if _HOOK.ptxas_kernels:  # the shim is on: it caches jaxlib's kernels, not XLA's
+        handlers[_PTXAS_MODULE] = _ptxas_kernels
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
