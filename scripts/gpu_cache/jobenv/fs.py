@@ -150,7 +150,7 @@ def _existing_ancestor(path: Path) -> Path:
     return current
 
 
-def _is_dir(path: Path) -> bool:
+def is_folder(path: Path) -> bool:
     """Whether ``path`` is a folder (or a link to one). Never raises: on Python 3.11
     ``Path.is_dir()`` raises PermissionError and ENAMETOOLONG."""
     try:
@@ -229,7 +229,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
         why = why_not(exc) if isinstance(exc, OSError) else str(exc)
         problem = f"cannot {'create' if create else 'use'} {path}: {why}"
     if problem is None:
-        is_dir = _is_dir(path)
+        is_dir = is_folder(path)
         if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \
                 not _exists(path):
             problem = f"{path} is a dangling or looping symbolic link"
@@ -240,7 +240,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                 trust.make_folder(path, shared_group, private)
             except OSError as exc:
                 problem = f"cannot create {path}: {why_not(exc)}"
-    is_dir = _is_dir(path)
+    is_dir = is_folder(path)
     if problem is None and is_dir and not os.access(path, os.X_OK):
         problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
                    "choose a cache root you own")
