@@ -41,7 +41,6 @@ from sitecustomize import (
     TIER_TEST_PAUSE_VAR,
     TIER_VAR,
     XLA_AUTOTUNE_CACHE,
-    compile_worker,
 )
 
 
@@ -394,8 +393,8 @@ class Tier:
 
     def at_exit(self):
         """Promote what is left (XLA's autotune files, Inductor's), then the bound."""
-        if os.getpid() != self.pid or compile_worker():  # a forked child, or Inductor's compile
-            return  # workers: the process that started it does this, after it ended
+        if os.getpid() != self.pid:  # a forked child: its parent does this
+            return
         if self.known.get(("jax", XLA_AUTOTUNE_CACHE)) is not None:
             self.promote_tree("jax", XLA_AUTOTUNE_CACHE)
         if self.known.get(("inductor", "")) is not None:

@@ -168,7 +168,7 @@ class _Hook:
         """A watched library was imported: the record is written at exit (the exit handler is
         registered only now, so a process without jax or triton loads nothing for it)."""
         self.libraries.add(name)
-        if self.folder and not self._exit and not compile_worker():  # (its parent writes one)
+        if self.folder and not self._exit and not _compile_worker():  # (its parent writes one)
             import atexit
 
             self._exit = True
@@ -220,11 +220,11 @@ def _piece(name):
     return module
 
 
-def compile_worker():
+def _compile_worker():
     """Whether this is one of Inductor's compile workers (up to 32 per process, started from
-    this script, and the process that starts them): they leave the tier's exit work,
-    single-flight of graphs and the record to the process that started them, which waits for
-    them to end before its own exit."""
+    this script, and the process that starts them): they leave the tier's copy-in of Inductor's
+    files, single-flight of graphs and the record to the process that started them (a record of theirs would count one more
+    process that compiled nothing, written while that process waits for them to exit)."""
     argv = getattr(sys, "argv", None) or [""]
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 
@@ -233,7 +233,7 @@ def _observe(name):
     library = "inductor" if name.startswith("torch.") else name.split(".", 1)[0]
 
     def handler(module):
-        if library == "inductor" and compile_worker():
+        if library == "inductor" and _compile_worker():
             return
         _HOOK.observed(library)
         _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
@@ -243,7 +243,7 @@ def _observe(name):
 
 
 def _inductor(module):
-    if compile_worker():
+    if _compile_worker():
         return
     tier = _piece("gpu_cache_hook_common").tier(_HOOK)
     if tier is not None:
