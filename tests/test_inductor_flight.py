@@ -169,8 +169,8 @@ def test_a_torch_whose_functions_differ_is_left_untouched():
 
 #: A job whose torch has a function of another shape than the hook knows: after Inductor's code
 #: cache is imported (and before the hook sees it: a finder ahead of Python's own) its
-#: ``FxGraphCache.prepare_key`` takes ``(*args, **kwargs)``, as another release's might. It runs
-#: the workload, then says which of torch's functions are still the ones it had.
+#: ``FxGraphCache.prepare_key`` takes ``(*args, **kwargs)``, as another release's might. It
+#: compiles a function, then says which of torch's functions are still the ones it had.
 OTHER_TORCH = r'''
 import importlib.machinery, json, sys
 CODECACHE, COMPILE_FX = "torch._inductor.codecache", "torch._inductor.compile_fx"
@@ -198,10 +198,9 @@ class OtherTorch:
         return spec
 
 sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), OtherTorch())
-from gpu_cache.workloads import torch_compile
-code = torch_compile.main(json.loads(sys.argv[1]))
+import torch
+print(json.dumps(torch.compile(lambda x: (x * 2.0).sin())(torch.zeros(3)).tolist()))
 print(json.dumps({name: getattr(owner, name) is func for name, (owner, func) in seen.items()}))
-sys.exit(code)
 '''
 
 
@@ -210,16 +209,16 @@ def test_a_torch_whose_compile_functions_differ_runs_untouched_and_the_record_sa
     root = tmp_path / "root"
     program = tmp_path / "other_torch.py"
     program.write_text(OTHER_TORCH)
-    done = subprocess.run([sys.executable, str(program), json.dumps(WORKLOAD)], env=job_env(root),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(program)], env=job_env(root), capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result, untouched = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
-    assert result["loss"] and untouched == dict.fromkeys(untouched, True) and len(untouched) == 6
+    assert result == [0.0, 0.0, 0.0] and untouched == dict.fromkeys(untouched, True) and len(untouched) == 6
     (section,) = records(root, "inductor")
     assert section["state"].startswith("off: torch ") and \
         "FxGraphCache.prepare_key('args', 'kwargs') is not prepare_key('gm'" in section["state"]
     assert section["single_flight"]["state"] == section["state"]
-    assert section["fxgraph"]["misses"] == 2  # torch's own counters still count
+    assert section["fxgraph"]["misses"] == 1  # torch's own counters still count
     assert not (root / "locks" / "inductor").exists() or list((root / "locks" / "inductor").iterdir()) == []
 
 
