@@ -222,9 +222,10 @@ def _piece(name):
 
 def _compile_worker():
     """Whether this is one of Inductor's compile workers (up to 32 per process, started from
-    this script, and the process that starts them): they leave the tier's copy-in of Inductor's
-    files, single-flight of graphs and the record to the process that started them (a record of theirs would count one more
-    process that compiled nothing, written while that process waits for them to exit)."""
+    this script, and the process that starts them): they leave the tier's copy-in of
+    Inductor's files, single-flight of graphs and the record to the process that started them
+    (a record of theirs would count one more process that compiled nothing, written while that
+    process waits for them to exit)."""
     argv = getattr(sys, "argv", None) or [""]
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 
