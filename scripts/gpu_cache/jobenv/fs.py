@@ -252,6 +252,40 @@ def _probe_access(path: Path) -> tuple[str, int | None] | None:
     return f"cannot write a file in {path}: {why_not(OSError(code, os.strerror(code)))}", code
 
 
+def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
+              min_free: int) -> FolderCheck:
+    """The check of ``path`` (what the probe found) with what the folder, or the nearest one
+    above it that exists, is on: its owner, mode, free space, filesystem, and the warnings."""
+    where = _existing_ancestor(path)
+    try:
+        info = where.stat()
+        owner, mode, group = info.st_uid, stat.filemode(info.st_mode), trust.group_name(info.st_gid)
+    except OSError:
+        owner, mode, group = None, None, None
+    try:
+        free: int | None = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    kind = fs_type(where)
+    fam = family(kind)
+    warnings = []
+    if read_only:
+        warnings.append(f"{path} is read-only: it serves hits but takes no new entries")
+    if problem is None and free is not None and free < min_free:
+        warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
+                        "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
+    if kind in NETWORK_FS:  # measured on sshfs: a lock through one mount does not stop a second
+        may = "" if fam == "sshfs" else "may "  # elsewhere it depends on the filesystem and mount
+        warnings.append(f"{path} is on {kind}: file locks there {may}lock only within one machine, "
+                        f"so prunes (and JAX's size-cap lock) on two nodes {may or 'do '}not exclude "
+                        "each other; prune from one node at a time")
+    if fam == "fuse":
+        warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
+                        "network filesystem (node-local cache, compile before fanning out)")
+    return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
+                       problem, read_only, warnings, missing)
+
+
 def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
                  min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
                  probe: bool = True, private: bool = False) -> FolderCheck:
@@ -308,34 +342,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
             read_only = True
         elif failed:
             problem = failed[0]
-    where = _existing_ancestor(path)
-    try:
-        info = where.stat()
-        owner, mode, group = info.st_uid, stat.filemode(info.st_mode), trust.group_name(info.st_gid)
-    except OSError:
-        owner, mode, group = None, None, None
-    try:
-        free: int | None = shutil.disk_usage(where).free
-    except OSError:
-        free = None
-    kind = fs_type(where)
-    fam = family(kind)
-    warnings = []
-    if read_only:
-        warnings.append(f"{path} is read-only: it serves hits but takes no new entries")
-    if problem is None and free is not None and free < min_free:
-        warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
-                        "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
-    if kind in NETWORK_FS:  # measured on sshfs: a lock through one mount does not stop a second
-        may = "" if fam == "sshfs" else "may "  # elsewhere it depends on the filesystem and mount
-        warnings.append(f"{path} is on {kind}: file locks there {may}lock only within one machine, "
-                        f"so prunes (and JAX's size-cap lock) on two nodes {may or 'do '}not exclude "
-                        "each other; prune from one node at a time")
-    if fam == "fuse":
-        warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
-                        "network filesystem (node-local cache, compile before fanning out)")
-    return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
-                       problem, read_only, warnings, missing)
+    return _measured(path, problem, read_only, missing, min_free)
 
 
 def node_local_fallback(kind: str) -> Path:
