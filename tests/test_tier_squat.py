@@ -70,6 +70,13 @@ def read(path: Path) -> str:
     return path.read_text()[-3000:] if path.exists() else ""
 
 
+def victim_ran(base: Path, script: str, environ: dict[str, str]) -> None:
+    """``script`` ran on a node of its own, and the victim's program in it printed its result."""
+    done = on_node(base, script, environ)
+    assert done.returncode == 0, done.stderr[-3000:] + read(base / "err")
+    assert (base / "out").read_text().strip() == "2.0"
+
+
 def job_environ(base: Path, exports: dict[str, str]) -> dict[str, str]:
     environ = clean_environ(JAX_PLATFORMS="cpu", TMPDIR="/tmp", **exports)
     environ["PYTHONPATH"] = exports["PYTHONPATH"]
@@ -150,9 +157,7 @@ def test_the_trim_of_a_squatted_tier_deletes_nothing_behind_its_links(base):
               f"ln -s '{victims}' {tier}/inductor && chown -h nobody {tier}/inductor\n"
               f"chmod 0777 {top} {top}/tier {tier}\n"
               f"{sys.executable} -c '{VICTIM}' > {base}/out 2> {base}/err\n")
-    done = on_node(base, script, environ)
-    assert done.returncode == 0, done.stderr[-3000:] + read(base / "err")
-    assert (base / "out").read_text().strip() == "2.0"
+    victim_ran(base, script, environ)
     assert sorted(p.name for p in victims.iterdir()) == [f"thesis-{i}.tex" for i in range(5)]
 
 
@@ -198,9 +203,7 @@ def test_the_trim_deletes_nothing_behind_a_kind_folder_that_became_a_link_after_
               f"head -c 300000 /dev/zero > {future} && touch -d '+1 year' {future}\n"
               f"{sys.executable} -c \"{swap}\" > {base}/out 2> {base}/err\n"
               f"ls {tier}/jax > {base}/left\n")
-    done = on_node(base, script, environ)
-    assert done.returncode == 0, done.stderr[-3000:] + read(base / "err")
-    assert (base / "out").read_text().strip() == "2.0"
+    victim_ran(base, script, environ)
     assert f"planted-{'1' * 64}-cache" not in (base / "left").read_text().split()  # the trim ran
     assert sorted(p.name for p in victims.iterdir()) == [f"keep-{i}.txt" for i in range(3)]
     assert all(p.stat().st_size == 300_000 for p in victims.iterdir())
