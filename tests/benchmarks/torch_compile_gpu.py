@@ -2,6 +2,7 @@
 
     python tests/benchmarks/torch_compile_gpu.py --out tests/benchmarks/results [--workers 4,8]
     python tests/benchmarks/torch_compile_gpu.py --allow-cpu --quick --out DIR   # the logic, on a CPU
+    python tests/benchmarks/torch_compile_gpu.py --exit [--repeats 3] --out DIR  # warm exits only
 
 Every case is fresh processes of the built-in ``torch-compile`` workload (4 transformer blocks,
 forward and backward, 2 sequence lengths; ``--quick``: 1 small block, 1 length):
@@ -22,8 +23,11 @@ thread (torch starts no compile workers); gpu-cache; gpu-cache without records; 
 with the node-local tier on and its exit trim due; and a fan-out of the first ``--workers``
 warm processes at once, plain and under gpu-cache. Each run goes through ``exit_trace.py``,
 which times every exit handler (torch's compile-worker shutdown, the hook's record and tier
-work) and the interpreter's finalization after them; medians of ``--repeats`` runs, written
-to DIR/<gpu|cpu>_torch_compile_exit.json.
+work) and the interpreter's finalization after them; medians of ``--repeats`` rounds, written
+to DIR/<gpu|cpu>_torch_compile_exit.json and printed after each round (columns: the last
+line, the exit, the time between, torch's compile-worker shutdown, gpu-cache's handlers, all
+handlers, the finalization; seconds from the start). Each round is 5 warm processes and two
+fan-outs, after 2 cold and 2 warm first runs.
 
 Targets (issue 31): ``flight_N`` wall at most 1.1x ``alone``; its CPU at most 1.2x one cold
 process plus N-1 warm ones; a warm process's compile part at most 0.15x the cold one's (the
@@ -198,9 +202,11 @@ FIGURES = ("last_line", "exit", "after_last_line", "compile_workers_shutdown", "
            "all_handlers", "finalization")
 
 
-def exit_cases(cmd: list[str], scratch: Path, repeats: int, workers: int) -> dict[str, Any]:
-    """Warm processes' exits, side by side (see the module's ``--exit``): one warm-up run per
-    case (a root of each kind is compiled once), then ``repeats`` rounds of every case."""
+def exit_cases(cmd: list[str], scratch: Path, repeats: int, workers: int,
+               done: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Warm processes' exits, side by side (see the module's ``--exit``): a first run of each
+    case that makes a root or a tier (compiled, or copied in, once), then ``repeats`` rounds of
+    every case; ``done`` gets the table so far after each round."""
     plain, ours = scratch / "exit-plain", scratch / "exit-gpu-cache"
     local = scratch / "exit-tier"
     cases: dict[str, Callable[[], list[dict[str, str]]]] = {
@@ -212,26 +218,28 @@ def exit_cases(cmd: list[str], scratch: Path, repeats: int, workers: int) -> dic
         f"plain, {workers} at once": lambda: [plain_environ(plain) for _ in range(workers)],
         f"gpu-cache, {workers} at once": lambda: [cache_environ(ours, scratch) for _ in range(workers)],
     }
+    for name in ("plain", "plain, 1 compile thread", "gpu-cache", "gpu-cache, tier on, trim due"):
+        traced_exit(cmd, cases[name]())  # (one compile thread may key Inductor's graphs apart)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
-    for round_ in range(repeats + 1):  # round 0 warms each case's root
+    found: dict[str, Any] = {}
+    for _round in range(repeats):
         for name, make in cases.items():
             environs = make()
-            for tier in {e[TIER_VAR] for e in environs if e.get(TIER_VAR)} if round_ else ():
+            for tier in {e[TIER_VAR] for e in environs if e.get(TIER_VAR)}:
                 (Path(tier) / TRIM_STAMP).unlink(missing_ok=True)  # the trim is due at this exit
-            found = traced_exit(cmd, environs)
-            if round_:
-                runs[name] += found
-    table = {name: {"processes": len(found), "failed": sum(1 for r in found if r["returncode"]),
-                    **{figure: round(statistics.median(r[figure] for r in found), 3) for figure in FIGURES},
-                    "slowest_exit": max(r["exit"] for r in found),
-                    "handlers": found[-1]["handlers"]}
-             for name, found in runs.items()}
-    return {"repeats": repeats, "cases": table}
+            runs[name] += traced_exit(cmd, environs)
+        found = {"repeats": _round + 1, "cases": {
+            name: {"processes": len(ran), "failed": sum(1 for r in ran if r["returncode"]),
+                   **{figure: round(statistics.median(r[figure] for r in ran), 3) for figure in FIGURES},
+                   "slowest_exit": max(r["exit"] for r in ran), "handlers": ran[-1]["handlers"]}
+            for name, ran in runs.items()}}
+        done(found)
+    return found
 
 
 def print_exits(found: dict[str, Any]) -> None:
     print(f"{'case':<28} {'last line':>9} {'exit':>7} {'after':>7} {'workers':>8} {'ours':>7} "
-          f"{'handlers':>8} {'finalize':>8}   (seconds, median of {found['repeats']})")
+          f"{'handlers':>8} {'finalize':>8}   (seconds, median of {found['repeats']})", flush=True)
     for name, row in found["cases"].items():
         print(f"{name:<28} {row['last_line']:>9} {row['exit']:>7} {row['after_last_line']:>7} "
               f"{row['compile_workers_shutdown']:>8} {row['gpu_cache_handlers']:>7} "
@@ -259,17 +267,19 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="gpu-cache-torch-compile-"))
     started = time.perf_counter()
     if args.exit:
+        path = Path(args.out) / f"{'gpu' if gpu else 'cpu'}_torch_compile_exit.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def done(exits: dict[str, Any]) -> None:  # after each round: a run cut short keeps them
+            path.write_text(json.dumps({"machine": found, "command": cmd[1:], "quick": args.quick,
+                                        "seconds": round(time.perf_counter() - started, 1), **exits},
+                                       indent=1) + "\n")
+            print_exits(exits)
+
         try:
-            exits = exit_cases(cmd, scratch, args.repeats, workers[0])
+            exit_cases(cmd, scratch, args.repeats, workers[0], done)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        print_exits(exits)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{'gpu' if gpu else 'cpu'}_torch_compile_exit.json"
-        path.write_text(json.dumps({"machine": found, "command": cmd[1:], "quick": args.quick,
-                                    "seconds": round(time.perf_counter() - started, 1), **exits},
-                                   indent=1) + "\n")
         print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
         return 0
     try:
