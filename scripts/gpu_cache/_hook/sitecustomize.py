@@ -188,7 +188,7 @@ class _Hook:
         """A watched library was imported: the record is written at exit (the exit handler is
         registered only now, so a process without jax or triton loads nothing for it)."""
         self.libraries.add(name)
-        if self.folder and not self._exit:
+        if self.folder and not self._exit and not _compile_worker():  # (its parent writes one)
             import atexit
 
             self._exit = True
@@ -242,8 +242,10 @@ def _piece(name):
 
 def _compile_worker():
     """Whether this is one of Inductor's compile workers (up to 32 per process, started from
-    this script): they leave the tier, single-flight and the record to the process that
-    started them."""
+    this script, and the process that starts them): they leave the tier's copy-in of
+    Inductor's files, single-flight of graphs and the record to the process that started them
+    (a record of theirs would count one more process that compiled nothing, written while that
+    process waits for them to exit)."""
     argv = getattr(sys, "argv", None) or [""]
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import nullcontext
 from importlib import metadata
 from typing import Any
 
@@ -18,7 +19,7 @@ from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv import env, ptxas
+from gpu_cache.jobenv import env, fs, ptxas
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -70,7 +71,8 @@ def slurm_source() -> str | None:
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
-    """Check every cache kind's folder (creating it) and collect what decides cache keys.
+    """Check every cache kind's folder (creating it, unless within :func:`fs.diagnosis`) and
+    collect what decides cache keys.
 
     ``ok`` is False when a kind cannot use its folder (it then runs without a cache or on
     a node-local fallback, as ``exports.problems`` says); ``warnings`` are worth reading
@@ -117,6 +119,8 @@ def render(report: dict[str, Any]) -> str:
         state = "ok" if check["problem"] is None else f"PROBLEM: {check['problem']}"
         if check["problem"] is None and check["read_only"]:
             state = "read-only"
+        elif check["problem"] is None and check.get("missing"):
+            state = "missing (`gpu-cache env` or `doctor --fix` would create it)"
         network = ", network" if check["network"] else ""
         lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
                      f"{check['mode']} group {check['group']}) {check['path']}")
@@ -174,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     settings = common.settings(args)
     if args.explain:
         return explain_misses(settings, args)
-    report = preflight(settings)
+    with nullcontext() if args.fix else fs.diagnosis():  # a diagnosis changes nothing on disk
+        report = preflight(settings)
     if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
         from gpu_cache.commands.prune import repair
 

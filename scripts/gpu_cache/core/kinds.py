@@ -62,7 +62,10 @@ class CacheKind:
     ``tiered``: with the node-local tier on (issue 23), jobs work in ``<local tier>/<name>``,
     fed from and promoted to ``<cache root>/<name>`` by the startup hook. ``recorded``: the
     hook records its hits and misses without an import of its own to watch (ptxas: the shim's
-    calls, counted in the record of the process that put it on ``PATH``).
+    calls, counted in the record of the process that put it on ``PATH``). ``inner_folders``:
+    glob patterns, below the kind's folder, of the folders the tool itself makes and writes
+    into; env and doctor judge each that exists as a kind folder (whoever may add to one
+    plants what the tool loads).
     """
 
     def enabled(self, settings: object) -> bool:
@@ -83,6 +86,7 @@ class CacheKind:
     carried: bool = False
     tiered: bool = False
     recorded: bool = False
+    inner_folders: tuple[str, ...] = ()
 
     def folder(self, cache_root: Path) -> Path:
         """This kind's folder under ``cache_root``."""
@@ -116,9 +120,12 @@ KINDS: dict[str, CacheKind] = {
                   tiered=True, last_use="the newest modification or access time of the entry's files "
                            "(Inductor marks no hit; a hit reads them, which moves the access "
                            "time where the mount keeps it, at most daily with relatime)"),
-        # vLLM's own compile cache root (issue 31): one entry per torch.compile hash folder.
+        # vLLM's own compile cache root (issue 31): one entry per torch.compile hash folder;
+        # vLLM makes and writes torch_compile_cache/<hash>/rank_<i>_<j>/<model part>/.
         CacheKind("vllm", names.VLLM_CACHE_ROOT_VAR, ReadOnlyUse.FALLBACK,
                   scan=_inventory("scan_vllm"), remove=_inventory("remove_vllm"),
+                  inner_folders=("torch_compile_cache", "torch_compile_cache/*",
+                                 "torch_compile_cache/*/*", "torch_compile_cache/*/*/*"),
                   last_use="the newest modification or access time of the entry's files (vLLM "
                            "marks no hit; a hit reads them)"),
         # Python's bytecode: the hook puts each interpreter and image in a folder of its own.
