@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from gpu_cache.commands.validate import judge_phases
-from gpu_cache.config.settings import load_config_file, settings_from
+from gpu_cache.config.host import load_config_files
+from gpu_cache.config.settings import settings_from
 from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
@@ -28,7 +29,7 @@ HOST_CONFIG = REPO / "tests" / "aps_host" / "config" / "config.yaml"
 
 
 def test_a_hosts_config_is_read_through_its_gpu_cache_block():
-    config = load_config_file(HOST_CONFIG)
+    config = load_config_files([HOST_CONFIG])
     types = gpu_types(settings_from(config))
     assert sorted(types) == ["3090", "a100"]
     assert types["3090"].resources["slurm_partition"] == "gpu-el8"  # the host's, by its anchor
@@ -40,14 +41,14 @@ def test_another_key_is_named_with_config_key(tmp_path):
     host["caches"] = host.pop("gpu_cache")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(host))
-    assert sorted(load_config_file(path, "caches")["gpu_types"]) == ["3090", "a100"]
+    assert sorted(load_config_files([path], "caches")["gpu_types"]) == ["3090", "a100"]
     with pytest.raises(UsageError, match=r"has no gpu_cache: block .*--config-key names the key"):
-        load_config_file(path, "gpu_cache")
+        load_config_files([path], "gpu_cache")
     # Without the option and without a gpu_cache block, the file is gpu-cache's own config:
     # the host's keys are unknown there, and the message names the first.
-    with pytest.raises(UsageError, match=r"config file .*: config key \(top level\): Additional.*"
-                                         r"holds gpu-cache's under gpu_cache:"):
-        load_config_file(path)
+    with pytest.raises(UsageError, match=r"config file .*: config key \S+: not a key of gpu-cache's "
+                                         r"config.*holds gpu-cache's under gpu_cache:"):
+        load_config_files([path])
 
 
 def test_doctor_takes_the_hosts_config_as_it_is(tmp_path):
