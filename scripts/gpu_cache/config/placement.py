@@ -2,7 +2,8 @@
 SLURM resources, the ``--deadline`` of an optional type's jobs, whether a job runs no
 workload (an optional type whose first attempt found no node: "unscheduled"), and the one
 retry that makes such a job end that way, and their memory. ``workflow/rules/common.smk``
-wires these into its rules; the logic is here, so that it is tested without Snakemake (tests/test_placement.py).
+wires these into its rules; the logic is here, so that it is tested without Snakemake
+(tests/test_placement.py).
 """
 
 from __future__ import annotations
