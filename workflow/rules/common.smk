@@ -185,7 +185,7 @@ def gpu_cache_join_host():
 
 def gpu_cache_add_input(to, **inputs):
     """Add named inputs to a rule defined before (Snakemake's own Rule.set_input, as its
-    parser calls it; a rule defined without inputs has no path modifier yet: the host's)."""
+    parser calls it; one defined without inputs has no path modifier yet, so it gets the host's)."""
     if to.input_modifier is None:
         to.input_modifier = workflow.modifier_stack[0].path_modifier
     to.set_input(**inputs)
