@@ -59,7 +59,8 @@ def block(data: Mapping[str, Any] | None, key: str | None, source: str) -> tuple
     wanted = key or HOST_KEY
     found = (data or {}).get(wanted)
     if key is None and not isinstance(found, dict):  # gpu-cache's own config
-        return resolve(data, None, ""), source
+        # (keys that are not gpu-cache's: the schema check names the first, a clearer line)
+        return (resolve(data, None, "") if set(data or {}) <= set(DEFAULT_CONFIG) else data), source
     if not isinstance(found, dict):
         keys = ", ".join(sorted(map(str, data or {}))[:12]) or "none"
         raise UsageError(f"{source} has no {wanted}: block of gpu-cache's keys (its top-level "

@@ -150,8 +150,8 @@ def _error_line(error: Any) -> str:
         import difflib
 
         near = difflib.get_close_matches(unknown, known, 1)
-        hint = f"did you mean {near[0]}?" if near else f"the keys here are {', '.join(known)}"
-        return (f"config key {'.'.join([*path, unknown])}: not a key of gpu-cache's config; {hint} "
+        hint = f"; did you mean {near[0]}?" if near else ""
+        return (f"config key {'.'.join([*path, unknown])}: not a key of gpu-cache's config{hint} "
                 "(config/README.md explains each)")
     where = ".".join(path) or "(top level)"
     message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
