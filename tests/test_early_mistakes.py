@@ -1,12 +1,13 @@
-"""A newcomer's first mistakes, each answered with one line (#41): a config key that is not
-gpu-cache's under `snakemake -n` or a run (not Snakemake's schema dump), a GPU type that no
-partition offers and this machine is not (the dry run and doctor name it), `gpu-cache summary`
-in a folder with results, and `warm` and `validate` saying what they run before they start.
-Real Snakemake runs and the real CLI."""
+"""A newcomer's first steps and mistakes, each answered with one line (#41): a config key that
+is not gpu-cache's under `snakemake -n` or a run (not Snakemake's schema dump), a GPU type that
+no partition offers and this machine is not (the dry run and doctor name it), `gpu-cache
+summary` in a folder with results, `warm` and `validate` saying what they run before they
+start, and the target that only warms. Real Snakemake runs and the real CLI."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -91,3 +92,14 @@ def test_warm_and_validate_say_what_they_run_before_they_start(tmp_path, command
     lines = done.stderr.splitlines()
     assert lines[0] == f"gpu-cache {command}: GPU type cpu: hello at shapes 1, 2; {passes}; cache root {root}"
     assert any(line.startswith("$ echo hello") for line in lines[1:]), lines
+
+
+@pytest.mark.slow
+def test_the_warm_target_warms_and_validates_only(tmp_path):
+    work = workdir_with_config(tmp_path, {})
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    dry = run_snakemake(work, "-s", SNAKEFILE, "-n", "warm", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    jobs = dict(re.findall(r"^(\S+)\s+(\d+)$", dry.stdout, re.MULTILINE))
+    assert jobs == {"preflight_cache": "1", "warm_cache": "1", "check_cache": "1", "validate_cache": "1",
+                    "warm": "1", "total": "5"}, dry.stdout

@@ -169,6 +169,10 @@ def gpu_cache_join_host():
     if not gpu_cache_is_module():
         return
     workflow.default_target = GPU_CACHE_HOST_TARGET
+    # Snakemake parses this workflow again for each `use rule` of it: join in the parse of
+    # `use rule *` only (another imports a few rules, e.g. the prune with the host's inputs).
+    if workflow.modifier.rule_whitelist is not None:
+        return
     for name in GPU_CACHE_SETTINGS.host_rules:
         if not workflow.is_rule(name):
             gpu_cache_stop(
