@@ -47,8 +47,8 @@ def test_a_hosts_value_is_read_where_it_is_at_the_end():
     anywhere (a later --configfile, --config) is the one gpu-cache takes."""
     host = yaml.safe_load(HOST_CONFIG.read_text()) | yaml.safe_load(SETTINGS.read_text())
     host["slurm_partition"] = ["gpu-el8", "gpu-training"]
-    a100 = workflow_config(host)["gpu_types"]["a100"]
-    assert a100["resources"]["slurm_partition"] == "gpu-el8,gpu-training"
+    a100 = settings_from(workflow_config(host)).gpu_types["a100"]
+    assert a100.resources["slurm_partition"] == "gpu-el8,gpu-training"
 
 
 @pytest.mark.parametrize("config, message", [

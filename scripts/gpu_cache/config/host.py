@@ -78,16 +78,15 @@ def merged(base: Mapping[str, Any] | None, update: Mapping[str, Any] | None) -> 
     return out
 
 
-def workflow_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The config the workflow runs with: its own, or, given a host's whole config (a module
-    block with ``config: config``), the host's ``gpu_cache:`` block with its references
-    resolved; validated, with defaults filled in.
+def workflow_config(config: Mapping[str, Any] | None) -> Any:
+    """The config the workflow runs with, not yet validated (``settings_from`` does): its own,
+    or, given a host's whole config (a module block with ``config: config``), the host's
+    ``gpu_cache:`` block with its references resolved.
 
     Raises:
-        UsageError: it does not match the schema, or a reference is wrong.
+        UsageError: a reference is wrong.
     """
-    found, _ = block(config, None, "the workflow's config")
-    return validate_config(found)
+    return block(config, None, "the workflow's config")[0]
 
 
 def load_config_files(paths: Sequence[str | os.PathLike[str]], key: str | None = None) -> dict[str, Any]:

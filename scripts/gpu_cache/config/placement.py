@@ -21,6 +21,8 @@ from gpu_cache.core.errors import UsageError
 
 #: The resource an optional type's deadline goes into (with the type's own, if any).
 DEADLINE_RESOURCE = "slurm_extra"
+#: Memory of a job that runs no workload (an optional type's unscheduled retry), in MB.
+SKIPPED_MEM_MB = 1000
 #: Resources Snakemake cannot leave unset for one wildcard: every type sets them, or none.
 SIZED_RESOURCES = ("mem_mb", "runtime")
 
@@ -122,10 +124,13 @@ def resource_names(types: Mapping[str, GpuType]) -> list[str]:
 
 def resource(name: str, spec: GpuType, skipped: Callable[[], bool]) -> Any:
     """One resource of a job of ``spec``: the type's own value (None: it asks for nothing);
-    none that places it on a node when the job runs no workload (``skipped()``, asked only for
-    those); the deadline added to the type's own ``slurm_extra``."""
+    none that places it on a node, and little memory, when the job runs no workload
+    (``skipped()``, asked only for those); the deadline added to the type's own
+    ``slurm_extra``."""
     if name in PLACEMENT_RESOURCES and skipped():
         return None
+    if name == "mem_mb" and name in spec.resources and skipped():
+        return SKIPPED_MEM_MB  # (Snakemake needs a number here; the job writes one small file)
     due = deadline(spec) if name == DEADLINE_RESOURCE else None
     if due:
         return " ".join(filter(None, [spec.resources.get(name), due]))
