@@ -281,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
     if args.phases:
         phases = load_phases(Path(args.phases))
     else:
+        cold = "first with every cache off, then " if settings.validate.measure_cold else ""
+        common.announce("validate", settings, gpu_type, f"each run in a fresh process, {cold}on the cache")
         env.warn_once(exports)
         with common.log_stream(args.log) as output:
             phases = run_phases(settings, gpu_type, output, env.job_environ(exports))

@@ -276,7 +276,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     if plan.phase == "warm" and plan.reuse and still_valid(root, state_file(root, "passed", key)):
         result.skipped = ("the last validation of the same workloads, shapes, software and device "
                           "passed, and every entry it hit is still there: validation re-checks")
-        log.info("warm [%s]: skipped: %s", plan.gpu_type, result.skipped)
+        output.write(f"# warm [{plan.gpu_type}]: no workload run: skipped: {result.skipped}\n")
         return result
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
