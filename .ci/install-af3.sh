@@ -16,7 +16,7 @@ PYTHON312="${PYENV_ROOT:-$HOME/.pyenv}/versions/3.12.1/bin/python"
 [ -x "$VENV/bin/python" ] || "$PYTHON312" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c .ci/af3-constraints.txt \
     "alphafold3-colabfold==3.1.18" "jax==0.11.2" "jaxlib==0.11.2" "dm-haiku==0.0.17" \
-    "tokamax==0.0.17" "jax-triton==0.4.1" "triton==3.7.1" "rdkit==2026.9.1" "biotite==2.0.0"
+    "tokamax==0.0.17" "jax-triton==0.4.1" "triton==3.9.0" "rdkit==2026.9.1" "biotite==2.0.0"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
     --target .ci-cache/py312-af3-cuda-plugin --upgrade "jax-cuda12-plugin==0.11.2"
 "$VENV/bin/python" .ci/af3_dictionary.py

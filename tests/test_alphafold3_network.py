@@ -8,12 +8,16 @@ its JAX user context at import: one trace, one executable in two calls without i
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from af3_env import REDUCED, RUN_ALPHAFOLD, needs_af3
-from helpers import clean_environ, read_json, records, run_cli, write_config
+from af3_env import CUDA_PLUGIN, REDUCED, RUN_ALPHAFOLD, needs_af3
+from gpu_cache.config.settings import settings_from
+from gpu_cache.jobenv import env
+from helpers import SCRIPTS, clean_environ, read_json, records, run_cli, write_config
 
 
 def lines_of(log: Path, key: str) -> list[dict]:
@@ -61,3 +65,35 @@ def test_a_cache_warmed_without_weights_is_hit_by_every_program_of_a_run_on_othe
 
 def _whole_records(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((root / "records").glob("*.json"))]
+
+
+# --- jax-triton 0.4.x: the network's GLU kernels lowered for CUDA on this CPU ---------------------
+
+GLU_LOWER = Path(__file__).parent / "fixtures" / "af3_glu_lower.py"
+
+
+def lower_glu(python: Path, environ: dict[str, str]) -> tuple[dict, str]:
+    done = subprocess.run([str(python), str(GLU_LOWER)], env=environ, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.slow
+def test_a_second_process_lowers_the_networks_glu_kernels_from_the_kept_ones(tmp_path):
+    """tokamax 0.0.17's Triton GLU through jax-triton 0.4.1: the first process compiles its two
+    kernels, the second lowers the same modules from the kept ones without compiling."""
+    python = needs_af3(plugin=True)
+    root = tmp_path / "root"
+    base = clean_environ(PYTHONPATH=f"{SCRIPTS}{os.pathsep}{CUDA_PLUGIN}")
+    environ = env.job_environ(env.resolve(settings_from({}, cache_root=str(root)), base), base)
+    first, _ = lower_glu(python, environ)
+    second, stderr = lower_glu(python, environ)
+    assert first["kernels"] == 2 and second["digest"] == first["digest"]
+    sections = records(root, "jax_triton")
+    assert [s["version"] for s in sections] == ["0.4.1", "0.4.1"] and sections[1]["state"] == "on"
+    assert [(s["misses"], s["hits"]) for s in sections] == [(2, 0), (0, 2)]
+    assert sections[1]["compile_seconds"] == 0.0 and sections[1]["triton_cache_dir"] is not None
+    assert [line for line in stderr.splitlines() if line.startswith("gpu-cache: warning")] == []
+    plain, _ = lower_glu(python, base)  # no hook, no cache: jax-triton's own lowering
+    assert plain["digest"] == first["digest"]
