@@ -7,6 +7,8 @@
 # nothing is fetched when the tests run. jaxlib's CUDA plugin goes apart from the venv, into
 # .ci-cache/py312-af3-cuda-plugin, for the tests that lower jax-triton kernels for CUDA on this
 # CPU (installed in the venv, every `import jax` there would print CUDA warnings).
+# triton 3.9.0: tokamax 0.0.17's Triton GLU passes its strides as tuple constants, which Triton
+# 3.6.0 and 3.7.1 cannot unpack ("cannot convert (128, 1) of type <class 'tuple'> to tensor").
 # Measured here (2 shared cores): about 1 min on a warm pip cache; 1.9 GB on disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -111,16 +111,16 @@ def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -
     """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
     ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
     Braces doubled: the command is a template.
-
     """
     if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
         return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
     if name != "alphafold3":
         return ""
     words = ["--buckets", ",".join(str(s) for s in shapes)]
-    words += ["--model-dir", entry.model_dir] if entry is not None and entry.model_dir else []
-    words += ["--script", entry.script] if entry.script else []
-    words += ["--", *entry.args] if entry.args else []
+    if entry is not None:
+        words += ["--model-dir", entry.model_dir] if entry.model_dir else []
+        words += ["--script", entry.script] if entry.script else []
+        words += ["--", *entry.args] if entry.args else []
     quoted = " ".join(shlex.quote(w) for w in words)
     return " " + quoted.replace("{", "{{").replace("}", "}}")
 

@@ -144,9 +144,9 @@ def random_weights(folder: str) -> tuple[int, str | None]:
     done = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.alphafold3_weights", folder,
                            "--seed", seed], env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
                           errors="replace")
-    sys.stderr.write(done.stderr)
     if done.returncode == alphafold3_weights.UNSUPPORTED:
         return done.returncode, (done.stderr.strip().splitlines() or ["?"])[-1]
+    sys.stderr.write(done.stderr)
     return done.returncode, None
 
 

@@ -77,10 +77,10 @@ def shapes():
 
 def write(folder: str, seed: int) -> dict:
     """Write random parameters into ``folder`` (its own new file, mode 0600); what was written."""
+    found = shapes()  # first: it says which piece the image's AlphaFold 3 lacks
     import numpy as np
     from alphafold3.model import params
 
-    found = shapes()
     rng = np.random.default_rng(seed)
     count = values = 0
     fd = os.open(os.path.join(folder, FILE_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
