@@ -71,7 +71,7 @@ def test_the_command_is_built_from_the_config(tmp_path):
 def test_without_a_weights_folder_no_weights_are_passed_and_the_verdict_will_say_so(tmp_path):
     settings = settings_from({"default_workloads": ["alphafold3"]})
     workload = resolve_workload(settings, "alphafold3")
-    ((shape, line), *_rest) = workload.commands("python3", "cpu")
+    ((_shape, line), *_rest) = workload.commands("python3", "cpu")
     assert line == "python3 -m gpu_cache.workloads.alphafold3 --shape 256 --buckets 256,512,768,1024"
     assert workload.note.startswith("alphafold3: no weights were used")
     assert resolve_workload(settings_from(config(tmp_path)), "alphafold3").note is None

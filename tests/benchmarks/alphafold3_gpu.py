@@ -61,8 +61,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jax_triton_gpu import job_environ, plain_environ, run_many, run_one  # noqa: E402
-from timing import publish  # noqa: E402
+from jax_triton_gpu import job_environ, plain_environ, run_many, run_one
+from timing import publish
 
 DRIVER = Path(__file__).resolve().parent / "alphafold3_run.py"
 TARGETS = {"warm_first_vs_second_call": 1.5, "fan_out_vs_cold": 1.1}
@@ -145,18 +145,20 @@ def _print(report: dict[str, Any]) -> None:
     print(f"{'case':16}{'wall':>8}{'cpu':>8} " + " ".join(f"{p[:10]:>10}" for p in phases))
     for name, case in report["cases"].items():
         result = case.get("result") or {}
-        cells = " ".join(f"{str(result.get(p, '-')):>10}" for p in phases)
+        cells = " ".join(f"{result.get(p, '-')!s:>10}" for p in phases)
         print(f"{name:16}{case['wall_seconds']:>8}{case['cpu_seconds']:>8} {cells}")
     for name, ratio in report["summary"]["ratios"].items():
         verdict = "missed" if name in report["summary"]["missed"] else "met"
         print(f"{name}: {ratio} (target <= {TARGETS[name]}: {verdict})")
     if report["summary"]["missed"]:
-        print(f"paid in every warm process, no cache reaches it: {report['summary']['warm_uncached_seconds']}")
+        uncached = report["summary"]["warm_uncached_seconds"]
+        print(f"paid in every warm process, no cache reaches it: {uncached}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", default=sys.executable, help="a Python 3.12 with jax (CUDA on a GPU)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="a Python 3.12 with jax (CUDA on a GPU)")
     parser.add_argument("--site", help="a folder of the carried packages, put first on PYTHONPATH")
     parser.add_argument("--bucket", type=int, default=256)
     parser.add_argument("--workers", type=int, default=4)
@@ -179,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = run_cases(args.python, flags, workers, work)
     report = {"flags": flags, "glu": glu, "glu_why": why, "workers": workers,
               "ptxas_timed": ptxas is not None, "cases": cases}
-    failed = [name for name, case in cases.items() if case.get("returncode", 0) or not case.get("all_ok", True)]
+    failed = [name for name, case in cases.items()
+              if case.get("returncode", 0) or not case.get("all_ok", True)]
     report["failed"] = failed
     if not failed:
         report["summary"] = summary(cases)

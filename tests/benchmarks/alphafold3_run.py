@@ -115,8 +115,10 @@ def main(argv=None):
 
     shapes = alphafold3_weights.shapes()
     rng = np.random.default_rng(int(os.environ.get("AF3_BENCH_SEED", "0")))
-    params = {scope: {name: jax.device_put((rng.standard_normal(s.shape, dtype=np.float32) * 0.02).astype(s.dtype))
-                      for name, s in arrays.items()} for scope, arrays in shapes.items()}
+    def random(spec):
+        return jax.device_put((rng.standard_normal(spec.shape, dtype=np.float32) * 0.02).astype(spec.dtype))
+
+    params = {scope: {name: random(s) for name, s in arrays.items()} for scope, arrays in shapes.items()}
     jax.block_until_ready(params)
     lap("parameters")
 
@@ -125,7 +127,8 @@ def main(argv=None):
         num_recycles=args.recycles, num_sampling_steps=args.steps)
     fold = folding_input.Input.from_json(json.dumps(alphafold3.fold_input(args.bucket)))
     (batch,) = featurisation.featurise_input(fold, chemical_components.Ccd(), [args.bucket])
-    batch = jax.device_put(jax.tree_util.tree_map(jax.numpy.asarray, utils.remove_invalidly_typed_feats(batch)))
+    batch = utils.remove_invalidly_typed_feats(batch)
+    batch = jax.device_put(jax.tree_util.tree_map(jax.numpy.asarray, batch))
     key = jax.random.PRNGKey(1)
     jax.block_until_ready((batch, key))
     lap("featurise")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from helpers import REPO, unavailable
 
-PYTHON = Path(os.environ.get("GPU_CACHE_TEST_AF3_PYTHON") or REPO / ".ci-cache" / "py312-af3" / "bin" / "python")
+PYTHON = Path(os.environ.get("GPU_CACHE_TEST_AF3_PYTHON")
+              or REPO / ".ci-cache" / "py312-af3" / "bin" / "python")
 CUDA_PLUGIN = Path(os.environ.get("GPU_CACHE_TEST_AF3_CUDA_PLUGIN")
                    or REPO / ".ci-cache" / "py312-af3-cuda-plugin")
 #: AlphaFold 3's run_alphafold.py for the tests: the wheel's real network behind upstream's flags.
@@ -30,8 +31,8 @@ def needs_af3(plugin: bool = False) -> Path:
     done = subprocess.run([str(PYTHON), "-c", probe], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ""})
     if done.returncode != 0:
-        unavailable(f"{PYTHON} cannot import AlphaFold 3's network ({done.stderr.strip().splitlines()[-1:]}); "
-                    "run .ci/install-af3.sh")
+        said = done.stderr.strip().splitlines()[-1:]
+        unavailable(f"{PYTHON} cannot import AlphaFold 3's network ({said}); run .ci/install-af3.sh")
     if plugin and not (CUDA_PLUGIN / "jax_cuda12_plugin").is_dir():
         unavailable(f"no jax-cuda12-plugin in {CUDA_PLUGIN} (.ci/install-af3.sh installs it there)")
     return PYTHON
