@@ -114,9 +114,12 @@ def main(argv=None):
     lap("import")
 
     shapes = alphafold3_weights.shapes()
-    rng = np.random.default_rng(int(os.environ.get("AF3_BENCH_SEED", "0")))
-    def random(spec):
-        return jax.device_put((rng.standard_normal(spec.shape, dtype=np.float32) * 0.02).astype(spec.dtype))
+    largest = max(int(np.prod(s.shape)) for arrays in shapes.values() for s in arrays.values())
+    pool = np.random.default_rng(int(os.environ.get("AF3_BENCH_SEED", "0"))).standard_normal(
+        largest, dtype=np.float32) * 0.02
+
+    def random(spec):  # slices of one draw, as the workload's weights writer makes them
+        return jax.device_put(pool[:int(np.prod(spec.shape))].reshape(spec.shape).astype(spec.dtype))
 
     params = {scope: {name: random(s) for name, s in arrays.items()} for scope, arrays in shapes.items()}
     jax.block_until_ready(params)
