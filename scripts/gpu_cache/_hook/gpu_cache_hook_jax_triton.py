@@ -159,9 +159,9 @@ def _store(folder, hook):
     return hook.piece("gpu_cache_jax_triton_store").Store(folder, common.tier(hook))
 
 
-class _KeptModule:
-    """What ``ast_to_ttir`` returns on a hit: the kept TTIR (jax-triton only prints it and
-    passes it on to ``compile_ttir_inplace``)."""
+class KeptModule:
+    """What ``ast_to_ttir`` (0.4: ``ASTSource.make_ir``) returns on a hit: the kept TTIR
+    (jax-triton only prints it and passes it on to ``compile_ttir_inplace``)."""
 
     def __init__(self, entry):
         self.entry = entry
@@ -202,7 +202,7 @@ def _install(triton_lib, kernels):
                 kernels.stats["torch_import"] = kernels.hook.piece("gpu_cache_triton_no_torch").prime()
             except Exception as exc:  # Triton imports torch as it would have
                 kernels.stats["torch_import"] = text(f"failed: {exc!r}", 300)
-        call = local.call = _Call(platform, kwargs.get("dump"))
+        call = local.call = Call(platform, kwargs.get("dump"))
 
         def backend_of(*init_args, **init_kwargs):
             call.backend = backend_init_func(*init_args, **init_kwargs)
@@ -221,12 +221,12 @@ def _install(triton_lib, kernels):
             return original_ast(*args, **kwargs)
         call.ast = (args, kwargs)
         found = kernels.lookup(call, args, kwargs)
-        return _KeptModule(found) if found is not None else original_ast(*args, **kwargs)
+        return KeptModule(found) if found is not None else original_ast(*args, **kwargs)
 
     @functools.wraps(original_compile)
     def compile_ttir_inplace(module, *args, **kwargs):
         call = getattr(local, "call", None)
-        if isinstance(module, _KeptModule):
+        if isinstance(module, KeptModule):
             try:
                 return kernels.result(module.entry)
             except Exception as exc:  # (checked when it was read): compile after all
@@ -254,8 +254,9 @@ def _install(triton_lib, kernels):
     triton_lib.code_gen = _CodeGen(code_gen, ast_to_ttir)
 
 
-class _Call:
-    """One call of ``get_or_create_triton_kernel``: its platform, backend, key and lock."""
+class Call:
+    """One call of ``get_or_create_triton_kernel`` (0.4: ``TritonFunction._compile_kernel``):
+    its platform, backend, key and lock."""
 
     def __init__(self, platform, dump):
         self.platform, self.dump = platform, bool(dump)

@@ -81,14 +81,14 @@ def install(triton_lib, kernels):
             call.ast = (self, args, kwargs)
             options = args[1] if len(args) > 1 else kwargs.get("options")
             found = kernels.lookup(call, (self,), {"options": options})
-            return base._KeptModule(found) if found is not None else super().make_ir(*args, **kwargs)
+            return base.KeptModule(found) if found is not None else super().make_ir(*args, **kwargs)
 
     @functools.wraps(original_kernel)
     def _compile_kernel(self, spec, gpu_target, backend, *args, **kwargs):
         if getattr(local, "call", None) is not None:
             return original_kernel(self, spec, gpu_target, backend, *args, **kwargs)
         _prime_torch(kernels)
-        call = local.call = base._Call(str(getattr(gpu_target, "backend", "?")), False)
+        call = local.call = base.Call(str(getattr(gpu_target, "backend", "?")), False)
         call.backend = backend
         try:
             return original_kernel(self, spec, gpu_target, backend, *args, **kwargs)
@@ -99,7 +99,7 @@ def install(triton_lib, kernels):
     @functools.wraps(original_compile)
     def compile_ttir_inplace(module, *args, **kwargs):
         call = getattr(local, "call", None)
-        if isinstance(module, base._KeptModule):
+        if isinstance(module, base.KeptModule):
             try:
                 return kernels.result(module.entry)
             except Exception as exc:  # (checked when it was read): compile after all
