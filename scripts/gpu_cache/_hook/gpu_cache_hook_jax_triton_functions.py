@@ -54,17 +54,6 @@ def mismatch(triton_lib):
     return None
 
 
-class _Compiler:
-    """``triton.compiler.compiler`` as jax-triton 0.4 sees it, with ``ASTSource`` wrapped."""
-
-    def __init__(self, module, ast_source):
-        self._module = module
-        self.ASTSource = ast_source
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-
 def install(triton_lib, kernels):
     """Wrap ``TritonFunction._compile_kernel`` and its two compile steps."""
     function = triton_lib.TritonFunction
@@ -121,7 +110,18 @@ def install(triton_lib, kernels):
 
     function._compile_kernel = _compile_kernel
     triton_lib.compile_ttir_inplace = compile_ttir_inplace
-    triton_lib.tc = _Compiler(compiler, ASTSource)
+    triton_lib.tc = _with(compiler, ASTSource=ASTSource)
+
+
+def _with(module, **names):
+    """A copy of ``module``'s namespace with ``names`` replaced (jax-triton looks up
+    ``tc.ASTSource`` at call time; Triton's own module is left as it is)."""
+    import types
+
+    copy = types.ModuleType(module.__name__, module.__doc__)
+    copy.__dict__.update(vars(module))
+    copy.__dict__.update(names)
+    return copy
 
 
 def _prime_torch(kernels):
