@@ -18,7 +18,8 @@ only when needed (issue 19):
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
 - ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
   ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
-  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34); for jax-triton 0.4.x it loads
+  ``gpu_cache_hook_jax_triton_functions`` (issue 39);
 - ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
   (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
   installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);

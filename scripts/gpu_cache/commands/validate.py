@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from gpu_cache.commands import common, explain, explain_kernels, explain_ptxas
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
-from gpu_cache.config.workloads import plan_phase
+from gpu_cache.config.workloads import plan_phase, workloads_of
 from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
@@ -194,6 +194,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
     notes += unremembered(warm, counts) if not problems else []
+    notes += [w.note for w in workloads_of(settings, gpu_type) if w.note] if expected is not None else []
     return Verdict(
         gpu_type=gpu_type,
         device=warm.device,

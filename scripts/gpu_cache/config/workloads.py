@@ -40,7 +40,7 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
         "the image's run_alphafold.py, data pipeline off, one poly-glycine chain per token "
-        "bucket (needs model_dir)", ("jax",),
+        "bucket, on model_dir's weights or, without it, on random ones", ("jax",),
     ),
 }
 
@@ -55,6 +55,8 @@ class Workload:
     timeout_seconds: float
     builtin: bool
     expects: tuple[str, ...] = ()
+    #: What the verdict says about this workload's runs (None: nothing).
+    note: str | None = None
 
     def commands(self, python: str, gpu_type: str) -> list[tuple[Any, str]]:
         """``(shape, shell command)`` for each shape.
@@ -96,8 +98,8 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
         module, shapes, _about, expects = BUILTINS[name]
         shapes = (entry.shapes if entry else ()) or tuple(shapes)
         command = f"{{python}} -m {module} --shape {{shape}}" + _options(name, entry, shapes)
-        return Workload(name, command, shapes, timeout,
-                        builtin=True, expects=(entry.expects if entry else ()) or expects)
+        return Workload(name, command, shapes, timeout, builtin=True,
+                        expects=(entry.expects if entry else ()) or expects, note=_note(name, entry))
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
@@ -109,22 +111,26 @@ def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -
     """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
     ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
     Braces doubled: the command is a template.
-
-    Raises:
-        UsageError: alphafold3 without ``model_dir``.
     """
     if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
         return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
     if name != "alphafold3":
         return ""
-    if entry is None or not entry.model_dir:
-        raise UsageError("workload alphafold3 needs workloads.alphafold3.model_dir: the folder of "
-                         "your AlphaFold 3 weights, as the jobs pass it to run_alphafold.py")
-    words = ["--buckets", ",".join(str(s) for s in shapes), "--model-dir", entry.model_dir]
-    words += ["--script", entry.script] if entry.script else []
-    words += ["--", *entry.args] if entry.args else []
+    words = ["--buckets", ",".join(str(s) for s in shapes)]
+    if entry is not None:
+        words += ["--model-dir", entry.model_dir] if entry.model_dir else []
+        words += ["--script", entry.script] if entry.script else []
+        words += ["--", *entry.args] if entry.args else []
     quoted = " ".join(shlex.quote(w) for w in words)
     return " " + quoted.replace("{", "{{").replace("}", "}}")
+
+
+def _note(name: str, entry: WorkloadConfig | None) -> str | None:
+    if name == "alphafold3" and (entry is None or not entry.model_dir):
+        return ("alphafold3: no weights were used: each run's image wrote random parameters of the "
+                "shapes its AlphaFold 3 expects into a private temporary folder and deleted them "
+                "after the run (workloads.alphafold3.model_dir gives real ones)")
+    return None
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
