@@ -42,8 +42,10 @@ def plant(jax_folder: Path, name: str, program: str, other: str, scratch: Path) 
     ``jax_folder`` (a torn write or a bad promotion would leave such an entry): the key it
     replaced."""
     (target,) = jax_folder.glob(f"{name}-*-cache")
-    env = clean_environ(JAX_COMPILATION_CACHE_DIR=str(scratch), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+    env = clean_environ(JAX_COMPILATION_CACHE_DIR=str(scratch),
+                        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     (wrong,) = scratch.glob(f"{other}-*-cache")
     shutil.copyfile(wrong, target)
@@ -69,7 +71,7 @@ def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside
     assert verdict["passed"] is False
     (problem,) = [p for p in verdict["problems"] if "outputs differ" in p]
     assert "plus shape 3" in problem and f"jax {key}" in problem, problem
-    assert verdict["outputs"]["set_aside"] == {"jax": [key]}
+    assert key in verdict["outputs"]["set_aside"]["jax"]
     assert not list((cache_root / "jax").glob(f"{key}-*")), "the wrong entry is still served"
     assert "outputs differ" in planted.stderr
 
