@@ -82,3 +82,90 @@ def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside
     verdict = read_json(tmp_path / "v3.json")
     assert verdict["passed"] is True, verdict["problems"]
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+
+
+#: A program that is not deterministic run to run, as a GPU reduction with atomics is not: each
+#: process adds its own offset (from os.urandom) of at most 0.5e-6, and its second run of the
+#: same compiled program lies 0.5e-6 from its first (the noise it shows in one process).
+NOISY = ("import os, sys, jax, jax.numpy as jnp, numpy as np\n"
+         "y = np.asarray(jax.jit(lambda x: jnp.tanh(x) * 3)(jnp.linspace(0, 1, 8)), np.float64)\n"
+         "offset = int.from_bytes(os.urandom(4), 'little') / 2 ** 32\n"
+         "np.save(sys.argv[1], y + 1e-6 * (0.25 + 0.5 * offset))\n"
+         "np.save(sys.argv[1][:-len('.npy')] + '.again.npy', y + 1e-6 * (0.75 + 0.5 * offset))\n")
+
+
+@pytest.mark.slow
+def test_a_program_that_varies_run_to_run_passes_within_its_noise_and_not_when_identical_is_asked(
+        cache_root, tmp_path):
+    (tmp_path / "noisy.py").write_text(NOISY)
+    workload = {"command": f"{{python}} {tmp_path / 'noisy.py'} {tmp_path}/out-{{shape}}.npy",
+                "shapes": [8], "outputs": f"{tmp_path}/out-{{shape}}.npy"}
+    config = write_config(tmp_path / "c.yaml", {"workloads": {"noisy": workload},
+                                                "default_workloads": ["noisy"]})
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    (shape,) = verdict["outputs"]["shapes"]
+    assert shape["outcome"] == "within run-to-run noise", shape
+    assert 0 < shape["max_abs"] <= shape["noise"] < 1e-6, shape  # the figure, and its noise
+    assert verdict["outputs"]["counts"]["within run-to-run noise"] == 1
+
+    strict = write_config(tmp_path / "strict.yaml", {"workloads": {"noisy": workload},
+                                                     "default_workloads": ["noisy"],
+                                                     "validate": {"outputs": "identical"}})
+    done = run_cli("validate", "--config", str(strict), *common[2:], "--output", str(tmp_path / "v2.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdict = read_json(tmp_path / "v2.json")
+    assert verdict["passed"] is False
+    assert any("outputs differ" in p and "validate.outputs is identical" in p for p in verdict["problems"])
+
+
+def tear(group: Path, donor: Path) -> None:
+    """Make ``group`` a torn Triton group: its kernel binary is the one of ``donor``, another
+    specialisation of the same kernel (same signature), the rest its own."""
+    (cubin,) = group.glob("*.cubin")
+    cubin.write_bytes((donor / cubin.name).read_bytes())
+
+
+def triton_groups(root: Path, kernel: str) -> list[Path]:
+    """The key folders of ``kernel`` (by name) in the root's Triton cache."""
+    return sorted(p.parent for p in (root / "triton").glob(f"*/{kernel}.cubin"))
+
+
+@pytest.mark.slow
+def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cache_root, tmp_path):
+    """Without a GPU the built-in triton-kernels workload compiles ahead of time and runs
+    nothing: its outputs are the kernels' cubins as the cache serves them. A group torn with
+    another specialisation's cubin (same kernel, same signature) fails, is set aside, and the
+    next warm and validation pass. With measure_cold false, the cold pass runs once for the
+    reference alone and is kept."""
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"triton-kernels": {"shapes": [1000]}}, "default_workloads": ["triton-kernels"],
+        "validate": {"measure_cold": False}})
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v1.json")).returncode == 0
+    verdict = read_json(tmp_path / "v1.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["cold_seconds"] is None  # measure_cold false: no cold time, but a reference
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+    assert "cold pass of this validation" in verdict["outputs"]["reference"]
+
+    first, second = triton_groups(cache_root, "tiled_matmul_kernel")[:2]
+    tear(first, second)
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v2.json")).returncode == 0
+    verdict = read_json(tmp_path / "v2.json")
+    assert verdict["passed"] is False and verdict["triton"]["misses"] == 0
+    assert "kept for the same workloads" in verdict["outputs"]["reference"]  # not compiled again
+    (problem,) = [p for p in verdict["problems"] if p.startswith("outputs differ")]
+    assert "workload triton-kernels shape 1000" in problem and f"triton {first.name}" in problem
+    assert first.name in verdict["outputs"]["set_aside"]["triton"]
+    assert not first.exists()
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v3.json")).returncode == 0
+    verdict = read_json(tmp_path / "v3.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
