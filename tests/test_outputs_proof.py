@@ -169,3 +169,46 @@ def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cach
     verdict = read_json(tmp_path / "v3.json")
     assert verdict["passed"] is True, verdict["problems"]
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+
+
+#: Two graphs of one signature under torch.compile (Inductor's C++ backend on the CPU); the
+#: outputs are both results.
+TWO_GRAPHS = ("import sys, torch, numpy as np\n"
+              "def plus_one(x):\n"
+              "    return torch.sin(x) + 1\n"
+              "def hundred(x):\n"
+              "    return torch.cos(x) * 100\n"
+              "x = torch.ones(8)\n"
+              "found = {f.__name__: torch.compile(f, dynamic=False)(x).numpy() for f in (plus_one, hundred)}\n"
+              "np.savez(sys.argv[1], **found)\n")
+
+
+@pytest.mark.slow
+def test_another_graphs_code_under_an_inductor_key_fails_and_is_set_aside(tmp_path):
+    pytest.importorskip("torch")
+    root = tmp_path / "root"  # no space: Inductor's C++ builds fail on such a path
+    (tmp_path / "graphs.py").write_text(TWO_GRAPHS)
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"graphs": {"command": f"{{python}} {tmp_path / 'graphs.py'} {tmp_path}/out.npz",
+                                 "outputs": f"{tmp_path}/out.npz"}},
+        "default_workloads": ["graphs"]})
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    graphs = {b"cos(" in p.read_bytes(): p for p in (root / "inductor" / "fxgraph").glob("*/*/*")}
+    assert len(graphs) == 2, graphs
+    graphs[False].write_bytes(graphs[True].read_bytes())  # plus_one's key now holds hundred's code
+    plus_key = graphs[False].parent.name
+
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is False and verdict["inductor"]["misses"] == 0, verdict["problems"]
+    (problem,) = [p for p in verdict["problems"] if p.startswith("outputs differ")]
+    assert "workload graphs computes other outputs" in problem and f"inductor {plus_key}" in problem, problem
+    assert any(key.endswith(plus_key) for key in verdict["outputs"]["set_aside"]["inductor"])
+    assert not graphs[False].parent.exists()
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v2.json")).returncode == 0
+    verdict = read_json(tmp_path / "v2.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"

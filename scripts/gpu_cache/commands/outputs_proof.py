@@ -85,7 +85,7 @@ def served_text(served: Mapping[str, Any]) -> str:
 
 def problem_of(shape: Mapping[str, Any]) -> str:
     """The problem line of a shape whose outputs differ."""
-    where = f"workload {shape['workload']} shape {shape['shape']}"
+    where = f"workload {shape['workload']}" + ("" if shape["shape"] == "-" else f" shape {shape['shape']}")
     if shape["outcome"] == NAN:
         what = (f"{NAN}: {where} gave {shape.get('new_nonfinite')} NaN or infinite value(s) "
                 "from the cache where a fresh compile gave finite ones")
