@@ -179,7 +179,8 @@ TWO_GRAPHS = ("import sys, torch, numpy as np\n"
               "def hundred(x):\n"
               "    return torch.cos(x) * 100\n"
               "x = torch.ones(8)\n"
-              "found = {f.__name__: torch.compile(f, dynamic=False)(x).numpy() for f in (plus_one, hundred)}\n"
+              "found = {f.__name__: torch.compile(f, dynamic=False)(x).numpy()\n"
+              "         for f in (plus_one, hundred)}\n"
               "np.savez(sys.argv[1], **found)\n")
 
 

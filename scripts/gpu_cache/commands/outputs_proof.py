@@ -52,8 +52,8 @@ def outcome(run: RunResult, mode: str) -> dict[str, Any] | None:
     found = run.outputs
     if found is None or (not run.ok and found.get("error")):
         return None
-    shape: dict[str, Any] = {"workload": run.workload, "shape": run.shape,
-                             "served": found.get("served") if isinstance(found.get("served"), dict) else {}}
+    served = found.get("served") if isinstance(found.get("served"), dict) else None
+    shape: dict[str, Any] = {"workload": run.workload, "shape": run.shape, "served": served}
     reference = found.get("reference")
     if found.get("error") or not isinstance(reference, dict):
         why = found.get("error") or "the cold pass kept no outputs of this shape to compare with"
@@ -66,11 +66,15 @@ def outcome(run: RunResult, mode: str) -> dict[str, Any] | None:
     max_abs = figure(reference.get("max_abs"))
     shape.update(max_abs=reference.get("max_abs"), max_rel=reference.get("max_rel"),
                  mismatch=reference.get("mismatch"))
-    if (figure(reference.get("new_nonfinite")) or 0) > 0:
-        return {**shape, "outcome": NAN, "new_nonfinite": reference.get("new_nonfinite")}
     close = max_abs is not None and not reference.get("mismatch") and 0 < max_abs <= noise
     if close and mode != IDENTICAL:
         return {**shape, "outcome": NOISE}
+    if served == {}:  # its processes compiled everything themselves: not the cache's doing
+        return {**shape, "outcome": UNPROVEN, "why": (
+            "its outputs differ from the cold pass's although the cache served its processes "
+            "nothing: the program is not deterministic from process to process")}
+    if (figure(reference.get("new_nonfinite")) or 0) > 0:
+        return {**shape, "outcome": NAN, "new_nonfinite": reference.get("new_nonfinite")}
     why = "within run-to-run noise, but validate.outputs is identical" if close else None
     return {**shape, "outcome": DIFFER, **({"why": why} if why else {})}
 
@@ -94,8 +98,8 @@ def problem_of(shape: Mapping[str, Any]) -> str:
                                         f"{shape.get('max_rel')}; run-to-run noise {shape.get('noise')}")
         extra = f"; {shape['why']}" if shape.get("why") else ""
         what = f"{DIFFER}: {where} computes other outputs from the cache than a fresh compile ({how}{extra})"
-    served = shape.get("served") or {}
-    if not served:
+    served = shape.get("served")
+    if served is None:
         return (f"{what}. Its processes left no record of the entries they were served (no startup "
                 "hook in them), so none was set aside: `gpu-cache prune --max-age 0` clears the cache")
     return f"{what}. It was served {served_text(served)}: set aside, the next job compiles them again"

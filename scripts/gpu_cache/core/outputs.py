@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import names, safe_io
+from gpu_cache.core import kinds, names, safe_io
 
 #: An outputs file larger than this is not compared (a note says so).
 MAX_BYTES = 256 << 20
@@ -207,11 +207,33 @@ def spread(first: Mapping[str, Array], again: Mapping[str, Array] | None) -> flo
     return math.inf if found["mismatch"] or found["new_nonfinite"] else found["max_abs"]
 
 
-def reference_folder(root: Path | None, fingerprint: str | None) -> Path | None:
-    """Where the cold pass of these inputs keeps its outputs."""
+def reference_folder(root: Path | None, fingerprint: str | None, environ: Mapping[str, str]
+                     ) -> Path | None:
+    """Where the cold pass of these inputs (``fingerprint``: workloads, shapes, software,
+    device) keeps its outputs, apart for each value of the variables that change what a
+    compiled program computes (``XLA_FLAGS``, ``TRITON_DEFAULT_FP_FUSION``, ...: a job that
+    sets another compiles other programs, and its reference is another cold pass's)."""
     if root is None or not fingerprint:
         return None
-    return root / names.STATE_FOLDER / f"outputs-{fingerprint}"
+    compute = sorted((name, environ.get(name)) for name in kinds.KEY_ENVIRONMENT
+                     if name != names.JAX_CACHE_DIR_VAR)  # where the cache is changes nothing computed
+    tail = hashlib.sha256(repr(compute).encode()).hexdigest()[:12]
+    return root / names.STATE_FOLDER / f"outputs-{fingerprint}-{tail}"
+
+
+def kept(folder: Path | None, runs: Iterable[Any]) -> bool:
+    """Whether the outputs of an earlier cold pass's ``runs`` (its :class:`RunResult` s) are
+    all in ``folder``: a run that reported outputs has its reference there."""
+    for run in runs:
+        found = run.outputs
+        if found is None:
+            return False  # measured before outputs were collected
+        if "error" in found:
+            continue
+        if folder is None or not (folder / (slug(run.workload, run.shape)
+                                            + os.path.splitext(str(found.get("file")))[1])).is_file():
+            return False
+    return True
 
 
 def slug(workload: str, shape: Any) -> str:
@@ -357,16 +379,19 @@ def collected(workload: str, shape: Any, builtin: bool, template: str | None, en
 
 
 def served(records: Iterable[Mapping[str, Any]], workload: str, shape: Any,
-           kinds: Iterable[str]) -> dict[str, list[str]]:
-    """The entries each kind served the processes of one run (their records' ``hit_keys``)."""
+           observed: Iterable[str]) -> dict[str, list[str]] | None:
+    """The entries each kind served the processes of one run (their records' ``hit_keys``);
+    None where no process of the run left a record (no startup hook in it)."""
     named = wildcards(workload, shape)
     out: dict[str, set[str]] = {}
+    recorded = False
     for record in records:
         if record.get("wildcards") != named:
             continue
-        for kind in kinds:
+        recorded = True
+        for kind in observed:
             section = record.get(kind)
             keys = section.get("hit_keys") if isinstance(section, dict) else None
             if isinstance(keys, list):
                 out.setdefault(kind, set()).update(k for k in keys if isinstance(k, str))
-    return {kind: sorted(keys) for kind, keys in out.items() if keys}
+    return {kind: sorted(keys) for kind, keys in out.items() if keys} if recorded else None

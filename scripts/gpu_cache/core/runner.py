@@ -202,17 +202,17 @@ def state_file(root: Path | None, what: str, key: str) -> Path | None:
     return root / names.STATE_FOLDER / f"{what}-{key}.json" if root is not None else None
 
 
-def _reused(plan: Plan, path: Path | None, result: PhaseResult) -> PhaseResult | None:
-    """The stored result of an earlier pass of the same inputs, or None."""
+def _reused(plan: Plan, path: Path | None, result: PhaseResult, kept: Path | None) -> PhaseResult | None:
+    """The stored result of an earlier pass of the same inputs, or None (``kept``: where its
+    outputs must be, when the plan collects them)."""
     if not plan.reuse or path is None:
         return None
     try:
         earlier = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
     except (OSError, ValueError, UsageError):
         return None
-    if plan.outputs and not all(run.outputs is not None and ("kept" in run.outputs or "error" in run.outputs)
-                                for run in earlier.runs):
-        return None  # measured before its outputs were kept: they are the proof's reference
+    if plan.outputs and not outputs.kept(kept, earlier.runs):
+        return None  # its outputs, the proof's reference, are not kept for these inputs
     earlier.run_id, earlier.reused = result.run_id, str(path)
     return earlier
 
@@ -274,13 +274,14 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     python = plan.python or sys.executable
     identity, seen = software.identity(environ), device.detect(environ).as_dict()
     key = fingerprint(plan, identity, seen)
+    kept = outputs.reference_folder(root, key, child_env)
     result = PhaseResult(plan.phase, plan.gpu_type, run_id, device=seen, software=identity,
                          job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
                          cache_root=str(root) if root else None,
                          expects=sorted({kind for c in plan.commands for kind in c.expects}),
                          fingerprint=key)
     if plan.phase == "cold":
-        earlier = _reused(plan, state_file(root, "cold", key), result)
+        earlier = _reused(plan, state_file(root, "cold", key), result, kept)
         if earlier is not None:
             log.info("cold [%s]: reusing the measurement of the same inputs (%s)", plan.gpu_type,
                      earlier.reused)
@@ -296,7 +297,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     replay = replay_command(child_env) if plan.phase == "warm" else None
     if replay is not None:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=(replay,)), python, child_env, output)
-    result.runs += _run_all(plan, python, child_env, output, outputs.reference_folder(root, key))
+    result.runs += _run_all(plan, python, child_env, output, kept)
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root, tier)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
