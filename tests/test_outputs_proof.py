@@ -5,6 +5,7 @@ and the next warm and validate pass; a program that is not deterministic run to 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,116 @@ def test_another_graphs_code_under_an_inductor_key_fails_and_is_set_aside(tmp_pa
     verdict = read_json(tmp_path / "v2.json")
     assert verdict["passed"] is True, verdict["problems"]
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+
+
+@pytest.mark.slow
+def test_another_kernels_ptx_in_a_jax_triton_entry_fails_and_is_set_aside(tmp_path):
+    """Without a GPU the built-in jax-triton workload lowers for CUDA and runs nothing: its
+    outputs are the lowered module, which holds each kernel's PTX as the cache served it. An
+    entry holding another specialisation's PTX (the same kernel, the same signature) fails, is
+    set aside, and the next warm and validation pass."""
+    from test_jax_triton import needs_jax_triton, plugin_environ
+
+    needs_jax_triton()
+    root = tmp_path / "root"
+    config = write_config(tmp_path / "c.yaml", {
+        "workloads": {"jax-triton": {"shapes": [256]}}, "default_workloads": ["jax-triton"],
+        "validate": {"measure_cold": False}})
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+
+    def cli(*args: str) -> dict:
+        done = run_cli(*args, *common, "--output", str(tmp_path / "out.json"), env=plugin_environ())
+        assert done.returncode == 0, done.stderr[-3000:]
+        return read_json(tmp_path / "out.json")
+
+    cli("warm")
+    assert cli("validate")["passed"] is True
+    matmuls = sorted(p for p in (root / "jax_triton").iterdir()
+                     if p.is_file() and json.loads(p.read_text())["kernel"] == "matmul_kernel")
+    entry, donor = (json.loads(p.read_text()) for p in matmuls[:2])
+    entry["result"]["binary"] = donor["result"]["binary"]  # torn: the key and the rest its own
+    matmuls[0].write_text(json.dumps(entry))
+
+    verdict = cli("validate")
+    assert verdict["passed"] is False and verdict["jax_triton"]["misses"] == 0, verdict["problems"]
+    (problem,) = [p for p in verdict["problems"] if p.startswith("outputs differ")]
+    assert f"jax_triton {matmuls[0].name}" in problem, problem
+    assert matmuls[0].name in verdict["outputs"]["set_aside"]["jax_triton"]
+    assert not matmuls[0].exists()
+
+    cli("warm")
+    verdict = cli("validate")
+    assert verdict["passed"] is True, verdict["problems"]
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+
+
+# --- the comparison itself: numpy's files read without numpy, figures a user reads ---------
+
+
+def test_numpy_files_are_read_by_their_numbers_and_other_files_by_their_bytes(tmp_path):
+    import numpy as np
+
+    from gpu_cache.core import outputs
+
+    values = {"f16": np.linspace(0, 1, 5, dtype=np.float16), "f64": np.arange(6.0).reshape(2, 3),
+              "i8": np.arange(4, dtype=np.int64), "u8": np.frombuffer(b"cubin", np.uint8),
+              "flag": np.array([True, False])}
+    np.savez_compressed(tmp_path / "o.npz", **values)
+    found = outputs.read(str(tmp_path / "o.npz"))
+    assert sorted(found) == sorted(values)
+    for name, array in values.items():
+        assert found[name].shape == array.shape and list(found[name].numbers()) == array.ravel().tolist()
+    np.save(tmp_path / "one.npy", np.float32([1, np.nan, np.inf]))
+    (one,) = outputs.read(str(tmp_path / "one.npy")).values()
+    assert outputs.nonfinite({"": one}) == 2
+    (tmp_path / "model.cif").write_text("ATOM 1\n")
+    assert outputs.read(str(tmp_path / "model.cif"))[""].dtype == "bytes"
+    (tmp_path / "bad.npz").write_bytes(b"PK not a zip")
+    with pytest.raises(outputs.OutputsError):
+        outputs.read(str(tmp_path / "bad.npz"))
+
+
+def test_the_difference_names_the_largest_change_new_nans_and_what_cannot_be_compared(tmp_path):
+    import numpy as np
+
+    from gpu_cache.core import outputs
+
+    def arrays(**values):
+        for name, value in values.items():
+            np.save(tmp_path / f"{name}.npy", value)
+        return {name: outputs.read(str(tmp_path / f"{name}.npy"))[""] for name in values}
+
+    reference = arrays(a=np.float32([1, 2, 4]), b=np.float32([0, 0]))
+    found = outputs.difference(reference, arrays(a=np.float32([1, 2.5, 4]), b=np.float32([np.nan, 0])))
+    assert found == {"max_abs": 0.5, "max_rel": 0.125, "new_nonfinite": 1, "mismatch": None}
+    found = outputs.difference(reference, arrays(a=np.float64([1, 2, 4]), c=np.float32([0])))
+    assert found["mismatch"] == "a is <f8[3], not <f4[3]; b is gone; c is new"
+    assert outputs.spread(reference, reference) == 0.0 and outputs.spread(reference, None) is None
+
+
+def proof_of(mode: str, served, **reference) -> dict:
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core.reports import RunResult
+
+    report = {"digest": "b", "spread": 1e-6, "served": served,
+              "reference": {"digest": "a", "spread": 0.0, "max_abs": 5e-7, "max_rel": 1e-7,
+                            "new_nonfinite": 0, "mismatch": None, **reference}}
+    return outputs_proof.outcome(RunResult("w", 8, 1.0, 0, outputs=report), mode)
+
+
+def test_each_outcome_of_a_shape():
+    served = {"jax": ["jit_f-" + "0" * 64]}
+    assert proof_of("tolerant", served)["outcome"] == "within run-to-run noise"
+    assert proof_of("identical", served)["outcome"] == "outputs differ"
+    assert proof_of("tolerant", served, max_abs=2e-6)["outcome"] == "outputs differ"
+    assert proof_of("tolerant", served, max_abs=2e-6, new_nonfinite=3)["outcome"] == \
+        "NaN where the cold pass had none"
+    assert proof_of("tolerant", served, digest="b")["outcome"] == "identical"
+    assert proof_of("tolerant", {}, max_abs=1.0)["outcome"] == "not proven"  # nothing served
+    from gpu_cache.commands import outputs_proof
+
+    line = outputs_proof.problem_of(proof_of("tolerant", None, max_abs=1.0))
+    assert "no record of the entries they were served" in line
+    line = outputs_proof.problem_of(proof_of("tolerant", served, max_abs=1.0))
+    assert line.startswith("outputs differ: workload w shape 8")
+    assert f"jax {served['jax'][0]}: set aside" in line

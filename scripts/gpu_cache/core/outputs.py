@@ -15,11 +15,13 @@ processes that hit the cache) is compared with it, and the host judges the compa
 
 from __future__ import annotations
 
+import array
 import ast
 import hashlib
 import math
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import zipfile
@@ -63,18 +65,14 @@ class Array:
         code = CODES.get(self.dtype[1:]) if len(self.dtype) == 3 else None
         if code is None or self.dtype[0] not in ("|", "=", NATIVE):
             return None
-        size = len(self.data) - len(self.data) % _itemsize(code)
+        size = len(self.data) - len(self.data) % struct.calcsize(code)
+        if code == "e":  # half precision: memoryview cannot cast to it
+            return array.array("f", (v for (v,) in struct.iter_unpack(code, self.data[:size])))
         return memoryview(self.data)[:size].cast(code)
 
     @property
     def floating(self) -> bool:
         return self.dtype[1:2] == "f"
-
-
-def _itemsize(code: str) -> int:
-    import struct
-
-    return struct.calcsize(code)
 
 
 def again_of(path: str) -> str:
@@ -154,8 +152,8 @@ def digest(arrays: Mapping[str, Array]) -> str:
 def nonfinite(arrays: Mapping[str, Array]) -> int:
     """How many values are NaN or infinite."""
     count = 0
-    for array in arrays.values():
-        values = array.numbers() if array.floating else None
+    for item in arrays.values():
+        values = item.numbers() if item.floating else None
         if values is not None:
             count += len(values) - sum(map(math.isfinite, values))
     return count
