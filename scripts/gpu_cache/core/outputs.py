@@ -143,9 +143,9 @@ def digest(arrays: Mapping[str, Array]) -> str:
     """One sha256 over every array's name, type, shape, order and values."""
     total = hashlib.sha256()
     for name in sorted(arrays):
-        array = arrays[name]
-        total.update(repr((name, array.dtype, array.shape, array.fortran, len(array.data))).encode())
-        total.update(array.data)
+        item = arrays[name]
+        total.update(repr((name, item.dtype, item.shape, item.fortran, len(item.data))).encode())
+        total.update(item.data)
     return total.hexdigest()
 
 
