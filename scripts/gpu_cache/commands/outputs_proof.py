@@ -161,3 +161,17 @@ def set_aside_served(settings: Settings, failing: list[dict[str, Any]]
         if aside:
             done[kind] = aside
     return done, errors
+
+
+def described(section: Mapping[str, Any], workload: str | None = None) -> str | None:
+    """The proof in a few words (of one workload's shapes where given), for the summary and
+    the report's plot: ``outputs: 3 identical, 1 differ``; None where none was made."""
+    shapes = [s for s in section.get("shapes") or [] if isinstance(s, dict)
+              and (workload is None or s.get("workload") == workload)]
+    if not shapes:
+        return None if workload else ("outputs not compared (validate.outputs: off)"
+                                      if section.get("mode") == "off" else None)
+    words = {IDENTICAL: "identical", NOISE: "within noise", DIFFER: "DIFFER", NAN: "NaN",
+             UNPROVEN: "not proven"}
+    counts = {word: sum(1 for s in shapes if s.get("outcome") == name) for name, word in words.items()}
+    return "outputs: " + ", ".join(f"{n} {word}" for word, n in counts.items() if n)
