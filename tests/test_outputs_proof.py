@@ -5,26 +5,22 @@ and the next warm and validate pass; a program that is not deterministic run to 
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import clean_environ, read_json, run_cli, write_config
-
-#: ``jit(plus_one)(ones(3))``, its outputs written to the file named by the first argument.
-PLUS_ONE = ("import sys, jax, jax.numpy as jnp, numpy as np\n"
-            "def plus_one(x):\n"
-            "    return x + 1\n"
-            "np.save(sys.argv[1], np.asarray(jax.jit(plus_one)(jnp.ones(3, jnp.float32))))\n")
-#: Another function of the same signature: its executable is well formed, and wrong for plus_one.
-HUNDRED = ("import jax, jax.numpy as jnp\n"
-           "def hundred(x):\n"
-           "    return x * 0 + 100\n"
-           "print(jax.jit(hundred)(jnp.ones(3, jnp.float32)))\n")
+from wrong_entries import (
+    HUNDRED,
+    PLUS_ONE,
+    TWO_GRAPHS,
+    entries_of,
+    plant_jax,
+    swap_inductor_graph,
+    swap_jax_triton_ptx,
+    tear_triton,
+    triton_groups,
+)
 
 
 def plus_one_config(tmp_path: Path) -> Path:
@@ -38,21 +34,6 @@ def plus_one_config(tmp_path: Path) -> Path:
         "default_workloads": ["plus"]})
 
 
-def plant(jax_folder: Path, name: str, program: str, other: str, scratch: Path) -> str:
-    """Copy the executable of ``other`` that ``program`` compiles over the entry of ``name`` in
-    ``jax_folder`` (a torn write or a bad promotion would leave such an entry): the key it
-    replaced."""
-    (target,) = jax_folder.glob(f"{name}-*-cache")
-    env = clean_environ(JAX_COMPILATION_CACHE_DIR=str(scratch),
-                        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    (wrong,) = scratch.glob(f"{other}-*-cache")
-    shutil.copyfile(wrong, target)
-    return target.name[:-len("-cache")]
-
-
 @pytest.mark.slow
 def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside(cache_root, tmp_path):
     config = plus_one_config(tmp_path)
@@ -64,7 +45,8 @@ def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside
     assert verdict["passed"] is True, verdict["problems"]
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical", verdict["outputs"]
 
-    key = plant(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch")
+    key = plant_jax(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
     planted = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
     assert planted.returncode == 0, planted.stderr[-3000:]
     verdict = read_json(tmp_path / "v2.json")
@@ -123,18 +105,6 @@ def test_a_program_that_varies_run_to_run_passes_within_its_noise_and_not_when_i
     assert any("outputs differ" in p and "validate.outputs is identical" in p for p in verdict["problems"])
 
 
-def tear(group: Path, donor: Path) -> None:
-    """Make ``group`` a torn Triton group: its kernel binary is the one of ``donor``, another
-    specialisation of the same kernel (same signature), the rest its own."""
-    (cubin,) = group.glob("*.cubin")
-    cubin.write_bytes((donor / cubin.name).read_bytes())
-
-
-def triton_groups(root: Path, kernel: str) -> list[Path]:
-    """The key folders of ``kernel`` (by name) in the root's Triton cache."""
-    return sorted(p.parent for p in (root / "triton").glob(f"*/{kernel}.cubin"))
-
-
 @pytest.mark.slow
 def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cache_root, tmp_path):
     """Without a GPU the built-in triton-kernels workload compiles ahead of time and runs
@@ -155,7 +125,7 @@ def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cach
     assert "cold pass of this validation" in verdict["outputs"]["reference"]
 
     first, second = triton_groups(cache_root, "tiled_matmul_kernel")[:2]
-    tear(first, second)
+    tear_triton(first, second)
     assert run_cli("validate", *common, "--output", str(tmp_path / "v2.json")).returncode == 0
     verdict = read_json(tmp_path / "v2.json")
     assert verdict["passed"] is False and verdict["triton"]["misses"] == 0
@@ -172,19 +142,6 @@ def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cach
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
 
 
-#: Two graphs of one signature under torch.compile (Inductor's C++ backend on the CPU); the
-#: outputs are both results.
-TWO_GRAPHS = ("import sys, torch, numpy as np\n"
-              "def plus_one(x):\n"
-              "    return torch.sin(x) + 1\n"
-              "def hundred(x):\n"
-              "    return torch.cos(x) * 100\n"
-              "x = torch.ones(8)\n"
-              "found = {f.__name__: torch.compile(f, dynamic=False)(x).numpy()\n"
-              "         for f in (plus_one, hundred)}\n"
-              "np.savez(sys.argv[1], **found)\n")
-
-
 @pytest.mark.slow
 def test_another_graphs_code_under_an_inductor_key_fails_and_is_set_aside(tmp_path):
     pytest.importorskip("torch")
@@ -196,10 +153,7 @@ def test_another_graphs_code_under_an_inductor_key_fails_and_is_set_aside(tmp_pa
         "default_workloads": ["graphs"]})
     common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
     assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
-    graphs = {b"cos(" in p.read_bytes(): p for p in (root / "inductor" / "fxgraph").glob("*/*/*")}
-    assert len(graphs) == 2, graphs
-    graphs[False].write_bytes(graphs[True].read_bytes())  # plus_one's key now holds hundred's code
-    plus_key = graphs[False].parent.name
+    plus_key = swap_inductor_graph(root / "inductor")  # plus_one's key now holds hundred's code
 
     assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
     verdict = read_json(tmp_path / "v.json")
@@ -207,7 +161,7 @@ def test_another_graphs_code_under_an_inductor_key_fails_and_is_set_aside(tmp_pa
     (problem,) = [p for p in verdict["problems"] if p.startswith("outputs differ")]
     assert "workload graphs computes other outputs" in problem and f"inductor {plus_key}" in problem, problem
     assert any(key.endswith(plus_key) for key in verdict["outputs"]["set_aside"]["inductor"])
-    assert not graphs[False].parent.exists()
+    assert not list((root / "inductor" / "fxgraph").glob(f"*/{plus_key}"))
 
     assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
     assert run_cli("validate", *common, "--output", str(tmp_path / "v2.json")).returncode == 0
@@ -238,11 +192,8 @@ def test_another_kernels_ptx_in_a_jax_triton_entry_fails_and_is_set_aside(tmp_pa
 
     cli("warm")
     assert cli("validate")["passed"] is True
-    matmuls = sorted(p for p in (root / "jax_triton").iterdir()
-                     if p.is_file() and json.loads(p.read_text())["kernel"] == "matmul_kernel")
-    entry, donor = (json.loads(p.read_text()) for p in matmuls[:2])
-    entry["result"]["binary"] = donor["result"]["binary"]  # torn: the key and the rest its own
-    matmuls[0].write_text(json.dumps(entry))
+    matmuls = entries_of(root / "jax_triton", "matmul_kernel")
+    swap_jax_triton_ptx(matmuls[0], matmuls[1])
 
     verdict = cli("validate")
     assert verdict["passed"] is False and verdict["jax_triton"]["misses"] == 0, verdict["problems"]
