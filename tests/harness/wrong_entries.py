@@ -96,3 +96,14 @@ def swap_inductor_graph(inductor: Path) -> str:
     assert len(graphs) == 2, graphs
     graphs[False].write_bytes(graphs[True].read_bytes())
     return graphs[False].parent.name
+
+
+def ptxas_entries_of(folder: Path, kernel: str) -> list[Path]:
+    """The ptxas shim's entries of kernels whose name holds ``kernel``: one kernel's
+    specialisations share its symbol, so another's cubin loads and runs, wrongly."""
+    from gpu_cache.core import kinds
+
+    if not folder.is_dir():
+        return []
+    return sorted(folder / f"{e.key}.ptxas" for e in kinds.scan("ptxas", folder, grace_seconds=0.0)
+                  if kernel in e.name and not e.problem)
