@@ -278,3 +278,16 @@ def test_each_outcome_of_a_shape():
     line = outputs_proof.problem_of(proof_of("tolerant", served, max_abs=1.0))
     assert line.startswith("outputs differ: workload w shape 8")
     assert f"jax {served['jax'][0]}: set aside" in line
+
+
+def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_root):
+    import json
+
+    from helpers import run_cli_here
+
+    config = json.dumps({"workloads": {"mine": {"command": "true", "outputs": "out/{tokens}.npz"}},
+                         "default_workloads": ["mine"]})
+    result = run_cli_here("warm", "--config-json", config, "--cache-root", str(cache_root))
+    assert result.returncode == 2, result.stderr
+    assert "workload mine: outputs 'out/{tokens}.npz' is not valid" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -98,6 +98,8 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
             if "{shape}" in entry.command:
                 raise UsageError(f"workload {name}: its command uses {{shape}}, so give it shapes")
             shapes = ("-",)
+        if entry.outputs is not None:
+            _check_outputs(name, entry.outputs)
         return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects,
                         outputs=entry.outputs)
     if name in BUILTINS:
@@ -111,6 +113,16 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
         f"workloads.{name}.command in the config"
     )
+
+
+def _check_outputs(name: str, template: str) -> None:
+    """Raises: UsageError: a workload's ``outputs`` names a placeholder other than {shape} and
+    {gpu_type} (issue 40)."""
+    try:
+        template.format_map({"shape": "", "gpu_type": ""})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
+                         "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
 
 
 def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:

@@ -361,9 +361,12 @@ def collected(workload: str, shape: Any, builtin: bool, template: str | None, en
         yield Run(env, None, None, phase, folder, name)
         return
     if not builtin:
-        path = None if template is None else os.path.abspath(
-            template.format_map({"shape": str(shape), "gpu_type": gpu_type}))
-        why = None if path else "the workload names no outputs file (outputs: in its config)"
+        try:  # relative to the working folder; gpu-cache checked the template
+            path = None if template is None else os.path.abspath(
+                template.format_map({"shape": str(shape), "gpu_type": gpu_type}))
+        except (KeyError, IndexError, ValueError):
+            path = None
+        why = None if path else "the workload names no usable outputs file (outputs: in its config)"
         if path:
             _forget(path)
         yield Run(env, path, why, phase, folder, name)
