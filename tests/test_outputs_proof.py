@@ -291,3 +291,36 @@ def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_r
     assert result.returncode == 2, result.stderr
     assert "workload mine: outputs 'out/{tokens}.npz' is not valid" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+#: The head of AlphaFold 3's mmCIF output as it writes ``_atom_site`` (two atoms).
+MODEL_CIF = """data_fold
+loop_
+_atom_site.group_PDB
+_atom_site.Cartn_x
+_atom_site.Cartn_y
+_atom_site.Cartn_z
+_atom_site.auth_atom_id
+ATOM 1.5 -2.25 3.0 "O5'"
+ATOM 4.0 5.0 -6.5 CA
+"""
+
+
+def test_alphafold3_reports_the_coordinates_and_the_confidences_of_its_prediction(tmp_path, monkeypatch):
+    import numpy as np
+
+    from gpu_cache.workloads import alphafold3
+
+    fold = tmp_path / "out" / "gpu_cache_warm_2"
+    fold.mkdir(parents=True)
+    (fold / "gpu_cache_warm_2_model.cif").write_text(MODEL_CIF)
+    (fold / "gpu_cache_warm_2_confidences.json").write_text(
+        '{"atom_plddts": [90.5, 80.25], "pae": [[0.5, 1.0], [1.5, 0.25]], "atom_chain_ids": ["A", "A"]}')
+    (fold / "gpu_cache_warm_2_summary_confidences.json").write_text('{"ptm": 0.75, "has_clash": 0.0}')
+    monkeypatch.setenv("GPU_CACHE_OUTPUTS", str(tmp_path / "outputs.npz"))
+    alphafold3.report_outputs(str(tmp_path / "out"))
+    found = np.load(tmp_path / "outputs.npz")
+    assert sorted(found.files) == ["confidences/atom_plddts", "confidences/pae", "coordinates",
+                                   "summary_confidences/has_clash", "summary_confidences/ptm"]
+    assert found["coordinates"].tolist() == [[1.5, -2.25, 3.0], [4.0, 5.0, -6.5]]
+    assert found["confidences/pae"].shape == (2, 2) and float(found["summary_confidences/ptm"]) == 0.75

@@ -50,4 +50,4 @@ def as_array(value: Any) -> Any:
     array = np.asarray(value)
     if array.dtype.kind not in "biufc":
         array = array.astype(np.float32)
-    return np.ascontiguousarray(array)
+    return np.asarray(array, order="C")
