@@ -270,6 +270,9 @@ def test_each_outcome_of_a_shape():
     assert proof_of("tolerant", served, max_abs=2e-6, new_nonfinite=3)["outcome"] == \
         "NaN where the cold pass had none"
     assert proof_of("tolerant", served, digest="b")["outcome"] == "identical"
+    # A NaN is never noise, and a process whose own two runs differ in kind tolerates nothing.
+    assert proof_of("tolerant", served, new_nonfinite=1)["outcome"] == "NaN where the cold pass had none"
+    assert proof_of("tolerant", served, spread="inf")["outcome"] == "outputs differ"
     assert proof_of("tolerant", {}, max_abs=1.0)["outcome"] == "not proven"  # nothing served
     from gpu_cache.commands import outputs_proof
 

@@ -63,17 +63,19 @@ def outcome(run: RunResult, mode: str) -> dict[str, Any] | None:
                  nonfinite=found.get("nonfinite"), noise=noise if math.isfinite(noise) else "inf")
     if reference.get("digest") == found.get("digest"):
         return {**shape, "outcome": IDENTICAL}
-    max_abs = figure(reference.get("max_abs"))
+    max_abs, nans = figure(reference.get("max_abs")), figure(reference.get("new_nonfinite")) or 0
     shape.update(max_abs=reference.get("max_abs"), max_rel=reference.get("max_rel"),
                  mismatch=reference.get("mismatch"))
-    close = max_abs is not None and not reference.get("mismatch") and 0 < max_abs <= noise
+    # An infinite noise (a process whose two runs differ in shape or NaN) tolerates nothing.
+    close = (max_abs is not None and not reference.get("mismatch") and not nans
+             and 0 < max_abs <= noise < math.inf)
     if close and mode != IDENTICAL:
         return {**shape, "outcome": NOISE}
     if served == {}:  # its processes compiled everything themselves: not the cache's doing
         return {**shape, "outcome": UNPROVEN, "why": (
             "its outputs differ from the cold pass's although the cache served its processes "
             "nothing: the program is not deterministic from process to process")}
-    if (figure(reference.get("new_nonfinite")) or 0) > 0:
+    if nans > 0:
         return {**shape, "outcome": NAN, "new_nonfinite": reference.get("new_nonfinite")}
     why = "within run-to-run noise, but validate.outputs is identical" if close else None
     return {**shape, "outcome": DIFFER, **({"why": why} if why else {})}
@@ -100,8 +102,8 @@ def problem_of(shape: Mapping[str, Any]) -> str:
         what = f"{DIFFER}: {where} computes other outputs from the cache than a fresh compile ({how}{extra})"
     served = shape.get("served")
     if served is None:
-        return (f"{what}. Its processes left no record of the entries they were served (no startup "
-                "hook in them), so none was set aside: `gpu-cache prune --max-age 0` clears the cache")
+        return (f"{what}. Its processes left no record of the entries they were served (the startup "
+                "hook was not in them: stats_hook, or a PYTHONPATH the job replaced), so none was set aside")
     return f"{what}. It was served {served_text(served)}: set aside, the next job compiles them again"
 
 
