@@ -220,18 +220,18 @@ def test_numpy_files_are_read_by_their_numbers_and_other_files_by_their_bytes(tm
               "i8": np.arange(4, dtype=np.int64), "u8": np.frombuffer(b"cubin", np.uint8),
               "flag": np.array([True, False])}
     np.savez_compressed(tmp_path / "o.npz", **values)
-    found = outputs.read(str(tmp_path / "o.npz"))
+    found = outputs.load(str(tmp_path / "o.npz"))[1]
     assert sorted(found) == sorted(values)
     for name, array in values.items():
         assert found[name].shape == array.shape and list(found[name].numbers()) == array.ravel().tolist()
     np.save(tmp_path / "one.npy", np.float32([1, np.nan, np.inf]))
-    (one,) = outputs.read(str(tmp_path / "one.npy")).values()
+    (one,) = outputs.load(str(tmp_path / "one.npy"))[1].values()
     assert outputs.nonfinite({"": one}) == 2
     (tmp_path / "model.cif").write_text("ATOM 1\n")
-    assert outputs.read(str(tmp_path / "model.cif"))[""].dtype == "bytes"
+    assert outputs.load(str(tmp_path / "model.cif"))[1][""].dtype == "bytes"
     (tmp_path / "bad.npz").write_bytes(b"PK not a zip")
     with pytest.raises(outputs.OutputsError):
-        outputs.read(str(tmp_path / "bad.npz"))
+        outputs.load(str(tmp_path / "bad.npz"))
 
 
 def test_the_difference_names_the_largest_change_new_nans_and_what_cannot_be_compared(tmp_path):
@@ -242,7 +242,7 @@ def test_the_difference_names_the_largest_change_new_nans_and_what_cannot_be_com
     def arrays(**values):
         for name, value in values.items():
             np.save(tmp_path / f"{name}.npy", value)
-        return {name: outputs.read(str(tmp_path / f"{name}.npy"))[""] for name in values}
+        return {name: outputs.load(str(tmp_path / f"{name}.npy"))[1][""] for name in values}
 
     reference = arrays(a=np.float32([1, 2, 4]), b=np.float32([0, 0]))
     found = outputs.difference(reference, arrays(a=np.float32([1, 2.5, 4]), b=np.float32([np.nan, 0])))

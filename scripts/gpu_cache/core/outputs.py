@@ -105,16 +105,6 @@ def parse_npy(data: bytes) -> Array:
     return Array(descr if isinstance(descr, str) else repr(descr), shape, data[start:], fortran)
 
 
-def read(path: str) -> dict[str, Array]:
-    """The arrays of one outputs file by name (:func:`parse`).
-
-    Raises:
-        OutputsError: it is not what its name says, or larger than :data:`MAX_BYTES`.
-        OSError: it cannot be read (or is not a regular file).
-    """
-    return parse(path, safe_io.read_bounded(path, MAX_BYTES))
-
-
 def parse(path: str, data: bytes) -> dict[str, Array]:
     """The arrays of the outputs file ``path`` that holds ``data``: a ``.npy`` file's one array
     (named ""), each array of an ``.npz``, or any other file's bytes (named "", type ``bytes``).
@@ -251,12 +241,13 @@ def number(value: float | None) -> float | str | None:
     return "inf"
 
 
-def _load(path: str) -> tuple[bytes, dict[str, Array]]:
-    """The bytes and arrays of an outputs file.
+def load(path: str) -> tuple[bytes, dict[str, Array]]:
+    """The bytes of an outputs file and its arrays by name (:func:`parse`).
 
     Raises:
         FileNotFoundError: there is none.
-        OutputsError, OSError: it cannot be read.
+        OutputsError: it is not what its name says.
+        OSError: it cannot be read, is not a regular file or is larger than :data:`MAX_BYTES`.
     """
     data = safe_io.read_bounded(path, MAX_BYTES)
     return data, parse(path, data)
@@ -289,13 +280,13 @@ class Run:
         if not ok:
             return {"error": "the run failed"}
         try:
-            data, first = _load(self.path)
+            data, first = load(self.path)
         except FileNotFoundError:
             return {"error": f"the run wrote no outputs ({self.path})"}
         except (OSError, OutputsError) as exc:
             return {"error": f"its outputs ({self.path}) cannot be read: {exc}"}
         try:
-            again_data, again = _load(again_of(self.path))
+            again_data, again = load(again_of(self.path))
         except (OSError, OutputsError):
             again_data, again = None, None
         out: dict[str, Any] = {"file": self.path, "digest": digest(first),
@@ -334,11 +325,11 @@ class Run:
         try:
             if target is None:
                 return None
-            reference = _load(target)[1]
+            reference = load(target)[1]
         except (OSError, OutputsError):
             return None
         try:
-            again = _load(again_of(target))[1]
+            again = load(again_of(target))[1]
         except (OSError, OutputsError):
             again = None
         out: dict[str, Any] = {"digest": digest(reference), "nonfinite": nonfinite(reference),
