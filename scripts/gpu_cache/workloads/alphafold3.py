@@ -155,8 +155,9 @@ def report_outputs(folder: str) -> None:
                     fields = json.load(stream)
             except (OSError, ValueError):
                 continue
-            found.update({f"{suffix[1:-5]}/{name}": value for name, value in fields.items()
-                          if isinstance(fields, dict) and numeric(value)})
+            if isinstance(fields, dict):
+                found.update({f"{suffix[1:-5]}/{name}": value for name, value in fields.items()
+                              if numeric(value)})
     outputs.save(found)
 
 
@@ -172,13 +173,14 @@ def atom_coordinates(path: str) -> list:
     import shlex
 
     columns: list[str] = []
+    axes: list[int] = []
     rows = []
     with open(path) as stream:
         for line in stream:
             if line.startswith("_atom_site."):
                 columns.append(line.split()[0][len("_atom_site."):])
             elif columns and line.startswith(("ATOM", "HETATM")):
-                axes = [columns.index(axis) for axis in ("Cartn_x", "Cartn_y", "Cartn_z")]
+                axes = axes or [columns.index(axis) for axis in ("Cartn_x", "Cartn_y", "Cartn_z")]
                 words = shlex.split(line)
                 rows.append([float(words[at]) for at in axes])
     return rows
