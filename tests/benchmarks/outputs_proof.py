@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +42,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "scripts"), str(REPO / "tests" / "harness")]
 
 from gpu_cache.core import device  # noqa: E402
-from helpers import clean_environ, read_json, run_cli, write_config  # noqa: E402
 from wrong_entries import (  # noqa: E402
     HUNDRED,
     PLUS_ONE,
@@ -66,22 +66,28 @@ PLUGIN = REPO / ".ci-cache" / "jax-cuda12-plugin"
 
 
 def environ() -> dict[str, str]:
-    """A clean environment; without a GPU, with jaxlib's CUDA plugin for jax-triton's lowering."""
+    """This environment without gpu-cache's and the tools' cache variables (the CLI sets its
+    own; PYTHONPATH: this checkout's package, and without a GPU jaxlib's CUDA plugin for
+    jax-triton's lowering). No test helper: the GPU image has no pytest."""
     gpu = device.detect().gpu_type != "cpu"
     extra = [str(PLUGIN)] if (PLUGIN / "jax_cuda12_plugin").is_dir() and not gpu else []
-    return clean_environ(PYTHONPATH=os.pathsep.join([str(REPO / "scripts"), *extra]))
+    leaky = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(leaky) and k != "PYTHONPATH"}
+    before = os.environ.get("PYTHONPATH", "")  # carried wheels (--target folders) stay reachable
+    return {**kept, "PYTHONPATH": os.pathsep.join(p for p in [str(REPO / "scripts"), *extra, before] if p)}
 
 
 def cli(command: str, root: Path, config: dict[str, Any], work: Path) -> tuple[dict[str, Any], float]:
     """One ``gpu-cache`` command on ``root``: its JSON output and wall seconds."""
-    path = write_config(work / f"{command}.yaml", config)
     started = time.perf_counter()
-    done = run_cli(command, "--config", str(path), "--cache-root", str(root), "--log", str(work / "log"),
-                   "--output", str(work / f"{command}.json"), env=environ(), timeout=7200)
+    done = subprocess.run([sys.executable, "-m", "gpu_cache", command, "--config-json", json.dumps(config),
+                           "--cache-root", str(root), "--log", str(work / "log"),
+                           "--output", str(work / f"{command}.json")],
+                          env=environ(), capture_output=True, text=True, timeout=7200)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"gpu-cache {command} exited {done.returncode}: {done.stderr[-1500:]}")
-    return read_json(work / f"{command}.json"), seconds
+    return json.loads((work / f"{command}.json").read_text()), seconds
 
 
 def workload_config(name: str, quick: bool, af3: dict[str, str]) -> dict[str, Any]:
