@@ -134,6 +134,10 @@ def test_publish_names_what_was_validated(published: dict[str, Any], registry_se
         and "jax 0.10.2" in result.stdout
         and "passed, 6 hits, 0 misses" in result.stdout
     )
+    # ... and what its outputs were proven to be (issue 40), in the artifact's annotations.
+    raw, _ = oci.Session(oci.parse_reference(published["ref"])).manifest(report["manifest"])
+    proof = json.loads(json.loads(raw)["annotations"]["io.gpu-cache.outputs"])
+    assert proof["mode"] == "tolerant" and proof["identical"] == 1 and proof["outputs differ"] == 0, proof
 
 
 def test_fetched_elsewhere_validation_hits_everything(published: dict[str, Any], tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
 from gpu_cache.config import targets as gpu_cache_targets
 from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
+from gpu_cache.config.workloads import cold_pass as gpu_cache_cold_pass
 from gpu_cache.oci import references as gpu_cache_registry_references
 
 
@@ -130,14 +131,15 @@ def gpu_cache_warm_threads(wildcards):
 
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
-    only when validate.measure_cold), and --unscheduled when an optional type's job runs
-    no workload (gpu_cache_skip)."""
+    only when validate.measure_cold or as the outputs proof's reference), and --unscheduled
+    when an optional type's job runs no workload (gpu_cache_skip)."""
 
     def plans(wildcards, input, resources):
         in_software = gpu_cache_in_job_software(wildcards.gpu_type)
         attempt = getattr(resources, "gpu_cache_attempt", 1)
         skip = gpu_cache_skip(wildcards.gpu_type, input, attempt)
-        chosen = [p for p in phases if p != "cold" or GPU_CACHE_SETTINGS.validate.measure_cold]
+        cold = gpu_cache_cold_pass(GPU_CACHE_SETTINGS, wildcards.gpu_type)
+        chosen = [p for p in phases if p != "cold" or cold]
         made = [
             gpu_cache_plan_phase(
                 GPU_CACHE_SETTINGS, wildcards.gpu_type, p, record=p != "cold", in_job_software=in_software

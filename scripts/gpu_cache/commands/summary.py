@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpu_cache.commands import common
+from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
@@ -66,6 +66,9 @@ def render(validations: list[Path], prune: Path | None) -> str:
         lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
                      f"warm {v.warm_seconds:.1f} s{speedup}{what}")
+        proof = outputs_proof.described(v.outputs)
+        if proof:  # issue 40: what the warm cache was proven to compute
+            lines.append(f"    {proof} ({v.outputs.get('mode')}; reference: {v.outputs.get('reference')})")
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)

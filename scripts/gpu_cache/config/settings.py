@@ -45,7 +45,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "gpu_types": {},
     "host_rules": [],
     "warm": {"parallel": None, "skip_when_valid": True},
-    "validate": {"measure_cold": True, "strict": False},
+    "validate": {"measure_cold": True, "strict": False, "outputs": "tolerant"},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
     "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
     "registry": {"fetch": None, "publish": None},
@@ -302,6 +302,8 @@ class WorkloadConfig:
     model_dir: str | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
+    #: A user workload's outputs file (issue 40), a template of {shape} and {gpu_type}.
+    outputs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,7 @@ class ValidateConfig:
 
     measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
+    outputs: str = "tolerant"  # the outputs proof (issue 40): "identical", "tolerant", "off"
 
 
 @dataclass(frozen=True)
@@ -448,7 +451,7 @@ def settings_from(
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
                                         parse_age(entry["timeout"]), tuple(entry["expects"]),
                                         entry.get("model_dir"), entry.get("script"),
-                                        tuple(entry.get("args") or ()))
+                                        tuple(entry.get("args") or ()), entry.get("outputs"))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],

@@ -47,7 +47,8 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
 
 @dataclass(frozen=True)
 class Workload:
-    """A command template run once per shape; ``builtin`` when gpu-cache ships it."""
+    """A command template run once per shape; ``builtin`` when gpu-cache ships it;
+    ``outputs``: the file a user's command writes its outputs to (issue 40)."""
 
     name: str
     command: str
@@ -57,6 +58,12 @@ class Workload:
     expects: tuple[str, ...] = ()
     #: What the verdict says about this workload's runs (None: nothing).
     note: str | None = None
+    outputs: str | None = None
+
+    @property
+    def reports_outputs(self) -> bool:
+        """Whether its runs report outputs: a built-in's own, a user's ``outputs`` file."""
+        return self.builtin or self.outputs is not None
 
     def commands(self, python: str, gpu_type: str) -> list[tuple[Any, str]]:
         """``(shape, shell command)`` for each shape.
@@ -93,7 +100,10 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
             if "{shape}" in entry.command:
                 raise UsageError(f"workload {name}: its command uses {{shape}}, so give it shapes")
             shapes = ("-",)
-        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects)
+        if entry.outputs is not None:
+            _check_outputs(name, entry.outputs)
+        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects,
+                        outputs=entry.outputs)
     if name in BUILTINS:
         module, shapes, _about, expects = BUILTINS[name]
         shapes = (entry.shapes if entry else ()) or tuple(shapes)
@@ -105,6 +115,16 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
         f"workloads.{name}.command in the config"
     )
+
+
+def _check_outputs(name: str, template: str) -> None:
+    """Raises: UsageError: a workload's ``outputs`` names a placeholder other than {shape} and
+    {gpu_type} (issue 40)."""
+    try:
+        template.format_map({"shape": "", "gpu_type": ""})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
+                         "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
 
 
 def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
@@ -160,7 +180,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     for workload in workloads_of(settings, gpu_type):
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
-                             workload.builtin, workload.expects) for shape in workload.shapes]
+                             workload.builtin, workload.expects, workload.outputs)
+                     for shape in workload.shapes]
     environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: names.own_rule(phase),
                names.TRITON_TARGETS_VAR: ",".join(settings.triton_targets)}
     if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
@@ -169,6 +190,23 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.
     parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
-    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
+    # The cold pass is measured again each time only with measure_cold: always; run for the
+    # outputs' reference alone (measure_cold: false), it is kept too.
+    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold != "always"
     return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse,
-                gpu_types(settings)[gpu_type].container)
+                gpu_types(settings)[gpu_type].container,
+                outputs=phase in ("cold", "validate") and settings.validate.outputs != "off")
+
+
+def cold_pass(settings: Settings, gpu_type: str) -> bool:
+    """Whether validation runs the cold pass (every cache off): for its time
+    (``validate.measure_cold``), or as the reference of the outputs proof (issue 40) where a
+    workload of the type reports outputs (once per set of inputs: it is kept).
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown.
+    """
+    if settings.validate.measure_cold:
+        return True
+    return settings.validate.outputs != "off" and any(
+        w.reports_outputs for w in workloads_of(settings, gpu_type))

@@ -67,6 +67,8 @@ REGISTRY_PASSWORD_VAR = "GPU_CACHE_REGISTRY_PASSWORD"
 REGISTRY_TIMEOUT_VAR = "GPU_CACHE_REGISTRY_TIMEOUT"
 #: The Triton targets (``cuda:90,...``) the built-in Triton workload compiles for ahead of time.
 TRITON_TARGETS_VAR = "GPU_CACHE_TRITON_TARGETS"
+#: The file a built-in workload writes its outputs to, for validation's proof (issue 40).
+OUTPUTS_VAR = "GPU_CACHE_OUTPUTS"
 
 # --- the tools' variables that gpu-cache sets -----------------------------------------------
 

@@ -42,6 +42,9 @@ from ._common import (
 
 #: An index entry's annotation: the bytes of its layers (for the listing).
 BYTES_KEY = "io.gpu-cache.bytes"
+#: What the verdict proved of the outputs (issue 40): its mode and how many shapes had each
+#: outcome ("identical", "within run-to-run noise", "not proven"), so a fetching site sees it.
+OUTPUTS_KEY = "io.gpu-cache.outputs"
 #: What of a verdict goes into the artifact (the rest is per-run detail).
 VERDICT_FIELDS = ("status", "passed", "hits", "misses", "new_entries", "cold_seconds", "warm_seconds")
 
@@ -127,6 +130,7 @@ def fingerprint(identity: Mapping[str, Any]) -> dict[str, Any]:
 def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[str, str]:
     device = verdict.get("device") if isinstance(verdict.get("device"), dict) else {}
     ran = verdict.get("software") if isinstance(verdict.get("software"), dict) else {}
+    proof = verdict.get("outputs") if isinstance(verdict.get("outputs"), dict) else {}
     return {
         GPU_TYPE_KEY: gpu_type,
         ARCH_KEY: _arch(gpu_type, device),
@@ -135,6 +139,7 @@ def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[
         SOFTWARE_KEY: json.dumps(fingerprint(ran), sort_keys=True),
         VERDICT_KEY: json.dumps({k: verdict.get(k) for k in VERDICT_FIELDS}, sort_keys=True),
         BYTES_KEY: str(total),
+        OUTPUTS_KEY: json.dumps({"mode": proof.get("mode"), **(proof.get("counts") or {})}, sort_keys=True),
     }
 
 

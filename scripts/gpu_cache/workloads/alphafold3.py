@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from gpu_cache.workloads import outputs
+
 #: Where images keep AlphaFold 3's ``run_alphafold.py``, looked at in this order: AlphaFold 3's
 #: own image (its Dockerfile: ``COPY . /app/alphafold``) and AlphaPulldown's AlphaFold 3 images
 #: (``docker/alphafold3.dockerfile``: AlphaPulldown with AlphaFold 3 as its ``alphafold3``
@@ -173,10 +175,60 @@ def main(argv: list[str] | None = None) -> int:
         run = command(sys.executable, args.script, json_path, os.path.join(scratch, "out"),
                       model_dir, args.buckets, args.extra)
         code = subprocess.call(run)  # its output goes where the runner sends the workload's
+        if code == 0:
+            report_outputs(os.path.join(scratch, "out"))
     print(json.dumps({"workload": "alphafold3", "bucket": args.shape, "buckets": args.buckets,
                       "script": args.script, "weights": "given" if args.model_dir else "random, deleted",
                       "exit_code": code, "seconds": round(time.perf_counter() - started, 3)}))
     return code
+
+
+def report_outputs(folder: str) -> None:
+    """Report the prediction for validation's proof (issue 40), where the workload runner asks
+    for outputs: the top-ranked model's atom coordinates (``<name>_model.cif``) and its
+    confidences (every numeric field of ``<name>_confidences.json`` and
+    ``<name>_summary_confidences.json``: pLDDT, PAE, contact probabilities, pTM, ranking
+    score, ...). run_alphafold.py runs once: no second run gives its run-to-run noise."""
+    if not outputs.wanted():
+        return
+    found: dict = {}
+    for model in sorted(glob.glob(os.path.join(folder, "*", "*_model.cif")))[:1]:
+        found["coordinates"] = atom_coordinates(model)
+        for suffix in ("_confidences.json", "_summary_confidences.json"):
+            try:
+                with open(model[:-len("_model.cif")] + suffix) as stream:
+                    fields = json.load(stream)
+            except (OSError, ValueError):
+                continue
+            if isinstance(fields, dict):
+                found.update({f"{suffix[1:-5]}/{name}": value for name, value in fields.items()
+                              if numeric(value)})
+    outputs.save(found)
+
+
+def numeric(value) -> bool:
+    """Whether ``value`` (from JSON) is a number or a non-empty rectangular-looking list of them."""
+    if isinstance(value, list):
+        return bool(value) and all(numeric(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def atom_coordinates(path: str) -> list:
+    """The ``_atom_site`` coordinates (x, y, z per atom) of an mmCIF file."""
+    import shlex
+
+    columns: list[str] = []
+    axes: list[int] = []
+    rows = []
+    with open(path) as stream:
+        for line in stream:
+            if line.startswith("_atom_site."):
+                columns.append(line.split()[0][len("_atom_site."):])
+            elif columns and line.startswith(("ATOM", "HETATM")):
+                axes = axes or [columns.index(axis) for axis in ("Cartn_x", "Cartn_y", "Cartn_z")]
+                words = shlex.split(line)
+                rows.append([float(words[at]) for at in axes])
+    return rows
 
 
 if __name__ == "__main__":
