@@ -5,6 +5,7 @@ ptxas would have written, from a folder it trusts, and that it never runs itself
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from gpu_cache.core import names
 from gpu_cache.core.caches import ptxas as ptxas_cache
 from ptxas_fixtures import (
+    DIGEST,
     SHIM,
     SHIM_DIR,
     assemble,
@@ -66,14 +68,22 @@ def test_a_kept_stderr_names_this_callers_files():
     assert SHIM.keep_names(b"ptxas a, line 1", "a", "b") == b"ptxas a, line 1"
 
 
-def test_an_entry_is_served_only_whole_and_under_its_own_key():
+def test_an_entry_is_served_only_whole_as_written_and_under_its_own_key():
     key, other = "a" * 64, "b" * 64
     data = SHIM.pack_entry(key, b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
-    body = data[len(SHIM.ENTRY_MAGIC):]
-    assert SHIM.unpack_entry(body, key) == (b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
-    assert SHIM.unpack_entry(body, other) is None  # renamed to another key: never served
-    assert SHIM.unpack_entry(body[:-1], key) is None  # cut short
-    assert SHIM.unpack_entry(body + b"x", key) is None
+    assert SHIM.unpack_entry(data, key) == (b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
+    body = DIGEST.opened(data)
+    flipped = data[:-3] + bytes([data[-3] ^ 1]) + data[-2:]  # one bit of the cubin
+    for bad, name, why in [
+            (data, other, "the entry of another key"),  # renamed to another key: never served
+            (flipped, key, DIGEST.DAMAGED), (data[:-1], key, DIGEST.DAMAGED),
+            (data + b"x", key, DIGEST.DAMAGED),
+            (DIGEST.framed(body[:-1]), key, "not whole"),  # cut short, then framed
+            (body, key, "not an entry of this format"),  # an older gpu-cache's: no frame
+            (DIGEST.framed(body.replace(SHIM.ENTRY_MAGIC, b"gpu-cache ptxas entry 1\n")), key,
+             "not an entry of this format")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            SHIM.unpack_entry(bad, name)
 
 
 def test_the_key_holds_the_ptxas_the_options_and_the_input():
@@ -217,7 +227,7 @@ def _plant_fake_entry(ptx, site, tmp_path) -> tuple[Path, dict[str, str]]:
     environ = shim_environ(cache, wrapper.parent)
     assert assemble(ptx["add"], tmp_path / "real.cubin", environ).returncode == 0
     entry = next(p for p in cache.iterdir() if p.suffix == ".ptxas")
-    data = SHIM.unpack_entry(entry.read_bytes()[len(SHIM.ENTRY_MAGIC):], entry.stem)
+    data = SHIM.unpack_entry(entry.read_bytes(), entry.stem)
     fake = SHIM.pack_entry(entry.stem, data[0], data[1], b"FAKE CUBIN", data[3], data[4])
     entry.unlink()
     entry.write_bytes(fake)
