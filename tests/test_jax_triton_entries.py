@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core.caches import jax_triton as kernel_cache
-from helpers import hook_piece, records
+from helpers import hook_piece, records, run_cli_here
 from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, warnings
 
 #: One bad field per entry, its sha256 made anew: (what is changed, the field, the value,
@@ -125,6 +125,21 @@ def test_a_kept_kernel_with_a_bad_field_is_a_miss_and_set_aside(written, tmp_pat
         assert not os.path.samefile(path, held / path.name)
         assert kernel_cache.problem_in(path.read_bytes(), path.name) is None
     assert sorted(p.name for p in (root / "jax_triton").iterdir() if p.name.endswith(".aside")) == []
+
+
+@pytest.mark.slow
+def test_prune_and_doctor_fix_remove_a_kept_kernel_with_a_flipped_byte(written, tmp_path):
+    """Same-size damage (issue 38): ``prune --dry-run`` names the entry broken, and ``doctor
+    --fix`` removes it and says so; the four others stay."""
+    root = _copy(written[0], tmp_path)
+    victim = entries(root)[0]
+    _flip(victim)
+    pruned = run_cli_here("prune", "--dry-run", "--json", "--cache-root", str(root))
+    removed = json.loads(pruned.stdout)["jax_triton"]["removed"]
+    assert [(r["key"], r["reason"]) for r in removed] == [(victim.name, f"broken: {FLIPPED[1]}")]
+    fixed = run_cli_here("doctor", "--fix", "--cache-root", str(root))
+    assert "fixed: jax_triton: removed 1 broken entries" in fixed.stdout, fixed.stdout
+    assert not victim.exists() and len(entries(root)) == 4
 
 
 @pytest.mark.slow
