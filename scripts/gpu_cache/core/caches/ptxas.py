@@ -65,11 +65,11 @@ def read_result(path: str, info: os.stat_result, verify: bool) -> tuple[str, dic
     except OSError as exc:
         return "?", {}, f"unreadable ({exc.strerror or exc})"
     damaged = None
-    try:
-        if verify:
+    if verify:
+        try:
             digest.opened(data)
-    except digest.Damaged as exc:
-        damaged = str(exc)
+        except digest.Damaged as exc:
+            damaged = str(exc)
     body = data[digest.LINE:]
     if not data.startswith(digest.MAGIC) or not body.startswith(ENTRY_MAGIC):
         return "?", {}, "not an entry of this gpu-cache's ptxas shim (an older one's?)"
