@@ -230,10 +230,10 @@ def _kernel_candidates(folder: Path, wanted: set[str] | None,
         problem, target = entry.problem, None
         if problem is None:
             try:
-                data = json.loads(safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT))
-                problem = kernel_cache.problem_of(data, entry.key)
-                target = data.get("target") if problem is None else None
-            except (OSError, ValueError, RecursionError) as exc:
+                read = safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT)
+                data, problem = kernel_cache.parsed(read, entry.key)
+                target = data.get("target") if data is not None else None
+            except OSError as exc:
                 problem = f"unreadable entry ({exc.__class__.__name__})"
         if problem is not None:
             skipped.append({"kind": "jax_triton", "key": entry.key, "reason": problem})

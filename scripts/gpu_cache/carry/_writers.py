@@ -95,20 +95,23 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
         return damaged
     if not read_all:
         return None
-    readers = {"autotune": (autotune_cache.RESULT_LIMIT, autotune_cache.problem_of),
-               "jax_triton": (kernel_cache.ENTRY_LIMIT, kernel_cache.problem_of)}
-    limit, problem_of = readers.get(entry.kind, (-1, None))
-    if problem_of is not None and member.size <= limit:  # read as a job does
+    readers = {"autotune": (autotune_cache.RESULT_LIMIT, _autotune_problem),
+               "jax_triton": (kernel_cache.ENTRY_LIMIT, kernel_cache.problem_in)}
+    limit, problem_in = readers.get(entry.kind, (-1, None))
+    if problem_in is not None and member.size <= limit:  # read as a job does
         data = reader.read(member.size)
-        problem = _digest_problem(entry, file_name, sha256(data))
-        try:
-            return problem or problem_of(json.loads(data), entry.key)
-        except (ValueError, RecursionError) as exc:
-            return f"it is not an entry jobs can read ({type(exc).__name__})"
+        return _digest_problem(entry, file_name, sha256(data)) or problem_in(data, entry.key)
     digest = hashlib.sha256()
     for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
         digest.update(chunk)
     return _digest_problem(entry, file_name, digest.hexdigest())
+
+
+def _autotune_problem(data: bytes, key: str) -> str | None:
+    try:
+        return autotune_cache.problem_of(json.loads(data), key)
+    except (ValueError, RecursionError) as exc:
+        return f"it is not an entry jobs can read ({type(exc).__name__})"
 
 
 def _copy(source: MemberReader, fd: int, size: int, digest: Any) -> None:
@@ -421,10 +424,10 @@ class KernelWriter(Writer):
 
     def _problem(self, name: str) -> str | None:
         try:
-            data = json.loads(safe_io.read_bounded(name, kernel_cache.ENTRY_LIMIT, dir_fd=self.dir_fd))
-        except (OSError, ValueError, RecursionError) as exc:
+            data = safe_io.read_bounded(name, kernel_cache.ENTRY_LIMIT, dir_fd=self.dir_fd)
+        except OSError as exc:
             return f"it is not an entry jobs can read ({type(exc).__name__})"
-        return kernel_cache.problem_of(data, self.entry.key)
+        return kernel_cache.problem_in(data, self.entry.key)
 
     def finish(self) -> bool:
         problem = self._problem(self.temp)

@@ -283,9 +283,10 @@ def scan_autotune(folder: Path, grace_seconds: float, verify_after: float | None
 def scan_ptxas(folder: Path, grace_seconds: float, verify_after: float | None = None,
                record: Record | None = None) -> list[Entry]:
     """The ptxas shim's files (:mod:`gpu_cache.core.caches.ptxas`): each result (named by its
-    kernel) and each identity file is one entry; every result's header is checked whole."""
+    kernel) and each identity file is one entry; every result's header is checked whole, and
+    ``verify_after``: the sha256 of those used after that time."""
     return [Entry("ptxas", e.key, e.name, e.size, e.last_use, e.problem, e)
-            for e in ptxas_cache.scan(folder, grace_seconds)]
+            for e in ptxas_cache.scan(folder, grace_seconds, verify_after)]
 
 
 def remove_autotune(folder: Path, entry: Entry) -> None:
