@@ -51,13 +51,16 @@ def test_a_cache_warmed_without_weights_is_hit_by_every_program_of_a_run_on_othe
     assert verdict["misses"] == 0 and verdict["jax"]["hits"] > 0 and verdict["new_entries"] == 0
     assert any(note.startswith("alphafold3: no weights were used") for note in verdict["notes"])
     # each run wrote its own random parameters of the real shapes (368M values), and they are gone
-    (written_warm,), (written_check,) = (lines_of(tmp_path / log, "seed")
-                                         for log in ("warm.log", "v.log"))
+    # (validate's log: the outputs proof's cold reference, then the validation, on one seed)
+    (written_warm,), (reference, written_check) = (lines_of(tmp_path / log, "seed")
+                                                   for log in ("warm.log", "v.log"))
     assert written_warm["arrays"] == written_check["arrays"] > 300
-    assert written_warm["seed"] != written_check["seed"]
+    assert written_warm["seed"] != written_check["seed"] == reference["seed"]
     assert list(scratch.iterdir()) == []
+    # the outputs proof (issue 40): the cold reference's coordinates and the warm run's, on one seed
+    assert [s["outcome"] for s in verdict["outputs"]["shapes"]] == ["identical"], verdict["outputs"]
     # the network ran: one trace and one executable in two calls, on other values each time
-    (cold,), (hot,) = (lines_of(tmp_path / log, "traces") for log in ("warm.log", "v.log"))
+    (cold,), (_, hot) = (lines_of(tmp_path / log, "traces") for log in ("warm.log", "v.log"))
     assert (cold["traces"], cold["executables"], hot["traces"], hot["executables"]) == (1, 1, 1, 1)
     assert cold["digest"] != hot["digest"]
     jax_records = records(root, "jax")
