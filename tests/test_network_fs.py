@@ -20,8 +20,8 @@ import pytest
 
 from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import tier_name as tier_digest
 from gpu_cache.jobenv.fs import check_folder
-from gpu_cache.jobenv.tier import digest as tier_digest
 from helpers import (
     READER,
     SMALL,

@@ -113,7 +113,7 @@ def one_line(result: Any) -> str:
 
 
 def entries(root: Path) -> dict[str, Any]:
-    return {e.key: e for e in kinds.scan("jax", root / "jax", grace_seconds=0.0)}
+    return {e.key: e for e in kinds.named("jax").scan(root / "jax", grace_seconds=0.0)}
 
 
 # --- the round trip -----------------------------------------------------------------------------

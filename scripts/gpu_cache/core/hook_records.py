@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import kinds, owners, safe_io
+from gpu_cache.core.kinds import records  # (this module reads that kind's entries)
 from gpu_cache.core.reports import KindTotals, Missed
 
 #: A record larger than this is not one the hook wrote.
@@ -27,7 +28,7 @@ def records_dir(cache_root: Path) -> Path | None:
     leads out of the root: the hook refuses such a folder, so what is there is not its records
     (a link to a folder of the user's own files, #21)."""
     try:
-        return safe_io.within(kinds.KINDS["records"].folder(cache_root), cache_root)
+        return safe_io.within(records.KIND.folder(cache_root), cache_root)
     except safe_io.Outside:
         return None
 
@@ -78,7 +79,7 @@ def clean(record: Any) -> dict[str, Any] | None:
             record[name] = None
     for kind in kinds.OBSERVED:
         if kind in record and not isinstance(record[kind], dict):
-            del record[kind]
+            del record[kind]  # (a kind's section, by the name the hook writes it under)
     for name in ("env", "device"):
         if not isinstance(record.get(name), dict):
             record[name] = {}
@@ -123,25 +124,23 @@ def missed_of(section: dict[str, Any], kind: str) -> list[Missed]:
 
 
 def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
-    """Hits, misses and compile seconds per observed kind summed over records, with missed names."""
+    """Hits, misses and compile seconds per kind summed over records, with missed names: for
+    every observed kind, and for any other whose section some record holds (autotune: what
+    tokamax's piece says)."""
     out: dict[str, KindTotals] = {}
-    for kind in kinds.OBSERVED:
-        sections = [s for s in (part(r, kind) for r in found) if s is not None]
-        out[kind] = KindTotals(
+    for kind in kinds.ALL:
+        sections = [s for s in (kind.section(r) for r in found) if s is not None]
+        if not (kind.observed or sections):
+            continue
+        out[kind.name] = KindTotals(
             processes=len(sections),
-            hits=sum(count(s.get("hits")) for s in sections),
+            hits=sum(count(s.get(kind.hits_field)) for s in sections),
             misses=sum(count(s.get("misses")) for s in sections),
             compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
             saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
-            missed=[m for s in sections for m in missed_of(s, kind)],
+            missed=[m for s in sections for m in missed_of(s, kind.name)],
             hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
-    tuning = [t for t in (autotuning_of(r) for r in found) if t is not None]
-    if tuning:
-        out["autotune"] = KindTotals(
-            processes=len(tuning), hits=sum(count(t.get("entries")) for t in tuning),
-            misses=sum(count(t.get("misses")) for t in tuning),
-            missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
 
 

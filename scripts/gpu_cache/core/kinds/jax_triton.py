@@ -1,0 +1,71 @@
+"""jax-triton's Triton kernels as a kind (issue 34): compiled while JAX lowers, in every process;
+the startup hook keeps each (its PTX) as one file and loads it in every later process.
+(The format: :mod:`gpu_cache.core.caches.jax_triton`.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_cache.core import names
+from gpu_cache.core.caches import jax_triton as kernel_cache
+from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
+from gpu_cache.core.verified import Record
+
+if TYPE_CHECKING:
+    from gpu_cache.core.reports import Missed
+
+
+class _JaxTriton(Kind):
+    name = "jax_triton"
+    env_var = names.JAX_TRITON_VAR
+    read_only = ReadOnlyUse.READ
+    watched_module = "jax_triton.triton_lib"
+    carried = tiered = needs_hook = sealed = True
+    last_use = "the entry's mtime, which the startup hook sets on every hit"
+
+    def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
+                 record: Record | None) -> list[Entry]:
+        """One entry per file, named by its kernel."""
+        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
+                for e in kernel_cache.scan(folder, grace_seconds, verify_after)]
+
+    def _remove(self, folder: Path, entry: Entry) -> None:
+        assert isinstance(entry.source, kernel_cache.KernelEntry)
+        kernel_cache.remove(folder, entry.source)
+
+    def present(self, folder: Path, key: str) -> bool:
+        return (folder / key).is_file()
+
+    # --- explain (host only: gpu_cache.core.kinds.jax_triton_explain) ---------------------------
+
+    missed_words = "jax-triton kernels compiled in the process (one by one below)"
+
+    def explain_record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from gpu_cache.core import hook_records  # (host only; it reads this registry)
+        from gpu_cache.core.kinds import jax_triton_explain
+
+        return [jax_triton_explain.explain_kernel(miss.key, record, earlier)
+                for miss in hook_records.missed_of(self.section(record) or {}, self.name) if miss.key]
+
+    def problem_line(self, explained: dict[str, Any]) -> str:
+        return f"{self.name}: kernel {explained['name']} missed: {explained['causes'][0]}"
+
+    def explain_missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
+        from gpu_cache.core.kinds import jax_triton_explain
+
+        earlier = seen.by_kind.get(self.name, {}).get(miss.name, [])
+        return jax_triton_explain.explain_kernel(miss.key, record, earlier)
+
+    def seen(self, record: dict[str, Any], seen: Seen) -> None:
+        """The records by the names of the kernels they keep key parts of."""
+        from gpu_cache.core.kinds import jax_triton_explain
+
+        by_kernel = seen.by_kind.setdefault(self.name, {})
+        for parts in jax_triton_explain.key_parts(record).values():
+            named = by_kernel.setdefault(str(parts.get("name")), [])
+            if not named or named[-1] is not record:
+                named.append(record)
+
+
+KIND = _JaxTriton()

@@ -1,0 +1,33 @@
+"""vLLM's own compile cache root as a kind (issue 31): one entry per torch.compile hash folder,
+and every other name at the top of its root. (The format: :mod:`gpu_cache.core.caches.vllm`.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_cache.core import names
+from gpu_cache.core.caches import vllm as vllm_cache
+from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
+from gpu_cache.core.verified import Record
+
+
+class _Vllm(Kind):
+    name = "vllm"
+    env_var = names.VLLM_CACHE_ROOT_VAR
+    read_only = ReadOnlyUse.FALLBACK
+    sealed = True
+    last_use = ("the newest modification or access time of the entry's files (vLLM marks no hit; a "
+                "hit reads them)")
+
+    def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
+                 record: Record | None) -> list[Entry]:
+        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
+                for e in vllm_cache.scan(folder)]
+
+    def _remove(self, folder: Path, entry: Entry) -> None:
+        """A folder renamed away first."""
+        assert isinstance(entry.source, vllm_cache.VllmEntry)
+        vllm_cache.remove(folder, entry.source)
+
+
+KIND = _Vllm()
