@@ -260,9 +260,9 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
     started, wall = time.perf_counter(), time.time()
-    replay = replay_command(child_env) if plan.phase == "warm" else None
-    if replay is not None:  # before the workloads: they then find the recorded kernels ready
-        result.runs = _run_all(replace(plan, commands=(replay,)), python, child_env, output)
+    steps = warm_steps(child_env) if plan.phase == "warm" else ()
+    if steps:  # before the workloads: they then find the recorded kernels ready
+        result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
     result.runs += _run_all(plan, python, child_env, output)
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root, tier)
@@ -281,22 +281,15 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     return result
 
 
-#: How long the replay of recorded Triton kernels may take.
-REPLAY_TIMEOUT_SECONDS = 3600.0
-
-
-def replay_command(environ: Mapping[str, str]) -> Command | None:
-    """The replay step of a warm pass, when the records describe Triton kernels or autotune
-    choices: it compiles them on all the job's cores at once and writes the choices (issue 26,
-    docs/single-flight.md)."""
+def warm_steps(environ: Mapping[str, str]) -> tuple[Command, ...]:
+    """The steps a warm pass runs before its workloads, from what the records under the job's
+    records folder say (:meth:`Kind.warm_steps`: Triton's replay of the recorded kernels)."""
     folder = environ.get(names.RECORDS_VAR)
     if not folder or not os.path.isabs(folder):
-        return None
+        return ()
     found = list(hook_records.read(Path(folder)))
-    if not (hook_records.kernels(found) or hook_records.autotuned(found)):
-        return None
-    return Command("triton-replay", "recorded", "{python} -m gpu_cache.workloads.triton_replay",
-                   REPLAY_TIMEOUT_SECONDS, builtin=True, expects=("triton",))
+    return tuple(Command(name, "recorded", template, timeout, builtin=True, expects=(kind.name,))
+                 for kind in kinds.ALL for name, template, timeout in kind.warm_steps(found))
 
 
 def still_valid(root: Path | None, marker: Path | None) -> bool:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
 
@@ -26,10 +25,14 @@ class _Autotune(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
+        from gpu_cache.core.caches import autotune as autotune_cache
+
         return [Entry(self.name, e.key, e.device_kind, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in autotune_cache.scan(folder, grace_seconds)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
+        from gpu_cache.core.caches import autotune as autotune_cache
+
         assert isinstance(entry.source, autotune_cache.AutotuneEntry)
         autotune_cache.remove(folder, entry.source)
 

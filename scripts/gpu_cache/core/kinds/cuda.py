@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import cuda as cuda_cache
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
 
@@ -21,6 +20,8 @@ class _Cuda(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
+        from gpu_cache.core.caches import cuda as cuda_cache
+
         found = cuda_cache.scan(folder)
         if found is None:
             return []
@@ -32,6 +33,8 @@ class _Cuda(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """The whole cache (the driver starts a new one); never one whose layout is not
         recognised."""
+        from gpu_cache.core.caches import cuda as cuda_cache
+
         assert isinstance(entry.source, cuda_cache.CudaCache)
         cuda_cache.remove(folder, entry.source)
 

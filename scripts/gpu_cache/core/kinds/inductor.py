@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -34,6 +33,8 @@ class _Inductor(Kind):
                  record: Record | None) -> list[Entry]:
         """With ``verify_after``, each C++ kernel library is checked to be whole (once per file
         state, by ``record``)."""
+        from gpu_cache.core.caches import inductor as inductor_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.paths[0] if e.paths else None)
                 for e in inductor_cache.scan(folder, grace_seconds, verify_after is not None, record)]
@@ -41,11 +42,15 @@ class _Inductor(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A code entry under its lock; a key folder renamed away first (EBUSY: being compiled
         right now)."""
+        from gpu_cache.core.caches import inductor as inductor_cache
+
         assert isinstance(entry.source, inductor_cache.InductorEntry)
         inductor_cache.remove(folder, entry.source)
 
     def files(self, entry: Entry) -> list[str]:
         """The entry's files or key folder, not its lock."""
+        from gpu_cache.core.caches import inductor as inductor_cache
+
         assert isinstance(entry.source, inductor_cache.InductorEntry)
         return [path for path in entry.source.paths if path != entry.source.lock]
 

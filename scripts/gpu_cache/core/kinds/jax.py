@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -24,30 +23,42 @@ class _Jax(Kind):
     switch_off = (names.JAX_ENABLE_CACHE_VAR, "false")
     watched_module = "jax"
     own_check = carried = tiered = True
-    write_grace = jax_cache.WRITE_GRACE_SECONDS
     records_folder = True
     last_use = ("the time in JAX's -atime record where a size cap made JAX keep one: it "
                 "wins over file times, which a copy without times sets to 'now' (they "
                 "count too only where the -atime file's own mtime agrees with it); "
                 "else the -cache file's mtime, which the startup hook sets on every hit")
 
+    @property
+    def write_grace(self) -> float:  # type: ignore[override]
+        """JAX writes entries in place: one younger than this may be mid-write."""
+        from gpu_cache.core.caches import jax as jax_cache
+
+        return jax_cache.WRITE_GRACE_SECONDS
+
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """``verify_after``: decompress the entries written after that time (and not verified
         before, by ``record``). Temporary files of an interrupted prune older than
         ``grace_seconds`` come as broken entries."""
+        from gpu_cache.core.caches import jax as jax_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.cache_file or e.atime_file)
                 for e in jax_cache.scan(folder, verify_after, temp_grace=grace_seconds, record=record)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """``-cache`` first, then ``-atime``, under JAX's lock."""
+        from gpu_cache.core.caches import jax as jax_cache
+
         assert isinstance(entry.source, jax_cache.JaxEntry)
         jax_cache.remove(folder, entry.source)
 
     def repair(self, folder: Path, found: list[Entry]) -> tuple[int, list[str]]:
         """A ``.lockfile`` that is not a regular file goes; a lone ``-cache`` of a capped cache
         gets its ``-atime`` (without it, every later write of a capped JAX fails)."""
+        from gpu_cache.core.caches import jax as jax_cache
+
         repaired, errors = 0, []
         try:
             if jax_cache.repair_lockfile(folder):
@@ -69,6 +80,8 @@ class _Jax(Kind):
     def new_since(self, folder: Path, since: float) -> list[Entry]:
         """Empty or truncated entries (a full disk or a killed writer; JAX itself never repairs
         them); entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` may be mid-write."""
+        from gpu_cache.core.caches import jax as jax_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e)
                 for e in jax_cache.scan(folder, since - 1.0) if e.problem]
 

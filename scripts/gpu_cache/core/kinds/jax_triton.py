@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -27,10 +26,14 @@ class _JaxTriton(Kind):
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """One entry per file, named by its kernel."""
+        from gpu_cache.core.caches import jax_triton as kernel_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in kernel_cache.scan(folder, grace_seconds, verify_after)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
+        from gpu_cache.core.caches import jax_triton as kernel_cache
+
         assert isinstance(entry.source, kernel_cache.KernelEntry)
         kernel_cache.remove(folder, entry.source)
 

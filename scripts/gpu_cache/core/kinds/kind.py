@@ -181,6 +181,11 @@ class Kind:
         what the next warm step checks before it trusts a passed verdict."""
         return False
 
+    def warm_steps(self, records: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
+        """The steps a warm pass runs before its workloads, from what the ``records`` of the
+        job's records folder say: (name, command template, timeout seconds) each."""
+        return []
+
     def new_since(self, folder: Path, since: float) -> list[Entry]:
         """The broken entries among those written since ``since`` that the kind's own check
         finds right after a pass (a full disk, a killed writer); none for a kind whose tool

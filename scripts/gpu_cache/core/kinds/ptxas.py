@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.kinds.kind import Entry, ReadOnlyUse, Seen
 from gpu_cache.core.kinds.layouts import SingleFile
 from gpu_cache.core.verified import Record
@@ -29,6 +28,8 @@ class _Ptxas(SingleFile):
                  record: Record | None) -> list[Entry]:
         """Each result (named by its kernel) and each identity file is one entry; every
         result's header is checked whole."""
+        from gpu_cache.core.caches import ptxas as ptxas_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=os.path.join(folder, e.key))
                 for e in ptxas_cache.scan(folder, grace_seconds)]

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import names, safe_io
-from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
 if TYPE_CHECKING:
     from gpu_cache.core.reports import Missed
+
+
+#: How long the replay of recorded Triton kernels may take.
+REPLAY_TIMEOUT_SECONDS = 3600.0
 
 
 class _Triton(Kind):
@@ -28,6 +31,8 @@ class _Triton(Kind):
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """Key folders, stale writers' temporary folders, and trash left by a removal."""
+        from gpu_cache.core.caches import triton as triton_cache
+
         try:
             inventory = triton_cache.scan(folder, record)
         except triton_cache.TritonCacheError:
@@ -53,7 +58,7 @@ class _Triton(Kind):
                 out.append(found)
         return out
 
-    def _other(self, other: triton_cache.OtherPath, now: float, grace_seconds: float) -> Entry | None:
+    def _other(self, other: Any, now: float, grace_seconds: float) -> Entry | None:
         """A top-level name that is no key folder, as a broken entry (or None: not one)."""
         if other.kind == "trash":
             return Entry(self.name, other.path.name, "(trash)", other.bytes, 0.0,
@@ -82,6 +87,8 @@ class _Triton(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A key folder is renamed into a trash folder (atomic on one filesystem) and then
         deleted, so a reader finds either the whole group or none of it."""
+        from gpu_cache.core.caches import triton as triton_cache
+
         source = entry.source
         if isinstance(source, triton_cache.TritonEntry):
             triton_cache.remove_entry(folder, source.key)
@@ -114,7 +121,19 @@ class _Triton(Kind):
     def seed_exports(self, folder: Path) -> dict[str, str]:
         return {names.TRITON_SEED_VAR: str(folder), names.TRITON_MANAGER_VAR: names.SEED_MANAGER}
 
+    def warm_steps(self, records: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
+        """The replay, when the records describe Triton kernels or autotune choices: it compiles
+        them on all the job's cores at once and writes the choices (issue 26,
+        docs/single-flight.md)."""
+        from gpu_cache.core.kinds import triton_replay
+
+        if not (triton_replay.kernels(records) or triton_replay.autotuned(records)):
+            return []
+        return [("triton-replay", "{python} -m gpu_cache.workloads.triton_replay", REPLAY_TIMEOUT_SECONDS)]
+
     def stats_extra(self, found: list[Entry]) -> dict[str, Any]:
+        from gpu_cache.core.caches import triton as triton_cache
+
         return {"autotune_results": triton_cache.autotune_results(found)}
 
     missed_words = "Triton kernels compiled in the process (one by one below)"

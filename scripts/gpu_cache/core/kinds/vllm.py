@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import vllm as vllm_cache
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
 
@@ -21,11 +20,15 @@ class _Vllm(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
+        from gpu_cache.core.caches import vllm as vllm_cache
+
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in vllm_cache.scan(folder)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A folder renamed away first."""
+        from gpu_cache.core.caches import vllm as vllm_cache
+
         assert isinstance(entry.source, vllm_cache.VllmEntry)
         vllm_cache.remove(folder, entry.source)
 
