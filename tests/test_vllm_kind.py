@@ -63,17 +63,3 @@ def test_each_engine_folder_is_one_entry_and_prune_removes_the_old_one_whole(tmp
     compile_cache = root / "vllm" / "torch_compile_cache"
     assert sorted(p.name for p in compile_cache.iterdir()) == ["2a7c00f1aa"]
     assert (compile_cache / "2a7c00f1aa" / "rank_0_0" / "backbone" / "vllm_compile_cache.py").exists()
-
-
-def test_a_link_in_vllms_folder_is_broken_and_never_followed(tmp_path):
-    root = tmp_path / "root"
-    engine_folder(root, "1517964802")
-    outside = tmp_path / "precious"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("mine")
-    (root / "vllm" / "torch_compile_cache" / "feedbeef").symlink_to(outside)
-    info = cli_json("stats", "--cache-root", str(root))["kinds"]["vllm"]
-    assert info["broken"] == 1
-    cli_json("prune", "--cache-root", str(root), "--kind", "vllm")
-    assert not (root / "vllm" / "torch_compile_cache" / "feedbeef").exists()
-    assert (outside / "keep.txt").read_text() == "mine"
