@@ -265,3 +265,25 @@ def test_lru_prune_removes_whole_entries_least_recently_used_first(kind, tmp_pat
     assert [r["key"] for r in removed] == [keys[0]], removed
     assert not any(os.path.lexists(p) for p in files[keys[0]])
     assert all(stat.S_ISREG(os.lstat(p).st_mode) for key in keys[1:] for p in files[key])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_what_a_record_says_of_a_kind_is_shown_escaped(kind, tmp_path):
+    """A record whose section of an observed kind names a missed computation with terminal
+    controls and a line break: ``stats`` and ``doctor --explain`` print it escaped. Guard:
+    core/shown.py on every line they print."""
+    if not kind.observed:
+        pytest.skip(f"the startup hook records no hits or misses of {kind.name}")
+    root = tmp_path / "root"
+    folder = kinds.named("records").folder(root)
+    folder.mkdir(parents=True)
+    missed = [{"name": HOSTILE, "key": HOSTILE, "parts": {"name": HOSTILE}, "why": HOSTILE}]
+    (folder / "host-1-1.json").write_text(json.dumps({
+        "time": time.time(), "host": HOSTILE, "pid": 1, "rule": HOSTILE, "run_id": HOSTILE, "env": {},
+        kind.name: {"hits": 0, "misses": 1, "missed": missed}}))
+    for args in (("stats",), ("doctor", "--explain")):
+        done = run_cli_here(*args, "--cache-root", str(root))
+        assert done.returncode == 0, done.stderr
+        for stream in (done.stdout, done.stderr):
+            assert not any(ch in stream for ch in "\x1b\x07\r"), stream
+            assert not any(line.startswith("forged line") for line in stream.splitlines()), stream
