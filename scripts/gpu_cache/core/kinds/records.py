@@ -1,7 +1,8 @@
 """The startup hook's per-process records, as a kind of their own so that prune bounds them
 like a cache (they are not one: nothing is served from them). Set up by env only with the
-stats hook; a folder that cannot be used turns records off (no node-local fallback: validate
-and stats read them under the root)."""
+stats hook, its folder judged like every kind's (whoever can add a record there tells validate
+what the jobs compiled, and the Triton replay which modules to import); a folder that cannot be
+used turns records off (no node-local fallback: validate and stats read them under the root)."""
 
 from __future__ import annotations
 
