@@ -5,15 +5,16 @@ small real JAX program per bucket: warm, then validate with zero misses."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.config.workloads import resolve_workload
-from gpu_cache.core.errors import UsageError
 from gpu_cache.workloads import alphafold3
-from helpers import REPO, read_json, run_cli, write_config
+from helpers import REPO, clean_environ, read_json, run_cli, write_config
 
 STAND_IN = REPO / "tests" / "fixtures" / "run_alphafold.py"
 
@@ -67,10 +68,27 @@ def test_the_command_is_built_from_the_config(tmp_path):
         f"{tmp_path / 'weights'} --script {STAND_IN} -- --num_seeds=1")
 
 
-def test_without_a_weights_folder_the_config_is_refused(tmp_path):
+def test_without_a_weights_folder_no_weights_are_passed_and_the_verdict_will_say_so(tmp_path):
     settings = settings_from({"default_workloads": ["alphafold3"]})
-    with pytest.raises(UsageError, match=r"workloads\.alphafold3\.model_dir"):
-        resolve_workload(settings, "alphafold3")
+    workload = resolve_workload(settings, "alphafold3")
+    ((_shape, line), *_rest) = workload.commands("python3", "cpu")
+    assert line == "python3 -m gpu_cache.workloads.alphafold3 --shape 256 --buckets 256,512,768,1024"
+    assert workload.note.startswith("alphafold3: no weights were used")
+    assert resolve_workload(settings_from(config(tmp_path)), "alphafold3").note is None
+
+
+def test_an_image_whose_alphafold3_cannot_make_weights_exits_2_with_one_line(tmp_path):
+    """Here (Python 3.11) there is no AlphaFold 3 and no haiku: the workload says so in one line,
+    names the way out, and leaves no folder behind."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.alphafold3", "--shape", "16",
+                           "--buckets", "16", "--script", str(STAND_IN)], capture_output=True, text=True,
+                          env=clean_environ(TMPDIR=str(scratch)), timeout=120)
+    assert done.returncode == 2, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("alphafold3:")]
+    assert "cannot import" in line and "set the workload's model_dir:" in line
+    assert list(scratch.iterdir()) == []
 
 
 @pytest.mark.parametrize("args, needle", [

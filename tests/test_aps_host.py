@@ -1,10 +1,12 @@
-"""gpu-cache as a module of an AlphaPulldownSnakemake-shaped host (tests/aps_host), as the
-README's module section says: its own `rule all`, structure inference in a `container:`
-rule (run through tests/bin/apptainer, the stand-in over bwrap: Python 3.9 and jax 0.4.30)
-on any GPU of its partition (default gpu-el8), binds set with os.environ.setdefault at parse
-time, no --buckets (the jobs pad to AlphaPulldown's own), batches that pass their own
---jax_compilation_cache_dir, and the built-in alphafold3 warm workload finding
-run_alphafold.py where AlphaPulldown's images keep it (a stand-in, bound there).
+"""gpu-cache as a module of an AlphaPulldownSnakemake-shaped host (tests/aps_host: HEAD's config
+keys, spellings and defaults, its rules' shape), as the README's module section says: the block
+at the end of the host's Snakefile, and gpu-cache's settings in a file of their own
+(config/gpu-cache.yaml, passed with --configfile) that names the host's values by {host: KEY}.
+Structure inference runs in a `container:` rule (through tests/bin/apptainer, the stand-in over
+bwrap: Python 3.9 and jax 0.4.30) on any GPU of its partition, binds are set at parse time, no
+--buckets (the jobs pad to AlphaPulldown's own), batches pass their own
+--jax_compilation_cache_dir, and the built-in alphafold3 warm workload finds run_alphafold.py
+where AlphaPulldown's images keep it (a stand-in, bound there).
 
 Real Snakemake runs, a few seconds each; the cache root lies outside the container's
 default binds, so the jobs see it only because gpu-cache binds it.
@@ -26,30 +28,37 @@ import yaml
 from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
 
 FIXTURE = REPO / "tests" / "aps_host"
-PROFILE_ARGS = ("--profile", "config/profiles/desktop", "--config", f"gpu_cache_workflow={SNAKEFILE}")
+#: The host's config changed for a machine without a GPU (config/test.yaml); then gpu-cache's
+#: settings as the README has them, and what the tests change in those.
+HOST_ONLY = ("--configfile", "config/test.yaml")
+WITH_GPU_CACHE = ("--configfile", "config/test.yaml", "config/gpu-cache.yaml", "config/test-gpu-cache.yaml")
 #: Where AlphaPulldown's AlphaFold 3 images keep AlphaFold 3 (docker/alphafold3.dockerfile,
 #: 2.1.8 to 2.6.2): the tests bind the stand-in run_alphafold.py (tests/fixtures) there, so
 #: the image has it where the real ones do.
 IMAGE_AF3 = "/app/AlphaPulldown/alphafold3"
 #: Longest a run of the look-alike through SLURM may take.
 SLURM_TIMEOUT = 600
+#: The host's own jobs (rules), whose every value must stay as the host made it.
+HOST_RULES = ("all", "structure_inference", "analyze_structure", "recursive_report")
 
 
-def aps_copy(tmp_path: Path, **changes) -> Path:
-    """A copy of the fixture, with ``changes`` made to its config."""
+def aps_copy(tmp_path: Path) -> Path:
+    """A copy of the fixture."""
     work = tmp_path / "aps"
     shutil.copytree(FIXTURE, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "output"))
-    if changes:
-        configure(work, **changes)
     return work
 
 
-def configure(work: Path, **changes) -> None:
-    path = work / "config" / "config.yaml"
-    config = yaml.safe_load(path.read_text())
-    for key, value in changes.items():
-        config[key] = value
-    path.write_text(yaml.safe_dump(config))
+def profile(work: Path, *settings: str) -> tuple[str, ...]:
+    """The look-alike's desktop profile, 2 cores, its images pulled into the copy, ``settings``
+    (default: with gpu-cache) and the checkout's gpu-cache workflow."""
+    images = str(work / "images")
+    return ("--profile", "config/profiles/desktop", "--cores", "2", "--apptainer-prefix", images,
+            *(settings or WITH_GPU_CACHE), "--config", f"gpu_cache_workflow={SNAKEFILE}")
+
+
+def write_yaml(path: Path, document: dict) -> None:
+    path.write_text(yaml.safe_dump(document))
 
 
 def aps_environ(container_root, **extra: str) -> dict[str, str]:
@@ -68,27 +77,120 @@ def predictions(work: Path) -> dict[str, dict]:
     return {p.parent.name: read_json(p) for p in found}
 
 
+def job_counts(dry: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return dict(re.findall(r"^(\S+)\s+(\d+)$", dry.stdout, re.MULTILINE))
+
+
+def planned_jobs(text: str) -> dict[str, list[list[str]]]:
+    """The jobs a dry run with printshellcmds lists, by rule: each its lines (what it reads and
+    writes, wildcards, threads, resources, its shell command), without its job id and reason."""
+    jobs: dict[str, list[list[str]]] = {}
+    lines: list[str] | None = None
+    for line in text.splitlines():
+        start = re.match(r"^(?:local)?(?:rule|checkpoint) (\S+):$", line)
+        if start:
+            lines = []
+            jobs.setdefault(start.group(1), []).append(lines)
+        elif line.startswith(("[", "Job stats")):
+            lines = None
+        elif lines is not None and line.strip() and not line.strip().startswith(("jobid:", "reason:")):
+            lines.append(line.strip())
+    return jobs
+
+
 def test_a_dry_run_and_lint_plan_the_hosts_target_and_create_no_cache_folder(container_root, tmp_path):
     work = aps_copy(tmp_path)
     root = tmp_path / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
-    dry = run_snakemake(work, *PROFILE_ARGS, "-n", env=env)
+    dry = run_snakemake(work, *profile(work), "-n", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
     # The host's own `rule all` is the default target (gpu-cache's `all` is not), with
-    # gpu-cache's jobs in front of the inference.
-    jobs = dict(re.findall(r"^(\S+)\s+(\d+)$", dry.stdout, re.MULTILINE))
+    # gpu-cache's jobs in front of the inference and its prune and summary after the report.
+    jobs = job_counts(dry)
     assert jobs.get("all") == "1" and "gpu_cache_all" not in jobs, dry.stdout
     assert jobs["structure_inference"] == "3" and jobs["gpu_cache_warm_cache"] == "2"
-    assert jobs["gpu_cache_cache_report"] == "1"
-    lint = run_snakemake(work, *PROFILE_ARGS, "--lint", env=env)
+    assert jobs["recursive_report"] == "1" and jobs["gpu_cache_cache_report"] == "1"
+    (prune,) = planned_jobs(dry.stdout)["gpu_cache_prune_cache"]
+    assert str(work / "output" / "reports" / "all_interfaces.csv") in prune[0]
+    lint = run_snakemake(work, *profile(work), "--lint", env=env)
     assert "Traceback" not in lint.stderr, lint.stderr[-3000:]
     assert not root.exists(), "a dry run or --lint created the cache root"
-    # gpu-cache adds no lint to the host: none for its rules, none for what the README has the
-    # host write (the look-alike keeps the lints of its own shape, as AlphaPulldownSnakemake).
+    # gpu-cache adds no lint to the host: none for its rules, none for the block the README has
+    # the host write (the look-alike keeps the lints of its own shape, as AlphaPulldownSnakemake).
     found = lint.stdout + lint.stderr
     headers = re.findall(r"^Lints for (.*)$", found, re.MULTILINE)
     assert headers and not [h for h in headers if "gpu_cache_" in h or str(REPO / "workflow") in h], found
-    assert "directly uses variable" not in found, found
+
+
+def test_gpu_cache_changes_no_host_value_and_takes_the_hosts_by_reference(container_root, tmp_path):
+    """Every job of the host, planned with and without gpu-cache's settings file, is the same
+    but for the validations it waits for and the cache flag the file adds to the host's
+    structure_inference_arguments, which keep --fold_backend. gpu-cache's jobs take the
+    partition, image and weights from the host's keys: a value the host changes (here on the
+    command line) is theirs too. Their memory is sized from the buckets."""
+    work = aps_copy(tmp_path)
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    partition = ("slurm_partition=[gpu-training, gpu-el8]",)
+    alone = run_snakemake(work, *profile(work, *HOST_ONLY), *partition, "-n", env=env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    joined = run_snakemake(work, *profile(work), *partition, "-n", env=env)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    before, after = planned_jobs(alone.stdout), planned_jobs(joined.stdout)
+    added = "--jax_compilation_cache_dir=$JAX_COMPILATION_CACHE_DIR "
+    validations = ", results/gpu-cache/validate/3090.json, results/gpu-cache/validate/a100.json"
+    inference = after["structure_inference"]
+    assert len(inference) == 3
+    for job in inference:
+        assert f"{added}--fold_backend=alphafold3" in job, job  # the host's flag kept, gpu-cache's added
+        assert job[0].endswith(validations) and "--data_directory=weights \\" in job
+        assert "slurm_partition=gpu-training,gpu-el8" in next(line for line in job if "resources:" in line)
+    (target,) = after["all"]
+    assert target[0].endswith(", results/gpu-cache/summary.txt")
+
+    def host_view(job: list[str]) -> list[str]:
+        summary = ", results/gpu-cache/summary.txt"
+        return [line.replace(added, "").replace(validations, "").replace(summary, "") for line in job]
+
+    for rule in HOST_RULES:
+        assert before[rule], rule
+        assert sorted(map(host_view, after[rule])) == sorted(before[rule]), rule
+    # gpu-cache's jobs: the host's partition (as changed), image and weights; memory for the
+    # buckets they run at once (warm: 128 and 256 side by side) or one at a time (check).
+    for gpu_type in ("3090", "a100"):
+        (warm,) = [job for job in after["gpu_cache_warm_cache"] if f"wildcards: gpu_type={gpu_type}" in job]
+        (check,) = [job for job in after["gpu_cache_check_cache"] if f"wildcards: gpu_type={gpu_type}" in job]
+        resources = next(line for line in warm if line.startswith("resources:"))
+        assert "slurm_partition=gpu-training,gpu-el8" in resources and "mem_mb=20462," in resources
+        assert "mem_mb=10369," in next(line for line in check if line.startswith("resources:"))
+        command = next(line for line in warm if "gpu_cache.core.runner" in line)
+        assert "--model-dir weights" in command
+        assert '"container": "docker://gpu-cache-test/bullseye-py39-jax0430"' in command
+
+
+def test_the_warm_only_target_warms_and_validates_and_runs_nothing_else(container_root, tmp_path):
+    work = aps_copy(tmp_path)
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    dry = run_snakemake(work, *profile(work), "-n", "gpu_cache_warm", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    jobs = job_counts(dry)
+    jobs.pop("total")
+    warming = {"gpu_cache_preflight_cache": "1", "gpu_cache_warm_cache": "2", "gpu_cache_check_cache": "2",
+               "gpu_cache_validate_cache": "2", "gpu_cache_warm": "1"}
+    assert jobs == warming, dry.stdout
+
+
+def test_a_module_block_above_the_hosts_rules_says_where_it_goes(container_root, tmp_path):
+    work = aps_copy(tmp_path)
+    snakefile = work / "workflow" / "Snakefile"
+    text = snakefile.read_text()
+    block = text[text.index("# --- gpu-cache"):]
+    snakefile.write_text(text.replace(block, "").replace("rule all:", block + "\n\nrule all:", 1))
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    dry = run_snakemake(work, *profile(work), "-n", env=env)
+    assert dry.returncode == 1
+    assert dry.stderr.strip().splitlines()[-1] == (
+        "gpu-cache: config: config key host_rules: the host has no rule structure_inference above "
+        "gpu-cache's module block; put the block at the end of the Snakefile, after every rule")
 
 
 def readme_section() -> str:
@@ -97,40 +199,29 @@ def readme_section() -> str:
 
 
 def readme_blocks(language: str) -> list[str]:
-    """The code blocks of README.md's module section in ``language`` (python: the Snakefile's)."""
-    found = re.findall(rf"```{language}\n(.*?)```", readme_section(), re.DOTALL)
-    return [block.strip("\n") for block in found]
+    """The code blocks of README.md's module section in ``language``."""
+    return re.findall(rf"```{language}\n(.*?)```", readme_section(), re.DOTALL)
 
 
 def test_the_readme_module_section_is_what_the_fixture_uses():
-    """Each Snakefile block of the README is a piece of the look-alike's Snakefile as it is,
-    with the host lines around gpu-cache's that say where it goes (no `...`); the config
-    block gives the look-alike's config its shape."""
-    snakefile = (FIXTURE / "workflow" / "Snakefile").read_text()
-    fragments = readme_blocks("python")
-    assert len(fragments) >= 4 and not any("\n...\n" in f for f in fragments)
-    for fragment in fragments:
-        assert fragment in snakefile, fragment
-    (example,) = readme_blocks("yaml")[:1]
-    readme = yaml.safe_load(example)
-    config = yaml.safe_load((FIXTURE / "config" / "config.yaml").read_text())
-    assert set(config["gpu_cache"]) <= {"gpu_types", "workloads", "validate"}
-    # The README's types warm on the predictions' partition with their image and weights, by
-    # anchors on the host's own keys, as the look-alike's do.
-    for spec in readme["gpu_cache"]["gpu_types"].values():
-        assert spec["container"] == readme["prediction_container"]
-        assert spec["resources"]["slurm_partition"] == readme["slurm_partition"] == "gpu-el8"
-    assert readme["gpu_cache"]["workloads"]["alphafold3"]["model_dir"] == readme["backend_weights_directory"]
-    for spec in config["gpu_cache"]["gpu_types"].values():
-        assert spec["container"] == config["prediction_container"]
-        assert spec["resources"]["slurm_partition"] == config["slurm_partition"] == "gpu-el8"
-    assert config["gpu_cache"]["workloads"]["alphafold3"]["model_dir"] == config["backend_weights_directory"]
+    """The README's settings file is the look-alike's config/gpu-cache.yaml as it is, its
+    Snakefile block is the end of the look-alike's Snakefile, and its command passes the file."""
+    (settings,) = readme_blocks("yaml")
+    assert settings == (FIXTURE / "config" / "gpu-cache.yaml").read_text()
+    (block,) = readme_blocks("python")
+    assert (FIXTURE / "workflow" / "Snakefile").read_text().endswith("\n\n" + block)
+    assert "--configfile config/gpu-cache.yaml" in "".join(readme_blocks("bash"))
     # No --buckets: the jobs pad to AlphaPulldown's buckets, and the warm compiles some of them.
-    assert "--buckets" not in config["structure_inference_arguments"]
-    for shapes in (readme["gpu_cache"]["workloads"]["alphafold3"]["shapes"],
-                   config["gpu_cache"]["workloads"]["alphafold3"]["shapes"]):
-        assert set(shapes) <= set(ALPHAPULLDOWN_BUCKETS), shapes
-    assert "script" not in readme["gpu_cache"]["workloads"]["alphafold3"]  # found in the image
+    host = yaml.safe_load((FIXTURE / "config" / "config.yaml").read_text())
+    assert "--buckets" not in host["structure_inference_arguments"]
+    ours = yaml.safe_load(settings)["gpu_cache"]
+    assert set(ours["workloads"]["alphafold3"]["shapes"]) <= set(ALPHAPULLDOWN_BUCKETS)
+    assert "script" not in ours["workloads"]["alphafold3"]  # found in the image
+    # The host's values by reference, never copied.
+    for spec in ours["gpu_types"].values():
+        assert spec["container"] == {"host": "prediction_container"}
+        assert spec["resources"]["slurm_partition"] == {"host": "slurm_partition"}
+    assert ours["workloads"]["alphafold3"]["model_dir"] == {"host": "backend_weights_directory"}
 
 
 #: AlphaPulldown's default --buckets (alphapulldown/scripts/run_structure_prediction.py, 2.6.2).
@@ -141,7 +232,7 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     root = unbound_dir / "cache"
     work = aps_copy(tmp_path)
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
-    run = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    run = run_snakemake(work, *profile(work), env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     # The warm found AlphaFold 3's run_alphafold.py in the image (no script: in the config).
     log = (work / "logs" / "gpu-cache" / "warm" / "3090.log").read_text()
@@ -154,14 +245,18 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
         assert verdict["software"]["jax"] == container_root.jax_version  # warmed in the image
     # The host's target was built: every batch predicted, after every type's validation,
     # each served by the warmed cache in the image, through the bind gpu-cache added next to
-    # the host's APPTAINER_BINDPATH.
+    # the host's APPTAINER_BINDPATH; the report, then the prune.
     done = sorted((work / "output" / "predictions").glob("*/completed_fold.txt"))
     assert [p.parent.name for p in done] == ["A+B", "B", "C"]
     finished = max(p.stat().st_mtime for p in done)
     assert min(p.stat().st_mtime for p in done) >= max(v.stat().st_mtime for v in validations)
-    # No --buckets: the folds padded to AlphaPulldown's buckets, both warmed.
+    report = work / "output" / "reports" / "all_interfaces.csv"
+    assert (results / "prune.json").stat().st_mtime >= report.stat().st_mtime
+    # No --buckets: the folds padded to AlphaPulldown's buckets, both warmed. The jobs kept the
+    # host's flags and weights.
     assert {f: p["bucket"] for f, p in predictions(work).items()} == {"A+B": 256, "B": 128, "C": 128}
     for fold, prediction in predictions(work).items():
+        assert prediction["fold_backend"] == "alphafold3" and prediction["data_directory"] == "weights"
         assert prediction["cache"]["requests"] > 0
         assert prediction["cache"]["hits"] == prediction["cache"]["requests"], fold
         assert prediction["cache_dir_used"] == str(root / "jax")
@@ -172,30 +267,33 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     validated = (f"validated jax {container_root.jax_version} (Python {container_root.python_version}) "
                  f"in {container_root.image}")
     assert "3090 on cpu: PASSED" in summary and summary.count(validated) == 2, summary
-    # The jobs' records name their rule (GPU_CACHE_RULE=structure_inference) and the device they got;
-    # their GPU type is unknown (any GPU of the partition).
-    jobs = records(root, "structure_inference")
-    assert len(jobs) == 3 and all(r["gpu_type"] is None for r in jobs)
+    # The jobs' records: a local job of the host names no rule (its shell does not export
+    # GPU_CACHE_RULE), nor a GPU type (any GPU of the partition).
+    jobs = records(root, None)
+    host_jobs = [r for r in jobs if r.get("rule") is None]
+    assert len(host_jobs) == 3 and all(r["gpu_type"] is None for r in host_jobs)
     stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
-    assert stats["usage"]["by_rule"]["structure_inference"]["jax_misses"] == 0
-    assert stats["usage"]["by_device"]["cpu"]["processes"] == len(records(root))
+    assert stats["usage"]["by_rule"]["-"]["jax_misses"] == 0
+    assert stats["usage"]["by_device"]["cpu"]["processes"] == len(jobs)
     assert stats["software_mismatches"] == [] and stats["outside_root"] == []
 
-    # Batches of two folds: the jobs pass their own --jax_compilation_cache_dir. And a GPU
-    # type whose warm runs with a Python that has no jax (as Snakemake's own environment).
-    configure(work, batch_size=2)
-    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
-    config["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
-                                              "workloads": ["alphafold3"], "resources": {"runtime": 60}}
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    second = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    # Batches of two folds, with settings that leave out the README's cache flag: the jobs
+    # pass their own --jax_compilation_cache_dir. And a GPU type whose warm runs with a Python
+    # that has no jax (as Snakemake's own environment).
+    write_yaml(work / "config" / "batches.yaml", {"batch_size": 2})
+    settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
+    del settings["structure_inference_arguments"]
+    settings["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
+                                                "workloads": ["alphafold3"], "resources": {"runtime": 60}}
+    write_yaml(work / "config" / "without-flag.yaml", settings)
+    second = run_snakemake(work, *profile(work, "--configfile", "config/test.yaml", "config/batches.yaml",
+                                          "config/without-flag.yaml", "config/test-gpu-cache.yaml"),
+                           env=env, timeout=600)
     # The workloads of l4 could not start: an error at the end of the run, with its cause...
     assert second.returncode != 0
     assert "gpu-cache: ERROR: GPU type l4: no workload run" in second.stderr
     missing = "alphafold3: error: found no run_alphafold.py (looked at /app/alphafold/run_alphafold.py"
     assert missing in second.stderr
-    summary = second.stdout[second.stdout.index("gpu-cache summary"):]
-    assert "l4 on cpu: ERROR" in summary and missing in summary
     verdict = read_json(results / "validate" / "l4.json")
     assert verdict["status"] == "error" and verdict["passed"] is False
     assert missing in verdict["problems"][0]
@@ -203,13 +301,13 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     # ... after the host's jobs ran anyway (they only missed a warm cache for l4).
     batches = {p.parent.name: p.stat().st_mtime
                for p in (work / "output" / "predictions").glob("*/completed_fold.txt")}
-    assert batches["A+B"] > finished
+    assert batches["C"] > finished
     # Those jobs used their own folder: the records show it, stats and doctor name it.
     outside = str(work / "output" / ".jax_compilation_cache")
-    assert {p["cache_dir_used"] for f, p in predictions(work).items() if f in ("A+B", "B")} == {outside}
+    assert {p["cache_dir_used"] for f, p in predictions(work).items() if f in ("C", "B")} == {outside}
     stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
     (line,) = stats["outside_root"]
-    assert line.startswith(f"rule structure_inference used {outside} (outside the cache root {root})")
+    assert line.startswith(f"rule - used {outside} (outside the cache root {root})")
     assert "drop that flag or point it at $JAX_COMPILATION_CACHE_DIR" in line
     assert f"outside the cache root: {line}" in run_cli("stats", "--cache-root", str(root)).stdout
     doctor = run_cli("doctor", "--json", "--no-fail", "--cache-root", str(root))
@@ -218,18 +316,15 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     # in their own folder. --json's explain names the latest process's misses key by key (the
     # hook names jax 0.4.30's misses, which that jax itself logs nowhere).
     assert_explained(root)
-    (inference,) = explained(root)["structure_inference"]
+    (inference,) = explained(root)["-"]
     assert inference["cause"] == line
     report = json.loads(run_cli("doctor", "--explain", "--json", "--cache-root", str(root)).stdout)
     assert report["explain"] and all(item["causes"] for item in report["explain"]), report
 
-    # The fix: point the flag at gpu-cache's folder; the jobs hit it again.
-    flags = {"--fold_backend": "alphafold3", "--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
-    configure(work, structure_inference_arguments=flags)
-    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
-    del config["gpu_cache"]["gpu_types"]["l4"]
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    third = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+    # The README's settings (with the flag): the jobs hit gpu-cache's folder again.
+    third = run_snakemake(work, *profile(work, "--configfile", "config/test.yaml", "config/batches.yaml",
+                                         "config/gpu-cache.yaml", "config/test-gpu-cache.yaml"),
+                          "--forcerun", "structure_inference", env=env, timeout=600)
     assert third.returncode == 0, third.stderr[-4000:]
     for prediction in predictions(work).values():
         assert prediction["cache_dir_used"] == str(root / "jax")
@@ -238,20 +333,20 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     # no longer warns; explain's cause for those old misses says the same.
     stats = json.loads(run_cli("stats", "--json", "--cache-root", str(root)).stdout)
     (stale,) = stats["outside_root"]
-    assert stale.startswith(f"rule structure_inference used {outside} (outside the cache root {root})")
+    assert stale.startswith(f"rule - used {outside} (outside the cache root {root})")
     assert "; last seen " in stale and stale.endswith("since used the cache root")
     assert "no longer: its " in stale and "drop that flag" not in stale
     doctor = json.loads(run_cli("doctor", "--json", "--no-fail", "--cache-root", str(root)).stdout)
     assert doctor["outside_root"] == [] and not any(outside in w for w in doctor["warnings"])
     assert_explained(root)
-    assert explained(root)["structure_inference"][0]["cause"].split("; last seen")[0] == \
-        stale.split("; last seen")[0]
+    assert explained(root)["-"][0]["cause"].split("; last seen")[0] == stale.split("; last seen")[0]
 
 
 def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound_dir, tmp_path):
     """README: a run in another folder on the same root skips warming while the last verdict
-    holds, here with the image's jax 0.4.30 (whose hits the startup hook names from its cache
-    reads) and though each folder pulls the image to a file of its own."""
+    holds (and its log says why), here with the image's jax 0.4.30 (whose hits the startup
+    hook names from its cache reads) and though each folder pulls the image to a file of its
+    own."""
     root = unbound_dir / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root))
     warms = {}
@@ -260,7 +355,7 @@ def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound
             hit = next(k for r in records(root, "validate_cache") for k in r["jax"]["hit_keys"])
             (root / "jax" / hit).unlink()
         work = aps_copy(tmp_path / name)
-        run = run_snakemake(work, *PROFILE_ARGS, env=env, timeout=600)
+        run = run_snakemake(work, *profile(work), env=env, timeout=600)
         assert run.returncode == 0, run.stderr[-4000:]
         results = work / "results" / "gpu-cache"
         warms[name] = {t: read_json(results / "warm" / f"{t}.json") for t in ("3090", "a100")}
@@ -268,6 +363,9 @@ def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound
             assert read_json(results / "validate" / f"{gpu_type}.json")["status"] == "passed"
         for prediction in predictions(work).values():
             assert prediction["cache"]["hits"] == prediction["cache"]["requests"] > 0
+        if name == "two":
+            log = (work / "logs" / "gpu-cache" / "warm" / "3090.log").read_text()
+            assert log == f"# warm [3090]: no workload run: skipped: {warms['two']['3090']['skipped']}\n"
     assert not any(w["skipped"] for w in warms["one"].values())
     for warm in warms["two"].values():
         assert warm["skipped"].startswith("the last validation of the same workloads")
@@ -303,19 +401,24 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     rejected warm job ends unscheduled at once and the predictions (on any GPU of the
     partition) run after h100's validation."""
     partition = slurm_cluster.partition
-    work = aps_copy(tmp_path, slurm_partition=partition)
-    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
-    image = config["prediction_container"]
-    config["gpu_cache"]["gpu_types"] = {
-        name: {"container": image, "device": "cpu", "workloads": ["alphafold3"],
-               "resources": {"slurm_partition": partition, "gpu": 1, "gpu_model": name, "runtime": 10}}
+    work = aps_copy(tmp_path)
+    write_yaml(work / "config" / "cluster.yaml", {"slurm_partition": partition})
+    settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
+    settings["gpu_cache"]["gpu_types"] = {
+        name: {"container": {"host": "prediction_container"}, "device": "cpu", "workloads": ["alphafold3"],
+               "resources": {"slurm_partition": {"host": "slurm_partition"}, "gpu": 1, "gpu_model": name,
+                             "runtime": 10, "mem_mb": 1000}}
         for name in ("h100", "h200")}
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    write_yaml(work / "config" / "gpu-cache.yaml", settings)
+    (work / "config" / "test-gpu-cache.yaml").write_text(
+        "gpu_cache: {workloads: {alphafold3: {shapes: [128, 256]}}, validate: {measure_cold: false}}\n")
     root = unbound_dir / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
-    command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--config",
-               f"gpu_cache_workflow={SNAKEFILE}", "--slurm-init-seconds-before-status-checks", "1",
-               "--jobs", "4", "--nocolor"]
+    command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--apptainer-prefix",
+               str(work / "images"), "--configfile", "config/test.yaml", "config/cluster.yaml",
+               "config/gpu-cache.yaml", "config/test-gpu-cache.yaml",
+               "--config", f"gpu_cache_workflow={SNAKEFILE}",
+               "--slurm-init-seconds-before-status-checks", "1", "--jobs", "4", "--nocolor"]
     started = time.time()
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -333,8 +436,9 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     assert [p.parent.name for p in done] == ["A+B", "B", "C"]
     summary = (results / "summary.txt").read_text()
     assert "h200: UNSCHEDULED (optional type)" in summary and "h100 on cpu: PASSED" in summary
-    assert f"in {image}" in summary
-    # The predictions ran as SLURM jobs on a GPU of the partition, hitting the warmed cache.
+    assert f"in {container_root.image}" in summary
+    # The predictions ran as SLURM jobs on a GPU of the partition, hitting the warmed cache;
+    # a SLURM job's records name its rule (from its --target-jobs).
     jobs = records(root, "structure_inference")
     assert len(jobs) == 3 and all(r["slurm_job_id"] for r in jobs)
     rows = slurm_cluster.wait_accounted(jobs[0]["slurm_job_id"])

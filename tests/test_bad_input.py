@@ -246,3 +246,38 @@ def test_text_from_records_reaches_no_terminal_raw(tmp_path):
         assert not [line for line in out.splitlines() if line.startswith("explain: cpu on cpu")], out
     data = json.loads(run_cli("stats", "--json", "--cache-root", str(tmp_path)).stdout)
     assert HOSTILE_TEXT in data["usage"]["by_rule"]  # --json keeps the value (JSON escapes it)
+
+
+def raw_control(text: str) -> list[str]:
+    """The lines of ``text`` that hold what a terminal would act on, or that a report forged."""
+    return [line for line in text.splitlines(keepends=True)
+            if any(char in line for char in "\x1b\x07\r\u202e") or line.startswith("explain: cpu on cpu")]
+
+
+def test_validate_and_summary_show_text_from_records_and_verdicts_escaped(tmp_path):
+    """What a validate pass's records and runs said (a missed function's name, a workload's last
+    words, the device and software the jobs saw) reaches validate's stderr and the summary of
+    its verdicts only escaped, one line each."""
+    ran = {"workload": HOSTILE_TEXT, "shape": HOSTILE_TEXT, "seconds": 1.0, "returncode": 0}
+    phase = {"phase": "validate", "gpu_type": "cpu", "run_id": "r", "runs": [ran], "expects": ["jax"],
+             "recorded": {"jax": {"processes": 1, "hits": 0, "misses": 1,
+                                  "missed": [{"kind": "jax", "name": HOSTILE_TEXT, "key": HOSTILE_TEXT}]}},
+             "device": {"name": HOSTILE_TEXT}, "software": {"python": HOSTILE_TEXT, "jax": HOSTILE_TEXT}}
+    broken = {**phase, "runs": [{**ran, "returncode": 1, "error": HOSTILE_TEXT}]}  # status "error"
+    write_record(tmp_path / "cache" / "records", "1.json", {  # the pass's process, as the hook wrote it
+        "time": time.time(), "run_id": "r", "host": HOSTILE_TEXT,
+        "jax": {"requests": 1, "hits": 0, "misses": 1, "missed": [{"name": HOSTILE_TEXT, "key": "k"}]}})
+    verdicts = []
+    for name, found in (("missed", phase), ("error", broken)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"validate": found}))
+        verdicts.append(tmp_path / f"verdict-{name}.json")
+        result = run_cli("validate", "--phases", str(tmp_path / f"{name}.json"), "--gpu-type", "cpu",
+                         "--cache-root", str(tmp_path / "cache"), "--output", str(verdicts[-1]))
+        assert result.returncode == 0 and "validation of cpu failed" in result.stderr, result.stderr
+        assert raw_control(result.stderr) == [] and "\\x1b]0;owned\\x07" in result.stderr, result.stderr
+    problems = json.loads(verdicts[0].read_text())["problems"]
+    assert any(f"missed in a fresh process after warming: {HOSTILE_TEXT}" in p for p in problems)
+    summary = run_cli("summary", "--validate", *map(str, verdicts))
+    assert summary.returncode == 1 and "gpu-cache: ERROR: GPU type cpu: " in summary.stderr
+    assert raw_control(summary.stdout + summary.stderr) == [], summary.stdout + summary.stderr
+    assert "\\x1b]0;owned\\x07" in summary.stdout and "\\x1b]0;owned\\x07" in summary.stderr

@@ -445,6 +445,35 @@ def test_pack_leaves_broken_entries_out(warmed: Path, tmp_path: Path) -> None:
     assert manifest_of(path)["skipped"] == report["skipped"]
 
 
+def test_pack_leaves_out_entries_another_user_could_have_written(warmed: Path, tmp_path: Path) -> None:
+    """Of JAX and of Triton, an entry owned by nobody and one open to everyone (#37): gpu-cache
+    would not read them, so they are left out and counted, whatever kind they are."""
+    source = tmp_path / "others"
+    shutil.copytree(warmed, source)
+    jax_files = sorted((source / "jax").glob("*-cache"))
+    kernels = sorted(scan(source, "triton"))
+    os.chown(jax_files[0], 65534, -1)  # nobody
+    os.chmod(jax_files[1], 0o666)
+    os.chown(next(p for p in (source / "triton" / kernels[0]).iterdir() if p.is_file()), 65534, -1)
+    os.chmod(source / "triton" / kernels[1], 0o777)  # the kernel's folder: anyone may swap its files
+    path = tmp_path / "o.tar"
+    result = run_cli("pack", str(path), "--cache-root", str(source), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    left_out = {(u["kind"], u["key"]): u["reason"] for u in report["untrusted"]}
+    assert set(left_out) == {("jax", jax_files[0].name.removesuffix("-cache")),
+                             ("jax", jax_files[1].name.removesuffix("-cache")),
+                             ("triton", kernels[0]), ("triton", kernels[1])}
+    assert sorted(r.split(" is ")[1] for r in left_out.values()) == [
+        "owned by uid 65534", "owned by uid 65534", "writable by everyone", "writable by everyone"]
+    assert report["entries"]["jax"] == len(scan(warmed, "jax")) - 2
+    assert report["entries"]["triton"] == len(scan(warmed, "triton")) - 2
+    packed = {(k, e["key"]) for k, section in manifest_of(path)["kinds"].items() for e in section["entries"]}
+    assert not packed & set(left_out)
+    result = run_cli("pack", str(path), "--cache-root", str(source))
+    assert "left out 4 entries another user could have written" in result.stdout
+
+
 def test_dry_run_writes_nothing(archive: Path, tmp_path: Path) -> None:
     result = unpack(archive, tmp_path / "root", "--dry-run")
     assert result.returncode == 0, result.stderr

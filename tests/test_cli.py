@@ -1,6 +1,8 @@
 """The CLI with real JAX: warm, validate (pass and fail), bad input, unusable roots."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +171,32 @@ def test_doctor_fails_on_an_unusable_root(tmp_path):
     result = run_cli("doctor", "--cache-root", str(blocker))
     assert result.returncode == 1 and "PROBLEM" in result.stdout
     assert run_cli("doctor", "--cache-root", str(blocker), "--no-fail").returncode == 0
+
+
+def disk_state(top: Path) -> dict[str, tuple[int, int]]:
+    """Every name under ``top`` (links not followed) with its mtime and ctime: making and
+    removing a probe file in a folder moves both of the folder's."""
+    return {str(p): (p.lstat().st_mtime_ns, p.lstat().st_ctime_ns) for p in [top, *top.rglob("*")]}
+
+
+def test_doctor_without_fix_changes_nothing_on_disk(tmp_path):
+    missing = tmp_path / "new root"
+    doctor = run_cli("doctor", "--cache-root", str(missing))
+    assert doctor.returncode == 0 and not missing.exists()
+    assert "jax: missing (`gpu-cache env` or `doctor --fix` would create it) " in doctor.stdout
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    assert run_cli("env", "--cache-root", str(root)).returncode == 0
+    outside.mkdir()
+    os.rmdir(root / "records")
+    (root / "records").symlink_to(outside, target_is_directory=True)
+    (root / "jax").rmdir()  # one kind's folder missing: named, not made
+    before = disk_state(tmp_path)
+    doctor = run_cli("doctor", "--cache-root", str(root))
+    assert doctor.returncode == 0 and "result: ok" in doctor.stdout
+    assert disk_state(tmp_path) == before
+    assert "jax: missing" in doctor.stdout and "triton: ok" in doctor.stdout
+    # With --fix (it makes what is missing) and in env, nothing behind the link is written.
+    for command in (("doctor", "--fix"), ("env",)):
+        assert run_cli(*command, "--cache-root", str(root)).returncode == 0
+        assert disk_state(outside) == {k: v for k, v in before.items() if k == str(outside)}
+    assert (root / "jax").is_dir()

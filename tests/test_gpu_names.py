@@ -107,7 +107,7 @@ RTX3090 = Device("NVIDIA GeForce RTX 3090", "rtx3090", 1)
 def test_a_type_named_by_its_gres_needs_its_device_and_the_problem_says_the_line():
     bare = GpuType("3090", ("inference",), resources={"gpu": 1, "gpu_model": "3090"})
     (problem,) = device_problems(bare, RTX3090)
-    assert "expected a 3090 for GPU type 3090, but the job saw NVIDIA GeForce RTX 3090" in problem
+    assert "GPU type 3090 expects device 3090, but the job saw NVIDIA GeForce RTX 3090" in problem
     assert "add `device: rtx3090` to gpu_types.3090" in problem
     mapped = GpuType("3090", ("inference",), resources={"gpu": 1, "gpu_model": "3090"}, device="rtx3090")
     assert device_problems(mapped, RTX3090) == []

@@ -1,10 +1,11 @@
-"""What an AlphaPulldownSnakemake user meets in gpu-cache's config (#30): the CLI reads a host
-pipeline's config (its gpu_cache: block, or the block --config-key names), GPU names that
-YAML reads as numbers are taken as the text they are, a host's list of partitions is taken as
-SLURM takes it, doctor's hint for a GRES type no GPU type asks for works when pasted, the
-alphafold3 workload finds run_alphafold.py where images keep it, and a verdict names the
-image as the config does. Fast: the config loader and the CLI's argument handling, in
-process or one CLI call each."""
+"""What an AlphaPulldownSnakemake user meets in gpu-cache's config (#30, #41): the CLI reads a
+host pipeline's config with the file of gpu-cache's settings for it, merged as Snakemake merges
+--configfile files (its gpu_cache: block, or the block --config-key names), whose {host: KEY}
+values are the host's own; GPU names that YAML reads as numbers are taken as the text they are,
+a host's list of partitions is taken as SLURM takes it, doctor's hint for a GRES type no GPU
+type asks for works when pasted, the alphafold3 workload finds run_alphafold.py where images
+keep it, and a verdict names the image as the config does. Fast: the config loader and the
+CLI's argument handling, in process or one CLI call each."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 import yaml
 
 from gpu_cache.commands.validate import judge_phases
-from gpu_cache.config.settings import load_config_file, settings_from
+from gpu_cache.config.host import load_config_files, workflow_config
+from gpu_cache.config.settings import settings_from
 from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
@@ -23,40 +25,69 @@ from gpu_cache.jobenv import env
 from gpu_cache.workloads import alphafold3
 from helpers import REPO, run_cli
 
-#: The look-alike's config: AlphaPulldownSnakemake's own keys and gpu-cache's block.
+#: The look-alike's config (AlphaPulldownSnakemake's keys) and the file of gpu-cache's settings.
 HOST_CONFIG = REPO / "tests" / "aps_host" / "config" / "config.yaml"
+SETTINGS = REPO / "tests" / "aps_host" / "config" / "gpu-cache.yaml"
 
 
-def test_a_hosts_config_is_read_through_its_gpu_cache_block():
-    config = load_config_file(HOST_CONFIG)
+def test_a_hosts_config_and_gpu_caches_file_are_read_as_snakemake_merges_them():
+    config = load_config_files([HOST_CONFIG, SETTINGS])
     types = gpu_types(settings_from(config))
     assert sorted(types) == ["3090", "a100"]
-    assert types["3090"].resources["slurm_partition"] == "gpu-el8"  # the host's, by its anchor
-    assert config["workloads"]["alphafold3"]["model_dir"] == "weights"
+    # The host's values, by reference: its partition, image and weights (a key it spells
+    # `backend_weights_directory :`).
+    assert types["3090"].resources["slurm_partition"] == "gpu-el8"
+    assert types["a100"].container == "docker://kosinskilab/alphafold3:2.6.2"
+    assert config["workloads"]["alphafold3"]["model_dir"] == "/g/kosinski/dima/alphafold3_weights/"
+    assert config["host_rules"] == ["structure_inference"]
+
+
+def test_a_hosts_value_is_read_where_it_is_at_the_end():
+    """The workflow's view (a module given the host's whole config): a value the host sets
+    anywhere (a later --configfile, --config) is the one gpu-cache takes."""
+    host = yaml.safe_load(HOST_CONFIG.read_text()) | yaml.safe_load(SETTINGS.read_text())
+    host["slurm_partition"] = ["gpu-el8", "gpu-training"]
+    a100 = settings_from(workflow_config(host)).gpu_types["a100"]
+    assert a100.resources["slurm_partition"] == "gpu-el8,gpu-training"
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"gpu_cache": {"gpu_types": {"a100": {"container": {"host": "prediction_containr"}}}},
+      "prediction_container": "docker://x/y"},
+     "config key gpu_cache.gpu_types.a100.container: {host: prediction_containr}: the host's config has "
+     "no key prediction_containr; did you mean prediction_container?"),
+    ({"gpu_types": {"a100": {"container": {"host": "prediction_container"}}}},
+     "config key gpu_types.a100.container: {host: prediction_container} names a key of a host "
+     "pipeline's config, and there is none here"),
+])
+def test_a_wrong_reference_is_one_line_naming_the_key(config, message):
+    with pytest.raises(UsageError) as error:
+        workflow_config(config)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 def test_another_key_is_named_with_config_key(tmp_path):
     host = yaml.safe_load(HOST_CONFIG.read_text())
-    host["caches"] = host.pop("gpu_cache")
+    host["caches"] = yaml.safe_load(SETTINGS.read_text())["gpu_cache"]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(host))
-    assert sorted(load_config_file(path, "caches")["gpu_types"]) == ["3090", "a100"]
+    assert sorted(load_config_files([path], "caches")["gpu_types"]) == ["3090", "a100"]
     with pytest.raises(UsageError, match=r"has no gpu_cache: block .*--config-key names the key"):
-        load_config_file(path, "gpu_cache")
+        load_config_files([path], "gpu_cache")
     # Without the option and without a gpu_cache block, the file is gpu-cache's own config:
     # the host's keys are unknown there, and the message names the first.
-    with pytest.raises(UsageError, match=r"config file .*: config key \(top level\): Additional.*"
-                                         r"holds gpu-cache's under gpu_cache:"):
-        load_config_file(path)
+    with pytest.raises(UsageError, match=r"config file .*: config key \S+: not a key of gpu-cache's "
+                                         r"config.*holds gpu-cache's under gpu_cache:"):
+        load_config_files([path])
 
 
-def test_doctor_takes_the_hosts_config_as_it_is(tmp_path):
+def test_doctor_takes_the_hosts_config_and_gpu_caches_file(tmp_path):
     shutil.copy(HOST_CONFIG, tmp_path / "config.yaml")
-    done = run_cli("doctor", "--json", "--no-fail", "--config", str(tmp_path / "config.yaml"),
-                   "--cache-root", str(tmp_path / "cache"))
+    shutil.copy(SETTINGS, tmp_path / "gpu-cache.yaml")
+    files = ("--config", str(tmp_path / "config.yaml"), "--config", str(tmp_path / "gpu-cache.yaml"))
+    done = run_cli("doctor", "--json", "--no-fail", *files, "--cache-root", str(tmp_path / "cache"))
     assert done.returncode == 0, done.stderr
-    bad = run_cli("doctor", "--config", str(tmp_path / "config.yaml"), "--config-key", "nope",
-                  "--cache-root", str(tmp_path / "cache"))
+    bad = run_cli("doctor", *files, "--config-key", "nope", "--cache-root", str(tmp_path / "cache"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "has no nope: block" in bad.stderr
     alone = run_cli("doctor", "--config-key", "gpu_cache")
     assert alone.returncode == 2 and "--config-key needs --config" in alone.stderr

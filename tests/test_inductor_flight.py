@@ -167,6 +167,82 @@ def test_a_torch_whose_functions_differ_is_left_untouched():
     assert piece.mismatch(module, []).endswith("compile_fx is missing")
 
 
+#: A job whose torch has a function of another shape than the hook knows: after Inductor's code
+#: cache is imported (and before the hook sees it: a finder ahead of Python's own) its
+#: ``FxGraphCache.prepare_key`` takes ``(*args, **kwargs)``, as another release's might. It
+#: compiles a function, then says which of torch's functions are still the ones it had.
+OTHER_TORCH = r'''
+import importlib.machinery, json, sys
+CODECACHE, COMPILE_FX = "torch._inductor.codecache", "torch._inductor.compile_fx"
+seen = {}
+
+class OtherTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name not in (CODECACHE, COMPILE_FX):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if name == CODECACHE:
+                cache = module.FxGraphCache
+                prepare = cache.prepare_key
+                cache.prepare_key = staticmethod(lambda *args, **kwargs: prepare(*args, **kwargs))
+                seen.update({n: (cache, getattr(cache, n)) for n in
+                             ("prepare_key", "load_with_key", "_lookup_graph", "_save_graph")})
+            else:
+                seen.update({n: (module, getattr(module, n)) for n in ("compile_fx", "_compile_fx_inner")})
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), OtherTorch())
+import torch
+print(json.dumps(torch.compile(lambda x: (x * 2.0).sin())(torch.zeros(3)).tolist()))
+print(json.dumps({name: getattr(owner, name) is func for name, (owner, func) in seen.items()}))
+'''
+
+
+@pytest.mark.slow
+def test_a_torch_whose_compile_functions_differ_runs_untouched_and_the_record_says_why(tmp_path):
+    root = tmp_path / "root"
+    program = tmp_path / "other_torch.py"
+    program.write_text(OTHER_TORCH)
+    done = subprocess.run([sys.executable, str(program)], env=job_env(root), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result, untouched = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert result == [0.0, 0.0, 0.0] and untouched == dict.fromkeys(untouched, True) and len(untouched) == 6
+    (section,) = records(root, "inductor")
+    assert section["state"].startswith("off: torch ") and \
+        "FxGraphCache.prepare_key('args', 'kwargs') is not prepare_key('gm'" in section["state"]
+    assert section["single_flight"]["state"] == section["state"]
+    assert section["fxgraph"]["misses"] == 1  # torch's own counters still count
+    assert not (root / "locks" / "inductor").exists() or list((root / "locks" / "inductor").iterdir()) == []
+
+
+#: A process that starts Inductor's compile workers as torch.compile does on a GPU (a sidecar
+#: process that imports triton, and its pool), waits until they are ready, and exits.
+WORKER_POOL = r'''
+from torch._inductor.async_compile import AsyncCompile
+AsyncCompile.warm_pool()
+AsyncCompile.wakeup()
+AsyncCompile.wait_pool_ready()
+'''
+
+
+@pytest.mark.slow
+def test_inductors_compile_workers_leave_the_record_to_the_process_that_started_them(tmp_path):
+    root = tmp_path / "root"
+    environ = dict(job_env(root), TORCHINDUCTOR_COMPILE_THREADS="2")
+    done = subprocess.run([sys.executable, "-c", WORKER_POOL], env=environ, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = [json.loads(p.read_text()) for p in (root / "records").glob("*.json")]
+    assert [r["argv"][0] for r in found] == ["-c"], [r["argv"] for r in found]  # not the workers'
+
+
 @pytest.mark.slow
 def test_through_the_node_local_tier_a_second_node_waits_and_loads_the_first_nodes_graphs(tmp_path):
     """Two nodes (mount namespaces, each with its own folder at the local tier's path) on one

@@ -77,7 +77,7 @@ def _entry(key: str, kernel: str = "matmul_kernel") -> bytes:
             "jax_triton": "0.3.1", "triton": "3.9.0", "target": "sm_90", "compile_seconds": 0.1,
             "parts": {}, "result": {"binary": "ptx", "name": "k", "shared_mem_bytes": 0,
                                     "ttgir": None, "llir": None}, "ttir": "module {}"}
-    return json.dumps(body).encode()
+    return json.dumps({**body, "sha256": kernel_cache.digest(body)}).encode()
 
 
 def test_the_inventory_names_kernels_and_finds_broken_entries(tmp_path):
@@ -113,18 +113,22 @@ def test_the_inventory_names_kernels_and_finds_broken_entries(tmp_path):
     assert not os.path.lexists(folder / ("f" * 64)) and (folder / good).exists()
 
 
-@pytest.mark.parametrize("change", ["format", "result", "binary", "a float in the result"])
+@pytest.mark.parametrize("change", ["format", "result", "binary", "a float in the result", "one character"])
 def test_an_entry_of_another_shape_is_a_problem(change):
     key = "a" * 64
     data = json.loads(_entry(key))
     if change == "format":
-        data["format"] = 2
+        data["format"] = 1
+    elif change == "one character":
+        data["ttir"] = "module {]"
     elif change == "result":
         data["result"] = "ptx"
     elif change == "binary":
         del data["result"]["binary"]
     else:
         data["result"]["shared_mem_bytes"] = 1.5
+    if change != "one character":
+        data["sha256"] = kernel_cache.digest(data)
     assert kernel_cache.problem_of(data, key) is not None
     assert kernel_cache.problem_of(json.loads(_entry(key)), key) is None
 

@@ -45,7 +45,7 @@ def test_a_validation_on_the_wrong_device_fails_and_says_so(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     verdict = read_json(work / "results" / "gpu-cache" / "validate" / "h100.json")
     assert verdict["passed"] is False
-    assert any("expected a h100" in p and "saw cpu" in p for p in verdict["problems"])
+    assert any("GPU type h100 expects device h100, but the job saw cpu" in p for p in verdict["problems"])
 
 
 HOST_RULE_KINDS = """

@@ -96,7 +96,7 @@ def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine
         assert (check["fs_type"], check["family"], check["network"]) == ("fuse.sshfs", "sshfs", True)
         assert check["problem"] is None and check["read_only"] is False
         assert any(LOCK_PHRASE in w for w in check["warnings"]), check["warnings"]
-        assert (sshfs_mount.server_dir / "cache" / kind).is_dir()  # created over ssh
+        assert check["missing"] and not (sshfs_mount.server_dir / "cache").exists()  # a diagnosis
     # one per exported kind's folder doctor probed (the registry decides how many; the hook's
     # records are a kind like the others, pruned like them)
     pruned_alone = [w for w in report["warnings"] if LOCK_PHRASE in w and "prune from one node" in w]
@@ -113,12 +113,15 @@ def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine
     assert exported["CUDA_CACHE_PATH"] == str(root / "cuda")  # not tiered: stays in the root
     assert exported["GPU_CACHE_SHARED"] == str(root) and exported["GPU_CACHE_TIER"] == str(local)
     assert exported["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"] == "xla_gpu_per_fusion_autotune_cache_dir"
-    assert (local / "jax").is_dir() and oct((local).stat().st_mode & 0o777) == "0o700"
+    assert not local.exists()  # a diagnosis makes nothing
     text = run_cli("doctor", "--cache-root", str(root))
     assert text.returncode == 0
     assert "fuse.sshfs [sshfs, network]" in text.stdout and "result: ok" in text.stdout
     assert "warning: jax:" in text.stdout and LOCK_PHRASE in text.stdout
     assert f"local tier: on in {local} (" in text.stdout
+    assert run_cli("doctor", "--fix", "--cache-root", str(root)).returncode == 0  # --fix makes them
+    assert (sshfs_mount.server_dir / "cache" / "jax").is_dir()  # over ssh
+    assert (local / "jax").is_dir() and oct(local.stat().st_mode & 0o777) == "0o700"
     # On local disk: no lock warning.
     assert not any("file locks" in w for w in check_folder(sshfs_mount.workdir / "local").warnings)
 

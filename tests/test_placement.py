@@ -4,6 +4,7 @@ common.smk wires into its rules): resources, the --deadline, the unscheduled ski
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -82,3 +83,30 @@ def test_a_job_that_runs_no_workload_asks_for_no_place_but_keeps_its_other_resou
     extra = gpu("h200", gpu=1, runtime=30, slurm_extra="--exclusive")
     assert placement.resource("slurm_extra", extra, running) == f"--exclusive --deadline=now+{3600 + 1800}"
     assert placement.resource("mem_mb", H200, running) is None  # the type does not set it
+
+
+def test_warm_and_check_jobs_get_the_memory_of_their_alphafold3_buckets():
+    """AlphaPulldownSnakemake's sizing of a fold, 1.25 x (8000 + 0.0045 x N^2) MB: the check job
+    the largest bucket (it runs them one at a time), the warm job those it runs side by side."""
+    from gpu_cache.config.settings import settings_from
+
+    af3 = {"model_dir": "weights", "shapes": [128, 256, 512, 768, 1024]}
+    config = {"workloads": {"alphafold3": af3},
+              "gpu_types": {"a100": {"workloads": ["alphafold3"], "resources": {"gpu": 1}},
+                            "own": {"workloads": ["alphafold3"], "resources": {"mem_mb": 64000}}}}
+    settings = settings_from(config)
+    fold = {n: math.ceil(1.25 * (8000 + 0.0045 * n * n)) for n in af3["shapes"]}
+    assert placement.memory_mb(settings, "a100", "check") == fold[1024] == 15899
+    assert placement.memory_mb(settings, "a100", "warm") == sum(fold.values())
+    two_at_once = settings_from(config | {"warm": {"parallel": 2}})
+    assert placement.memory_mb(two_at_once, "a100", "warm") == fold[1024] + fold[768]
+    check = placement.sized(settings, settings.gpu_types, "check")
+    assert check["a100"].resources == {"gpu": 1, "mem_mb": 15899}
+    assert check["own"].resources == {"mem_mb": 64000}  # the type's own value wins
+    assert placement.resource("mem_mb", check["a100"], lambda: True) == placement.SKIPPED_MEM_MB
+    # A workload of unknown size: no memory, so set for some types only, which Snakemake refuses.
+    config["gpu_types"]["jax"] = {"workloads": ["jax-transformer"]}
+    mixed = settings_from(config)
+    assert placement.memory_mb(mixed, "jax", "warm") is None
+    with pytest.raises(UsageError, match="mem_mb is set for some GPU types but not for jax"):
+        placement.resource_names(placement.sized(mixed, mixed.gpu_types, "warm"))

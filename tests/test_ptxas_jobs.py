@@ -16,6 +16,7 @@ import pytest
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import names
+from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.kinds import ptxas_explain as explain_ptxas
 from gpu_cache.jobenv import env
 from helpers import HOOK, SCRIPTS, clean_environ, records, run_cli
@@ -23,7 +24,9 @@ from ptxas_fixtures import SHIM, SHIM_DIR, make_ptx, runs, site_wrapper, triton_
 
 #: A job process: what the lead checks (issue 34), from inside it after ``import jax``: the
 #: ``ptxas`` on its own PATH runs the real one once for the same PTX under another file name,
-#: and again for other PTX, with outputs identical to the real ptxas's.
+#: and again for other PTX, with outputs identical to the real ptxas's. The calls come from
+#: shells the job starts: the process's own calls are XLA's or jaxlib's, and only jaxlib's
+#: kernels are cached (issue 37; ``test_xlas_own_calls_never_start_python...``).
 JOB = r"""
 import json, os, shutil, subprocess, sys
 import jax
@@ -33,7 +36,8 @@ outs = []
 for n, ptx in enumerate([same, same, other]):
     name = os.path.join(folder, f"tempfile-{os.getpid()}-{n}")
     shutil.copy(ptx, name)
-    subprocess.run([found, name, "-o", name + ".cubin", "-arch=sm_90a", "--warn-on-spills"], check=True)
+    subprocess.run(["sh", "-c", '"$0" "$@"; exit $?', found, name, "-o", name + ".cubin", "-arch=sm_90a",
+                    "--warn-on-spills"], check=True)
     outs.append(name + ".cubin")
 subprocess.run(["sh", "-c", f'ptxas "{same}" -o "{folder}/from-a-shell.cubin" -arch=sm_90a --warn-on-spills'],
                check=True)
@@ -226,3 +230,69 @@ def test_doctor_explain_accounts_for_a_jobs_ptxas_misses(tmp_path):
     (item,) = cause["keys"]
     assert item["changed"] == ["options"] and "-arch" in item["causes"][0]
     assert "attn: changed key parts: options" in explain.render_account(explain.account_cache(root))
+
+
+#: A job process that lowers one jax-triton kernel for CUDA (jax-triton's Triton compile runs
+#: here; JAX_TRITON_DUMP_DIR keeps its PTX), then runs ptxas twice on that PTX, as jaxlib will at
+#: the kernel's first launch, and twice on other PTX, as XLA does for its own kernels: all four
+#: from this process, with temporary names. The shim's Python is logged (which calls start it).
+ROUTE_JOB = r"""
+import glob, json, os, shutil, subprocess, sys
+import jax, jax.numpy as jnp
+import jax_triton as jt
+from gpu_cache.workloads.jax_triton_kernels import matmul_kernel
+folder, xla_ptx, python = sys.argv[1:4]
+
+def f(a, b):
+    return jt.triton_call(a, b, kernel=matmul_kernel, out_shape=jax.ShapeDtypeStruct((128, 128), a.dtype),
+                          grid=(2, 2), num_warps=4, num_stages=3, compute_capability=90, M=128, N=128, K=128,
+                          BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GELU=False)
+
+spec = jax.ShapeDtypeStruct((128, 128), jnp.float16)
+jax.jit(f).trace(spec, spec).lower(lowering_platforms=("cuda",))
+(jaxlib_ptx,) = glob.glob(os.path.join(os.environ["JAX_TRITON_DUMP_DIR"], "*", "*.ptx"))
+os.environ["GPU_CACHE_PTXAS_PYTHON"] = python
+outs = {}
+for name, ptx in (("jaxlib", jaxlib_ptx), ("xla", xla_ptx)):
+    for n in range(2):
+        tmp = os.path.join(folder, f"tempfile-{name}-{n}")
+        shutil.copy(ptx, tmp)
+        subprocess.run(["ptxas", tmp, "-o", tmp + ".cubin", "-arch=sm_90a", "--warn-on-spills"], check=True)
+        outs.setdefault(name, []).append(tmp + ".cubin")
+print(json.dumps({"jaxlib_ptx": jaxlib_ptx, "outs": outs}))
+"""
+
+
+@pytest.mark.slow
+def test_xlas_own_calls_never_start_python_and_jaxlibs_kernels_are_cached(ptx, tmp_path):
+    from test_jax_triton import PLUGIN, needs_jax_triton
+
+    needs_jax_triton()
+    log = tmp_path / "real-runs.log"
+    wrapper = site_wrapper(tmp_path / "site", triton_ptxas(), log)
+    root = tmp_path / "root"
+    environ = job_environ(root, wrapper.parent)
+    environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(PLUGIN)])
+    environ["JAX_TRITON_DUMP_DIR"] = str(tmp_path / "dump")
+    environ["TMPDIR"] = str(tmp_path)  # where the hook keeps the names of jaxlib's kernels
+    starts = tmp_path / "python-starts.log"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> "{starts}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run([sys.executable, "-c", ROUTE_JOB, str(tmp_path), str(ptx["mm"]), str(python)],
+                          env=environ, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # XLA's calls went to the real ptxas at once; jaxlib's kernel started the shim's Python twice
+    assert len(starts.read_text().splitlines()) == 2
+    assert runs(log) == 3  # jaxlib's kernel once (its second call hit), XLA's kernel both times
+    entries = [e for e in ptxas_cache.scan(root / "ptxas", 0.0) if e.key.endswith(".ptxas")]
+    assert [e.name for e in entries] == ["matmul_kernel"]
+    for name, source in (("jaxlib", seen["jaxlib_ptx"]), ("xla", str(ptx["mm"]))):
+        real = tmp_path / f"real-{name}.cubin"
+        subprocess.run([str(triton_ptxas()), source, "-o", str(real), "-arch=sm_90a", "--warn-on-spills"],
+                       check=True)
+        assert [Path(p).read_bytes() for p in seen["outs"][name]] == [real.read_bytes()] * 2, name
+    (part,) = records(root, "ptxas")
+    assert (part["state"], part["jaxlib_kernels"], part["hits"], part["misses"]) == ("on", 1, 1, 1)
+    assert not list(tmp_path.glob("gpu-cache-*-ptxas-kernels-*"))  # the kernel names went at exit

@@ -227,7 +227,9 @@ def _plant_fake_entry(ptx, site, tmp_path) -> tuple[Path, dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["folder writable by others", "entry owned by nobody",
-                                   "entry writable by others", "entry is a link", "folder is a link"])
+                                   "entry writable by others", "entry is a link", "folder is a link",
+                                   "root owned by nobody", "a folder above the root owned by nobody",
+                                   "root writable by a group not yours"])
 def test_a_folder_or_entry_others_could_write_is_never_served(ptx, site, tmp_path, fault):
     entry, environ = _plant_fake_entry(ptx, site, tmp_path)
     assert assemble(ptx["add"], tmp_path / "fake.cubin", environ).returncode == 0
@@ -239,6 +241,13 @@ def test_a_folder_or_entry_others_could_write_is_never_served(ptx, site, tmp_pat
         os.chown(entry, 65534, 65534)
     elif fault == "entry writable by others":
         entry.chmod(0o666)
+    elif fault == "root owned by nobody":  # the folders above: the hook's rule (issue 37)
+        os.chown(cache.parent, 65534, -1)
+    elif fault == "a folder above the root owned by nobody":
+        os.chown(tmp_path, 65534, -1)
+    elif fault == "root writable by a group not yours":
+        os.chown(cache.parent, -1, 65534)
+        cache.parent.chmod(0o2775)
     elif fault == "entry is a link":
         moved = tmp_path / "elsewhere"
         entry.rename(moved)
@@ -309,3 +318,104 @@ def test_processes_that_miss_one_kernel_at_once_run_the_real_ptxas_once(ptx, tmp
     assert [p.wait(timeout=120) for p in started] == [0, 0, 0, 0]
     assert runs(log) == 1
     assert len({(tmp_path / f"{n}.cubin").read_bytes() for n in range(4)}) == 1
+
+
+# --- issue 37: only the output of the ptxas that would really run ---------------------------
+
+def _real_output(ptxas: Path, ptx: Path, out: Path) -> bytes:
+    subprocess.run([str(ptxas), str(ptx), "-o", str(out), "-arch=sm_90a", "--warn-on-spills"], check=True)
+    return out.read_bytes()
+
+
+def _entries(cache: Path) -> list[Path]:
+    return [p for p in cache.iterdir() if p.suffix == ".ptxas"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["process substitution", "/dev/stdin from a pipe"])
+def test_an_input_that_is_not_a_regular_file_reaches_the_real_ptxas_and_is_never_cached(ptx, site, tmp_path,
+                                                                                         how):
+    wrapper, log, cache = site
+    # the same calls without the shim (ptxas writes the name it was run by into the cubin)
+    plain_bin = site_wrapper(tmp_path / "plain", triton_ptxas(), tmp_path / "x").parent
+    plain = dict(os.environ, PATH=f"{plain_bin}:/usr/bin:/bin")
+    for kernel in ("add", "mm"):  # the second one must get its own cubin, not the first one's
+        outs = []
+        for environ in (shim_environ(cache, wrapper.parent), plain):
+            outs.append(tmp_path / f"{kernel}-{len(outs)}.cubin")
+            call = f'ptxas {{}} -o "{outs[-1]}" -arch=sm_90a --warn-on-spills'
+            script = (call.format(f'<(cat "{ptx[kernel]}")') if how == "process substitution" else
+                      f'cat "{ptx[kernel]}" | {call.format("/dev/stdin")}')
+            done = subprocess.run(["bash", "-c", script], env=environ, capture_output=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+        assert outs[0].read_bytes() == outs[1].read_bytes(), kernel
+    assert runs(log) == 2 and _entries(cache) == []
+
+
+@pytest.mark.slow
+def test_a_fifo_is_left_to_the_real_ptxas(tmp_path):
+    """A FIFO without a writer: the shim never opens it (an open would wait for a writer
+    forever, and a read would take what the real ptxas must get); the real ptxas does, and
+    waits, as without the shim, until the site's wrapper stops it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    log = tmp_path / "runs.log"
+    site_bin = tmp_path / "site"
+    site_bin.mkdir()
+    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
+                                    f'exec timeout 2 {triton_ptxas()} "$@"\n')
+    (site_bin / "ptxas").chmod(0o755)
+    cache = tmp_path / "root" / "ptxas"
+    through = assemble(fifo, tmp_path / "o.cubin", shim_environ(cache, site_bin))
+    direct = subprocess.run([str(site_bin / "ptxas"), str(fifo), "-o", str(tmp_path / "d.cubin"),
+                             "-arch=sm_90a", "--warn-on-spills"], capture_output=True, timeout=60)
+    assert through.returncode == direct.returncode == 124  # timeout's: the real ptxas waited for a writer
+    assert runs(log) == 2 and _entries(cache) == []
+
+
+@pytest.mark.slow
+def test_a_result_is_kept_only_for_the_input_the_real_ptxas_read(ptx, tmp_path):
+    log, flag = tmp_path / "runs.log", tmp_path / "rewrite-once"
+    site_bin = tmp_path / "site"  # the input changes while ptxas runs (here: just before)
+    site_bin.mkdir()
+    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
+                                    f'if [ -e "{flag}" ] && [ -f "$1" ]; then\n'
+                                    f'  rm "{flag}"; cp "{ptx["mm"]}" "$1"\nfi\n'
+                                    f'exec {triton_ptxas()} "$@"\n')
+    (site_bin / "ptxas").chmod(0o755)
+    flag.touch()
+    environ = shim_environ(tmp_path / "root" / "ptxas", site_bin)
+    for n in range(2):
+        source = tmp_path / f"tempfile-{n}"
+        shutil.copy(ptx["add"], source)
+        assert assemble(source, tmp_path / f"{n}.cubin", environ).returncode == 0
+    # the second call is add's, not the mm the first run compiled under add's key
+    assert runs(log) == 2
+    real = _real_output(triton_ptxas(), ptx["add"], tmp_path / "r.cubin")
+    assert (tmp_path / "1.cubin").read_bytes() == real
+
+
+@pytest.mark.slow
+def test_a_wrapper_that_picks_the_release_from_the_environment_gets_that_releases_cubin(ptx, tmp_path):
+    homes = {}
+    for release, binary in (("12", older_ptxas()), ("13", triton_ptxas())):
+        homes[release] = tmp_path / f"cuda-{release}"
+        (homes[release] / "bin").mkdir(parents=True)
+        (homes[release] / "bin" / "ptxas").symlink_to(binary)
+    log = tmp_path / "runs.log"
+    site_bin = tmp_path / "site"  # a module system's ptxas: the release the job's CUDA_HOME names
+    site_bin.mkdir()
+    (site_bin / "ptxas").write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n'
+                                    'exec "${CUDA_HOME:-/usr/local/cuda}/bin/ptxas" "$@"\n')
+    (site_bin / "ptxas").chmod(0o755)
+    cache = tmp_path / "root" / "ptxas"
+    outs = []
+    for n, release in enumerate(("12", "13", "12")):  # three jobs, one after the other
+        environ = shim_environ(cache, site_bin, CUDA_HOME=str(homes[release]))
+        outs.append(tmp_path / f"job-{n}.cubin")
+        assert assemble(ptx["add87"], outs[-1], environ).returncode == 0
+    direct = {r: _real_output(homes[r] / "bin" / "ptxas", ptx["add87"], tmp_path / f"direct-{r}.cubin")
+              for r in homes}
+    assert direct["12"] != direct["13"]
+    assert [p.read_bytes() for p in outs] == [direct["12"], direct["13"], direct["12"]]
+    assert runs(log) == 2  # the third job's call was a hit on the first one's entry

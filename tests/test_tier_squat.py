@@ -70,6 +70,13 @@ def read(path: Path) -> str:
     return path.read_text()[-3000:] if path.exists() else ""
 
 
+def victim_ran(base: Path, script: str, environ: dict[str, str]) -> None:
+    """``script`` ran on a node of its own, and the victim's program in it printed its result."""
+    done = on_node(base, script, environ)
+    assert done.returncode == 0, done.stderr[-3000:] + read(base / "err")
+    assert (base / "out").read_text().strip() == "2.0"
+
+
 def job_environ(base: Path, exports: dict[str, str]) -> dict[str, str]:
     environ = clean_environ(JAX_PLATFORMS="cpu", TMPDIR="/tmp", **exports)
     environ["PYTHONPATH"] = exports["PYTHONPATH"]
@@ -150,9 +157,7 @@ def test_the_trim_of_a_squatted_tier_deletes_nothing_behind_its_links(base):
               f"ln -s '{victims}' {tier}/inductor && chown -h nobody {tier}/inductor\n"
               f"chmod 0777 {top} {top}/tier {tier}\n"
               f"{sys.executable} -c '{VICTIM}' > {base}/out 2> {base}/err\n")
-    done = on_node(base, script, environ)
-    assert done.returncode == 0, done.stderr[-3000:] + read(base / "err")
-    assert (base / "out").read_text().strip() == "2.0"
+    victim_ran(base, script, environ)
     assert sorted(p.name for p in victims.iterdir()) == [f"thesis-{i}.tex" for i in range(5)]
 
 
@@ -178,3 +183,27 @@ def test_the_trim_never_follows_a_link_and_takes_a_future_date_for_an_old_one(ba
     left = (base / "left").read_text().split()
     assert f"planted-{'1' * 64}-cache" not in left, left  # trimmed as the oldest
     assert any(name.endswith("-cache") for name in left), left  # the job's own entry stays
+
+
+def test_the_trim_deletes_nothing_behind_a_kind_folder_that_became_a_link_after_start_up(base):
+    """A tier of the user's own, trusted when the job starts; then ``<tier>/inductor`` is swapped
+    for a link to a folder of the user's old files (over the bound, the least recently used):
+    the exit trim runs (the future-dated entry goes) and removes nothing behind the link."""
+    exports, tier = exports_from_env(base, max_size="200k")
+    environ = job_environ(base, exports)
+    victims = base / "mine"
+    victims.mkdir()
+    for i in range(3):
+        (victims / f"keep-{i}.txt").write_text("x" * 300_000)
+        os.utime(victims / f"keep-{i}.txt", (1e9, 1e9))
+    future = f"{tier}/jax/planted-{'1' * 64}-cache"
+    swap = (f"import os, jax, jax.numpy as jnp; os.rename('{tier}/inductor', '{tier}/inductor-was'); "
+            f"os.symlink('{victims}', '{tier}/inductor'); {VICTIM.split('; ', 1)[1]}")
+    script = (f"mkdir -p -m 0700 {tier.parents[1]} {tier.parent} {tier} {tier}/jax {tier}/inductor\n"
+              f"head -c 300000 /dev/zero > {future} && touch -d '+1 year' {future}\n"
+              f"{sys.executable} -c \"{swap}\" > {base}/out 2> {base}/err\n"
+              f"ls {tier}/jax > {base}/left\n")
+    victim_ran(base, script, environ)
+    assert f"planted-{'1' * 64}-cache" not in (base / "left").read_text().split()  # the trim ran
+    assert sorted(p.name for p in victims.iterdir()) == [f"keep-{i}.txt" for i in range(3)]
+    assert all(p.stat().st_size == 300_000 for p in victims.iterdir())

@@ -380,6 +380,24 @@ def test_a_user_private_group_may_write_until_it_has_another_member(base, privat
     assert f"{root} is writable by group {private_user}" in why and "chmod g-w" in why
 
 
+@pytest.mark.slow
+def test_a_record_others_may_write_is_refused_where_your_group_is_private(base, private_user):
+    """A record is judged as a file a job takes in: group-writable by the user's own private
+    group is theirs (``umask 002``), writable by everyone (``0646``: not by the group) is not."""
+    home = Path(pwd.getpwnam(private_user).pw_dir)
+    records = home / "cache" / "records"
+    records.mkdir(parents=True)
+    (base / "home").chmod(0o755)
+    for mode, name in ((0o664, "1-mine.json"), (0o646, "2-planted.json")):
+        (records / name).write_text(json.dumps({"version": 1, "time": 1.0, "run_id": name[2:-5]}))
+        (records / name).chmod(mode)
+    for path in (home, home / "cache", records, *records.iterdir()):
+        shutil.chown(path, user=private_user, group=private_user)
+    stats = as_user(private_user, base, "stats", "--json", "--cache-root", str(home / "cache"))
+    assert stats.returncode == 0, stats.stderr
+    assert [run["run_id"] for run in json.loads(stats.stdout)["runs"]] == ["mine"]
+
+
 # ---------------------------------------------------------------- ACLs
 
 NO_ID = 0xFFFFFFFF

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from helpers import clean_environ, run_cli
 
@@ -63,3 +67,35 @@ def test_each_engine_folder_is_one_entry_and_prune_removes_the_old_one_whole(tmp
     compile_cache = root / "vllm" / "torch_compile_cache"
     assert sorted(p.name for p in compile_cache.iterdir()) == ["2a7c00f1aa"]
     assert (compile_cache / "2a7c00f1aa" / "rank_0_0" / "backbone" / "vllm_compile_cache.py").exists()
+
+
+@pytest.mark.parametrize("inner", ["torch_compile_cache", "torch_compile_cache/1517964802/rank_0_0"])
+def test_a_folder_vllm_writes_into_that_another_user_owns_is_refused(base, inner):
+    root = base / "root"
+    engine_folder(root, "1517964802")
+    exported = cli_json("env", "--cache-root", str(root))
+    assert exported["exports"]["VLLM_CACHE_ROOT"] == str(root / "vllm") and "vllm" not in exported["problems"]
+    planted = root / "vllm" / inner
+    os.chown(planted, pwd.getpwnam("nobody").pw_uid, -1)
+    planted.chmod(0o777)
+    plant = subprocess.run(["runuser", "-u", "nobody", "--", "touch", str(planted / "planted.py")],
+                           capture_output=True, text=True)
+    assert plant.returncode == 0, plant.stderr  # the attack is real: nobody adds a file vLLM reads
+    exported = cli_json("env", "--cache-root", str(root))
+    assert exported["exports"]["VLLM_CACHE_ROOT"] != str(root / "vllm")
+    assert f"{planted} is owned by nobody" in exported["problems"]["vllm"]
+    doctor = run_cli("doctor", "--cache-root", str(root), env=clean_environ())
+    assert doctor.returncode == 1 and f"vllm: PROBLEM: {planted} is owned by nobody" in doctor.stdout
+
+
+def test_an_engine_folder_read_an_hour_ago_survives_a_prune_of_what_is_older_than_30_days(tmp_path):
+    """vLLM marks nothing on a hit, it reads the files: their access time is the last use."""
+    root = tmp_path / "root"
+    engine_folder(root, "1517964802", when=OLD)  # written 40 days ago
+    read = time.time() - 3600
+    for path in (root / "vllm" / "torch_compile_cache" / "1517964802").rglob("*"):
+        if path.is_file():
+            os.utime(path, (read, OLD))  # ... and read an hour ago
+    report = cli_json("prune", "--cache-root", str(root), "--kind", "vllm", "--max-age", "30d")["vllm"]
+    assert (report["entries_before"], report["entries_removed"]) == (1, 0)
+    assert (root / "vllm" / "torch_compile_cache" / "1517964802" / "rank_0_0").is_dir()

@@ -51,6 +51,9 @@ class Verdict:
     job: dict[str, Any] = field(default_factory=dict)
     #: The software the validation ran with (the jobs' own where the type names its image).
     software: dict[str, Any] = field(default_factory=dict)
+    #: The outputs proof (issue 40): the mode, the reference, each shape's outcome and figures,
+    #: and the entries set aside (:mod:`gpu_cache.commands.outputs_proof`); empty: none made.
+    outputs: dict[str, Any] = field(default_factory=dict)
     #: ``passed``; ``failed`` (it ran and something missed or differs); ``error`` (no
     #: workload run of the type ran to the end: they could not start, e.g. no jax in the
     #: software they ran with); ``unscheduled`` (an optional type whose jobs found no node).
@@ -97,6 +100,7 @@ class Verdict:
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
+            "outputs": self.outputs,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -123,6 +127,7 @@ class Verdict:
             cold_runs=[RunResult.from_dict(r) for r in lists["cold_runs"]],
             cache_root=data.get("cache_root"), job=data.get("job") or {},
             software=data.get("software") if isinstance(data.get("software"), dict) else {},
+            outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
         )
 

@@ -1,21 +1,26 @@
-"""ptxas shim benchmark (issue 34): what the shim saves and costs, measured side by side.
+"""ptxas shim benchmark (issues 34, 37): what the shim saves and costs, measured side by side.
 
     python tests/benchmarks/ptxas_gpu.py [--out DIR] [--sections micro,xla,jaxlib]
-                                         [--jax-triton-wheel WHEEL] [--allow-cpu --quick]
+                                         [--jax-triton-wheel WHEEL] [--reps N] [--allow-cpu --quick]
 
 * ``micro``: one ptxas call at a time, on PTX that this machine's Triton writes for sm_90a (a
   vector add, about the size of XLA's small kernels; two matmuls): the real ptxas; the shim on a
   miss (an empty cache: it runs the real one and keeps the result); the shim on a hit; and a bare
-  ``python -I -S`` start, the floor of any hit.
-* ``xla``: XLA's own ptxas calls: a JAX transformer in fresh processes with JAX's cache off, so
-  XLA compiles (and runs ptxas) in every one: plain; XLA sent through the shim (its CUDA root
-  replaced by a shim root, or the shim first on PATH where JAX has no CUDA root with ptxas),
-  on an empty and on a warm ptxas cache; and XLA's own ``xla_gpu_kernel_cache_file``, empty
-  and warm. The shim's tally counts XLA's ptxas calls and their real seconds.
+  ``python -I -S`` start, the floor of any hit. Then the routes, side by side on the vector add:
+  the real ptxas, a hit whose real ptxas is the ELF binary, a hit whose real ptxas is a shell
+  wrapper (its ``--version`` asked at every call), and XLA's route (a call of the process the
+  hook marked, of a kernel jaxlib did not make: the ``/bin/sh`` front runs the real ptxas).
+* ``xla``: XLA's own ptxas calls (issue 37): a cold plain JAX process, the 12-layer transformer
+  (every compile a miss: a new cache root each run), under ``gpu-cache env`` with the shim off
+  (``GPU_CACHE_PTXAS=""``) and on (jax_triton importable, so the hook puts the shim first on
+  PATH), alternating, ``--reps`` of each: the CPU seconds of the process and all it ran, the
+  wall, and the ptxas entries it left.
 * ``jaxlib``: jaxlib's ptxas calls: a jax-triton program (``ptxas_jax_triton.py``, 6 matmul
   kernels) in fresh processes under ``gpu-cache env`` with JAX's cache warm: without the shim
-  (``GPU_CACHE_PTXAS=""``), with it on an empty and on a warm ptxas cache. Skipped where
-  jax_triton cannot be imported; ``--jax-triton-wheel`` installs one into a scratch folder first.
+  (``GPU_CACHE_PTXAS=""``), with it on an empty and on a warm ptxas cache.
+
+``xla`` and ``jaxlib`` need jax_triton importable; ``--jax-triton-wheel`` installs one into a
+scratch folder first.
 
 Each section writes its figures into ``DIR/ptxas_<device>.json`` (default
 tests/benchmarks/results) as soon as it is done. ``--allow-cpu --quick`` runs the logic on a CPU
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -118,7 +124,34 @@ def micro(scratch: Path, reps: int) -> dict[str, Any]:
                               "shim_miss_ms": median_ms(misses), "shim_hit_ms": median_ms(hits),
                               "hit_saves_ms": round(median_ms(real_s) - median_ms(hits), 2),
                               "miss_costs_ms": round(median_ms(misses) - median_ms(real_s), 2)}
+    out["routes"] = routes(made["add"], real_dir, real, scratch, reps)
     return out
+
+
+def routes(ptx: Path, real_dir: Path, real: str, scratch: Path, reps: int) -> dict[str, float]:
+    """One call on each route, interleaved, median milliseconds (see the module's text)."""
+    wrapper = scratch / "wrapper-bin" / "ptxas"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    kernels = scratch / "no-jaxlib-kernels"
+    kernels.mkdir()
+    xla = shim_environ(scratch / "xla" / "ptxas", real_dir)
+    xla.update({names.PTXAS_KERNELS_VAR: f"{os.getpid()}:{kernels}",
+                names.PTXAS_REAL_VAR: str(real_dir / "ptxas")})
+    call = [str(ptx), "-o", str(scratch / "route.cubin"), "-arch=sm_90a", "--warn-on-spills"]
+    cases = {"real ptxas": ([str(real_dir / "ptxas"), *call], None),
+             "hit, ELF ptxas": (["ptxas", *call], shim_environ(scratch / "elf" / "ptxas", real_dir)),
+             "hit, shell wrapper ptxas": (["ptxas", *call],
+                                          shim_environ(scratch / "sh" / "ptxas", wrapper.parent)),
+             "XLA's route (no Python)": (["ptxas", *call], xla)}
+    samples: dict[str, list[float]] = {case: [] for case in cases}
+    for command, environ in cases.values():
+        timed(command, environ)  # the misses that fill the two caches
+    for _ in range(reps):
+        for case, (command, environ) in cases.items():
+            samples[case].append(timed(command, environ))
+    return {case: median_ms(values) for case, values in samples.items()}
 
 
 def hook_install_us(scratch: Path, reps: int) -> dict[str, float]:
@@ -128,114 +161,84 @@ def hook_install_us(scratch: Path, reps: int) -> dict[str, float]:
     root = scratch / "hook-root"
     for case, folder in (("without GPU_CACHE_PTXAS", ""), ("with GPU_CACHE_PTXAS", str(root / "ptxas"))):
         (root / "ptxas").mkdir(parents=True, exist_ok=True)
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CACHE_")}
+        # bytecode compiled, as a job's: the first run writes it
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith("GPU_CACHE_") and k != "PYTHONDONTWRITEBYTECODE"}
         environ.update(PYTHONPATH=str(REPO / "scripts" / "gpu_cache" / "_hook"), GPU_CACHE_PTXAS=folder,
                        GPU_CACHE_RECORDS=str(root / "records"))
         samples = []
-        for _ in range(reps):
+        for _ in range(reps + 1):
             done = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=environ,
                                   capture_output=True, text=True, check=True)
             line = next(x for x in done.stderr.splitlines() if x.split("|")[-1].strip() == "sitecustomize")
             samples.append(float(line.split("|")[1]))
-        out[case] = statistics.median(samples)
+        out[case] = statistics.median(samples[1:])
     return out
 
 
-def shim_root(real_root: Path, folder: Path, front: Path) -> Path:
-    """A CUDA root whose ``bin/ptxas`` is the shim and everything else links to ``real_root``
-    (XLA finds libdevice in ``nvvm/``, nvlink and fatbinary in ``bin/``)."""
-    (folder / "bin").mkdir(parents=True, exist_ok=True)
-    for item in real_root.iterdir():
-        if item.name != "bin":
-            (folder / item.name).symlink_to(item.resolve())
-    for item in (real_root / "bin").iterdir():
-        if item.name != "ptxas":
-            (folder / "bin" / item.name).symlink_to(item.resolve())
-    launcher = folder / "bin" / "ptxas"
-    launcher.write_text(f'#!/bin/sh\nexec "{front}" "$@"\n')
-    launcher.chmod(0o755)
-    return folder
-
-
-def tally_totals(tally: Path) -> dict[str, Any]:
-    """What the shim's tally says: calls by outcome, the real ptxas seconds of the misses, the
-    seconds the hits took."""
-    lines = [line.split("\t") for line in tally.read_text().splitlines()] if tally.exists() else []
-    misses = [float(f[3]) for f in lines if f[0] == "miss"]
-    hits = [float(f[3]) for f in lines if f[0] == "hit"]
-    return {"misses": len(misses), "hits": len(hits), "passed": sum(1 for f in lines if f[0] == "pass"),
-            "real_seconds": round(sum(misses), 3), "hit_seconds": round(sum(hits), 3),
-            "median_real_ms": median_ms(misses) if misses else None,
-            "median_hit_ms": median_ms(hits) if hits else None}
-
-
 def run_process(command: list[str], environ: dict[str, str]) -> dict[str, Any]:
+    """Run ``command``: its wall, its CPU (user and system, of it and every process it ran), its
+    exit code and JSON line."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     line = next((t for t in reversed(done.stdout.splitlines()) if t.startswith("{")), "{}")
-    return {"wall_seconds": round(wall, 3), "returncode": done.returncode, "result": json.loads(line),
-            "stderr_tail": done.stderr[-600:] if done.returncode else ""}
+    return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), "returncode": done.returncode,
+            "result": json.loads(line), "stderr_tail": done.stderr[-600:] if done.returncode else ""}
 
 
-def transformer(quick: bool) -> list[str]:
-    size = (["--layers", "2", "--d-model", "64", "--heads", "4", "--batch", "2", "--shape", "32"] if quick
-            else ["--layers", "4", "--d-model", "512", "--heads", "8", "--batch", "4", "--shape", "256"])
+def twelve_layers(quick: bool) -> list[str]:
+    """The README's 12-layer JAX transformer (``gpu_benchmark.py``'s), or a tiny one."""
+    size = (["--layers", "2", "--d-model", "64", "--heads", "4", "--batch", "2", "--shape", "16,32"] if quick
+            else ["--layers", "12", "--d-model", "1024", "--heads", "16", "--batch", "8", "--shape",
+                  "256,512,1024"])
     return [sys.executable, "-m", "gpu_cache.workloads.jax_transformer", *size]
 
 
-def plain_environ(**extra: str) -> dict[str, str]:
-    """A process without gpu-cache: JAX's persistent cache off, so XLA compiles every time."""
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("GPU_CACHE_", "JAX_COMPILATION", "JAX_PERSISTENT"))}
-    environ.update(PYTHONPATH=str(REPO / "scripts"), JAX_ENABLE_COMPILATION_CACHE="false",
-                   XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    environ.update(extra)
-    return environ
+def job_run(root: Path, command: list[str], extra: str, shim: bool) -> dict[str, Any]:
+    """``command`` as a job under ``gpu-cache env`` on ``root`` (the ptxas shim off: GPU_CACHE_PTXAS=""),
+    with jax_triton importable (``extra``): its wall and CPU, the record's ptxas part, the
+    ptxas entries in ``root``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CACHE_")}
+    base["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if not shim:
+        base[names.PTXAS_VAR] = ""
+    environ = env.job_environ(env.resolve(settings_from({}, cache_root=str(root)), base), base)
+    parts = (environ["PYTHONPATH"], str(REPO / "scripts"), extra)
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
+    environ["GPU_CACHE_RUN_ID"] = run_id = os.urandom(8).hex()
+    run = run_process(command, environ)
+    found = list(hook_records.read(hook_records.records_dir(root), run_id))
+    part = next((r.get("ptxas") for r in found if r.get("ptxas")), None)
+    run["ptxas"] = {k: part.get(k) for k in ("state", "real", "jaxlib_kernels", "hits", "misses", "passed",
+                                             "compile_seconds", "saved_seconds")} if part else None
+    run["ptxas_entries"] = len(list((root / "ptxas").glob("*.ptxas")))
+    return run
 
 
-def xla_route(scratch: Path) -> tuple[dict[str, str], str]:
-    """How to send XLA's own calls through the shim: its CUDA root replaced by a shim root where
-    JAX's CUDA root holds ptxas (XLA takes that one before PATH), else the shim first on PATH."""
+def xla_section(scratch: Path, quick: bool, reps: int, wheel: str | None) -> dict[str, Any]:
+    """A cold plain JAX process with the shim off and on, alternating (see the module's text)."""
+    extra, why = jax_triton_path(scratch, wheel)
+    if extra is None:
+        return {"skipped": why}
+    command = twelve_layers(quick)
+    cases: dict[str, list[dict[str, Any]]] = {"shim off": [], "shim on": []}
+    for n in range(reps):
+        for case in (("shim off", "shim on") if n % 2 == 0 else ("shim on", "shim off")):
+            run = job_run(scratch / f"root-{n}-{case[-2:].strip()}", command, extra, case == "shim on")
+            cases[case].append(run)
+            print(f"  xla: {case}: {run['cpu_seconds']} CPU-s, {run['wall_seconds']} s wall, ptxas "
+                  f"{run['ptxas']}, {run['ptxas_entries']} entries", flush=True)
+    cpu = {case: statistics.median(r["cpu_seconds"] for r in runs) for case, runs in cases.items()}
+    # XLA meets the shim only where JAX's CUDA root has no bin/ptxas: it then looks on PATH
     root, where = ptxas_lookup.jax_cuda_root(dict(os.environ))
-    if root and (Path(root) / "bin" / "ptxas").exists():
-        made = shim_root(Path(root), scratch / "shim-root", Path(SHIM.FRONT))
-        return ({"CUDA_ROOT": str(made), names.PTXAS_REAL_VAR: str(Path(root) / "bin" / "ptxas")},
-                f"CUDA_ROOT: a shim root over {root} ({where})")
-    path = os.pathsep.join([str(SHIM.SHIM_DIR), os.environ.get("PATH", "")])
-    return {"PATH": path}, f"the shim first on PATH ({where}: XLA looks on PATH)"
-
-
-def xla_section(scratch: Path, quick: bool) -> dict[str, Any]:
-    """XLA's own ptxas calls, with JAX's cache off: plain, through the shim, XLA's kernel cache."""
-    command = transformer(quick)
-    route, described = xla_route(scratch)
-    cache = scratch / "xla-ptxas" / "ptxas"
-    cache.mkdir(parents=True)
-    kernel_file = scratch / "xla-kernel-cache" / "xla_gpu_kernel_cache_file"
-    kernel_file.parent.mkdir()
-    cases: dict[str, list[dict[str, Any]]] = {}
-    # XLA reads its kernel cache file only where it splits modules for parallel compilation
-    split = "--xla_gpu_enable_llvm_module_compilation_parallelism=true"
-    kernels = {"XLA_FLAGS": f"{split} --xla_gpu_kernel_cache_file={kernel_file}"}
-    plan = [("plain", 2, {}), ("shim, empty ptxas cache", 1, route), ("shim, warm ptxas cache", 2, route),
-            ("plain, modules split", 1, {"XLA_FLAGS": split}), ("kernel cache file, empty", 1, kernels),
-            ("kernel cache file, warm", 2, kernels)]
-    for case, times, extra in plan:
-        for n in range(times):
-            tally = scratch / f"tally-{len(cases)}-{n}"
-            environ = plain_environ(**extra)
-            if "shim" in case:
-                environ.update({names.PTXAS_VAR: str(cache), names.PTXAS_PYTHON_VAR: sys.executable,
-                                names.PTXAS_TALLY_VAR: str(tally)})
-            run = run_process(command, environ)
-            run["ptxas"] = tally_totals(tally) if "shim" in case else None
-            cases.setdefault(case, []).append(run)
-            print(f"  xla: {case}: {run['wall_seconds']} s wall, ptxas {run['ptxas']}", flush=True)
-    walls = {case: statistics.median(r["wall_seconds"] for r in runs) for case, runs in cases.items()}
-    base = walls["plain"]
-    return {"route": described, "command": command, "cases": cases,
-            "ratios_to_plain": {case: round(wall / base, 3) for case, wall in walls.items()}}
+    xla_on_path = not (root and (Path(root) / "bin" / "ptxas").exists())
+    return {"command": command, "cases": cases, "median_cpu_seconds": cpu,
+            "cpu_on_over_off": round(cpu["shim on"] / cpu["shim off"], 4),
+            "xla_meets_the_shim": xla_on_path, "jax_cuda_root": [root, where]}
 
 
 def jax_triton_path(scratch: Path, wheel: str | None) -> tuple[str | None, str | None]:
@@ -260,8 +263,6 @@ def jaxlib_section(scratch: Path, quick: bool, on_gpu: bool, wheel: str | None) 
     if extra is None:
         return {"skipped": why}
     root = scratch / "jaxlib-root"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CACHE_")}
-    base["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     command = [sys.executable, str(HERE / "ptxas_jax_triton.py"), "--kernels", "2" if quick else "6",
                "--size", "256" if quick else "1024", *([] if on_gpu else ["--lower-only"])]
     cases: dict[str, list[dict[str, Any]]] = {}
@@ -272,17 +273,7 @@ def jaxlib_section(scratch: Path, quick: bool, on_gpu: bool, wheel: str | None) 
             for entry in (root / "ptxas").glob("*.ptxas"):
                 entry.unlink()
         for _ in range(times):
-            environ = dict(base) if shim_on else dict(base, GPU_CACHE_PTXAS="")
-            environ = env.job_environ(env.resolve(settings_from({}, cache_root=str(root)), environ), environ)
-            environ["PYTHONPATH"] = os.pathsep.join(p for p in (environ["PYTHONPATH"], str(REPO / "scripts"),
-                                                                 extra) if p)
-            environ["GPU_CACHE_RUN_ID"] = run_id = os.urandom(8).hex()
-            run = run_process(command, environ)
-            found = list(hook_records.read(hook_records.records_dir(root), run_id))
-            run["ptxas"] = next((r.get("ptxas") for r in found if r.get("ptxas")), None)
-            if run["ptxas"]:
-                run["ptxas"] = {k: run["ptxas"].get(k) for k in ("state", "real", "hits", "misses",
-                                                                 "compile_seconds", "saved_seconds")}
+            run = job_run(root, command, extra, shim_on)
             cases.setdefault(case, []).append(run)
             print(f"  jaxlib: {case}: {run['wall_seconds']} s wall, {run['result']}, ptxas {run['ptxas']}",
                   flush=True)
@@ -299,6 +290,7 @@ def main() -> int:
     parser.add_argument("--jax-triton-wheel", default=None, help="a jax-triton wheel to install first")
     parser.add_argument("--allow-cpu", action="store_true", help="run without an NVIDIA GPU")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repetitions")
+    parser.add_argument("--reps", type=int, default=2, help="xla: cold processes of each case (default 2)")
     args = parser.parse_args()
     found = device.detect()
     on_gpu = found.gpu_type != "cpu"
@@ -317,7 +309,7 @@ def main() -> int:
             if section == "micro":
                 report["micro"] = micro(where, 5 if args.quick else 15)
             elif section == "xla":
-                report["xla"] = xla_section(where, args.quick)
+                report["xla"] = xla_section(where, args.quick, args.reps, args.jax_triton_wheel)
             elif section == "jaxlib":
                 report["jaxlib"] = jaxlib_section(where, args.quick, on_gpu, args.jax_triton_wheel)
             report["seconds"] = round(time.perf_counter() - started, 1)
@@ -339,23 +331,27 @@ def summary(report: dict[str, Any]) -> None:
             print(f"  {name:>14} ({c['ptx_bytes']} B): real {c['real_ms']} ms, shim miss "
                   f"{c['shim_miss_ms']} ms (+{c['miss_costs_ms']}), shim hit {c['shim_hit_ms']} ms "
                   f"(saves {c['hit_saves_ms']})")
+        print("  routes, the vector add (ms): " + ", ".join(f"{k} {v}" for k, v in m["routes"].items()))
     xla = report.get("xla") or {}
-    for case in ("shim, empty ptxas cache", "shim, warm ptxas cache"):
-        for run in xla.get("cases", {}).get(case, [])[:1]:
-            p = run["ptxas"]
-            print(f"xla ptxas calls, {case}: {p['misses']} misses (real median {p['median_real_ms']} ms, "
-                  f"{p['real_seconds']} s), {p['hits']} hits (median {p['median_hit_ms']} ms)")
+    for case, runs in xla.get("cases", {}).items():
+        print(f"xla, cold plain JAX process, {case}: CPU-s {[r['cpu_seconds'] for r in runs]}, wall s "
+              f"{[r['wall_seconds'] for r in runs]}, ptxas entries left "
+              f"{[r['ptxas_entries'] for r in runs]}, "
+              f"record {[r['ptxas'] for r in runs][:1]}")
+    if "cpu_on_over_off" in xla:
+        print(f"xla: median CPU with the shim on over off: {xla['cpu_on_over_off']} "
+              f"({xla['median_cpu_seconds']}); XLA meets the shim: {xla['xla_meets_the_shim']} "
+              f"(JAX's CUDA root: {xla['jax_cuda_root']})")
     for case, runs in (report.get("jaxlib") or {}).get("cases", {}).items():
         first = [r["result"].get("first_call_seconds") for r in runs]
         counts = [(r["ptxas"]["hits"], r["ptxas"]["misses"]) if r["ptxas"] else None for r in runs]
         print(f"jaxlib, {case}: first call {first} s, ptxas (hits, misses) {counts}")
-    for section, key in (("xla", "ratios_to_plain"), ("jaxlib", "ratios_to_no_shim")):
+    for section in ("xla", "jaxlib"):
         part = report.get(section)
-        if part and key in part:
-            print(f"{section}: wall over {key[10:]}: {part[key]}" + (f" (route: {part['route']})"
-                                                                    if "route" in part else ""))
-        elif part:
-            print(f"{section}: {part.get('skipped')}")
+        if part and "ratios_to_no_shim" in part:
+            print(f"{section}: wall over no shim: {part['ratios_to_no_shim']}")
+        elif part and "skipped" in part:
+            print(f"{section}: skipped: {part['skipped']}")
 
 
 if __name__ == "__main__":

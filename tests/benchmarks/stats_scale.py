@@ -253,10 +253,12 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
     # jax-triton kernels the startup hook kept (issue 34), in core/caches/jax_triton.py's format
     for i in range(6):
         key = hashlib.sha256(b"k%d" % i).hexdigest()
-        entry = {"format": 1, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",
+        entry = {"format": 2, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",
                  "jax_triton": "0.3.0", "triton": "3.6.0", "target": "cuda:90", "key_parts": {},
                  "result": {"binary": "p" * 20000, "name": f"attention_{i}", "shared_mem_bytes": 0},
                  "ttir": "t" * 4000}
+        body = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+        entry["sha256"] = hashlib.sha256(body).hexdigest()  # what the hook writes last
         _write(os.path.join(str(folders["jax_triton"]), key), json.dumps(entry).encode(), used())
         files += 1
     # vLLM's torch.compile folders (issue 31): one hash folder per engine, a rank folder in each

@@ -1,16 +1,20 @@
 import hashlib
-import json
 from pathlib import Path
 
 from gpu_cache.core.caches import jax_triton as kernel_cache
+from helpers import hook_piece
 
 
 def write(folder: Path, number: int) -> str:
-    """A kernel the startup hook kept: its JSON, named by its key."""
+    """A kernel the startup hook kept: its JSON with the sha256 of its content, as the hook's
+    store writes it (``gpu_cache_jax_triton_store.sealed``), named by its key."""
     key = hashlib.sha256(b"jax_triton %d" % number).hexdigest()
+    name = f"add_{number}"
+    ptx = f".version 8.4\n.target sm_90a\n.address_size 64\n.visible .entry {name}(\n)\n{{ ret; }}\n"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / key).write_text(json.dumps({
-        "format": kernel_cache.FORMAT, "key": key, "kernel": f"add_{number}", "module": "m",
-        "jax_triton": "0.3.1", "triton": "3.6.0", "target": "cuda:90", "ttir": "module {}",
-        "result": {"binary": "// ptx\n" * 300, "name": f"add_{number}", "shared_mem_bytes": 0}}))
+    (folder / key).write_bytes(hook_piece("gpu_cache_jax_triton_store").sealed({
+        "format": kernel_cache.FORMAT, "key": key, "kernel": name, "module": "m",
+        "jax_triton": "0.3.1", "triton": "3.6.0", "target": "sm_90", "ttir": "tt.func @add {}",
+        "result": {"binary": ptx + "// padding\n" * 300, "name": name, "shared_mem_bytes": 0,
+                   "ttgir": None, "llir": None}}))
     return key

@@ -60,7 +60,7 @@ rule warm_cache:
     threads: gpu_cache_warm_threads
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
-        **gpu_cache_resources(),
+        **gpu_cache_resources("warm"),
     params:
         runner=gpu_cache_runner,
         plans=gpu_cache_plans("warm"),
@@ -84,7 +84,7 @@ rule check_cache:
         gpu_cache_container
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
-        **gpu_cache_resources(),
+        **gpu_cache_resources("check"),
     params:
         runner=gpu_cache_runner,
         plans=gpu_cache_plans("cold", "validate"),

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -27,17 +27,28 @@ if str(GPU_CACHE_SCRIPTS) not in sys.path:
 from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
+from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
-from gpu_cache.config.targets import gpu_types as gpu_cache_gpu_types
+from gpu_cache.config import targets as gpu_cache_targets
 from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
+from gpu_cache.config.workloads import cold_pass as gpu_cache_cold_pass
 from gpu_cache.oci import references as gpu_cache_registry_references
 
-validate(config, str(Path(workflow.current_basedir).parent / "schemas" / "config.schema.yaml"))
+
+def gpu_cache_stop(error):
+    """Stop Snakemake with gpu-cache's one line (Snakemake's own config check printed the
+    whole schema; an exception adds its file and a traceback line)."""
+    sys.exit(f"gpu-cache: config: {error}")
+
+
+# The schema check of gpu-cache's package (the CLI's): one line naming the key. As a module
+# given the host's whole config (`config: config`), its gpu_cache: block, with {host: KEY}
+# values taken from the host's keys.
 try:
-    GPU_CACHE_SETTINGS = gpu_cache_settings_from(config)
+    GPU_CACHE_SETTINGS = gpu_cache_settings_from(gpu_cache_workflow_config(config))
 except GpuCacheUsageError as error:
-    raise ValueError(f"gpu-cache config: {error}") from None
+    gpu_cache_stop(error)
 
 # Export at parse time: reaches every job of this workflow (and, as a module, of the host),
 # local or remote, even without the gpu-cache profile. A value the user set wins. A dry run,
@@ -45,12 +56,18 @@ except GpuCacheUsageError as error:
 if not gpu_cache_planning_only():
     gpu_cache_env.export(GPU_CACHE_SETTINGS)
 
+# A type no partition offers and this machine is not fails its validation: say so before the
+# run (dry run included), once, where Snakemake plans (not in each job's own parse).
+if workflow.is_main_process:
+    for line in gpu_cache_targets.unreachable_here(GPU_CACHE_SETTINGS):
+        print(f"gpu-cache: warning: {line}", file=sys.stderr)
+
 # As a module, this workflow must not become the host's default target: Snakemake makes the
 # first rule it sees (or one marked default_target) the default. The Snakefile puts the
-# host's back after its own rules (gpu_cache_keep_host_target).
+# host's back after its own rules (gpu_cache_join_host).
 GPU_CACHE_HOST_TARGET = workflow.default_target
 
-GPU_CACHE_TYPES = gpu_cache_gpu_types(GPU_CACHE_SETTINGS)
+GPU_CACHE_TYPES = gpu_cache_targets.gpu_types(GPU_CACHE_SETTINGS)
 GPU_CACHE_CONFIG_JSON = json.dumps(GPU_CACHE_SETTINGS.config, sort_keys=True)
 
 
@@ -114,14 +131,15 @@ def gpu_cache_warm_threads(wildcards):
 
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
-    only when validate.measure_cold), and --unscheduled when an optional type's job runs
-    no workload (gpu_cache_skip)."""
+    only when validate.measure_cold or as the outputs proof's reference), and --unscheduled
+    when an optional type's job runs no workload (gpu_cache_skip)."""
 
     def plans(wildcards, input, resources):
         in_software = gpu_cache_in_job_software(wildcards.gpu_type)
         attempt = getattr(resources, "gpu_cache_attempt", 1)
         skip = gpu_cache_skip(wildcards.gpu_type, input, attempt)
-        chosen = [p for p in phases if p != "cold" or GPU_CACHE_SETTINGS.validate.measure_cold]
+        cold = gpu_cache_cold_pass(GPU_CACHE_SETTINGS, wildcards.gpu_type)
+        chosen = [p for p in phases if p != "cold" or cold]
         made = [
             gpu_cache_plan_phase(
                 GPU_CACHE_SETTINGS, wildcards.gpu_type, p, record=p != "cold", in_job_software=in_software
@@ -144,11 +162,39 @@ def gpu_cache_is_module():
     return not workflow.modifier.is_main_snakefile()
 
 
-def gpu_cache_keep_host_target():
-    """Give the host back the default target it had before including this workflow (none
-    yet: the host's own first rule, or its rule marked default_target, becomes it)."""
-    if gpu_cache_is_module():
-        workflow.default_target = GPU_CACHE_HOST_TARGET
+def gpu_cache_join_host():
+    """As a module: give the host back the default target it had before including this
+    workflow (none yet: the host's own first rule, or its rule marked default_target, becomes
+    it). Included after the host's rules (at the end of its Snakefile), join them: each rule
+    of host_rules waits for every type's verdict, the prune for the inputs of the host's
+    target (its final outputs), and that target builds the summary too."""
+    if not gpu_cache_is_module():
+        return
+    workflow.default_target = GPU_CACHE_HOST_TARGET
+    # Snakemake parses this workflow again for each `use rule` of it: join in the parse of
+    # `use rule *` only (another imports a few rules, e.g. the prune with the host's inputs).
+    if workflow.modifier.rule_whitelist is not None:
+        return
+    for name in GPU_CACHE_SETTINGS.host_rules:
+        if not workflow.is_rule(name):
+            gpu_cache_stop(
+                f"config key host_rules: the host has no rule {name} above gpu-cache's module "
+                "block; put the block at the end of the Snakefile, after every rule"
+            )
+        gpu_cache_add_input(workflow.get_rule(name), gpu_cache=gpu_cache_validations())
+    if GPU_CACHE_HOST_TARGET is None:
+        return  # included above the host's rules: the host wires prune and summary itself
+    target = workflow.get_rule(GPU_CACHE_HOST_TARGET)
+    gpu_cache_add_input(rules.prune_cache.rule, host_outputs=list(target.input))
+    gpu_cache_add_input(target, gpu_cache_summary=rules.cache_report.output.summary)
+
+
+def gpu_cache_add_input(to, **inputs):
+    """Add named inputs to a rule defined before (Snakemake's own Rule.set_input, as its
+    parser calls it; one defined without inputs has no path modifier yet, so it gets the host's)."""
+    if to.input_modifier is None:
+        to.input_modifier = workflow.modifier_stack[0].path_modifier
+    to.set_input(**inputs)
 
 
 #: Optional GPU types (the partition may lack them; by default every type that asks SLURM
@@ -167,19 +213,21 @@ def gpu_cache_skip(gpu_type, input, attempt):
     return gpu_cache_placement.skip_reason(gpu_type, GPU_CACHE_TYPES[gpu_type], warm, attempt)
 
 
-def gpu_cache_resources():
-    """Per-GPU-type SLURM resources of the warm and check jobs, one function per resource
-    name (gpu_cache.config.placement): an optional type's jobs carry a --deadline where the
-    type sets its runtime, and ask for no GPU when they run no workload (gpu_cache_skip)."""
+def gpu_cache_resources(phase):
+    """Per-GPU-type SLURM resources of the warm or check jobs (``phase``), one function per
+    resource name (gpu_cache.config.placement): an optional type's jobs carry a --deadline
+    where the type sets its runtime, ask for no GPU when they run no workload
+    (gpu_cache_skip), and get the memory of the runs they make at once where it is known."""
     try:
-        names = gpu_cache_placement.resource_names(GPU_CACHE_TYPES)
+        types = gpu_cache_placement.sized(GPU_CACHE_SETTINGS, GPU_CACHE_TYPES, phase)
+        names = gpu_cache_placement.resource_names(types)
     except GpuCacheUsageError as error:
-        raise ValueError(f"gpu-cache config: {error}") from None
+        gpu_cache_stop(error)
 
     def resource(name):
         def value(wildcards, input, attempt):
             skipped = lambda: gpu_cache_skip(wildcards.gpu_type, input, attempt) is not None
-            return gpu_cache_placement.resource(name, GPU_CACHE_TYPES[wildcards.gpu_type], skipped)
+            return gpu_cache_placement.resource(name, types[wildcards.gpu_type], skipped)
 
         return value
 

@@ -128,7 +128,7 @@ def triton_part(hook):
     if part is None:
         part = hook.parts["triton"] = {
             "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
-            "kernels": [], "autotuned": [],
+            "kernels": [], "autotuned": [], "unrecorded": [],
             "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}}
     return part
 

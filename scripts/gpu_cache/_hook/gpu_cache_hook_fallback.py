@@ -113,23 +113,26 @@ def _distrust_one(path):
     return None
 
 
-def may_swap(mode, owner, gid, below_owner, me, private):
+def may_swap(mode, owner, gid, below_owner, me, team=None):
     """Who besides this user and root can rename the entry below a folder above a cache, and so
     put theirs in its place: "owner", "group", "others", or None (gpu_cache.jobenv.trust's
-    rule, for a cache of one's own)."""
-    if owner not in (me, 0):
+    rule; ``team``: the group of a team's cache, its ``shared_group``). "group" is also the
+    answer for the owner's user-private group, which the caller then lets pass."""
+    shared = team is not None and gid == team
+    if owner not in (me, 0) and not shared:
         return "owner"
     if mode & stat.S_ISVTX and below_owner in (me, 0):
         return None
     if mode & stat.S_IWOTH:
         return "others"
-    if mode & stat.S_IWGRP and not private:
+    if mode & stat.S_IWGRP and not shared:
         return "group"
     return None
 
 
-def _distrust_above(top):
-    """Why a folder above ``top`` lets another user swap it, or None."""
+def distrust_above(top, team=None):
+    """Why a folder above ``top`` lets another user swap it, or None (``team``: see may_swap).
+    Raises OSError or ValueError where a folder cannot be inspected."""
     pairs = {}
     for start in (os.path.abspath(top), os.path.realpath(top)):
         entry, folder = start, os.path.dirname(start)
@@ -139,9 +142,10 @@ def _distrust_above(top):
     me = os.geteuid()
     for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
         info = os.stat(folder)
-        private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
         below = os.lstat(entry).st_uid
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, private)
+        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, team)
+        if who == "group" and private_group(info.st_uid, info.st_gid):
+            who = None  # looked up only here: it may read the whole user database
         if who is not None and info.st_mode & stat.S_ISVTX and who != "owner":
             # the sticky bit guards an entry of one's own: this one another user made
             return f"{entry} is owned by user {below}, not by you: another user made it in {folder}"
@@ -156,7 +160,7 @@ def distrust(folder):
     """Why ``folder`` may not hold this user's cache, or None: it, and the folders above it,
     which must not let another user swap it. Never raises for filesystem trouble."""
     try:
-        why = _distrust_above(folder)
+        why = distrust_above(folder)
     except (OSError, ValueError) as exc:
         return f"cannot inspect the folders above {folder} (so it is not trusted): {exc}"
     if why:

@@ -21,8 +21,9 @@ piece wraps those two steps, only inside a call of ``get_or_create_triton_kernel
 thread), and jax-triton's own code builds the kernel and the specialisation from them in each
 version: on a hit ``ast_to_ttir`` returns the kept TTIR and ``compile_ttir_inplace`` the kept
 result, and the lowered module is the one a compile gives. jax-triton 0.4 compiles through
-``ASTSource.make_ir`` in a class of its own: a version the piece does not know is left
-untouched, and the record says so.
+``ASTSource.make_ir`` in methods of its ``TritonFunction`` class:
+``gpu_cache_hook_jax_triton_functions`` wraps those, with this piece's key, store and record.
+A version the pieces do not know is left untouched, and the record says so.
 
 The key: the entry format, jax-triton's version, Triton's own key (its sources and
 ``libtriton``; once per installation, see the store), ``ASTSource.hash()`` (the JIT function's
@@ -52,6 +53,8 @@ from sitecustomize import JAX_TRITON_VAR as FOLDER_VAR
 KIND = "jax_triton"
 #: The versions whose compile steps this piece wraps (read from their sources; the tests run 0.3.1).
 KNOWN = ("0.2.0", "0.3.0", "0.3.1")
+#: The versions that compile in ``TritonFunction``'s methods (gpu_cache_hook_jax_triton_functions).
+KNOWN_FUNCTIONS = ("0.4.0", "0.4.1")
 #: Characters of each key part's sha256 kept in records.
 _PART_CHARS = 16
 
@@ -75,17 +78,21 @@ def on_import(triton_lib, hook):
     stats = part(hook)
     version = _version()
     stats["version"] = version
-    if version not in KNOWN:
+    if version not in KNOWN + KNOWN_FUNCTIONS:
         stats["state"] = text(f"untouched: jax-triton {version} is not a version this hook knows "
-                              f"({', '.join(KNOWN)})", 300)
+                              f"({', '.join(KNOWN + KNOWN_FUNCTIONS)})", 300)
         return
+    mismatch, install = _mismatch, _install
+    if version in KNOWN_FUNCTIONS:
+        functions = hook.piece("gpu_cache_hook_jax_triton_functions")
+        mismatch, install = functions.mismatch, functions.install
     _restore_triton_cache_dir(hook, stats)
     folder = os.environ.get(FOLDER_VAR, "")
     if not os.path.isabs(folder):
         stats["state"] = f"off: {FOLDER_VAR} is not set" if not folder else \
             text(f"off: {FOLDER_VAR} is not an absolute path: {folder!r}", 300)
         return
-    why = _mismatch(triton_lib)
+    why = mismatch(triton_lib)
     if why is None and getattr(triton_lib, "_JAX_TRITON_DUMP_DIR", None):
         why = "JAX_TRITON_DUMP_DIR is set (jax-triton writes each compile's files there)"
     if why:
@@ -94,11 +101,11 @@ def on_import(triton_lib, hook):
     try:
         store = _store(folder, hook)
         store.check()
-        _install(triton_lib, _Kernels(triton_lib, store, hook, stats))
+        install(triton_lib, _Kernels(triton_lib, store, hook, stats))
     except Exception as exc:  # jax-triton's own path, as without the hook
         stats["state"] = text(f"off: {exc!r}", 300)
         common.flight_off(hook, KIND, text(f"not installed: {exc!r}", 300))
-        hook.warn("jax-triton kernel cache", exc)
+        hook.warn("jax-triton kernel cache", exc, off=True)
         return
     stats["state"] = "on"
 
@@ -114,9 +121,10 @@ def _version():
 
 
 def _restore_triton_cache_dir(hook, stats):
-    """jax-triton set ``TRITON_CACHE_DIR=""``: put back the folder the process started with."""
+    """jax-triton set ``TRITON_CACHE_DIR=""`` (0.2, 0.3) or removed it (0.4): put back the
+    folder the process started with."""
     started = getattr(hook, "triton_cache_dir", None)
-    if os.environ.get("TRITON_CACHE_DIR") == "" and started:
+    if not os.environ.get("TRITON_CACHE_DIR") and started:
         os.environ["TRITON_CACHE_DIR"] = started
         stats["triton_cache_dir"] = text(f"restored {started}")
 
@@ -147,13 +155,14 @@ def _mismatch(triton_lib):
 
 
 def _store(folder, hook):
-    hook.piece("gpu_cache_tier_files")  # the store's import, from this folder
+    hook.piece("gpu_cache_tier_files")  # the store's imports, from this folder
+    hook.piece("gpu_cache_lock_files")
     return hook.piece("gpu_cache_jax_triton_store").Store(folder, common.tier(hook))
 
 
-class _KeptModule:
-    """What ``ast_to_ttir`` returns on a hit: the kept TTIR (jax-triton only prints it and
-    passes it on to ``compile_ttir_inplace``)."""
+class KeptModule:
+    """What ``ast_to_ttir`` (0.4: ``ASTSource.make_ir``) returns on a hit: the kept TTIR
+    (jax-triton only prints it and passes it on to ``compile_ttir_inplace``)."""
 
     def __init__(self, entry):
         self.entry = entry
@@ -194,7 +203,7 @@ def _install(triton_lib, kernels):
                 kernels.stats["torch_import"] = kernels.hook.piece("gpu_cache_triton_no_torch").prime()
             except Exception as exc:  # Triton imports torch as it would have
                 kernels.stats["torch_import"] = text(f"failed: {exc!r}", 300)
-        call = local.call = _Call(platform, kwargs.get("dump"))
+        call = local.call = Call(platform, kwargs.get("dump"))
 
         def backend_of(*init_args, **init_kwargs):
             call.backend = backend_init_func(*init_args, **init_kwargs)
@@ -213,12 +222,12 @@ def _install(triton_lib, kernels):
             return original_ast(*args, **kwargs)
         call.ast = (args, kwargs)
         found = kernels.lookup(call, args, kwargs)
-        return _KeptModule(found) if found is not None else original_ast(*args, **kwargs)
+        return KeptModule(found) if found is not None else original_ast(*args, **kwargs)
 
     @functools.wraps(original_compile)
     def compile_ttir_inplace(module, *args, **kwargs):
         call = getattr(local, "call", None)
-        if isinstance(module, _KeptModule):
+        if isinstance(module, KeptModule):
             try:
                 return kernels.result(module.entry)
             except Exception as exc:  # (checked when it was read): compile after all
@@ -246,8 +255,9 @@ def _install(triton_lib, kernels):
     triton_lib.code_gen = _CodeGen(code_gen, ast_to_ttir)
 
 
-class _Call:
-    """One call of ``get_or_create_triton_kernel``: its platform, backend, key and lock."""
+class Call:
+    """One call of ``get_or_create_triton_kernel`` (0.4: ``TritonFunction._compile_kernel``):
+    its platform, backend, key and lock."""
 
     def __init__(self, platform, dump):
         self.platform, self.dump = platform, bool(dump)
@@ -255,15 +265,17 @@ class _Call:
         self.key = self.name = self.parts = self.module = None
         self.ast = ((), {})  # ast_to_ttir's arguments
         self.lock = None
-        self.replace = False  # the entry there was unusable: the new one replaces it
 
 
 class _Kernels:
     """The cache of this process: keys, lookups, stores, and what the record says."""
 
     def __init__(self, triton_lib, store, hook, stats):
+        import dataclasses
+
         self.triton_lib, self.store, self.hook, self.stats = triton_lib, store, hook, stats
         self.store_module = hook.piece("gpu_cache_jax_triton_store")
+        self.fields = tuple(f.name for f in dataclasses.fields(triton_lib.CompilationResult))
         self.version = stats["version"]
         self.flight = common.flight(hook) if hook.flight else None
         self._triton_key = None
@@ -350,35 +362,22 @@ class _Kernels:
         return None
 
     def _read(self, call):
-        """The entry of ``call.key`` (None: none, or one not usable, which the compile then
-        replaces). Raises OSError, gpu_cache_tier_files.Refused (the folder)."""
+        """The entry of ``call.key`` (None: none, or one not usable, which the store set aside
+        and the compile replaces). Raises OSError, gpu_cache_tier_files.Refused (the folder)."""
+        target = call.parts["target"]
         try:
-            entry = self.store.load(call.key)
-            if entry is not None:
-                if not _fits(entry, self.version):
-                    raise self.store_module.Unusable(f"{call.key} is incomplete or another jax-triton's")
-                self.result(entry)
-        except (self.store_module.Unusable, TypeError, ValueError) as exc:
-            if not call.replace:  # (read again under single-flight's lock: said once)
-                keep(self.stats, "refused", text(str(exc), 300))
-            call.replace = True
+            return self.store.load(call.key, lambda entry: self.store_module.problem(
+                entry, self.version, self.fields, target))
+        except self.store_module.Unusable as exc:
+            keep(self.stats, "refused", text(str(exc), 300))
             return None
-        return entry
 
     def result(self, entry):
-        """jax-triton's ``CompilationResult`` of a kept entry (lists back to tuples).
-
-        Raises:
-            TypeError, ValueError: the entry's fields are not this jax-triton's.
-        """
-        import dataclasses
-
-        cls = self.triton_lib.CompilationResult
-        fields = {f.name for f in dataclasses.fields(cls)}
+        """jax-triton's ``CompilationResult`` of an entry the store checked (lists back to
+        tuples)."""
         kept = entry["result"]
-        if not isinstance(kept, dict) or set(kept) != fields:
-            raise ValueError(f"an entry with the fields {sorted(kept)!r}, not {sorted(fields)!r}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()})
+        return self.triton_lib.CompilationResult(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()})
 
     def save(self, call, ttir, result, seconds):
         """After a compile: keep it, and let single-flight's waiters go. Never raises."""
@@ -393,8 +392,7 @@ class _Kernels:
                      "triton": _triton_version(), "target": call.parts["target"],
                      "compile_seconds": round(seconds, 6), "parts": call.parts,
                      "result": fields, "ttir": ttir}
-            data = json.dumps(entry, allow_nan=False).encode("utf-8", "surrogateescape")
-            self.store.write(call.key, data, replace=call.replace)
+            self.store.write(call.key, self.store_module.sealed(entry))
             wrote = True
         except Exception as exc:  # a read-only or full folder: compiled again next time
             self.hook.warn("jax-triton kernel cache (write)", exc)
@@ -433,13 +431,6 @@ class _Kernels:
     def _not_cached(self, why):
         self.stats["not_cached"] += 1
         keep(self.stats, "not_cached_kernels", text(why, 300))
-
-
-def _fits(entry, version):
-    """Whether a kept entry is whole and of this jax-triton."""
-    result = entry.get("result")
-    return (entry.get("jax_triton") == version and isinstance(entry.get("ttir"), str)
-            and isinstance(result, dict) and isinstance(result.get("binary"), str))
 
 
 def _triton_version():

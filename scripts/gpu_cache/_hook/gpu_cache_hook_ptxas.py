@@ -5,17 +5,24 @@ jaxlib runs the first ``ptxas`` on ``PATH`` on every jax-triton kernel's PTX at 
 first launch, in every process. A container job's ``PATH`` is the image's, so an exported one
 would not reach it: the hook puts the shim's folder (``ptxas/`` beside this file) first on the
 process's own ``PATH``, at start, before jaxlib loads (older XLA versions keep the ptxas they
-found first for the whole process). It does so only where ``jax_triton`` is installed: XLA's own
-kernels take ``<JAX's CUDA root>/bin/ptxas`` first and ``PATH`` after it, and a Python start
-per call costs about what one of XLA's small ptxas calls does, so a process that cannot run
-jaxlib's Triton kernels gets no shim (docs/ptxas.md, and ``tests/benchmarks/ptxas_gpu.py``).
+found first for the whole process). It does so only where ``jax_triton`` is installed: a process
+that cannot run jaxlib's Triton kernels gets no shim (docs/ptxas.md).
 
 It also sets, for the shim (and what the process starts): ``$GPU_CACHE_PTXAS_REAL``, the ptxas
 the process would have run (the first on ``PATH``, else in ``/usr/local/cuda``, ``/opt/cuda``
 or a CUDA wheel, as jaxlib looks); ``$GPU_CACHE_PTXAS_PYTHON``, this interpreter; and, with
 records on, ``$GPU_CACHE_PTXAS_TALLY``, a file in the records folder where each shim call adds a
 line, read into this process's record at exit (``ptxas``: hits, misses, the missed keys with
-their parts) and removed. Standard library only, Python 3.9+.
+their parts) and removed.
+
+XLA's own kernels stay off the cache (issue 37: about 1000 calls in a cold 12-layer process,
+each a Python start, +14% CPU on an H100): ``$GPU_CACHE_PTXAS_KERNELS`` is ``<this pid>:<a new
+private folder>``, and after ``jax_triton`` is imported every kernel jaxlib's Triton path is
+given (``gpu_triton.TritonKernel``, whose first argument is the PTX's entry name) leaves an
+empty file of its name there. The shim's ``/bin/sh`` front runs the real ptxas at once, without
+Python, for a call of this process whose PTX's entry has no such file: XLA's. Set at start,
+never changed later (``setenv`` while another thread reads the environment can crash it); a
+forked child gets its own pid there. Standard library only, Python 3.9+.
 """
 
 import os
@@ -23,12 +30,21 @@ import stat
 import sys
 
 import gpu_cache_hook_common as common
-from sitecustomize import PTXAS_PYTHON_VAR, PTXAS_REAL_VAR, PTXAS_TALLY_VAR, PTXAS_VAR
+from sitecustomize import (
+    NODE_LOCAL_PREFIX,
+    PTXAS_KERNELS_VAR,
+    PTXAS_PYTHON_VAR,
+    PTXAS_REAL_VAR,
+    PTXAS_TALLY_VAR,
+    PTXAS_VAR,
+)
 
 #: The package whose kernels run through jaxlib's ptxas: where it is not installed, no shim.
 JAX_TRITON = "jax_triton"
 #: A tally larger than this is not read (a line per ptxas call: about 300 bytes).
 MAX_TALLY = 8 << 20
+#: The longest kernel name marked for the shim (longer ones: XLA's route, uncached).
+MAX_NAME = 200
 
 
 def _jax_triton_installed():
@@ -65,9 +81,20 @@ def install(hook):
     real, where = (None, None) if why else shim.find_real(path_value, sys.path)
     if why is None and real is None:
         why = "no ptxas on PATH, in /usr/local/cuda, /opt/cuda or a CUDA wheel"
+    kernels = None
+    if why is None:
+        try:
+            kernels = _kernels_folder()
+        except OSError as exc:
+            why = f"no folder for jaxlib's kernel names: {exc.strerror or exc}"
     if why:
         part["state"] = f"off: {why}"
         return
+    hook.ptxas_kernels = kernels
+    os.environ[PTXAS_KERNELS_VAR] = f"{os.getpid()}:{kernels}"
+    _remove_at_exit(kernels, folder=True)
+    os.register_at_fork(after_in_child=lambda: os.environ.__setitem__(
+        PTXAS_KERNELS_VAR, f"{os.getpid()}:{kernels}"))
     rest = [entry for entry in path_value.split(os.pathsep)
             if not (entry and shim.same_folder(entry, shim.SHIM_DIR))]
     os.environ["PATH"] = os.pathsep.join([shim.SHIM_DIR, *rest])
@@ -84,7 +111,53 @@ def install(hook):
                                           f"{os.urandom(4).hex()}.tally")
         os.environ[PTXAS_TALLY_VAR] = hook.ptxas_tally = tally
         _remove_at_exit(tally)
-    part.update(state="on", real=common.text(real), found_in=where)
+    part.update(state="on", real=common.text(real), found_in=where, jaxlib_kernels=0)
+
+
+def _kernels_folder():
+    """A new folder of this process's (0700, under ``$TMPDIR`` or ``/tmp``), for the names of
+    jaxlib's Triton kernels; a random name, so nobody made it first."""
+    base = os.environ.get("TMPDIR", "")
+    folder = os.path.join(base if os.path.isabs(base) else "/tmp", f"{NODE_LOCAL_PREFIX}{os.getuid()}-"
+                          f"ptxas-kernels-{os.getpid()}-{os.urandom(6).hex()}")
+    os.mkdir(folder, 0o700)
+    return folder
+
+
+def on_jax_triton(module, hook):
+    """Run right after ``jax_triton`` is imported: each kernel jaxlib's Triton path is given
+    from now on marks its name for the shim (jaxlib runs ptxas on it at its first launch)."""
+    lib = getattr(sys.modules.get("jax._src.lib"), "gpu_triton", None)
+    original = getattr(lib, "TritonKernel", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return
+    part = hook.parts["ptxas"]
+    names = set()
+
+    def TritonKernel(*args, **kwargs):
+        kernel = original(*args, **kwargs)
+        name = args[0] if args else None
+        if isinstance(name, str) and name not in names and _mark(hook.ptxas_kernels, name):
+            names.add(name)
+            part["jaxlib_kernels"] = len(names)
+        return kernel
+
+    TritonKernel.__wrapped__ = original
+    lib.TritonKernel = TritonKernel
+
+
+def _mark(folder, name):
+    """An empty file ``name`` in ``folder``; whether it is there (names the shim's front cannot
+    match, like one with a "/", are not marked)."""
+    plain = name.replace("_", "a").replace("$", "a")
+    if not (0 < len(name) <= MAX_NAME and plain.isascii() and plain.isalnum()):
+        return False
+    try:
+        os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600))
+    except OSError:
+        return False
+    return True
 
 
 def _counts():
@@ -92,17 +165,20 @@ def _counts():
             "hit_keys": [], "missed": [], "passed_why": {}, "dropped": {"hit_keys": 0, "missed": 0}}
 
 
-def _remove_at_exit(path):
+def _remove_at_exit(path, folder=False):
     import atexit
 
     owner = os.getpid()
 
     def remove():
-        if os.getpid() == owner:  # not in a forked child
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        if os.getpid() != owner:  # not in a forked child
+            return
+        try:
+            for name in os.listdir(path) if folder else ():
+                os.unlink(os.path.join(path, name))
+            (os.rmdir if folder else os.unlink)(path)
+        except OSError:
+            pass
 
     atexit.register(remove)
 

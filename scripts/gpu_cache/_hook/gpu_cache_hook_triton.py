@@ -40,8 +40,17 @@ def on_import(triton_module, hook):
 
 
 def _triton_listener(triton_module, hook, stats):
-    knobs = triton_module.knobs
-    previous = knobs.compilation.listener
+    # (getattr: Python's AttributeError on a module still being imported reads as a circular
+    # import, and Triton < 3.4, e.g. 3.1 of jax 0.4.34's AlphaFold 3 images, has no knobs)
+    knobs = getattr(getattr(triton_module, "knobs", None), "compilation", None)
+    if knobs is None or not hasattr(knobs, "listener"):
+        stats["unrecorded"].append(text(
+            f"triton {_version('triton')} has no compilation listener (triton.knobs, Triton >= 3.4): "
+            "its cache's hits, misses, compile times and kernel descriptions are not recorded "
+            "(validate counts its misses from new entries; warm replays none of its kernels), "
+            "and a hit does not mark its entry used for prune", 500))
+        return
+    previous = knobs.listener
 
     def listener(*, src, metadata, metadata_group, times, cache_hit):
         try:
@@ -68,7 +77,7 @@ def _triton_listener(triton_module, hook, stats):
             previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
                      cache_hit=cache_hit)
 
-    knobs.compilation.listener = listener
+    knobs.listener = listener
 
 
 #: At most this many kernel descriptions per process, each at most KERNEL_BYTES of JSON and
@@ -204,7 +213,11 @@ def _autotune_recorder(hook, stats):
     listener), so that the replay can write the result file into another cache (issue 26)."""
     from triton.runtime.autotuner import Autotuner
 
-    original = Autotuner.check_disk_cache
+    original = getattr(Autotuner, "check_disk_cache", None)
+    if original is None:  # Triton 3.1 keeps no autotuning results on disk: none to record
+        stats["unrecorded"].append(text(f"triton {_version('triton')} keeps no autotuning results on "
+                                        "disk (Autotuner.check_disk_cache): none recorded", 300))
+        return
 
     def check_disk_cache(self, tuning_key, configs, bench_fn):
         found = original(self, tuning_key, configs, bench_fn)

@@ -11,7 +11,10 @@ One file per kernel in ``$GPU_CACHE_JAX_TRITON`` (the layout is
 - an entry is read only when it is a regular file (never through a link, never a FIFO) of at
   most ``ENTRY_LIMIT`` bytes that no other user could have written (``owner_problem``: this
   user's or root's, or the team's in a team's folder, and nobody else may write it), holding
-  JSON of this format whose key is its file name;
+  JSON of this format whose key is its file name, whose sha256 is its content's (``sealed``:
+  written with the entry, so damage that keeps the size is found) and whose every field is of
+  the type and range jaxlib's ``TritonKernel`` takes (``problem``); any other is set aside
+  (``gpu_cache_lock_files.set_aside``: renamed away, then removed), so it is not read again;
 - an entry is written into a new temporary file, given mode 0644 (0664 in a team's folder)
   whatever the umask, then linked to its name, which never replaces an entry there: a reader
   sees a whole entry or none.
@@ -22,17 +25,20 @@ single-flight lets the processes that wait for it go on). Standard library only,
 """
 
 import errno
+import hashlib
 import json
 import os
+import re
 import stat
 
+import gpu_cache_lock_files as lock_files
 import gpu_cache_tier_files as tier_files
 from gpu_cache_hook_common import owner_problem, safe_mode
 from sitecustomize import TEMP_PREFIX
 
 KIND = "jax_triton"
 #: Copies of gpu_cache.core.caches.jax_triton's names (a test fails when they drift).
-FORMAT = 1
+FORMAT = 2
 ENTRY_LIMIT = 64 << 20
 MEMO_FOLDER = ".triton-keys"
 #: Triton's key of an installation unused this long is removed when another one is kept.
@@ -43,8 +49,21 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+#: The most shared memory one block may use on any NVIDIA GPU so far (227 KiB: sm_90, sm_100);
+#: jaxlib takes a uint32, and the driver refuses more than the device has at the launch.
+SHARED_LIMIT = 227 << 10
+#: The most CTAs in a cluster (16, Hopper's non-portable size; jax-triton 0.2.0's cluster_dims).
+CLUSTER_LIMIT = 16
+_PTX_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]{0,1023}\Z")
+
+
 class Unusable(Exception):
-    """An entry is there but may not be used (the reason is the message)."""
+    """An entry is there but may not be used (the reason is the message; ``judged``: the
+    stat of what was judged, to set it aside, or None)."""
+
+    def __init__(self, why, judged=None):
+        super().__init__(why)
+        self.judged = judged
 
 
 class Store:
@@ -100,57 +119,93 @@ class Store:
             self._memos = fd
         return self._memos
 
-    def read(self, name, limit=ENTRY_LIMIT, folder=None):
-        """The bytes of the file ``name`` (in the folder ``folder``: a descriptor; default the
-        kernel folder, fetched from the shared tier first with the tier on), or None when there
-        is none. Raises Unusable, OSError."""
+    def read(self, name, limit=ENTRY_LIMIT, folder=None, check=None):
+        """``(bytes, stat)`` of the file ``name`` (in the folder ``folder``: a descriptor;
+        default the kernel folder, fetched from the shared tier first with the tier on, when
+        ``check(fd, size)`` passes it), or None when there is none. Raises Unusable, OSError."""
         if folder is None:
             folder = self._fd()
             if self.tier is not None:
-                self.tier.fetch(KIND, name)
+                self.tier.fetch(KIND, name, check)
         try:
             fd = os.open(name, _READ, dir_fd=folder)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-                raise Unusable(f"{name} is not a regular file") from None
-            raise
+            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):  # a link, a socket
+                raise
+        else:
+            return self._read_open(fd, name, limit)
+        try:
+            judged = os.lstat(name, dir_fd=folder)
+        except FileNotFoundError:
+            return None
+        raise Unusable(f"{name} is not a regular file", judged)
+
+    def _read_open(self, fd, name, limit):
         try:
             info = os.fstat(fd)
-            why = self._problem(info, limit)
+            why = self._problem(info, limit, self._side.team_gid)
             if why:
-                raise Unusable(f"{name} {why}")
-            data = _read_all(fd, info.st_size)
+                raise Unusable(f"{name} {why}", info)
+            data = _read_all(fd, info.st_size, info)
             try:
                 os.utime(fd)  # used now: prune and the tier's bound keep it longer
             except OSError:
                 pass  # a read-only cache: it goes unmarked
-            return data
+            return data, info
         finally:
             os.close(fd)
 
-    def _problem(self, info, limit):
+    @staticmethod
+    def _problem(info, limit, team):
         if not stat.S_ISREG(info.st_mode):
             return "is not a regular file"
         if info.st_size > limit:
             return f"is larger than {limit} bytes"
-        why = owner_problem(info, self._side.team_gid)
+        why = owner_problem(info, team)
         return f"is {why}: another user could have written it" if why else None
 
-    def load(self, key):
-        """The entry ``key`` as a mapping, or None when there is none. Raises Unusable (it is
-        there and not a whole entry of this format), OSError."""
-        data = self.read(key)
-        if data is None:
-            return None
+    def load(self, key, judge):
+        """The entry ``key`` as a mapping, or None when there is none. One that is there and
+        may not be used (not a whole entry of this format for its name, not as it was written,
+        or ``judge(entry)`` names a problem) is set aside, here and, with the tier, in the
+        shared tier, so that it is not read again: Unusable says why. Raises OSError."""
+        shared = []  # why the shared tier's entry was not fetched
+
+        def whole(fd, size):
+            try:
+                info = os.fstat(fd)
+                why = self._problem(info, ENTRY_LIMIT, self.tier.shared.team_gid)
+                if why:
+                    raise Unusable(f"{key} {why}", info)
+                _judged(_pread_all(fd, size), key, judge, info)
+            except Unusable as exc:
+                where = self.tier.shared.folder(KIND)
+                shared.append(f"{exc} (in the shared tier){self._set_aside(key, exc, where)}")
+                return False
+            return True
+
         try:
-            entry = json.loads(data)
-        except ValueError:
-            raise Unusable(f"{key} is not JSON") from None
-        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
-            raise Unusable(f"{key} is not an entry of format {FORMAT} for its name")
-        return entry
+            found = self.read(key, check=whole)
+            if found is None:
+                if shared:
+                    raise Unusable(shared[0])
+                return None
+            return _judged(found[0], key, judge, found[1])
+        except Unusable as exc:
+            if exc.judged is None:
+                raise
+            raise Unusable(f"{exc}{self._set_aside(key, exc, self._fd())}") from None
+
+    def _set_aside(self, name, refused, folder):
+        """Set the file ``name`` that ``refused`` judged aside in ``folder``; what the record
+        says of it."""
+        try:
+            lock_files.set_aside(name, refused.judged, dir_fd=folder)
+        except OSError as exc:  # a read-only folder: refused again next time
+            return f"; left in place ({exc.strerror or exc!r})"
+        return "; set aside"
 
     def write(self, name, data, replace=False, folder=None):
         """Place ``data`` as the file ``name`` (in ``folder``, default the kernel folder): whole
@@ -182,16 +237,123 @@ class Store:
         return placed
 
 
-def _read_all(fd, size):
+def _read_all(fd, size, info=None, pread=False):
     chunks, total = [], 0
     while True:
-        chunk = os.read(fd, max(size - total, 0) + 1)
+        want = max(size - total, 0) + 1
+        chunk = os.pread(fd, want, total) if pread else os.read(fd, want)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
         total += len(chunk)
         if total > ENTRY_LIMIT:
-            raise Unusable(f"grew past {ENTRY_LIMIT} bytes while it was read")
+            raise Unusable(f"grew past {ENTRY_LIMIT} bytes while it was read", info)
+
+
+def _pread_all(fd, size):
+    """The content of the open file ``fd`` without moving its offset (the tier copies it
+    next)."""
+    return _read_all(fd, size, os.fstat(fd), pread=True)
+
+
+# --- what an entry must be: one place (the next kinds' integrity may come here) -----------
+
+def digest(entry):
+    """The sha256 of an entry's content: its JSON without the field ``sha256``, keys sorted,
+    as Python writes it (the same on every Python 3)."""
+    body = json.dumps({k: v for k, v in entry.items() if k != "sha256"}, sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(body.encode("ascii")).hexdigest()
+
+
+def sealed(entry):
+    """The bytes of ``entry`` as the store writes it: with the sha256 of its content last.
+    Raises ValueError (a value JSON cannot hold)."""
+    return json.dumps({**entry, "sha256": digest(entry)}, allow_nan=False).encode("ascii")
+
+
+def _judged(data, key, judge, info):
+    """The entry in ``data`` (the bytes of the file ``key``, ``info`` its stat). Raises
+    Unusable: it is not JSON of this format for its name, not as it was written (its sha256),
+    or ``judge(entry)`` names a problem."""
+    try:
+        entry = json.loads(data)
+    except (ValueError, RecursionError):
+        raise Unusable(f"{key} is not JSON", info) from None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        raise Unusable(f"{key} is not an entry of format {FORMAT} for its name", info)
+    try:
+        whole = entry.get("sha256") == digest(entry)
+    except RecursionError:  # nested deeper than json writes
+        whole = False
+    if not whole:
+        raise Unusable(f"{key} is not as it was written (its sha256 differs)", info)
+    why = judge(entry)
+    if why:
+        raise Unusable(f"{key} {why}", info)
+    return entry
+
+
+def problem(entry, version, fields, target):
+    """Why ``entry`` may not be handed to jaxlib by this jax-triton (``version``, whose
+    ``CompilationResult`` has the fields ``fields``) for ``target`` (``sm_90``), or None: each
+    field jaxlib's ``TritonKernel`` takes is checked for its type and range (a field this
+    piece has no check for refuses the entry)."""
+    if entry.get("jax_triton") != version:
+        return f"was made by another jax-triton than {version}"
+    ttir = entry.get("ttir")
+    if not isinstance(ttir, str) or "tt.func" not in ttir:
+        return "has no TTIR (jaxlib's TritonKernel takes it)"
+    result = entry.get("result")
+    if not isinstance(result, dict) or set(result) != set(fields):
+        return "does not hold this jax-triton's CompilationResult fields"
+    for field in sorted(fields, key=lambda f: f == "binary"):  # the binary's check reads the name
+        check = _CHECKS.get(field)
+        why = "has no check" if check is None else check(result[field], result, target)
+        if why:
+            return f"has a result field {field} that {why}"
+    return None
+
+
+def _binary(value, result, target):
+    """jax-triton 0.2 and 0.3 hand jaxlib PTX on CUDA (jaxlib runs ptxas on it): PTX text for
+    ``target`` that defines the kernel the result names."""
+    if not isinstance(value, str) or "\0" in value or not re.search(r"^\.version \d+\.\d+\s*$", value, re.M):
+        return "is not PTX"
+    if not re.search(rf"^\.target {re.escape(target)}[a-z]?\b", value, re.M):
+        return f"is not PTX for {target}"
+    name = result.get("name")
+    if not isinstance(name, str) or not re.search(rf"\.entry\s+{re.escape(name)}\s*\(", value):
+        return "does not define the kernel it names"
+    return None
+
+
+def _name(value, _result, _target):
+    return None if isinstance(value, str) and _PTX_NAME.match(value) else "is no PTX kernel name"
+
+
+def _whole(value, low, high):
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _shared(value, _result, _target):
+    return None if _whole(value, 0, SHARED_LIMIT) else f"is not a whole number from 0 to {SHARED_LIMIT}"
+
+
+def _cluster(value, _result, _target):
+    if isinstance(value, list) and len(value) == 3 and all(_whole(v, 1, CLUSTER_LIMIT) for v in value) \
+            and value[0] * value[1] * value[2] <= CLUSTER_LIMIT:
+        return None
+    return f"is not three whole numbers of at most {CLUSTER_LIMIT} CTAs in all"
+
+
+def _none(value, _result, _target):
+    # ttgir, llir: jax-triton fills them only with JAX_TRITON_DUMP_DIR, which is never cached
+    return None if value is None else "is not null"
+
+
+_CHECKS = {"binary": _binary, "name": _name, "shared_mem_bytes": _shared, "cluster_dims": _cluster,
+           "ttgir": _none, "llir": _none}
 
 
 # --- Triton's own key, once per installation ----------------------------------------------
@@ -200,9 +362,7 @@ def installation_id(triton_folder):
     """What identifies a Triton installation's files: the path, inode, size and modification
     and change times of each ``.py`` and ``.so`` file below ``triton_folder`` (a change time
     moves on any write, and a reinstall makes new files). A sha256, 32 hex digits."""
-    import hashlib
-
-    digest = hashlib.sha256(os.fsencode(triton_folder) + b"\0")
+    found = hashlib.sha256(os.fsencode(triton_folder) + b"\0")
     pending = [triton_folder]
     while pending:
         folder = pending.pop()
@@ -214,9 +374,9 @@ def installation_id(triton_folder):
                     pending.append(item.path)
             elif item.name.endswith((".py", ".so")):
                 info = item.stat(follow_symlinks=False)
-                digest.update(f"{item.path}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0"
-                              f"{info.st_ctime_ns}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()[:32]
+                found.update(f"{item.path}\0{info.st_ino}\0{info.st_size}\0{info.st_mtime_ns}\0"
+                             f"{info.st_ctime_ns}\n".encode("utf-8", "surrogateescape"))
+    return found.hexdigest()[:32]
 
 
 def triton_key(store, compute, triton_folder, stats):
@@ -229,10 +389,10 @@ def triton_key(store, compute, triton_folder, stats):
         kept = store.read(name, limit=1 << 20, folder=folder)
     except (Unusable, OSError):
         folder = kept = None
-    if kept:
+    if kept and kept[0]:
         try:
             stats["triton_key"] = "kept"
-            return kept.decode("utf-8")
+            return kept[0].decode("utf-8")
         except UnicodeDecodeError:
             pass
     value = compute()

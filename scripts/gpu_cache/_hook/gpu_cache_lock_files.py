@@ -77,11 +77,12 @@ def create(path, group_bits):
     return fd
 
 
-def set_aside(path, judged):
-    """Remove what ``path`` names, which was found to break the lock rules (``judged``: its
-    lstat), so that an exclusive create makes the lock file anew: one creator wins, however
-    many processes replace the name at once. It is renamed aside first, and put back when it
-    turned out to be a lock file another process made meanwhile. Never follows a link.
+def set_aside(path, judged, dir_fd=None):
+    """Remove what ``path`` names (relative to the folder ``dir_fd``, if given), which was found
+    to break the lock rules (``judged``: its lstat), so that an exclusive create makes the lock
+    file anew: one creator wins, however many processes replace the name at once. It is renamed
+    aside first, and put back when it turned out to be a lock file another process made
+    meanwhile. Never follows a link. (The jax-triton store sets a refused entry aside so.)
 
     Raises:
         OSError: it cannot be renamed (a sticky folder and another user's file).
@@ -90,22 +91,22 @@ def set_aside(path, judged):
 
     aside = os.path.join(os.path.dirname(path), f".{uuid.uuid4().hex}.aside")
     try:
-        os.rename(path, aside)
+        os.rename(path, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileNotFoundError:
         return
-    moved = os.lstat(aside)
+    moved = os.lstat(aside, dir_fd=dir_fd)
     if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
-        try:
-            os.link(aside, path)  # a fresh lock file of another process: back in place
+        try:  # a fresh lock file of another process: back in place
+            os.link(aside, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             pass
     if stat.S_ISDIR(moved.st_mode):
         try:
-            os.rmdir(aside)
+            os.rmdir(aside, dir_fd=dir_fd)
         except OSError:
             pass  # not empty: it stays aside, under a hidden name no lock or lease ever takes
         return
-    os.unlink(aside)
+    os.unlink(aside, dir_fd=dir_fd)
 
 
 #: What ``open`` says of a name that is no file to read: a link (O_NOFOLLOW), a socket.

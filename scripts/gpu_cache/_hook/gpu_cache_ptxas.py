@@ -9,13 +9,16 @@ isolated (``-I -S``: the job's ``PYTHONPATH`` and the hook stay out) and calls :
 
 A call the cache can serve is ``ptxas [known options] <one input> -o <output>``, the form XLA's
 and jaxlib's ``CompileGpuAsmUsingPtxAs`` use (``ptxas <tmp> -o <tmp> -arch=sm_90a
---warn-on-spills``, with temporary names). Its key: the real ptxas's identity (its ``--version``
-output and a digest of the file it resolves to, with the files a shell wrapper names), the
-options with the file names taken out, and the input's content. A hit writes the output byte for
-byte and replays stdout, stderr (the file names in them made the caller's) and the exit code
-(0: only successful runs are kept; a failure may be a killed or starved run, and fails fast
-again). ``--version`` probes, several or no inputs, stdin, unknown options pass through to the
-real ptxas untouched; so does any call where the shim meets an error before the real one ran.
+--warn-on-spills``, with temporary names); the front sends the calls of XLA's own kernels
+straight to the real ptxas (issue 37; ``gpu_cache_hook_ptxas``). The input must be a regular
+file, read to its end whatever ``fstat`` says; a pipe (``<(...)``, ``/dev/stdin``), a FIFO, a
+socket or a device passes through unread. Its key: the identity of the ptxas that compiles
+this call (:func:`identity`), the options with the file names taken out, and the input's
+content. A hit writes the output byte for byte and replays stdout, stderr (the file names in
+them made the caller's) and the exit code (0: only successful runs are kept, and only when the
+input still reads the same after the run; a failure may be a killed or starved run, and fails
+fast again). ``--version`` probes, several or no inputs, stdin, unknown options pass through to
+the real ptxas untouched; so does any call where the shim meets an error before the real one ran.
 
 The real ptxas is the one the caller would have run without the shim: the next ``ptxas`` on
 ``PATH`` after the shim's folder, else ``$GPU_CACHE_PTXAS_REAL`` (the one the hook found: in a
@@ -23,13 +26,15 @@ CUDA root or a CUDA wheel). Never a shim (itself, a copy, one reached through a 
 ptxas that is a wrapper calling ``ptxas`` again through ``PATH`` reaches the next one, uncached.
 
 Entries are GPU binaries, so the folder (``$GPU_CACHE_PTXAS``) must be trusted at every call:
-not a link, owned by you or root (or, in a team's root, by its group), nobody else may write to
-it; each entry is checked the same way and its header must name its key. Entries are written
-whole: a temporary file (mode ``0644``, ``0664`` in a team's root, whatever the umask), then a
-hard link to the key's name (never over an existing entry). On a miss, with single-flight on
-(``$GPU_CACHE_LOCKS``), one process per key runs the real ptxas and the others wait for its
-entry. Each call adds a line to ``$GPU_CACHE_PTXAS_TALLY`` (in the records folder), which the
-hook reads into the process's record. Standard library only, Python 3.9+.
+not a link, owned by you or root (or, in a team's root, by its group, one of yours), nobody
+else may write to it, and no folder above it lets another user swap it (the hook's rule,
+``gpu_cache_hook_fallback.distrust_above``); each entry is checked the same way and its header
+must name its key. Entries are written whole: a temporary file (mode ``0644``, ``0664`` in a
+team's root, whatever the umask), then a hard link to the key's name (never over an existing
+entry). On a miss, with single-flight on (``$GPU_CACHE_LOCKS``), one process per key runs the
+real ptxas and the others wait for its entry. Each call adds a line to
+``$GPU_CACHE_PTXAS_TALLY`` (in the records folder), which the hook reads into the process's
+record. Standard library only, Python 3.9+.
 """
 
 import errno
@@ -37,6 +42,9 @@ import os
 import stat
 import sys
 import time
+
+from gpu_cache_hook_common import owner_problem, team_gid
+from gpu_cache_hook_fallback import distrust_above
 
 # The names (the hook's copy, in sitecustomize; this process runs isolated, -S: it only reads them).
 # NESTED_VAR: set for the real ptxas this shim runs: a wrapper that calls ``ptxas`` again gets the next one.
@@ -73,6 +81,7 @@ MIN_NAME = 8
 META_SEP = "\x1f"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_READ_INPUT = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS)
 
@@ -226,59 +235,6 @@ def find_real(path_value, search_path):
     return None, None
 
 
-def _script_targets(path, head):
-    """The absolute paths of programs a shell wrapper names (``exec /opt/cuda/bin/ptxas "$@"``),
-    outside its ``#!`` line: they are part of what the wrapper runs (a log file it names is not:
-    only executable files count)."""
-    if not head.startswith(b"#!"):
-        return []
-    found = []
-    for line in head.split(b"\n")[1:]:
-        for word in line.replace(b'"', b" ").replace(b"'", b" ").replace(b";", b" ").split():
-            if word.startswith(b"/") and runnable(os.fsdecode(word)) and word not in found:
-                found.append(word)
-    return found
-
-
-def _stat_text(path):
-    info = os.stat(path)
-    return b"%s\0%d\0%d" % (os.fsencode(path), info.st_size, info.st_mtime_ns)
-
-
-def _digest_files(paths):
-    digest = sha256()
-    for path in paths:
-        digest.update(os.fsencode(path) if isinstance(path, str) else path)
-        with open(path, "rb") as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def identity(real, folder):
-    """``(digest, version text)`` of the real ptxas: kept per file state (path, size, mtime of
-    the file it resolves to and of the files a wrapper names) in ``<folder>/<x>.identity``, so
-    a call costs a few stats; made once per state by running ``--version`` and reading them."""
-    resolved = os.path.realpath(real)
-    with open(resolved, "rb") as stream:
-        head = stream.read(65536)
-    files = [resolved, *(os.fsdecode(p) for p in _script_targets(resolved, head))]
-    state = sha256(b"\0\0".join(_stat_text(p) for p in files)).hexdigest()[:40]
-    name = state + IDENTITY_SUFFIX
-    data = folder.read(name, IDENTITY_MAGIC) if folder is not None else None
-    if data is not None:
-        digest, _, version = data.partition(b"\n")
-        if len(digest) == 64:
-            return digest.decode("ascii"), version
-    from gpu_cache_ptxas_run import version_of
-
-    version = version_of(real)
-    digest = _digest_files(files)
-    if folder is not None:
-        folder.write(name, IDENTITY_MAGIC + digest.encode("ascii") + b"\n" + version)
-    return digest, version
-
-
 def version_line(version):
     """The line of ``ptxas --version`` that names the release (``... release 13.4, V13.4.59``)."""
     lines = [line for line in version.splitlines() if b"release" in line] or version.splitlines()[-1:]
@@ -303,9 +259,12 @@ class Folder:
     def __init__(self, path):
         self.path = path
         root = os.stat(os.path.dirname(path))
-        self.team = root.st_gid if root.st_mode & stat.S_IWGRP and not root.st_mode & stat.S_IWOTH else None
-        if root.st_mode & stat.S_IWOTH and not root.st_mode & stat.S_ISVTX:
-            raise OSError(errno.EPERM, f"{os.path.dirname(path)} is writable by everyone")
+        # a team's root (shared_group mode): group-writable by a group of this user's
+        team = team_gid(root)
+        self.team = team if team is not None and (team == os.getegid() or team in os.getgroups()) else None
+        why = distrust_above(path, self.team)  # the hook's rule for the folders above a cache
+        if why:
+            raise OSError(errno.EPERM, why)
         self.fd = os.open(path, _DIR)
         why = self.problem(os.fstat(self.fd), folder=True)
         if why:
@@ -316,14 +275,7 @@ class Folder:
         """Why a folder or file of the cache breaks the trust rules, or None."""
         if not (stat.S_ISDIR(info.st_mode) if folder else stat.S_ISREG(info.st_mode)):
             return "not a folder" if folder else "not a regular file"
-        team = self.team is not None and info.st_gid == self.team
-        if info.st_uid not in (os.geteuid(), 0) and not team:
-            return f"owned by uid {info.st_uid}"
-        if info.st_mode & stat.S_IWOTH:
-            return "writable by everyone"
-        if info.st_mode & stat.S_IWGRP and not team:
-            return f"writable by group {info.st_gid}"
-        return None
+        return owner_problem(info, self.team)
 
     def read(self, name, magic):
         """The content after ``magic`` of the file ``name``; None where it is missing, breaks
@@ -336,10 +288,10 @@ class Folder:
             info = os.fstat(fd)
             if self.problem(info) or info.st_size > MAX_BYTES:
                 return None
-            data = read_all(fd, info.st_size)
+            data = read_all(fd)
         finally:
             os.close(fd)
-        return data[len(magic):] if data.startswith(magic) else None
+        return data[len(magic):] if data.startswith(magic) and len(data) <= MAX_BYTES else None
 
     def write(self, name, data):
         """Write ``name`` whole (a temporary file, then a link); whether it was placed (False:
@@ -368,7 +320,7 @@ class Folder:
 
 
 # link_new, read_all and write_all are gpu_cache_tier_files' again, on purpose: the shim runs
-# once per ptxas call and imports no hook piece but the names (a hit costs about one Python start).
+# once per ptxas call (a hit costs about one Python start), and that module imports threading.
 def link_new(tmp, folder_fd, name):
     """Give ``tmp`` the name ``name`` when that is free: a hard link (atomic, never over an
     entry), or where links fail a rename when the name is free. Whether it was placed."""
@@ -388,10 +340,12 @@ def link_new(tmp, folder_fd, name):
         return True
 
 
-def read_all(fd, size):
+def read_all(fd, limit=MAX_BYTES):
+    """What ``fd`` holds to its end, whatever ``fstat`` said of its size, or ``limit`` + 1
+    bytes where it holds more (the caller refuses that)."""
     chunks, got = [], 0
-    while got <= size:
-        chunk = os.read(fd, max(size - got, 0) + 1)
+    while got <= limit:
+        chunk = os.read(fd, min(limit + 1 - got, 1 << 20))
         if not chunk:
             break
         chunks.append(chunk)
@@ -494,14 +448,9 @@ def serve(real, args, started):
         folder = Folder(folder_path)
     except OSError as exc:
         raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
-    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        if size > MAX_BYTES:
-            raise Pass("input over 256 MiB")
-        ptx = read_all(fd, size)
-    finally:
-        os.close(fd)
+    ptx = read_input(source)
+    from gpu_cache_ptxas_identity import identity
+
     digest, version = identity(real, folder)
     ptx_digest = sha256(ptx).digest()
     key = key_of(digest, version, options, ptx_digest)
@@ -516,7 +465,29 @@ def serve(real, args, started):
         return 0
     from gpu_cache_ptxas_run import miss
 
-    return miss(real, args, folder, key, meta, source, output, started)
+    return miss(real, args, folder, key, meta, source, output, started, ptx_digest)
+
+
+def read_input(source):
+    """The whole input, read to its end. Raises Pass, before anything was read, where it is not
+    a regular file (a pipe from ``<(...)`` or ``/dev/stdin``, a FIFO, a socket, a device: what
+    the shim read there the real ptxas would not get) or is over MAX_BYTES."""
+    try:
+        info = os.stat(source)
+    except OSError as exc:
+        raise Pass(f"input: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise Pass("the input is not a regular file")
+    fd = os.open(source, _READ_INPUT)  # without blocking, should it have become a FIFO since
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Pass("the input is not a regular file")
+        ptx = read_all(fd)
+    finally:
+        os.close(fd)
+    if len(ptx) > MAX_BYTES:
+        raise Pass("input over 256 MiB")
+    return ptx
 
 
 def lookup(folder, key):

@@ -1,6 +1,6 @@
-"""gpu-cache's ptxas shim, the runs of the real ptxas: its ``--version`` (once per ptxas file
-state) and a call the cache missed, whose result it keeps. Loaded by ``gpu_cache_ptxas`` only
-then, so a hit pays for none of it. Standard library only, Python 3.9+."""
+"""gpu-cache's ptxas shim, the run of the real ptxas on a call the cache missed, whose result
+it keeps. Loaded by ``gpu_cache_ptxas`` only then, so a hit pays for none of it. Standard
+library only, Python 3.9+."""
 
 import os
 import time
@@ -18,35 +18,6 @@ def _spawn(real, args, actions):
     return 128 - code if code < 0 else code
 
 
-def version_of(real):
-    """What ``real --version`` prints on stdout. Raises OSError where it fails."""
-    read, write = os.pipe()
-    try:
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            actions = [(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
-            pid = os.posix_spawn(real, [real, "--version"], shim.real_environ(), file_actions=actions)
-        finally:
-            os.close(null)
-        os.close(write)
-        write = None
-        chunks = []
-        while True:
-            chunk = os.read(read, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        os.close(read)
-        if write is not None:
-            os.close(write)
-    out = b"".join(chunks)
-    if os.waitstatus_to_exitcode(status) != 0 or not out.strip():
-        raise OSError(f"{real} --version failed")
-    return out.strip()
-
-
 def _anonymous(folder):
     """A temporary file in the cache folder, already unlinked: somewhere to catch a stream."""
     name = f"{shim.TMP_PREFIX}{os.uname().nodename[:60]}.{os.getpid()}.{os.urandom(6).hex()}"
@@ -57,9 +28,8 @@ def _anonymous(folder):
 
 
 def _read_back(fd):
-    size = os.fstat(fd).st_size
     os.lseek(fd, 0, os.SEEK_SET)
-    return shim.read_all(fd, size)
+    return shim.read_all(fd)
 
 
 def capture(real, args, folder):
@@ -83,19 +53,23 @@ def capture(real, args, folder):
             os.close(fd)
 
 
-def _keep(folder, key, run, meta, source, output):
+def _keep(folder, key, run, meta, source, output, ptx_digest):
     """Keep a successful run as the key's entry; why it was not kept ("" when it was)."""
     code, stdout, stderr, seconds = run
     if code != 0:
         return f"exit code {code}: not kept"
+    try:
+        if shim.sha256(shim.read_input(source)).digest() != ptx_digest:
+            return "the input changed while ptxas ran: not kept"
+    except shim.Pass as why:
+        return f"{why}: not kept"
     fd = os.open(output, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
-        if size > shim.MAX_BYTES or size == 0:
-            return "output empty or over 256 MiB: not kept"
-        binary = shim.read_all(fd, size)
+        binary = shim.read_all(fd)
     finally:
         os.close(fd)
+    if not binary or len(binary) > shim.MAX_BYTES:
+        return "output empty or over 256 MiB: not kept"
     data = shim.pack_entry(key, shim.keep_names(stdout, source, output),
                            shim.keep_names(stderr, source, output), binary, seconds, meta)
     return "" if folder.write(key + shim.ENTRY_SUFFIX, data) else "written by another process meanwhile"
@@ -127,7 +101,7 @@ def _wait_for_leader(folder, key, source, output, started, name, meta):
     return True, None
 
 
-def miss(real, args, folder, key, meta, source, output, started):
+def miss(real, args, folder, key, meta, source, output, started, ptx_digest):
     """The key is not in the cache: run the real ptxas once (or wait for the process that
     runs it), keep its result, and answer as it did. Returns the exit code. Raises only
     before the real ptxas ran."""
@@ -149,7 +123,7 @@ def miss(real, args, folder, key, meta, source, output, started):
             lock.release(wrote=False)
         shim.run_through(real, args, "not kept: the cache folder is read-only", "miss")
     try:
-        why = _keep(folder, key, run, meta, source, output)
+        why = _keep(folder, key, run, meta, source, output, ptx_digest)
     except Exception as exc:
         why = f"not kept: {exc!r}"
     if lock is not None:

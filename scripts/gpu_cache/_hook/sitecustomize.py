@@ -18,7 +18,8 @@ only when needed (issue 19):
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
 - ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
   ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
-  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34); for jax-triton 0.4.x it loads
+  ``gpu_cache_hook_jax_triton_functions`` (issue 39);
 - ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
   (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
   installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
@@ -82,6 +83,7 @@ PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
 PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
 PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
 PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
+PTXAS_KERNELS_VAR = "GPU_CACHE_PTXAS_KERNELS"
 TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
 RULE_VAR = "GPU_CACHE_RULE"
@@ -110,6 +112,8 @@ _INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._induct
 _JAX_TRITON_MODULE = "jax_triton.triton_lib"
 #: The import after which the tokamax fix runs (TOKAMAX_FIX_VAR switches it off).
 _TOKAMAX_MODULE = "tokamax._src.ops.op"
+#: The import after which the ptxas piece marks jaxlib's Triton kernels for the shim (issue 37).
+_PTXAS_MODULE = "jax_triton"
 #: The import after which the tier copies Inductor's shared files in (issue 23).
 _INDUCTOR_MODULE = "torch._inductor"
 #: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
@@ -138,6 +142,7 @@ class _Hook:
 
     def __init__(self):
         self.warned = False
+        self._held = None  # a lesser warning line, printed at exit (False: printed, or exiting)
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.tier = False  # the node-local tier wanted ($GPU_CACHE_TIER, $GPU_CACHE_SHARED)
@@ -146,19 +151,35 @@ class _Hook:
         self.tokamax_fix = True  # not switched off
         self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
         self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
+        self.ptxas_kernels = None  # the folder of jaxlib's Triton kernel names for the shim (issue 37)
         self._exit = False
 
-    def warn(self, what, exc):
-        """One warning line per process at most; never raises."""
+    def warn(self, what, exc, off=False):
+        """One warning line per process at most; never raises. ``off``: the problem turned a
+        cache off, and is printed at once. A lesser one (a count or record the hook lost) waits
+        for the exit, and is printed there only when no cache went off meanwhile: the line
+        says what matters most."""
         if self.warned:
             return
-        self.warned = True
         try:
             detail = repr(exc)
             detail = detail if len(detail) <= 300 else detail[:300] + "..."
         except Exception:
             detail = type(exc).__name__
-        _stderr(f"gpu-cache: warning: stats hook disabled part of itself ({what}: {detail})\n")
+        line = f"gpu-cache: warning: stats hook disabled part of itself ({what}: {detail})\n"
+        if off or self._held is False:  # (False: past the exit's turn)
+            self.warned = True
+            _stderr(line)
+        elif self._held is None:
+            self._held = line
+
+    def print_held(self):
+        """At exit, after every other exit handler of the hook (registered first, so run last:
+        one registered while the exit handlers run would not run)."""
+        held, self._held = self._held, False
+        if held and not self.warned:
+            self.warned = True
+            _stderr(held)
 
     def piece(self, name):
         """The hook's module ``name`` (see ``_piece``)."""
@@ -168,7 +189,7 @@ class _Hook:
         """A watched library was imported: the record is written at exit (the exit handler is
         registered only now, so a process without jax or triton loads nothing for it)."""
         self.libraries.add(name)
-        if self.folder and not self._exit:
+        if self.folder and not self._exit and not _compile_worker():  # (its parent writes one)
             import atexit
 
             self._exit = True
@@ -222,8 +243,10 @@ def _piece(name):
 
 def _compile_worker():
     """Whether this is one of Inductor's compile workers (up to 32 per process, started from
-    this script): they leave the tier, single-flight and the record to the process that
-    started them."""
+    this script, and the process that starts them): they leave the tier's copy-in of
+    Inductor's files, single-flight of graphs and the record to the process that started them
+    (a record of theirs would count one more process that compiled nothing, written while that
+    process waits for them to exit)."""
     argv = getattr(sys, "argv", None) or [""]
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 
@@ -248,6 +271,10 @@ def _inductor(module):
     if tier is not None:
         _HOOK.parts.setdefault("inductor", {})
         tier.fetch_tree("inductor")
+
+
+def _ptxas_kernels(module):
+    _piece("gpu_cache_hook_ptxas").on_jax_triton(module, _HOOK)
 
 
 def _tokamax(module):
@@ -445,8 +472,8 @@ def _install():
     for name, step in (("triton fallback", _usable_triton_folder), ("bytecode cache", _bytecode_cache)):
         try:
             step()
-        except Exception as exc:  # that part is off; the rest of the hook still works
-            _HOOK.warn(name, exc)
+        except Exception as exc:  # that cache is off; the rest of the hook still works
+            _HOOK.warn(name, exc, off=True)
     _HOOK.triton_cache_dir = os.environ.get(TRITON_CACHE_DIR_VAR)
     folder = os.environ.get(RECORDS_VAR) or None
     locks = os.environ.get(LOCKS_VAR)
@@ -467,13 +494,15 @@ def _install():
             _piece("gpu_cache_hook_common")
             _piece("gpu_cache_hook_ptxas").install(_HOOK)
         except Exception as exc:
-            _HOOK.warn("ptxas cache", exc)
+            _HOOK.warn("ptxas cache", exc, off=True)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
     handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
     if os.path.isabs(os.environ.get(JAX_TRITON_VAR, "")):  # its kernel cache, records or not
         handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
+    if _HOOK.ptxas_kernels:  # the shim is on: it caches jaxlib's kernels, not XLA's
+        handlers[_PTXAS_MODULE] = _ptxas_kernels
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too
         handlers[_INDUCTOR_MODULE] = _inductor
     _HOOK.tokamax_fix = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
@@ -489,6 +518,9 @@ def _main():
         return  # another copy of this hook runs in this process, and ran the user's one
     try:
         setattr(sys, _SYS_MARK, {"file": _HERE, "marker": _HOOK_MARKER})
+        import atexit
+
+        atexit.register(_HOOK.print_held)
         _install()
     except Exception as exc:  # never break the interpreter's start
         _HOOK.warn("install", exc)

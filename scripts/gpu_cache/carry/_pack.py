@@ -20,7 +20,7 @@ from typing import Any
 
 from gpu_cache import __version__
 from gpu_cache.config.units import format_size
-from gpu_cache.core import safe_io, software
+from gpu_cache.core import owners, safe_io, software
 from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import inductor as inductor_cache
 from gpu_cache.core.caches import jax as jax_cache
@@ -64,10 +64,12 @@ class PackReport:
     missing: dict[str, int] = field(default_factory=dict)
     software: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
+    #: Entries left out because another user could have written them (kind, key, reason).
+    untrusted: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"archive": self.archive, "entries": self.entries, "bytes": self.bytes,
-                "skipped": self.skipped, "missing_from_cache": self.missing,
+                "skipped": self.skipped, "untrusted": self.untrusted, "missing_from_cache": self.missing,
                 "software": self.software, "device": self.device}
 
 
@@ -306,29 +308,92 @@ def _stable_manifest(manifest: dict[str, Any], path_in_key: bool | None) -> None
     manifest["times_normalised"] = True
 
 
+def _written_by_others(item: _Packed, team: int | None) -> str | None:
+    """Why another user may have written a file of ``item``, or the folder it is in, or None:
+    the rule by which gpu-cache reads a file (:func:`gpu_cache.core.owners.written_by_others`;
+    ``team``: the ``shared_group``'s id). Such an entry is not what a job of yours wrote, and
+    once packed it would arrive as the unpacking user's own files (#37)."""
+    for path in item.paths.values():
+        for where in (path, path.parent):
+            try:
+                why = owners.written_by_others(os.lstat(where), team)
+            except OSError as exc:
+                why = f"cannot be inspected ({exc.strerror or exc})"
+            if why is not None:
+                return f"{where.name} is {why}"
+    return None
+
+
+def _trusted(found: list[_Packed], team: int | None, untrusted: list[dict[str, str]]) -> list[_Packed]:
+    """The entries of ``found`` that no other user could have written; the rest go to ``untrusted``."""
+    out = []
+    for item in found:
+        why = _written_by_others(item, team)
+        if why is None:
+            out.append(item)
+        else:
+            untrusted.append({"kind": item.entry.kind, "key": item.entry.key, "reason": why})
+    return out
+
+
 def _kind_candidates(kind: str, root: Path, tier: Path | None, wanted: set[str] | None,
-                     skipped: list[dict[str, str]]) -> list[_Packed]:
+                     skipped: list[dict[str, str]], untrusted: list[dict[str, str]],
+                     team: int | None) -> list[_Packed]:
     """The entries of ``kind`` to pack (of ``wanted`` keys, when given) from the root, and, for
     a tiered kind with ``tier``, those of the local tier that the root lacks; broken ones go to
-    ``skipped``."""
-    found = _CANDIDATES[kind](KINDS[kind].folder(root), wanted, skipped)
+    ``skipped``, those another user could have written to ``untrusted``."""
+    found = _trusted(_CANDIDATES[kind](KINDS[kind].folder(root), wanted, skipped), team, untrusted)
     if tier is None or not KINDS[kind].tiered:
         return found
-    known = {p.entry.key for p in found} | {s["key"] for s in skipped if s["kind"] == kind}
+    known = {p.entry.key for p in found} | {s["key"] for s in skipped + untrusted if s["kind"] == kind}
     local_skipped: list[dict[str, str]] = []
-    found += [p for p in _CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped)
+    local_untrusted: list[dict[str, str]] = []
+    found += [p for p in _trusted(_CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped),
+                                  team, local_untrusted)
               if p.entry.key not in known]
     skipped += [s for s in local_skipped if s["key"] not in known]
+    untrusted += [s for s in local_untrusted if s["key"] not in known]
     return found
+
+
+def _chosen(kinds: tuple[str, ...], root: Path, tier: Path | None, used: list[Any] | None, team: int | None
+            ) -> tuple[list[_Packed], list[dict[str, str]], list[dict[str, str]], dict[str, int]]:
+    """The entries of ``kinds`` to pack (those the records ``used`` name, when given), and those
+    left out: broken (``skipped``), another user's (``untrusted``), and per kind how many the
+    records name that are gone (``missing``)."""
+    skipped: list[dict[str, str]] = []
+    untrusted: list[dict[str, str]] = []
+    chosen: list[_Packed] = []
+    missing: dict[str, int] = {}
+    for kind in kinds:
+        wanted = set().union(*(keys_of(r, kind) for r in used)) if used is not None else None
+        if used is not None and any(dropped(r, kind) for r in used):
+            log.warning("some records list only their first keys: a few %s entries of the "
+                        "selection may be left out", kind)
+        found = _kind_candidates(kind, root, tier, wanted, skipped, untrusted, team)
+        if wanted is not None:
+            missing[kind] = len(wanted - {p.entry.key for p in found}
+                                - {s["key"] for s in skipped + untrusted if s["kind"] == kind})
+        chosen += found
+    for item in skipped:
+        log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
+    for item in untrusted:
+        log.warning("pack: left out %s entry %s, which another user could have written: %s", item["kind"],
+                    shown(item["key"]), shown(item["reason"]))
+    return chosen, skipped, untrusted, missing
 
 
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
-         tier: Path | None = None, stable: bool = False) -> PackReport:
+         tier: Path | None = None, stable: bool = False, shared_group: str | None = None) -> PackReport:
     """Write the entries of ``kinds`` (default: every carried kind) under ``root`` into
     ``archive``, with a manifest; with ``tier`` (this node's local tier of the root, issue 23),
     also its entries of tiered kinds that the root lacks (not promoted yet, or a read-only root).
     ``stable``: the same entries give the same bytes (#32; :func:`_stabilised`).
+
+    Only entries gpu-cache would itself read go: each file, and the folder it is in, owned by
+    you, root or (``shared_group``) the team, and writable by nobody else; the others are
+    left out and counted (:attr:`PackReport.untrusted`).
 
     ``gpu_type``/``matcher`` (for ``workload``): only the entries that the warm and validate
     passes of that GPU type (and that workload) hit or wrote, as their records name them.
@@ -336,12 +401,13 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
 
     Raises:
         UsageError: an unknown kind, no cache at ``root``, no record of the selection, a bad
-            archive name.
+            archive name, an unknown ``shared_group``.
         OSError: the cache changed while it was packed, or the archive cannot be written.
     """
     from gpu_cache.jobenv.fs import require_folder_or_missing
 
     chosen_kinds = check_kinds(CARRIED if kinds is None else kinds)
+    team = owners.group_id(shared_group) if shared_group is not None else None
     mode = _archive_mode(archive)
     target = _archive_target(archive)
     require_folder_or_missing(root)
@@ -355,19 +421,8 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         raise UsageError(f"no warm or validate pass of {what} is recorded under {root} (the stats "
                          "hook records them; a `python -c` workload cannot be told apart); pack "
                          "without that option to take every entry")
-    skipped: list[dict[str, str]] = []
-    chosen: list[_Packed] = []
-    missing: dict[str, int] = {}
-    for kind in chosen_kinds:
-        wanted = set().union(*(keys_of(r, kind) for r in used)) if selective else None
-        if selective and any(dropped(r, kind) for r in used):
-            log.warning("some records list only their first keys: a few %s entries of the "
-                        "selection may be left out", kind)
-        found = _kind_candidates(kind, root, tier, wanted, skipped)
-        if wanted is not None:
-            missing[kind] = len(wanted - {p.entry.key for p in found}
-                                - {s["key"] for s in skipped if s["kind"] == kind})
-        chosen += found
+    chosen, skipped, untrusted, missing = _chosen(chosen_kinds, root, tier, used if selective else None,
+                                                  team)
     chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)
@@ -393,13 +448,11 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         log.warning("the JAX entries were written by jax %s with XLA caches in the cache folder: "
                     "their keys hold the folder's path, so they hit only at %s",
                     soft["identity"].get("jax"), KINDS["jax"].folder(root))
-    for item in skipped:
-        log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
     total = sum(e.size for e in entries)
     log.info("pack: %d entries, %s, into %s", len(chosen), format_size(total), target)
     _write_archive(target, mode, manifest, chosen, stable)
     return PackReport(str(target), {k: len(v) for k, v in by_kind.items()}, total, skipped, missing,
-                      soft["identity"], dev)
+                      soft["identity"], dev, untrusted)
 
 
 def _tar_info(name: str, size: int, mtime: float) -> tarfile.TarInfo:
@@ -485,6 +538,9 @@ def render_pack(report: PackReport) -> str:
                 if report.device.get("triton", {}).get("targets") else "")]
     if report.skipped:
         lines.append(f"left out {len(report.skipped)} broken entries (listed in the manifest)")
+    if report.untrusted:
+        lines.append(f"left out {len(report.untrusted)} entries another user could have written "
+                     "(owned by another user, or writable by others: gpu-cache does not read them)")
     for kind, n in report.missing.items():
         if n:
             lines.append(f"{n} {kind} entries the records name are no longer in the cache")

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.config.settings import Settings, load_config_file, settings_from
+from gpu_cache.config.host import load_config_files
+from gpu_cache.config.settings import Settings, settings_from
 from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 
@@ -27,9 +28,11 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", metavar="DIR",
                         help=f"cache root (default: config, ${names.ROOT_VAR}, $XDG_CACHE_HOME/gpu-cache, "
                              "~/.cache/gpu-cache); 'none' turns caching off")
-    parser.add_argument("--config", metavar="FILE",
+    parser.add_argument("--config", metavar="FILE", action="append",
                         help="YAML or JSON config (same keys as the workflow's), or a host pipeline's "
-                             "config: then its gpu_cache: block")
+                             "config: then its gpu_cache: block; given again, the next file is merged "
+                             "in as Snakemake merges --configfile files (a host's config, then the "
+                             "file of gpu-cache's settings for it)")
     parser.add_argument("--config-key", metavar="KEY",
                         help="with --config: the top-level key of the block that holds gpu-cache's "
                              "config in a host's file (default: gpu_cache, where there is one)")
@@ -56,7 +59,7 @@ def settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "config_key", None) and not getattr(args, "config", None):
         raise UsageError("--config-key needs --config: the file whose block it names")
     if getattr(args, "config", None):
-        config = load_config_file(args.config, getattr(args, "config_key", None))
+        config = load_config_files(args.config, getattr(args, "config_key", None))
     if getattr(args, "config_json", None):
         import json
 
@@ -81,6 +84,23 @@ def gpu_type(found: Settings, requested: str | None) -> str:
     if requested is not None and not GPU_TYPE_NAME.fullmatch(requested):
         raise UsageError(f"--gpu-type {requested!r}: a GPU type is letters, digits, '.', '_' and '-'")
     return requested or next(iter(gpu_types(found)))
+
+
+def announce(command: str, found: Settings, gpu_type: str, passes: str) -> None:
+    """Say on stderr what ``warm`` or ``validate`` runs before it starts (minutes, often):
+    the GPU type, each workload with its shapes, the passes and the cache root.
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown.
+    """
+    from gpu_cache.config.workloads import workloads_of
+    from gpu_cache.core.shown import shown
+
+    runs = "; ".join(f"{w.name} at shape{'s' if len(w.shapes) > 1 else ''} {', '.join(map(str, w.shapes))}"
+                     for w in workloads_of(found, gpu_type))
+    root = found.cache_root or "none (caching off)"
+    print(shown(f"gpu-cache {command}: GPU type {gpu_type}: {runs}; {passes}; cache root {root}"),
+          file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
+from contextlib import nullcontext
 from importlib import metadata
 from typing import Any
 
@@ -18,7 +18,7 @@ from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv import env, ptxas
+from gpu_cache.jobenv import env, fs, ptxas
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -31,26 +31,6 @@ def installed_version(package: str) -> str | None:
         return None
 
 
-#: Seconds ``sinfo`` may take (a configured client whose controller is down waits long).
-SINFO_TIMEOUT = 5
-
-
-def cluster_gres(settings: Settings) -> list[str] | None:
-    """Where ``sinfo`` answers: the GPU GRES type names of the cluster's partitions, and
-    which configured GPU type asks for each (:func:`gpu_cache.config.targets.gres_mapping`).
-    None where ``sinfo`` is missing or fails (no cluster configured here)."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True,
-                             timeout=SINFO_TIMEOUT, check=True).stdout
-    except subprocess.TimeoutExpired:
-        return [f"sinfo did not answer within {SINFO_TIMEOUT} s"]
-    except (OSError, subprocess.CalledProcessError):  # a client without a cluster
-        return None
-    return targets.gres_mapping(targets.gpu_types(settings), targets.parse_sinfo_gres(out))
-
-
 def slurm_source() -> str | None:
     """Which cluster ``sinfo`` answered for, and from which configuration: ``cluster NAME
     (config PATH)``, as ``scontrol show config`` reports them (a node of another cluster
@@ -58,7 +38,7 @@ def slurm_source() -> str | None:
     ``scontrol`` does not tell."""
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=SINFO_TIMEOUT, check=True).stdout
+                             timeout=targets.SINFO_TIMEOUT, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -70,7 +50,8 @@ def slurm_source() -> str | None:
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
-    """Check every cache kind's folder (creating it) and collect what decides cache keys.
+    """Check every cache kind's folder (creating it, unless within :func:`fs.diagnosis`) and
+    collect what decides cache keys.
 
     ``ok`` is False when a kind cannot use its folder (it then runs without a cache or on
     a node-local fallback, as ``exports.problems`` says); ``warnings`` are worth reading
@@ -99,10 +80,14 @@ def preflight(settings: Settings) -> dict[str, Any]:
     # Jobs whose JAX used another folder (their own --jax_compilation_cache_dir): never warmed.
     report["outside_root"] = outside_root(settings.cache_root) if settings.cache_root else []
     report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
-    report["device"] = device.detect().as_dict()
-    report["gres"] = cluster_gres(settings)
+    here, types = device.detect(), targets.gpu_types(settings)
+    report["device"] = here.as_dict()
+    offered, silent = targets.query_sinfo()
+    report["gres"] = targets.gres_mapping(types, offered) if offered is not None else \
+        ([silent] if silent else None)
     report["slurm"] = slurm_source() if report["gres"] is not None else None
-    report["warnings"] += [line for line in report["gres"] or [] if "no partition offers" in line]
+    # Types no partition offers and this machine is not: their validation would fail.
+    report["warnings"] += targets.unreachable(types, here, offered)
     report["ptxas"] = ptxas.report(exports.values)  # issue 34: which ptxas XLA and jaxlib run
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
@@ -117,6 +102,8 @@ def render(report: dict[str, Any]) -> str:
         state = "ok" if check["problem"] is None else f"PROBLEM: {check['problem']}"
         if check["problem"] is None and check["read_only"]:
             state = "read-only"
+        elif check["problem"] is None and check.get("missing"):
+            state = "missing (`gpu-cache env` or `doctor --fix` would create it)"
         network = ", network" if check["network"] else ""
         lines.append(f"{kind:>9}: {state} ({check['fs_type']} [{check['family']}{network}], {free} free, "
                      f"{check['mode']} group {check['group']}) {check['path']}")
@@ -174,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     settings = common.settings(args)
     if args.explain:
         return explain_misses(settings, args)
-    report = preflight(settings)
+    with nullcontext() if args.fix else fs.diagnosis():  # a diagnosis changes nothing on disk
+        report = preflight(settings)
     if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
         from gpu_cache.commands.prune import repair
 

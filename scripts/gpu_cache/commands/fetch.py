@@ -8,6 +8,7 @@ import sys
 from gpu_cache.commands import common
 from gpu_cache.core import kinds
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import shown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_fail:
             if not isinstance(exc, oci.RegistryError):
                 raise  # bad input: exit 2; a filesystem error: exit 1 (cli.main)
-            print(f"gpu-cache: error: {exc}", file=sys.stderr)
+            print(f"gpu-cache: error: {shown(str(exc))}", file=sys.stderr)  # the registry's words
             return 1
         if isinstance(exc, OSError):
             exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
-        print(f"gpu-cache: warning: not fetched, the warm step compiles everything: {exc}", file=sys.stderr)
+        print(f"gpu-cache: warning: not fetched, the warm step compiles everything: {shown(str(exc))}",
+              file=sys.stderr)
         common.emit({"fetched": False, "reference": str(reference), "why": str(exc)}, args.output,
                     to_stdout=False)
         return 0

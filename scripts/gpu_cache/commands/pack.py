@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
     report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
                         gpu_type=args.gpu_type, workload=args.workload, matcher=matcher,
-                        tier=_trusted_tier(settings))
+                        tier=_trusted_tier(settings), shared_group=settings.shared_group)
     sys.stdout.write(common.dumps(report.as_dict()) if args.json else carry.render_pack(report))
     return 0
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from html import escape
 from pathlib import Path
 
-from gpu_cache.commands import common
+from gpu_cache.commands import common, outputs_proof
 from gpu_cache.commands.summary import load_prune, load_verdict
 from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
@@ -73,9 +73,13 @@ def cold_warm_chart(verdicts: list[Verdict]) -> str:
     values = {"cold (no cache)": [cold.get(r, 0.0) for r in rows],
               "warm (cache)": [warm.get(r, 0.0) for r in rows]}
     labels = {name: [f"{v:.1f} s" for v in vals] for name, vals in values.items()}
+    proofs = {f"{v.gpu_type} / {run.workload}": outputs_proof.described(v.outputs, run.workload)
+              for v in verdicts for run in v.runs}
     for index, row in enumerate(rows):
         if cold.get(row) and warm.get(row):
             labels["warm (cache)"][index] += f"  ({cold[row] / warm[row]:.1f}x faster)"
+        if proofs.get(row):  # issue 40: what the warm cache was proven to compute
+            labels["warm (cache)"][index] += f"  {proofs[row]}"
     return bar_chart("Cold vs warm start, per GPU type / workload", rows, values, labels)
 
 

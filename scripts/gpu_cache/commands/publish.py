@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpu_cache.commands import common
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import shown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,16 +58,17 @@ def run(args: argparse.Namespace) -> int:
         verdict = oci.load_verdict(path)
         if gpu_type is not None and verdict["gpu_type"] != gpu_type:
             raise UsageError(f"{path} is the verdict of {verdict['gpu_type']}, not --gpu-type {gpu_type}")
-        report = oci.publish(root=settings.cache_root, reference=reference, verdict=verdict)
+        report = oci.publish(root=settings.cache_root, reference=reference, verdict=verdict,
+                             shared_group=settings.shared_group)
     except (oci.RegistryError, UsageError, OSError) as exc:  # the workflow's run goes on: --no-fail
         if not args.no_fail:
             if not isinstance(exc, oci.RegistryError):
                 raise  # bad input: exit 2; a filesystem error: exit 1 (cli.main)
-            print(f"gpu-cache: error: {exc}", file=sys.stderr)
+            print(f"gpu-cache: error: {shown(str(exc))}", file=sys.stderr)  # the registry's words
             return 1
         if isinstance(exc, OSError):
             exc = OSError(f"{exc.filename or ''}: {exc.strerror or exc}")
-        print(f"gpu-cache: warning: not published: {exc}", file=sys.stderr)
+        print(f"gpu-cache: warning: not published: {shown(str(exc))}", file=sys.stderr)
         if args.output:
             common.emit({"published": False, "reference": str(reference), "why": str(exc)}, args.output,
                         to_stdout=False)

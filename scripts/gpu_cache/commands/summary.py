@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpu_cache.commands import common
+from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.errors import UsageError
@@ -66,6 +66,9 @@ def render(validations: list[Path], prune: Path | None) -> str:
         lines.append(f"  {v.gpu_type} on {v.device.get('name', '?')}: {verdict}: {v.hits} hits, "
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
                      f"warm {v.warm_seconds:.1f} s{speedup}{what}")
+        proof = outputs_proof.described(v.outputs)
+        if proof:  # issue 40: what the warm cache was proven to compute
+            lines.append(f"    {proof} ({v.outputs.get('mode')}; reference: {v.outputs.get('reference')})")
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)
@@ -85,6 +88,24 @@ def render(validations: list[Path], prune: Path | None) -> str:
     return shown_lines(lines)
 
 
+#: Where a run of the workflow in this folder leaves its reports (workflow/rules/cache.smk).
+RESULTS = Path("results") / "gpu-cache"
+
+
+def found_here() -> tuple[list[Path], Path | None]:
+    """The verdicts and prune report a run of the workflow left in this folder.
+
+    Raises:
+        UsageError: there are none.
+    """
+    validations = sorted((RESULTS / "validate").glob("*.json"))
+    if not validations:
+        raise UsageError(f"no verdicts here ({RESULTS / 'validate'}/*.json): run the workflow in "
+                         "this folder first, or name them with --validate")
+    prune = RESULTS / "prune.json"
+    return validations, prune if prune.is_file() else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_report_inputs(parser)
     parser.add_argument("--output", metavar="FILE", help="also write the summary here")
@@ -92,7 +113,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     validations = [Path(p) for p in args.validate]
-    text = render(validations, Path(args.prune) if args.prune else None)
+    prune = Path(args.prune) if args.prune else None
+    if not validations and prune is None:  # those of a run in this folder
+        validations, prune = found_here()
+    text = render(validations, prune)
     if args.output:
         common.write_text(Path(args.output), text)
     sys.stdout.write(text)

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.commands import common
+from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
-from gpu_cache.config.workloads import plan_phase
+from gpu_cache.config.workloads import cold_pass, plan_phase, workloads_of
 from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
@@ -108,7 +108,7 @@ def run_phases(settings: Settings, gpu_type: str, output: TextIO,
     """
     environ = dict(os.environ if environ is None else environ)
     cold = None
-    if settings.validate.measure_cold:
+    if cold_pass(settings, gpu_type):
         with tempfile.TemporaryDirectory(prefix="gpu-cache-cold-") as scratch:
             cold = runner.run_plan(plan_phase(settings, gpu_type, "cold", record=False), output,
                                    runner.cold_environ(environ, Path(scratch)))
@@ -147,6 +147,8 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
                  exports: env.Exports) -> Verdict:
     """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`)."""
     cold, warm = phases.get("cold"), phases["validate"]
+    if not settings.validate.measure_cold:
+        cold = None  # it ran as the outputs proof's reference alone (outputs_proof)
     assert warm is not None
     if warm.unscheduled:
         return unscheduled_verdict(gpu_type, warm, exports)
@@ -183,6 +185,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
     notes += unremembered(warm, counts) if not problems else []
+    notes += [w.note for w in workloads_of(settings, gpu_type) if w.note] if expected is not None else []
     return Verdict(
         gpu_type=gpu_type,
         device=warm.device,
@@ -263,10 +266,13 @@ def run(args: argparse.Namespace) -> int:
     if args.phases:
         phases = load_phases(Path(args.phases))
     else:
+        cold = "first with every cache off, then " if settings.validate.measure_cold else ""
+        common.announce("validate", settings, gpu_type, f"each run in a fresh process, {cold}on the cache")
         env.warn_once(exports)
         with common.log_stream(args.log) as output:
             phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
     verdict = judge_phases(settings, gpu_type, phases, exports)
+    outputs_proof.apply(settings, verdict, phases)
     remember(settings, verdict, phases["validate"])
     common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
     if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict

@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = common.settings(args)
     gpu_type = common.gpu_type(settings, args.gpu_type)
+    common.announce("warm", settings, gpu_type, "each run in a fresh process")
     with common.log_stream(args.log) as output:
         report = warm(settings, gpu_type, output)
     for line in report.broken:

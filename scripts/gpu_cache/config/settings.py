@@ -43,8 +43,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "default_workloads": ["jax-transformer"],
     "workloads": {},
     "gpu_types": {},
+    "host_rules": [],
     "warm": {"parallel": None, "skip_when_valid": True},
-    "validate": {"measure_cold": True, "strict": False},
+    "validate": {"measure_cold": True, "strict": False, "outputs": "tolerant"},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
     "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
     "registry": {"fetch": None, "publish": None},
@@ -119,10 +120,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        error = errors[0]
-        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
-        raise UsageError(f"config key {where}: {message}")
+        raise UsageError(_error_line(errors[0]))
     filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
@@ -140,6 +138,24 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         except UsageError as exc:
             raise UsageError(f"config key {key}: {exc}") from None
     return filled
+
+
+def _error_line(error: Any) -> str:
+    """One line for a schema error, naming the key; an unknown key (a typo) by its own path,
+    with the known key nearest to it. (Snakemake's own check printed the whole schema.)"""
+    path = [str(part) for part in error.absolute_path]
+    known = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict) and known:
+        unknown = next(str(key) for key in error.instance if key not in known)
+        import difflib
+
+        near = difflib.get_close_matches(unknown, known, 1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        return (f"config key {'.'.join([*path, unknown])}: not a key of gpu-cache's config{hint} "
+                "(config/README.md explains each)")
+    where = ".".join(path) or "(top level)"
+    message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
+    return f"config key {where}: {message}"
 
 
 def _validator_class() -> Any:
@@ -183,19 +199,13 @@ def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
     return False
 
 
-#: The key of a host pipeline's config that holds gpu-cache's (the README's module section).
-HOST_KEY = "gpu_cache"
-
-
-def load_config_file(path: str | os.PathLike[str], key: str | None = None) -> dict[str, Any]:
-    """Read and validate a YAML or JSON config file (a symbolic link to one is followed):
-    gpu-cache's own, or a host pipeline's that holds it under ``key`` (default
-    :data:`HOST_KEY` where the file has such a block; the host's other keys are not read).
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The mapping a YAML or JSON config file holds (a symbolic link to one is followed), not
+    yet validated: gpu-cache's own config or a host pipeline's (``gpu_cache.config.host``).
 
     Raises:
         UsageError: the file is not a regular file (a FIFO would block the open forever, #21),
-            cannot be read, is not UTF-8 YAML, is not a mapping, is unreasonably large, has
-            no ``key`` block, or does not match the schema.
+            cannot be read, is not UTF-8 YAML, is not a mapping, or is unreasonably large.
     """
     try:
         raw = safe_io.read_bounded(os.path.realpath(path), MAX_CONFIG_BYTES)
@@ -219,31 +229,7 @@ def load_config_file(path: str | os.PathLike[str], key: str | None = None) -> di
         raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
-    data, where = host_block(data, key, path)
-    try:
-        return validate_config(data)
-    except UsageError as exc:
-        hint = ("; a host pipeline's config holds gpu-cache's under gpu_cache: (or the key "
-                "--config-key names)") if str(exc).startswith("config key (top level): Additional") else ""
-        raise UsageError(f"{where}: {exc}{hint}") from None
-
-
-def host_block(data: dict[str, Any] | None, key: str | None, path: Any) -> tuple[Any, str]:
-    """gpu-cache's config in a file's ``data``, and how messages name it: the ``key`` block
-    (``--config-key``), else the :data:`HOST_KEY` block of a host's config, else all of it.
-
-    Raises:
-        UsageError: ``key`` is given and the file has no such block.
-    """
-    wanted = key or HOST_KEY
-    block = (data or {}).get(wanted)
-    if key is None and not isinstance(block, dict):  # gpu-cache's own config file
-        return data, f"config file {path}"
-    if not isinstance(block, dict):
-        keys = ", ".join(sorted(map(str, data or {}))[:12]) or "none"
-        raise UsageError(f"config file {path} has no {wanted}: block of gpu-cache's keys (its "
-                         f"top-level keys: {keys}); --config-key names the key that holds it")
-    return block, f"config file {path}, block {wanted}"
+    return data
 
 
 def _yaml_error(exc: Exception, text: str) -> str:
@@ -316,6 +302,8 @@ class WorkloadConfig:
     model_dir: str | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
+    #: A user workload's outputs file (issue 40), a template of {shape} and {gpu_type}.
+    outputs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,6 +350,7 @@ class ValidateConfig:
 
     measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
+    outputs: str = "tolerant"  # the outputs proof (issue 40): "identical", "tolerant", "off"
 
 
 @dataclass(frozen=True)
@@ -422,6 +411,8 @@ class Settings:
     default_workloads: tuple[str, ...] = ("jax-transformer",)
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
     gpu_types: dict[str, GpuType] = field(default_factory=dict)
+    #: A host's rules that wait for every type's verdict (gpu-cache as a module).
+    host_rules: tuple[str, ...] = ()
     warm: WarmConfig = WarmConfig()
     validate: ValidateConfig = ValidateConfig()
     prune: PruneConfig = PruneConfig()
@@ -460,13 +451,14 @@ def settings_from(
         workloads={name: WorkloadConfig(entry.get("command"), tuple(entry.get("shapes") or ()),
                                         parse_age(entry["timeout"]), tuple(entry["expects"]),
                                         entry.get("model_dir"), entry.get("script"),
-                                        tuple(entry.get("args") or ()))
+                                        tuple(entry.get("args") or ()), entry.get("outputs"))
                    for name, entry in filled["workloads"].items()},
         gpu_types={name: GpuType(name, tuple(spec.get("workloads") or defaults), int(spec["gpus"]),
                                  dict(spec["resources"]), spec["device"], spec["container"],
                                  spec["conda"], spec["python"] or filled["python"],
                                  spec["optional"], parse_age(spec["queue_wait"]))
                    for name, spec in filled["gpu_types"].items()},
+        host_rules=tuple(filled["host_rules"]),
         warm=WarmConfig(**filled["warm"]),
         validate=ValidateConfig(**filled["validate"]),
         prune=PruneConfig(parse_size(filled["prune"]["max_size"]),

@@ -4,6 +4,8 @@ cluster's own names for its GPUs (its GRES types)."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 from gpu_cache.config.settings import GpuType, Settings
 from gpu_cache.core import device
@@ -36,7 +38,7 @@ def device_problems(expected: GpuType, seen: device.Device) -> list[str]:
             # A type named as the cluster names the GPU (gpu:3090) needs its device spelled out.
             hint += (f"; if this is the GPU the type means, add `device: {seen.gpu_type}` to "
                      f"gpu_types.{expected.name}")
-        return [f"device: expected a {expected.expected_device} for GPU type {expected.name}, "
+        return [f"device: GPU type {expected.name} expects device {expected.expected_device}, "
                 f"but the job saw {seen.name} (gpu-cache names it {seen.gpu_type}; {hint})"]
     if seen.gpu_type != "cpu" and seen.count != expected.gpus:
         return [f"device: GPU type {expected.name} promises {expected.gpus} visible GPU(s) per job "
@@ -114,3 +116,47 @@ def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> lis
                     else "its warm job fails and no job that waits for its verdict runs")
             lines.append(f"GPU type {gpu_type} asks for gpu:{name}, which no partition offers: {then}")
     return lines
+
+
+#: Seconds ``sinfo`` may take (a configured client whose controller is down waits long).
+SINFO_TIMEOUT = 5
+
+
+def query_sinfo() -> tuple[dict[str, set[str]] | None, str | None]:
+    """The GPU GRES type names per partition where ``sinfo`` answers (:func:`parse_sinfo_gres`),
+    and None; where it does not answer in time, None and a line that says so; where there is
+    no cluster here (``sinfo`` missing or failing), None and None."""
+    if shutil.which("sinfo") is None:
+        return None, None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT, check=True).stdout
+    except subprocess.TimeoutExpired:
+        return None, f"sinfo did not answer within {SINFO_TIMEOUT} s"
+    except (OSError, subprocess.CalledProcessError):  # a client without a cluster
+        return None, None
+    return parse_sinfo_gres(out), None
+
+
+def unreachable(types: dict[str, GpuType], here: device.Device,
+                offered: dict[str, set[str]] | None) -> list[str]:
+    """The GPU types that no partition offers and this machine's device is not, whose
+    validation therefore fails: where a cluster answered (``offered``), the lines of
+    :func:`gres_mapping` for the GRES no partition offers; where none did, a line for each
+    type whose device is not this machine's (its warm and check jobs run here)."""
+    if offered is not None:
+        return [line for line in gres_mapping(types, offered) if "no partition offers" in line]
+    return [f"GPU type {name}: no SLURM cluster answers here (sinfo) and this machine's device is "
+            f"{here.gpu_type}, not {spec.expected_device}: its warm and check jobs would run here "
+            "and its validation fail (name the GPU types the jobs get; `gpu-cache doctor` on a "
+            "node prints its device)"
+            for name, spec in types.items() if not device_matches(spec, here)]
+
+
+def unreachable_here(settings: Settings) -> list[str]:
+    """:func:`unreachable` for the configured types on this machine; asks ``sinfo`` only when
+    a type's device is not this machine's."""
+    types, here = gpu_types(settings), device.detect()
+    if all(device_matches(spec, here) for spec in types.values()):
+        return []
+    return unreachable(types, here, query_sinfo()[0])

@@ -40,14 +40,15 @@ BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
         # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
         "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
         "the image's run_alphafold.py, data pipeline off, one poly-glycine chain per token "
-        "bucket (needs model_dir)", ("jax",),
+        "bucket, on model_dir's weights or, without it, on random ones", ("jax",),
     ),
 }
 
 
 @dataclass(frozen=True)
 class Workload:
-    """A command template run once per shape; ``builtin`` when gpu-cache ships it."""
+    """A command template run once per shape; ``builtin`` when gpu-cache ships it;
+    ``outputs``: the file a user's command writes its outputs to (issue 40)."""
 
     name: str
     command: str
@@ -55,6 +56,14 @@ class Workload:
     timeout_seconds: float
     builtin: bool
     expects: tuple[str, ...] = ()
+    #: What the verdict says about this workload's runs (None: nothing).
+    note: str | None = None
+    outputs: str | None = None
+
+    @property
+    def reports_outputs(self) -> bool:
+        """Whether its runs report outputs: a built-in's own, a user's ``outputs`` file."""
+        return self.builtin or self.outputs is not None
 
     def commands(self, python: str, gpu_type: str) -> list[tuple[Any, str]]:
         """``(shape, shell command)`` for each shape.
@@ -91,13 +100,16 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
             if "{shape}" in entry.command:
                 raise UsageError(f"workload {name}: its command uses {{shape}}, so give it shapes")
             shapes = ("-",)
-        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects)
+        if entry.outputs is not None:
+            _check_outputs(name, entry.outputs)
+        return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects,
+                        outputs=entry.outputs)
     if name in BUILTINS:
         module, shapes, _about, expects = BUILTINS[name]
         shapes = (entry.shapes if entry else ()) or tuple(shapes)
         command = f"{{python}} -m {module} --shape {{shape}}" + _options(name, entry, shapes)
-        return Workload(name, command, shapes, timeout,
-                        builtin=True, expects=(entry.expects if entry else ()) or expects)
+        return Workload(name, command, shapes, timeout, builtin=True,
+                        expects=(entry.expects if entry else ()) or expects, note=_note(name, entry))
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
@@ -105,26 +117,40 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
     )
 
 
+def _check_outputs(name: str, template: str) -> None:
+    """Raises: UsageError: a workload's ``outputs`` names a placeholder other than {shape} and
+    {gpu_type} (issue 40)."""
+    try:
+        template.format_map({"shape": "", "gpu_type": ""})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
+                         "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
+
+
 def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
     """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
     ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
     Braces doubled: the command is a template.
-
-    Raises:
-        UsageError: alphafold3 without ``model_dir``.
     """
     if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
         return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
     if name != "alphafold3":
         return ""
-    if entry is None or not entry.model_dir:
-        raise UsageError("workload alphafold3 needs workloads.alphafold3.model_dir: the folder of "
-                         "your AlphaFold 3 weights, as the jobs pass it to run_alphafold.py")
-    words = ["--buckets", ",".join(str(s) for s in shapes), "--model-dir", entry.model_dir]
-    words += ["--script", entry.script] if entry.script else []
-    words += ["--", *entry.args] if entry.args else []
+    words = ["--buckets", ",".join(str(s) for s in shapes)]
+    if entry is not None:
+        words += ["--model-dir", entry.model_dir] if entry.model_dir else []
+        words += ["--script", entry.script] if entry.script else []
+        words += ["--", *entry.args] if entry.args else []
     quoted = " ".join(shlex.quote(w) for w in words)
     return " " + quoted.replace("{", "{{").replace("}", "}}")
+
+
+def _note(name: str, entry: WorkloadConfig | None) -> str | None:
+    if name == "alphafold3" and (entry is None or not entry.model_dir):
+        return ("alphafold3: no weights were used: each run's image wrote random parameters of the "
+                "shapes its AlphaFold 3 expects into a private temporary folder and deleted them "
+                "after the run (workloads.alphafold3.model_dir gives real ones)")
+    return None
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
@@ -154,7 +180,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     for workload in workloads_of(settings, gpu_type):
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
-                             workload.builtin, workload.expects) for shape in workload.shapes]
+                             workload.builtin, workload.expects, workload.outputs)
+                     for shape in workload.shapes]
     environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: names.own_rule(phase),
                names.TRITON_TARGETS_VAR: ",".join(settings.triton_targets)}
     if phase == "warm":  # the hook keeps what tokamax tunes in these processes (issue 24)
@@ -163,6 +190,23 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.
     parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
-    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold is True
+    # The cold pass is measured again each time only with measure_cold: always; run for the
+    # outputs' reference alone (measure_cold: false), it is kept too.
+    reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold != "always"
     return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse,
-                gpu_types(settings)[gpu_type].container)
+                gpu_types(settings)[gpu_type].container,
+                outputs=phase in ("cold", "validate") and settings.validate.outputs != "off")
+
+
+def cold_pass(settings: Settings, gpu_type: str) -> bool:
+    """Whether validation runs the cold pass (every cache off): for its time
+    (``validate.measure_cold``), or as the reference of the outputs proof (issue 40) where a
+    workload of the type reports outputs (once per set of inputs: it is kept).
+
+    Raises:
+        UsageError: the GPU type or one of its workloads is unknown.
+    """
+    if settings.validate.measure_cold:
+        return True
+    return settings.validate.outputs != "off" and any(
+        w.reports_outputs for w in workloads_of(settings, gpu_type))

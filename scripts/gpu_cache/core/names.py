@@ -44,11 +44,13 @@ AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
 JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
 PTXAS_VAR = "GPU_CACHE_PTXAS"
 #: The ptxas shim's own (the hook sets them for it): the real ptxas, the Python the shim runs
-#: with, its tally of calls (read into the record), and the mark of a call from the real ptxas.
+#: with, its tally of calls (read into the record), the mark of a call from the real ptxas, and
+#: ``<pid>:<folder>``, the kernels jaxlib's Triton path made in process <pid> (issue 37).
 PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
 PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
 PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
 PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
+PTXAS_KERNELS_VAR = "GPU_CACHE_PTXAS_KERNELS"
 #: ``1``: Triton may import torch for its specialisation (the hook spares it otherwise).
 TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
 #: ``0``, ``off``, ``false`` or ``no`` switches the hook's tokamax fix off (issue 20).
@@ -61,8 +63,12 @@ RUN_ID_VAR = "GPU_CACHE_RUN_ID"
 #: The OCI registry's login (issue 32); they win over docker's config.json.
 REGISTRY_USERNAME_VAR = "GPU_CACHE_REGISTRY_USERNAME"
 REGISTRY_PASSWORD_VAR = "GPU_CACHE_REGISTRY_PASSWORD"
+#: Seconds a registry may take to connect or stay silent (default 5); each exchange's deadline grows with it.
+REGISTRY_TIMEOUT_VAR = "GPU_CACHE_REGISTRY_TIMEOUT"
 #: The Triton targets (``cuda:90,...``) the built-in Triton workload compiles for ahead of time.
 TRITON_TARGETS_VAR = "GPU_CACHE_TRITON_TARGETS"
+#: The file a built-in workload writes its outputs to, for validation's proof (issue 40).
+OUTPUTS_VAR = "GPU_CACHE_OUTPUTS"
 
 # --- the tools' variables that gpu-cache sets -----------------------------------------------
 

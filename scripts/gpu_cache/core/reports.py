@@ -38,13 +38,16 @@ def json_number(value: Any, what: str, key: str) -> float:
 @dataclass(frozen=True)
 class RunResult:
     """One run of one workload command: wall seconds and exit code (``None``: timed out);
-    ``error``: the last line a failed run printed (usually why, e.g. ``No module named 'jax'``)."""
+    ``error``: the last line a failed run printed (usually why, e.g. ``No module named 'jax'``);
+    ``outputs``: what its outputs were and how they compare with the cold pass's, and the
+    entries the cache served it (:mod:`gpu_cache.core.outputs`; None: not collected)."""
 
     workload: str
     shape: Any
     seconds: float
     returncode: int | None
     error: str | None = None
+    outputs: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -60,14 +63,15 @@ class RunResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "shape": self.shape, "seconds": round(self.seconds, 3),
-                "returncode": self.returncode, "error": self.error}
+                "returncode": self.returncode, "error": self.error, "outputs": self.outputs}
 
     @classmethod
     def from_dict(cls, data: Any) -> RunResult:
         data = json_object(data, "a workload run")
         return cls(str(data.get("workload", "?")), data.get("shape"),
                    float(json_number(data.get("seconds", 0.0), "a workload run", "seconds")),
-                   data.get("returncode"), text_or_none(data.get("error")))
+                   data.get("returncode"), text_or_none(data.get("error")),
+                   data.get("outputs") if isinstance(data.get("outputs"), dict) else None)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, safe_io, software
+from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, outputs, safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 
@@ -41,7 +41,9 @@ _OUTPUT_LOCK = threading.Lock()  # one run's output at a time into the log
 @dataclass(frozen=True)
 class Command:
     """One workload run: its name, shape, shell command template ({python}, {shape} and
-    {gpu_type} are filled in here) and how long it may take."""
+    {gpu_type} are filled in here) and how long it may take; ``outputs``: the file a user's
+    command writes its outputs to ({shape} and {gpu_type} filled in; a built-in workload
+    writes ``$GPU_CACHE_OUTPUTS``)."""
 
     workload: str
     shape: Any
@@ -49,6 +51,7 @@ class Command:
     timeout_seconds: float
     builtin: bool = False
     expects: tuple[str, ...] = ()  # the cache kinds it compiles for
+    outputs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class Plan:
     ``{python}`` names (None: the runner's own, i.e. the job's); ``parallel``: runs at once;
     ``reuse``: a cold pass reuses its last measurement of the same inputs, and a warm pass is
     skipped when the last validation of the same inputs passed (see :func:`fingerprint`);
-    ``container``: the type's image as the config names it (None: none).
+    ``container``: the type's image as the config names it (None: none); ``outputs``: collect
+    the runs' outputs (the cold pass keeps them as the reference, the validate pass compares).
     """
 
     phase: str
@@ -73,12 +77,13 @@ class Plan:
     parallel: int = 1
     reuse: bool = False
     container: str | None = None
+    outputs: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "gpu_type": self.gpu_type,
                 "commands": [vars(c) for c in self.commands], "environ": self.environ,
                 "record": self.record, "python": self.python, "parallel": self.parallel,
-                "reuse": self.reuse, "container": self.container}
+                "reuse": self.reuse, "container": self.container, "outputs": self.outputs}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -89,7 +94,7 @@ class Plan:
                    {str(k): str(v) for k, v in dict(data.get("environ") or {}).items()},
                    bool(data.get("record", True)), data.get("python"),
                    max(0, int(data.get("parallel", 1))), bool(data.get("reuse", False)),
-                   data.get("container") or None)
+                   data.get("container") or None, bool(data.get("outputs", False)))
 
 
 def shell_command(command: Command, python: str, gpu_type: str) -> str:
@@ -176,30 +181,37 @@ def state_file(root: Path | None, what: str, key: str) -> Path | None:
     return root / names.STATE_FOLDER / f"{what}-{key}.json" if root is not None else None
 
 
-def _reused(plan: Plan, path: Path | None, result: PhaseResult) -> PhaseResult | None:
-    """The stored result of an earlier pass of the same inputs, or None."""
+def _reused(plan: Plan, path: Path | None, result: PhaseResult, kept: Path | None) -> PhaseResult | None:
+    """The stored result of an earlier pass of the same inputs, or None (``kept``: where its
+    outputs must be, when the plan collects them)."""
     if not plan.reuse or path is None:
         return None
     try:
         earlier = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
     except (OSError, ValueError, UsageError):
         return None
+    if plan.outputs and not outputs.kept(kept, earlier.runs):
+        return None  # its outputs, the proof's reference, are not kept for these inputs
     earlier.run_id, earlier.reused = result.run_id, str(path)
     return earlier
 
 
-def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO) -> list[RunResult]:
+def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO,
+             kept: Path | None = None) -> list[RunResult]:
     """The plan's runs, ``plan.parallel`` at a time, each one's output kept apart and appended
-    to ``output`` in order when it ends."""
+    to ``output`` in order when it ends; ``kept``: where the cold pass's outputs are kept."""
     total = len(plan.commands)
 
     def one(number: int, command: Command) -> RunResult:
         where = f"{plan.phase} [{plan.gpu_type}] {number}/{total}: {command.workload} shape={command.shape}"
         log.info("%s ...", where)
-        with tempfile.TemporaryFile("w+", errors="replace") as own:
-            run = run_command(command, shell_command(command, python, plan.gpu_type), env, own)
+        with tempfile.TemporaryFile("w+", errors="replace") as own, outputs.collected(
+                command.workload, command.shape, command.builtin, command.outputs, env, plan.phase, kept,
+                plan.gpu_type, plan.outputs) as collect:
+            run = run_command(command, shell_command(command, python, plan.gpu_type), collect.environ, own)
             if not run.ok:
                 run = replace(run, error=last_line(own))
+            run = replace(run, outputs=collect.report(run.ok))
             own.seek(0)
             with _OUTPUT_LOCK:
                 shutil.copyfileobj(own, output)
@@ -241,13 +253,14 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     python = plan.python or sys.executable
     identity, seen = software.identity(environ), device.detect(environ).as_dict()
     key = fingerprint(plan, identity, seen)
+    kept = outputs.reference_folder(root, key, child_env)
     result = PhaseResult(plan.phase, plan.gpu_type, run_id, device=seen, software=identity,
                          job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
                          cache_root=str(root) if root else None,
                          expects=sorted({kind for c in plan.commands for kind in c.expects}),
                          fingerprint=key)
     if plan.phase == "cold":
-        earlier = _reused(plan, state_file(root, "cold", key), result)
+        earlier = _reused(plan, state_file(root, "cold", key), result, kept)
         if earlier is not None:
             log.info("cold [%s]: reusing the measurement of the same inputs (%s)", plan.gpu_type,
                      earlier.reused)
@@ -255,7 +268,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     if plan.phase == "warm" and plan.reuse and still_valid(root, state_file(root, "passed", key)):
         result.skipped = ("the last validation of the same workloads, shapes, software and device "
                           "passed, and every entry it hit is still there: validation re-checks")
-        log.info("warm [%s]: skipped: %s", plan.gpu_type, result.skipped)
+        output.write(f"# warm [{plan.gpu_type}]: no workload run: skipped: {result.skipped}\n")
         return result
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
@@ -263,13 +276,16 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     steps = warm_steps(child_env) if plan.phase == "warm" else ()
     if steps:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
-    result.runs += _run_all(plan, python, child_env, output)
+    result.runs += _run_all(plan, python, child_env, output, kept)
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root, tier)
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
     if plan.record and root is not None and names.RECORDS_VAR in child_env:
         found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
         result.recorded = hook_records.totals(found)
+        result.runs = [run if run.outputs is None else replace(run, outputs={
+            **run.outputs, "served": outputs.served(found, run.workload, run.shape, kinds.OBSERVED)})
+            for run in result.runs]
     if plan.phase == "warm":
         # Let the last writes of the kinds that are on age past their grace period.
         time.sleep(max((kind.write_grace for kind in kinds.ALL

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds, names
 from gpu_cache.core.kinds import Kind, ReadOnlyUse
 from gpu_cache.jobenv import locks, tier, trust
-from gpu_cache.jobenv.fs import FolderCheck, check_folder, node_local_fallback
+from gpu_cache.jobenv.fs import FolderCheck, check_folder, is_folder, node_local_fallback
 
 #: Folders Apptainer and Singularity bind into every container at the same path: a node-local
 #: tier there needs no bind of its own, and gets none, since a bind of a folder that a node
@@ -91,13 +91,22 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
 
 def check_kind(settings: Settings, kind: Kind | str) -> FolderCheck:
     """Probe one kind's folder under the (set) cache root, as the settings ask: created
-    group-shared in shared-group mode, trusted from the root down, with enough free space.
-    (``kind`` by name: for doctor, until it takes the kind objects too.)"""
+    group-shared in shared-group mode, trusted from the root down, with enough free space;
+    and the folders the tool writes into below it (:attr:`Kind.inner_folders`) that exist,
+    each trusted like the kind's folder. (``kind`` by name: for doctor, until it takes the
+    kind objects too.)"""
     assert settings.cache_root is not None
     kind = kinds.named(kind) if isinstance(kind, str) else kind
-    return check_folder(kind.folder(settings.cache_root),
-                        shared_group=settings.shared_group, min_free=settings.min_free_space,
-                        trusted_above=settings.cache_root)
+    folder = kind.folder(settings.cache_root)
+    check = check_folder(folder, shared_group=settings.shared_group, min_free=settings.min_free_space,
+                         trusted_above=settings.cache_root)
+    for pattern in kind.inner_folders if check.problem is None else ():
+        for inner in sorted(folder.glob(pattern)):  # shallow first: a refused folder ends it
+            why = trust.distrust(inner, settings.shared_group, settings.cache_root) \
+                if is_folder(inner) else None
+            if why:
+                return replace(check, problem=why)
+    return check
 
 
 @dataclass

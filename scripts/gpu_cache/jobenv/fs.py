@@ -7,10 +7,13 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpu_cache.core import names
+from gpu_cache.core import names, safe_io
 from gpu_cache.core.errors import UsageError
 from gpu_cache.jobenv import trust
 
@@ -31,13 +34,43 @@ _MAGIC = {0x6969: "nfs", 0x0BD00BD0: "lustre", 0x19830326: "beegfs", 0x47504653:
           0x65735546: "fuse"}
 #: Below this much free space a cache folder gets a warning (JAX then writes empty entries).
 DEFAULT_MIN_FREE = 1 << 30
+#: Whether this call tree only looks (:func:`diagnosis`).
+_LOOKING = ContextVar("looking", default=False)
+
+
+@contextmanager
+def diagnosis() -> Iterator[None]:
+    """Within it, nothing changes on disk: :func:`check_folder` creates no folder (it says one is
+    missing) and writes no probe (it asks ``access(2)``), and the lock probes write nothing
+    (``doctor`` without ``--fix``)."""
+    token = _LOOKING.set(True)
+    try:
+        yield
+    finally:
+        _LOOKING.reset(token)
+
+
+def may_write(path: Path, trusted_above: Path | None) -> bool:
+    """Whether a probe may create or write in ``path``: never during a :func:`diagnosis`, nor
+    where ``path`` leads, through a link, out of the cache root ``trusted_above`` (gpu-cache
+    writes nothing outside the root)."""
+    if _LOOKING.get():
+        return False
+    if trusted_above is None or path == trusted_above:
+        return True
+    try:
+        safe_io.within(path, trusted_above)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
 class FolderCheck:
     """What a probe of one cache folder found. ``problem`` is None when it is usable;
     ``read_only`` when it can be read but not written (hits, no new entries); ``warnings``
-    are worth reading but do not stop caching."""
+    are worth reading but do not stop caching; ``missing``: it does not exist, and a
+    :func:`diagnosis` did not create it."""
 
     path: str
     fs_type: str
@@ -50,6 +83,7 @@ class FolderCheck:
     problem: str | None
     read_only: bool = False
     warnings: list[str] = field(default_factory=list)
+    missing: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -150,7 +184,7 @@ def _existing_ancestor(path: Path) -> Path:
     return current
 
 
-def _is_dir(path: Path) -> bool:
+def is_folder(path: Path) -> bool:
     """Whether ``path`` is a folder (or a link to one). Never raises: on Python 3.11
     ``Path.is_dir()`` raises PermissionError and ENAMETOOLONG."""
     try:
@@ -205,55 +239,23 @@ def _probe_write(path: Path) -> tuple[str, int | None] | None:
         return f"cannot {step} in {path}: {why_not(exc)}", exc.errno
 
 
-def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
-                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
-                 probe: bool = True, private: bool = False) -> FolderCheck:
-    """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
-    set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
-    it (unless ``probe`` is False), and measure it. ``private``: folders it creates outside
-    shared-group mode get mode 0700.
-
-    ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
-    root and the kind folder); default: only ``path``. Never raises for filesystem trouble
-    (permissions, over-long names, a file on the path, link loops, names that are not UTF-8):
-    what went wrong is in ``problem``, one sentence a user can act on.
-    """
-    problem: str | None = None
-    read_only = False
+def _probe_access(path: Path) -> tuple[str, int | None] | None:
+    """:func:`_probe_write` asked of ``access(2)``, which writes nothing: it knows the mode, ACLs
+    and a read-only mount, not a filesystem whose renames fail."""
+    if os.access(path, os.W_OK | os.X_OK):
+        return None
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    except (OSError, ValueError) as exc:
-        info = None
-        why = why_not(exc) if isinstance(exc, OSError) else str(exc)
-        problem = f"cannot {'create' if create else 'use'} {path}: {why}"
-    if problem is None:
-        is_dir = _is_dir(path)
-        if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \
-                not _exists(path):
-            problem = f"{path} is a dangling or looping symbolic link"
-        elif info is not None and not is_dir:
-            problem = f"{path} exists and is not a folder"
-        elif create:
-            try:
-                trust.make_folder(path, shared_group, private)
-            except OSError as exc:
-                problem = f"cannot create {path}: {why_not(exc)}"
-    is_dir = _is_dir(path)
-    if problem is None and is_dir and not os.access(path, os.X_OK):
-        problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
-                   "choose a cache root you own")
-    if problem is None and is_dir:
-        problem = trust.distrust(path, shared_group, trusted_above)
-    if problem is None and is_dir and probe:
-        failed = _probe_write(path)
-        # A read-only mount or another user's folder can still serve hits.
-        if failed and failed[1] in (errno.EROFS, errno.EACCES, errno.EPERM) \
-                and os.access(path, os.R_OK | os.X_OK):
-            read_only = True
-        elif failed:
-            problem = failed[0]
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    return f"cannot write a file in {path}: {why_not(OSError(code, os.strerror(code)))}", code
+
+
+def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
+              min_free: int) -> FolderCheck:
+    """The check of ``path`` (what the probe found) with what the folder, or the nearest one
+    above it that exists, is on: its owner, mode, free space, filesystem, and the warnings."""
     where = _existing_ancestor(path)
     try:
         info = where.stat()
@@ -281,7 +283,66 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
         warnings.append(f"{path} is on a FUSE filesystem ({kind}); if it is remote, treat it as a "
                         "network filesystem (node-local cache, compile before fanning out)")
     return FolderCheck(str(path), kind, fam, kind in NETWORK_FS, free, owner, group, mode,
-                       problem, read_only, warnings)
+                       problem, read_only, warnings, missing)
+
+
+def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
+                 min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
+                 probe: bool = True, private: bool = False) -> FolderCheck:
+    """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
+    set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
+    it (unless ``probe`` is False), and measure it. ``private``: folders it creates outside
+    shared-group mode get mode 0700. Where it may not write (:func:`may_write`: a
+    :func:`diagnosis`, or a folder that leads out of ``trusted_above``), it creates and changes
+    nothing, says a missing folder is ``missing`` (judging what is there: the folders above it),
+    and asks ``access(2)`` instead of writing a probe.
+
+    ``trusted_above``: the folders from there down to ``path`` must all be trusted (the cache
+    root and the kind folder); default: only ``path``. Never raises for filesystem trouble
+    (permissions, over-long names, a file on the path, link loops, names that are not UTF-8):
+    what went wrong is in ``problem``, one sentence a user can act on.
+    """
+    problem: str | None = None
+    read_only = missing = False
+    writes = may_write(path, trusted_above)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except (OSError, ValueError) as exc:
+        info = None
+        why = why_not(exc) if isinstance(exc, OSError) else str(exc)
+        problem = f"cannot {'create' if create else 'use'} {path}: {why}"
+    if problem is None:
+        is_dir = is_folder(path)
+        if info is not None and stat.S_ISLNK(info.st_mode) and not is_dir and \
+                not _exists(path):
+            problem = f"{path} is a dangling or looping symbolic link"
+        elif info is not None and not is_dir:
+            problem = f"{path} exists and is not a folder"
+        elif create and writes:
+            try:
+                trust.make_folder(path, shared_group, private)
+            except OSError as exc:
+                problem = f"cannot create {path}: {why_not(exc)}"
+        elif create and info is None:  # what would be made: judge the folders above it
+            missing = True
+            problem = trust.distrust(path, shared_group, trusted_above, missing_ok=True)
+    is_dir = is_folder(path)
+    if problem is None and is_dir and not os.access(path, os.X_OK):
+        problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
+                   "choose a cache root you own")
+    if problem is None and is_dir:
+        problem = trust.distrust(path, shared_group, trusted_above)
+    if problem is None and is_dir and probe:
+        failed = _probe_write(path) if writes else _probe_access(path)
+        # A read-only mount or another user's folder can still serve hits.
+        if failed and failed[1] in (errno.EROFS, errno.EACCES, errno.EPERM) \
+                and os.access(path, os.R_OK | os.X_OK):
+            read_only = True
+        elif failed:
+            problem = failed[0]
+    return _measured(path, problem, read_only, missing, min_free)
 
 
 def node_local_fallback(kind: str) -> Path:

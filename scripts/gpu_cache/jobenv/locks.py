@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import names
-from gpu_cache.jobenv.fs import check_folder, node_local_fallback, why_not
+from gpu_cache.jobenv.fs import check_folder, may_write, node_local_fallback, why_not
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ def plan(settings: Settings, root: Path, root_problem: str | None) -> LockPlan:
     problems: list[str] = []
     for folder, above, group in places:
         check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
-        problem = check.problem or flock_problem(folder)
+        probes = may_write(folder, above)  # else assumed to work: a diagnosis writes nothing
+        problem = check.problem or (flock_problem(folder) if probes else None)
         if problem:
             problems.append(problem)
         elif problems:
@@ -74,18 +75,18 @@ def plan(settings: Settings, root: Path, root_problem: str | None) -> LockPlan:
                                 f"single-flight: {problems[0]}; its locks are node-local in {folder}, "
                                 "so single-flight holds within this node only",))
         else:
-            return _mode(settings, folder, check.fs_type, check.network or check.family == "fuse")
+            return _mode(settings, folder, check.fs_type, check.network or check.family == "fuse", probes)
     return LockPlan(False, settings.single_flight.timeout_seconds, problem=problems[0], warnings=(
         f"single-flight is off (every job compiles what it misses): {'; '.join(problems)}",))
 
 
-def _mode(settings: Settings, folder: Path, fs_type: str, shared: bool) -> LockPlan:
+def _mode(settings: Settings, folder: Path, fs_type: str, shared: bool, probes: bool) -> LockPlan:
     """Single-flight in ``folder`` (on ``fs_type``; ``shared``: nodes may share it): ``cluster``
-    where leases work on a shared filesystem, else ``node``."""
+    where leases work on a shared filesystem (``probes``: tried; else assumed), else ``node``."""
     timeout = settings.single_flight.timeout_seconds
     if not shared:
         return LockPlan(True, timeout, folder, names.NODE, f"{fs_type} is local to this node")
-    trouble = lease_problem(folder)
+    trouble = lease_problem(folder) if probes else None
     if trouble is None:
         return LockPlan(True, timeout, folder, names.CLUSTER,
                         f"{fs_type} may be shared by nodes, and flock there may lock within one node "

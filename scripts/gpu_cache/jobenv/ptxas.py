@@ -37,15 +37,19 @@ def shim_module() -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     hook_names = _load("gpu_cache._hook_names", HOOK_DIR / "sitecustomize.py")  # starts nothing
-    before = sys.modules.get("sitecustomize")
-    sys.modules["sitecustomize"] = hook_names  # what the shim imports its names from
+    before = dict(sys.modules)
+    sys.modules["sitecustomize"] = hook_names  # what the shim and its pieces import names from
+    sys.path.insert(0, str(HOOK_DIR))  # the hook's pieces it imports, only while it loads
     try:
         return _load(name, HOOK_DIR / "gpu_cache_ptxas.py")
     finally:
-        if before is None:
-            del sys.modules["sitecustomize"]
+        sys.path.remove(str(HOOK_DIR))
+        for loaded in [m for m in sys.modules if m.startswith("gpu_cache_") and m not in before]:
+            del sys.modules[loaded]
+        if "sitecustomize" in before:
+            sys.modules["sitecustomize"] = before["sitecustomize"]
         else:
-            sys.modules["sitecustomize"] = before
+            sys.modules.pop("sitecustomize", None)
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -155,6 +159,6 @@ def render(info: dict[str, Any]) -> list[str]:
             where = f"PATH: JAX's CUDA root has none ({info['jax_cuda_root_from']})"
         lines.append(f"  {who}: {runs} ({what['version'] or '?'}; from {where})")
     if info["xla"]["shim"]:
-        lines.append("  (XLA's own ptxas calls, made only when JAX's cache misses, then cost a Python start "
-                     "each; CUDA_ROOT=<your CUDA root> keeps them off the shim)")
+        lines.append("  (the shim's /bin/sh front passes XLA's own calls to the real ptxas without starting "
+                     "Python or caching: only kernels jaxlib's Triton path makes in the process are cached)")
     return lines

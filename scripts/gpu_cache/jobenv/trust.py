@@ -284,8 +284,9 @@ def _ancestors(top: Path) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda pair: len(pair[1]))
 
 
-def _distrust_above(top: Path, shared_group: str | None) -> str | None:
+def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = False) -> str | None:
     """Why a folder above ``top`` lets another user swap it (see :func:`may_swap`), or None.
+    ``missing_ok``: a folder on the way that does not exist is one this user would make.
 
     Raises:
         OSError, ValueError: a folder cannot be inspected.
@@ -293,8 +294,10 @@ def _distrust_above(top: Path, shared_group: str | None) -> str | None:
     me = os.geteuid()
     shared_gid = group_id(shared_group) if shared_group is not None else None
     for folder, entry in _ancestors(top):
+        if missing_ok and not os.path.lexists(folder):
+            continue
         info = os.stat(folder)
-        below = os.lstat(entry).st_uid
+        below = os.lstat(entry).st_uid if not missing_ok or os.path.lexists(entry) else me
         private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
         who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, shared_gid, private)
         if who is None:
@@ -318,14 +321,16 @@ def _distrust_above(top: Path, shared_group: str | None) -> str | None:
     return None
 
 
-def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None) -> str | None:
+def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None,
+             missing_ok: bool = False) -> str | None:
     """Why ``path`` (and every folder from ``trusted_above`` down to it) must not be used as a
     cache, or None when it may. With ``trusted_above`` (the cache root), the folders above it
-    must not let another user swap it either (:func:`may_swap`). Never raises for filesystem
-    trouble."""
+    must not let another user swap it either (:func:`may_swap`). ``missing_ok``: the folders
+    that do not exist yet are judged as this user would make them (a diagnosis that creates
+    nothing); those that exist as they are. Never raises for filesystem trouble."""
     if trusted_above is not None:
         try:
-            why = _distrust_above(trusted_above, shared_group)
+            why = _distrust_above(trusted_above, shared_group, missing_ok)
         except OSError as exc:
             return f"cannot inspect the folders above {trusted_above} (so it is not trusted): " \
                    f"{exc.strerror or exc}"
@@ -342,6 +347,8 @@ def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = 
                 break
             current = current.parent
     for folder in reversed(folders):
+        if missing_ok and not os.path.lexists(folder):
+            continue
         try:
             why = _distrust_one(folder, shared_group)
         except OSError as exc:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_cache.config.units import format_size
+from gpu_cache.core.shown import shown_lines
 
 from ._client import INDEX_TYPE, Reference, Session
 from ._common import ARCH_KEY, GPU_TYPE_KEY, IMAGE_KEY, SOFTWARE_KEY, VERDICT_KEY, RegistryError
@@ -77,7 +78,7 @@ def render_listing(found: Mapping[str, Any]) -> str:
                 f"{verdict.get('status', '?')}, {verdict.get('hits', '?')} hits, "
                 f"{verdict.get('misses', '?')} misses; {size}"
             )
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)  # tags and annotations are the registry's words
 
 
 def retire(reference: Reference, environ: Mapping[str, str] | None = None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from gpu_cache import __version__
 from gpu_cache.core import safe_io, software
 from gpu_cache.core.kinds import CARRIED
+from gpu_cache.core.shown import shown_lines
 
 from ._client import INDEX_TYPE, MANIFEST_TYPE, Reference, Session, sha256_digest
 from ._common import (
@@ -41,6 +42,9 @@ from ._common import (
 
 #: An index entry's annotation: the bytes of its layers (for the listing).
 BYTES_KEY = "io.gpu-cache.bytes"
+#: What the verdict proved of the outputs (issue 40): its mode and how many shapes had each
+#: outcome ("identical", "within run-to-run noise", "not proven"), so a fetching site sees it.
+OUTPUTS_KEY = "io.gpu-cache.outputs"
 #: What of a verdict goes into the artifact (the rest is per-run detail).
 VERDICT_FIELDS = ("status", "passed", "hits", "misses", "new_entries", "cold_seconds", "warm_seconds")
 
@@ -53,6 +57,8 @@ class PublishReport:
     manifest: str  # this GPU type's artifact
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> digest, size, entries, uploaded
     kept: list[str] = field(default_factory=list)  # the other GPU types in the index
+    #: Entries left out because another user could have written them (pack's ``untrusted``).
+    untrusted: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +68,7 @@ class PublishReport:
             "manifest": self.manifest,
             "layers": self.layers,
             "other_gpu_types": self.kept,
+            "untrusted": self.untrusted,
         }
 
 
@@ -76,9 +83,11 @@ def render_publish(report: PublishReport) -> str:
         f"published {report.reference} = {name}@{report.digest}",
         f"GPU type {report.gpu_type}: {report.manifest}; layers: {'; '.join(moved)}",
     ]
+    if report.untrusted:
+        lines.append(f"left out {len(report.untrusted)} entries another user could have written")
     if report.kept:
         lines.append(f"kept in the index: {', '.join(report.kept)}")
-    return "\n".join(lines) + "\n"
+    return shown_lines(lines)  # the other GPU types are named by the index in the registry
 
 
 def load_verdict(path: Path) -> dict[str, Any]:
@@ -93,7 +102,9 @@ def load_verdict(path: Path) -> dict[str, Any]:
         raise RegistryError(f"cannot read the verdict {path}: {exc}") from None
     if not isinstance(verdict, dict) or not isinstance(verdict.get("gpu_type"), str):
         raise RegistryError(f"{path} is not a validation verdict (validate/{{gpu_type}}.json)")
-    if verdict.get("passed") is not True or verdict.get("misses"):
+    status = verdict.get("status", "passed")  # older verdicts have none
+    # Each on its own: a verdict whose workloads never ran (``error``) has no misses either.
+    if verdict.get("passed") is not True or status != "passed" or verdict.get("misses"):
         raise RegistryError(
             f"the validation of {verdict['gpu_type']} in {path} did not pass "
             f"({verdict.get('status')}): only validated caches are published"
@@ -119,6 +130,7 @@ def fingerprint(identity: Mapping[str, Any]) -> dict[str, Any]:
 def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[str, str]:
     device = verdict.get("device") if isinstance(verdict.get("device"), dict) else {}
     ran = verdict.get("software") if isinstance(verdict.get("software"), dict) else {}
+    proof = verdict.get("outputs") if isinstance(verdict.get("outputs"), dict) else {}
     return {
         GPU_TYPE_KEY: gpu_type,
         ARCH_KEY: _arch(gpu_type, device),
@@ -127,11 +139,14 @@ def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[
         SOFTWARE_KEY: json.dumps(fingerprint(ran), sort_keys=True),
         VERDICT_KEY: json.dumps({k: verdict.get(k) for k in VERDICT_FIELDS}, sort_keys=True),
         BYTES_KEY: str(total),
+        OUTPUTS_KEY: json.dumps({"mode": proof.get("mode"), **(proof.get("counts") or {})}, sort_keys=True),
     }
 
 
-def _packs(root: Path, gpu_type: str, folder: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """A stable pack per carried kind that has entries of ``gpu_type``: its file and manifest."""
+def _packs(root: Path, gpu_type: str, folder: Path, shared_group: str | None,
+           untrusted: list[dict[str, str]]) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """A stable pack per carried kind that has entries of ``gpu_type``: its file and manifest;
+    the entries left out as another user's go to ``untrusted``."""
     from gpu_cache import carry
 
     out = {}
@@ -141,15 +156,19 @@ def _packs(root: Path, gpu_type: str, folder: Path) -> dict[str, tuple[Path, dic
     try:
         for kind in CARRIED:
             path = folder / f"{kind}.tar.gz"
-            report = carry.pack(root=root, archive=path, kinds=[kind], gpu_type=gpu_type, stable=True)
+            report = carry.pack(root=root, archive=path, kinds=[kind], gpu_type=gpu_type, stable=True,
+                                shared_group=shared_group)
+            untrusted += report.untrusted
             if report.entries.get(kind):
                 with carry.open_archive(path) as opened:
                     out[kind] = (path, opened.manifest)
     finally:
         quiet.setLevel(level)
     if not out:
+        others = f" that no other user could have written ({len(untrusted)} left out)" if untrusted else ""
         raise RegistryError(
-            f"no entry under {root} was used by the validated passes of {gpu_type}: nothing to publish"
+            f"no entry under {root}{others} was used by the validated passes of {gpu_type}: "
+            "nothing to publish"
         )
     return out
 
@@ -212,9 +231,11 @@ def _upload_layers(
 
 
 def publish(
-    *, root: Path, reference: Reference, verdict: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    *, root: Path, reference: Reference, verdict: Mapping[str, Any], environ: Mapping[str, str] | None = None,
+    shared_group: str | None = None,
 ) -> PublishReport:
-    """Publish the entries that ``verdict``'s passes used under ``root`` to ``reference`` (a tag).
+    """Publish the entries that ``verdict``'s passes used under ``root`` to ``reference`` (a tag):
+    those gpu-cache would itself read (``carry.pack``'s rule, with ``shared_group``).
 
     Raises:
         RegistryError: the registry cannot be reached or refused a request, nothing to publish,
@@ -227,8 +248,8 @@ def publish(
     session = Session(reference, environ)
     session.request("HEAD", f"manifests/{reference.tag}", ok=(200, 404))  # the login, before packing
     with tempfile.TemporaryDirectory(prefix="gpu-cache-publish-") as temp:
-        packs = _packs(root, gpu_type, Path(temp))
         report = PublishReport(str(reference), "", gpu_type, "")
+        packs = _packs(root, gpu_type, Path(temp), shared_group, report.untrusted)
         layers = _upload_layers(session, packs, report)
         total = sum(x["size"] for x in report.layers.values())
         annotations = _annotations(gpu_type, verdict, total)

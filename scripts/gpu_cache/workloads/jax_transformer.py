@@ -5,7 +5,10 @@ step (``value_and_grad`` of a loss over the layers) for sequence length 64 and p
 JSON line. ``--shape 256,512,1024`` runs several lengths in one process; ``--layers``,
 ``--d-model``, ``--heads`` and ``--batch`` size the model (the defaults are small enough for a
 CPU; the GPU benchmark uses a 12-layer model). Its compiled programs depend only on these
-arguments, so a second process with the same cache must hit every one of them.
+arguments, so a second process with the same cache must hit every one of them. Where the
+workload runner asks for outputs (``$GPU_CACHE_OUTPUTS``, issue 40), it runs each step a
+second time and reports the loss and every gradient of both runs
+(:mod:`gpu_cache.workloads.outputs`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import argparse
 import json
 import sys
 import time
+
+from gpu_cache.workloads import outputs
 
 VOCAB = 512
 
@@ -99,23 +104,33 @@ def main(argv: list[str] | None = None) -> int:
 
     step = jax.jit(jax.value_and_grad(loss))
     params = jax.jit(init)(jax.random.PRNGKey(0))
-    first_calls, losses = [], []
+    first_calls, losses, found, again = [], [], {}, {}
     for length in args.shapes:
         tokens = jax.random.randint(jax.random.PRNGKey(1), (BATCH, length), 0, VOCAB)
         first = time.perf_counter()
-        value, _grads = step(params, tokens)
+        value, grads = step(params, tokens)
         value.block_until_ready()
         first_calls.append(round(time.perf_counter() - first, 3))
         if not bool(jnp.isfinite(value)):
             print(f"jax-transformer: error: loss is not finite ({value}) at length {length}", file=sys.stderr)
             return 1
         losses.append(round(float(value), 4))
+        if outputs.wanted():
+            found.update(named(jax, length, value, grads))
+            again.update(named(jax, length, *step(params, tokens)))
+    outputs.save(found, again)
     print(json.dumps({
         "workload": "jax-transformer", "shape": args.shape, "loss": losses,
         "device": str(jax.devices()[0].device_kind), "first_call_seconds": first_calls,
         "seconds": round(time.perf_counter() - started, 3),
     }))
     return 0
+
+
+def named(jax, length: int, value, grads) -> dict:
+    """One step's outputs by name: its loss and each gradient, at sequence ``length``."""
+    leaves = jax.tree_util.tree_leaves(grads)
+    return {f"{length}/loss": value, **{f"{length}/grad{i}": leaf for i, leaf in enumerate(leaves)}}
 
 
 if __name__ == "__main__":

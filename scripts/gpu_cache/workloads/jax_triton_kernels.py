@@ -18,7 +18,11 @@ JAX lowers the program, in every process: gpu-cache's startup hook keeps them
   is not touched (JAX compiles only on a GPU).
 
 ``--kernels matmul`` leaves the attention out; ``--autotune`` adds a matmul with four
-configurations for jaxlib to autotune at its first launch (issue 34's item 4). Exit codes:
+configurations for jaxlib to autotune at its first launch (issue 34's item 4). Where the
+workload runner asks for outputs (``$GPU_CACHE_OUTPUTS``, issue 40): in ``run`` mode the
+block's result, from a first call and a second one of the same compiled program; in ``lower``
+mode the lowered module's text for each target, which holds every kernel's compiled code as
+the cache served it or jax-triton compiled it (:mod:`gpu_cache.workloads.outputs`). Exit codes:
 0 success, 1 a result that differs from plain JAX's, 2 bad arguments or no jax-triton.
 """
 
@@ -36,6 +40,7 @@ import triton
 import triton.language as tl
 
 from gpu_cache.core import names
+from gpu_cache.workloads import outputs
 
 WORKLOAD = "jax-triton"
 BATCH, WIDTH, HEADS = 2, 128, 2
@@ -212,6 +217,7 @@ def lower(args: argparse.Namespace) -> dict:
     import jax.numpy as jnp
 
     out = {"lower_seconds": [], "module_sha256": []}
+    modules = {}
     for capability in args.capabilities:
         function, shapes = program(args.length, args.kernels, args.autotune, args.xla, capability)
         specs = [jax.ShapeDtypeStruct(shape, jnp.float16) for shape in shapes.values()]
@@ -219,7 +225,9 @@ def lower(args: argparse.Namespace) -> dict:
         text = jax.jit(function).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
         out["lower_seconds"].append(round(time.perf_counter() - started, 3))
         out["module_sha256"].append(_module(text, args.module_out))
+        modules[f"sm_{capability}/module"] = text.encode()
     out["targets"] = [f"sm_{c}" for c in args.capabilities]
+    outputs.save(modules)
     return out
 
 
@@ -249,7 +257,9 @@ def run(args: argparse.Namespace) -> tuple[dict, bool]:
     result = compiled(*values)
     result.block_until_ready()
     first = time.perf_counter()
-    compiled(*values).block_until_ready()
+    again = compiled(*values)
+    again.block_until_ready()
+    outputs.save({"block": result}, {"block": again})
     out = {"lower_seconds": [round(lowered_at - started, 3)],
            "compile_seconds": round(compiled_at - lowered_at, 3),
            "first_launch_seconds": round(first - compiled_at, 3),

@@ -13,7 +13,10 @@ Printed: the loss per length, ``first_call_seconds`` (compile and first step) an
 ``step_seconds`` (a second step at the same length) per length, and ``compile_seconds``: the
 sum of their differences, the compile part of the process. ``--save-artifacts`` and
 ``--load-artifacts`` carry the process's graphs in torch's portable form (Mega-Cache), to
-compare with carrying Inductor's folder (tests/benchmarks/torch_compile_gpu.py).
+compare with carrying Inductor's folder (tests/benchmarks/torch_compile_gpu.py). Each length's
+input is drawn from a generator seeded with the length, so the two steps compute the same;
+where the workload runner asks for outputs (``$GPU_CACHE_OUTPUTS``, issue 40), both steps'
+loss and gradients are reported (:mod:`gpu_cache.workloads.outputs`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import argparse
 import json
 import sys
 import time
+
+from gpu_cache.workloads import outputs
 
 
 def _positive(text: str) -> int:
@@ -95,26 +100,34 @@ def main(argv: list[str] | None = None) -> int:
     model = _model(torch, args.blocks, args.d_model, args.heads).to(device)
     compiled = torch.compile(model, dynamic=False)
 
-    def step(length: int) -> float:
-        x = torch.randn(args.batch, length, args.d_model, device=device)
+    def step(length: int) -> tuple[float, dict]:
+        model.zero_grad(set_to_none=True)
+        seeded = torch.Generator(device=device).manual_seed(length)
+        x = torch.randn(args.batch, length, args.d_model, device=device, generator=seeded)
         loss = compiled(x).float().pow(2).mean()
         loss.backward()
         if device == "cuda":
             torch.cuda.synchronize()
-        return float(loss)
+        found = {f"{length}/loss": loss} if outputs.wanted() else {}
+        found.update({f"{length}/grad/{name}": p.grad for name, p in model.named_parameters()
+                      if outputs.wanted() and p.grad is not None})
+        return float(loss.detach()), found
 
-    firsts, steps, losses = [], [], []
+    firsts, steps, losses, found, again = [], [], [], {}, {}
     for length in args.shapes:
         begin = time.perf_counter()
-        value = step(length)
+        value, first = step(length)
         firsts.append(round(time.perf_counter() - begin, 3))
         begin = time.perf_counter()
-        step(length)
+        second = step(length)[1]
         steps.append(round(time.perf_counter() - begin, 3))
+        found.update(first)
+        again.update(second)
         if value != value or value in (float("inf"), float("-inf")):
             print(f"torch-compile: error: loss is not finite ({value}) at length {length}", file=sys.stderr)
             return 1
         losses.append(round(value, 4))
+    outputs.save(found, again)
     saved = None
     if args.save_artifacts:
         artifacts = torch.compiler.save_cache_artifacts()

@@ -32,6 +32,10 @@ what Triton's CUDA driver reports for a GPU of compute capability ``cc``. Neithe
 path nor the module name is part of Triton's key (source text, starting line, used globals are), so
 the location of this package does not matter either. What must still match between warm and run:
 the Triton build, the Python version, and the set of cache-invalidating ``TRITON_*`` variables.
+Where the workload runner asks for outputs (``$GPU_CACHE_OUTPUTS``, issue 40): in ``jit`` mode
+each case's output tensor, from a first launch and a second one on the same inputs; in ``aot``
+mode, where nothing runs, each kernel's cubin as the cache served it or Triton compiled it,
+which is what a GPU would run (:mod:`gpu_cache.workloads.outputs`).
 Exit codes: 0 success, 1 compile/launch/check failure, 2 bad arguments or environment.
 """
 
@@ -56,6 +60,7 @@ from triton.runtime.jit import JITFunction, MockTensor
 
 from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
+from gpu_cache.workloads import outputs
 
 WORKLOAD = "triton-kernels"
 DEFAULT_TARGET = "sm_90"
@@ -227,18 +232,18 @@ def build_cases(n: int) -> list[KernelCase]:
     return cases
 
 
-def _invoke(case: KernelCase, tensors: Mapping[str, Any], launch: bool) -> None:
+def _invoke(case: KernelCase, tensors: Mapping[str, Any], launch: bool) -> Any:
     """The single call site of both modes (see the module docstring for why this fixes the keys).
 
     ``launch=True`` is the JIT path of a real job, ``kernel[grid](*args, **options)``;
     ``launch=False`` is ``kernel.warmup(*args, grid=grid, **options)``. Both are
     ``JITFunction.run(*args, grid=grid, warmup=not launch, **options)`` with identical arguments.
+    Returns the compiled kernel.
     """
     args = case.make_args(tensors)
     if launch:
-        case.kernel[case.grid](*args, **case.options)
-    else:
-        case.kernel.warmup(*args, grid=case.grid, **case.options)
+        return case.kernel[case.grid](*args, **case.options)
+    return case.kernel.warmup(*args, grid=case.grid, **case.options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,6 +391,7 @@ def run_aot(shape: int, capabilities: Sequence[int]) -> list[KernelEvent]:
     """
     cases = build_cases(shape)
     recorder = _Recorder()
+    binaries: dict[str, bytes] = {}
     with target_only_driver(capabilities) as fake, recorder.installed():
         for cap in capabilities:
             fake.select(cap)
@@ -395,11 +401,13 @@ def run_aot(shape: int, capabilities: Sequence[int]) -> list[KernelEvent]:
                 recorder.current = event
                 start = time.perf_counter()
                 try:
-                    _invoke(case, _mock_tensors(case), launch=False)
+                    compiled = _invoke(case, _mock_tensors(case), launch=False)
+                    binaries[f"sm_{cap}/{case.name}"] = compiled.asm.get("cubin", b"")
                 except Exception as exc:
                     raise WorkloadError(f"compiling {case.name} for sm_{cap} failed: {type(exc).__name__}: "
                                         f"{last_line(exc)}") from exc
                 event.seconds = time.perf_counter() - start
+    outputs.save(binaries)
     return recorder.events
 
 
@@ -459,6 +467,7 @@ def run_jit(shape: int) -> tuple[str, list[KernelEvent]]:
     target = f"sm_{major * 10 + minor}"
     generator = torch.Generator(device="cuda").manual_seed(0)
     recorder = _Recorder()
+    found, again = {}, {}
     with recorder.installed():
         for case in cases:
             tensors = _torch_tensors(case, generator)
@@ -474,6 +483,12 @@ def run_jit(shape: int) -> tuple[str, list[KernelEvent]]:
                 raise WorkloadError(f"{case.name} on {target} failed: {type(exc).__name__}: {exc}") from exc
             event.seconds = time.perf_counter() - start
             _check(case, tensors)
+            if outputs.wanted():
+                found[case.name] = tensors[case.output].clone()
+                _invoke(case, tensors, launch=True)  # the same compiled kernel, the same inputs
+                torch.cuda.synchronize()
+                again[case.name] = tensors[case.output]
+    outputs.save(found, again)
     return target, recorder.events
 
 

@@ -10,7 +10,8 @@ process lowers at once. Layout:
   everything that changes the compiler's output). Its content is JSON (:data:`FORMAT`): the
   key, the kernel's Python name and module, the jax-triton and Triton versions, the target,
   the key's parts (for ``gpu-cache doctor --explain``), jax-triton's ``CompilationResult``
-  fields (the PTX among them) and the TTIR. ``kernel`` comes first, so that a scan reads a
+  fields (the PTX among them), the TTIR, and last the sha256 of all that (:func:`digest`), so
+  that damage that keeps the size is found. ``kernel`` comes first, so that a scan reads a
   small head of each file to name it.
 * ``<folder>/.triton-keys/<32 hex>``: Triton's own key of one Triton installation (a hash of
   its sources and the whole ``libtriton.so``, 500 MB in Triton 3.9's wheel), named by
@@ -29,6 +30,7 @@ hit, which is its last use.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,7 +43,7 @@ from typing import Any
 from gpu_cache.core import names, safe_io, verified
 
 #: The entry format the startup hook writes (its copy: ``gpu_cache_jax_triton_store.FORMAT``).
-FORMAT = 1
+FORMAT = 2
 #: An entry larger than this is not read (an attention kernel's PTX is a few hundred kB).
 ENTRY_LIMIT = 64 << 20
 #: How much of an entry a scan reads to name it.
@@ -73,6 +75,8 @@ def problem_of(data: Any, key: str) -> str | None:
         return f"not a jax-triton kernel entry of format {FORMAT}"
     if data.get("key") != key:
         return "its key is not its file name"
+    if data.get("sha256") != digest(data):
+        return "not as it was written (its sha256 differs)"
     if not all(isinstance(data.get(name), str) for name in (*TEXT_FIELDS, "ttir")):
         return "a text field is missing"
     result = data.get("result")
@@ -85,6 +89,13 @@ def problem_of(data: Any, key: str) -> str | None:
     if not all(_plain(value) for value in result.values()):
         return "its compilation result holds a value of an unknown type"
     return None
+
+
+def digest(data: dict[str, Any]) -> str:
+    """The sha256 of an entry's content: its JSON without the field ``sha256``, keys sorted.
+    The hook's copy is ``gpu_cache_jax_triton_store.digest`` (a test keeps them one)."""
+    body = json.dumps({k: v for k, v in data.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode("ascii")).hexdigest()
 
 
 def _plain(value: Any) -> bool:

@@ -75,11 +75,14 @@ class Kind:
     ``<local tier>/<name>``, fed from and promoted to ``<cache root>/<name>`` by the startup
     hook. ``recorded``: the hook records its hits and misses without an import of its own to
     watch (ptxas: the shim's calls). ``needs_hook``: its variable set, jobs need the startup
-    hook (it is the hook that serves the kind). Integrity (docs/kinds.md): ``own_check``: its
-    inventory checks entries with the kind's own format check, keeping what it verified in
-    the folder's verification record (:mod:`gpu_cache.core.verified`); ``sealed``: a verifying
-    scan seals each whole entry's files there and finds the same-size damage of one sealed
-    before (:mod:`gpu_cache.core.kinds.integrity`); neither: ``unsealed_why`` says why not.
+    hook (it is the hook that serves the kind). ``inner_folders``: glob patterns, below the
+    kind's folder, of the folders the tool itself makes and writes into; env and doctor judge
+    each that exists as a kind folder (whoever may add to one plants what the tool loads).
+    Integrity (docs/kinds.md): ``own_check``: its inventory checks entries with the kind's own
+    format check, keeping what it verified in the folder's verification record
+    (:mod:`gpu_cache.core.verified`); ``sealed``: a verifying scan seals each whole entry's
+    files there and finds the same-size damage of one sealed before
+    (:mod:`gpu_cache.core.kinds.integrity`); neither: ``unsealed_why`` says why not.
     """
 
     name: str = ""
@@ -94,6 +97,7 @@ class Kind:
     tiered: bool = False
     recorded: bool = False
     needs_hook: bool = False
+    inner_folders: tuple[str, ...] = ()
     own_check: bool = False
     sealed: bool = False
     unsealed_why: str = ""

@@ -15,6 +15,9 @@ class _Vllm(Kind):
     env_var = names.VLLM_CACHE_ROOT_VAR
     read_only = ReadOnlyUse.FALLBACK
     sealed = True
+    # vLLM makes and writes torch_compile_cache/<hash>/rank_<i>_<j>/<model part>/.
+    inner_folders = ("torch_compile_cache", "torch_compile_cache/*", "torch_compile_cache/*/*",
+                     "torch_compile_cache/*/*/*")
     last_use = ("the newest modification or access time of the entry's files (vLLM marks no hit; a "
                 "hit reads them)")
 

@@ -12,8 +12,9 @@ Without --buckets it pads to AlphaPulldown's own default buckets (its flag's def
 alphapulldown/scripts/run_structure_prediction.py, 2.6.2), which start at 128 where
 AlphaFold 3's run_alphafold.py starts at 256. Like AlphaPulldown, it applies
 --jax_compilation_cache_dir with jax.config.update, over the environment's
-JAX_COMPILATION_CACHE_DIR. Writes DIR/ranking_debug.json: the fold, the bucket, what the
-persistent cache did in this process, and the cache folder JAX used.
+JAX_COMPILATION_CACHE_DIR. Writes DIR/ranking_debug.json: the fold, the bucket, the backend
+and weights it was given, what the persistent cache did in this process, and the cache folder
+JAX used.
 """
 
 import argparse
@@ -33,7 +34,8 @@ parser.add_argument("--data_directory", required=True, help="the AlphaFold 3 wei
 parser.add_argument("--features_directory", default="data", help="the folds' sequences (FASTA)")
 parser.add_argument("--protein_delimiter", default="+")
 parser.add_argument("--buckets", default=BUCKETS)
-parser.add_argument("--fold_backend", default="alphafold3", choices=["alphafold3"])
+# No default here: a job that lost the flag shows it (ranking_debug.json's fold_backend: null).
+parser.add_argument("--fold_backend", choices=["alphafold3"])
 parser.add_argument("--jax_compilation_cache_dir")
 args = parser.parse_args()
 if not os.path.isdir(args.data_directory):
@@ -69,6 +71,7 @@ bucket = next((b for b in sorted(int(b) for b in args.buckets.split(",")) if b >
 score = run_alphafold.predict(bucket)
 os.makedirs(args.output_directory, exist_ok=True)
 result = {"fold": args.input, "residues": tokens, "bucket": bucket, "score": round(score, 4),
+          "fold_backend": args.fold_backend, "data_directory": args.data_directory,
           "cache": counts, "cache_dir_used": jax.config.jax_compilation_cache_dir,
           "exported_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
           "device": jax.devices()[0].device_kind}

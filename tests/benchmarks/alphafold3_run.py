@@ -1,0 +1,157 @@
+"""One process of AlphaFold 3's real network for tests/benchmarks/alphafold3_gpu.py (issue 39):
+ColabFold's wheel (``alphafold3-colabfold``), a poly-glycine chain that fills ``--bucket``, random
+parameters of the real shapes (``gpu_cache.workloads.alphafold3_weights.shapes``), the network
+jitted as ``run_alphafold.py`` jits it, and where the time goes, printed as one JSON line:
+
+``import`` (jax, haiku, tokamax, AlphaFold 3), ``parameters`` (their shapes and random values on
+the device), ``featurise``, ``trace``, ``lower``, ``compile`` (XLA, or JAX's cache), ``first_call``
+(ptxas of jax-triton kernels and their first launch included) and ``second_call`` (the steady
+state); ``jax_triton`` (seconds inside jax-triton's kernel compile step, hit or miss: part of
+``lower``), ``ptxas`` (seconds of the ptxas calls that went through ``PATH``, when the benchmark
+put its timing wrapper there), ``tokamax_autotune`` (seconds tokamax spent autotuning) and
+``tokamax_misses`` (its autotuning-cache misses, from its log).
+
+``--glu xla`` runs tokamax's XLA GLU instead of its Triton GLU (no jax-triton); ``--glu triton``
+(the default kernels) sets ``triton.backends.nvidia.driver.TMA_TF32`` first where the installed
+Triton lacks it (jax-triton 0.4.1 imports it with its NVIDIA backend, and Triton 3.6.0 has no such
+name). ``--attention xla`` for a CPU. Runs on Python 3.12 with the wheel, jax, dm-haiku, tokamax.
+"""
+
+import argparse
+import functools
+import json
+import logging
+import os
+import sys
+import time
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bucket", type=int, default=256)
+    parser.add_argument("--recycles", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None, help="diffusion steps (default: the model's 200)")
+    parser.add_argument("--attention", default="triton", help="flash_attention_implementation")
+    parser.add_argument("--glu", choices=("triton", "xla"), default="triton")
+    return parser.parse_args(argv)
+
+
+class _Misses(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record):
+        if isinstance(record.msg, str) and record.msg.startswith("Autotuning cache miss"):
+            self.count += 1
+        return True
+
+
+def _timed(owner, name, seconds):
+    """Wrap ``owner.name`` so that its calls add their seconds to ``seconds[0]``."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds[0] += time.perf_counter() - started
+
+    setattr(owner, name, wrapper)
+
+
+def _ptxas_seconds():
+    """The seconds of the ptxas calls the benchmark's wrapper logged (``start end`` lines)."""
+    log = os.environ.get("AF3_BENCH_PTXAS_LOG")
+    if not log or not os.path.exists(log):
+        return None
+    with open(log) as lines:
+        pairs = [line.split() for line in lines if len(line.split()) == 2]
+    return round(sum(float(end) - float(start) for start, end in pairs), 3)
+
+
+def main(argv=None):
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    out, clock = {}, time.perf_counter()
+
+    def lap(name):
+        nonlocal clock
+        now = time.perf_counter()
+        out[name] = round(now - clock, 3)
+        clock = now
+
+    if args.glu == "triton":
+        import triton.backends.nvidia.driver as driver
+
+        driver.TMA_TF32 = getattr(driver, "TMA_TF32", 0)
+    import haiku as hk
+    import jax
+    import numpy as np
+    import tokamax
+    from absl import logging as absl_logging
+    from alphafold3.common import folding_input
+    from alphafold3.constants import chemical_components
+    from alphafold3.data import featurisation
+    from alphafold3.model import config_factory, model
+    from alphafold3.model.components import platform, utils
+
+    from gpu_cache.workloads import alphafold3, alphafold3_weights
+
+    misses = _Misses()
+    absl_logging.get_absl_logger().addFilter(misses)
+    jt_seconds, tune_seconds = [0.0], [0.0]
+    if args.glu == "xla":
+        tokamax.gated_linear_unit = functools.partial(tokamax.gated_linear_unit, implementation="xla")
+    else:
+        import jax_triton.triton_lib as triton_lib
+
+        _timed(triton_lib.TritonFunction, "get_or_create_kernel", jt_seconds)
+    _timed(tokamax.BoundArguments, "autotune", tune_seconds)
+    platform.preinit_tokamax_context()
+    lap("import")
+
+    shapes = alphafold3_weights.shapes()
+    largest = max(int(np.prod(s.shape)) for arrays in shapes.values() for s in arrays.values())
+    pool = np.random.default_rng(int(os.environ.get("AF3_BENCH_SEED", "0"))).standard_normal(
+        largest, dtype=np.float32) * 0.02
+
+    def random(spec):  # slices of one draw, as the workload's weights writer makes them
+        return jax.device_put(pool[:int(np.prod(spec.shape))].reshape(spec.shape).astype(spec.dtype))
+
+    params = {scope: {name: random(s) for name, s in arrays.items()} for scope, arrays in shapes.items()}
+    jax.block_until_ready(params)
+    lap("parameters")
+
+    config = config_factory.make_model_config(
+        flash_attention_implementation=args.attention, num_diffusion_samples=args.samples,
+        num_recycles=args.recycles, num_sampling_steps=args.steps)
+    fold = folding_input.Input.from_json(json.dumps(alphafold3.fold_input(args.bucket)))
+    (batch,) = featurisation.featurise_input(fold, chemical_components.Ccd(), [args.bucket])
+    batch = utils.remove_invalidly_typed_feats(batch)
+    batch = jax.device_put(jax.tree_util.tree_map(jax.numpy.asarray, batch))
+    key = jax.random.PRNGKey(1)
+    jax.block_until_ready((batch, key))
+    lap("featurise")
+
+    step = jax.jit(hk.transform(lambda b: model.Model(config)(b)).apply)
+    traced = step.trace(params, key, batch)
+    lap("trace")
+    lowered = traced.lower()
+    lap("lower")
+    compiled = lowered.compile()
+    lap("compile")
+    jax.block_until_ready(compiled(params, key, batch))
+    lap("first_call")
+    jax.block_until_ready(compiled(params, key, batch))
+    lap("second_call")
+    out.update(jax_triton=round(jt_seconds[0], 3), tokamax_autotune=round(tune_seconds[0], 3),
+               tokamax_misses=misses.count, device=jax.devices()[0].device_kind, ptxas=_ptxas_seconds())
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Well-formed but wrong cache entries, as a torn group or a bad promotion would leave them in a
+trusted root (issue 40): each keeps its own key and shape and holds what another program of the
+same signature compiled to. The outputs proof must catch each (tests/test_outputs_proof.py, and
+on a GPU tests/benchmarks/outputs_proof.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+#: ``jit(plus_one)(ones(3))``, its outputs written to the file named by the first argument.
+PLUS_ONE = ("import sys, jax, jax.numpy as jnp, numpy as np\n"
+            "def plus_one(x):\n"
+            "    return x + 1\n"
+            "np.save(sys.argv[1], np.asarray(jax.jit(plus_one)(jnp.ones(3, jnp.float32))))\n")
+#: Another function of the same signature: its executable is well formed, and wrong for plus_one.
+HUNDRED = ("import jax, jax.numpy as jnp\n"
+           "def hundred(x):\n"
+           "    return x * 0 + 100\n"
+           "print(jax.jit(hundred)(jnp.ones(3, jnp.float32)))\n")
+#: Two graphs of one signature under torch.compile; the outputs are both results.
+TWO_GRAPHS = ("import sys, torch, numpy as np\n"
+              "def plus_one(x):\n"
+              "    return torch.sin(x) + 1\n"
+              "def hundred(x):\n"
+              "    return torch.cos(x) * 100\n"
+              "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+              "x = torch.ones(8, device=device)\n"
+              "found = {f.__name__: torch.compile(f, dynamic=False)(x).cpu().numpy()\n"
+              "         for f in (plus_one, hundred)}\n"
+              "np.savez(sys.argv[1], **found)\n")
+
+
+def plant_jax(jax_folder: Path, name: str, program: str, other: str, scratch: Path,
+              environ: dict[str, str]) -> str:
+    """Copy the executable of ``other`` that ``program`` compiles (in ``environ``, with its own
+    cache in ``scratch``) over the entry of ``name`` in ``jax_folder``: the key it replaced."""
+    (target,) = jax_folder.glob(f"{name}-*-cache")
+    env = dict(environ, JAX_COMPILATION_CACHE_DIR=str(scratch),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wrong,) = scratch.glob(f"{other}-*-cache")
+    shutil.copyfile(wrong, target)
+    return target.name[:-len("-cache")]
+
+
+def triton_groups(root: Path, kernel: str) -> list[Path]:
+    """The key folders of ``kernel`` (by name) in the root's Triton cache."""
+    return sorted(p.parent for p in (root / "triton").glob(f"*/{kernel}.cubin"))
+
+
+def tear_triton(group: Path, donor: Path) -> str:
+    """Make ``group`` a torn Triton group: its kernel binary is ``donor``'s, another
+    specialisation of the same kernel (same signature), the rest its own. Its key."""
+    (cubin,) = group.glob("*.cubin")
+    cubin.write_bytes((donor / cubin.name).read_bytes())
+    return group.name
+
+
+def entries_of(folder: Path, kernel: str) -> list[Path]:
+    """jax-triton entries (JSON files) of the kernel named ``kernel``."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and json.loads(p.read_text()).get("kernel") == kernel)
+
+
+def swap_jax_triton_ptx(entry: Path, donor: Path) -> str:
+    """Give a jax-triton entry ``donor``'s PTX (a torn write: the key and the rest its own), its
+    sha256 made anew as a writer that wrote it so would. Its key."""
+    from gpu_cache.core.caches import jax_triton as kernel_cache
+
+    found, other = json.loads(entry.read_text()), json.loads(donor.read_text())
+    found["result"]["binary"] = other["result"]["binary"]
+    found.pop("sha256", None)
+    entry.write_text(json.dumps({**found, "sha256": kernel_cache.digest(found)}))
+    return entry.name
+
+
+def swap_ptxas_output(entry: Path, donor: Path) -> str:
+    """Give a ptxas shim entry ``donor``'s cubin, its header (key, sizes) made whole for it. Its key."""
+    magic, own = entry.read_bytes().split(b"\n", 1)
+    key, sizes, meta, rest = own.split(b"\n", 3)
+    out_n, err_n, _bin_n, seconds = sizes.split()
+    other = donor.read_bytes().split(b"\n", 1)[1].split(b"\n", 3)
+    other_out, other_err, _bin, _seconds = (int(v) if n < 3 else v for n, v in enumerate(other[1].split()))
+    cubin = other[3][other_out + other_err:]
+    head = b"%s\n%s %s %d %s\n%s\n" % (key, out_n, err_n, len(cubin), seconds, meta)
+    entry.write_bytes(magic + b"\n" + head + rest[:int(out_n) + int(err_n)] + cubin)
+    return entry.name[:-len(".ptxas")]
+
+
+def swap_inductor_graph(inductor: Path) -> str:
+    """In an Inductor folder holding :data:`TWO_GRAPHS`' two FX graphs, put hundred's code
+    under plus_one's key. plus_one's key."""
+    graphs = {b"cos(" in p.read_bytes(): p for p in (inductor / "fxgraph").glob("*/*/*")}
+    assert len(graphs) == 2, graphs
+    graphs[False].write_bytes(graphs[True].read_bytes())
+    return graphs[False].parent.name
+
+
+def ptxas_entries_of(folder: Path, kernel: str) -> list[Path]:
+    """The ptxas shim's entries of kernels whose name holds ``kernel``: one kernel's
+    specialisations share its symbol, so another's cubin loads and runs, wrongly."""
+    from gpu_cache.core import kinds
+
+    if not folder.is_dir():
+        return []
+    return sorted(folder / f"{e.key}.ptxas" for e in kinds.scan("ptxas", folder, grace_seconds=0.0)
+                  if kernel in e.name and not e.problem)
