@@ -18,7 +18,7 @@ import pytest
 
 from gpu_cache.core import kinds
 from gpu_cache.core.kinds import Kind, integrity
-from helpers import run_cli_here
+from helpers import hook_piece, run_cli_here
 
 DAY = 86400.0
 OLD = time.time() - 10 * DAY  # beyond prune's grace period and any tool's write grace
@@ -285,3 +285,67 @@ def test_what_a_record_says_of_a_kind_is_shown_escaped(kind, tmp_path):
         for stream in (done.stdout, done.stderr):
             assert not any(ch in stream for ch in "\x1b\x07\r"), stream
             assert not any(line.startswith("forged line") for line in stream.splitlines()), stream
+
+
+TIERED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.tiered]
+
+
+def tier_of(local: Path, shared: Path):
+    """The startup hook's node-local tier of a job whose cache root is ``shared``."""
+    return hook_piece("gpu_cache_tier").Tier(str(local), str(shared), 0, None)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every regular file under ``folder`` with its bytes (none of gpu-cache's own)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name != ".gpu-cache-verified"}
+
+
+@pytest.mark.parametrize("kind", TIERED)
+def test_the_tier_fetches_only_whole_entries_nobody_else_may_have_written(kind, tmp_path):
+    """Three entries in the shared tier, sealed by a prune: one then damaged (one bit, size and
+    mtime kept), one made writable by everyone. The hook's fetch serves the third as it is, and
+    neither of the others: both are counted in the record, and the damaged one is set aside in
+    the shared tier. Guards: the seal and trust checks of gpu_cache_tier's fetch."""
+    root, local = tmp_path / "root", tmp_path / "tier"
+    keys = written(root, kind, count=3)
+    prune(root, kind.name)  # seals what it finds whole
+    damaged = first_file(kind, entry_of(root, kind, keys[0]))
+    flip(damaged)
+    open_to_all = first_file(kind, entry_of(root, kind, keys[1]))
+    os.chmod(open_to_all, 0o666)
+    tier = tier_of(local, root)
+    for key in keys:
+        examples(kind).fetch(tier, key)
+    counts = tier.record(kind.name)
+    assert counts["damaged"] == 1 and counts["untrusted"] >= 1, counts  # (a tree: at each fetch)
+    assert not os.path.lexists(damaged), "set aside in the shared tier"
+    fetched = tree(kind.folder(local))
+    shared = tree(kind.folder(root))
+    assert whole(local, kind) == [keys[2]]
+    for path in fetched:  # what it fetched is byte for byte the shared tier's
+        assert not path.startswith(".gpu-cache-tmp")
+    third = first_file(kind, entry_of(local, kind, keys[2]))
+    relative = os.path.relpath(third, kind.folder(local))
+    assert fetched[relative] == shared[relative] or kind.name == "triton"  # (a group names local paths)
+    assert os.path.relpath(damaged, kind.folder(root)) not in fetched
+    assert os.path.relpath(open_to_all, kind.folder(root)) not in fetched
+
+
+@pytest.mark.parametrize("kind", TIERED)
+def test_the_tier_promotes_whole_entries_and_never_over_one_there(kind, tmp_path):
+    """Two entries a job wrote in its local tier; the shared tier already holds the first one
+    (another node promoted it first). Promotion places the second whole (the shared tier's
+    scan finds it whole) and leaves the first one's files as they were, not one replaced (a
+    reader there may be reading them). Guard: gpu_cache_tier_files.link_new (a new name only,
+    never a replacement)."""
+    root, local = tmp_path / "root", tmp_path / "tier"
+    keys = written(local, kind, count=2)
+    assert written(root, kind, count=1) == keys[:1]  # (the same entry, in files of its own)
+    before = {p: os.stat(p).st_ino for p in map(str, kind.folder(root).rglob("*"))}
+    tier = tier_of(local, root)
+    for key in keys:
+        examples(kind).promote(tier, key)
+    assert {p: os.stat(p).st_ino for p in before} == before, "an entry there is never replaced"
+    assert sorted(whole(root, kind)) == sorted(keys)
+    assert prune(root, kind.name)[kind.name]["entries_removed"] == 0

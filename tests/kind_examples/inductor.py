@@ -9,3 +9,13 @@ def write(folder: Path, number: int) -> str:
     entry.mkdir(parents=True)
     (entry / hashlib.sha256(key.encode()).hexdigest()[:20]).write_bytes(b"a pickled graph %d " % number * 300)
     return f"fxgraph/{key[1:3]}/{key}"
+
+
+def fetch(tier, key: str) -> None:
+    """As the Inductor piece fetches the shared tree (every file the local tier lacks)."""
+    tier.fetch_tree("inductor")
+
+
+def promote(tier, key: str) -> None:
+    """As the Inductor piece promotes its tree at exit."""
+    tier.promote_tree("inductor")

@@ -18,3 +18,13 @@ def write(folder: Path, number: int) -> str:
         "result": {"binary": ptx + "// padding\n" * 300, "name": name, "shared_mem_bytes": 0,
                    "ttgir": None, "llir": None}}))
     return key
+
+
+def fetch(tier, key: str) -> None:
+    """As the jax-triton store fetches a kernel it looks up."""
+    tier.fetch("jax_triton", key)
+
+
+def promote(tier, key: str) -> None:
+    """As the jax-triton store promotes a kernel it wrote."""
+    tier.promote("jax_triton", key)

@@ -17,3 +17,14 @@ def write(folder: Path, number: int) -> str:
         children[name] = str(group / name)
     (group / "__grp__kern.json").write_text(json.dumps({"child_paths": children}))
     return key
+
+
+def fetch(tier, key: str) -> None:
+    """As Triton's tiered cache manager fetches a group it looks up (its children, then it)."""
+    tier.fetch_group(key, "__grp__kern.json", f"{tier.local_folder('triton')}/{key}")
+
+
+def promote(tier, key: str) -> None:
+    """As Triton's tiered cache manager promotes a group it wrote."""
+    tier.promote_key_files(key, ["kern.json", "kern.cubin", "kern.ptx"], group_name="__grp__kern.json",
+                           shared_dir=f"{tier.shared_folder('triton')}/{key}")

@@ -36,6 +36,14 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os,
 _SCHEME = 8
 
 
+def seal_key(relative: str, ino: int, size: int) -> int:
+    """The record's key of the seal of the file ``relative`` (its path in the kind folder) of
+    inode ``ino`` and ``size`` bytes; its value is the CRC-32 of the file's bytes. The startup
+    hook looks seals up with its copy (``_hook/gpu_cache_seals.py``) before the node-local tier
+    serves a file of the shared one; JAX's own check records its entries' CRCs so too."""
+    return verified.digest(_SCHEME, verified.text(relative), ino, size)
+
+
 def files_of(path: str) -> Iterable[tuple[str, os.stat_result]]:
     """The regular files of an entry whose file or folder is ``path`` (a folder: every regular
     file under it, no link followed), each with its ``lstat``."""
@@ -109,7 +117,7 @@ def _damaged(relative: str, path: str, info: os.stat_result, record: verified.Re
              settled: float) -> bool:
     """Whether one file of an entry is damaged: its seal (by path, inode and size) holds another
     CRC. A file not sealed yet is sealed once it is settled."""
-    digest = verified.digest(_SCHEME, verified.text(relative), info.st_ino, info.st_size)
+    digest = seal_key(relative, info.st_ino, info.st_size)
     known = record.get(digest)
     if known == verified.DAMAGED:
         return True
