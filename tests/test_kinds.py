@@ -33,7 +33,8 @@ def test_the_hooks_copies_match_the_registry():
 
 def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
     """``_hook/gpu_cache_seals.py`` keeps copies of the record's format and of the seals' key:
-    a seal prune records is found by the hook, with its value, in a record of many."""
+    a seal prune records is found by the hook, with its value, in a record of many; a record
+    another user may have written seals nothing."""
     from gpu_cache.core import verified
     from gpu_cache.core.kinds import integrity
     from helpers import hook_piece
@@ -52,6 +53,8 @@ def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
         found = seals.Seals(folder)
         assert all(found.sealed(integrity.seal_key(f"{n}", n, n)) == n for n in range(1000))
         assert found.sealed(integrity.seal_key("1000", 1000, 1000)) is None
+        os.chmod(tmp_path / verified.NAME, 0o666)  # another user may have written it: no seals
+        assert seals.Seals(folder).sealed(integrity.seal_key("1", 1, 1)) is None
     finally:
         os.close(folder)
 

@@ -6,7 +6,8 @@ and size are as sealed but whose bytes are not (same-size damage).
 
 Copies of ``gpu_cache.core.verified``'s record format and of
 ``gpu_cache.core.kinds.integrity.seal_key`` (tests/test_kinds.py keeps them one). A record that
-is missing, of another version, too large or not a regular file seals nothing, and nor does a
+is missing, of another version, too large, not a regular file or one another user may have
+written (it would only make the tier refuse good files) seals nothing, and nor does a
 digest this Python makes otherwise than prune's (it is ``hash`` of whole numbers: the same on
 every 64-bit CPython 3.8+): the file is then served as it would be without a seal. Standard
 library only, Python 3.9+.
@@ -16,6 +17,8 @@ import os
 import stat
 import sys
 import zlib
+
+from gpu_cache_hook_common import owner_problem
 
 NAME = ".gpu-cache-verified"
 MAGIC = b"gpu-cache verified v4\n"
@@ -32,10 +35,12 @@ def seal_key(relative, ino, size):
 
 
 class Seals:
-    """The seals of one kind folder (its descriptor), mapped at the first look-up."""
+    """The seals of one kind folder (its descriptor; ``team_gid``: the group of a team's
+    folder, or None), mapped at the first look-up."""
 
-    def __init__(self, folder_fd):
+    def __init__(self, folder_fd, team_gid=None):
         self.folder_fd = folder_fd
+        self.team_gid = team_gid
         self.view = None  # the record's pairs, unsigned 64-bit numbers; () for none
 
     def _load(self):
@@ -52,7 +57,8 @@ class Seals:
             info = os.fstat(fd)
             size = info.st_size
             body = size - len(MAGIC) - 8  # (after the magic, the scan's cursor)
-            if not stat.S_ISREG(info.st_mode) or size > MAX_BYTES or body <= 0 or body % 16:
+            if not stat.S_ISREG(info.st_mode) or size > MAX_BYTES or body <= 0 or body % 16 \
+                    or owner_problem(info, self.team_gid):
                 return
             mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         except (OSError, ValueError):

@@ -173,7 +173,7 @@ class Tier:
     def _seals(self, kind):
         with self.mutex:
             if kind not in self.seals:
-                self.seals[kind] = seals.Seals(self.shared.folder(kind))
+                self.seals[kind] = seals.Seals(self.shared.folder(kind), self.shared.team_gid)
             return self.seals[kind]
 
     def _damaged(self, kind, folder_fd, name, info):
