@@ -24,8 +24,8 @@ from gpu_cache.commands.stats import cache_stats
 from gpu_cache.commands.validate import kind_problems as autotuning_problems
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import hook_records, kinds
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
 from helpers import hook_piece

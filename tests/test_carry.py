@@ -28,8 +28,8 @@ from archives import rebuild, special
 from gpu_cache import carry
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import SMALL, clean_environ, read_json, run_cli
 
 pytest.importorskip("triton")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.core.caches import jax_triton as kernel_cache
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 from helpers import hook_piece, records
 from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, warnings
 
@@ -75,7 +75,7 @@ def _flip(path: Path) -> None:
 
 def test_the_hook_and_the_inventory_agree_on_an_entrys_sha256():
     """The hook writes an entry's sha256 (``gpu_cache_jax_triton_store.sealed``); stats, prune
-    and pack check it with their own copy (``core/caches/jax_triton.digest``)."""
+    and pack check it with their own copy (``core/kinds/jax_triton_format.digest``)."""
     store = hook_piece("gpu_cache_jax_triton_store")
     key = "a" * 64
     entry = {"format": kernel_cache.FORMAT, "key": key, "kernel": "k\u00e9\udcff", "module": "m",

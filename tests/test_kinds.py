@@ -60,7 +60,7 @@ def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
 
 
 def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
-    from gpu_cache.core.caches import jax_triton
+    from gpu_cache.core.kinds import jax_triton_format as jax_triton
 
     def constants(module: str) -> dict:
         tree = ast.parse((HOOK / f"{module}.py").read_text())

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from gpu_cache.core.kinds import tier_name as tier_digest
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.jobenv.fs import check_folder
 from helpers import (
     READER,

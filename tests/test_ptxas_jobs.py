@@ -16,8 +16,8 @@ import pytest
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import names
-from gpu_cache.core.caches import ptxas as ptxas_cache
 from gpu_cache.core.kinds import ptxas_explain as explain_ptxas
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 from gpu_cache.jobenv import env
 from helpers import HOOK, SCRIPTS, clean_environ, records, run_cli
 from ptxas_fixtures import SHIM, SHIM_DIR, make_ptx, runs, site_wrapper, triton_ptxas

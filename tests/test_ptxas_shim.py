@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 from ptxas_fixtures import (
     SHIM,
     SHIM_DIR,

@@ -9,10 +9,10 @@ import pytest
 from gpu_cache.commands.explain import explain_records
 from gpu_cache.commands.prune import plan
 from gpu_cache.commands.validate import NAMED_MISSES, judge
-from gpu_cache.core.caches.jax_frames import ZstdFrame
 from gpu_cache.core.device import gpu_type_of
 from gpu_cache.core.kinds import Entry
 from gpu_cache.core.kinds.jax_explain import explain_key
+from gpu_cache.core.kinds.jax_frames import ZstdFrame
 from gpu_cache.core.reports import Missed
 from gpu_cache.reports import KindCounts
 

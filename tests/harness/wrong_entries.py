@@ -71,7 +71,7 @@ def entries_of(folder: Path, kernel: str) -> list[Path]:
 def swap_jax_triton_ptx(entry: Path, donor: Path) -> str:
     """Give a jax-triton entry ``donor``'s PTX (a torn write: the key and the rest its own), its
     sha256 made anew as a writer that wrote it so would. Its key."""
-    from gpu_cache.core.caches import jax_triton as kernel_cache
+    from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 
     found, other = json.loads(entry.read_text()), json.loads(donor.read_text())
     found["result"]["binary"] = other["result"]["binary"]

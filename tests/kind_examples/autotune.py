@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
 
 
 def write(folder: Path, number: int) -> str:

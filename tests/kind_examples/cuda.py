@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from gpu_cache.core.caches import cuda as cuda_cache
+from gpu_cache.core.kinds import cuda_format as cuda_cache
 
 
 def write(folder: Path, number: int) -> str:

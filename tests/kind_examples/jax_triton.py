@@ -1,7 +1,7 @@
 import hashlib
 from pathlib import Path
 
-from gpu_cache.core.caches import jax_triton as kernel_cache
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 from helpers import hook_piece
 
 

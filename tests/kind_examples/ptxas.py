@@ -1,7 +1,7 @@
 import hashlib
 from pathlib import Path
 
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
 
 def write(folder: Path, number: int) -> str:

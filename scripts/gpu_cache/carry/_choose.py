@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import hook_records, names, software
-from gpu_cache.core.caches import autotune as autotune_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
 
 from ._format import ManifestEntry, printable
 

@@ -18,11 +18,11 @@ from functools import cache
 from typing import Any
 
 from gpu_cache.core import shown as terminal
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import jax_triton as kernel_cache
-from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 
 FORMAT = "gpu-cache-archive"
 #: 2: every file's SHA-256 in the manifest (#21: damage that keeps sizes is found before it is

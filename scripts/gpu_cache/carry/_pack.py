@@ -21,14 +21,13 @@ from typing import Any
 from gpu_cache import __version__
 from gpu_cache.config.units import format_size
 from gpu_cache.core import owners, safe_io, software
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import inductor as inductor_cache
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import jax_frames
-from gpu_cache.core.caches import jax_triton as kernel_cache
-from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import CARRIED, KINDS, scan
+from gpu_cache.core.kinds import CARRIED, KINDS, jax_frames, scan
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import inductor_format as inductor_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.core.shown import shown_lines
 
 from ._choose import dropped, keys_of, own_records, software_section

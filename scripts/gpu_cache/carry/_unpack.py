@@ -22,9 +22,9 @@ from typing import Any
 
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io
-from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import KINDS, scan
+from gpu_cache.core.kinds import jax_format as jax_cache
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import trust
 

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import safe_io, safe_locks
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import inductor as inductor_cache
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import jax_frames
-from gpu_cache.core.caches import jax_triton as kernel_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import inductor_format as inductor_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
+from gpu_cache.core.kinds import jax_frames
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 
 from ._archive import MemberReader
 from ._format import INDUCTOR_FOLDERS, MAX_SMALL_JSON, ManifestEntry, Refused, is_group, plain_name, shown

@@ -10,7 +10,7 @@ name comes from outside (an argument, a key of a report or record): :func:`named
 hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES`,
 :data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test fails when they drift.
 
-A kind's module imports its format code (``core/caches/<kind>.py``, ``<kind>_explain.py``) in the
+A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
 methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
 of the inventories.
 """

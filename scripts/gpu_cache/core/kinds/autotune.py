@@ -1,6 +1,6 @@
 """tokamax's autotuning results as a kind (issue 24): one file per (tokamax, jax, device kind)
 in its version folder; the hook saves them in a warm process and enters the matching one in every
-job that imports tokamax. (The format: :mod:`gpu_cache.core.caches.autotune`.)"""
+job that imports tokamax. (The format: :mod:`gpu_cache.core.kinds.autotune_format`.)"""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ class _Autotune(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
-        from gpu_cache.core.caches import autotune as autotune_cache
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
 
         return [Entry(self.name, e.key, e.device_kind, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in autotune_cache.scan(folder, grace_seconds)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
-        from gpu_cache.core.caches import autotune as autotune_cache
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
 
         assert isinstance(entry.source, autotune_cache.AutotuneEntry)
         autotune_cache.remove(folder, entry.source)

@@ -1,6 +1,6 @@
 """The CUDA driver's cache as a kind: the whole folder is one entry (the driver bounds it
 itself, ``CUDA_CACHE_MAXSIZE``); one whose layout is not recognised is counted but never
-removed. (The format: :mod:`gpu_cache.core.caches.cuda`.)"""
+removed. (The format: :mod:`gpu_cache.core.kinds.cuda_format`.)"""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class _Cuda(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
-        from gpu_cache.core.caches import cuda as cuda_cache
+        from gpu_cache.core.kinds import cuda_format as cuda_cache
 
         found = cuda_cache.scan(folder)
         if found is None:
@@ -33,7 +33,7 @@ class _Cuda(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """The whole cache (the driver starts a new one); never one whose layout is not
         recognised."""
-        from gpu_cache.core.caches import cuda as cuda_cache
+        from gpu_cache.core.kinds import cuda_format as cuda_cache
 
         assert isinstance(entry.source, cuda_cache.CudaCache)
         cuda_cache.remove(folder, entry.source)

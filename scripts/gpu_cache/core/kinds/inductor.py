@@ -1,6 +1,6 @@
 """Inductor's cache (torch.compile) as a kind: code files of one key with its lock, FX graph
 and AOTAutograd key folders, Triton's kernels under ``triton/``; each kernel library is checked
-whole (its ELF headers). (The format: :mod:`gpu_cache.core.caches.inductor`.)"""
+whole (its ELF headers). (The format: :mod:`gpu_cache.core.kinds.inductor_format`.)"""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class _Inductor(Kind):
                  record: Record | None) -> list[Entry]:
         """With ``verify_after``, each C++ kernel library is checked to be whole (once per file
         state, by ``record``)."""
-        from gpu_cache.core.caches import inductor as inductor_cache
+        from gpu_cache.core.kinds import inductor_format as inductor_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.paths[0] if e.paths else None)
@@ -42,14 +42,14 @@ class _Inductor(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A code entry under its lock; a key folder renamed away first (EBUSY: being compiled
         right now)."""
-        from gpu_cache.core.caches import inductor as inductor_cache
+        from gpu_cache.core.kinds import inductor_format as inductor_cache
 
         assert isinstance(entry.source, inductor_cache.InductorEntry)
         inductor_cache.remove(folder, entry.source)
 
     def files(self, entry: Entry) -> list[str]:
         """The entry's files or key folder, not its lock."""
-        from gpu_cache.core.caches import inductor as inductor_cache
+        from gpu_cache.core.kinds import inductor_format as inductor_cache
 
         assert isinstance(entry.source, inductor_cache.InductorEntry)
         return [path for path in entry.source.paths if path != entry.source.lock]

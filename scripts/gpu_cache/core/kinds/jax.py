@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache as a kind: the file-pair layout (``<key>-cache`` and
 ``<key>-atime``), its own integrity check (each ``-cache`` decompresses whole, and its CRC is
 the one recorded when it was first verified), and the variables that make it safe.
-(The format itself: :mod:`gpu_cache.core.caches.jax`.)"""
+(The format itself: :mod:`gpu_cache.core.kinds.jax_format`.)"""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class _Jax(Kind):
     @property
     def write_grace(self) -> float:  # type: ignore[override]
         """JAX writes entries in place: one younger than this may be mid-write."""
-        from gpu_cache.core.caches import jax as jax_cache
+        from gpu_cache.core.kinds import jax_format as jax_cache
 
         return jax_cache.WRITE_GRACE_SECONDS
 
@@ -41,7 +41,7 @@ class _Jax(Kind):
         """``verify_after``: decompress the entries written after that time (and not verified
         before, by ``record``). Temporary files of an interrupted prune older than
         ``grace_seconds`` come as broken entries."""
-        from gpu_cache.core.caches import jax as jax_cache
+        from gpu_cache.core.kinds import jax_format as jax_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.cache_file or e.atime_file)
@@ -49,7 +49,7 @@ class _Jax(Kind):
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """``-cache`` first, then ``-atime``, under JAX's lock."""
-        from gpu_cache.core.caches import jax as jax_cache
+        from gpu_cache.core.kinds import jax_format as jax_cache
 
         assert isinstance(entry.source, jax_cache.JaxEntry)
         jax_cache.remove(folder, entry.source)
@@ -57,7 +57,7 @@ class _Jax(Kind):
     def repair(self, folder: Path, found: list[Entry]) -> tuple[int, list[str]]:
         """A ``.lockfile`` that is not a regular file goes; a lone ``-cache`` of a capped cache
         gets its ``-atime`` (without it, every later write of a capped JAX fails)."""
-        from gpu_cache.core.caches import jax as jax_cache
+        from gpu_cache.core.kinds import jax_format as jax_cache
 
         repaired, errors = 0, []
         try:
@@ -80,7 +80,7 @@ class _Jax(Kind):
     def new_since(self, folder: Path, since: float) -> list[Entry]:
         """Empty or truncated entries (a full disk or a killed writer; JAX itself never repairs
         them); entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` may be mid-write."""
-        from gpu_cache.core.caches import jax as jax_cache
+        from gpu_cache.core.kinds import jax_format as jax_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e)
                 for e in jax_cache.scan(folder, since - 1.0) if e.problem]

@@ -1,6 +1,6 @@
 """jax-triton's Triton kernels as a kind (issue 34): compiled while JAX lowers, in every process;
 the startup hook keeps each (its PTX) as one file and loads it in every later process.
-(The format: :mod:`gpu_cache.core.caches.jax_triton`.)"""
+(The format: :mod:`gpu_cache.core.kinds.jax_triton_format`.)"""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ class _JaxTriton(Kind):
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """One entry per file, named by its kernel."""
-        from gpu_cache.core.caches import jax_triton as kernel_cache
+        from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in kernel_cache.scan(folder, grace_seconds, verify_after)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
-        from gpu_cache.core.caches import jax_triton as kernel_cache
+        from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 
         assert isinstance(entry.source, kernel_cache.KernelEntry)
         kernel_cache.remove(folder, entry.source)

@@ -1,7 +1,7 @@
 """jaxlib's ptxas runs of jax-triton kernels as a kind (issue 34): the hook's ptxas shim keeps
 each result as one file, written whole and read whole, so it needs no node-local tier; not
 carried (entries are made where jaxlib launches kernels, on the GPU nodes themselves).
-(The format: :mod:`gpu_cache.core.caches.ptxas`.)"""
+(The format: :mod:`gpu_cache.core.kinds.ptxas_format`.)"""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class _Ptxas(SingleFile):
                  record: Record | None) -> list[Entry]:
         """Each result (named by its kernel) and each identity file is one entry; every
         result's header is checked whole."""
-        from gpu_cache.core.caches import ptxas as ptxas_cache
+        from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=os.path.join(folder, e.key))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
 #: What each changed key part means, as the first words of a cause.
 PART_HINTS = {

@@ -1,6 +1,6 @@
 """Triton's kernel cache as a kind: the key-folder layout (one folder per key, whole when its
 ``__grp__`` manifest and every child it names are there), removed whole through the trash; a
-read-only root is read as a seed. (The format: :mod:`gpu_cache.core.caches.triton`.)"""
+read-only root is read as a seed. (The format: :mod:`gpu_cache.core.kinds.triton_format`.)"""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class _Triton(Kind):
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """Key folders, stale writers' temporary folders, and trash left by a removal."""
-        from gpu_cache.core.caches import triton as triton_cache
+        from gpu_cache.core.kinds import triton_format as triton_cache
 
         try:
             inventory = triton_cache.scan(folder, record)
@@ -87,7 +87,7 @@ class _Triton(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A key folder is renamed into a trash folder (atomic on one filesystem) and then
         deleted, so a reader finds either the whole group or none of it."""
-        from gpu_cache.core.caches import triton as triton_cache
+        from gpu_cache.core.kinds import triton_format as triton_cache
 
         source = entry.source
         if isinstance(source, triton_cache.TritonEntry):
@@ -132,7 +132,7 @@ class _Triton(Kind):
         return [("triton-replay", "{python} -m gpu_cache.workloads.triton_replay", REPLAY_TIMEOUT_SECONDS)]
 
     def stats_extra(self, found: list[Entry]) -> dict[str, Any]:
-        from gpu_cache.core.caches import triton as triton_cache
+        from gpu_cache.core.kinds import triton_format as triton_cache
 
         return {"autotune_results": triton_cache.autotune_results(found)}
 

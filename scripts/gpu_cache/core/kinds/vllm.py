@@ -1,5 +1,5 @@
 """vLLM's own compile cache root as a kind (issue 31): one entry per torch.compile hash folder,
-and every other name at the top of its root. (The format: :mod:`gpu_cache.core.caches.vllm`.)"""
+and every other name at the top of its root. (The format: :mod:`gpu_cache.core.kinds.vllm_format`.)"""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ class _Vllm(Kind):
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
-        from gpu_cache.core.caches import vllm as vllm_cache
+        from gpu_cache.core.kinds import vllm_format as vllm_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in vllm_cache.scan(folder)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A folder renamed away first."""
-        from gpu_cache.core.caches import vllm as vllm_cache
+        from gpu_cache.core.kinds import vllm_format as vllm_cache
 
         assert isinstance(entry.source, vllm_cache.VllmEntry)
         vllm_cache.remove(folder, entry.source)

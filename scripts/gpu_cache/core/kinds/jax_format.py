@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache.core import names, safe_io, safe_locks, verified
-from gpu_cache.core.caches import jax_frames as frames
 from gpu_cache.core.kinds import integrity
+from gpu_cache.core.kinds import jax_frames as frames
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
