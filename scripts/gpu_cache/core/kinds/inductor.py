@@ -4,6 +4,7 @@ whole (its ELF headers). (The format: :mod:`gpu_cache.core.kinds.inductor_format
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
 if TYPE_CHECKING:
+    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
     from gpu_cache.core.reports import Missed
 
 #: The key folders of FX graphs: each one compile (a graph also writes code files and an
@@ -85,6 +87,46 @@ class _Inductor(Kind):
         graphs = seen.by_kind.setdefault(self.name, {})
         for graph in set(inductor_explain.names(record)):
             graphs.setdefault(graph, []).append(record)
+
+
+    # --- carry (host only: gpu_cache.core.kinds.inductor_carry) ---------------------------------
+
+    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        from gpu_cache.core.kinds import inductor_carry
+
+        return inductor_carry.entries(self, folder, wanted)
+
+    def carry_folder(self, key: str) -> str:
+        from gpu_cache.core.kinds import inductor_carry
+
+        return inductor_carry.folder_of(key)
+
+    def carry_names(self, key: str, files: Collection[str]) -> bool:
+        from gpu_cache.core.kinds import inductor_carry
+
+        return inductor_carry.names_ok(key, files)
+
+    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        from gpu_cache.core.kinds import inductor_carry
+
+        return inductor_carry.writers(folder, dir_fd)
+
+    def recorded_keys(self, record: dict[str, Any]) -> set[str]:
+        """FX graph keys, as the inventory names their key folders."""
+        return {f"{FX_GRAPHS}{key[1:3]}/{key}" for key in super().recorded_keys(record)}
+
+    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
+        """torch's version is in every key; its pickles need the same Python."""
+        from gpu_cache.core import software
+
+        return (identity.get("torch"), software.minor(identity.get("python")))
+
+    def software_words(self, identity: dict[str, Any]) -> str:
+        from gpu_cache.core import software
+
+        if not identity.get("torch"):
+            return f"no torch (Python {identity.get('python') or '?'})"
+        return f"torch {identity['torch']} on Python {software.minor(identity.get('python'))}"
 
 
 KIND = _Inductor()

@@ -4,6 +4,7 @@ the startup hook keeps each (its PTX) as one file and loads it in every later pr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
 if TYPE_CHECKING:
+    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
     from gpu_cache.core.reports import Missed
 
 
@@ -39,6 +41,49 @@ class _JaxTriton(Kind):
 
     def present(self, folder: Path, key: str) -> bool:
         return (folder / key).is_file()
+
+    # --- carry (host only: gpu_cache.core.kinds.jax_triton_carry) -------------------------------
+
+    carry_fields = ("target",)
+
+    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        from gpu_cache.core.kinds import jax_triton_carry
+
+        return jax_triton_carry.entries(self, folder, wanted)
+
+    def carry_names(self, key: str, files: Collection[str]) -> bool:
+        from gpu_cache.core.kinds import jax_triton_carry
+
+        return jax_triton_carry.names_ok(key, files)
+
+    def carry_whole(self, file_name: str) -> tuple[int, bool] | None:
+        from gpu_cache.core.kinds import jax_triton_format as kernel_cache
+
+        return kernel_cache.ENTRY_LIMIT, False  # read as the hook reads it, in a dry run
+
+    def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        from gpu_cache.core.kinds import jax_triton_carry
+
+        return jax_triton_carry.problem_of(data, entry.key)
+
+    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        from gpu_cache.core.kinds import jax_triton_carry
+
+        return jax_triton_carry.writers(folder, dir_fd)
+
+    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
+        """Its key holds jax-triton's version and Triton's build."""
+        from gpu_cache.core import software
+
+        return (identity.get("jax-triton"), identity.get("triton"), software.minor(identity.get("python")))
+
+    def software_words(self, identity: dict[str, Any]) -> str:
+        from gpu_cache.core import software
+
+        if not identity.get("jax-triton"):
+            return f"no jax-triton (Python {identity.get('python') or '?'})"
+        return (f"jax-triton {identity['jax-triton']} with triton {identity.get('triton') or 'none'} "
+                f"on Python {software.minor(identity.get('python'))}")
 
     # --- explain (host only: gpu_cache.core.kinds.jax_triton_explain) ---------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -23,6 +23,7 @@ from gpu_cache.core import owners, safe_io, verified
 from gpu_cache.core.kinds import integrity
 
 if TYPE_CHECKING:
+    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
     from gpu_cache.core.reports import Missed
 
 
@@ -196,6 +197,84 @@ class Kind:
         writes entries whole."""
         return []
 
+    # --- carry: pack and unpack, publish and fetch (gpu_cache.carry; carrying.py) ----------
+
+    #: The fields an archive's manifest keeps of each entry beyond its files (text each).
+    carry_fields: tuple[str, ...] = ()
+    #: What of the GPU its entries hold, which unpack checks against the GPU type it is told:
+    #: ``"device"`` (compiled for the device of the passes that wrote them, named in their
+    #: records), ``"target"`` (compiled for the compute target in their ``target`` field), None
+    #: (nothing: each entry names the device it serves, and only that device reads it).
+    carry_device: str | None = "target"
+
+    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        """The entries of ``folder`` that pack takes (of the keys ``wanted``, when given), each
+        with its files; a broken one (``problem``) is left out and listed."""
+        raise NotImplementedError(f"{self.name} is not carried")
+
+    def carry_folder(self, key: str) -> str:
+        """Where the files of the entry ``key`` lie, relative to the kind's folder ("": in it)."""
+        return ""
+
+    def carry_names(self, key: str, files: Collection[str]) -> bool:
+        """Whether an entry of this kind can have the key ``key`` and the file names ``files``
+        (an archive's manifest: what would be written where)."""
+        return False
+
+    def carry_volatile(self, file_name: str) -> bool:
+        """Whether a file of an entry changes whenever a job uses it (JAX's ``-atime``): a
+        stable pack leaves it out, so the same entries give the same bytes."""
+        return False
+
+    def carry_whole(self, file_name: str) -> tuple[int, bool] | None:
+        """How unpack's first pass reads a file of this name: (at most this many bytes read
+        whole and checked with :meth:`carry_member`; always, or only in a dry run that reads
+        everything), or None: its digest alone."""
+        return None
+
+    def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        """Why a file of ``entry`` (read whole, as packed: its digest holds) is not what jobs
+        read, or None.
+
+        Raises:
+            carrying.Refused: it is as packed, and unsafe (an archive made to write elsewhere).
+        """
+        return None
+
+    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        """What makes the writer of each entry that unpack puts into ``folder`` (``dir_fd``: its
+        descriptor), given the entry and whether it replaces one there; made once per unpack."""
+        raise NotImplementedError(f"{self.name} is not carried")
+
+    def recorded_keys(self, record: dict[str, Any]) -> set[str]:
+        """The keys of this kind's entries that a record's process hit or wrote."""
+        section = self.section(record)
+        if section is None:
+            return set()
+        missed = section.get("missed")
+        return set(texts(section.get("hit_keys"))) | (
+            {m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)}
+            if isinstance(missed, list) else set())
+
+    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
+        """The parts of a software identity (:func:`gpu_cache.core.software.identity`) that this
+        kind's keys depend on: entries made with others do not serve."""
+        return ()
+
+    def software_words(self, identity: dict[str, Any]) -> str:
+        """That software in words: ``triton 3.6.0 on Python 3.12``."""
+        return f"Python {identity.get('python') or '?'}"
+
+    def entries_software(self, entries: list[ManifestEntry]) -> list[dict[str, Any]] | None:
+        """The software identities the ``entries`` name themselves, newest first, or None: the
+        records of the passes that wrote them tell."""
+        return None
+
+    def path_in_key(self, identity: dict[str, Any], records: list[dict[str, Any]]) -> bool | None:
+        """Whether entries made with ``identity`` by the processes of ``records`` hold their
+        folder's path in their keys (they then hit only there); None: not known."""
+        return False
+
     # --- the jobs' environment -------------------------------------------------------------
 
     def exports(self, folder: Path, settings: Any, network_fs: str | None, tier: bool) -> Exported:
@@ -297,6 +376,11 @@ class Kind:
 
     def seen(self, record: dict[str, Any], seen: Seen) -> None:
         """Add what a record's process computed to ``seen``, for the later processes' misses."""
+
+
+def texts(value: Any) -> list[str]:
+    """The text items of ``value`` where it is a list (from a record: any JSON)."""
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def _time(record: dict[str, Any]) -> float:

@@ -5,6 +5,7 @@ read-only root is read as a seed. (The format: :mod:`gpu_cache.core.kinds.triton
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
 if TYPE_CHECKING:
+    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
     from gpu_cache.core.reports import Missed
 
 
@@ -135,6 +137,51 @@ class _Triton(Kind):
         from gpu_cache.core.kinds import triton_format as triton_cache
 
         return {"autotune_results": triton_cache.autotune_results(found)}
+
+    # --- carry (host only: gpu_cache.core.kinds.triton_carry) -----------------------------------
+
+    carry_fields = ("kind", "target")  # a kernel or an autotune result; the GPU target
+
+    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.entries(folder, wanted)
+
+    def carry_folder(self, key: str) -> str:
+        return key
+
+    def carry_names(self, key: str, files: Collection[str]) -> bool:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.names_ok(key, files)
+
+    def carry_whole(self, file_name: str) -> tuple[int, bool] | None:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.whole(file_name)
+
+    def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.member_problem(entry, file_name, data)
+
+    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.writers(folder, dir_fd)
+
+    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
+        """The wheel's build and the Python ABI its launchers are built for."""
+        from gpu_cache.core import software
+
+        return (identity.get("triton"), software.minor(identity.get("python")))
+
+    def software_words(self, identity: dict[str, Any]) -> str:
+        from gpu_cache.core import software
+
+        if not identity.get("triton"):
+            return f"no triton (Python {identity.get('python') or '?'})"
+        return f"triton {identity['triton']} on Python {software.minor(identity.get('python'))}"
 
     missed_words = "Triton kernels compiled in the process (one by one below)"
 
