@@ -109,5 +109,5 @@ def ptxas_entries_of(folder: Path, kernel: str) -> list[Path]:
 
     if not folder.is_dir():
         return []
-    return sorted(folder / f"{e.key}.ptxas" for e in kinds.scan("ptxas", folder, grace_seconds=0.0)
+    return sorted(folder / f"{e.key}.ptxas" for e in kinds.named("ptxas").scan(folder, grace_seconds=0.0)
                   if kernel in e.name and not e.problem)

@@ -89,14 +89,12 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
     return name in environ and name not in managed_names(environ)
 
 
-def check_kind(settings: Settings, kind: Kind | str) -> FolderCheck:
+def check_kind(settings: Settings, kind: Kind) -> FolderCheck:
     """Probe one kind's folder under the (set) cache root, as the settings ask: created
     group-shared in shared-group mode, trusted from the root down, with enough free space;
     and the folders the tool writes into below it (:attr:`Kind.inner_folders`) that exist,
-    each trusted like the kind's folder. (``kind`` by name: for doctor, until it takes the
-    kind objects too.)"""
+    each trusted like the kind's folder."""
     assert settings.cache_root is not None
-    kind = kinds.named(kind) if isinstance(kind, str) else kind
     folder = kind.folder(settings.cache_root)
     check = check_folder(folder, shared_group=settings.shared_group, min_free=settings.min_free_space,
                          trusted_above=settings.cache_root)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpu_cache.core.kinds import (
     autotune,
@@ -35,9 +34,6 @@ from gpu_cache.core.kinds import (
     vllm,
 )
 from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen, no_cyclic_gc
-
-if TYPE_CHECKING:
-    from gpu_cache.core.verified import Record
 
 __all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "named", "no_cyclic_gc"]
 
@@ -75,13 +71,6 @@ def named(name: str) -> Kind:
         KeyError: no such kind.
     """
     return KINDS[name]
-
-
-def scan(name: str, folder: Path, grace_seconds: float = 3600.0,
-         verify_after: float | None = None, record: Record | None = None) -> list[Entry]:
-    """:meth:`Kind.scan` of the kind called ``name``: for the callers that still hold kinds by
-    name (``carry/``, until it takes the kind objects too)."""
-    return KINDS[name].scan(folder, grace_seconds, verify_after, record)
 
 
 def tier_name(root: Path | str) -> str:

@@ -275,6 +275,17 @@ class Kind:
         folder's path in their keys (they then hit only there); None: not known."""
         return False
 
+    # --- doctor ----------------------------------------------------------------------------
+
+    def doctor_report(self, exports_values: dict[str, str]) -> dict[str, Any] | None:
+        """What ``gpu-cache doctor`` says of this kind beyond its folder's check, for the jobs
+        of ``exports_values`` (their exported variables); None: nothing."""
+        return None
+
+    def doctor_lines(self, report: dict[str, Any]) -> list[str]:
+        """Doctor's lines for :meth:`doctor_report`."""
+        return []
+
     # --- the jobs' environment -------------------------------------------------------------
 
     def exports(self, folder: Path, settings: Any, network_fs: str | None, tier: bool) -> Exported:

@@ -37,6 +37,17 @@ class _Ptxas(SingleFile):
     def present(self, folder: Path, key: str) -> bool:
         return (folder / f"{key}.ptxas").is_file()
 
+    def doctor_report(self, exports_values: dict[str, str]) -> dict[str, Any] | None:
+        """Which ptxas the jobs' XLA and jaxlib run, and whether the shim comes first."""
+        from gpu_cache.core.kinds import ptxas_lookup
+
+        return ptxas_lookup.report(self.env_var, exports_values)
+
+    def doctor_lines(self, report: dict[str, Any]) -> list[str]:
+        from gpu_cache.core.kinds import ptxas_lookup
+
+        return ptxas_lookup.render(report)
+
     # --- explain (host only: gpu_cache.core.kinds.ptxas_explain) --------------------------------
 
     def explain_run(self, cache_root: Path, records: list[dict[str, Any]], run_id: str | None,
