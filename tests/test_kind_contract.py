@@ -18,7 +18,7 @@ import pytest
 
 from gpu_cache.core import kinds
 from gpu_cache.core.kinds import Kind, integrity
-from helpers import hook_piece, run_cli_here
+from helpers import hook_piece, run_cli_here, unavailable
 
 DAY = 86400.0
 OLD = time.time() - 10 * DAY  # beyond prune's grace period and any tool's write grace
@@ -242,6 +242,24 @@ def test_gpu_caches_own_reads_are_no_use(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_an_old_entry_read_an_hour_ago_is_kept(kind, tmp_path):
+    """Entries written 40 days ago, one of them read an hour ago (its files' access time), where
+    a hit only reads an entry: ``prune --max-age 30d`` keeps that one, whole, and removes the
+    other. Guard: the kind's last use, which counts its files' access times."""
+    if not kind.read_is_use:
+        pytest.skip(f"{kind.name}'s last use is written on a hit: {kind.last_use}")
+    root = tmp_path / "root"
+    keys = written(root, kind, count=2)
+    age(kind.folder(root), time.time() - 40 * DAY)
+    for top in kind.files(entry_of(root, kind, keys[-1])):
+        for path, _info in integrity.files_of(top):
+            os.utime(path, (time.time() - 3600, time.time() - 40 * DAY))
+    removed = prune(root, kind.name, "--max-age", "30d")[kind.name]["removed"]
+    assert [r["key"] for r in removed] == keys[:-1]
+    assert whole(root, kind) == keys[-1:]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_lru_prune_removes_whole_entries_least_recently_used_first(kind, tmp_path):
     """Three entries used 3, 2 and 1 days ago, a cap that holds two: the oldest goes whole
     (none of its files left), the others stay whole. Guard: prune.plan and Kind.remove."""
@@ -268,8 +286,9 @@ def test_lru_prune_removes_whole_entries_least_recently_used_first(kind, tmp_pat
 @pytest.mark.parametrize("kind", KINDS)
 def test_what_a_record_says_of_a_kind_is_shown_escaped(kind, tmp_path):
     """A record whose section of an observed kind names a missed computation with terminal
-    controls and a line break: ``stats`` and ``doctor --explain`` print it escaped. Guard:
-    core/shown.py on every line they print."""
+    controls and a line break, and a verdict of the kind's counts with such problems: ``stats``,
+    ``doctor --explain`` and ``summary`` print them escaped. Guard: core/shown.py on every line
+    they print."""
     if not kind.observed:
         pytest.skip(f"the startup hook records no hits or misses of {kind.name}")
     root = tmp_path / "root"
@@ -279,8 +298,14 @@ def test_what_a_record_says_of_a_kind_is_shown_escaped(kind, tmp_path):
     (folder / "host-1-1.json").write_text(json.dumps({
         "time": time.time(), "host": HOSTILE, "pid": 1, "rule": HOSTILE, "run_id": HOSTILE, "env": {},
         kind.name: {"hits": 0, "misses": 1, "missed": missed}}))
-    for args in (("stats",), ("doctor", "--explain")):
-        done = run_cli_here(*args, "--cache-root", str(root))
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps({
+        "gpu_type": HOSTILE, "device": {"name": HOSTILE}, "passed": False, "warm_seconds": 1.0,
+        "problems": [f"{kind.name}: {HOSTILE} missed: {HOSTILE}"], "software": {"jax": HOSTILE},
+        kind.name: {"hits": 0, "misses": 1, "new_entries": 1}}))
+    for args in (("stats", "--cache-root", str(root)), ("doctor", "--explain", "--cache-root", str(root)),
+                 ("summary", "--validate", str(verdict))):
+        done = run_cli_here(*args)
         assert done.returncode == 0, done.stderr
         for stream in (done.stdout, done.stderr):
             assert not any(ch in stream for ch in "\x1b\x07\r"), stream
@@ -349,3 +374,83 @@ def test_the_tier_promotes_whole_entries_and_never_over_one_there(kind, tmp_path
     assert {p: os.stat(p).st_ino for p in before} == before, "an entry there is never replaced"
     assert sorted(whole(root, kind)) == sorted(keys)
     assert prune(root, kind.name)[kind.name]["entries_removed"] == 0
+
+
+CARRIED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.carried]
+
+
+def foreign(root: Path, kind: Kind, keys: list[str]) -> None:
+    """The first entry of ``keys`` made another user's, a file of the second writable by all."""
+    os.chown(entry_of(root, kind, keys[0]).path, pwd.getpwnam("nobody").pw_uid, -1, follow_symlinks=False)
+    os.chmod(first_file(kind, entry_of(root, kind, keys[1])), 0o666)
+
+
+def same_files(kind: Kind, root: Path, other: Path, key: str) -> None:
+    """The entry ``key`` has the same files with the same bytes in both roots."""
+    def files(top: Path) -> dict[str, bytes]:
+        return {os.path.relpath(p, kind.folder(top)): Path(p).read_bytes()
+                for t in kind.files(entry_of(top, kind, key)) for p, _info in integrity.files_of(t)}
+
+    theirs, mine = files(root), files(other)
+    assert theirs.keys() == mine.keys() and (theirs == mine or kind.name == "triton")  # (a group: its paths)
+
+
+@pytest.mark.parametrize("kind", CARRIED)
+def test_pack_and_unpack_carry_whole_entries_and_leave_foreign_ones_out(kind, tmp_path):
+    """Three entries, one another user's and one with a file everyone may write: ``pack`` leaves
+    those two out and counts them, ``unpack`` at another root writes the third whole, as it was.
+    Guards: pack's read rule (carry/_pack.py) and the kind's carry part."""
+    root, other, archive = tmp_path / "root", tmp_path / "other", tmp_path / "carry.tar"
+    keys = written(root, kind, count=3)
+    foreign(root, kind, keys)
+    report = cli("pack", str(archive), "--kind", kind.name, "--json", "--cache-root", str(root))
+    assert sorted(u["key"] for u in report["untrusted"]) == sorted(keys[:2]), report
+    assert report["entries"] == {kind.name: 1} and report["skipped"] == []
+    unpacked = cli("unpack", str(archive), "--force", "--json", "--cache-root", str(other))
+    assert unpacked["written"] == {kind.name: 1} and unpacked["damaged"] == [], unpacked
+    assert whole(other, kind) == keys[2:]
+    same_files(kind, root, other, keys[2])
+
+
+@pytest.fixture(scope="module")
+def registry_host(tmp_path_factory):
+    from registry import RegistryServer, missing_requirements
+
+    missing = missing_requirements()
+    if missing:
+        unavailable(f"the registry needs {', '.join(missing)} (run .ci/install-registry.sh as root)")
+    with RegistryServer(tmp_path_factory.mktemp("registry")) as server:
+        yield server.host
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", CARRIED)
+def test_publish_and_fetch_carry_whole_entries_and_leave_foreign_ones_out(kind, registry_host, tmp_path):
+    """Three entries a validated pass used, one another user's and one with a file everyone may
+    write: ``publish`` leaves those two out and counts them, ``fetch`` at a new site writes the
+    third whole. Guards: publish's read rule (carry/_pack.py) and the kind's carry part."""
+    root, other = tmp_path / "root", tmp_path / "other"
+    keys = written(root, kind, count=3)
+    foreign(root, kind, keys)
+    module = examples(kind)
+    used = module.recorded(keys) if hasattr(module, "recorded") else \
+        {kind.name: {"hits": len(keys), "hit_keys": keys}}
+    record = {"time": time.time(), "run_id": "r", "rule": "validate_cache", "gpu_type": "cpu", "host": "h",
+              "pid": 1, "env": {}, "device": {"platform": "cpu", "kinds": ["cpu"], "count": 1},
+              "software": {"python": "3.11.7", "image": "lab.sif"}, **used}
+    assert kind.recorded_keys(json.loads(json.dumps(record))) >= set(keys)
+    records = kinds.named("records").folder(root)
+    records.mkdir(parents=True)
+    (records / "h-1-1.json").write_text(json.dumps(record))
+    verdict = tmp_path / "cpu.json"
+    verdict.write_text(json.dumps({"gpu_type": "cpu", "passed": True, "status": "passed", "misses": 0,
+                                   "device": {"name": "cpu"}}))
+    ref = f"{registry_host}/contract/{kind.name.replace('_', '-')}:1"
+    report = cli("publish", ref, "--verdict", str(verdict), "--json", "--cache-root", str(root))
+    assert sorted(u["key"] for u in report["untrusted"]) == sorted(keys[:2]), report
+    assert report["layers"][kind.name]["entries"] == 1
+    fetched = cli("fetch", ref, "--gpu-type", "cpu", "--image", "lab.sif", "--json",
+                  "--cache-root", str(other))
+    assert fetched["unpacked"][kind.name]["written"] == {kind.name: 1}, fetched
+    assert whole(other, kind) == keys[2:]
+    same_files(kind, root, other, keys[2])

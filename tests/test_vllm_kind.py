@@ -86,16 +86,3 @@ def test_a_folder_vllm_writes_into_that_another_user_owns_is_refused(base, inner
     assert f"{planted} is owned by nobody" in exported["problems"]["vllm"]
     doctor = run_cli("doctor", "--cache-root", str(root), env=clean_environ())
     assert doctor.returncode == 1 and f"vllm: PROBLEM: {planted} is owned by nobody" in doctor.stdout
-
-
-def test_an_engine_folder_read_an_hour_ago_survives_a_prune_of_what_is_older_than_30_days(tmp_path):
-    """vLLM marks nothing on a hit, it reads the files: their access time is the last use."""
-    root = tmp_path / "root"
-    engine_folder(root, "1517964802", when=OLD)  # written 40 days ago
-    read = time.time() - 3600
-    for path in (root / "vllm" / "torch_compile_cache" / "1517964802").rglob("*"):
-        if path.is_file():
-            os.utime(path, (read, OLD))  # ... and read an hour ago
-    report = cli_json("prune", "--cache-root", str(root), "--kind", "vllm", "--max-age", "30d")["vllm"]
-    assert (report["entries_before"], report["entries_removed"]) == (1, 0)
-    assert (root / "vllm" / "torch_compile_cache" / "1517964802" / "rank_0_0").is_dir()

@@ -19,3 +19,8 @@ def fetch(tier, key: str) -> None:
 def promote(tier, key: str) -> None:
     """As the Inductor piece promotes its tree at exit."""
     tier.promote_tree("inductor")
+
+
+def recorded(keys: list[str]) -> dict:
+    """What a record of the process that compiled ``keys`` says: the FX graphs' own keys."""
+    return {"inductor": {"hits": len(keys), "hit_keys": [key.rpartition("/")[2] for key in keys]}}

@@ -16,6 +16,7 @@ class _Cuda(Kind):
     env_var = names.CUDA_CACHE_PATH_VAR
     read_only = ReadOnlyUse.FALLBACK
     unsealed_why = "the driver rewrites its cache in place and checks it itself"
+    read_is_use = True
     last_use = "the newest modification or access time of any of its files (the whole cache is one entry)"
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,

@@ -8,6 +8,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Collection
 from contextlib import suppress
 from pathlib import Path
@@ -47,13 +48,20 @@ def entries(kind: Kind, folder: Path, wanted: set[str] | None) -> list[Carried]:
         if wanted is not None and source.what == "fxgraph" and entry.key not in wanted:
             continue
         files: dict[str, Path] = {}
-        if entry.problem is None and source.what == "code":
+        if source.what == "code":
             files = {Path(p).name: Path(p) for p in source.paths if p != source.lock}
-        elif entry.problem is None:
+        elif _is_folder(source.paths[0]):  # (a link there is never followed)
             files = regular_files(Path(source.paths[0]))
         if files or entry.problem is not None:
             out.append(Carried(entry.key, entry.name, files, entry.last_use, entry.problem))
     return out
+
+
+def _is_folder(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def folder_of(key: str) -> str:

@@ -99,6 +99,9 @@ class Kind:
     recorded: bool = False
     needs_hook: bool = False
     inner_folders: tuple[str, ...] = ()
+    #: A hit only reads the entry (its tool marks nothing): the access times of its files
+    #: count in its last use, and gpu-cache's own reads never move them.
+    read_is_use: bool = False
     own_check: bool = False
     sealed: bool = False
     unsealed_why: str = ""

@@ -18,6 +18,7 @@ class _Vllm(Kind):
     # vLLM makes and writes torch_compile_cache/<hash>/rank_<i>_<j>/<model part>/.
     inner_folders = ("torch_compile_cache", "torch_compile_cache/*", "torch_compile_cache/*/*",
                      "torch_compile_cache/*/*/*")
+    read_is_use = True
     last_use = ("the newest modification or access time of the entry's files (vLLM marks no hit; a "
                 "hit reads them)")
 
