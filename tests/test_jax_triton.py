@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.config.settings import settings_from
+from gpu_cache.core import digest
 from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 from gpu_cache.jobenv import env
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, read_json, records, run_cli, unavailable
@@ -77,7 +78,7 @@ def _entry(key: str, kernel: str = "matmul_kernel") -> bytes:
             "jax_triton": "0.3.1", "triton": "3.9.0", "target": "sm_90", "compile_seconds": 0.1,
             "parts": {}, "result": {"binary": "ptx", "name": "k", "shared_mem_bytes": 0,
                                     "ttgir": None, "llir": None}, "ttir": "module {}"}
-    return json.dumps({**body, "sha256": kernel_cache.digest(body)}).encode()
+    return digest.framed(json.dumps(body).encode())
 
 
 def test_the_inventory_names_kernels_and_finds_broken_entries(tmp_path):
@@ -86,7 +87,7 @@ def test_the_inventory_names_kernels_and_finds_broken_entries(tmp_path):
     good, wrong_key, not_json, empty = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
     (folder / good).write_bytes(_entry(good))
     (folder / wrong_key).write_bytes(_entry(good))
-    (folder / not_json).write_bytes(b"{\"format\": 1, truncated")
+    (folder / not_json).write_bytes(digest.framed(b"{\"format\": 1, truncated"))
     (folder / empty).write_bytes(b"")
     (folder / "notes.txt").write_text("mine")
     (folder / ".triton-keys").mkdir()
@@ -113,24 +114,26 @@ def test_the_inventory_names_kernels_and_finds_broken_entries(tmp_path):
     assert not os.path.lexists(folder / ("f" * 64)) and (folder / good).exists()
 
 
-@pytest.mark.parametrize("change", ["format", "result", "binary", "a float in the result", "one character"])
+@pytest.mark.parametrize("change", ["format", "result", "binary", "a float in the result", "one character",
+                                    "no frame"])
 def test_an_entry_of_another_shape_is_a_problem(change):
     key = "a" * 64
-    data = json.loads(_entry(key))
+    data = json.loads(digest.opened(_entry(key)))
     if change == "format":
-        data["format"] = 1
-    elif change == "one character":
-        data["ttir"] = "module {]"
+        data["format"] = 2
     elif change == "result":
         data["result"] = "ptx"
     elif change == "binary":
         del data["result"]["binary"]
-    else:
+    elif change == "a float in the result":
         data["result"]["shared_mem_bytes"] = 1.5
-    if change != "one character":
-        data["sha256"] = kernel_cache.digest(data)
-    assert kernel_cache.problem_of(data, key) is not None
-    assert kernel_cache.problem_of(json.loads(_entry(key)), key) is None
+    framed = digest.framed(json.dumps(data).encode())
+    if change == "one character":
+        framed = framed.replace(b"module {}", b"module {]")
+    elif change == "no frame":  # format 2's: the JSON alone
+        framed = json.dumps(data).encode()
+    assert kernel_cache.problem_in(framed, key) is not None
+    assert kernel_cache.problem_in(_entry(key), key) is None
 
 
 # --- real lowerings ---------------------------------------------------------------------------
@@ -259,7 +262,7 @@ def test_kernels_are_loaded_only_from_what_no_other_user_could_have_written(warm
     assert warnings(done) == []
     info = os.lstat(victim)  # compiled again, and put in its place
     assert info.st_uid == os.geteuid() and oct(info.st_mode & 0o7777) == "0o644"
-    assert kernel_cache.problem_of(json.loads(victim.read_bytes()), victim.name) is None
+    assert kernel_cache.problem_in(victim.read_bytes(), victim.name) is None
     assert summary["lower_seconds"]
 
 
@@ -274,7 +277,7 @@ def test_entries_are_written_whole_with_safe_modes_whatever_the_umask(tmp_path):
     assert oct((root / "jax_triton" / ".triton-keys").stat().st_mode & 0o777) == "0o700"
     assert [p.name for p in (root / "jax_triton").iterdir() if p.name.startswith(".gpu-cache-tmp")] == []
     for path in found:
-        assert kernel_cache.problem_of(json.loads(path.read_bytes()), path.name) is None
+        assert kernel_cache.problem_in(path.read_bytes(), path.name) is None
 
 
 # --- single-flight, the node-local tier -------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core.kinds import jax_triton_format as kernel_cache
-from helpers import hook_piece, records
+from helpers import hook_piece, records, run_cli_here
 from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, warnings
 
 #: One bad field per entry, its sha256 made anew: (what is changed, the field, the value,
@@ -33,7 +33,7 @@ FIELDS = {
     "binary junk": ("result", "binary", "junk", "binary that is not PTX"),
     "ttir ''": ("entry", "ttir", "", "has no TTIR"),
 }
-#: A byte flipped in the PTX: the fields still pass, only the sha256 tells.
+#: A byte flipped in the PTX: the fields still pass, only the sha256 tells (its frame).
 FLIPPED = ("one byte of the PTX flipped", "not as it was written (its sha256 differs)")
 
 
@@ -57,9 +57,8 @@ def _copy(root: Path, tmp_path: Path) -> Path:
 
 def _reseal(path: Path, where: str, field: str, value) -> None:
     store = hook_piece("gpu_cache_jax_triton_store")
-    entry = json.loads(path.read_bytes())
+    entry = json.loads(hook_piece("gpu_cache_digest").opened(path.read_bytes()))
     (entry["result"] if where == "result" else entry)[field] = value
-    entry.pop("sha256")
     path.write_bytes(store.sealed(entry))
 
 
@@ -73,9 +72,9 @@ def _flip(path: Path) -> None:
     assert path.stat().st_size == info.st_size
 
 
-def test_the_hook_and_the_inventory_agree_on_an_entrys_sha256():
-    """The hook writes an entry's sha256 (``gpu_cache_jax_triton_store.sealed``); stats, prune
-    and pack check it with their own copy (``core/kinds/jax_triton_format.digest``)."""
+def test_the_inventory_reads_what_the_hook_writes_and_finds_a_flipped_byte():
+    """The hook writes an entry framed with its sha256 (``gpu_cache_jax_triton_store.sealed``);
+    stats, prune and pack read it with the package's copy of the frame (``core/digest.py``)."""
     store = hook_piece("gpu_cache_jax_triton_store")
     key = "a" * 64
     entry = {"format": kernel_cache.FORMAT, "key": key, "kernel": "k\u00e9\udcff", "module": "m",
@@ -83,11 +82,10 @@ def test_the_hook_and_the_inventory_agree_on_an_entrys_sha256():
              "compile_seconds": 0.125, "parts": {"b": "1", "a": "2"},
              "result": {"binary": "ptx", "name": "k", "shared_mem_bytes": 0, "ttgir": None, "llir": None},
              "ttir": "tt.func"}
-    data = json.loads(store.sealed(entry))
-    assert list(data)[-1] == "sha256" and kernel_cache.problem_of(data, key) is None
-    data["result"]["shared_mem_bytes"] = 1
-    assert kernel_cache.problem_of(data, key) == "not as it was written (its sha256 differs)"
-    assert store.digest(data) == kernel_cache.digest(data)
+    data = store.sealed(entry)
+    assert kernel_cache.parsed(data, key) == (json.loads(json.dumps(entry)), None)
+    flipped = data.replace(b'"shared_mem_bytes": 0', b'"shared_mem_bytes": 1')
+    assert kernel_cache.problem_in(flipped, key) == "not as it was written (its sha256 differs)"
 
 
 @pytest.mark.slow
@@ -125,8 +123,23 @@ def test_a_kept_kernel_with_a_bad_field_is_a_miss_and_set_aside(written, tmp_pat
     for path in victims.values():  # the refused file is gone; the compile's entry took its name
         assert (held / path.name).stat().st_nlink == 1
         assert not os.path.samefile(path, held / path.name)
-        assert kernel_cache.problem_of(json.loads(path.read_bytes()), path.name) is None
+        assert kernel_cache.problem_in(path.read_bytes(), path.name) is None
     assert sorted(p.name for p in (root / "jax_triton").iterdir() if p.name.endswith(".aside")) == []
+
+
+@pytest.mark.slow
+def test_prune_and_doctor_fix_remove_a_kept_kernel_with_a_flipped_byte(written, tmp_path):
+    """Same-size damage (issue 38): ``prune --dry-run`` names the entry broken, and ``doctor
+    --fix`` removes it and says so; the four others stay."""
+    root = _copy(written[0], tmp_path)
+    victim = entries(root)[0]
+    _flip(victim)
+    pruned = run_cli_here("prune", "--dry-run", "--json", "--cache-root", str(root))
+    removed = json.loads(pruned.stdout)["jax_triton"]["removed"]
+    assert [(r["key"], r["reason"]) for r in removed] == [(victim.name, f"broken: {FLIPPED[1]}")]
+    fixed = run_cli_here("doctor", "--fix", "--cache-root", str(root))
+    assert "fixed: jax_triton: removed 1 broken entries" in fixed.stdout, fixed.stdout
+    assert not victim.exists() and len(entries(root)) == 4
 
 
 @pytest.mark.slow
@@ -149,7 +162,7 @@ def test_a_bad_entry_in_the_shared_tier_is_not_fetched_and_is_set_aside(written,
     (section,) = records(root, "jax_triton")
     assert (section["hits"], section["misses"]) == (4, 1)
     assert section["refused"] and "(in the shared tier); set aside" in section["refused"][0]
-    assert kernel_cache.problem_of(json.loads(victim.read_bytes()), victim.name) is None
+    assert kernel_cache.problem_in(victim.read_bytes(), victim.name) is None
     assert warnings(done) == []
 
 
@@ -179,7 +192,8 @@ def test_kernels_lowered_with_another_ptxas_release_miss(written, tmp_path):
     (section,) = records(root, "jax_triton")
     assert (section["hits"], section["misses"]) == (0, 5), section
     assert (tmp_path / "older.mlir").read_text() != written[1]  # another PTX: it had to miss
-    first = [json.loads(p.read_bytes())["parts"] for p in entries(root) if p.name not in section["key_parts"]]
+    first = [kernel_cache.parsed(p.read_bytes(), p.name)[0]["parts"] for p in entries(root)
+             if p.name not in section["key_parts"]]
     kept = {parts["specialisation"]: parts for parts in first}  # the five matmuls' own constants
     assert len(kept) == 5
     for parts in section["key_parts"].values():

@@ -92,6 +92,24 @@ def test_in_a_job_the_ptxas_on_path_runs_the_real_one_once_per_ptx(ptx, tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert runs(log) == 2
     assert sorted((p["hits"], p["misses"]) for p in records(root, "ptxas")) == [(2, 2), (4, 0)]
+    # a third job, after one bit of mm's kept cubin flipped (size and times kept): mm's call
+    # misses, gets the real cubin, and the record says why the entry was refused (issue 38)
+    (mm_key,) = [m["key"] for m in part["missed"] if m["name"] == "mm"]
+    entry = root / "ptxas" / f"{mm_key}.ptxas"
+    info = entry.stat()
+    data = bytearray(entry.read_bytes())
+    data[-1000] ^= 1  # inside the cubin, the entry's last part
+    entry.write_bytes(bytes(data))
+    os.utime(entry, ns=(info.st_atime_ns, info.st_mtime_ns))
+    third = subprocess.run([sys.executable, "-c", JOB, str(tmp_path), str(ptx["add"]), str(ptx["mm"])],
+                           env=environ, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert runs(log) == 3
+    assert Path(json.loads(third.stdout.strip().splitlines()[-1])["outs"][2]).read_bytes() == \
+        (tmp_path / "real-mm.cubin").read_bytes()
+    (damaged,) = [p for p in records(root, "ptxas") if p["refused"]]
+    assert (damaged["hits"], damaged["misses"]) == (3, 1)
+    assert damaged["refused"] == [f"{mm_key} is not as it was written (its sha256 differs); set aside"]
 
 
 @pytest.mark.slow

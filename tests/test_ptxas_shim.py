@@ -4,7 +4,9 @@ ptxas would have written, from a folder it trusts, and that it never runs itself
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 
 from gpu_cache.core import names
 from gpu_cache.core.kinds import ptxas_format as ptxas_cache
+from helpers import run_cli_here
 from ptxas_fixtures import (
+    DIGEST,
     SHIM,
     SHIM_DIR,
     assemble,
@@ -66,14 +70,22 @@ def test_a_kept_stderr_names_this_callers_files():
     assert SHIM.keep_names(b"ptxas a, line 1", "a", "b") == b"ptxas a, line 1"
 
 
-def test_an_entry_is_served_only_whole_and_under_its_own_key():
+def test_an_entry_is_served_only_whole_as_written_and_under_its_own_key():
     key, other = "a" * 64, "b" * 64
     data = SHIM.pack_entry(key, b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
-    body = data[len(SHIM.ENTRY_MAGIC):]
-    assert SHIM.unpack_entry(body, key) == (b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
-    assert SHIM.unpack_entry(body, other) is None  # renamed to another key: never served
-    assert SHIM.unpack_entry(body[:-1], key) is None  # cut short
-    assert SHIM.unpack_entry(body + b"x", key) is None
+    assert SHIM.unpack_entry(data, key) == (b"out", b"err", b"\x7fELF cubin", 1.5, "k\x1fptxas 13.4")
+    body = DIGEST.opened(data)
+    flipped = data[:-3] + bytes([data[-3] ^ 1]) + data[-2:]  # one bit of the cubin
+    for bad, name, why in [
+            (data, other, "the entry of another key"),  # renamed to another key: never served
+            (flipped, key, DIGEST.DAMAGED), (data[:-1], key, DIGEST.DAMAGED),
+            (data + b"x", key, DIGEST.DAMAGED),
+            (DIGEST.framed(body[:-1]), key, "not whole"),  # cut short, then framed
+            (body, key, "not an entry of this format"),  # an older gpu-cache's: no frame
+            (DIGEST.framed(body.replace(SHIM.ENTRY_MAGIC, b"gpu-cache ptxas entry 1\n")), key,
+             "not an entry of this format")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            SHIM.unpack_entry(bad, name)
 
 
 def test_the_key_holds_the_ptxas_the_options_and_the_input():
@@ -217,7 +229,7 @@ def _plant_fake_entry(ptx, site, tmp_path) -> tuple[Path, dict[str, str]]:
     environ = shim_environ(cache, wrapper.parent)
     assert assemble(ptx["add"], tmp_path / "real.cubin", environ).returncode == 0
     entry = next(p for p in cache.iterdir() if p.suffix == ".ptxas")
-    data = SHIM.unpack_entry(entry.read_bytes()[len(SHIM.ENTRY_MAGIC):], entry.stem)
+    data = SHIM.unpack_entry(entry.read_bytes(), entry.stem)
     fake = SHIM.pack_entry(entry.stem, data[0], data[1], b"FAKE CUBIN", data[3], data[4])
     entry.unlink()
     entry.write_bytes(fake)
@@ -419,3 +431,55 @@ def test_a_wrapper_that_picks_the_release_from_the_environment_gets_that_release
     assert direct["12"] != direct["13"]
     assert [p.read_bytes() for p in outs] == [direct["12"], direct["13"], direct["12"]]
     assert runs(log) == 2  # the third job's call was a hit on the first one's entry
+
+
+# --- issue 38: a damaged entry is never served --------------------------------------------------
+
+def _flip_in_place(path: Path, at: int) -> None:
+    """One bit of ``path`` flipped at ``at`` (from the end where negative), written in place,
+    its size and times put back (bit rot, a storage fault, a write in place)."""
+    info = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert path.stat().st_size == info.st_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["one bit of the cubin flipped", "an entry of the older format"])
+def test_a_damaged_or_older_entry_is_a_miss_set_aside_and_replaced(ptx, site, tmp_path, damage):
+    """The shim reads a kept entry whose cubin lost one bit (size and times kept), or one an
+    older gpu-cache wrote (no digest): the caller gets the real ptxas's cubin, never the kept
+    one; the entry is set aside and the real run's result takes its name; the tally counts it as
+    refused. Before that, prune finds the damage and names it."""
+    wrapper, log, cache = site
+    tally = tmp_path / "tally"
+    environ = shim_environ(cache, wrapper.parent, **{names.PTXAS_TALLY_VAR: str(tally)})
+    first = assemble(ptx["mm"], tmp_path / "first.cubin", environ)
+    assert first.returncode == 0
+    (entry,) = _entries(cache)
+    if damage == "an entry of the older format":  # gpu-cache ptxas entry 1: no frame, no digest
+        body = DIGEST.opened(entry.read_bytes())
+        entry.write_bytes(body.replace(SHIM.ENTRY_MAGIC, b"gpu-cache ptxas entry 1\n", 1))
+        why = "not an entry of this format (an older gpu-cache's?)"
+    else:
+        _flip_in_place(entry, -len((tmp_path / "first.cubin").read_bytes()) // 2)
+        why = DIGEST.DAMAGED
+        pruned = run_cli_here("prune", "--dry-run", "--json", "--cache-root", str(cache.parent))
+        removed = json.loads(pruned.stdout)["ptxas"]["removed"]
+        assert [(r["key"], r["reason"]) for r in removed] == [(entry.name, f"broken: {why}")]
+    held = tmp_path / "held"  # a second link to the entry, so that its inode is not reused
+    os.link(entry, held)
+    second = assemble(ptx["mm"], tmp_path / "second.cubin", environ)
+    real = _real_output(triton_ptxas(), ptx["mm"], tmp_path / "real.cubin")
+    assert second.returncode == 0 and second.stderr == first.stderr
+    assert (tmp_path / "second.cubin").read_bytes() == real
+    assert runs(log) == 2  # the real ptxas ran again
+    assert held.stat().st_nlink == 1 and not os.path.samefile(entry, held)  # set aside, replaced
+    assert SHIM.unpack_entry(entry.read_bytes(), entry.stem)[2] == real
+    assert [p.name for p in cache.iterdir() if p.name.endswith(".aside")] == []
+    lines = [line.split("\t") for line in tally.read_text().splitlines()]
+    assert [(f[0], f[1], f[6]) for f in lines if f[0] == "refused"] == \
+        [("refused", entry.stem, f"{entry.stem} is {why}; set aside")]
+    assert [f[0] for f in lines] == ["miss", "refused", "miss"]

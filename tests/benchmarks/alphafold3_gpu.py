@@ -15,7 +15,9 @@ shapes; wall and CPU seconds from ``wait4``), run with ``--python`` and ``--site
 * ``jax_cache_fill`` then ``jax_cache_warm``: JAX's cache alone, by hand
   (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``);
 * ``gpu_cache_cold`` then ``gpu_cache_warm``: ``gpu-cache env`` on an empty root, then again;
-* ``fan_out``: ``--workers`` processes at once under ``gpu-cache env`` on another empty root.
+* ``fan_out``: ``--workers`` processes at once under ``gpu-cache env`` on another empty root;
+* ``fan_out_warm``: as many at once on ``gpu_cache``'s warm root (nothing left to compile: what
+  sharing one GPU costs; each worker's phases are in ``worker_results``).
 
 Each process reports where its time goes (alphafold3_run.py: import, parameters, featurise, trace,
 lower, compile, first call, second call; jax-triton, ptxas through ``PATH``, tokamax autotuning
@@ -113,7 +115,7 @@ def _case(environ: dict[str, str], work: Path, name: str) -> dict[str, str]:
 
 
 #: The groups of cases, in the order they run (``--only`` picks some: a group's cases need one another).
-GROUPS = ("no_cache", "jax_cache", "gpu_cache", "fan_out")
+GROUPS = ("no_cache", "jax_cache", "gpu_cache", "fan_out", "fan_out_warm")
 
 
 def run_cases(python: str, flags: list[str], workers: int, work: Path,
@@ -130,6 +132,9 @@ def run_cases(python: str, flags: list[str], workers: int, work: Path,
     if "fan_out" in only:
         fan = [_case(job_environ(work / "fan-root", None), work, f"fan_out{i}") for i in range(workers)]
         cases["fan_out"] = run_many(command, fan)
+    if "fan_out_warm" in only:  # after gpu_cache: what sharing one GPU costs with nothing to compile
+        fan = [_case(job_environ(work / "root", None), work, f"fan_out_warm{i}") for i in range(workers)]
+        cases["fan_out_warm"] = run_many(command, fan)
     return cases
 
 
@@ -143,7 +148,10 @@ def summary(cases: dict[str, Any]) -> dict[str, Any]:
     if "fan_out" in cases and "gpu_cache_cold" in cases:
         cold = cases["gpu_cache_cold"]["wall_seconds"]
         ratios["fan_out_vs_cold"] = round(cases["fan_out"]["wall_seconds"] / cold, 3)
-    missed = {name: ratio for name, ratio in ratios.items() if ratio > TARGETS[name]}
+    if "fan_out_warm" in cases and "gpu_cache_warm" in cases:  # no target: the GPU's share
+        ratios["fan_out_warm_vs_warm"] = round(cases["fan_out_warm"]["wall_seconds"]
+                                               / cases["gpu_cache_warm"]["wall_seconds"], 3)
+    missed = {name: ratio for name, ratio in ratios.items() if name in TARGETS and ratio > TARGETS[name]}
     share = round(sum(v or 0 for v in uncached.values()) / warm["wall_seconds"], 3) if uncached else None
     return {"ratios": ratios, "targets": TARGETS, "missed": missed, "warm_uncached_seconds": uncached,
             "warm_uncached_share": share}

@@ -172,6 +172,7 @@ def run_many(command: list[str], environs: list[dict[str, str]]) -> dict[str, An
             "cpu_seconds": round(sum(r["cpu_seconds"] for r in runs), 2),
             "all_ok": all(r["returncode"] == 0 for r in runs),
             "worker_wall_seconds": [r["wall_seconds"] for r in runs],
+            "worker_results": [r["result"] for r in runs],
             "cache": recorded(Path(folder), run_id) if folder else None,
             "failures": [r["stderr_tail"] for r in runs if r["returncode"]]}
 

@@ -10,6 +10,10 @@
   the real ptxas, a hit whose real ptxas is the ELF binary, a hit whose real ptxas is a shell
   wrapper (its ``--version`` asked at every call), and XLA's route (a call of the process the
   hook marked, of a kernel jaxlib did not make: the ``/bin/sh`` front runs the real ptxas).
+  Then what the entry's digest check (issue 38) adds to a hit, side by side with the check off
+  (the frame stripped unchecked), per kernel: the hit's lookup in this process (the entry read,
+  checked and unpacked, microseconds) and the shim's whole call (its Python started as the
+  front starts it, milliseconds).
 * ``xla``: XLA's own ptxas calls (issue 37): a cold plain JAX process, the 12-layer transformer
   (every compile a miss: a new cache root each run), under ``gpu-cache env`` with the shim off
   (``GPU_CACHE_PTXAS=""``) and on (jax_triton importable, so the hook puts the shim first on
@@ -125,6 +129,58 @@ def micro(scratch: Path, reps: int) -> dict[str, Any]:
                               "hit_saves_ms": round(median_ms(real_s) - median_ms(hits), 2),
                               "miss_costs_ms": round(median_ms(misses) - median_ms(real_s), 2)}
     out["routes"] = routes(made["add"], real_dir, real, scratch, reps)
+    out["digest_check"] = digest_check(files, real_dir, scratch, reps)
+    return out
+
+
+#: What the shim's Python runs before its ``main``: nothing (the check as it is), or the check
+#: turned off (the frame stripped unchecked).
+CHECK = {"on": "", "off": "import gpu_cache_digest as d; d.opened = lambda data: data[d.LINE:]; "}
+LOOKUPS = 50
+
+
+def _lookup_us(folder: Any, key: str, case: str) -> float:
+    """Microseconds of one hit's lookup in this process (mean of LOOKUPS), with the check
+    ``case``."""
+    frame = SHIM.gpu_cache_digest
+    checked = frame.opened
+    if case == "off":
+        frame.opened = lambda data: data[frame.LINE:]
+    try:
+        started = time.perf_counter()
+        for _ in range(LOOKUPS):
+            assert SHIM.lookup(folder, key) is not None
+        return (time.perf_counter() - started) / LOOKUPS * 1e6
+    finally:
+        frame.opened = checked
+
+
+def digest_check(files: dict[str, Path], real_dir: Path, scratch: Path, reps: int) -> dict[str, Any]:
+    """What the digest check adds to a hit, with the check on and off, interleaved: per kernel,
+    the lookup in this process (median microseconds) and the whole call (median ms)."""
+    cache = scratch / "digest" / "ptxas"
+    environ = shim_environ(cache, real_dir)
+    folder = SHIM.Folder(str(cache))
+    out = {}
+    for name, path in files.items():
+        call = [str(path), "-o", str(scratch / "digest.cubin"), "-arch=sm_90a", "--warn-on-spills"]
+        before = set(cache.glob("*.ptxas"))
+        timed(["ptxas", *call], environ)  # the miss that keeps the entry
+        (entry,) = set(cache.glob("*.ptxas")) - before
+        lookups: dict[str, list[float]] = {"on": [], "off": []}
+        calls: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(reps):
+            for case in ("on", "off"):
+                lookups[case].append(_lookup_us(folder, entry.stem, case))
+                program = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); {CHECK[case]}"
+                           "import gpu_cache_ptxas; gpu_cache_ptxas.main()")
+                command = [sys.executable, "-I", "-S", "-c", program, SHIM.HERE, *call]
+                calls[case].append(timed(command, environ))
+        us = {case: round(statistics.median(values), 1) for case, values in lookups.items()}
+        ms = {case: median_ms(values) for case, values in calls.items()}
+        out[name] = {"entry_bytes": entry.stat().st_size, "lookup_us": us,
+                     "check_us": round(us["on"] - us["off"], 1), "hit_ms": ms,
+                     "check_share_of_hit": round((us["on"] - us["off"]) / 1000 / ms["on"], 4)}
     return out
 
 
@@ -333,6 +389,11 @@ def summary(report: dict[str, Any]) -> None:
                   f"{c['shim_miss_ms']} ms (+{c['miss_costs_ms']}), shim hit {c['shim_hit_ms']} ms "
                   f"(saves {c['hit_saves_ms']})")
         print("  routes, the vector add (ms): " + ", ".join(f"{k} {v}" for k, v in m["routes"].items()))
+        for name, c in m.get("digest_check", {}).items():
+            print(f"  digest check, {name:>14} ({c['entry_bytes']} B entry): lookup "
+                  f"{c['lookup_us']['on']} us checked, {c['lookup_us']['off']} us unchecked (the check: "
+                  f"{c['check_us']} us, {c['check_share_of_hit']:.2%} of a hit); whole hit "
+                  f"{c['hit_ms']['on']} ms checked, {c['hit_ms']['off']} ms unchecked")
     xla = report.get("xla") or {}
     for case, runs in xla.get("cases", {}).items():
         print(f"xla, cold plain JAX process, {case}: CPU-s {[r['cpu_seconds'] for r in runs]}, wall s "

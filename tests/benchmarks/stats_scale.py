@@ -121,6 +121,11 @@ def real_library(scratch: Path) -> bytes:
     return library.read_bytes()
 
 
+def _framed(payload: bytes) -> bytes:
+    """An entry framed with its sha256, as core/digest.py's ``framed`` writes it (ptxas, jax-triton)."""
+    return b"gpu-cache sha256 " + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
 def _write(path: str, data: bytes, when: float) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -247,19 +252,17 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         cubin = b"c" * 20000
         meta = "\x1f".join((f"kernel_{i}", "release 13.4, V13.4.59", "d" * 16, "<input> -o <output>",
                             "i" * 16))
-        head = b"gpu-cache ptxas entry 1\n%s\n0 0 %d 1.5000\n%s\n" % (key.encode(), len(cubin), meta.encode())
-        _write(os.path.join(str(folders["ptxas"]), f"{key}.ptxas"), head + cubin, used())
+        head = b"gpu-cache ptxas entry 2\n%s\n0 0 %d 1.5000\n%s\n" % (key.encode(), len(cubin), meta.encode())
+        _write(os.path.join(str(folders["ptxas"]), f"{key}.ptxas"), _framed(head + cubin), used())
         files += 1
     # jax-triton kernels the startup hook kept (issue 34), in core/kinds/jax_triton_format.py's format
     for i in range(6):
         key = hashlib.sha256(b"k%d" % i).hexdigest()
-        entry = {"format": 2, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",
+        entry = {"format": 3, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",
                  "jax_triton": "0.3.0", "triton": "3.6.0", "target": "cuda:90", "key_parts": {},
                  "result": {"binary": "p" * 20000, "name": f"attention_{i}", "shared_mem_bytes": 0},
                  "ttir": "t" * 4000}
-        body = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
-        entry["sha256"] = hashlib.sha256(body).hexdigest()  # what the hook writes last
-        _write(os.path.join(str(folders["jax_triton"]), key), json.dumps(entry).encode(), used())
+        _write(os.path.join(str(folders["jax_triton"]), key), _framed(json.dumps(entry).encode()), used())
         files += 1
     # vLLM's torch.compile folders (issue 31): one hash folder per engine, a rank folder in each
     for i in range(4):

@@ -16,6 +16,8 @@ from helpers import HOOK, unavailable
 
 SHIM = ptxas_lookup.shim_module()
 SHIM_DIR = HOOK / "ptxas"
+#: The hook's digest frame (``_hook/gpu_cache_digest.py``), as the shim loaded it.
+DIGEST = SHIM.gpu_cache_digest
 
 
 def triton_ptxas() -> Path:

@@ -40,6 +40,7 @@ to the shared tier. The record's ``jax_triton`` part counts hits and misses and 
 key's parts for ``gpu-cache doctor --explain``. Standard library only, Python 3.9+.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -185,7 +186,6 @@ class _CodeGen:
 def _install(triton_lib, kernels):
     """Wrap jax-triton's kernel function and its two compile steps (module globals, looked up
     at call time); the steps act only inside the kernel function, in its thread."""
-    import functools
     import inspect
 
     original_get = triton_lib.get_or_create_triton_kernel
@@ -224,6 +224,22 @@ def _install(triton_lib, kernels):
         found = kernels.lookup(call, args, kwargs)
         return KeptModule(found) if found is not None else original_ast(*args, **kwargs)
 
+    compile_ttir_inplace = kept_compile(original_compile, kernels, local,
+                                        lambda call: original_ast(*call.ast[0], **call.ast[1]))
+
+    try:  # jax-triton 0.2.0 asks ast_to_ttir's signature whether it takes module_map
+        ast_to_ttir.__signature__ = inspect.signature(original_ast)
+    except (TypeError, ValueError):
+        pass
+    triton_lib.get_or_create_triton_kernel = get_or_create_triton_kernel
+    triton_lib.compile_ttir_inplace = compile_ttir_inplace
+    triton_lib.code_gen = _CodeGen(code_gen, ast_to_ttir)
+
+
+def kept_compile(original_compile, kernels, local, remake):
+    """jax-triton's ``compile_ttir_inplace``, wrapped: a kept module's result without a compile
+    (``remake(call)``: the module to compile where the kept result cannot be used), else the
+    compile, whose result is kept under the call's key."""
     @functools.wraps(original_compile)
     def compile_ttir_inplace(module, *args, **kwargs):
         call = getattr(local, "call", None)
@@ -232,8 +248,7 @@ def _install(triton_lib, kernels):
                 return kernels.result(module.entry)
             except Exception as exc:  # (checked when it was read): compile after all
                 kernels.hook.warn("jax-triton kernel cache", exc)
-                module = original_ast(*call.ast[0], **call.ast[1])
-                return original_compile(module, *args, **kwargs)
+                return original_compile(remake(call), *args, **kwargs)
         ttir = None
         if call is not None and call.key is not None:
             try:
@@ -245,14 +260,7 @@ def _install(triton_lib, kernels):
         if ttir is not None:
             kernels.save(call, ttir, result, time.perf_counter() - started)
         return result
-
-    try:  # jax-triton 0.2.0 asks ast_to_ttir's signature whether it takes module_map
-        ast_to_ttir.__signature__ = inspect.signature(original_ast)
-    except (TypeError, ValueError):
-        pass
-    triton_lib.get_or_create_triton_kernel = get_or_create_triton_kernel
-    triton_lib.compile_ttir_inplace = compile_ttir_inplace
-    triton_lib.code_gen = _CodeGen(code_gen, ast_to_ttir)
+    return compile_ttir_inplace
 
 
 class Call:

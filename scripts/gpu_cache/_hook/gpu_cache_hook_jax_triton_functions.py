@@ -22,7 +22,6 @@ Standard library only, Python 3.9+.
 import functools
 import inspect
 import threading
-import time
 
 import gpu_cache_hook_jax_triton as base
 from gpu_cache_hook_common import text
@@ -85,28 +84,11 @@ def install(triton_lib, kernels):
             local.call = None
             kernels.finish(call)
 
-    @functools.wraps(original_compile)
-    def compile_ttir_inplace(module, *args, **kwargs):
-        call = getattr(local, "call", None)
-        if isinstance(module, base.KeptModule):
-            try:
-                return kernels.result(module.entry)
-            except Exception as exc:  # (checked when it was read): compile after all
-                kernels.hook.warn("jax-triton kernel cache", exc)
-                source, ast_args, ast_kwargs = call.ast
-                module = compiler.ASTSource.make_ir(source, *ast_args, **ast_kwargs)
-                return original_compile(module, *args, **kwargs)
-        ttir = None
-        if call is not None and call.key is not None:
-            try:
-                ttir = str(module)  # before the compile, which changes the module in place
-            except Exception as exc:
-                kernels.hook.warn("jax-triton kernel cache", exc)
-        started = time.perf_counter()
-        result = original_compile(module, *args, **kwargs)
-        if ttir is not None:
-            kernels.save(call, ttir, result, time.perf_counter() - started)
-        return result
+    def remake(call):
+        source, ast_args, ast_kwargs = call.ast
+        return compiler.ASTSource.make_ir(source, *ast_args, **ast_kwargs)
+
+    compile_ttir_inplace = base.kept_compile(original_compile, kernels, local, remake)
 
     function._compile_kernel = _compile_kernel
     triton_lib.compile_ttir_inplace = compile_ttir_inplace

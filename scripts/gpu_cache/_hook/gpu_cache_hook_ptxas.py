@@ -13,7 +13,7 @@ the process would have run (the first on ``PATH``, else in ``/usr/local/cuda``, 
 or a CUDA wheel, as jaxlib looks); ``$GPU_CACHE_PTXAS_PYTHON``, this interpreter; and, with
 records on, ``$GPU_CACHE_PTXAS_TALLY``, a file in the records folder where each shim call adds a
 line, read into this process's record at exit (``ptxas``: hits, misses, the missed keys with
-their parts) and removed.
+their parts, the entries refused and set aside, and why) and removed.
 
 XLA's own kernels stay off the cache (issue 37: about 1000 calls in a cold 12-layer process,
 each a Python start, +14% CPU on an H100): ``$GPU_CACHE_PTXAS_KERNELS`` is ``<this pid>:<a new
@@ -162,7 +162,8 @@ def _mark(folder, name):
 
 def _counts():
     return {"hits": 0, "misses": 0, "passed": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
-            "hit_keys": [], "missed": [], "passed_why": {}, "dropped": {"hit_keys": 0, "missed": 0}}
+            "hit_keys": [], "missed": [], "refused": [], "passed_why": {},
+            "dropped": {"hit_keys": 0, "missed": 0, "refused": 0}}
 
 
 def _remove_at_exit(path, folder=False):
@@ -198,6 +199,9 @@ def _add(part, fields, separator):
         counted = part["passed_why"]
         if why in counted or len(counted) < 50:
             counted[why] = counted.get(why, 0) + 1
+        return
+    if outcome == "refused":  # an entry there that may not be served, set aside: its call misses
+        common.keep(part, "refused", common.text(why))
         return
     if outcome not in ("hit", "miss"):
         return

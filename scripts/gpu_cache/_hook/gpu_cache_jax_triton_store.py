@@ -11,9 +11,10 @@ One file per kernel in ``$GPU_CACHE_JAX_TRITON`` (the layout is
 - an entry is read only when it is a regular file (never through a link, never a FIFO) of at
   most ``ENTRY_LIMIT`` bytes that no other user could have written (``owner_problem``: this
   user's or root's, or the team's in a team's folder, and nobody else may write it), holding
-  JSON of this format whose key is its file name, whose sha256 is its content's (``sealed``:
-  written with the entry, so damage that keeps the size is found) and whose every field is of
-  the type and range jaxlib's ``TritonKernel`` takes (``problem``); any other is set aside
+  JSON of this format whose key is its file name, framed with its sha256 (``sealed``:
+  ``gpu_cache_digest``'s frame, written with the entry and checked on every read, so damage
+  that keeps the size is found) and whose every field is of the type and range jaxlib's
+  ``TritonKernel`` takes (``problem``); any other is set aside
   (``gpu_cache_lock_files.set_aside``: renamed away, then removed), so it is not read again;
 - an entry is written into a new temporary file, given mode 0644 (0664 in a team's folder)
   whatever the umask, then linked to its name, which never replaces an entry there: a reader
@@ -31,6 +32,7 @@ import os
 import re
 import stat
 
+import gpu_cache_digest
 import gpu_cache_lock_files as lock_files
 import gpu_cache_tier_files as tier_files
 from gpu_cache_hook_common import owner_problem, safe_mode
@@ -38,7 +40,7 @@ from sitecustomize import TEMP_PREFIX
 
 KIND = "jax_triton"
 #: Copies of gpu_cache.core.kinds.jax_triton_format's names (a test fails when they drift).
-FORMAT = 2
+FORMAT = 3
 ENTRY_LIMIT = 64 << 20
 MEMO_FOLDER = ".triton-keys"
 #: Triton's key of an installation unused this long is removed when another one is kept.
@@ -256,38 +258,30 @@ def _pread_all(fd, size):
     return _read_all(fd, size, os.fstat(fd), pread=True)
 
 
-# --- what an entry must be: one place (the next kinds' integrity may come here) -----------
-
-def digest(entry):
-    """The sha256 of an entry's content: its JSON without the field ``sha256``, keys sorted,
-    as Python writes it (the same on every Python 3)."""
-    body = json.dumps({k: v for k, v in entry.items() if k != "sha256"}, sort_keys=True,
-                      separators=(",", ":"))
-    return hashlib.sha256(body.encode("ascii")).hexdigest()
-
+# --- what an entry must be (its integrity: gpu_cache_digest, shared with the ptxas shim) -----
 
 def sealed(entry):
-    """The bytes of ``entry`` as the store writes it: with the sha256 of its content last.
-    Raises ValueError (a value JSON cannot hold)."""
-    return json.dumps({**entry, "sha256": digest(entry)}, allow_nan=False).encode("ascii")
+    """The bytes of ``entry`` as the store writes it: its JSON, framed with its sha256
+    (``gpu_cache_digest``). Raises ValueError (a value JSON cannot hold)."""
+    return gpu_cache_digest.framed(json.dumps(entry, allow_nan=False).encode("ascii"))
 
 
 def _judged(data, key, judge, info):
     """The entry in ``data`` (the bytes of the file ``key``, ``info`` its stat). Raises
-    Unusable: it is not JSON of this format for its name, not as it was written (its sha256),
+    Unusable: it is not as it was written (its sha256), not JSON of this format for its name,
     or ``judge(entry)`` names a problem."""
     try:
-        entry = json.loads(data)
+        body = gpu_cache_digest.opened(data)
+    except gpu_cache_digest.Damaged as exc:
+        raise Unusable(f"{key} is {exc}", info) from None
+    if body is None:
+        raise Unusable(f"{key} is not an entry of format {FORMAT} (an older gpu-cache's?)", info)
+    try:
+        entry = json.loads(body)
     except (ValueError, RecursionError):
         raise Unusable(f"{key} is not JSON", info) from None
     if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
         raise Unusable(f"{key} is not an entry of format {FORMAT} for its name", info)
-    try:
-        whole = entry.get("sha256") == digest(entry)
-    except RecursionError:  # nested deeper than json writes
-        whole = False
-    if not whole:
-        raise Unusable(f"{key} is not as it was written (its sha256 differs)", info)
     why = judge(entry)
     if why:
         raise Unusable(f"{key} {why}", info)

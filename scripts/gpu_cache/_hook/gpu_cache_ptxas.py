@@ -28,8 +28,11 @@ ptxas that is a wrapper calling ``ptxas`` again through ``PATH`` reaches the nex
 Entries are GPU binaries, so the folder (``$GPU_CACHE_PTXAS``) must be trusted at every call:
 not a link, owned by you or root (or, in a team's root, by its group, one of yours), nobody
 else may write to it, and no folder above it lets another user swap it (the hook's rule,
-``gpu_cache_hook_fallback.distrust_above``); each entry is checked the same way and its header
-must name its key. Entries are written whole: a temporary file (mode ``0644``, ``0664`` in a
+``gpu_cache_hook_fallback.distrust_above``); each entry is checked the same way, must be as it
+was written (its sha256, ``gpu_cache_digest``'s frame: damage that keeps the size is found) and
+its header must name its key. An entry that fails (or is of an older format) is set aside
+(``gpu_cache_lock_files.set_aside``) and counted as refused: the real ptxas runs, and its result
+takes the name. Entries are written whole: a temporary file (mode ``0644``, ``0664`` in a
 team's root, whatever the umask), then a hard link to the key's name (never over an existing
 entry). On a miss, with single-flight on (``$GPU_CACHE_LOCKS``), one process per key runs the
 real ptxas and the others wait for its entry. Each call adds a line to
@@ -43,6 +46,8 @@ import stat
 import sys
 import time
 
+import gpu_cache_digest
+from gpu_cache_digest import sha256  # the bare module's, not hashlib's: a call's start is short
 from gpu_cache_hook_common import owner_problem, team_gid
 from gpu_cache_hook_fallback import distrust_above
 
@@ -53,14 +58,6 @@ from sitecustomize import PTXAS_REAL_VAR as REAL_VAR
 from sitecustomize import PTXAS_TALLY_VAR as TALLY_VAR
 from sitecustomize import PTXAS_VAR as CACHE_VAR
 
-try:  # the bare module: hashlib would add its OpenSSL binding to every call's start
-    from _sha256 import sha256
-except ImportError:
-    try:
-        from _sha2 import sha256
-    except ImportError:
-        from hashlib import sha256
-
 #: The line in the front script that marks a file as a copy of this shim (never run as real).
 MARKER = b"gpu-cache ptxas shim"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +66,7 @@ FRONT = os.path.join(SHIM_DIR, "ptxas")
 ENTRY_SUFFIX = ".ptxas"
 IDENTITY_SUFFIX = ".identity"
 TMP_PREFIX = ".gpu-cache-tmp."
-ENTRY_MAGIC = b"gpu-cache ptxas entry 1\n"
+ENTRY_MAGIC = b"gpu-cache ptxas entry 2\n"
 IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"
 #: Inputs and entries larger than this are not cached (PTX of a big Triton kernel: about 1 MB).
 MAX_BYTES = 256 << 20
@@ -280,18 +277,45 @@ class Folder:
     def read(self, name, magic):
         """The content after ``magic`` of the file ``name``; None where it is missing, breaks
         the rules or is not one of ours."""
+        found = self.load(name)
+        if found is None or found[2]:
+            return None
+        return found[0][len(magic):] if found[0].startswith(magic) else None
+
+    def load(self, name):
+        """``(content, stat, problem)`` of the file ``name``, or None where there is none (or it
+        cannot be opened); ``problem``: why it may not be read (its content is then empty): not
+        a regular file (a link, a FIFO: never followed nor waited on), another user's, over
+        MAX_BYTES."""
         try:
             fd = os.open(name, _READ, dir_fd=self.fd)
-        except OSError:
-            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):  # a link, a socket
+                return None
+            try:
+                return b"", os.lstat(name, dir_fd=self.fd), "not a regular file"
+            except OSError:
+                return None
         try:
             info = os.fstat(fd)
-            if self.problem(info) or info.st_size > MAX_BYTES:
-                return None
-            data = read_all(fd)
+            why = self.problem(info) or (f"over {MAX_BYTES} bytes" if info.st_size > MAX_BYTES else None)
+            data = b"" if why else read_all(fd)
         finally:
             os.close(fd)
-        return data[len(magic):] if data.startswith(magic) and len(data) <= MAX_BYTES else None
+        if len(data) > MAX_BYTES:
+            data, why = b"", f"over {MAX_BYTES} bytes"
+        return data, info, why
+
+    def set_aside(self, name, judged):
+        """Set the file ``name`` (``judged``: its stat) aside, so the real ptxas's result takes
+        its name; what the record says of it."""
+        import gpu_cache_lock_files
+
+        try:
+            gpu_cache_lock_files.set_aside(name, judged, dir_fd=self.fd)
+        except OSError as exc:  # a read-only folder: refused again next time
+            return f"; left in place ({exc.strerror or exc!r})"
+        return "; set aside"
 
     def write(self, name, data):
         """Write ``name`` whole (a temporary file, then a link); whether it was placed (False:
@@ -365,25 +389,31 @@ def write_all(fd, data):
 # --- entries ------------------------------------------------------------------------------------
 
 def pack_entry(key, stdout, stderr, output, seconds, meta):
-    """An entry's bytes: magic, key, lengths and compile seconds, the tab-separated key parts
-    (for explain), then stdout, stderr and the output."""
+    """An entry's bytes, framed with their digest (``gpu_cache_digest``): magic, key, lengths
+    and compile seconds, the key parts (for explain), then stdout, stderr and the output."""
     head = b"%s\n%d %d %d %.4f\n%s\n" % (key.encode("ascii"), len(stdout), len(stderr), len(output),
                                         seconds, clean(meta).encode("utf-8", "replace"))
-    return ENTRY_MAGIC + head + stdout + stderr + output
+    return gpu_cache_digest.framed(ENTRY_MAGIC + head + stdout + stderr + output)
 
 
 def unpack_entry(data, key):
-    """``(stdout, stderr, output, seconds, meta)`` of an entry's content after its magic, or
-    None where it is not whole or not the entry of ``key``."""
+    """``(stdout, stderr, output, seconds, meta)`` of the entry file ``data`` of ``key``.
+    Raises ValueError, saying why it may not be served: not of this format (an older
+    gpu-cache's), not as it was written (its digest), not whole, or another key's."""
+    body = gpu_cache_digest.opened(data)  # raises Damaged, a ValueError
+    if body is None or not body.startswith(ENTRY_MAGIC):
+        raise ValueError("not an entry of this format (an older gpu-cache's?)")
     try:
-        named, sizes, meta, rest = data.split(b"\n", 3)
+        named, sizes, meta, rest = body[len(ENTRY_MAGIC):].split(b"\n", 3)
         out_n, err_n, bin_n, seconds = sizes.split()
-        out_n, err_n, bin_n = int(out_n), int(err_n), int(bin_n)
+        out_n, err_n, bin_n, seconds = int(out_n), int(err_n), int(bin_n), float(seconds)
     except ValueError:
-        return None
-    if named != key.encode("ascii") or len(rest) != out_n + err_n + bin_n or bin_n == 0:
-        return None
-    return (rest[:out_n], rest[out_n:out_n + err_n], rest[out_n + err_n:], float(seconds),
+        raise ValueError("not whole (its header is cut short)") from None
+    if named != key.encode("ascii"):
+        raise ValueError("the entry of another key")
+    if len(rest) != out_n + err_n + bin_n or bin_n == 0:
+        raise ValueError("not whole (its sizes do not add up)")
+    return (rest[:out_n], rest[out_n:out_n + err_n], rest[out_n + err_n:], seconds,
             meta.decode("utf-8", "replace"))
 
 
@@ -491,8 +521,21 @@ def read_input(source):
 
 
 def lookup(folder, key):
-    data = folder.read(key + ENTRY_SUFFIX, ENTRY_MAGIC)
-    return unpack_entry(data, key) if data is not None else None
+    """The entry of ``key`` (unpacked), or None: none there, or one that may not be served
+    (:func:`unpack_entry`, :meth:`Folder.load`), which is set aside, so that the real ptxas's
+    result takes its name, and counted as refused."""
+    name = key + ENTRY_SUFFIX
+    found = folder.load(name)
+    if found is None:
+        return None
+    data, info, why = found
+    if why is None:
+        try:
+            return unpack_entry(data, key)
+        except ValueError as exc:
+            why = str(exc)
+    tally("refused", key, why=f"{key} is {why}{folder.set_aside(name, info)}")
+    return None
 
 
 def replay(entry, source, output):

@@ -62,9 +62,9 @@ class _JaxTriton(Kind):
         return kernel_cache.ENTRY_LIMIT, False  # read as the hook reads it, in a dry run
 
     def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
-        from gpu_cache.core.kinds import jax_triton_carry
+        from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 
-        return jax_triton_carry.problem_of(data, entry.key)
+        return kernel_cache.problem_in(data, entry.key)
 
     def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
         from gpu_cache.core.kinds import jax_triton_carry

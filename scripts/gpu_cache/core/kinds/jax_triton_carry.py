@@ -5,7 +5,6 @@ the hook reads no entry that another user could have written)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Callable, Collection
@@ -29,10 +28,10 @@ def entries(kind: Kind, folder: Path, wanted: set[str] | None) -> list[Carried]:
         problem, target = entry.problem, None
         if problem is None:
             try:
-                data = json.loads(safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT))
-                problem = kernel_cache.problem_of(data, entry.key)
-                target = data.get("target") if problem is None else None
-            except (OSError, ValueError, RecursionError) as exc:
+                read = safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT)
+                data, problem = kernel_cache.parsed(read, entry.key)
+                target = data.get("target") if data is not None else None
+            except OSError as exc:
                 problem = f"unreadable entry ({exc.__class__.__name__})"
         path = Path(source.path)
         out.append(Carried(entry.key, entry.name, {path.name: path}, entry.last_use, problem,
@@ -43,14 +42,6 @@ def entries(kind: Kind, folder: Path, wanted: set[str] | None) -> list[Carried]:
 def names_ok(key: str, files: Collection[str]) -> bool:
     """One file, named by its key."""
     return bool(kernel_cache.KEY_RE.fullmatch(key)) and set(files) == {key}
-
-
-def problem_of(data: bytes, key: str) -> str | None:
-    """Why ``data`` is not an entry jobs can read at ``key``, or None."""
-    try:
-        return kernel_cache.problem_of(json.loads(data), key)
-    except (ValueError, RecursionError) as exc:
-        return f"it is not an entry jobs can read ({type(exc).__name__})"
 
 
 def writers(folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
@@ -82,7 +73,7 @@ class KernelWriter(Writer):
             data = safe_io.read_bounded(name, kernel_cache.ENTRY_LIMIT, dir_fd=self.dir_fd)
         except OSError as exc:
             return f"it is not an entry jobs can read ({type(exc).__name__})"
-        return problem_of(data, self.entry.key)
+        return kernel_cache.problem_in(data, self.entry.key)
 
     def finish(self) -> bool:
         problem = self._problem(self.temp)

@@ -10,9 +10,9 @@ process lowers at once. Layout:
   everything that changes the compiler's output). Its content is JSON (:data:`FORMAT`): the
   key, the kernel's Python name and module, the jax-triton and Triton versions, the target,
   the key's parts (for ``gpu-cache doctor --explain``), jax-triton's ``CompilationResult``
-  fields (the PTX among them), the TTIR, and last the sha256 of all that (:func:`digest`), so
-  that damage that keeps the size is found. ``kernel`` comes first, so that a scan reads a
-  small head of each file to name it.
+  fields (the PTX among them) and the TTIR, framed with its sha256 (:mod:`gpu_cache.core.digest`:
+  a first line ``gpu-cache sha256 <hex>``), so that damage that keeps the size is found.
+  ``kernel`` comes first, so that a scan reads a small head of each file to name it.
 * ``<folder>/.triton-keys/<32 hex>``: Triton's own key of one Triton installation (a hash of
   its sources and the whole ``libtriton.so``, 500 MB in Triton 3.9's wheel), named by
   the identity of those files (path, inode, size, modification and change times), so the hook
@@ -30,7 +30,6 @@ hit, which is its last use.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -40,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import names, safe_io, verified
+from gpu_cache.core import digest, names, safe_io, verified
 
 #: The entry format the startup hook writes (its copy: ``gpu_cache_jax_triton_store.FORMAT``).
-FORMAT = 2
+FORMAT = 3
 #: An entry larger than this is not read (an attention kernel's PTX is a few hundred kB).
 ENTRY_LIMIT = 64 << 20
 #: How much of an entry a scan reads to name it.
@@ -51,7 +50,7 @@ HEAD_BYTES = 4096
 KEY_RE = re.compile(r"[0-9a-f]{64}")
 MEMO_FOLDER = ".triton-keys"
 TEMP_PREFIX = names.TEMP_PREFIX
-_KERNEL_RE = re.compile(rb'^\{"format": \d+, "key": "[0-9a-f]{64}", "kernel": "((?:[^"\\]|\\.){1,500})"')
+_KERNEL_RE = re.compile(rb'\{"format": \d+, "key": "[0-9a-f]{64}", "kernel": "((?:[^"\\]|\\.){1,500})"')
 #: The fields of jax-triton's ``CompilationResult`` an entry must hold, with their types.
 RESULT_FIELDS = {"binary": str, "name": str, "shared_mem_bytes": int}
 TEXT_FIELDS = ("kernel", "module", "jax_triton", "triton", "target")
@@ -69,14 +68,34 @@ class KernelEntry:
     problem: str | None
 
 
+def parsed(data: bytes, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(entry, None)`` where the bytes of a file, ``data``, are a whole entry of this format
+    named ``key`` (as it was written: its sha256), else ``(None, why not)``."""
+    try:
+        body = digest.opened(data)
+    except digest.Damaged as exc:
+        return None, str(exc)
+    if body is None:
+        return None, f"not a jax-triton kernel entry of format {FORMAT}"
+    try:
+        entry = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return None, f"unreadable entry ({exc.__class__.__name__})"
+    why = problem_of(entry, key)
+    return (entry, None) if why is None else (None, why)
+
+
+def problem_in(data: bytes, key: str) -> str | None:
+    """Why the bytes of a file are not a whole entry of this format named ``key``, or None."""
+    return parsed(data, key)[1]
+
+
 def problem_of(data: Any, key: str) -> str | None:
-    """Why parsed JSON is not a whole entry of this format named ``key``, or None."""
+    """Why an entry's parsed JSON is not one of this format named ``key``, or None."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return f"not a jax-triton kernel entry of format {FORMAT}"
     if data.get("key") != key:
         return "its key is not its file name"
-    if data.get("sha256") != digest(data):
-        return "not as it was written (its sha256 differs)"
     if not all(isinstance(data.get(name), str) for name in (*TEXT_FIELDS, "ttir")):
         return "a text field is missing"
     result = data.get("result")
@@ -89,13 +108,6 @@ def problem_of(data: Any, key: str) -> str | None:
     if not all(_plain(value) for value in result.values()):
         return "its compilation result holds a value of an unknown type"
     return None
-
-
-def digest(data: dict[str, Any]) -> str:
-    """The sha256 of an entry's content: its JSON without the field ``sha256``, keys sorted.
-    The hook's copy is ``gpu_cache_jax_triton_store.digest`` (a test keeps them one)."""
-    body = json.dumps({k: v for k, v in data.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(body.encode("ascii")).hexdigest()
 
 
 def _plain(value: Any) -> bool:
@@ -117,7 +129,7 @@ def _name_of(path: str, info: os.stat_result) -> str:
     except safe_io.TooLarge:
         with safe_io.open_regular(path) as fd:
             head = os.read(fd, HEAD_BYTES)
-    found = _KERNEL_RE.match(head)
+    found = _KERNEL_RE.match(head, digest.LINE)
     if found is None:
         return "?"
     try:
@@ -128,10 +140,10 @@ def _name_of(path: str, info: os.stat_result) -> str:
 
 def _verify(path: str, info: os.stat_result, key: str) -> str | None:
     try:
-        data = json.loads(safe_io.read_known(path, ENTRY_LIMIT, info))
-    except (OSError, ValueError, RecursionError) as exc:
+        data = safe_io.read_known(path, ENTRY_LIMIT, info)
+    except OSError as exc:
         return f"unreadable entry ({exc.__class__.__name__})"
-    return problem_of(data, key)
+    return problem_in(data, key)
 
 
 def _describe(item: os.DirEntry[str], info: os.stat_result, now: float, grace_seconds: float,

@@ -27,12 +27,13 @@ class _Ptxas(SingleFile):
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
         """Each result (named by its kernel) and each identity file is one entry; every
-        result's header is checked whole."""
+        result's header is checked whole, and ``verify_after``: the sha256 of those used after
+        that time."""
         from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
         return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=os.path.join(folder, e.key))
-                for e in ptxas_cache.scan(folder, grace_seconds)]
+                for e in ptxas_cache.scan(folder, grace_seconds, verify_after)]
 
     def present(self, folder: Path, key: str) -> bool:
         return (folder / f"{key}.ptxas").is_file()

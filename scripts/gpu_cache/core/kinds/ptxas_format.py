@@ -3,9 +3,11 @@
 
 Pure standard library. Every file is one entry, written whole (a temporary file, then a link):
 
-* ``<64 hex>.ptxas``: one ptxas result: ``gpu-cache ptxas entry 1``, its key, the sizes of its
-  stdout, stderr and output and the real run's seconds, the key parts (kernel name, ptxas
-  version, ptxas digest, options, input digest; separated by ``\\x1f``), then the three;
+* ``<64 hex>.ptxas``: one ptxas result, framed with its sha256 (:mod:`gpu_cache.core.digest`:
+  a first line ``gpu-cache sha256 <hex>``, so that damage that keeps the size is found):
+  ``gpu-cache ptxas entry 2``, its key, the sizes of its stdout, stderr and output and the real
+  run's seconds, the key parts (kernel name, ptxas version, ptxas digest, options, input
+  digest; separated by ``\\x1f``), then the three;
 * ``<40 hex>.identity``: what one state of a real ptxas file said to ``--version``, with its
   digest (a lost one is made again by the next call, at the cost of one ``--version``);
 * ``.gpu-cache-tmp.*``: a writer's temporary file; one older than the grace period is broken.
@@ -20,7 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ENTRY_MAGIC = b"gpu-cache ptxas entry 1\n"
+from gpu_cache.core import digest, safe_io
+
+ENTRY_MAGIC = b"gpu-cache ptxas entry 2\n"
 IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"
 META_SEP = "\x1f"
 ENTRY_RE = re.compile(r"^([0-9a-f]{64})\.ptxas$")
@@ -28,6 +32,8 @@ IDENTITY_RE = re.compile(r"^[0-9a-f]{40}\.identity$")
 TMP_PREFIX = ".gpu-cache-tmp."
 #: What an entry's header takes at most (the key parts are cut to 2000 characters).
 HEAD_BYTES = 4096
+#: The shim reads no entry larger than this (its MAX_BYTES).
+MAX_BYTES = 256 << 20
 META_FIELDS = ("name", "ptxas", "ptxas_digest", "options", "input")
 
 
@@ -43,27 +49,43 @@ class PtxasEntry:
     parts: dict[str, str]
 
 
-def read_head(path: str, size: int) -> tuple[str, dict[str, str], str | None]:
-    """``(kernel name, key parts, problem)`` of a result file of ``size`` bytes: whole when its
-    header names its own key and the sizes it gives add up to the file's."""
+def read_result(path: str, info: os.stat_result, verify: bool) -> tuple[str, dict[str, str], str | None]:
+    """``(kernel name, key parts, problem)`` of the result file ``path`` (``info``: its
+    stat): whole when its header names its own key and the sizes it gives add up to the
+    file's; with ``verify`` the whole file is read, and it must also be as it was written
+    (its sha256)."""
     try:
-        with open(path, "rb", buffering=0) as stream:
-            head = stream.read(HEAD_BYTES)
+        if verify:
+            data = safe_io.read_known(path, MAX_BYTES, info)
+        else:
+            with open(path, "rb", buffering=0) as stream:
+                data = stream.read(digest.LINE + HEAD_BYTES)
+    except safe_io.TooLarge:
+        return "?", {}, f"larger than the {MAX_BYTES} bytes the shim reads"
     except OSError as exc:
-        return "?", {}, f"unreadable ({exc.strerror})"
-    if not head.startswith(ENTRY_MAGIC):
-        return "?", {}, "not an entry of gpu-cache's ptxas shim"
+        return "?", {}, f"unreadable ({exc.strerror or exc})"
+    damaged = None
+    if verify:
+        try:
+            digest.opened(data)
+        except digest.Damaged as exc:
+            damaged = str(exc)
+    body = data[digest.LINE:]
+    if not data.startswith(digest.MAGIC) or not body.startswith(ENTRY_MAGIC):
+        return "?", {}, "not an entry of this gpu-cache's ptxas shim (an older one's?)"
     try:
-        key, sizes, meta, _rest = head[len(ENTRY_MAGIC):].split(b"\n", 3)
+        key, sizes, meta, _rest = body[len(ENTRY_MAGIC):].split(b"\n", 3)
         lengths = [int(n) for n in sizes.split()[:3]]
     except ValueError:
-        return "?", {}, "its header is cut short"
+        return "?", {}, damaged or "its header is cut short"
     parts = dict(zip(META_FIELDS, meta.decode("utf-8", "replace").split(META_SEP)))
     name = parts.get("name") or "?"
+    if damaged:
+        return name, parts, damaged
     if ENTRY_RE.match(os.path.basename(path)).group(1) != key.decode("ascii", "replace"):
         return name, parts, "its header names another key"
-    whole = len(ENTRY_MAGIC) + len(key) + len(sizes) + len(meta) + 3 + sum(lengths)
-    if whole != size or lengths[2] == 0:
+    whole = digest.LINE + len(ENTRY_MAGIC) + len(key) + len(sizes) + len(meta) + 3 + sum(lengths)
+    if whole != info.st_size or len(lengths) < 3 or lengths[2] == 0:
         return name, parts, "not whole (a writer was cut short)"
     return name, parts, None
 
@@ -76,9 +98,10 @@ def _starts_with(path: str, magic: bytes) -> bool:
         return False
 
 
-def scan(folder: Path, grace_seconds: float) -> list[PtxasEntry]:
+def scan(folder: Path, grace_seconds: float, verify_after: float | None = None) -> list[PtxasEntry]:
     """Every result, identity and stale temporary file in ``folder``; links and other files
-    than regular ones are broken entries (the shim never reads them)."""
+    than regular ones are broken entries (the shim never reads them). ``verify_after``: read
+    the results used (or written) after that time whole, and check their sha256."""
     try:
         listing = list(os.scandir(folder))
     except OSError:
@@ -101,7 +124,8 @@ def scan(folder: Path, grace_seconds: float) -> list[PtxasEntry]:
                 continue  # a shim may be writing it
             name, problem = "temporary file", "left by a ptxas shim that was killed"
         elif result:
-            name, parts, problem = read_head(item.path, info.st_size)
+            verify = verify_after is not None and info.st_mtime >= verify_after
+            name, parts, problem = read_result(item.path, info, verify)
         elif not _starts_with(item.path, IDENTITY_MAGIC):
             problem = "not an identity file of gpu-cache's ptxas shim"
         out.append(PtxasEntry(item.name, name, info.st_size, info.st_mtime, problem, parts))
