@@ -18,7 +18,16 @@ from typing import Any
 
 from gpu_cache.core import safe_io
 from gpu_cache.core.kinds import autotune_format as autotune_cache
-from gpu_cache.core.kinds.carrying import Carried, Damaged, ManifestEntry, Refused, Writer, fill, shown
+from gpu_cache.core.kinds.carrying import (
+    Carried,
+    Damaged,
+    ManifestEntry,
+    Refused,
+    Writer,
+    fill,
+    new_file,
+    shown,
+)
 from gpu_cache.core.kinds.kind import Kind
 
 
@@ -111,13 +120,10 @@ class AutotuneWriter(Writer):
         self.pending.discard(file_name)
         if member.size > autotune_cache.RESULT_LIMIT:
             raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
-        self.temp = safe_io.temp_name(file_name)
-        fd = safe_io.new_file(self.temp, dir_fd=self.fd)
-        try:
-            fill(fd, file_name, source, member, self.entry)
-            os.utime(fd, (self.entry.last_use, self.entry.last_use))
-        finally:
-            os.close(fd)
+        temp = safe_io.temp_name(file_name)
+        new_file(temp, self.fd, lambda fd: fill(fd, file_name, source, member, self.entry),
+                 self.entry.last_use)
+        self.temp = temp
 
     def _newer_here(self) -> bool:
         """A valid result of this key written since the plan was made (a warm process)."""

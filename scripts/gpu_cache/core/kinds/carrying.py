@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,6 +168,25 @@ def fill(fd: int, file_name: str, source: Any, member: Any, entry: ManifestEntry
     problem = digest_problem(entry, file_name, digest.hexdigest())
     if problem:
         raise Damaged(problem)
+
+
+def new_file(name: str, dir_fd: int | None, write: Callable[[int], None], mtime: float) -> None:
+    """Make the file ``name`` in the folder ``dir_fd`` (never over one, never through a link),
+    written by ``write(fd)``, with the times ``mtime``; it is removed again where that fails.
+
+    Raises:
+        Damaged, Refused: from ``write``; OSError.
+    """
+    fd = safe_io.new_file(name, dir_fd=dir_fd)
+    try:
+        write(fd)
+        os.utime(fd, (mtime, mtime))
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise
+    finally:
+        os.close(fd)
 
 
 class Writer:

@@ -15,7 +15,15 @@ from typing import Any
 from gpu_cache.core import safe_io, safe_locks
 from gpu_cache.core.kinds import jax_format as jax_cache
 from gpu_cache.core.kinds import jax_frames
-from gpu_cache.core.kinds.carrying import Carried, Damaged, ManifestEntry, Writer, fill, member_mtime
+from gpu_cache.core.kinds.carrying import (
+    Carried,
+    Damaged,
+    ManifestEntry,
+    Writer,
+    fill,
+    member_mtime,
+    new_file,
+)
 from gpu_cache.core.kinds.kind import Kind
 
 #: A JAX entry's key: ``<name>-<sha256 hex>``.
@@ -67,13 +75,8 @@ class JaxWriter(Writer):
 
     def _temp(self, file_name: str, write: Callable[[int], None], mtime: float) -> None:
         temp = safe_io.temp_name(file_name)
-        fd = safe_io.new_file(temp, dir_fd=self.dir_fd)
+        new_file(temp, self.dir_fd, write, mtime)
         self.temps[file_name] = temp
-        try:
-            write(fd)
-            os.utime(fd, (mtime, mtime))
-        finally:
-            os.close(fd)
 
     def add(self, file_name: str, source: Any, member: Any) -> None:
         self._temp(file_name, lambda fd: fill(fd, file_name, source, member, self.entry),

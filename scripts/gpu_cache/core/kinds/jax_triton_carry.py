@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_cache.core import safe_io
 from gpu_cache.core.kinds import jax_triton_format as kernel_cache
-from gpu_cache.core.kinds.carrying import Carried, Damaged, ManifestEntry, Writer, fill, shown
+from gpu_cache.core.kinds.carrying import Carried, Damaged, ManifestEntry, Writer, fill, new_file, shown
 from gpu_cache.core.kinds.kind import Kind
 
 
@@ -60,13 +60,10 @@ class KernelWriter(Writer):
         self.pending.discard(file_name)
         if member.size > kernel_cache.ENTRY_LIMIT:
             raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
-        self.temp = safe_io.temp_name(file_name)
-        fd = safe_io.new_file(self.temp, dir_fd=self.dir_fd)
-        try:
-            fill(fd, file_name, source, member, self.entry)
-            os.utime(fd, (self.entry.last_use, self.entry.last_use))
-        finally:
-            os.close(fd)
+        temp = safe_io.temp_name(file_name)
+        new_file(temp, self.dir_fd, lambda fd: fill(fd, file_name, source, member, self.entry),
+                 self.entry.last_use)
+        self.temp = temp
 
     def _problem(self, name: str) -> str | None:
         try:

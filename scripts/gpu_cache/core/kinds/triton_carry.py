@@ -23,6 +23,7 @@ from gpu_cache.core.kinds.carrying import (
     digest_problem,
     fill,
     member_mtime,
+    new_file,
     plain_name,
     regular_files,
     sha256,
@@ -134,14 +135,6 @@ class TritonWriter(Writer):
         self.fd: int | None = os.open(self.temp, safe_io.DIR_FLAGS, dir_fd=dir_fd)
         self.group: tuple[str, bytes, float] | None = None
 
-    def _write(self, file_name: str, write: Callable[[int], None], mtime: float) -> None:
-        fd = safe_io.new_file(file_name, dir_fd=self.fd)
-        try:
-            write(fd)
-            os.utime(fd, (mtime, mtime))
-        finally:
-            os.close(fd)
-
     def add(self, file_name: str, source: Any, member: Any) -> None:
         self.pending.discard(file_name)
         if is_group(file_name):
@@ -151,8 +144,8 @@ class TritonWriter(Writer):
                 raise Damaged(problem)
             self.group = (file_name, data, member_mtime(member))
             return
-        self._write(file_name, lambda fd: fill(fd, file_name, source, member, self.entry),
-                    member_mtime(member))
+        new_file(file_name, self.fd, lambda fd: fill(fd, file_name, source, member, self.entry),
+                 member_mtime(member))
 
     def _rewritten_group(self, final: Path) -> tuple[str, bytes, float] | None:
         """The group file with its paths pointing at ``final``, once the entry is shown whole:
@@ -176,7 +169,7 @@ class TritonWriter(Writer):
         key, last_use = self.entry.key, self.entry.last_use
         group = self._rewritten_group(self.folder / key)
         if group is not None:  # written last, as Triton does
-            self._write(group[0], lambda fd: safe_io.write_all(fd, group[1]), group[2])
+            new_file(group[0], self.fd, lambda fd: safe_io.write_all(fd, group[1]), group[2])
         assert self.fd is not None
         os.utime(self.fd, (last_use, last_use))
         if self.replace:
