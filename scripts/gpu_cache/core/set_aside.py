@@ -25,14 +25,14 @@ def set_aside(cache_root: Path, kind: Kind, keys: Iterable[str]) -> tuple[list[s
     try:
         found = kind.scan(folder, grace_seconds=0.0)
     except (OSError, ValueError) as exc:
-        return [], [f"{kind}: cannot list {folder}: {exc}"]
+        return [], [f"{kind.name}: cannot list {folder}: {exc}"]
     for entry in found:
         if entry.key not in wanted and entry.key.rsplit("/", 1)[-1] not in wanted:
             continue
         try:
             kind.remove(folder, entry)
         except (OSError, ValueError) as exc:
-            failed.append(f"{kind}: cannot set {entry.key} aside: {exc}")
+            failed.append(f"{kind.name}: cannot set {entry.key} aside: {exc}")
             continue
         done.append(entry.key)
     return sorted(done), failed
