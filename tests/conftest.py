@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import containers
-from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import FILLER, jax_job_env, unavailable
 from nodes import TwoNodes
 from nodes import missing as nodes_missing

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.commands.stats import cache_stats
-from gpu_cache.commands.validate import autotuning_problems
+from gpu_cache.commands.validate import kind_problems as autotuning_problems
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import hook_records, kinds
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
 from helpers import hook_piece
@@ -55,7 +55,7 @@ def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tm
     tuning = tuning_of(root)
     assert (tuning["loaded"], tuning["entries"], tuning["misses"], tuning["refused"]) == \
         (["cpu.json"], 1, 0, [])
-    (entry,) = kinds.scan("autotune", root / "autotune")
+    (entry,) = kinds.named("autotune").scan(root / "autotune")
     assert (entry.key, entry.name, entry.problem) == ("tokamax-0.0.12_jax-0.10.2/cpu.json", "cpu", None)
 
 
@@ -188,18 +188,18 @@ def test_the_inventory_prune_and_stats_cover_results(tmp_path):
     os.symlink("/etc/passwd", pair / "link.json")
     (pair / ".NVIDIA_H200.json.9.tmp").write_text("{")
     os.utime(pair / ".NVIDIA_H200.json.9.tmp", (1, 1))
-    found = {e.key.split("/")[1]: (e.name, e.problem) for e in kinds.scan("autotune", folder)}
+    found = {e.key.split("/")[1]: (e.name, e.problem) for e in kinds.named("autotune").scan(folder)}
     assert found == {
         "NVIDIA_H200.json": ("NVIDIA H200", None),
         "NVIDIA_A100.json": ("?", "its device kind does not match its file name"),
         "junk.json": ("?", "unreadable result (JSONDecodeError)"),
-        "link.json": ("?", "not a regular file"),
+        "link.json": ("?", "a symbolic link where an entry should be (never followed nor opened)"),
         ".NVIDIA_H200.json.9.tmp": ("?", "half-written result of a killed warm process"),
     }
     stats = cache_stats(settings_from({}, cache_root=str(tmp_path / "root")))
     assert stats["kinds"]["autotune"]["entries"] == 5
-    for entry in kinds.scan("autotune", folder):
-        kinds.remove("autotune", folder, entry)
+    for entry in kinds.named("autotune").scan(folder):
+        kinds.named("autotune").remove(folder, entry)
     assert not pair.exists() and Path("/etc/passwd").exists()
 
 

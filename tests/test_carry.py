@@ -28,8 +28,8 @@ from archives import rebuild, special
 from gpu_cache import carry
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import SMALL, clean_environ, read_json, run_cli
 
 pytest.importorskip("triton")
@@ -75,7 +75,7 @@ def manifest_of(path: Path) -> dict[str, Any]:
 
 
 def scan(root: Path, kind: str) -> dict[str, Any]:
-    return {e.key: e for e in kinds.scan(kind, root / kind, grace_seconds=0.0)}
+    return {e.key: e for e in kinds.named(kind).scan(root / kind, grace_seconds=0.0)}
 
 
 def unpack(archive: Path, root: Path, *args: str) -> Any:
@@ -764,7 +764,7 @@ def test_autotuning_results_are_carried_and_a_job_elsewhere_uses_them(tmp_path: 
         copy, original = root / "autotune" / key, source / "autotune" / key
         assert copy.read_bytes() == original.read_bytes()
         assert copy.stat().st_mtime == original.stat().st_mtime  # its last use survives the trip
-    assert all(e.problem is None for e in kinds.scan("autotune", root / "autotune"))
+    assert all(e.problem is None for e in kinds.named("autotune").scan(root / "autotune"))
     out, stderr = hook_jobs.run(hook_jobs.JOB_PROGRAM, hook_jobs.gpu_cache_env(root))
     assert json.loads(out) == {"traces": 1, "compiled": 1, "main": best, "other": best}
     assert "Autotuning cache miss" not in stderr

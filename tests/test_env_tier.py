@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.jobenv.tier import digest as tier_digest
+from gpu_cache.core.kinds import tier_name as tier_digest
 from helpers import HOOK, clean_environ, run_cli, write_config
 
 TIERED = ("JAX_COMPILATION_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")

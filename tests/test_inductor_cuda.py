@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.config.settings import settings_from
-from gpu_cache.core.caches import inductor as inductor_cache
+from gpu_cache.core.kinds import inductor_format as inductor_cache
 from gpu_cache.jobenv import env
 from helpers import clean_environ, run_cli
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.core.caches import jax_triton as kernel_cache
+from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 from helpers import hook_piece, records, run_cli_here
 from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, warnings
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
@@ -30,8 +31,36 @@ def test_the_hooks_copies_match_the_registry():
     assert _hook_constant("gpu_cache_hook_record", "_KEY_PACKAGES") == software.KEY_PACKAGES
 
 
+def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
+    """``_hook/gpu_cache_seals.py`` keeps copies of the record's format and of the seals' key:
+    a seal prune records is found by the hook, with its value, in a record of many; a record
+    another user may have written seals nothing."""
+    from gpu_cache.core import verified
+    from gpu_cache.core.kinds import integrity
+    from helpers import hook_piece
+
+    seals = hook_piece("gpu_cache_seals")
+    assert (seals.NAME, seals.MAGIC, seals.MAX_BYTES) == (verified.NAME, verified.MAGIC, verified.MAX_BYTES)
+    names = ["a-cache", "KEY/__grp__k.json", "fxgraph/ab/fab\udcff/x", "n\u00e9"]
+    for relative in names:
+        assert seals.seal_key(relative, 12345, 678) == integrity.seal_key(relative, 12345, 678)
+    record = verified.Record(tmp_path)
+    for number in range(1000):
+        record.put(integrity.seal_key(f"{number}", number, number), number)
+    record.save()
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = seals.Seals(folder)
+        assert all(found.sealed(integrity.seal_key(f"{n}", n, n)) == n for n in range(1000))
+        assert found.sealed(integrity.seal_key("1000", 1000, 1000)) is None
+        os.chmod(tmp_path / verified.NAME, 0o666)  # another user may have written it: no seals
+        assert seals.Seals(folder).sealed(integrity.seal_key("1", 1, 1)) is None
+    finally:
+        os.close(folder)
+
+
 def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
-    from gpu_cache.core.caches import jax_triton
+    from gpu_cache.core.kinds import jax_triton_format as jax_triton
 
     def constants(module: str) -> dict:
         tree = ast.parse((HOOK / f"{module}.py").read_text())

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
+from gpu_cache.core.kinds import tier_name as tier_digest
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.jobenv.fs import check_folder
-from gpu_cache.jobenv.tier import digest as tier_digest
 from helpers import (
     READER,
     SMALL,
@@ -97,10 +97,10 @@ def test_doctor_names_sshfs_a_network_filesystem_whose_locks_stay_on_one_machine
         assert check["problem"] is None and check["read_only"] is False
         assert any(LOCK_PHRASE in w for w in check["warnings"]), check["warnings"]
         assert check["missing"] and not (sshfs_mount.server_dir / "cache").exists()  # a diagnosis
-    # one per exported kind's folder doctor probed (the registry decides how many); the hook's
-    # records folder is judged too, but its writes take no lock: its check alone says so
+    # one per exported kind's folder doctor probed (the registry decides how many; the hook's
+    # records are a kind like the others, pruned like them)
     pruned_alone = [w for w in report["warnings"] if LOCK_PHRASE in w and "prune from one node" in w]
-    assert len(pruned_alone) == len(report["kinds"]) - 1
+    assert len(pruned_alone) == len(report["kinds"])
     assert report["kinds"]["records"]["fs_type"] == "fuse.sshfs"
     # The root is on a network filesystem: the node-local tier is on by default (#23), in a
     # fixed folder under /tmp, where JAX keeps XLA's per-fusion autotune results safely.

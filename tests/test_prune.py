@@ -11,7 +11,7 @@ import pytest
 from gpu_cache.commands.prune import prune
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import verified
-from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import jax_job_env, read_json, run_cli
 
 FILL = """

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core import kinds
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.jobenv.tier import digest as tier_digest
+from gpu_cache.core.kinds import jax_format as jax_cache
+from gpu_cache.core.kinds import tier_name as tier_digest
 from helpers import FILLER, clean_environ, run_cli, write_config
 
 HOUR = 3600.0

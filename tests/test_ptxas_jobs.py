@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.commands import explain_ptxas
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import names
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_explain as explain_ptxas
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 from gpu_cache.jobenv import env
 from helpers import HOOK, SCRIPTS, clean_environ, records, run_cli
 from ptxas_fixtures import SHIM, SHIM_DIR, make_ptx, runs, site_wrapper, triton_ptxas
@@ -185,7 +185,7 @@ def test_explain_names_what_changed_for_the_same_ptx(tmp_path):
     folder = tmp_path / "ptxas"
     folder.mkdir()
     _entry(folder, "1" * 64, ("attn", "release 13.4, V13.4.59", "d" * 16, "<input> -arch sm_90a", "i" * 16))
-    entries = explain_ptxas.Entries(tmp_path)
+    entries = explain_ptxas.Entries(folder)
     other_options = {"name": "attn", "key": "2" * 64, "parts": {
         "name": "attn", "ptxas": "release 13.4, V13.4.59", "ptxas_digest": "d" * 16,
         "options": "<input> -arch sm_90a --device-debug", "input": "i" * 16}}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cache.core import names
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 from helpers import run_cli_here
 from ptxas_fixtures import (
     DIGEST,

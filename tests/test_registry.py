@@ -24,8 +24,8 @@ from daemons import free_port
 from gpu_cache import oci
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, names
-from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import (
     PROFILE,
     SMALL,
@@ -114,7 +114,7 @@ def one_line(result: Any) -> str:
 
 
 def entries(root: Path) -> dict[str, Any]:
-    return {e.key: e for e in kinds.scan("jax", root / "jax", grace_seconds=0.0)}
+    return {e.key: e for e in kinds.named("jax").scan(root / "jax", grace_seconds=0.0)}
 
 
 # --- the round trip -----------------------------------------------------------------------------
@@ -634,7 +634,7 @@ def autotune_layer(tmp_path: Path, case: str) -> Path:
     from archives import rebuild, special
     from gpu_cache import carry
     from gpu_cache.core import software
-    from gpu_cache.core.caches import autotune as autotune_cache
+    from gpu_cache.core.kinds import autotune_format as autotune_cache
 
     jax = software.identity()["jax"]
     result = tmp_path / "tuned" / "autotune" / autotune_cache.version_folder("0.0.12", jax) / "cpu.json"

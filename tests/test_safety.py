@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.jobenv.fs import family, fs_type
 from helpers import (
     FILLER,

@@ -18,7 +18,7 @@ from gpu_cache.commands.prune import prune
 from gpu_cache.config import settings
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, verified
-from gpu_cache.core.caches import jax as jax_cache
+from gpu_cache.core.kinds import jax_format as jax_cache
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, jax_job_env, run_cli
 
 DAY = 86400.0

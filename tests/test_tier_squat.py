@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cache.jobenv.tier import digest as tier_digest
+from gpu_cache.core.kinds import tier_name as tier_digest
 from helpers import SCRIPTS, clean_environ, run_cli, unavailable, write_config
 
 pytestmark = pytest.mark.slow

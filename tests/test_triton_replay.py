@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gpu_cache.core import hook_records, kinds, runner
+from gpu_cache.core.kinds import triton_replay
 from gpu_cache.core.reports import PhaseResult
 from helpers import HOOK, REPO, SCRIPTS, clean_environ
 
@@ -79,7 +80,7 @@ def test_each_compiled_kernel_is_described_once(recorded: Path) -> None:
     matmuls = [k for k in kernels if k["qualname"] == "tiled_matmul_kernel"]
     # num_warps=8 differs from the backend's default (4): only options the launch set are kept
     assert [k["options"] for k in matmuls] == [{}, {"num_warps": 8}, {"num_stages": 4}]
-    assert hook_records.kernels([record, record]) == kernels  # deduplicated when read
+    assert triton_replay.kernels([record, record]) == kernels  # deduplicated when read
 
 
 def test_replay_fills_an_empty_cache_that_a_later_process_hits(recorded: Path, tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_odd_descriptions_are_passed_over() -> None:
     records = [{"time": 1.0, "triton": {"kernels": [*odd, good]}}, {"time": 2.0, "triton": {"kernels": "x"}},
                {"time": 3.0, "triton": {"kernels": [{**good, "key": "K", "triton": "3.6.0"}]}}]
     # one kernel, as the latest record describes it
-    assert hook_records.kernels(records) == [{**good, "key": "K", "triton": "3.6.0"}]
+    assert triton_replay.kernels(records) == [{**good, "key": "K", "triton": "3.6.0"}]
 
 
 def test_a_warm_pass_replays_the_recorded_kernels_first(recorded: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpu_cache.core import safe_io
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 from helpers import REPO, clean_environ
 
 SHAPE = "1000"  # not a multiple of 16: exercises the unaligned specialisation too

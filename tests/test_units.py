@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from gpu_cache.commands.explain import explain_key, explain_records
+from gpu_cache.commands.explain import explain_records
 from gpu_cache.commands.prune import plan
 from gpu_cache.commands.validate import NAMED_MISSES, judge
-from gpu_cache.core.caches.jax_frames import ZstdFrame
 from gpu_cache.core.device import gpu_type_of
-from gpu_cache.core.entries import Entry
+from gpu_cache.core.kinds import Entry
+from gpu_cache.core.kinds.jax_explain import explain_key
+from gpu_cache.core.kinds.jax_frames import ZstdFrame
 from gpu_cache.core.reports import Missed
 from gpu_cache.reports import KindCounts
 

@@ -59,7 +59,7 @@ TARGETS = {"warm_vs_cold": 0.25, "warm_vs_xla_warm": 1.5, "fan_out_cold_vs_cold"
            "fan_out_warm_vs_fan_out_cold": 0.3}
 
 
-def _ptxas_kind() -> kinds.CacheKind | None:
+def _ptxas_kind() -> kinds.Kind | None:
     """The registry's ptxas kind (the caching ptxas shim, issue 34 item 2), where this tree has it."""
     return next((kind for name, kind in kinds.KINDS.items() if "ptxas" in name), None)
 

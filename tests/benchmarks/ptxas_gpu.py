@@ -50,8 +50,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_cache.config.settings import settings_from  # noqa: E402
 from gpu_cache.core import device, hook_records, names  # noqa: E402
+from gpu_cache.core.kinds import ptxas_lookup  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
-from gpu_cache.jobenv import ptxas as ptxas_lookup  # noqa: E402
 
 SHIM = ptxas_lookup.shim_module()
 HERE = Path(__file__).resolve().parent
@@ -354,7 +354,8 @@ def main() -> int:
         print("ptxas benchmark: no NVIDIA GPU here (--allow-cpu --quick runs the logic on a CPU)")
         return 0
     report: dict[str, Any] = {"device": found.as_dict(), "python": sys.version.split()[0],
-                              "doctor": ptxas_lookup.report({}, dict(os.environ)), "quick": args.quick}
+                              "doctor": ptxas_lookup.report(names.PTXAS_VAR, {}, dict(os.environ)),
+                              "quick": args.quick}
     out = Path(args.out) / f"ptxas_{found.gpu_type}.json"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-cache-ptxas-bench-") as scratch:

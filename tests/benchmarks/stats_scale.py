@@ -234,7 +234,7 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         _write(os.path.join(folder, digest[2:16]), b"p" * 20000, used())
         files += 1
     # tokamax results: one per (versions, device kind), so a handful whatever the size (the format
-    # of core/caches/autotune.py, written here by hand: the benchmark imports no gpu_cache)
+    # of core/kinds/autotune_format.py, written here by hand: the benchmark imports no gpu_cache)
     results = [(("0.0.12", "0.10.2"), "NVIDIA H200"), (("0.0.12", "0.10.2"), "NVIDIA A100-SXM4-80GB"),
                (("0.0.11", "0.10.2"), "NVIDIA H200")]
     for versions, device in results:
@@ -246,7 +246,7 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
                   "result": "{}"}
         _write(os.path.join(folder, device.replace(" ", "_") + ".json"), json.dumps(result).encode(), used())
         files += 1
-    # the ptxas shim's results (issue 34): a few kernels, in core/caches/ptxas.py's format, by hand
+    # the ptxas shim's results (issue 34): a few kernels, in core/kinds/ptxas_format.py's format, by hand
     for i in range(8):
         key = hashlib.sha256(b"x%d" % i).hexdigest()
         cubin = b"c" * 20000
@@ -255,7 +255,7 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         head = b"gpu-cache ptxas entry 2\n%s\n0 0 %d 1.5000\n%s\n" % (key.encode(), len(cubin), meta.encode())
         _write(os.path.join(str(folders["ptxas"]), f"{key}.ptxas"), _framed(head + cubin), used())
         files += 1
-    # jax-triton kernels the startup hook kept (issue 34), in core/caches/jax_triton.py's format
+    # jax-triton kernels the startup hook kept (issue 34), in core/kinds/jax_triton_format.py's format
     for i in range(6):
         key = hashlib.sha256(b"k%d" % i).hexdigest()
         entry = {"format": 3, "key": key, "kernel": f"attention_{i}", "module": "kernels.attention",

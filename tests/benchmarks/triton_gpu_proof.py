@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 
 WORKLOAD_MODULE = "gpu_cache.workloads.triton_kernels"
 

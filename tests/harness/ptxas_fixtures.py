@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpu_cache.core import names
-from gpu_cache.jobenv import ptxas as ptxas_lookup
+from gpu_cache.core.kinds import ptxas_lookup
 from helpers import HOOK, unavailable
 
 SHIM = ptxas_lookup.shim_module()

@@ -62,30 +62,44 @@ def tear_triton(group: Path, donor: Path) -> str:
     return group.name
 
 
+def _payload(path: Path) -> bytes:
+    """An entry's bytes without the digest frame the hook writes around it (core/digest.py)."""
+    from gpu_cache.core import digest
+
+    data = path.read_bytes()
+    return digest.opened(data) or data
+
+
 def entries_of(folder: Path, kernel: str) -> list[Path]:
     """jax-triton entries (JSON files) of the kernel named ``kernel``."""
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and json.loads(p.read_text()).get("kernel") == kernel)
+                  and json.loads(_payload(p)).get("kernel") == kernel)
 
 
 def swap_jax_triton_ptx(entry: Path, donor: Path) -> str:
-    """Give a jax-triton entry ``donor``'s PTX (a torn write: the key and the rest its own). Its key."""
-    found, other = json.loads(entry.read_text()), json.loads(donor.read_text())
+    """Give a jax-triton entry ``donor``'s PTX (a torn write: the key and the rest its own), its
+    digest made anew as a writer that wrote it so would. Its key."""
+    from gpu_cache.core import digest
+
+    found, other = json.loads(_payload(entry)), json.loads(_payload(donor))
     found["result"]["binary"] = other["result"]["binary"]
-    entry.write_text(json.dumps(found))
+    entry.write_bytes(digest.framed(json.dumps(found).encode("ascii")))
     return entry.name
 
 
 def swap_ptxas_output(entry: Path, donor: Path) -> str:
-    """Give a ptxas shim entry ``donor``'s cubin, its header (key, sizes) made whole for it. Its key."""
-    magic, own = entry.read_bytes().split(b"\n", 1)
+    """Give a ptxas shim entry ``donor``'s cubin, its header (key, sizes) and digest made whole
+    for it. Its key."""
+    from gpu_cache.core import digest
+
+    magic, own = _payload(entry).split(b"\n", 1)
     key, sizes, meta, rest = own.split(b"\n", 3)
     out_n, err_n, _bin_n, seconds = sizes.split()
-    other = donor.read_bytes().split(b"\n", 1)[1].split(b"\n", 3)
+    other = _payload(donor).split(b"\n", 1)[1].split(b"\n", 3)
     other_out, other_err, _bin, _seconds = (int(v) if n < 3 else v for n, v in enumerate(other[1].split()))
     cubin = other[3][other_out + other_err:]
     head = b"%s\n%s %s %d %s\n%s\n" % (key, out_n, err_n, len(cubin), seconds, meta)
-    entry.write_bytes(magic + b"\n" + head + rest[:int(out_n) + int(err_n)] + cubin)
+    entry.write_bytes(digest.framed(magic + b"\n" + head + rest[:int(out_n) + int(err_n)] + cubin))
     return entry.name[:-len(".ptxas")]
 
 
@@ -105,5 +119,5 @@ def ptxas_entries_of(folder: Path, kernel: str) -> list[Path]:
 
     if not folder.is_dir():
         return []
-    return sorted(folder / f"{e.key}.ptxas" for e in kinds.scan("ptxas", folder, grace_seconds=0.0)
+    return sorted(folder / f"{e.key}.ptxas" for e in kinds.named("ptxas").scan(folder, grace_seconds=0.0)
                   if kernel in e.name and not e.problem)

@@ -14,7 +14,7 @@ That state is per thread (``threading.local``): this covers the thread that impo
 own context at its first lookup, as without the hook. A tokamax without the function (0.0.13
 and later fixed it upstream) is left alone. ``GPU_CACHE_TOKAMAX_FIX=0`` switches the fix off.
 
-Autotuning results (``$GPU_CACHE_AUTOTUNE``, the layout in ``gpu_cache.core.caches.autotune``):
+Autotuning results (``$GPU_CACHE_AUTOTUNE``, the layout in ``gpu_cache.core.kinds.autotune_format``):
 every result of this process's tokamax and jax versions is put into tokamax's per-op
 autotuning cache, one per device kind (the device is not asked for at import: that would start
 JAX's backend). That cache is global, so every thread gets the configs, and no JAX user context
@@ -43,7 +43,7 @@ from gpu_cache_hook_common import owner_problem, replace_whole, safe_mode, team_
 from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
 
 FUNCTION = "get_autotuning_cache_overlay_state"
-#: A copy of gpu_cache.core.caches.autotune's names (a test fails when they drift).
+#: A copy of gpu_cache.core.kinds.autotune_format's names (a test fails when they drift).
 FORMAT = 1
 RESULT_LIMIT = 64 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9.+-]")

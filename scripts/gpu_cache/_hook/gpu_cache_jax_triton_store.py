@@ -2,7 +2,7 @@
 ``gpu_cache_hook_jax_triton``.
 
 One file per kernel in ``$GPU_CACHE_JAX_TRITON`` (the layout is
-``gpu_cache.core.caches.jax_triton``'s). An entry holds GPU code that the job will run, so:
+``gpu_cache.core.kinds.jax_triton_format``'s). An entry holds GPU code that the job will run, so:
 
 - the folder is opened without following a link and used through its descriptor, and only
   when it is this user's (or root's; or the team's, where the cache root is a group's) and
@@ -39,7 +39,7 @@ from gpu_cache_hook_common import owner_problem, safe_mode
 from sitecustomize import TEMP_PREFIX
 
 KIND = "jax_triton"
-#: Copies of gpu_cache.core.caches.jax_triton's names (a test fails when they drift).
+#: Copies of gpu_cache.core.kinds.jax_triton_format's names (a test fails when they drift).
 FORMAT = 3
 ENTRY_LIMIT = 64 << 20
 MEMO_FOLDER = ".triton-keys"

@@ -7,7 +7,11 @@ filesystem) is the shared tier. This module moves whole entries between them:
 
 - **fetch**: an entry missing locally that the shared tier has is copied into a temporary file
   in the local kind folder, then linked to its name (never over an entry that is there);
-  temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``;
+  temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``. A file
+  another user may have written (the trust rule, for each file) is never fetched, and nor is
+  one whose bytes are not those prune sealed it with (``gpu_cache_seals``: same-size damage),
+  which is set aside in the shared tier: the tool compiles it anew, and the record's ``tier``
+  part counts it (``damaged``, ``untrusted``);
 - **promote**: an entry this process just wrote locally is copied into a temporary file
   ``.gpu-cache-tmp.<host>.<pid>.<random>`` in the shared kind folder, then ``os.link``-ed to
   its name, which never replaces an existing entry and is atomic; where the filesystem has no
@@ -31,9 +35,13 @@ import os
 import stat
 import threading
 import time
+import zlib
 
+import gpu_cache_lock_files as lock_files
+import gpu_cache_seals as seals
 import gpu_cache_tier_bound as bound
 import gpu_cache_tier_files as files
+from gpu_cache_hook_common import owner_problem
 from sitecustomize import (
     SHARED_VAR,
     TEMP_PREFIX,
@@ -46,7 +54,7 @@ from sitecustomize import (
 
 def _counts():
     return {"fetched": 0, "fetched_bytes": 0, "promoted": 0, "promoted_bytes": 0,
-            "promote_failed": 0, "seconds": 0.0}
+            "promote_failed": 0, "damaged": 0, "untrusted": 0, "seconds": 0.0}
 
 
 class Tier:
@@ -62,6 +70,7 @@ class Tier:
         self.stats = {}
         self.off = {}  # kind -> why the tier is off for it
         self.known = {}  # tree kind folder -> names known to be in the shared tier
+        self.seals = {}  # kind -> the shared kind folder's seals (gpu_cache_seals)
         self.mutex = threading.Lock()
         self.pid = os.getpid()
         self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.uname().nodename)[:64]
@@ -106,11 +115,13 @@ class Tier:
     # --- moving one file -------------------------------------------------------------------
 
     def _place(self, src_fd, src_name, tmp_fd, dst_fd, dst_name, check=None, pause=False,
-               rewrite=None):
+               rewrite=None, fetched=None):
         """Copy ``src_name`` (in folder ``src_fd``) to a temporary file in ``tmp_fd``, then give
         it the name ``dst_name`` in ``dst_fd`` without replacing anything there. Returns the
         bytes placed, 0 when the name was taken meanwhile or the source is not whole (``check``)
-        or not a regular file. Raises OSError."""
+        or not a regular file. ``fetched``: (kind, the file's path in the shared kind folder)
+        when fetching: 0 also for a file another user may have written, or one not as prune
+        sealed it (set aside). Raises OSError."""
         try:
             fd = os.open(src_name, files.READ, dir_fd=src_fd)
         except FileNotFoundError:
@@ -119,8 +130,13 @@ class Tier:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or (check is not None and not check(fd, info.st_size)):
                 return 0
+            if fetched is not None and owner_problem(info, self.shared.team_gid):
+                self.counts(fetched[0])["untrusted"] += 1
+                return 0
+            crc = None
             if rewrite is not None:
-                data = rewrite(files.read_all(fd, info.st_size))
+                original = files.read_all(fd, info.st_size)
+                crc, data = zlib.crc32(original), rewrite(original)
                 if data is None:
                     return 0
                 chunks = [data]
@@ -131,11 +147,17 @@ class Tier:
             try:
                 try:
                     files.harden(out, os.fstat(tmp_fd))
-                    size = files.write_all(out, chunks) if chunks is not None else files.copy_fd(fd, out)
+                    if chunks is not None:
+                        size = files.write_all(out, chunks)
+                    else:
+                        size, crc = files.copy_fd(fd, out)
                 finally:
                     os.close(out)
                 if chunks is None and size != info.st_size:
                     raise OSError(errno.EIO, f"{src_name} changed while it was copied")
+                if fetched is not None and self._seals(fetched[0]).damaged(fetched[1], info, crc):
+                    self._damaged(fetched[0], src_fd, src_name, info)
+                    return 0
                 if pause:
                     _pause_for_tests()
                 placed = files.link_new(tmp, tmp_fd, dst_fd, dst_name)
@@ -147,6 +169,21 @@ class Tier:
             return size if placed else 0
         finally:
             os.close(fd)
+
+    def _seals(self, kind):
+        with self.mutex:
+            if kind not in self.seals:
+                self.seals[kind] = seals.Seals(self.shared.folder(kind), self.shared.team_gid)
+            return self.seals[kind]
+
+    def _damaged(self, kind, folder_fd, name, info):
+        """A shared file not as prune sealed it: a miss (the tool compiles it anew, and the
+        promotion puts the new one there), set aside so that no node reads it again."""
+        self.counts(kind)["damaged"] += 1
+        try:
+            lock_files.set_aside(name, info, dir_fd=folder_fd)
+        except OSError:
+            pass  # a read-only shared tier: refused again by the next fetch, removed by prune
 
     def fetch(self, kind, name, check=None):
         """Copy the shared entry ``<kind>/<name>`` (one file) into the local tier when it is
@@ -161,7 +198,8 @@ class Tier:
                 return True
             except FileNotFoundError:
                 pass
-            size = self._place(self.shared.folder(kind), name, local, local, name, check)
+            size = self._place(self.shared.folder(kind), name, local, local, name, check,
+                               fetched=(kind, name))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
@@ -253,13 +291,15 @@ class Tier:
                     continue
                 except FileNotFoundError:
                     pass
-                placed = self._place(src, name, self.local.folder(kind), dst, name)
+                placed = self._place(src, name, self.local.folder(kind), dst, name,
+                                     fetched=(kind, f"{key}/{name}"))
                 if not placed and not files.exists_at(dst, name):
                     return False
                 size += placed
             if group_name is not None:
                 size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
-                                    rewrite=lambda data: files.rewrite_group(data, local_dir))
+                                    rewrite=lambda data: files.rewrite_group(data, local_dir),
+                                    fetched=(kind, f"{key}/{group_name}"))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
@@ -328,7 +368,8 @@ class Tier:
                 src = files.open_below(self.shared, kind, os.path.join(sub, folder), make=False)
                 dst = files.open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
-                    placed = self._place(src, name, self.local.folder(kind), dst, name)
+                    placed = self._place(src, name, self.local.folder(kind), dst, name,
+                                         fetched=(kind, os.path.join(sub, rel)))
                 finally:
                     os.close(src)
                     os.close(dst)

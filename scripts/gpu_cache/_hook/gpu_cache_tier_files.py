@@ -9,6 +9,7 @@ import errno
 import os
 import stat
 import threading
+import zlib
 
 from sitecustomize import TEMP_PREFIX
 
@@ -131,11 +132,13 @@ def harden(fd, folder):
 
 
 def copy_fd(src, dst):
-    size = 0
+    """Copy the rest of ``src`` into ``dst``: the bytes copied, and their CRC-32."""
+    size = crc = 0
     while True:
         chunk = os.read(src, CHUNK)
         if not chunk:
-            return size
+            return size, crc
+        crc = zlib.crc32(chunk, crc)
         size += write_all(dst, [chunk])
 
 

@@ -7,16 +7,14 @@ it is used (a list where a text or a number belongs is ignored, never hashed: #2
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import hook_records, names, software
-from gpu_cache.core.caches import autotune as autotune_cache
-
-from ._format import ManifestEntry, printable
+from gpu_cache.core.kinds import Kind
+from gpu_cache.core.kinds.carrying import ManifestEntry
 
 
 def _text(value: Any) -> str | None:
@@ -31,50 +29,9 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _minor(version: Any) -> str | None:
-    """``3.11`` from ``3.11.7``."""
-    return ".".join(str(version).split(".")[:2]) if version else None
-
-
-def _version_tuple(version: Any) -> tuple[int, ...]:
-    parts = []
-    for piece in str(version or "").split("."):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts)
-
-
-def keys_of(record: Mapping[str, Any], kind: str) -> set[str]:
-    """The keys a record's process hit or wrote for one kind (autotuning results: those it
-    loaded, and the one of its device kind where it saved one, in its versions' folder)."""
-    if kind == "autotune":
-        tuning = hook_records.autotuning_of(dict(record)) or {}
-        versions = _texts(tuning.get("versions"))
-        if len(versions) != 2:
-            return set()
-        names = set(_texts(tuning.get("loaded")))
-        device = record.get("device")
-        if str(tuning.get("save")).startswith("saved ") and isinstance(device, dict):
-            names |= {autotune_cache.file_name(name) for name in _texts(device.get("kinds"))}
-        folder = autotune_cache.version_folder(*versions)
-        return {f"{folder}/{name}" for name in names}
-    section = hook_records.part(dict(record), kind)
-    if section is None:
-        return set()
-    missed = section.get("missed")
-    found = set(_texts(section.get("hit_keys"))) | (
-        {m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)}
-        if isinstance(missed, list) else set())
-    if kind == "inductor":  # FX graph keys, as the inventory names their key folders
-        return {f"fxgraph/{key[1:3]}/{key}" for key in found}
-    return found
-
-
-def dropped(record: Mapping[str, Any], kind: str) -> bool:
+def dropped(record: Mapping[str, Any], kind: Kind) -> bool:
     """Whether a record lists only its first keys of a kind (the hook bounds its lists)."""
-    section = hook_records.part(dict(record), kind) or {}
+    section = hook_records.part(dict(record), kind.name) or {}
     counts = section.get("dropped")
     return isinstance(counts, dict) and any(hook_records.count(v) for k, v in counts.items()
                                             if k in ("hit_keys", "missed"))
@@ -132,104 +89,65 @@ def own_records(root: Path, gpu_type: str | None,
     return sorted(found, key=lambda r: r["time"])
 
 
-def relevant(kind: str, identity: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The parts of a software identity that a kind's keys depend on."""
-    if kind == "jax":  # jaxlib is in the key; the compression (zstandard or zlib) too
-        return (identity.get("jax"), identity.get("jaxlib"), bool(identity.get("zstandard")))
-    if kind == "autotune":  # a result loads only in the tokamax and jax that made it
-        return (identity.get("tokamax"), identity.get("jax"))
-    if kind == "inductor":  # torch's version is in every key; its pickles need the same Python
-        return (identity.get("torch"), _minor(identity.get("python")))
-    if kind == "jax_triton":  # its key holds jax-triton's version and Triton's build
-        return (identity.get("jax-triton"), identity.get("triton"), _minor(identity.get("python")))
-    return (identity.get("triton"), _minor(identity.get("python")))  # the wheel's build and ABI
-
-
-def describe_for(kind: str, identity: Mapping[str, Any]) -> str:
-    """The software a kind's keys depend on, in words: ``jax 0.10.2 (jaxlib 0.10.2, zstd)``."""
-    if kind == "jax":
-        if not identity.get("jax"):
-            words = f"no jax (Python {identity.get('python') or '?'})"
-        else:
-            compression = "zstd" if identity.get("zstandard") else "zlib"
-            words = f"jax {identity['jax']} (jaxlib {identity.get('jaxlib') or '?'}, {compression})"
-    elif kind == "autotune":
-        words = (f"tokamax {identity['tokamax']} with jax {identity.get('jax') or 'none'}"
-                 if identity.get("tokamax") else f"no tokamax (Python {identity.get('python') or '?'})")
-    elif kind == "inductor":
-        words = (f"torch {identity['torch']} on Python {_minor(identity.get('python'))}"
-                 if identity.get("torch") else f"no torch (Python {identity.get('python') or '?'})")
-    elif kind == "jax_triton" and not identity.get("jax-triton"):
-        words = f"no jax-triton (Python {identity.get('python') or '?'})"
-    elif kind == "jax_triton":
-        words = (f"jax-triton {identity['jax-triton']} with triton {identity.get('triton') or 'none'} "
-                 f"on Python {_minor(identity.get('python'))}")
-    elif not identity.get("triton"):
-        words = f"no triton (Python {identity.get('python') or '?'})"
-    else:
-        words = f"triton {identity['triton']} on Python {_minor(identity.get('python'))}"
-    return printable(words)
-
-
 def software_section(chosen: list[ManifestEntry],
                      used: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(software, device) of the manifest, from the records that name the packed keys."""
+    """(software, device) of the manifest, from the records that name the packed keys (or, for
+    a kind whose entries name their own software, from the entries)."""
     by_kind: dict[str, list[dict[str, Any]]] = {}
     sources: dict[str, str] = {}
-    gpu_types: dict[str, set[str]] = {}
-    platforms: set[str] = set()
+    path_in_key: dict[str, bool | None] = {}
+    device: dict[str, dict[str, Any]] = {}
     device_kinds: set[str] = set()
-    device_counts: set[int] = set()
-    xla_caches: set[str | None] = set()
-    keys: dict[str, set[str]] = {}
+    packed: dict[Kind, list[ManifestEntry]] = {}
+    named_own: set[Kind] = set()  # kinds whose entries name their software themselves
     for entry in chosen:
-        keys.setdefault(entry.kind, set()).add(entry.key)
-    for kind, packed in keys.items():
-        if kind == "autotune":  # each result names its own versions: they are what must fit
-            made = sorted(chosen, key=lambda e: -e.last_use)
-            versions = dict.fromkeys(e.versions for e in made if e.kind == kind and e.versions)
-            by_kind[kind] = [{"tokamax": t, "jax": j} for t, j in versions]
-            sources[kind] = "the results' own versions"
-            continue
-        naming = [r for r in used if keys_of(r, kind) & packed]
-        identities: list[dict[str, Any]] = []
-        for record in reversed(naming):  # newest first
-            identity = record.get("software")
-            if isinstance(identity, dict) and all(relevant(kind, identity) != relevant(kind, i)
-                                                  for i in identities):
-                identities.append(identity)
-            gpu_types.setdefault(kind, set()).add(record.get("gpu_type") or "?")  # text: cleaned
-            if kind == "jax":
-                dev = record["device"]  # a mapping: cleaned
-                platform, count = _text(dev.get("platform")), _whole(dev.get("count"))
-                platforms.update([platform] if platform else [])
-                device_counts.update([count] if count is not None else [])
-                device_kinds.update(_texts(dev.get("kinds")))
-                xla_caches.add(_text(record["env"].get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES")))
-        if identities:
-            by_kind[kind], sources[kind] = identities, "records of warm and validate passes"
+        packed.setdefault(entry.kind, []).append(entry)
+    for kind, entries in packed.items():
+        keys = {e.key for e in entries}
+        naming = [r for r in used if kind.recorded_keys(r) & keys]
+        own = kind.entries_software(entries)
+        if own is not None:
+            by_kind[kind.name], sources[kind.name] = own, "the entries' own versions"
+            named_own.add(kind)
         else:
-            by_kind[kind] = [software.identity()]
-            sources[kind] = "packing interpreter (no record names these entries)"
-    newest = next((ids[0] for kind, ids in by_kind.items() if ids and kind != "autotune"),
-                  software.identity())
-    path_in_key = None
-    if "jax" in by_kind:
-        old = _version_tuple(by_kind["jax"][0].get("jax"))
-        if xla_caches:  # unknown without records
-            path_in_key = bool(old) and old < (0, 11) and bool(xla_caches - {"none"})
-    soft = {"identity": newest, "by_kind": by_kind, "source": sources, "jax_path_in_key": path_in_key}
-    all_types = sorted(set().union(*gpu_types.values())) if gpu_types else []
-    dev = {
-        "gpu_type": all_types[0] if len(all_types) == 1 else None,
-        "gpu_types": all_types,
-        "name": ", ".join(sorted(device_kinds)) or None,
-        "jax": {"gpu_types": sorted(gpu_types.get("jax", set())), "platforms": sorted(platforms),
-                "device_kinds": sorted(device_kinds), "device_counts": sorted(device_counts)},
-        "triton": {"gpu_types": sorted(gpu_types.get("triton", set())),
-                   "targets": sorted({e.target for e in chosen if e.kind == "triton" and e.target})},
-        "autotune": {"device_kinds": sorted({e.name for e in chosen if e.kind == "autotune" and e.name})},
-        "jax_triton": {"gpu_types": sorted(gpu_types.get("jax_triton", set())),
-                       "targets": sorted({e.target for e in chosen if e.kind == "jax_triton" and e.target})},
-    }
+            by_kind[kind.name], sources[kind.name] = _identities(kind, naming)
+            path_in_key[kind.name] = kind.path_in_key(by_kind[kind.name][0], naming)
+        device[kind.name] = _device(kind, entries, naming)
+        device_kinds.update(device[kind.name].get("device_kinds", ()) if kind.carry_device else ())
+    newest = next((by_kind[k.name][0] for k in packed if k not in named_own), software.identity())
+    soft = {"identity": newest, "by_kind": by_kind, "source": sources, "path_in_key": path_in_key}
+    all_types = sorted(set().union(*(d.get("gpu_types", ()) for d in device.values())))
+    dev = {"gpu_type": all_types[0] if len(all_types) == 1 else None, "gpu_types": all_types,
+           "name": ", ".join(sorted(device_kinds)) or None, **device}
     return soft, dev
+
+
+def _identities(kind: Kind, naming: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Every distinct software (as far as ``kind``'s keys depend on it) of the records that name
+    its entries, newest first, and where that came from."""
+    identities: list[dict[str, Any]] = []
+    for record in reversed(naming):  # newest first
+        identity = record.get("software")
+        if isinstance(identity, dict) and all(kind.software_of(identity) != kind.software_of(i)
+                                              for i in identities):
+            identities.append(identity)
+    if identities:
+        return identities, "records of warm and validate passes"
+    return [software.identity()], "packing interpreter (no record names these entries)"
+
+
+def _device(kind: Kind, entries: list[ManifestEntry], naming: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the manifest says of the GPU of a kind's entries (:attr:`Kind.carry_device`): the
+    GPU types of the passes that wrote them; the device those passes saw, or the targets the
+    entries were compiled for; for entries that each name their device kind, those."""
+    if kind.carry_device is None:
+        return {"device_kinds": sorted({e.name for e in entries if e.name})}
+    out: dict[str, Any] = {"gpu_types": sorted({r.get("gpu_type") or "?" for r in naming})}  # text: cleaned
+    if kind.carry_device == "device":
+        devices = [r["device"] for r in naming]  # a mapping: cleaned
+        out.update(platforms=sorted({p for d in devices if (p := _text(d.get("platform")))}),
+                   device_kinds=sorted({k for d in devices for k in _texts(d.get("kinds"))}),
+                   device_counts=sorted({c for d in devices if (c := _whole(d.get("count"))) is not None}))
+    else:
+        out["targets"] = sorted({e.target for e in entries if e.target})
+    return out

@@ -14,8 +14,8 @@ from typing import Any
 
 from gpu_cache.core import software
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import Kind
 
-from ._choose import describe_for, relevant
 from ._format import printable
 
 #: Compute capability of each GPU type name (as :func:`gpu_cache.core.device.gpu_type_of` names
@@ -78,7 +78,7 @@ def target_software(python: str | None = None, image: str | None = None) -> tupl
     return identity, where
 
 
-def fit_problems(manifest: Mapping[str, Any], present: Iterable[str], target: dict[str, Any] | None,
+def fit_problems(manifest: Mapping[str, Any], present: Iterable[Kind], target: dict[str, Any] | None,
                  target_words: str, image: str | None, gpu_type: str | None) -> tuple[list[str], list[str]]:
     """(mismatches, notes): why the entries of the ``present`` kinds would not serve the
     target, and what could not be checked. ``manifest``: checked against the format's schema
@@ -88,43 +88,50 @@ def fit_problems(manifest: Mapping[str, Any], present: Iterable[str], target: di
     by_kind = manifest.get("software_by_kind") or {}
     device = manifest.get("device") or {}
     for kind in present:
-        warmed = by_kind.get(kind) or []
+        name = kind.name
+        warmed = by_kind.get(name) or []
         if not warmed:
-            notes.append(f"the archive does not say which software made its {kind} entries")
+            notes.append(f"the archive does not say which software made its {name} entries")
         elif target is not None:
-            if all(relevant(kind, w) != relevant(kind, target) for w in warmed):
-                problems.append(f"its {kind} entries were made with {describe_for(kind, warmed[0])}, "
-                                f"{target_words} has {describe_for(kind, target)}")
-        elif kind == "autotune":  # the results name only their versions, not an image
-            notes.append(f"the tokamax and jax of {target_words} cannot be learned here: autotune "
-                         "results not checked (a job uses only those of its own versions)")
+            if all(kind.software_of(w) != kind.software_of(target) for w in warmed):
+                made, has = kind.software_words(warmed[0]), kind.software_words(target)
+                problems.append(printable(f"its {name} entries were made with {made}, {target_words} "
+                                          f"has {has}"))
+        elif kind.carry_device is None:  # the entries name only their versions, not an image
+            notes.append(f"the software of {target_words} cannot be learned here: {name} entries not "
+                         "checked (a job uses only those of its own versions)")
         else:  # an image that cannot be run here: compare its name
             images = {str(w.get("image")) for w in warmed if w.get("image")}
             if not any(image == i or os.path.basename(str(image)) == os.path.basename(i) for i in images):
                 made_in = ", ".join(sorted(images)) or "no image (the host)"
-                problems.append(printable(f"its {kind} entries were made in {made_in}, not {image} (no "
+                problems.append(printable(f"its {name} entries were made in {made_in}, not {image} (no "
                                           "apptainer here to run the image and compare its software)"))
-        if gpu_type is None or kind == "autotune":  # each result is used only on its device kind
-            continue
-        section = device.get(kind) or {}
-        if kind == "jax":
-            types = section.get("gpu_types") or []
-            if not types:
-                notes.append("the archive does not say which device its jax entries were compiled for")
-            elif gpu_type not in types:
-                problems.append(printable(
-                    f"its jax entries were compiled on {', '.join(types)}, not {gpu_type} (JAX keys hold "
-                    "the device; --kind triton unpacks only the Triton entries)"))
-        else:
-            targets = section.get("targets") or []
-            wanted = target_of_gpu_type(gpu_type)
-            if not targets:
-                notes.append(f"the archive does not say which GPU its {kind} entries target")
-            elif wanted is None:
-                if gpu_type not in (section.get("gpu_types") or []):
-                    notes.append(printable(f"the compute capability of GPU type {gpu_type} is unknown "
-                                           f"here: Triton targets {', '.join(targets)} not checked"))
-            elif wanted not in targets:
-                problems.append(printable(f"its {kind} entries target {', '.join(targets)}, not "
-                                          f"{wanted} ({gpu_type})"))
+        if gpu_type is not None and kind.carry_device is not None:  # (None: each names its device)
+            _gpu_problems(name, kind.carry_device, device.get(name) or {}, gpu_type, problems, notes)
     return problems, notes
+
+
+def _gpu_problems(name: str, holds: str, section: Mapping[str, Any], gpu_type: str, problems: list[str],
+                  notes: list[str]) -> None:
+    """Whether a kind's entries, whose keys hold the device (``holds``: "device") or the
+    compute target they were compiled for, serve ``gpu_type``: a problem or a note."""
+    if holds == "device":
+        types = section.get("gpu_types") or []
+        if not types:
+            notes.append(f"the archive does not say which device its {name} entries were compiled for")
+        elif gpu_type not in types:
+            problems.append(printable(
+                f"its {name} entries were compiled on {', '.join(types)}, not {gpu_type} (their keys "
+                "hold the device; --kind unpacks only the other kinds' entries)"))
+        return
+    targets = section.get("targets") or []
+    wanted = target_of_gpu_type(gpu_type)
+    if not targets:
+        notes.append(f"the archive does not say which GPU its {name} entries target")
+    elif wanted is None:
+        if gpu_type not in (section.get("gpu_types") or []):
+            notes.append(printable(f"the compute capability of GPU type {gpu_type} is unknown "
+                                   f"here: {name} targets {', '.join(targets)} not checked"))
+    elif wanted not in targets:
+        problems.append(printable(f"its {name} entries target {', '.join(targets)}, not "
+                                  f"{wanted} ({gpu_type})"))

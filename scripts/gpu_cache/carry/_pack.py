@@ -20,28 +20,15 @@ from typing import Any
 
 from gpu_cache import __version__
 from gpu_cache.config.units import format_size
-from gpu_cache.core import owners, safe_io, software
-from gpu_cache.core.caches import autotune as autotune_cache
-from gpu_cache.core.caches import inductor as inductor_cache
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.caches import jax_frames
-from gpu_cache.core.caches import jax_triton as kernel_cache
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core import kinds, owners, safe_io, software
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import CARRIED, KINDS, scan
+from gpu_cache.core.kinds import CARRIED, Kind
+from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, shown
 from gpu_cache.core.shown import shown_lines
 
-from ._choose import dropped, keys_of, own_records, software_section
+from ._choose import dropped, own_records, software_section
 from ._common import Progress, log
-from ._format import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    MAX_SMALL_JSON,
-    ManifestEntry,
-    plain_name,
-    shown,
-)
+from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 
 _WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.xz": "w:xz", ".txz": "w:xz",
                 ".tar.bz2": "w:bz2", ".tbz2": "w:bz2"}
@@ -80,172 +67,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _packed(kind: str, key: str, paths: dict[str, Path], last_use: float, **more: Any) -> _Packed:
-    """An entry of the files at ``paths``, with each one's size and digest."""
-    sizes = {name: os.lstat(path).st_size for name, path in paths.items()}
-    digests = {name: _sha256(path) for name, path in paths.items()}
-    return _Packed(ManifestEntry(kind, key, sizes, digests, min(max(0.0, last_use), time.time()),
-                                 **more), paths)
-
-
-def _jax_candidates(folder: Path, wanted: set[str] | None, skipped: list[dict[str, str]]) -> list[_Packed]:
-    entries = [e for e in scan("jax", folder, grace_seconds=3600.0) if e.name != "(temporary)"]
-    if wanted is not None:
-        entries = [e for e in entries if e.key in wanted]
-    out = []
-    progress = Progress("pack: checking JAX entries", len(entries))
-    for number, entry in enumerate(entries, 1):
-        source = entry.source
-        assert isinstance(source, jax_cache.JaxEntry)
-        problem = entry.problem
-        if problem is None and source.cache_path is not None:
-            problem = jax_frames.undecompressable(source.cache_path)  # truncated, a bomb
-        progress.step(number, 0)
-        if problem is not None or source.cache_path is None:
-            skipped.append({"kind": "jax", "key": entry.key, "reason": problem or "no -cache file"})
-            continue
-        paths = {p.name: p for p in (source.cache_path, source.atime_path) if p is not None}
-        out.append(_packed("jax", entry.key, paths, entry.last_use, name=entry.name))
-    return out
-
-
-def _regular_files(folder: Path) -> dict[str, Path]:
-    """The regular files directly in ``folder`` (a writer's temporary folder is not part of
-    the entry)."""
-    out = {}
-    with os.scandir(folder) as listing:
-        for item in listing:
-            if item.is_file(follow_symlinks=False) and plain_name(item.name):
-                out[item.name] = Path(item.path)
-    return out
-
-
-def _target_of(metadata: Any) -> str | None:
-    """``sm_90`` from a Triton kernel's metadata (``target: {backend: cuda, arch: 90}``)."""
-    target = metadata.get("target") if isinstance(metadata, dict) else None
-    if not isinstance(target, dict):
-        return None
-    backend, arch = target.get("backend"), target.get("arch")
-    if backend == "cuda" and isinstance(arch, int):
-        return f"sm_{arch}"
-    return f"{backend}:{arch}" if isinstance(backend, str) and isinstance(arch, (int, str)) else None
-
-
-def _triton_candidates(folder: Path, wanted: set[str] | None,
-                       skipped: list[dict[str, str]]) -> list[_Packed]:
-    """Triton's complete key folders: kernels (also those whose group file names another
-    path: a copied cache, rewritten on unpack) and autotune results."""
-    try:
-        inventory = triton_cache.scan(folder)
-    except triton_cache.TritonCacheError:
-        return []
-    out = []
-    for source in inventory.entries:
-        if wanted is not None and source.key not in wanted:
-            continue
-        if source.kind == triton_cache.KIND_MODULE:
-            skipped.append({"kind": "triton", "key": source.key,
-                            "reason": f"native module {source.kernel} (built by this machine's C "
-                                      "compiler for its Python; Triton rebuilds it in seconds)"})
-            continue
-        if source.kind not in (triton_cache.KIND_KERNEL, triton_cache.KIND_AUTOTUNE) or not source.complete:
-            skipped.append({"kind": "triton", "key": source.key,
-                            "reason": "; ".join(source.problems) or f"{source.kind} entry"})
-            continue
-        files = _regular_files(source.path)
-        target = None
-        if source.kernel and f"{source.kernel}.json" in files:
-            try:
-                target = _target_of(json.loads(safe_io.read_bounded(files[f"{source.kernel}.json"],
-                                                                    MAX_SMALL_JSON)))
-            except (OSError, ValueError, RecursionError):
-                pass
-        out.append(_packed("triton", source.key, files, source.mtime, name=source.kernel,
-                           triton_kind=source.kind, target=target))
-    return out
-
-
-def _autotune_candidates(folder: Path, wanted: set[str] | None,
-                         skipped: list[dict[str, str]]) -> list[_Packed]:
-    """tokamax's autotuning results, each one file with the versions its wrapper names."""
-    out = []
-    for entry in scan("autotune", folder, grace_seconds=3600.0):
-        if wanted is not None and entry.key not in wanted:
-            continue
-        source = entry.source
-        assert isinstance(source, autotune_cache.AutotuneEntry)
-        problem = entry.problem
-        if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
-            problem = "a name gpu-cache does not give a result"
-        if problem is None:
-            try:
-                wrapper = json.loads(safe_io.read_bounded(source.path, autotune_cache.RESULT_LIMIT))
-                problem = autotune_cache.problem_of(wrapper, entry.key)
-            except (OSError, ValueError, RecursionError) as exc:
-                problem = f"unreadable result ({exc.__class__.__name__})"
-        if problem is not None:
-            skipped.append({"kind": "autotune", "key": entry.key, "reason": problem})
-            continue
-        path = Path(source.path)
-        out.append(_packed("autotune", entry.key, {path.name: path}, entry.last_use, name=entry.name,
-                           versions=(str(wrapper["tokamax"]), str(wrapper["jax"]))))
-    return out
-
-
-def _inductor_candidates(folder: Path, wanted: set[str] | None,
-                         skipped: list[dict[str, str]]) -> list[_Packed]:
-    """Inductor's FX graph and AOTAutograd key folders and its code entries (each C++ library
-    checked whole); not its locks, temporaries, Triton folder or other files (a process remakes
-    them). ``wanted`` (the records' graphs) selects FX graphs; the AOTAutograd entries and code
-    they may name all go."""
-    out = []
-    for entry in scan("inductor", folder, grace_seconds=3600.0, verify_after=0.0):
-        source = entry.source
-        assert isinstance(source, inductor_cache.InductorEntry)
-        if source.what not in ("code", "fxgraph", "aotautograd"):
-            continue
-        if wanted is not None and source.what == "fxgraph" and entry.key not in wanted:
-            continue
-        if entry.problem is not None:
-            skipped.append({"kind": "inductor", "key": entry.key, "reason": entry.problem})
-            continue
-        if source.what == "code":
-            files = {Path(p).name: Path(p) for p in source.paths if p != source.lock}
-        else:
-            files = _regular_files(Path(source.paths[0]))
-        if files:
-            out.append(_packed("inductor", entry.key, files, entry.last_use, name=entry.name))
-    return out
-
-
-def _kernel_candidates(folder: Path, wanted: set[str] | None,
-                       skipped: list[dict[str, str]]) -> list[_Packed]:
-    """jax-triton's kernels (issue 34), each one file, read whole and checked."""
-    out = []
-    for entry in scan("jax_triton", folder, grace_seconds=3600.0):
-        if wanted is not None and entry.key not in wanted:
-            continue
-        source = entry.source
-        assert isinstance(source, kernel_cache.KernelEntry)
-        problem, target = entry.problem, None
-        if problem is None:
-            try:
-                read = safe_io.read_bounded(source.path, kernel_cache.ENTRY_LIMIT)
-                data, problem = kernel_cache.parsed(read, entry.key)
-                target = data.get("target") if data is not None else None
-            except OSError as exc:
-                problem = f"unreadable entry ({exc.__class__.__name__})"
-        if problem is not None:
-            skipped.append({"kind": "jax_triton", "key": entry.key, "reason": problem})
-            continue
-        path = Path(source.path)
-        out.append(_packed("jax_triton", entry.key, {path.name: path}, entry.last_use, name=entry.name,
-                           target=target))
-    return out
-
-
-_CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates,
-               "inductor": _inductor_candidates, "jax_triton": _kernel_candidates}
+def _packed(kind: Kind, carried: Carried) -> _Packed:
+    """An entry of the files of ``carried``, with each one's size and digest."""
+    sizes = {name: os.lstat(path).st_size for name, path in carried.files.items()}
+    digests = {name: _sha256(path) for name, path in carried.files.items()}
+    return _Packed(ManifestEntry(kind, carried.key, sizes, digests,
+                                 min(max(0.0, carried.last_use), time.time()), carried.name,
+                                 dict(carried.fields)), carried.files)
 
 
 def _archive_mode(archive: Path) -> str:
@@ -270,50 +98,52 @@ def _archive_target(archive: Path) -> Path:
     return Path(os.path.realpath(archive))
 
 
-def check_kinds(asked: Iterable[str]) -> tuple[str, ...]:
-    """The kinds asked for, each once, once each is shown to be carried.
+def check_kinds(asked: Iterable[str]) -> tuple[Kind, ...]:
+    """The kinds asked for by name, each once, once each is shown to be carried.
 
     Raises:
         UsageError: a kind that is not carried.
     """
     chosen = tuple(dict.fromkeys(asked))
-    for kind in chosen:
-        if kind not in CARRIED:
-            raise UsageError(f"cannot carry cache kind {shown(kind)}; kinds: {', '.join(CARRIED)}")
-    return chosen
+    for name in chosen:
+        if name not in CARRIED:
+            raise UsageError(f"cannot carry cache kind {shown(name)}; kinds: {', '.join(CARRIED)}")
+    return tuple(map(kinds.named, chosen))
 
 
 def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
     """The entries with nothing that moves when a job hits them (#32: a registry layer of
     unchanged entries must keep its digest): no last use (unpack stamps its arrival), no JAX
-    ``-atime`` file, in the order of their kinds and keys, each one's files by name."""
+    ``-atime`` file (:meth:`Kind.carry_volatile`), in the order of their kinds and keys, each
+    one's files by name."""
     out = []
     for item in chosen:
         entry = item.entry
-        names = sorted(n for n in item.paths if not (entry.kind == "jax" and n.endswith("-atime")))
+        names = sorted(n for n in item.paths if not entry.kind.carry_volatile(n))
         out.append(_Packed(ManifestEntry(entry.kind, entry.key, {n: entry.files[n] for n in names},
                                          {n: entry.sha256[n] for n in names}, 0.0, entry.name,
-                                         entry.triton_kind, entry.target, entry.versions),
+                                         entry.fields),
                            {n: item.paths[n] for n in names}))
     order = {kind: number for number, kind in enumerate(CARRIED)}
-    return sorted(out, key=lambda p: (order[p.entry.kind], p.entry.key))
+    return sorted(out, key=lambda p: (order[p.entry.kind.name], p.entry.key))
 
 
-def _stable_manifest(manifest: dict[str, Any], path_in_key: bool | None) -> None:
+def _stable_manifest(manifest: dict[str, Any]) -> None:
     """Leave out what differs between two packs of the same entries (the source root only
-    where the JAX keys hold it), and say that the pack keeps no times."""
+    where a kind's keys hold it), and say that the pack keeps no times."""
     del manifest["created"], manifest["host"]
-    if not path_in_key:
+    if not any(part.get("path_in_key") for part in manifest["kinds"].values()):
         del manifest["source_root"]
     manifest["times_normalised"] = True
 
 
-def _written_by_others(item: _Packed, team: int | None) -> str | None:
-    """Why another user may have written a file of ``item``, or the folder it is in, or None:
-    the rule by which gpu-cache reads a file (:func:`gpu_cache.core.owners.written_by_others`;
-    ``team``: the ``shared_group``'s id). Such an entry is not what a job of yours wrote, and
-    once packed it would arrive as the unpacking user's own files (#37)."""
-    for path in item.paths.values():
+def _written_by_others(paths: Iterable[Path], team: int | None) -> str | None:
+    """Why another user may have written a file of an entry (``paths``), or the folder it is
+    in, or None: the rule by which gpu-cache reads a file
+    (:func:`gpu_cache.core.owners.written_by_others`; ``team``: the ``shared_group``'s id). Such
+    an entry is not what a job of yours wrote, and once packed it would arrive as the unpacking
+    user's own files (#37)."""
+    for path in paths:
         for where in (path, path.parent):
             try:
                 why = owners.written_by_others(os.lstat(where), team)
@@ -324,56 +154,60 @@ def _written_by_others(item: _Packed, team: int | None) -> str | None:
     return None
 
 
-def _trusted(found: list[_Packed], team: int | None, untrusted: list[dict[str, str]]) -> list[_Packed]:
-    """The entries of ``found`` that no other user could have written; the rest go to ``untrusted``."""
+def _candidates(kind: Kind, folder: Path, wanted: set[str] | None, skipped: list[dict[str, str]],
+                untrusted: list[dict[str, str]], team: int | None) -> list[_Packed]:
+    """The entries of ``kind`` in ``folder`` that pack takes (:meth:`Kind.carry_entries`);
+    those another user could have written go to ``untrusted``, the broken ones to ``skipped``."""
     out = []
-    for item in found:
-        why = _written_by_others(item, team)
-        if why is None:
-            out.append(item)
+    for carried in kind.carry_entries(folder, wanted):
+        why = _written_by_others(carried.files.values(), team)
+        if why is not None:
+            untrusted.append({"kind": kind.name, "key": carried.key, "reason": why})
+        elif carried.problem is not None:
+            skipped.append({"kind": kind.name, "key": carried.key, "reason": carried.problem})
         else:
-            untrusted.append({"kind": item.entry.kind, "key": item.entry.key, "reason": why})
+            out.append(_packed(kind, carried))
     return out
 
 
-def _kind_candidates(kind: str, root: Path, tier: Path | None, wanted: set[str] | None,
+def _kind_candidates(kind: Kind, root: Path, tier: Path | None, wanted: set[str] | None,
                      skipped: list[dict[str, str]], untrusted: list[dict[str, str]],
                      team: int | None) -> list[_Packed]:
     """The entries of ``kind`` to pack (of ``wanted`` keys, when given) from the root, and, for
     a tiered kind with ``tier``, those of the local tier that the root lacks; broken ones go to
     ``skipped``, those another user could have written to ``untrusted``."""
-    found = _trusted(_CANDIDATES[kind](KINDS[kind].folder(root), wanted, skipped), team, untrusted)
-    if tier is None or not KINDS[kind].tiered:
+    found = _candidates(kind, kind.folder(root), wanted, skipped, untrusted, team)
+    if tier is None or not kind.tiered:
         return found
-    known = {p.entry.key for p in found} | {s["key"] for s in skipped + untrusted if s["kind"] == kind}
+    known = {p.entry.key for p in found} | {s["key"] for s in skipped + untrusted if s["kind"] == kind.name}
     local_skipped: list[dict[str, str]] = []
     local_untrusted: list[dict[str, str]] = []
-    found += [p for p in _trusted(_CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped),
-                                  team, local_untrusted)
+    found += [p for p in _candidates(kind, kind.folder(tier), wanted, local_skipped, local_untrusted, team)
               if p.entry.key not in known]
     skipped += [s for s in local_skipped if s["key"] not in known]
     untrusted += [s for s in local_untrusted if s["key"] not in known]
     return found
 
 
-def _chosen(kinds: tuple[str, ...], root: Path, tier: Path | None, used: list[Any] | None, team: int | None
+def _chosen(chosen_kinds: tuple[Kind, ...], root: Path, tier: Path | None, used: list[Any] | None,
+            team: int | None
             ) -> tuple[list[_Packed], list[dict[str, str]], list[dict[str, str]], dict[str, int]]:
-    """The entries of ``kinds`` to pack (those the records ``used`` name, when given), and those
-    left out: broken (``skipped``), another user's (``untrusted``), and per kind how many the
-    records name that are gone (``missing``)."""
+    """The entries of ``chosen_kinds`` to pack (those the records ``used`` name, when given),
+    and those left out: broken (``skipped``), another user's (``untrusted``), and per kind how
+    many the records name that are gone (``missing``)."""
     skipped: list[dict[str, str]] = []
     untrusted: list[dict[str, str]] = []
     chosen: list[_Packed] = []
     missing: dict[str, int] = {}
-    for kind in kinds:
-        wanted = set().union(*(keys_of(r, kind) for r in used)) if used is not None else None
+    for kind in chosen_kinds:
+        wanted = set().union(*(kind.recorded_keys(r) for r in used)) if used is not None else None
         if used is not None and any(dropped(r, kind) for r in used):
             log.warning("some records list only their first keys: a few %s entries of the "
-                        "selection may be left out", kind)
+                        "selection may be left out", kind.name)
         found = _kind_candidates(kind, root, tier, wanted, skipped, untrusted, team)
         if wanted is not None:
-            missing[kind] = len(wanted - {p.entry.key for p in found}
-                                - {s["key"] for s in skipped + untrusted if s["kind"] == kind})
+            missing[kind.name] = len(wanted - {p.entry.key for p in found}
+                                     - {s["key"] for s in skipped + untrusted if s["kind"] == kind.name})
         chosen += found
     for item in skipped:
         log.warning("pack: left out broken %s entry %s: %s", item["kind"], shown(item["key"]), item["reason"])
@@ -428,26 +262,27 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
     soft, dev = software_section(entries, used)
     if gpu_type is not None:
         dev["gpu_type"] = gpu_type
-    by_kind: dict[str, list[ManifestEntry]] = {kind: [] for kind in chosen_kinds}
+    by_kind: dict[str, list[ManifestEntry]] = {kind.name: [] for kind in chosen_kinds}
     for entry in entries:
-        by_kind[entry.kind].append(entry)
+        by_kind[entry.kind.name].append(entry)
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "gpu_cache_version": __version__,
         "created": time.time(), "host": socket.gethostname(), "source_root": str(root),
-        "selection": {"kinds": list(chosen_kinds), "gpu_type": gpu_type, "workload": workload},
+        "selection": {"kinds": list(by_kind), "gpu_type": gpu_type, "workload": workload},
         "software": soft["identity"], "software_by_kind": soft["by_kind"],
-        "software_source": soft["source"], "jax_path_in_key": soft["jax_path_in_key"],
-        "device": dev,
-        "kinds": {kind: {"entries": [e.as_json() for e in items], "bytes": sum(e.size for e in items)}
-                  for kind, items in by_kind.items()},
+        "software_source": soft["source"], "device": dev,
+        "kinds": {name: {"entries": [e.as_json() for e in items], "bytes": sum(e.size for e in items),
+                         "path_in_key": soft["path_in_key"].get(name)}
+                  for name, items in by_kind.items()},
         "skipped": skipped,
     }
     if stable:
-        _stable_manifest(manifest, soft["jax_path_in_key"])
-    if soft["jax_path_in_key"]:
-        log.warning("the JAX entries were written by jax %s with XLA caches in the cache folder: "
-                    "their keys hold the folder's path, so they hit only at %s",
-                    soft["identity"].get("jax"), KINDS["jax"].folder(root))
+        _stable_manifest(manifest)
+    for kind in chosen_kinds:
+        if soft["path_in_key"].get(kind.name):
+            log.warning("the %s entries were written by %s, whose keys hold the cache folder's path: "
+                        "they hit only at %s", kind.name, kind.software_words(soft["by_kind"][kind.name][0]),
+                        kind.folder(root))
     total = sum(e.size for e in entries)
     log.info("pack: %d entries, %s, into %s", len(chosen), format_size(total), target)
     _write_archive(target, mode, manifest, chosen, stable)
@@ -530,12 +365,11 @@ def _add_file(tar: tarfile.TarFile, entry: ManifestEntry, name: str, path: Path,
 
 def render_pack(report: PackReport) -> str:
     counts = ", ".join(f"{kind} {n}" for kind, n in report.entries.items())
+    device = report.device.get("gpu_type") or ", ".join(report.device.get("gpu_types") or []) or "?"
+    device += "".join(f"; {kind} targets {', '.join(part['targets'])}" for kind, part in report.device.items()
+                      if isinstance(part, dict) and part.get("targets"))
     lines = [f"packed {sum(report.entries.values())} entries ({counts}; {format_size(report.bytes)}) "
-             f"into {report.archive}",
-             f"warmed with {software.describe(report.software)}; device "
-             f"{report.device.get('gpu_type') or ', '.join(report.device.get('gpu_types') or []) or '?'}"
-             + (f"; Triton targets {', '.join(report.device['triton']['targets'])}"
-                if report.device.get("triton", {}).get("targets") else "")]
+             f"into {report.archive}", f"warmed with {software.describe(report.software)}; device {device}"]
     if report.skipped:
         lines.append(f"left out {len(report.skipped)} broken entries (listed in the manifest)")
     if report.untrusted:

@@ -2,18 +2,20 @@
 
 A first pass goes through the whole archive before anything is written: every member safe and
 as the manifest says, every group file Triton's (a dry run also checks every file's digest).
-The second pass writes, each entry through a writer that checks it (digests, and as its kind
-reads it) before it is put in place (:mod:`._writers`); an entry found damaged in either pass
-is not written, and is reported.
+The second pass writes, each entry through its kind's writer, which checks it (digests, and
+as its kind reads it) before it is put in place (:meth:`Kind.carry_writers`); an entry found
+damaged in either pass is not written, and is reported.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
+import tarfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,27 +24,25 @@ from typing import Any
 
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io
-from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import KINDS, scan
+from gpu_cache.core.kinds import Kind, named
+from gpu_cache.core.kinds.carrying import (
+    Damaged,
+    ManifestEntry,
+    Refused,
+    Writer,
+    digest_problem,
+    sha256,
+    shown,
+)
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import trust
 
-from ._archive import Archive, open_archive
+from ._archive import Archive, MemberReader, open_archive
 from ._common import Progress, log
 from ._fit import fit_problems, target_software
-from ._format import ManifestEntry, Refused, printable, shown
+from ._format import printable
 from ._pack import check_kinds
-from ._writers import (
-    AutotuneWriter,
-    Damaged,
-    InductorWriter,
-    JaxWriter,
-    KernelWriter,
-    TritonWriter,
-    Writer,
-    member_problem,
-)
 
 #: Free space kept beyond what unpack writes.
 SPACE_MARGIN = 64 << 20
@@ -93,9 +93,9 @@ def render_unpack(report: UnpackReport) -> str:
     return shown_lines(lines)
 
 
-def _existing(kind: str, folder: Path) -> dict[str, Any]:
+def _existing(kind: Kind, folder: Path) -> dict[str, Any]:
     try:
-        return {e.key: e for e in scan(kind, folder, grace_seconds=3600.0)
+        return {e.key: e for e in kind.scan(folder, grace_seconds=3600.0)
                 if e.name not in ("(temporary)", "(trash)", "(symbolic link)")}
     except OSError:
         return {}
@@ -104,8 +104,8 @@ def _existing(kind: str, folder: Path) -> dict[str, Any]:
 def _plan(entries: Mapping[str, list[ManifestEntry]], root: Path) -> dict[tuple[str, str], Action]:
     """What to do with each entry (by its kind and key)."""
     actions: dict[tuple[str, str], Action] = {}
-    for kind, items in entries.items():
-        here = _existing(kind, KINDS[kind].folder(root))
+    for items in entries.values():
+        here = _existing(items[0].kind, items[0].kind.folder(root)) if items else {}
         for entry in items:
             old = here.get(entry.key)
             if old is None:
@@ -130,14 +130,14 @@ def _free_space(path: Path) -> int | None:
             return None
 
 
-def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
+def _kind_folder_fd(root: Path, kind: Kind, shared_group: str | None) -> int:
     """A descriptor of the kind's folder under ``root``, made when missing: a real folder,
     never a symbolic link (which would lead the writes outside the root), and trusted.
 
     Raises:
         Refused: it is a link, not a folder, or not trusted.
     """
-    folder = KINDS[kind].folder(root)
+    folder = kind.folder(root)
     trust.make_folder(folder, shared_group)
     why = trust.distrust(folder, shared_group, trusted_above=root)
     if why:
@@ -149,6 +149,35 @@ def _kind_folder_fd(root: Path, kind: str, shared_group: str | None) -> int:
             raise Refused(f"{folder} is not a real folder (a symbolic link?); unpack writes only into "
                           "real folders under the cache root") from None
         raise
+
+
+def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: ManifestEntry,
+                   file_name: str, read_all: bool) -> str | None:
+    """Why a member is not what was packed (damaged), or None: a file its kind reads whole
+    always (:meth:`Kind.carry_whole`: a Triton group file, whose paths are rewritten) is read
+    and checked; with ``read_all`` (a dry run, which writes nothing to check as it goes)
+    every other file too, as its kind reads it where it says, else its digest in chunks.
+
+    Raises:
+        Refused: a file, as packed, that its kind refuses (an archive made to write
+            elsewhere), or one over the size it always reads whole.
+    """
+    kind = entry.kind
+    whole = kind.carry_whole(file_name)
+    if whole is not None and (whole[1] or read_all):
+        limit, always = whole
+        if member.size <= limit:
+            data = reader.read(member.size)
+            return digest_problem(entry, file_name, sha256(data)) or kind.carry_member(entry, file_name, data)
+        if always:
+            raise Refused(f"{kind.name} entry {shown(entry.key)}: {shown(file_name)} holds {member.size} "
+                          f"bytes, more than {kind.name} writes")
+    if not read_all:
+        return None
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: reader.read(safe_io.CHUNK), b""):
+        digest.update(chunk)
+    return digest_problem(entry, file_name, digest.hexdigest())
 
 
 def _damage(opened: Archive, root: Path, todo: set[tuple[str, str]],
@@ -188,16 +217,11 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
     report = UnpackReport(str(archive), str(root), dry_run)
     with open_archive(archive) as opened:
         entries = opened.entries
-        chosen = [k for k in entries if asked is None or k in asked]
-        present = [k for k in chosen if entries[k]]
+        chosen = [kind for kind in map(named, entries) if asked is None or kind in asked]
+        present = [kind for kind in chosen if entries[kind.name]]
         problems, notes = fit_problems(opened.manifest, present, target, target_words, image, gpu_type)
-        source_root = opened.manifest.get("source_root")
-        if opened.manifest.get("jax_path_in_key") and "jax" in present and isinstance(source_root, str):
-            old = Path(source_root) / "jax"
-            if old != KINDS["jax"].folder(root):
-                notes.append(f"its jax entries hold their old folder's path in their keys (jax <= "
-                             f"0.10 with XLA caches on): they hit only at {printable(str(old))}")
-        report.checked = {"software": target_words, "kinds": present,
+        notes += _path_notes(opened.manifest, present, root)
+        report.checked = {"software": target_words, "kinds": [kind.name for kind in present],
                           "gpu_type": gpu_type or "not checked (no --gpu-type)"}
         report.notes = notes
         for note in notes:
@@ -207,8 +231,8 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
             raise Refused(f"{archive} does not fit {target_words}{on}: {'; '.join(problems)}",
                           hint="--force unpacks it anyway")
         report.forced = problems
-        actions = _plan({k: entries[k] for k in chosen}, root)
-        todo = {e.ident: e for k in chosen for e in entries[k] if actions[e.ident] != Action.KEEP}
+        actions = _plan({k.name: entries[k.name] for k in chosen}, root)
+        todo = {e.ident: e for k in chosen for e in entries[k.name] if actions[e.ident] != Action.KEEP}
         need = sum(e.size for e in todo.values())
         free = _free_space(root)
         if free is not None and need + SPACE_MARGIN > free:
@@ -221,15 +245,16 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
         for kind in chosen:
             for name, action in (("written", Action.WRITE), ("replaced", Action.REPLACE),
                                  ("kept", Action.KEEP)):
-                getattr(report, name)[kind] = sum(1 for e in entries[kind] if actions.get(e.ident) == action)
+                getattr(report, name)[kind.name] = sum(1 for e in entries[kind.name]
+                                                       if actions.get(e.ident) == action)
         report.bytes = need
         if not dry_run and todo:
             with ExitStack() as stack:
                 fds = {}
                 for kind in chosen:
-                    if any(ident[0] == kind for ident in todo):
-                        fds[kind] = _kind_folder_fd(root, kind, shared_group)
-                        stack.callback(os.close, fds[kind])
+                    if any(ident[0] == kind.name for ident in todo):
+                        fds[kind.name] = _kind_folder_fd(root, kind, shared_group)
+                        stack.callback(os.close, fds[kind.name])
                 # a stable pack's entries (#32) are as new as their arrival here
                 arrival = time.time() if opened.manifest.get("times_normalised") is True else None
                 try:
@@ -239,11 +264,18 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
     return report
 
 
-def _capped(jax_folder: Path) -> bool:
-    """Whether the JAX cache has a size cap (JAX then keeps a lock file and -atime records)."""
-    return os.path.lexists(jax_folder / jax_cache.LOCK_NAME) or any(
-        isinstance(e.source, jax_cache.JaxEntry) and e.source.atime_path is not None
-        and e.source.cache_path is not None for e in _existing("jax", jax_folder).values())
+def _path_notes(manifest: Mapping[str, Any], present: list[Kind], root: Path) -> list[str]:
+    """A note per kind whose entries hold their old folder's path in their keys
+    (:meth:`Kind.path_in_key`: jax <= 0.10 with XLA caches on): they hit only there."""
+    source_root = manifest.get("source_root")
+    notes = []
+    for kind in present:
+        part = manifest["kinds"].get(kind.name) or {}
+        old = Path(source_root) / kind.name if isinstance(source_root, str) else None
+        if part.get("path_in_key") and old is not None and old != kind.folder(root):
+            notes.append(f"its {kind.name} entries hold their old folder's path in their keys: they "
+                         f"hit only at {printable(str(old))}")
+    return notes
 
 
 def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
@@ -251,7 +283,7 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                    arrival: float | None = None) -> None:
     """Second pass: write each entry that is to be written, whole, into its kind's folder
     (``fds``: their descriptors), with its own times or, given ``arrival``, that one."""
-    capped = _capped(KINDS["jax"].folder(root))
+    writers: dict[Kind, Callable[[ManifestEntry, bool], Writer]] = {}
     todo = {ident for ident, action in actions.items() if action != Action.KEEP}
     progress = Progress("unpack", len(todo))
     writer: Writer | None = None
@@ -261,31 +293,24 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
             if entry.ident not in todo:
                 continue
             action = actions[entry.ident]
+            kind = entry.kind
             if arrival is not None:
                 member.mtime = entry.last_use = arrival
             if writer is None or writer.entry is not entry:
-                folder = KINDS[entry.kind].folder(root)
-                if entry.kind == "jax":
-                    writer = JaxWriter(folder, fds[entry.kind], entry, capped)
-                elif entry.kind == "autotune":
-                    writer = AutotuneWriter(folder, fds[entry.kind], entry)
-                elif entry.kind == "inductor":
-                    writer = InductorWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
-                elif entry.kind == "jax_triton":
-                    writer = KernelWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
-                else:
-                    writer = TritonWriter(folder, fds[entry.kind], entry, action == Action.REPLACE)
+                if kind not in writers:
+                    writers[kind] = kind.carry_writers(kind.folder(root), fds[kind.name])
+                writer = writers[kind](entry, action == Action.REPLACE)
             counted = report.written if action == Action.WRITE else report.replaced
             try:
                 writer.add(file_name, data, member)
                 if writer.pending:
                     continue
                 if not writer.finish():  # a process wrote a newer one meanwhile: it stays
-                    counted[entry.kind] -= 1
-                    report.kept[entry.kind] += 1
+                    counted[kind.name] -= 1
+                    report.kept[kind.name] += 1
             except Damaged as exc:
-                counted[entry.kind] -= 1
-                report.damaged.append({"kind": entry.kind, "key": entry.key, "reason": str(exc)})
+                counted[kind.name] -= 1
+                report.damaged.append({"kind": kind.name, "key": entry.key, "reason": str(exc)})
                 todo.discard(entry.ident)  # its other files are passed over
             writer.abandon()
             writer = None

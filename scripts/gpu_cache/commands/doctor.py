@@ -18,7 +18,7 @@ from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
-from gpu_cache.jobenv import env, fs, ptxas
+from gpu_cache.jobenv import env, fs
 
 #: Packages whose versions are part of cache keys or decide whether a cache works.
 KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
@@ -64,15 +64,14 @@ def preflight(settings: Settings) -> dict[str, Any]:
     if settings.cache_root is None:
         report["warnings"].append("caching is turned off (cache root 'none')")
     else:
-        for kind in (k for k in kinds.EXPORTED if kinds.KINDS[k].enabled(settings)):
-            # resolve probed the kinds it exports; one the user pointed elsewhere is probed here.
-            check = exports.checks.get(kind) or env.check_kind(settings, kind)
-            report["kinds"][kind] = check.as_dict()
-            if check.problem:
-                report["ok"] = False
-        if "records" in exports.checks:  # the hook's records: judged like a kind's folder
-            report["kinds"]["records"] = exports.checks["records"].as_dict()
-            report["ok"] = report["ok"] and exports.checks["records"].problem is None
+        for kind in kinds.ALL:
+            # resolve probed the kinds it exports; one the user pointed elsewhere is probed here
+            # (a kind it does not export, such as the hook's records without the stats hook: not)
+            check = exports.checks.get(kind.name) or (env.check_kind(settings, kind)
+                                                      if kind.exported and kind.enabled(settings) else None)
+            if check is not None:
+                report["kinds"][kind.name] = check.as_dict()
+                report["ok"] = report["ok"] and check.problem is None
     report["exports"] = exports.as_dict()
     report["single_flight"] = exports.single_flight.as_dict()
     report["tier"] = exports.tier.as_dict()
@@ -88,7 +87,10 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["slurm"] = slurm_source() if report["gres"] is not None else None
     # Types no partition offers and this machine is not: their validation would fail.
     report["warnings"] += targets.unreachable(types, here, offered)
-    report["ptxas"] = ptxas.report(exports.values)  # issue 34: which ptxas XLA and jaxlib run
+    for kind in kinds.ALL:  # what a kind says beyond its folder (ptxas: which one jobs run)
+        part = kind.doctor_report(exports.values)
+        if part is not None:
+            report[kind.name] = part
     report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
@@ -131,7 +133,8 @@ def render(report: dict[str, Any]) -> str:
         source = report.get("slurm") or "a cluster scontrol does not name"
         lines.append(f"    slurm: sinfo answered for {source}")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
-    lines += ptxas.render(report["ptxas"]) if report.get("ptxas") else []
+    lines += [line for kind in kinds.ALL if isinstance(report.get(kind.name), dict)
+              for line in kind.doctor_lines(report[kind.name])]
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_cache.config.settings import Settings
+from gpu_cache.core import kinds
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.core.set_aside import set_aside
 from gpu_cache.reports import Verdict
@@ -154,14 +155,15 @@ def set_aside_served(settings: Settings, failing: list[dict[str, Any]]
             wanted.setdefault(kind, set()).update(k for k in keys if isinstance(k, str))
     done: dict[str, list[str]] = {}
     errors: list[str] = []
-    for kind, keys in sorted(wanted.items()):
+    for name, keys in sorted(wanted.items()):
         try:
-            aside, failed = set_aside(settings.cache_root, kind, keys)
+            kind = kinds.named(name)
         except KeyError:  # a kind this gpu-cache does not know (a newer hook's record)
             continue
+        aside, failed = set_aside(settings.cache_root, kind, keys)
         errors += failed
         if aside:
-            done[kind] = aside
+            done[name] = aside
     return done, errors
 
 

@@ -16,21 +16,25 @@ from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
 from gpu_cache.core import kinds, safe_io, safe_locks, verified
-from gpu_cache.core.caches import jax as jax_cache
-from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import Entry, Kind
+from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".prune.lock"
+#: A last use further ahead of the clock than this (a clock that was wrong, a file dated ahead
+#: by hand) says nothing: the entry counts as the least recently used.
+FUTURE_SLACK = 86400.0
 
 
 def plan(entries: list[Entry], max_size: int, max_age: float, now: float
          ) -> list[tuple[Entry, str]]:
     """Which entries go and why, in removal order: broken, then too old, then LRU over the cap.
-    Entries that are not ``removable`` are never planned (nor counted against the cap)."""
+    Entries that are not ``removable`` are never planned (nor counted against the cap); one
+    dated far in the future is the oldest (it would otherwise stay for ever)."""
     broken: list[tuple[Entry, str]] = []
     old: list[tuple[Entry, str]] = []
     kept = []
@@ -39,6 +43,9 @@ def plan(entries: list[Entry], max_size: int, max_age: float, now: float
             continue
         if entry.problem:
             broken.append((entry, f"broken: {entry.problem}"))
+        elif entry.last_use > now + FUTURE_SLACK:
+            entry.last_use = 0.0
+            old.append((entry, "its last use is dated ahead of the clock: counted as the oldest"))
         elif now - entry.last_use > max_age:
             old.append((entry, "unused longer than max_age"))
         else:
@@ -55,46 +62,35 @@ def plan(entries: list[Entry], max_size: int, max_age: float, now: float
     return doomed
 
 
-def prune_kind(kind: str, folder: Path, max_size: int, max_age: float, dry_run: bool,
+def prune_kind(kind: Kind, folder: Path, max_size: int, max_age: float, dry_run: bool,
                now: float | None = None, grace_seconds: float = 3600.0,
                verify_all: bool = False) -> KindPruneReport:
     """Prune one kind's folder; the caller holds the prune lock. Entries not verified before
-    (all of them with ``verify_all``) are verified to find broken ones: JAX entries are
-    decompressed, Inductor's kernel libraries checked. What was verified is recorded beside
-    the entries (:mod:`gpu_cache.core.verified`; by a dry run too: that changes nothing that a
-    cache reads), so the next prune or dry run checks nothing it verified already; it only
-    reads some JAX entries again, in turn, for damage that keeps their size."""
+    (all of them with ``verify_all``) are verified to find broken ones, by the kind's own
+    check (JAX entries are decompressed, Inductor's kernel libraries checked). What was
+    verified is recorded beside the entries (:mod:`gpu_cache.core.verified`; by a dry run too:
+    that changes nothing that a cache reads), so the next prune or dry run checks nothing it
+    verified already; it only reads some entries again, in turn, for damage that keeps their
+    size."""
     now = time.time() if now is None else now
     found, report = _survey(kind, folder, dry_run, grace_seconds, verify_all)
-    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind: report}, dry_run)
+    _remove(plan(found, max_size, max_age, now), {kind.name: folder}, {kind.name: report}, dry_run)
     return report
 
 
-def _survey(kind: str, folder: Path, dry_run: bool, grace_seconds: float,
+def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
             verify_all: bool) -> tuple[list[Entry], KindPruneReport]:
-    """Scan (and verify) one kind's folder, and repair what needs no removal (JAX's lock file
-    and missing ``-atime`` files) unless ``dry_run``: its entries and its report so far."""
-    record = _record(kind, folder, recheck_all=verify_all)
-    found = kinds.scan(kind, folder, grace_seconds, 0.0, record)
+    """Scan (and verify) one kind's folder, and repair what needs no removal
+    (:meth:`Kind.repair`) unless ``dry_run``: its entries and its report so far."""
+    record = verified.Record.load(folder, recheck_all=verify_all) if kind.verifies else None
+    found = kind.scan(folder, grace_seconds, 0.0, record)
     if record is not None:
         record.save()
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(e.size for e in found),
                              dry_run=dry_run)
     report.bytes_after = report.bytes_before
     if not dry_run:
-        if kind == "jax":
-            try:
-                if jax_cache.repair_lockfile(folder):
-                    report.repaired += 1
-            except OSError as exc:
-                report.errors.append(f"{jax_cache.LOCK_NAME}: {exc.strerror or exc}")
-        for entry in found:
-            if isinstance(entry.source, jax_cache.JaxEntry) and entry.source.needs_atime:
-                try:
-                    jax_cache.write_atime(folder, entry.source)
-                    report.repaired += 1
-                except OSError as exc:
-                    report.errors.append(f"{entry.key}: cannot write its -atime: {exc.strerror or exc}")
+        report.repaired, report.errors = kind.repair(folder, found)
     return found, report
 
 
@@ -106,7 +102,7 @@ def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
         report = reports[entry.kind]
         if not dry_run:
             try:
-                kinds.remove(entry.kind, folders[entry.kind], entry)
+                kinds.named(entry.kind).remove(folders[entry.kind], entry)
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
@@ -127,7 +123,7 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
     is left alone; one that is not trusted is not touched (the problem says why)."""
     from gpu_cache.jobenv import tier
 
-    wanted = [kind for kind in only if kinds.KINDS[kind].tiered]
+    wanted = [kinds.named(name) for name in only if kinds.named(name).tiered]
     here = tier.on_this_node(settings) if wanted else None
     if here is None:
         return
@@ -154,14 +150,15 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
         found: list[Entry] = []
         for kind in wanted:
             try:
-                folders[kind] = safe_io.within(kinds.KINDS[kind].folder(local), local)
-                entries, result.tier[kind] = _survey(kind, folders[kind], dry_run, 3600.0, verify_all)
+                folders[kind.name] = safe_io.within(kind.folder(local), local)
+                entries, result.tier[kind.name] = _survey(kind, folders[kind.name], dry_run, 3600.0,
+                                                          verify_all)
             except safe_io.Outside as exc:
-                result.problems.append(f"local tier: {kind}: {exc.filename} is a link to {exc.real}, "
+                result.problems.append(f"local tier: {kind.name}: {exc.filename} is a link to {exc.real}, "
                                        "outside the tier; not pruned")
                 continue
             except OSError as exc:
-                result.problems.append(f"local tier: {kind}: cannot prune {exc.filename or ''}: "
+                result.problems.append(f"local tier: {kind.name}: cannot prune {exc.filename or ''}: "
                                        f"{exc.strerror or exc}")
                 continue
             found += entries
@@ -173,14 +170,6 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                  report.entries_before, format_size(report.bytes_removed),
                  format_size(report.bytes_before))
         result.problems += [f"local tier: {kind}: cannot remove {e}" for e in report.errors]
-
-
-def _record(kind: str, folder: Path, recheck_all: bool = False) -> verified.Record | None:
-    """The verification record of ``folder`` for a kind that keeps one (``recheck_all``:
-    everything is verified again, and JAX entries' bytes compared with what was recorded)."""
-    if not kinds.KINDS[kind].verifies:
-        return None
-    return verified.Record.load(folder, recheck_all=recheck_all)
 
 
 def repair(settings: Settings) -> PruneReport:
@@ -259,27 +248,27 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
                 result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
                                    "nothing pruned"]
                 return
-        for kind in only:
+        for kind in map(kinds.named, only):
             try:
-                folder = safe_io.within(kinds.KINDS[kind].folder(root), root)
+                folder = safe_io.within(kind.folder(root), root)
             except safe_io.Outside as exc:  # a link to the user's own files (#21): never followed
                 result.problems.append(
-                    f"{kind}: {exc.filename} is a link to {exc.real}, outside the cache root; not "
+                    f"{kind.name}: {exc.filename} is a link to {exc.real}, outside the cache root; not "
                     "pruned (gpu-cache removes nothing outside the root): move that folder under the "
                     "root, or give it a cache root of its own")
                 continue
             try:
                 report = prune_kind(kind, folder, max_size, max_age, dry_run, verify_all=verify_all)
             except OSError as exc:  # an unreadable folder: the other kinds are still pruned
-                result.problems.append(f"{kind}: cannot prune {exc.filename or ''}: "
+                result.problems.append(f"{kind.name}: cannot prune {exc.filename or ''}: "
                                        f"{exc.strerror or exc}")
                 continue
-            result.kinds[kind] = report
-            log.info("prune: %s: %s %d of %d entries, %s of %s", kind,
+            result.kinds[kind.name] = report
+            log.info("prune: %s: %s %d of %d entries, %s of %s", kind.name,
                      "would remove" if dry_run else "removed", report.entries_removed,
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
-            result.problems += [f"{kind}: cannot remove {e}" for e in report.errors]
+            result.problems += [f"{kind.name}: cannot remove {e}" for e in report.errors]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -330,4 +319,4 @@ def removed_lines(report: PruneReport, shown: int = 20) -> str:
                          f"{format_size(entry['bytes'])}): {entry['reason']}")
         if len(part.removed) > shown:
             lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
-    return "".join(f"{line}\n" for line in lines)
+    return shown_lines(lines)

@@ -17,8 +17,7 @@ from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, hook_records, kinds, names, safe_io, software, verified
-from gpu_cache.core.caches import triton as triton_cache
-from gpu_cache.core.entries import Entry
+from gpu_cache.core.kinds import Entry, Kind
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.reports import Usage
 
@@ -38,21 +37,17 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     if root is None:
         return out
     now = time.time()
-    for kind in kinds.PRUNABLE:
-        registered = kinds.KINDS[kind]
-        folder = registered.folder(root)
+    for kind in kinds.ALL:
+        folder = kind.folder(root)
         # It verifies nothing: the record keeps what prune verified (complete=False). None
         # where the folder links out of the root: stats writes nothing there (#21).
         record = verified.Record.load(folder, complete=False) \
-            if registered.verifies and _within(folder, root) else None
-        found = kinds.scan(kind, folder, record=record)
+            if kind.verifies and _within(folder, root) else None
+        found = kind.scan(folder, record=record)
         if record is not None:
             record.save()
-        out["kinds"][kind] = summarise(found, now)
-        out["kinds"][kind]["path"] = str(folder)
-        out["kinds"][kind]["last_use_from"] = registered.last_use
-        if kind == "triton":
-            out["kinds"][kind]["autotune_results"] = triton_cache.autotune_results(found)
+        out["kinds"][kind.name] = {**summarise(found, now), "path": str(folder),
+                                   "last_use_from": kind.last_use, **kind.stats_extra(found)}
     out["tier"] = tier_stats(settings, now)
     found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
@@ -76,11 +71,10 @@ def tier_stats(settings: Settings, now: float) -> dict[str, Any]:
                            "max_size": settings.local_tier.max_size, "kinds": {}}
     if local is None or not local.is_dir():
         return out
-    for kind in kinds.TIERED:
-        folder = kinds.KINDS[kind].folder(local)
-        if _within(folder, local):  # a link out of the tier is not read (#21)
-            out["kinds"][kind] = summarise(kinds.scan(kind, folder), now)
-            out["kinds"][kind]["path"] = str(folder)
+    for kind in kinds.ALL:
+        folder = kind.folder(local)
+        if kind.tiered and _within(folder, local):  # a link out of the tier is not read (#21)
+            out["kinds"][kind.name] = {**summarise(kind.scan(folder), now), "path": str(folder)}
     return out
 
 
@@ -104,22 +98,20 @@ def device_seen(record: dict[str, Any]) -> str:
 
 def _under(path: str, root: Path) -> bool:
     """Whether ``path`` is the cache root's: under it, or its node-local tier (issue 23)."""
-    from gpu_cache.jobenv.tier import in_tier_of
-
     folder = os.path.normpath(path)
     return os.path.isabs(folder) and (folder == str(root) or folder.startswith(str(root).rstrip("/") + "/")
-                                      or in_tier_of(folder, root))
+                                      or kinds.in_tier_of(folder, root))
 
 
-def outside_folder(record: dict[str, Any], root: Path) -> tuple[str, bool] | None:
-    """The JAX cache folder a recorded process used when it lies outside the cache root, and
-    whether its program chose it (a flag such as --jax_compilation_cache_dir, or
-    jax.config.update) rather than an exported JAX_COMPILATION_CACHE_DIR; None otherwise."""
-    section = hook_records.part(record, "jax")
-    folder = section.get("cache_dir") if section else None
-    if not isinstance(folder, str) or not folder or _under(folder, root):
+def outside_folder(record: dict[str, Any], root: Path, kind: Kind) -> tuple[str, bool] | None:
+    """The cache folder of ``kind`` a recorded process used when it lies outside the cache root,
+    and whether its program chose it (a flag such as --jax_compilation_cache_dir, or
+    jax.config.update) rather than the kind's exported variable; None otherwise (or where the
+    kind's hook records no folder)."""
+    folder = kind.used_folder(record)
+    if folder is None or _under(folder, root):
         return None
-    exported = record["env"].get("JAX_COMPILATION_CACHE_DIR")
+    exported = record["env"].get(kind.env_var)
     return folder, not (isinstance(exported, str) and os.path.normpath(exported) == os.path.normpath(folder))
 
 
@@ -183,28 +175,29 @@ class Finding(NamedTuple):
 
 def outside_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
                      now: float | None = None) -> list[Finding]:
-    """One line per rule and folder of processes whose JAX cache folder was outside the
-    cache root (the hook records the folder JAX really used), with their hits and the fix
-    (gpu-cache neither warms nor prunes such a folder); and whether it still holds: it no
-    longer does once later processes of the rule used the cache root (the line then says
-    when it was last seen)."""
+    """One line per rule and folder of processes whose cache folder of a kind was outside the
+    cache root (for the kinds whose hook records the folder the tool really used), with their
+    hits and the fix (gpu-cache neither warms nor prunes such a folder); and whether it still
+    holds: it no longer does once later processes of the rule used the cache root (the line then
+    says when it was last seen)."""
     loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
     now = time.time() if now is None else now
-    ours = kinds.KINDS["jax"].folder(root)
     tally = _Tally()
+    watched = [kind for kind in kinds.ALL if kind.records_folder]
     for record in loaded:
         rule = record.get("rule") or "-"
-        outside = outside_folder(record, root)
-        if outside is None:
-            if hook_records.part(record, "jax") is not None:  # it used the root
-                tally.clear(rule, record)
-            continue
-        folder, own_flag = outside  # a key of text: "own" where its program chose the folder
-        tally.shows((rule, folder, "own" if own_flag else ""), record,
-                    [hook_records.part(record, "jax") or {}])
+        for kind in watched:
+            outside = outside_folder(record, root, kind)
+            if outside is None:
+                if kind.section(record) is not None:  # it used the root
+                    tally.clear(rule, record)
+                continue
+            folder, own_flag = outside  # a key of text: "own" where its program chose the folder
+            tally.shows((rule, folder, "own" if own_flag else "", kind.name), record,
+                        [kind.section(record) or {}])
     lines = []
     for key, seen in sorted(tally.found.items()):
-        rule, folder, own_flag = key
+        rule, folder, own_flag, name = key
         said = (f"rule {rule} used {folder} (outside the cache root {root}) in "
                 f"{processes_text(seen.processes)}, {seen.hits} of {seen.lookups} hits")
         later = tally.later(key, seen)
@@ -212,12 +205,10 @@ def outside_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
             lines.append(Finding((rule, folder), f"{said}; last seen {_last_seen(seen.last, now)}; no "
                                  f"longer: its {processes_text(later)} since used the cache root", False))
             continue
-        fix = ("its program sets its own folder (a flag such as --jax_compilation_cache_dir, or "
-               "jax.config.update): drop that flag or point it at $JAX_COMPILATION_CACHE_DIR"
-               if own_flag else
-               "its JAX_COMPILATION_CACHE_DIR was set outside gpu-cache: unset it")
-        lines.append(Finding((rule, folder), f"{said}; gpu-cache neither warms nor prunes it: {fix} "
-                             f"(gpu-cache's folder is {ours})", True))
+        kind = kinds.named(name)
+        lines.append(Finding((rule, folder), f"{said}; gpu-cache neither warms nor prunes it: "
+                             f"{kind.outside_fix(bool(own_flag))} (gpu-cache's folder is "
+                             f"{kind.folder(root)})", True))
     return lines
 
 
@@ -304,7 +295,7 @@ def mismatch_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
         if reference is None:
             tally.clear(rule, record)
             continue
-        sections = [s for s in (hook_records.part(record, kind) for kind in kinds.OBSERVED) if s is not None]
+        sections = [s for s in (kind.section(record) for kind in kinds.ALL if kind.observed) if s is not None]
         tally.shows((rule, software.describe(record["software"]), software.describe(reference)), record,
                     sections)
     lines = []
@@ -342,12 +333,12 @@ def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, d
                             ("by_device", device_seen(record))):
             bucket = groups[axis][f"{value or '-'}"]
             bucket.processes += 1
-            for kind in kinds.OBSERVED:
-                section = hook_records.part(record, kind)
+            for kind in kinds.ALL:
+                section = kind.section(record) if kind.observed else None
                 if section is not None:
-                    bucket.hits[kind] = bucket.hits.get(kind, 0) + hook_records.count(section.get("hits"))
-                    bucket.misses[kind] = (bucket.misses.get(kind, 0)
-                                           + hook_records.count(section.get("misses")))
+                    hits, misses = (hook_records.count(section.get(f)) for f in ("hits", "misses"))
+                    bucket.hits[kind.name] = bucket.hits.get(kind.name, 0) + hits
+                    bucket.misses[kind.name] = bucket.misses.get(kind.name, 0) + misses
                     bucket.saved_seconds += hook_records.seconds(section.get("saved_seconds"))
     return {axis: dict(by) for axis, by in groups.items()}
 

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.commands import common, explain, explain_kernels, explain_ptxas, outputs_proof
+from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
 from gpu_cache.config.workloads import cold_pass, plan_phase, workloads_of
 from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import Kind
 from gpu_cache.core.reports import Missed, PhaseResult
 from gpu_cache.core.shown import shown
 from gpu_cache.jobenv import env
@@ -31,37 +32,28 @@ from gpu_cache.reports import KindCounts, Verdict
 NAMED_MISSES = 5
 
 
-def compiled_keys(kind: str, keys: list[str]) -> list[str]:
-    """The new entries of ``kind`` that are each one compile: for Inductor its FX graphs (a
-    graph also writes code files and an AOTAutograd entry), by their key."""
-    if kind != "inductor":
-        return keys
-    return [key.rsplit("/", 1)[-1] for key in keys if key.startswith("fxgraph/")]
-
-
-def kind_counts(phase: PhaseResult, kind: str) -> KindCounts:
+def kind_counts(phase: PhaseResult, kind: Kind) -> KindCounts:
     """One kind's counts in a pass: misses from the records or from new entries (each
-    compiled one: :func:`compiled_keys`), whichever saw more (a process without the hook
+    compiled one: :meth:`Kind.compiled`), whichever saw more (a process without the hook
     still leaves new entries)."""
-    recorded = phase.recorded.get(kind)
-    new = phase.new_keys.get(kind, [])
+    recorded = phase.recorded.get(kind.name)
+    new = phase.new_keys.get(kind.name, [])
     return KindCounts(
         hits=recorded.hits if recorded else 0,
-        misses=max(recorded.misses if recorded else 0, len(compiled_keys(kind, new))),
+        misses=max(recorded.misses if recorded else 0, len(kind.compiled(new))),
         new_entries=len(new),
         processes_observed=recorded.processes if recorded else 0,
     )
 
 
-def missed_in(phase: PhaseResult, kind: str) -> list[Missed]:
+def missed_in(phase: PhaseResult, kind: Kind) -> list[Missed]:
     """Missed computations by key: the hook's names, then new entries it did not see."""
     by_key: dict[str, Missed] = {}
-    recorded = phase.recorded.get(kind)
+    recorded = phase.recorded.get(kind.name)
     for miss in recorded.missed if recorded else []:
         by_key.setdefault(miss.key, miss)
-    for key in compiled_keys(kind, phase.new_keys.get(kind, [])):
-        name = key.rsplit("-", 1)[0] if kind == "jax" else key
-        by_key.setdefault(key, Missed(kind, name, key))
+    for key in kind.compiled(phase.new_keys.get(kind.name, [])):
+        by_key.setdefault(key, Missed(kind.name, kind.missed_name(key), key))
     return list(by_key.values())
 
 
@@ -98,16 +90,10 @@ def judge(counts: dict[str, KindCounts], missed: list[Missed],
     return problems
 
 
-def autotuning_problems(phase: PhaseResult) -> list[str]:
-    """A problem when a process of the pass missed tokamax's autotuning cache (issue 24): it
-    used heuristic configs (other kernels than the warm step tuned) or tuned on its own."""
-    tuned = phase.recorded.get("autotune")
-    if tuned is None or not tuned.misses:
-        return []
-    names = sorted({m.name for m in tuned.missed})
-    return [f"autotune: {tuned.misses} tokamax autotuning lookup(s) missed in a fresh process "
-            f"after warming ({', '.join(names[:NAMED_MISSES]) or 'ops not named'}): the warm step "
-            "did not tune these shapes on this GPU type, or ran another tokamax or jax version"]
+def kind_problems(phase: PhaseResult) -> list[str]:
+    """The problems of the pass that only a kind can word (:meth:`Kind.validation_problems`:
+    tokamax's autotuning lookups that missed, issue 24)."""
+    return [line for kind in kinds.ALL for line in kind.validation_problems(phase.recorded.get(kind.name))]
 
 
 def run_phases(settings: Settings, gpu_type: str, output: TextIO,
@@ -171,10 +157,13 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     if expected is not None and expected.container and ran_with.get("image"):
         ran_with["container"] = expected.container  # as the user wrote it, not the pulled file (#25)
     broken = not_started(warm, ran_with)
-    cache_problems = [f"{kind}: {why}" for kind, why in exports.problems.items()
-                      if kind in ("jax", "all")]
-    counts = {kind: kind_counts(warm, kind) for kind in kinds.OBSERVED}
-    missed = [m for kind in kinds.OBSERVED for m in missed_in(warm, kind)]
+    # An observed kind that runs without its cache fails the verdict (on a node-local fallback
+    # its misses show); "all": caching is off.
+    cache_problems = [f"{name}: {why}" for name, why in exports.problems.items()
+                      if name not in kinds.KINDS or (name in exports.off and kinds.named(name).observed)]
+    observed = [kind for kind in kinds.ALL if kind.observed]
+    counts = {kind.name: kind_counts(warm, kind) for kind in observed}
+    missed = [m for kind in observed for m in missed_in(warm, kind)]
     seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
                   int(warm.device.get("count") or 0)) if warm.device else None
     if expected is not None and seen is not None:
@@ -185,7 +174,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         missed = []
     else:
         problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
-            + autotuning_problems(warm)
+            + kind_problems(warm)
     explanations, named = explain_misses(settings, warm, counts)
     problems += named
     observed = any(c.processes_observed for c in counts.values())
@@ -220,27 +209,20 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
                    ) -> tuple[list[dict], list[str]]:
-    """Why the pass's JAX computations, Inductor graphs and jax-triton kernels missed: the
-    explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
+    """Why the pass's computations of each kind that missed did (:meth:`Kind.explain_run`):
+    the explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
     if settings.cache_root is None:
         return [], []
     explanations: list[dict] = []
     problems: list[str] = []
-    if counts["jax"].misses or counts["inductor"].misses:  # Inductor's graphs: issue 31
-        found = explain.explain_cache(settings.cache_root, phase.run_id)
-        explanations += found
-        problems += [f"{e.get('kind', 'jax')}: {e['name']} missed: {e['causes'][0]}"
-                     for e in found[:NAMED_MISSES] if e["causes"]]
-    if counts[explain_kernels.KIND].misses:
-        records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
-        found = explain_kernels.explain_run(records, phase.run_id)
-        explanations += found
-        problems += [f"jax_triton: kernel {e['name']} missed: {e['causes'][0]}"
-                     for e in found[:NAMED_MISSES] if e["causes"]]
-    if counts["ptxas"].misses:  # issue 34: the shim's misses, by the PTX they were asked for
-        problems += [f"ptxas: {e['name']} missed: {e['causes'][-1]}"
-                     for e in explain_ptxas.explain_run(settings.cache_root, phase.run_id)[:NAMED_MISSES]
-                     if e["causes"]]
+    records: list[dict[str, Any]] | None = None
+    for kind in kinds.ALL:
+        if kind.observed and counts[kind.name].misses:
+            if records is None:  # read once, for every kind
+                records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
+            found, lines = kind.explain_run(settings.cache_root, records, phase.run_id)
+            explanations += found
+            problems += lines[:NAMED_MISSES]
     return explanations, problems
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import kinds, owners, safe_io
+from gpu_cache.core.kinds import records  # (this module reads that kind's entries)
 from gpu_cache.core.reports import KindTotals, Missed
 
 #: A record larger than this is not one the hook wrote.
@@ -27,7 +28,7 @@ def records_dir(cache_root: Path) -> Path | None:
     leads out of the root: the hook refuses such a folder, so what is there is not its records
     (a link to a folder of the user's own files, #21)."""
     try:
-        return safe_io.within(kinds.KINDS["records"].folder(cache_root), cache_root)
+        return safe_io.within(records.KIND.folder(cache_root), cache_root)
     except safe_io.Outside:
         return None
 
@@ -78,7 +79,7 @@ def clean(record: Any) -> dict[str, Any] | None:
             record[name] = None
     for kind in kinds.OBSERVED:
         if kind in record and not isinstance(record[kind], dict):
-            del record[kind]
+            del record[kind]  # (a kind's section, by the name the hook writes it under)
     for name in ("env", "device"):
         if not isinstance(record.get(name), dict):
             record[name] = {}
@@ -123,25 +124,23 @@ def missed_of(section: dict[str, Any], kind: str) -> list[Missed]:
 
 
 def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
-    """Hits, misses and compile seconds per observed kind summed over records, with missed names."""
+    """Hits, misses and compile seconds per kind summed over records, with missed names: for
+    every observed kind, and for any other whose section some record holds (autotune: what
+    tokamax's piece says)."""
     out: dict[str, KindTotals] = {}
-    for kind in kinds.OBSERVED:
-        sections = [s for s in (part(r, kind) for r in found) if s is not None]
-        out[kind] = KindTotals(
+    for kind in kinds.ALL:
+        sections = [s for s in (kind.section(r) for r in found) if s is not None]
+        if not (kind.observed or sections):
+            continue
+        out[kind.name] = KindTotals(
             processes=len(sections),
-            hits=sum(count(s.get("hits")) for s in sections),
+            hits=sum(count(s.get(kind.hits_field)) for s in sections),
             misses=sum(count(s.get("misses")) for s in sections),
             compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
             saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
-            missed=[m for s in sections for m in missed_of(s, kind)],
+            missed=[m for s in sections for m in missed_of(s, kind.name)],
             hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
         )
-    tuning = [t for t in (autotuning_of(r) for r in found) if t is not None]
-    if tuning:
-        out["autotune"] = KindTotals(
-            processes=len(tuning), hits=sum(count(t.get("entries")) for t in tuning),
-            misses=sum(count(t.get("misses")) for t in tuning),
-            missed=[m for t in tuning for m in missed_of(t, "autotune")])
     return out
 
 
@@ -151,76 +150,6 @@ def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:
     tokamax = part(record, "tokamax")
     tuning = tokamax.get("autotuning") if tokamax else None
     return tuning if isinstance(tuning, dict) else None
-
-
-#: At most this many kernel descriptions are taken from a records folder (issue 26).
-MAX_KERNELS = 5000
-
-
-def kernels(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The Triton kernels the records describe (the hook's ``triton.kernels``), each once (the
-    latest description of it: records of several Triton versions describe one kernel alike but
-    for their key), in the order first recorded, at most :data:`MAX_KERNELS`. A description of
-    the wrong shape is passed over; what its values mean is checked where it is compiled again."""
-    out: dict[str, dict[str, Any]] = {}
-    for record in sorted(found, key=lambda r: r["time"]):
-        section = part(record, "triton") or {}
-        items = section.get("kernels")
-        for item in items if isinstance(items, list) else ():
-            if _is_kernel(item):
-                # one too deep for json.dumps is kept as it is: the replay skips it with a line
-                same = json.dumps({k: v for k, v in item.items() if k not in ("key", "triton", "version")},
-                                  sort_keys=True) if _shallow(item) else f"deep {len(out)}"
-                if same in out or len(out) < MAX_KERNELS:
-                    out[same] = item
-    return list(out.values())
-
-
-#: A description nested deeper than this is none the hook wrote (and would overflow the stack
-#: of whoever walks it: ``json.dumps`` here, the replay's decoder).
-MAX_DEPTH = 40
-
-
-def _shallow(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` (from JSON) nests at most ``limit`` deep; never recursive."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, dict)):
-            if depth >= limit:
-                return False
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return True
-
-
-def _is_kernel(item: Any) -> bool:
-    shapes = {"module": str, "qualname": str, "signature": dict, "constants": list, "attrs": list,
-              "options": dict, "target": dict}
-    return (isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in shapes.items())
-            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], list)
-                    for p in item["constants"] + item["attrs"]))
-
-
-def autotuned(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The autotune choices the records keep (the hook's ``triton.autotuned``), each once, in
-    the order first recorded, at most :data:`MAX_KERNELS`; one of the wrong shape is passed over
-    (what its values mean is checked where the replay writes it)."""
-    out: dict[str, dict[str, Any]] = {}
-    for record in sorted(found, key=lambda r: r["time"]):
-        items = (part(record, "triton") or {}).get("autotuned")
-        for item in items if isinstance(items, list) else ():
-            if _is_choice(item) and len(out) < MAX_KERNELS:
-                out.setdefault(json.dumps(item, sort_keys=True), item)
-    return list(out.values())
-
-
-def _is_choice(item: Any) -> bool:
-    shapes = {"module": str, "qualname": str, "triton": str, "cache_key": str, "target": dict,
-              "key_text": str, "configs_timings": list, "chosen": int}
-    return (isinstance(item, dict) and _shallow(item)
-            and all(isinstance(item.get(k), t) for k, t in shapes.items())
-            and "key" in item and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], dict)
-                                      for p in item["configs_timings"]))
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

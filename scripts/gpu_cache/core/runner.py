@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, outputs, safe_io, software
-from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 
@@ -146,26 +145,6 @@ def tier_of(environ: Mapping[str, str]) -> Path | None:
     """The node-local tier the job's environment names (issue 23; None: no tier)."""
     tier = environ.get(names.TIER_VAR)
     return Path(tier) if tier and os.path.isabs(tier) else None
-
-
-def broken_since(cache_root: Path | None, since: float, tier: Path | None = None) -> list[str]:
-    """A problem line when JAX entries written since ``since`` (in the root, or in its
-    node-local ``tier``) are empty or truncated (a full disk or a killed writer; JAX itself
-    never repairs them). Entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` are not
-    checked (they may be mid-write)."""
-    if cache_root is None:
-        return []
-    found = []
-    for top in (cache_root,) if tier is None else (cache_root, tier):
-        try:
-            found += [e for e in jax_cache.scan(kinds.KINDS["jax"].folder(top), since - 1.0)
-                      if e.problem]
-        except OSError:
-            pass  # unreadable: the cache environment reported the folder already
-    if not found:
-        return []
-    return [f"jax: {len(found)} cache entries written now are broken ({found[0].problem}); "
-            "is the disk full? `gpu-cache doctor --fix` or the next prune removes them"]
 
 
 def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None = None) -> PhaseResult:
@@ -294,9 +273,9 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
     started, wall = time.perf_counter(), time.time()
-    replay = replay_command(child_env) if plan.phase == "warm" else None
-    if replay is not None:  # before the workloads: they then find the recorded kernels ready
-        result.runs = _run_all(replace(plan, commands=(replay,)), python, child_env, output)
+    steps = warm_steps(child_env) if plan.phase == "warm" else ()
+    if steps:  # before the workloads: they then find the recorded kernels ready
+        result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
     result.runs += _run_all(plan, python, child_env, output, kept)
     result.seconds = time.perf_counter() - started
     after = kinds.snapshot(root, tier)
@@ -307,30 +286,26 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
         result.runs = [run if run.outputs is None else replace(run, outputs={
             **run.outputs, "served": outputs.served(found, run.workload, run.shape, kinds.OBSERVED)})
             for run in result.runs]
-    if plan.phase == "warm" and environ.get(names.JAX_ENABLE_CACHE_VAR) != "false":
-        time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # let the last writes age past the grace period
-        result.broken = broken_since(root, wall, tier)
+    if plan.phase == "warm":
+        # Let the last writes of the kinds that are on age past their grace period.
+        time.sleep(max((kind.write_grace for kind in kinds.ALL
+                        if not kind.switch_off or environ.get(kind.switch_off[0]) != kind.switch_off[1]),
+                       default=0.0))
+        result.broken = kinds.broken_since(root, wall, tier)
     if plan.phase == "cold" and not result.failures():
         save_state(state_file(root, "cold", key), result.as_dict())
     return result
 
 
-#: How long the replay of recorded Triton kernels may take.
-REPLAY_TIMEOUT_SECONDS = 3600.0
-
-
-def replay_command(environ: Mapping[str, str]) -> Command | None:
-    """The replay step of a warm pass, when the records describe Triton kernels or autotune
-    choices: it compiles them on all the job's cores at once and writes the choices (issue 26,
-    docs/single-flight.md)."""
+def warm_steps(environ: Mapping[str, str]) -> tuple[Command, ...]:
+    """The steps a warm pass runs before its workloads, from what the records under the job's
+    records folder say (:meth:`Kind.warm_steps`: Triton's replay of the recorded kernels)."""
     folder = environ.get(names.RECORDS_VAR)
     if not folder or not os.path.isabs(folder):
-        return None
+        return ()
     found = list(hook_records.read(Path(folder)))
-    if not (hook_records.kernels(found) or hook_records.autotuned(found)):
-        return None
-    return Command("triton-replay", "recorded", "{python} -m gpu_cache.workloads.triton_replay",
-                   REPLAY_TIMEOUT_SECONDS, builtin=True, expects=("triton",))
+    return tuple(Command(name, "recorded", template, timeout, builtin=True, expects=(kind.name,))
+                 for kind in kinds.ALL for name, template, timeout in kind.warm_steps(found))
 
 
 def still_valid(root: Path | None, marker: Path | None) -> bool:
@@ -342,17 +317,9 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
         keys = json.loads(safe_io.read_bounded(marker, 16 << 20))["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    jax_folder, triton_folder = kinds.KINDS["jax"].folder(root), kinds.KINDS["triton"].folder(root)
-    kernel_folder = kinds.KINDS["jax_triton"].folder(root)
-    ptxas_folder = kinds.KINDS["ptxas"].folder(root)
-    present = {
-        "jax": lambda k: (jax_folder / f"{k}-cache").is_file() or (jax_folder / k).is_file(),
-        "triton": lambda k: (triton_folder / k).is_dir(),
-        "jax_triton": lambda k: (kernel_folder / k).is_file(),
-        "ptxas": lambda k: (ptxas_folder / f"{k}.ptxas").is_file(),  # issue 34: the shim's results
-    }
     return isinstance(keys, dict) and bool(keys) and all(
-        kind in present and isinstance(found, list) and all(present[kind](str(k)) for k in found)
+        kind in kinds.KINDS and isinstance(found, list)
+        and all(kinds.named(kind).present(kinds.named(kind).folder(root), str(k)) for k in found)
         for kind, found in keys.items())
 
 
@@ -424,7 +391,7 @@ def cold_environ(environ: Mapping[str, str], scratch: Path) -> dict[str, str]:
     """``environ`` with every cache off or in the empty ``scratch``: the honest cold baseline."""
     environ = dict(environ)
     environ.pop(names.RECORDS_VAR, None)
-    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+    for kind in (k for k in kinds.ALL if k.exported):
         if kind.switch_off is not None:
             environ[kind.switch_off[0]] = kind.switch_off[1]
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections.abc import Mapping
 from importlib import metadata
@@ -41,6 +42,22 @@ def identity(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
     out["image"] = next((environ[v] for v in IMAGE_VARIABLES if environ.get(v)), None)
     out["conda_env"] = environ.get("CONDA_PREFIX") or None
     return out
+
+
+def minor(version: object) -> str | None:
+    """``3.11`` from ``3.11.7``: the Python version whose ABI an entry's code needs."""
+    return ".".join(str(version).split(".")[:2]) if version else None
+
+
+def release(version: object) -> tuple[int, ...]:
+    """``(0, 10, 2)`` from ``0.10.2`` (or ``0.10.2rc1``): its leading whole numbers."""
+    parts = []
+    for piece in str(version or "").split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
 
 
 def describe(software: Mapping[str, object]) -> str:

@@ -44,7 +44,10 @@ from gpu_cache.core import safe_io
 
 NAME = ".gpu-cache-verified"
 #: The record's first bytes; a record without them (an older gpu-cache's empty stamp) is empty.
-MAGIC = b"gpu-cache verified v3\n"
+#: Version 4 keeps its digests in order, so that the startup hook looks a seal up without
+#: reading the whole record (``_hook/gpu_cache_seals.py``); version 3 (unordered) is read too.
+MAGIC = b"gpu-cache verified v4\n"
+_UNORDERED = b"gpu-cache verified v3\n"
 #: A record larger than this is not read (a million entries take 16 MB).
 MAX_BYTES = 1 << 30
 #: A verifying scan spends at most this share of its own time reading entries recorded whole
@@ -104,7 +107,7 @@ class Record:
         except OSError:
             return record
         body = memoryview(data)[len(MAGIC):]
-        if not data.startswith(MAGIC) or len(body) % 16 != 8:
+        if not data.startswith((MAGIC, _UNORDERED)) or len(body) % 16 != 8:
             return record
         numbers = array("Q")
         numbers.frombytes(body)
@@ -171,7 +174,9 @@ class Record:
             return False
         if not self.complete:
             self.kept = self.known | self.kept
-        numbers = array("Q", chain((self.cursor,), chain.from_iterable(self.kept.items())))
+        kept = self.kept
+        pairs = chain.from_iterable((key, kept[key]) for key in sorted(kept))  # in order: the hook bisects
+        numbers = array("Q", chain((self.cursor,), pairs))
         if sys.byteorder != "little":
             numbers.byteswap()
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds, names
-from gpu_cache.core.kinds import CacheKind, ReadOnlyUse
+from gpu_cache.core.kinds import Kind, ReadOnlyUse
 from gpu_cache.jobenv import locks, tier, trust
 from gpu_cache.jobenv.fs import FolderCheck, check_folder, is_folder, node_local_fallback
 
@@ -47,6 +47,8 @@ class Exports:
     warnings: list[str] = field(default_factory=list)
     checks: dict[str, FolderCheck] = field(default_factory=dict)
     root_problem: str | None = None
+    seeded: bool = False  # a kind reads a read-only root as a seed (its reader is in the hook)
+    off: list[str] = field(default_factory=list)  # the kinds that run without their cache
 
     def messages(self) -> list[str]:
         """One line per thing the user should know, for warnings; a cache root that cannot
@@ -87,16 +89,16 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
     return name in environ and name not in managed_names(environ)
 
 
-def check_kind(settings: Settings, kind: str) -> FolderCheck:
+def check_kind(settings: Settings, kind: Kind) -> FolderCheck:
     """Probe one kind's folder under the (set) cache root, as the settings ask: created
     group-shared in shared-group mode, trusted from the root down, with enough free space;
-    and the folders the tool writes into below it (:attr:`CacheKind.inner_folders`) that
-    exist, each trusted like the kind's folder."""
+    and the folders the tool writes into below it (:attr:`Kind.inner_folders`) that exist,
+    each trusted like the kind's folder."""
     assert settings.cache_root is not None
-    folder = kinds.KINDS[kind].folder(settings.cache_root)
+    folder = kind.folder(settings.cache_root)
     check = check_folder(folder, shared_group=settings.shared_group, min_free=settings.min_free_space,
                          trusted_above=settings.cache_root)
-    for pattern in kinds.KINDS[kind].inner_folders if check.problem is None else ():
+    for pattern in kind.inner_folders if check.problem is None else ():
         for inner in sorted(folder.glob(pattern)):  # shallow first: a refused folder ends it
             why = trust.distrust(inner, settings.shared_group, settings.cache_root) \
                 if is_folder(inner) else None
@@ -107,12 +109,15 @@ def check_kind(settings: Settings, kind: str) -> FolderCheck:
 
 @dataclass
 class _Placement:
-    """Where one kind's cache goes: variables to set, and why it is not the shared folder."""
+    """Where one kind's cache goes: variables to set, and why it is not the shared folder;
+    ``network_fs``: the network filesystem of the root's folder where the kind got that one."""
 
     values: dict[str, str] = field(default_factory=dict)
     problem: str | None = None
     adjusted: str | None = None
-    xla_caches_off: bool = False  # XLA's own caches must stay off (a network filesystem)
+    network_fs: str | None = None
+    seeded: bool = False  # it reads the root's folder as a seed, through the startup hook
+    off: bool = False  # it runs without its cache (its switch_off)
 
 
 def hook_problem() -> str | None:
@@ -136,8 +141,7 @@ def with_hook(pythonpath: str | None) -> str:
     return f"{HOOK_DIR}{os.pathsep}{pythonpath}"
 
 
-def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
-           hook: bool = True) -> _Placement:
+def _place(kind: Kind, root: Path, check: FolderCheck, hook: bool = True) -> _Placement:
     """Decide where ``kind`` caches, from the probe of its folder under ``root``; ``hook``:
     whether the startup hook can load in jobs (the Triton seed reader lives there)."""
     folder = kind.folder(root)
@@ -151,26 +155,17 @@ def _place(kind: CacheKind, root: Path, check: FolderCheck, xla_caches: str,
             fallback = node_local_fallback(kind.name)
             if check_folder(fallback, trusted_above=fallback.parent).problem is None:
                 return _Placement(
-                    {kind.env_var: str(fallback), names.TRITON_SEED_VAR: str(folder),
-                     names.TRITON_MANAGER_VAR: names.SEED_MANAGER},
+                    {kind.env_var: str(fallback), **kind.seed_exports(folder)},
                     adjusted=f"{folder} is read-only: its kernels are read as a seed, new ones "
-                             f"go to node-local {fallback}")
+                             f"go to node-local {fallback}", seeded=True)
             problem = f"{folder} is read-only and its node-local fallback failed"
         else:
             problem = f"{folder} is read-only and {kind.name} fails when it cannot write"
     if problem is None:
-        placed = _Placement({kind.env_var: str(folder)})
-        if kind.name == "jax" and check.network and xla_caches != "none":
-            placed.adjusted = (
-                f"{folder} is on {check.fs_type}, where XLA's autotune cache fails atomic renames "
-                f"and crashes; exporting JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none instead of "
-                f"{xla_caches!r}")
-            placed.xla_caches_off = True
-        return placed
+        return _Placement({kind.env_var: str(folder)}, network_fs=check.fs_type if check.network else None)
     if kind.switch_off is not None:
         name, value = kind.switch_off
-        return _Placement({name: value}, problem=f"{problem}; {kind.name} runs without its "
-                                                 "persistent cache")
+        return _Placement({name: value}, problem=f"{problem}; {kind.name} {kind.off_words}", off=True)
     fallback = node_local_fallback(kind.name)
     local = check_folder(fallback, trusted_above=fallback.parent)
     if local.problem is None:
@@ -202,12 +197,10 @@ def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exp
             exports.kept[name] = (environ[name], value)
         else:
             exports.values[name] = value
-    hook_needed = (settings.stats_hook and root is not None) or names.TRITON_SEED_VAR in exports.values \
-        or kinds.KINDS["bytecode"].env_var in exports.values \
-        or kinds.KINDS["jax_triton"].env_var in exports.values \
+    hook_needed = (settings.stats_hook and root is not None) or exports.seeded \
+        or any(kind.needs_hook and exports.values.get(kind.env_var) for kind in kinds.ALL) \
         or bool(exports.values.get(names.LOCKS_VAR)) \
-        or bool(exports.values.get(names.TIER_VAR)) \
-        or bool(exports.values.get(kinds.KINDS["ptxas"].env_var))  # single-flight, tier, ptxas shim
+        or bool(exports.values.get(names.TIER_VAR))  # single-flight, tier
     if hook_needed and no_hook:
         exports.warnings.append(no_hook)
     elif hook_needed and str(HOOK_DIR) not in environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -237,28 +230,7 @@ def _resolve_root(settings: Settings, root: Path, environ: Mapping[str, str], no
     exports = Exports(lock_plan, tier_plan, warnings=list(tier_plan.warnings),
                       root_problem=root_check.problem)
     wanted = {names.ROOT_VAR: str(root)}
-    xla_caches = _place_kinds(settings, root, root_check, environ, no_hook, exports, wanted)
-    if names.JAX_CACHE_DIR_VAR in wanted:
-        wanted[names.JAX_MIN_COMPILE_TIME_VAR] = "0"
-        wanted[names.JAX_MIN_ENTRY_SIZE_VAR] = "-1"
-        wanted[names.JAX_XLA_CACHES_VAR] = xla_caches
-    if names.TRITON_CACHE_DIR_VAR in wanted:
-        # Triton's dump/override folders live under TRITON_HOME; keep them out of $HOME.
-        triton_folder = Path(wanted[names.TRITON_CACHE_DIR_VAR])
-        wanted[names.TRITON_HOME_VAR] = str(triton_folder.parent / "triton-home")
-        # Triton >= 3.4 then keeps autotuning results (<kernel>.autotune.json) in its cache
-        # (issue 24); the job's Triton, in its image, decides: an older one ignores it.
-        wanted[names.TRITON_AUTOTUNING_VAR] = "1"
-    if settings.stats_hook and "jax" not in exports.problems:
-        # Judged like a kind's folder: whoever can add a record there tells validate what
-        # the jobs compiled, and the Triton replay which modules to import.
-        records = kinds.KINDS["records"]
-        check = exports.checks[records.name] = root_check if root_check.problem \
-            else check_kind(settings, records.name)
-        how = _place(records, root, check, xla_caches, hook=no_hook is None)
-        wanted.update(how.values)
-        if how.problem:
-            exports.problems[records.name] = how.problem
+    _place_kinds(settings, root, root_check, environ, no_hook, exports, wanted)
     exports.warnings += lock_plan.warnings
     wanted.update(lock_plan.variables())
     wanted.update(tier_plan.variables())
@@ -268,40 +240,48 @@ def _resolve_root(settings: Settings, root: Path, environ: Mapping[str, str], no
 
 
 def _place_kinds(settings: Settings, root: Path, root_check: FolderCheck, environ: Mapping[str, str],
-                 no_hook: str | None, exports: Exports, wanted: dict[str, str]) -> str:
+                 no_hook: str | None, exports: Exports, wanted: dict[str, str]) -> None:
     """Each exported kind's folder into ``wanted`` (and its problems and adjustments into
-    ``exports``): the tier's, the root's, or a fallback. Returns what XLA's own caches are to be."""
+    ``exports``): the tier's, the root's, or a fallback; with the variables that come with it
+    (:meth:`Kind.exports`)."""
     local = exports.tier.local if exports.tier.on else None
-    xla_caches = settings.xla_caches
-    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+    for kind in kinds.ALL:
         if not kind.enabled(settings):
             continue
+        tiered = local is not None and kind.tiered
+        network_fs = None
         if _user_set(kind.env_var, environ):
-            wanted[kind.env_var] = str(kind.folder(local if local and kind.tiered else root))
-            continue  # reported as kept: theirs is used
-        check = root_check if root_check.problem else check_kind(settings, kind.name)
-        exports.checks[kind.name] = check
-        exports.warnings += [f"{kind.name}: {line}" for line in check.warnings]
-        if local is not None and kind.tiered and check.problem is None:
-            # The job works node-locally; the hook reads the shared folder on a miss and
-            # promotes new entries to it (a read-only one: they stay on this node).
-            wanted[kind.env_var] = str(kind.folder(local))
-            if check.read_only:  # the tier with promotion off: it stays on this node
-                exports.adjusted[kind.name] = (
-                    f"{kind.folder(root)} is read-only: jobs read it on a miss and keep new entries "
-                    f"on this node in {kind.folder(local)}")
-            if kind.name == "jax" and xla_caches == "none":
-                xla_caches = names.XLA_AUTOTUNE_CACHE
-            continue
-        how = _place(kind, root, check, xla_caches, hook=no_hook is None)
-        wanted.update(how.values)
-        if how.problem:
-            exports.problems[kind.name] = how.problem
-        if how.adjusted:
-            exports.adjusted[kind.name] = how.adjusted
-        if how.xla_caches_off:
-            xla_caches = "none"
-    return xla_caches
+            wanted[kind.env_var] = str(kind.folder(local if tiered else root))
+            tiered = False  # (reported as kept: theirs is used)
+        else:
+            check = root_check if root_check.problem else check_kind(settings, kind)
+            exports.checks[kind.name] = check
+            exports.warnings += [f"{kind.name}: {line}" for line in check.warnings]
+            tiered = tiered and check.problem is None
+            if tiered:
+                # The job works node-locally; the hook reads the shared folder on a miss and
+                # promotes new entries to it (a read-only one: they stay on this node).
+                wanted[kind.env_var] = str(kind.folder(local))
+                if check.read_only:  # the tier with promotion off: it stays on this node
+                    exports.adjusted[kind.name] = (
+                        f"{kind.folder(root)} is read-only: jobs read it on a miss and keep new entries "
+                        f"on this node in {kind.folder(local)}")
+            else:
+                how = _place(kind, root, check, hook=no_hook is None)
+                wanted.update(how.values)
+                network_fs = how.network_fs
+                exports.seeded = exports.seeded or how.seeded
+                if how.off:
+                    exports.off.append(kind.name)
+                if how.problem:
+                    exports.problems[kind.name] = how.problem
+                if how.adjusted:
+                    exports.adjusted[kind.name] = how.adjusted
+        if wanted.get(kind.env_var):
+            extra = kind.exports(Path(wanted[kind.env_var]), settings, network_fs, tiered)
+            wanted.update(extra.values)
+            if extra.adjusted:
+                exports.adjusted[kind.name] = extra.adjusted
 
 
 def container_binds(paths: list[Path], environ: Mapping[str, str]) -> tuple[dict[str, str], list[Path]]:

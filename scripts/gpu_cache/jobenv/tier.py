@@ -13,7 +13,6 @@ hook's (``_hook/gpu_cache_tier.py``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,11 +32,6 @@ class Location:
     trusted_above: Path
 
 
-def digest(root: Path | str) -> str:
-    """The name of the cache root ``root``'s folder in any node-local tier base."""
-    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
-
-
 def location(settings: Settings) -> Location | None:
     """Where this cache root's tier is on a node (None with caching off)."""
     if settings.cache_root is None:
@@ -49,14 +43,7 @@ def location(settings: Settings) -> Location | None:
     else:
         base = Path("/tmp") / names.node_local_name(os.getuid()) / names.TIER_FOLDER
         above = base.parent
-    return Location(base / digest(settings.cache_root), above)
-
-
-def in_tier_of(folder: str, root: Path | str) -> bool:
-    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
-    (``<any tier base>/<digest(root)>/<kind>``): a job's cache folder that is the root's."""
-    path = Path(os.path.normpath(folder))
-    return path.name in kinds.TIERED and path.parent.name == digest(root)
+    return Location(base / kinds.tier_name(settings.cache_root), above)
 
 
 @dataclass(frozen=True)
@@ -162,8 +149,8 @@ def _check_folders(settings: Settings, where: Location) -> tuple[str | None, Fol
     check = check_folder(local, shared_group=settings.shared_group, min_free=settings.min_free_space,
                          trusted_above=where.trusted_above, private=True)
     problem = check.problem or (f"{local} is read-only" if check.read_only else None)
-    for name in kinds.TIERED if problem is None else ():
-        problem = check_folder(kinds.KINDS[name].folder(local), shared_group=settings.shared_group,
+    for kind in (k for k in kinds.ALL if k.tiered) if problem is None else ():
+        problem = check_folder(kind.folder(local), shared_group=settings.shared_group,
                                min_free=0, trusted_above=local, probe=False, private=True).problem
         if problem:
             break

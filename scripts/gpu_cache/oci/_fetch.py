@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import CARRIED
+from gpu_cache.core.kinds import CARRIED, named
 
 from ._client import DIGEST_RE, INDEX_TYPE, MANIFEST_TYPE, Reference, Session
 from ._common import (
@@ -165,7 +165,7 @@ def _fit(
         "device": config.get("device") or {},
     }
     try:
-        problems, _notes = fit_problems(manifest, kinds, target, words, image, gpu_type)
+        problems, _notes = fit_problems(manifest, map(named, kinds), target, words, image, gpu_type)
     except (AttributeError, TypeError):
         raise Refused(f"the config of {reference} is not one gpu-cache writes") from None
     if problems:
@@ -215,7 +215,7 @@ def fetch(
 
     if root is None:
         raise UsageError("fetch needs a cache root (caching is turned off)")
-    asked = None if kinds is None else carry.check_kinds(kinds)
+    asked = None if kinds is None else [kind.name for kind in carry.check_kinds(kinds)]
     session = Session(reference, environ)
     top, digest, manifest = _artifact(session, reference, gpu_type)
     report = FetchReport(str(reference), top, gpu_type, digest)

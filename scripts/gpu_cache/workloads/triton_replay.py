@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 
 from gpu_cache.core import hook_records, names, safe_io
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.kinds import triton_replay as recorded
 from gpu_cache.core.shown import shown
 
 PROG = "triton-replay"
@@ -434,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     found = list(hook_records.read(Path(args.records)))
-    kernels, choices = hook_records.kernels(found), hook_records.autotuned(found)
+    kernels, choices = recorded.kernels(found), recorded.autotuned(found)
     if not (kernels or choices):
         print(json.dumps({"workload": PROG, "described": 0}), flush=True)
         return 0

@@ -1,5 +1,5 @@
 """Which ptxas the jobs' XLA and jaxlib will run, and whether the ptxas shim comes first
-(issue 34; ``gpu-cache doctor``).
+(issue 34; the ptxas kind's part of ``gpu-cache doctor``: :meth:`Kind.doctor_report`).
 
 Read from the sources (XLA's ``FindCudaExecutable``, jaxlib's ``GetModuleImage``, JAX's
 ``_cuda_path``): XLA's own kernels take ``<xla_gpu_cuda_data_dir>/bin/ptxas`` first, which JAX
@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpu_cache.core import HOOK_DIR, kinds
+from gpu_cache.core import HOOK_DIR
 
 #: The oldest ptxas XLA runs, and the one release it passes over.
 OLDEST = (11, 8, 0)
@@ -110,11 +110,13 @@ def lookup(candidates: list[tuple[str, str]], shim: ModuleType, real: str | None
     return {"runs": None, "found_in": None, "shim": False, "real": None, "version": None}
 
 
-def report(exports_values: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """What the jobs' XLA and jaxlib run (with the shim where the startup hook puts it)."""
+def report(variable: str, exports_values: dict[str, str], environ: dict[str, str] | None = None
+           ) -> dict[str, Any]:
+    """What the jobs' XLA and jaxlib run (with the shim where the startup hook puts it);
+    ``variable``: the ptxas kind's, which names its cache folder."""
     environ = dict(os.environ if environ is None else environ)
     shim = shim_module()
-    folder = exports_values.get(kinds.KINDS["ptxas"].env_var) or environ.get(kinds.KINDS["ptxas"].env_var)
+    folder = exports_values.get(variable) or environ.get(variable)
     path_value = environ.get("PATH", os.defpath)
     real, real_where = shim.find_real(path_value, sys.path)
     jax_triton = importlib.util.find_spec("jax_triton") is not None

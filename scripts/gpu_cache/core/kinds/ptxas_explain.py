@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import hook_records, kinds
-from gpu_cache.core.caches import ptxas as ptxas_cache
+from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
 #: What each changed key part means, as the first words of a cause.
 PART_HINTS = {
@@ -30,12 +29,12 @@ PART_HINTS = {
 class Entries:
     """The cache's entries, read once: their keys, and their key parts by input digest."""
 
-    def __init__(self, cache_root: Path | None) -> None:
+    def __init__(self, folder: Path | None) -> None:
         self.keys: set[str] = set()
         self.by_input: dict[str, list[dict[str, str]]] = {}
-        if cache_root is None:
+        if folder is None:
             return
-        for entry in ptxas_cache.scan(kinds.KINDS["ptxas"].folder(cache_root), grace_seconds=0.0):
+        for entry in ptxas_cache.scan(folder, grace_seconds=0.0):
             if entry.problem is None and entry.parts:
                 self.keys.add(entry.key.removesuffix(".ptxas"))
                 self.by_input.setdefault(entry.parts.get("input", ""), []).append(entry.parts)
@@ -72,15 +71,3 @@ def explain_item(item: dict[str, Any], entries: Entries) -> dict[str, Any]:
 def missed_items(section: dict[str, Any]) -> list[dict[str, Any]]:
     missed = section.get("missed")
     return [m for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
-
-
-def explain_run(cache_root: Path, run_id: str | None, limit: int = 20) -> list[dict[str, Any]]:
-    """Explain the ptxas misses of one run's records (all records with ``run_id`` None)."""
-    entries = Entries(cache_root)
-    out: list[dict[str, Any]] = []
-    for record in hook_records.read(hook_records.records_dir(cache_root), run_id):
-        section = hook_records.part(record, "ptxas")
-        for item in missed_items(section) if section else []:
-            if len(out) < limit:
-                out.append(explain_item(item, entries))
-    return out

@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass
 
 from gpu_cache.core import safe_io
-from gpu_cache.core.caches import inductor
+from gpu_cache.core.kinds import inductor_format as inductor
 
 COMPILE = "torch_compile_cache"
 #: A folder of ``torch_compile_cache`` whose children are the entries.

@@ -13,12 +13,12 @@ import re
 import shutil
 import stat
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache.core import names, safe_io, safe_locks, verified
-from gpu_cache.core.caches import jax_frames as frames
+from gpu_cache.core.kinds import integrity
+from gpu_cache.core.kinds import jax_frames as frames
 
 ATIME_SUFFIX = "-atime"
 #: A ``-cache`` file younger than this may still be being written (JAX writes in place).
@@ -315,21 +315,6 @@ CHANGED = ("-cache file's bytes changed after it was verified whole (damaged in 
            "kept: JAX never rewrites an entry)")
 
 
-def _crc(path: str, info: os.stat_result) -> int | None:
-    """The CRC-32 of the bytes of the ``-cache`` file ``info`` (its ``lstat``) describes; None
-    when it is gone, unreadable or no longer that file. (One read for most entries: re-reading
-    them must stay cheap beside a scan.)"""
-    try:
-        if info.st_size <= safe_io.CHUNK:
-            return zlib.crc32(safe_io.read_known(path, safe_io.CHUNK, info))
-        crc = 0
-        for chunk in safe_io.iter_chunks(path):
-            crc = zlib.crc32(chunk, crc)
-        return crc
-    except OSError:
-        return None
-
-
 def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
     """:func:`jax_frames.undecompressable`, remembered in ``record``: an entry verified whole
     before (same name, inode and size) is not decompressed again, only offered to be read again
@@ -337,7 +322,7 @@ def _verify(key: str, path: str, info: os.stat_result, record: verified.Record |
     its bytes must still be the one recorded."""
     if record is None:
         return frames.undecompressable(path)
-    digest = verified.digest(1, int(key[-16:], 16), info.st_ino, info.st_size)  # key: <name>-<hex>
+    digest = integrity.seal_key(os.path.basename(path), info.st_ino, info.st_size)  # (the hook checks it)
     known = record.get(digest)
     if known is not None:
         if known == verified.DAMAGED:
@@ -360,7 +345,7 @@ def _recheck(entries: list[JaxEntry], record: verified.Record, spent: float) -> 
     bytes no longer have the CRC-32 they had when verified is broken, and recorded so."""
     changed = set()
     for digest, known, path, info, key in record.rechecks(spent):
-        crc = _crc(path, info)
+        crc = integrity.crc_of(path, info)  # (one read for most entries: cheap beside a scan)
         if crc is not None and crc != known:
             record.put(digest, verified.DAMAGED)
             changed.add(key)

@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpu_cache.core import names, safe_io, safe_locks, verified
-from gpu_cache.core.caches import triton as triton_cache
+from gpu_cache.core.kinds import triton_format as triton_cache
 
 #: A code shard folder: two characters of a base32 key.
 SHARD_RE = re.compile(r"^[a-z0-9]{2}$")

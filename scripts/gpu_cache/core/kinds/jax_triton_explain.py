@@ -111,16 +111,3 @@ def explain_kernel(key: str, record: dict[str, Any], earlier: list[dict[str, Any
     result["causes"] = _specific(changed, parts, other_parts, record, other) + \
         [f"{p}: {PART_HINTS.get(p, 'this key part changed')}" for p in changed]
     return result
-
-
-def explain_run(found: list[dict[str, Any]], run_id: str, limit: int = 20) -> list[dict[str, Any]]:
-    """The kernel misses of one run (``run_id``), each against every record written before it."""
-    ordered = sorted(found, key=lambda r: float(r.get("time") or 0.0))
-    out: list[dict[str, Any]] = []
-    for record in (r for r in ordered if r.get("run_id") == run_id):
-        start = float(record.get("time") or 0.0)
-        earlier = [r for r in ordered if float(r.get("time") or 0.0) < start]
-        for miss in hook_records.missed_of(hook_records.part(record, KIND) or {}, KIND):
-            if miss.key and len(out) < limit:
-                out.append(explain_kernel(miss.key, record, earlier))
-    return out

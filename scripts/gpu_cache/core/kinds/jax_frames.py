@@ -1,7 +1,7 @@
 """Whether a JAX ``-cache`` file is what JAX wrote: its zstd frame walked block by block
 (:class:`ZstdFrame`, from its headers alone), and its bytes decompressed where a zstd library
 is installed (zlib always), streamed and bounded against decompression bombs. The inventory
-(:mod:`gpu_cache.core.caches.jax`) verifies entries with it; ``pack`` and ``unpack`` check
+(:mod:`gpu_cache.core.kinds.jax_format`) verifies entries with it; ``pack`` and ``unpack`` check
 what they carry. Standard library only, Python 3.9+.
 """
 

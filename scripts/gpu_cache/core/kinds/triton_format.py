@@ -149,7 +149,7 @@ class TritonInventory:
 
 
 def autotune_results(entries: object) -> int:
-    """How many of ``entries`` (Triton entries, or :class:`gpu_cache.core.entries.Entry` made
+    """How many of ``entries`` (Triton entries, or :class:`gpu_cache.core.kinds.Entry` made
     from them) hold an autotuning result."""
     return sum(getattr(getattr(e, "source", e), "kind", None) == KIND_AUTOTUNE
                for e in entries)  # type: ignore[attr-defined]

@@ -1,1 +1,0 @@
-"""The cache kinds' inventories: how each tool lays out, verifies and removes its entries."""

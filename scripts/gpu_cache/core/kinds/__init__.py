@@ -1,0 +1,123 @@
+"""The cache kinds gpu-cache manages: one registry, an explicit tuple of kind objects
+(docs/kinds.md).
+
+Adding a kind means writing its module here (a :class:`Kind` and its inventory) and adding
+its object to :data:`ALL`: env exports its variable, doctor probes its folder, stats counts it,
+prune bounds it, warm and validate diff it, the report plots it, and the contract suite
+(tests/test_kind_contract.py) runs its faults and attacks on it. Generic code iterates
+:data:`ALL` and calls the objects; it never names a kind. A name becomes a kind only where a
+name comes from outside (an argument, a key of a report or record): :func:`named`. The startup
+hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES`,
+:data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test fails when they drift.
+
+A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
+methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
+of the inventories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from gpu_cache.core.kinds import (
+    autotune,
+    bytecode,
+    cuda,
+    inductor,
+    jax,
+    jax_triton,
+    ptxas,
+    records,
+    triton,
+    vllm,
+)
+from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen, no_cyclic_gc
+
+__all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "named", "no_cyclic_gc"]
+
+#: Every kind, in the order reports list them.
+ALL: tuple[Kind, ...] = (jax.KIND, triton.KIND, inductor.KIND, vllm.KIND, bytecode.KIND, cuda.KIND,
+                         autotune.KIND, jax_triton.KIND, ptxas.KIND, records.KIND)
+#: The kinds by name: for names that come from outside (arguments, reports, records).
+KINDS: dict[str, Kind] = {kind.name: kind for kind in ALL}
+#: The names of the kinds whose folder env exports and doctor probes.
+EXPORTED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.exported)
+#: The names of the kinds whose entries gpu-cache lists and prunes (every kind has an inventory).
+PRUNABLE: tuple[str, ...] = tuple(kind.name for kind in ALL)
+#: The names of the kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
+CARRIED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.carried)
+#: The names of the kinds that work in the node-local tier when it is on (issue 23).
+TIERED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.tiered)
+#: The names of the kinds whose hits and misses the startup hook records (and validation counts).
+OBSERVED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.observed)
+#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
+#: without compiling loads nothing of the hook).
+WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in ALL if kind.watched_module)
+#: Environment variables that change cache keys or where a cache is: kept in each record,
+#: shown by doctor, compared by explain.
+KEY_ENVIRONMENT: tuple[str, ...] = (
+    "XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
+    "TRITON_DISABLE_LINE_INFO",
+)
+
+
+def named(name: str) -> Kind:
+    """The registered kind called ``name`` (a name from an argument, a report or a record).
+
+    Raises:
+        KeyError: no such kind.
+    """
+    return KINDS[name]
+
+
+def tier_name(root: Path | str) -> str:
+    """The name of the cache root ``root``'s folder in any node-local tier base."""
+    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
+
+
+def in_tier_of(folder: str, root: Path | str) -> bool:
+    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
+    (``<any tier base>/<tier_name(root)>/<kind>``): a job's cache folder that is the root's."""
+    path = Path(os.path.normpath(folder))
+    return path.name in TIERED and path.parent.name == tier_name(root)
+
+
+def snapshot(cache_root: Path | None, tier: Path | None = None) -> dict[str, set[str]]:
+    """The keys present per observed kind (temporary folders included), to diff before/after;
+    with ``tier`` (a node-local tier of the root, issue 23), a tiered kind's keys in either."""
+    observed = [kind for kind in ALL if kind.observed]
+    if cache_root is None:
+        return {kind.name: set() for kind in observed}
+    keys: dict[str, set[str]] = {}
+    for kind in observed:
+        keys[kind.name] = set()
+        for top in (cache_root, tier) if tier is not None and kind.tiered else (cache_root,):
+            try:
+                keys[kind.name] |= {e.key for e in kind.scan(kind.folder(top), grace_seconds=0.0)}
+            except (OSError, ValueError):
+                pass  # unusable folder: env.resolve has said so, and the kind is elsewhere
+    return keys
+
+
+def broken_since(cache_root: Path | None, since: float, tier: Path | None = None) -> list[str]:
+    """A problem line per kind whose entries written since ``since`` (in the root, or in its
+    node-local ``tier``) are broken by the kind's own check (:meth:`Kind.new_since`: a full
+    disk or a killed writer)."""
+    if cache_root is None:
+        return []
+    lines = []
+    for kind in ALL:
+        found = []
+        for top in (cache_root,) if tier is None else (cache_root, tier):
+            try:
+                found += kind.new_since(kind.folder(top), since)
+            except OSError:
+                pass  # unreadable: the cache environment reported the folder already
+        if found:
+            lines.append(f"{kind.name}: {len(found)} cache entries written now are broken "
+                         f"({found[0].problem}); is the disk full? `gpu-cache doctor --fix` or the "
+                         "next prune removes them")
+    return lines

@@ -1,0 +1,30 @@
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+
+def write(folder: Path, number: int) -> str:
+    """A Triton key folder: the kernel's files and its ``__grp__`` manifest, which names them."""
+    key = base64.b32encode(hashlib.sha256(b"triton %d" % number).digest()).decode()[:52]
+    group = folder / key
+    group.mkdir(parents=True)
+    children = {}
+    files = (("kern.json", b'{"name": "kern"}'), ("kern.cubin", b"\x7fELF cubin %d " % number * 500),
+             ("kern.ptx", b"// ptx %d\n" % number * 200))
+    for name, data in files:
+        (group / name).write_bytes(data)
+        children[name] = str(group / name)
+    (group / "__grp__kern.json").write_text(json.dumps({"child_paths": children}))
+    return key
+
+
+def fetch(tier, key: str) -> None:
+    """As Triton's tiered cache manager fetches a group it looks up (its children, then it)."""
+    tier.fetch_group(key, "__grp__kern.json", f"{tier.local_folder('triton')}/{key}")
+
+
+def promote(tier, key: str) -> None:
+    """As Triton's tiered cache manager promotes a group it wrote."""
+    tier.promote_key_files(key, ["kern.json", "kern.cubin", "kern.ptx"], group_name="__grp__kern.json",
+                           shared_dir=f"{tier.shared_folder('triton')}/{key}")
