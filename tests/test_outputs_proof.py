@@ -23,7 +23,7 @@ from wrong_entries import (
 )
 
 
-def plus_one_config(tmp_path: Path) -> Path:
+def plus_one_config(tmp_path: Path, **extra: object) -> Path:
     program = tmp_path / "plus_one.py"
     program.write_text(PLUS_ONE)
     out = tmp_path / "out"
@@ -31,7 +31,7 @@ def plus_one_config(tmp_path: Path) -> Path:
     return write_config(tmp_path / "c.yaml", {
         "workloads": {"plus": {"command": f"{{python}} {program} {out}/{{shape}}.npy", "shapes": [3],
                                "outputs": f"{out}/{{shape}}.npy"}},
-        "default_workloads": ["plus"]})
+        "default_workloads": ["plus"], **extra})
 
 
 def next_warm_and_validation_pass(common: tuple[str, ...], tmp_path: Path,
@@ -71,6 +71,45 @@ def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside
     assert "outputs differ" in planted.stderr
 
     next_warm_and_validation_pass(common, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_set_aside(tmp_path):
+    """With the node-local tier on, a wrong entry in the root is fetched into this node's tier
+    and served from there. Validation (which in the workflow judges on the host, not on the
+    node) sets it aside in the root; the next job on the node drops the tier's copy before it
+    serves anything, compiles the key again (a miss), and the validation after it passes."""
+    from gpu_cache.jobenv.tier import digest
+
+    root = tmp_path / "root"
+    config = plus_one_config(tmp_path, local_tier={"mode": "on", "folder": str(tmp_path / "tier")})
+    local = tmp_path / "tier" / digest(root) / "jax"
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    key = plant_jax(root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    for copy in local.glob(f"{key}-*"):  # this node has not fetched it yet
+        copy.unlink()
+
+    planted = run_cli("validate", *common, "--output", str(tmp_path / "v1.json"))
+    assert planted.returncode == 0, planted.stderr[-3000:]
+    verdict = read_json(tmp_path / "v1.json")
+    assert verdict["passed"] is False and verdict["misses"] == 0, verdict["problems"]
+    assert key in verdict["outputs"]["set_aside"]["jax"]
+    assert not list((root / "jax").glob(f"{key}-*"))
+    wrong = (local / f"{key}-cache").read_bytes()  # fetched into the tier, and still there
+    assert wrong == (tmp_path / "scratch").joinpath(
+        next(p.name for p in (tmp_path / "scratch").glob("jit_hundred-*-cache"))).read_bytes()
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w-next.json")).returncode == 0
+    warm = read_json(tmp_path / "w-next.json")
+    assert warm["recorded"]["jax"]["misses"] >= 1, warm["recorded"]["jax"]  # compiled again
+    assert (local / f"{key}-cache").read_bytes() != wrong
+    assert (root / "jax" / f"{key}-cache").read_bytes() == (local / f"{key}-cache").read_bytes()
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
+    verdict = read_json(tmp_path / "v2.json")
+    assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
+    assert {s["outcome"] for s in verdict["outputs"]["shapes"]} == {"identical"}
 
 
 #: A program that is not deterministic run to run, as a GPU reduction with atomics is not: each
