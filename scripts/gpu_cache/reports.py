@@ -181,6 +181,8 @@ class PruneReport:
     tier_folder: str | None = None
     tier_max_size: int = 0
     tier: dict[str, KindPruneReport] = field(default_factory=dict)
+    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned).
+    references: KindPruneReport | None = None
 
     WHAT = "a prune report (prune.json)"
 
@@ -190,7 +192,8 @@ class PruneReport:
                 "software_mismatches": self.software_mismatches,
                 **{name: report.as_dict() for name, report in self.kinds.items()},
                 "tier": {"local": self.tier_folder, "max_size": self.tier_max_size,
-                         "kinds": {name: report.as_dict() for name, report in self.tier.items()}}}
+                         "kinds": {name: report.as_dict() for name, report in self.tier.items()}},
+                "references": None if self.references is None else self.references.as_dict()}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:
@@ -205,7 +208,9 @@ class PruneReport:
                    {name: KindPruneReport.from_dict(data[name]) for name in kinds.KINDS
                     if isinstance(data.get(name), dict)},
                    [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)],
-                   *_tier_part(data.get("tier")))
+                   *_tier_part(data.get("tier")),
+                   KindPruneReport.from_dict(data["references"]) if isinstance(data.get("references"), dict)
+                   else None)
 
 
 def _tier_part(data: Any) -> tuple[str | None, int, dict[str, KindPruneReport]]:
