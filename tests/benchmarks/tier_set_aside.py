@@ -2,7 +2,7 @@
 per process and kind, before the tier serves anything of the kind, it compares the root's
 set-aside list with this node's mark of it.
 
-Side by side, for one cache root with the tier on (plain folders on this machine):
+Side by side, for cache roots with the tier on (plain folders on this machine):
 
 - the check itself (``Tier.enabled`` of a fresh tier, the first call of the kind), median over
   ``--checks`` calls in one process: ``none`` (no list in the root: one ``stat`` that finds
@@ -10,7 +10,7 @@ Side by side, for one cache root with the tier on (plain folders on this machine
   share and one of the local mark), ``new`` (a list this node has not applied: it reads the list
   and walks the local kind folder of ``--entries`` entries);
 - a warm JAX job through the tier (every lookup a local hit), the process's wall seconds, median
-  of ``--repeat``: with no list, and with the applied list;
+  of ``--repeat``: with no list, and with the applied list (two roots, their jobs taking turns);
 - the system calls of one such job that name the list or a mark (``strace``, where installed).
 
     python tests/benchmarks/tier_set_aside.py --repeat 9 --records 200 --entries 2000 \\
@@ -68,8 +68,14 @@ def check_micros(root: Path, local: Path, checks: int, which: str) -> float:
     return float(done.stdout)
 
 
-def warm_jobs(job: list[str], env: dict[str, str], repeat: int) -> float:
-    return round(statistics.median(run(job, env)[0] for _ in range(repeat)), 3)
+def warm_jobs(job: list[str], envs: dict[str, dict[str, str]], repeat: int) -> dict[str, float]:
+    """The median wall seconds of ``repeat`` warm jobs per set-up, the set-ups taking turns
+    (a shared machine's load then weighs on each alike)."""
+    walls: dict[str, list[float]] = {name: [] for name in envs}
+    for _ in range(repeat):
+        for name, env in envs.items():
+            walls[name].append(run(job, env)[0])
+    return {name: round(statistics.median(found), 3) for name, found in walls.items()}
 
 
 def traced_calls(job: list[str], env: dict[str, str], work: Path) -> int | None:
@@ -94,24 +100,25 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpu-cache-bench-") as scratch:
         work = Path(scratch)
-        root, local = work / "root", work / "local"
-        (root / "jax").mkdir(parents=True)
         (work / "tiny.py").write_text(TINY)
-        job, env = [sys.executable, str(work / "tiny.py")], environ(root, local)
-        run(job, env)  # compiles and promotes: every later job hits its local copies
-        for n in range(args.entries):
-            (local / "jax" / f"jit_filler-{n:064x}-cache").write_bytes(b"x")
-        report = {"none": {"check_us": check_micros(root, local, args.checks, "none"),
-                           "warm_job_s": warm_jobs(job, env, args.repeat),
-                           "calls": traced_calls(job, env, work)}}
+        job = [sys.executable, str(work / "tiny.py")]
+        tiers = {name: (work / name / "root", work / name / "local") for name in ("none", "applied")}
+        for root, local in tiers.values():
+            (root / "jax").mkdir(parents=True)
+            run(job, environ(root, local))  # compiles and promotes: later jobs hit the local copies
+            for n in range(args.entries):
+                (local / "jax" / f"jit_filler-{n:064x}-cache").write_bytes(b"x")
+        root, local = tiers["applied"]
         for n in range(args.records):
             set_aside.tell_tiers(root, "jax", [f"jit_gone-{n:064x}"])
-        report["new"] = {"check_us": check_micros(root, local, max(1, args.checks // 100), "new")}
-        run(job, env)  # applies the list on this node
-        report["applied"] = {"check_us": check_micros(root, local, args.checks, "applied"),
-                             "warm_job_s": warm_jobs(job, env, args.repeat),
-                             "calls": traced_calls(job, env, work)}
-        assert len(os.listdir(local / "jax")) >= args.entries  # nothing of this node's was set aside
+        report = {"none": {}, "applied": {},
+                  "new": {"check_us": check_micros(root, local, max(1, args.checks // 100), "new")}}
+        run(job, environ(root, local))  # applies the list on this node
+        walls = warm_jobs(job, {name: environ(*tiers[name]) for name in tiers}, args.repeat)
+        for name, (root, local) in tiers.items():
+            report[name] = {"check_us": check_micros(root, local, args.checks, name),
+                            "warm_job_s": walls[name], "calls": traced_calls(job, environ(root, local), work)}
+            assert len(os.listdir(local / "jax")) >= args.entries  # nothing of the node's was set aside
     head = ("list in the root", "check_us", "warm_job_s", "calls")
     rows = [{head[0]: name, **{k: report[name].get(k, "-") for k in head[1:]}}
             for name in ("none", "applied", "new")]
