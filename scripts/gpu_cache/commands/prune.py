@@ -23,6 +23,7 @@ from gpu_cache.core.caches import jax as jax_cache
 from gpu_cache.core.entries import Entry
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult
+from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
 
@@ -114,11 +115,7 @@ def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
-        report.entries_removed += 1
-        report.bytes_removed += entry.size
-        report.bytes_after -= entry.size
-        report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
-                               "last_use": entry.last_use, "reason": reason})
+        report.count_removed(entry.key, entry.name, entry.size, entry.last_use, reason)
 
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
@@ -222,11 +219,7 @@ def prune_references(root: Path, max_age: float, dry_run: bool, now: float | Non
             except OSError as exc:
                 report.errors.append(f"{ref.name}: {exc.strerror or exc}")
                 continue
-        report.entries_removed += 1
-        report.bytes_removed += ref.size
-        report.bytes_after -= ref.size
-        report.removed.append({"key": ref.name, "name": measured[0] if measured else "-", "bytes": ref.size,
-                               "last_use": ref.last_use, "reason": reason})
+        report.count_removed(ref.name, measured[0] if measured else "-", ref.size, ref.last_use, reason)
     return report
 
 
@@ -402,4 +395,4 @@ def removed_lines(report: PruneReport, shown: int = 20) -> str:
                          f"{format_size(entry['bytes'])}): {entry['reason']}")
         if len(part.removed) > shown:
             lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
-    return "".join(f"{line}\n" for line in lines)
+    return shown_lines(lines)  # names and GPU types from the root, one line each
