@@ -5,6 +5,10 @@ and the next warm and validate pass; a program that is not deterministic run to 
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,7 @@ from wrong_entries import (
 )
 
 
-def plus_one_config(tmp_path: Path) -> Path:
+def plus_one_config(tmp_path: Path, **extra: object) -> Path:
     program = tmp_path / "plus_one.py"
     program.write_text(PLUS_ONE)
     out = tmp_path / "out"
@@ -31,7 +35,7 @@ def plus_one_config(tmp_path: Path) -> Path:
     return write_config(tmp_path / "c.yaml", {
         "workloads": {"plus": {"command": f"{{python}} {program} {out}/{{shape}}.npy", "shapes": [3],
                                "outputs": f"{out}/{{shape}}.npy"}},
-        "default_workloads": ["plus"]})
+        "default_workloads": ["plus"], **extra})
 
 
 def next_warm_and_validation_pass(common: tuple[str, ...], tmp_path: Path,
@@ -71,6 +75,111 @@ def test_another_functions_executable_under_the_key_fails_is_named_and_set_aside
     assert "outputs differ" in planted.stderr
 
     next_warm_and_validation_pass(common, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_set_aside(tmp_path):
+    """With the node-local tier on, a wrong entry in the root is fetched into this node's tier
+    and served from there. Validation (which in the workflow judges on the host, not on the
+    node) sets it aside in the root; the next job on the node drops the tier's copy before it
+    serves anything, compiles the key again (a miss), and the validation after it passes."""
+    from gpu_cache.jobenv.tier import digest
+
+    root = tmp_path / "root"
+    config = plus_one_config(tmp_path, local_tier={"mode": "on", "folder": str(tmp_path / "tier")})
+    local = tmp_path / "tier" / digest(root) / "jax"
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    key = plant_jax(root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    for copy in local.glob(f"{key}-*"):  # this node has not fetched it yet
+        copy.unlink()
+
+    planted = run_cli("validate", *common, "--output", str(tmp_path / "v1.json"))
+    assert planted.returncode == 0, planted.stderr[-3000:]
+    verdict = read_json(tmp_path / "v1.json")
+    assert verdict["passed"] is False and verdict["misses"] == 0, verdict["problems"]
+    assert key in verdict["outputs"]["set_aside"]["jax"]
+    assert not list((root / "jax").glob(f"{key}-*"))
+    wrong = (local / f"{key}-cache").read_bytes()  # fetched into the tier, and still there
+    assert wrong == (tmp_path / "scratch").joinpath(
+        next(p.name for p in (tmp_path / "scratch").glob("jit_hundred-*-cache"))).read_bytes()
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w-next.json")).returncode == 0
+    warm = read_json(tmp_path / "w-next.json")
+    assert warm["recorded"]["jax"]["misses"] >= 1, warm["recorded"]["jax"]  # compiled again
+    assert (local / f"{key}-cache").read_bytes() != wrong
+    assert (root / "jax" / f"{key}-cache").read_bytes() == (local / f"{key}-cache").read_bytes()
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
+    verdict = read_json(tmp_path / "v2.json")
+    assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
+    assert {s["outcome"] for s in verdict["outputs"]["shapes"]} == {"identical"}
+
+
+def aged(folder: Path, days: float) -> None:
+    """Make ``folder`` and its files last used ``days`` ago."""
+    when = time.time() - days * 86400
+    for path in (*folder.rglob("*"), folder):
+        os.utime(path, (when, when))
+
+
+@pytest.mark.slow
+def test_prune_removes_the_references_no_validation_needs_and_keeps_the_current_one(cache_root, tmp_path):
+    """The cold passes' outputs kept as references in ``state/`` are bounded by prune: one whose
+    inputs no kept measurement has, one superseded by a later validation of the same GPU type,
+    workloads and shapes with other software, and one unused longer than max_age go; the one
+    the latest validation used stays whatever its age, and the next validation compares with it."""
+    config = plus_one_config(tmp_path)
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v1.json")).returncode == 0
+    assert read_json(tmp_path / "v1.json")["passed"] is True
+    state = cache_root / "state"
+    (current,) = state.glob("outputs-*")
+    fingerprint, environment = current.name.split("-")[1:]
+    measured = read_json(state / f"cold-{fingerprint}.json")
+
+    def earlier(name: str, days: float, **changed: object) -> Path:
+        """A reference as an earlier validation left it (its measurement changed by ``changed``)."""
+        folder = state / f"outputs-{name}-{environment}"
+        shutil.copytree(current, folder)
+        if changed:
+            (state / f"cold-{name}.json").write_text(json.dumps({**measured, **changed}))
+        aged(folder, days)
+        return folder
+
+    aged(current, 2)  # the latest validation of its GPU type used it
+    orphan = earlier("0" * 24, 3)  # its cold pass failed: it kept no measurement
+    superseded = earlier("1" * 24, 4, software={"jax": "0.4.30"})
+    old = earlier("2" * 24, 40, runs=[{**measured["runs"][0], "shape": 4}])
+    young = earlier("3" * 24, 10, runs=[{**measured["runs"][0], "shape": 5}])
+
+    def prune(max_age: str) -> dict[str, str]:
+        done = run_cli("prune", "--cache-root", str(cache_root), "--max-age", max_age, "--json",
+                       "--output", str(tmp_path / "p.json"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {entry["key"]: entry["reason"] for entry in json.loads(done.stdout)["references"]["removed"]}
+
+    reasons = prune("30d")
+    assert sorted(reasons) == sorted(p.name for p in (orphan, superseded, old)), reasons
+    assert reasons[orphan.name].startswith("no kept cold measurement has its inputs")
+    assert reasons[superseded.name].startswith("superseded: cpu's workloads and shapes were validated since")
+    assert reasons[old.name] == "unused longer than max_age"
+    assert sorted(p.name for p in state.glob("outputs-*")) == sorted([current.name, young.name])
+    assert not list(state.glob(".outputs-*"))  # nothing left half removed
+    summary = run_cli("summary", "--prune", str(tmp_path / "p.json")).stdout
+    assert "outputs references: " in summary and " in 2 after pruning (removed 3, " in summary, summary
+
+    # Older than any bound, the reference of the type's latest validation is still kept.
+    assert prune("1d") == {young.name: "unused longer than max_age"}
+    assert [p.name for p in state.glob("outputs-*")] == [current.name]
+
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
+    verdict = read_json(tmp_path / "v2.json")
+    assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
+    assert "kept for the same workloads" in verdict["outputs"]["reference"]  # no cold pass again
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
+    assert time.time() - current.stat().st_mtime < 600  # that validation marked it used
 
 
 #: A program that is not deterministic run to run, as a GPU reduction with atomics is not: each

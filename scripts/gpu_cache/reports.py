@@ -150,6 +150,13 @@ class KindPruneReport:
     def entries_after(self) -> int:
         return self.entries_before - self.entries_removed
 
+    def count_removed(self, key: str, name: str, size: int, last_use: float, reason: str) -> None:
+        """Count one entry removed (or, in a dry run, to be removed)."""
+        self.entries_removed += 1
+        self.bytes_removed += size
+        self.bytes_after -= size
+        self.removed.append({"key": key, "name": name, "bytes": size, "last_use": last_use, "reason": reason})
+
     def as_dict(self) -> dict[str, Any]:
         """The fields as a mapping: what ``dataclasses.asdict`` gives, without its deep copy
         of every removed entry (a second per hundred thousand)."""
@@ -181,6 +188,8 @@ class PruneReport:
     tier_folder: str | None = None
     tier_max_size: int = 0
     tier: dict[str, KindPruneReport] = field(default_factory=dict)
+    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned).
+    references: KindPruneReport | None = None
 
     WHAT = "a prune report (prune.json)"
 
@@ -190,7 +199,8 @@ class PruneReport:
                 "software_mismatches": self.software_mismatches,
                 **{name: report.as_dict() for name, report in self.kinds.items()},
                 "tier": {"local": self.tier_folder, "max_size": self.tier_max_size,
-                         "kinds": {name: report.as_dict() for name, report in self.tier.items()}}}
+                         "kinds": {name: report.as_dict() for name, report in self.tier.items()}},
+                "references": None if self.references is None else self.references.as_dict()}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:
@@ -205,7 +215,9 @@ class PruneReport:
                    {name: KindPruneReport.from_dict(data[name]) for name in kinds.KINDS
                     if isinstance(data.get(name), dict)},
                    [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)],
-                   *_tier_part(data.get("tier")))
+                   *_tier_part(data.get("tier")),
+                   KindPruneReport.from_dict(data["references"]) if isinstance(data.get("references"), dict)
+                   else None)
 
 
 def _tier_part(data: Any) -> tuple[str | None, int, dict[str, KindPruneReport]]:

@@ -176,6 +176,7 @@ def tier(hook):
         return None
     hook.piece("gpu_cache_tier_bound")  # before the piece that imports them: from this folder
     hook.piece("gpu_cache_tier_files")
+    hook.piece("gpu_cache_tier_set_aside")
     return hook.piece("gpu_cache_tier").get(hook.warn)
 
 

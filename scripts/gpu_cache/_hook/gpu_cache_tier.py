@@ -21,6 +21,9 @@ filesystem) is the shared tier. This module moves whole entries between them:
   never a partial entry, and loses no complete one.
 - **bound**: at exit, the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently
   used whole entries first (``gpu_cache_tier_bound``).
+- **set aside**: before the tier serves anything of a kind, once per process, its local copies
+  of entries that validation set aside in the shared root are dropped
+  (``gpu_cache_tier_set_aside``).
 
 Every shared and local kind folder is opened without following a link and used through its
 descriptor; one that is not a folder of this user (or root; or the team's, where the shared
@@ -41,6 +44,7 @@ import gpu_cache_lock_files as lock_files
 import gpu_cache_seals as seals
 import gpu_cache_tier_bound as bound
 import gpu_cache_tier_files as files
+import gpu_cache_tier_set_aside as set_aside
 from gpu_cache_hook_common import owner_problem
 from sitecustomize import (
     SHARED_VAR,
@@ -54,7 +58,7 @@ from sitecustomize import (
 
 def _counts():
     return {"fetched": 0, "fetched_bytes": 0, "promoted": 0, "promoted_bytes": 0,
-            "promote_failed": 0, "damaged": 0, "untrusted": 0, "seconds": 0.0}
+            "promote_failed": 0, "damaged": 0, "untrusted": 0, "set_aside": 0, "seconds": 0.0}
 
 
 class Tier:
@@ -72,6 +76,8 @@ class Tier:
         self.known = {}  # tree kind folder -> names known to be in the shared tier
         self.seals = {}  # kind -> the shared kind folder's seals (gpu_cache_seals)
         self.mutex = threading.Lock()
+        self.checked = set()  # kinds whose set-aside entries are gone from the local tier
+        self.checking = threading.Lock()
         self.pid = os.getpid()
         self.host = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.uname().nodename)[:64]
 
@@ -85,7 +91,26 @@ class Tier:
         self.off.setdefault(kind, str(why)[:300])
 
     def enabled(self, kind):
+        """Whether the tier works for ``kind``; the first call per kind drops the local copies
+        of what was set aside (every way into a kind's local folder asks this first)."""
+        if kind not in self.checked:
+            with self.checking:
+                if kind not in self.checked:
+                    self._drop_set_aside(kind)
+                    self.checked.add(kind)
         return kind not in self.off
+
+    def _drop_set_aside(self, kind):
+        try:
+            removed = set_aside.check(self, kind)
+        except Exception as exc:  # never into the job; the next process tries again
+            if isinstance(exc, files.Refused):
+                self.disable(kind, exc.strerror)
+            if self.warn is not None:
+                self.warn(f"node-local tier ({kind}: dropping the entries set aside in the shared root)", exc)
+            return
+        if removed:
+            self.counts(kind)["set_aside"] += removed
 
     def record(self, kind):
         """The record's ``tier`` part of ``kind``."""
@@ -188,7 +213,7 @@ class Tier:
     def fetch(self, kind, name, check=None):
         """Copy the shared entry ``<kind>/<name>`` (one file) into the local tier when it is
         missing there. Whether the local tier has it now. Never raises."""
-        if kind in self.off:
+        if not self.enabled(kind):
             return False
         started = time.monotonic()
         try:
@@ -273,7 +298,7 @@ class Tier:
         Whether they are all there now. Never raises."""
         kind = "triton"
         plain = all(files.plain(n) for n in names) and (group_name is None or files.plain(group_name))
-        if kind in self.off or not files.plain(key) or not plain:
+        if not self.enabled(kind) or not files.plain(key) or not plain:
             return False
         started = time.monotonic()
         src = dst = None
@@ -351,7 +376,7 @@ class Tier:
     def fetch_tree(self, kind, sub=""):
         """Copy the files of the shared ``<kind>/<sub>`` tree missing locally (at most
         bound.MAX_TREE_FILES looked at). Never raises."""
-        if kind in self.off:
+        if not self.enabled(kind):
             return
         started = time.monotonic()
         fetched = size = 0

@@ -102,6 +102,9 @@ NODE_LOCAL_PREFIX = "gpu-cache-"
 TEMP_PREFIX = ".gpu-cache-tmp."
 TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"
+STATE_FOLDER = "state"
+SET_ASIDE_PREFIX = "set-aside-"
+SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
 #: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
 #: Each one's piece is ``gpu_cache_hook_<top-level name>`` (Inductor's: ``gpu_cache_hook_inductor``).

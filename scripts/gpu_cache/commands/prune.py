@@ -1,11 +1,14 @@
 """Pruning: broken entries, then entries unused for too long, then least recently used
-ones until each kind fits its size cap. Whole entries only, under a lock. Then this node's
-local tier (issue 23), to its own bound."""
+ones until each kind fits its size cap. Whole entries only, under a lock. Then the outputs
+proof's references no validation needs (issue 40), and this node's local tier (issue 23), to
+its own bound."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 import time
 from contextlib import ExitStack
@@ -15,9 +18,10 @@ from pathlib import Path
 from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
-from gpu_cache.core import kinds, safe_io, safe_locks, verified
+from gpu_cache.core import kinds, names, outputs, runner, safe_io, safe_locks, verified
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Entry, Kind
+from gpu_cache.core.reports import PhaseResult
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
@@ -106,11 +110,7 @@ def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
-        report.entries_removed += 1
-        report.bytes_removed += entry.size
-        report.bytes_after -= entry.size
-        report.removed.append({"key": entry.key, "name": entry.name, "bytes": entry.size,
-                               "last_use": entry.last_use, "reason": reason})
+        report.count_removed(entry.key, entry.name, entry.size, entry.last_use, reason)
 
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
@@ -172,6 +172,63 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
         result.problems += [f"local tier: {kind}: cannot remove {e}" for e in report.errors]
 
 
+def prune_references(root: Path, max_age: float, dry_run: bool, now: float | None = None,
+                     grace_seconds: float = 3600.0) -> KindPruneReport:
+    """Prune the outputs proof's references (``state/outputs-*``, docs/outputs.md); the caller
+    holds the prune lock. One used within ``grace_seconds`` (a validation may be comparing with
+    it now) and the one last used of each GPU type (its latest validation's) are kept whatever
+    their age; the others go when no kept cold measurement has their inputs, when a later one
+    of the same GPU type, workloads and shapes has other inputs (other software or device), or
+    when unused longer than ``max_age``."""
+    now = time.time() if now is None else now
+    state = root / names.STATE_FOLDER
+    found = outputs.references(state)
+    report = KindPruneReport(entries_before=len(found), bytes_before=sum(r.size for r in found),
+                             dry_run=dry_run)
+    report.bytes_after = report.bytes_before
+    inputs = {ref.fingerprint: _measured(root, ref.fingerprint) for ref in found}
+    by_type: dict[str, outputs.Reference] = {}  # the one last used of each GPU type
+    by_runs: dict[tuple[str, tuple[tuple[str, str], ...]], outputs.Reference] = {}  # ... and its runs
+    for ref in sorted(found, key=attrgetter("last_use")):
+        measured = inputs[ref.fingerprint]
+        if measured is not None:
+            by_type[measured[0]] = by_runs[measured] = ref
+    for ref in found:
+        measured = inputs[ref.fingerprint]
+        if now - ref.last_use < grace_seconds or (measured is not None and by_type[measured[0]] is ref):
+            continue
+        if measured is None:
+            reason = "no kept cold measurement has its inputs (no validation compares with it again)"
+        elif by_runs[measured].fingerprint != ref.fingerprint:
+            reason = (f"superseded: {measured[0]}'s workloads and shapes were validated since with "
+                      "other software or another device")
+        elif now - ref.last_use > max_age:
+            reason = "unused longer than max_age"
+        else:
+            continue
+        if not dry_run:
+            try:
+                with safe_io.open_dir(state) as fd:
+                    away = safe_io.temp_name(ref.name)
+                    os.rename(ref.name, away, src_dir_fd=fd, dst_dir_fd=fd)  # whole or not at all
+                    safe_io.delete_in(fd, away)
+            except OSError as exc:
+                report.errors.append(f"{ref.name}: {exc.strerror or exc}")
+                continue
+        report.count_removed(ref.name, measured[0] if measured else "-", ref.size, ref.last_use, reason)
+    return report
+
+
+def _measured(root: Path, fingerprint: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """The GPU type, workloads and shapes of the cold measurement kept for ``fingerprint``."""
+    path = runner.state_file(root, "cold", fingerprint)
+    try:
+        kept = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
+    except (OSError, ValueError, UsageError):
+        return None
+    return kept.gpu_type, tuple(sorted((run.workload, str(run.shape)) for run in kept.runs))
+
+
 def repair(settings: Settings) -> PruneReport:
     """Remove broken entries only (empty, truncated, orphan halves, stale temporaries) and
     give lone ``-cache`` files of a capped cache their ``-atime``: ``doctor --fix``.
@@ -180,13 +237,13 @@ def repair(settings: Settings) -> PruneReport:
         UsageError: the root is a file or a broken link.
     """
     return prune(settings, max_size=sys.maxsize, max_age=float("inf"), dry_run=False,
-                 verify_all=True, tier_max_size=sys.maxsize)
+                 verify_all=True, tier_max_size=sys.maxsize, references=False)
 
 
 def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
           only: tuple[str, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
           verify_all: bool = False, strict_root: bool = True,
-          tier_max_size: int | None = None) -> PruneReport:
+          tier_max_size: int | None = None, references: bool = True) -> PruneReport:
     """Prune every kind (or the kinds in ``only``) under the cache root and return the report.
 
     Two prunes of one cache serialize on ``<root>/.prune.lock``. With caching off, a
@@ -197,6 +254,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     ``strict_root``: a root that is a file or a broken link raises; otherwise it is only
     reported (the workflow's prune must never fail a run because of the cache).
     ``tier_max_size``: this node's local tier's bound (default ``local_tier.max_size``).
+    ``references``: prune the outputs proof's references too (:func:`prune_references`).
 
     Raises:
         UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
@@ -224,15 +282,16 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     from gpu_cache.commands.stats import software_mismatches
 
     result.software_mismatches = software_mismatches(root)
-    _prune_shared(result, root, max_size, max_age, dry_run, only, lock_timeout, verify_all)
+    _prune_shared(result, root, max_size, max_age, dry_run, only, lock_timeout, verify_all, references)
     # A read-only root (its lock cannot be taken) still has this node's tier to bound.
     prune_tier(settings, max_age, dry_run, result, only, lock_timeout, verify_all, tier_max_size)
     return result
 
 
 def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float, dry_run: bool,
-                  only: tuple[str, ...], lock_timeout: float, verify_all: bool) -> None:
-    """Prune the kinds in ``only`` under the cache root into ``result``, under its prune lock."""
+                  only: tuple[str, ...], lock_timeout: float, verify_all: bool, references: bool) -> None:
+    """Prune the kinds in ``only`` (and the ``references``) under the cache root into ``result``,
+    under its prune lock."""
     with ExitStack() as held:
         try:
             # flock on a regular file, opened without following a symlink; a symlink, FIFO or
@@ -269,6 +328,9 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
                      report.entries_before, format_size(report.bytes_removed),
                      format_size(report.bytes_before))
             result.problems += [f"{kind.name}: cannot remove {e}" for e in report.errors]
+        if references:
+            result.references = prune_references(root, max_age, dry_run)
+            result.problems += [f"outputs reference: cannot remove {e}" for e in result.references.errors]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -297,7 +359,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--max-age: {exc}") from None
         report = prune(settings, max_size=max_size, max_age=max_age,
                        dry_run=args.dry_run or settings.prune.dry_run,
-                       only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail)
+                       only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail,
+                       references=not args.kind)
         common.emit(report.as_dict(), args.output, to_stdout=args.json, compact=True)
     if not args.json:
         sys.stdout.write(removed_lines(report))
@@ -312,11 +375,12 @@ def removed_lines(report: PruneReport, shown: int = 20) -> str:
     """What a prune removed (or would remove), an entry a line, ``shown`` per kind at most."""
     verb = "would remove" if report.dry_run else "removed"
     lines = []
-    parts = [*report.kinds.items(), *((f"local tier {kind}", part) for kind, part in report.tier.items())]
+    parts = [*report.kinds.items(), *((f"local tier {kind}", part) for kind, part in report.tier.items()),
+             *((("outputs reference", report.references),) if report.references else ())]
     for kind, part in parts:
         for entry in part.removed[:shown]:
             lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "
                          f"{format_size(entry['bytes'])}): {entry['reason']}")
         if len(part.removed) > shown:
             lines.append(f"{verb} {len(part.removed) - shown} more {kind} entries (--json lists all)")
-    return shown_lines(lines)
+    return shown_lines(lines)  # names and GPU types from the root, one line each

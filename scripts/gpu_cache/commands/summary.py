@@ -83,6 +83,10 @@ def render(validations: list[Path], prune: Path | None) -> str:
                          f"{sum(k.entries_after for k in p.tier.values())} entries (bound "
                          f"{format_size(p.tier_max_size)}; {verb} "
                          f"{sum(k.entries_removed for k in p.tier.values())}) in {p.tier_folder}")
+        if p.references is not None and p.references.entries_before:  # issue 40: cold passes' outputs
+            r = p.references
+            lines.append(f"  outputs references: {format_size(r.bytes_after)} in {r.entries_after} after "
+                         f"pruning ({verb} {r.entries_removed}, {format_size(r.bytes_removed)})")
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return shown_lines(lines)

@@ -127,6 +127,11 @@ PROBE_PREFIX = ".gpu-cache-probe-"
 #: The local tier's trim stamp, and the lock that lets one process trim at a time.
 TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"
+#: The entries of a tiered kind that validation set aside (issue 40), which every node's
+#: local tier drops: ``<root>/<STATE_FOLDER>/set-aside-<kind>.json``.
+SET_ASIDE_PREFIX = "set-aside-"
+#: A local tier's mark of the set-aside list it applied: ``.gpu-cache-set-aside.<kind>.<state>``.
+SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
 
 def node_local_name(uid: int) -> str:

@@ -9,7 +9,7 @@ outputs of a second run of the same compiled program in the same process may lie
 ``<stem>.again<suffix>``: how far the two lie apart is the program's run-to-run noise.
 
 The cold pass (every cache off: each program compiled fresh) keeps its outputs as the
-reference, in ``<root>/state/outputs-<fingerprint>/``; each run of the validate pass (fresh
+reference, in ``<root>/state/outputs-<fingerprint>-<environment>/``; each run of the validate pass (fresh
 processes that hit the cache) is compared with it, and the host judges the comparison.
 """
 
@@ -21,6 +21,7 @@ import hashlib
 import math
 import os
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -39,6 +40,8 @@ MAX_BYTES = 256 << 20
 MAX_HEADER = 1 << 16
 #: The second run's file: ``outputs.npz`` -> ``outputs.again.npz``.
 AGAIN = ".again"
+#: A reference's folder in the root's state folder: ``outputs-<fingerprint>-<environment>``.
+REFERENCE_PREFIX = "outputs-"
 MAGIC = b"\x93NUMPY"
 #: numpy's type codes (without the byte order) and the ``struct`` format of one value.
 CODES = {"f2": "e", "f4": "f", "f8": "d", "i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i",
@@ -206,7 +209,30 @@ def reference_folder(root: Path | None, fingerprint: str | None, environ: Mappin
     compute = sorted((name, environ.get(name)) for name in kinds.KEY_ENVIRONMENT
                      if name != names.JAX_CACHE_DIR_VAR)  # where the cache is changes nothing computed
     tail = hashlib.sha256(repr(compute).encode()).hexdigest()[:12]
-    return root / names.STATE_FOLDER / f"outputs-{fingerprint}-{tail}"
+    return root / names.STATE_FOLDER / f"{REFERENCE_PREFIX}{fingerprint}-{tail}"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A cold pass's outputs kept in the root's state folder (:func:`reference_folder`): its
+    folder's name, the fingerprint of its inputs, its bytes, and when a pass last kept or
+    compared with it (the folder's newest mtime: each validate pass touches it)."""
+
+    name: str
+    fingerprint: str
+    size: int
+    last_use: float
+
+
+def references(state: Path) -> list[Reference]:
+    """The references in the state folder ``state`` (folders only: a link is none gpu-cache made)."""
+    found = []
+    for name, path, info in safe_io.listing(state):
+        parts = name[len(REFERENCE_PREFIX):].split("-")
+        if name.startswith(REFERENCE_PREFIX) and len(parts) == 2 and stat.S_ISDIR(info.st_mode):
+            size, _files, newest = safe_io.tree_size(path)
+            found.append(Reference(name, parts[0], size, max(info.st_mtime, newest)))
+    return found
 
 
 def kept(folder: Path | None, runs: Iterable[Any]) -> bool:
@@ -332,6 +358,10 @@ class Run:
             again = load(again_of(target))[1]
         except (OSError, OutputsError):
             again = None
+        try:  # used now: prune keeps a reference in use (docs/outputs.md)
+            os.utime(os.path.dirname(target))
+        except OSError:
+            pass  # a root this job may read but not write
         out: dict[str, Any] = {"digest": digest(reference), "nonfinite": nonfinite(reference),
                                "spread": number(spread(reference, again))}
         if out["digest"] != digest(first):
