@@ -142,7 +142,9 @@ def relevant(kind: str, identity: Mapping[str, Any]) -> tuple[Any, ...]:
         return (identity.get("torch"), _minor(identity.get("python")))
     if kind == "jax_triton":  # its key holds jax-triton's version and Triton's build
         return (identity.get("jax-triton"), identity.get("triton"), _minor(identity.get("python")))
-    return (identity.get("triton"), _minor(identity.get("python")))  # the wheel's build and ABI
+    if kind == "triton":  # the wheel's build and ABI
+        return (identity.get("triton"), _minor(identity.get("python")))
+    return ()  # another kind's keys hold the software that made them: nothing to compare
 
 
 def describe_for(kind: str, identity: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from gpu_cache.core.caches import autotune as autotune_cache
 from gpu_cache.core.caches import jax_triton as kernel_cache
 from gpu_cache.core.caches import triton as triton_cache
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import CARRIED
+from gpu_cache.core.kinds import CARRIED, KINDS
 
 FORMAT = "gpu-cache-archive"
 #: 2: every file's SHA-256 in the manifest (#21: damage that keeps sizes is found before it is
@@ -179,7 +179,7 @@ class ManifestEntry:
             return f"inductor/{folder}/{file_name}"
         if self.kind == "jax_triton":
             return f"jax_triton/{file_name}"
-        return f"triton/{self.key}/{file_name}"
+        return f"{self.kind}/{self.key}/{file_name}"  # a key folder (Triton's, and other kinds')
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "name": self.name, "files": self.files,
@@ -273,8 +273,10 @@ def _entry(kind: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
             key.startswith(INDUCTOR_FOLDERS) or all(n.startswith(stem) for n in files))
     elif kind == "jax_triton":  # one file, named by its key
         good = bool(kernel_cache.KEY_RE.fullmatch(key)) and set(files) == {key}
-    else:  # a key folder of plain files; no writer's tmp. folder
+    elif kind == "triton":  # a key folder of plain files; no writer's tmp. folder
         good = bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
+    else:  # another kind's key folder of plain files, named as the kind says
+        good = plain_name(key) and KINDS[kind].carried_key(key)
     if not good or not all(plain_name(n) for n in files):
         raise Refused(f"the archive's manifest names an unsafe {kind} entry {shown(key)} (a path "
                       "in a file name, or a name an entry of that kind does not have)")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,22 @@ def _kernel_candidates(folder: Path, wanted: set[str] | None,
     return out
 
 
+def _folder_candidates(kind: str, folder: Path, wanted: set[str] | None,
+                       skipped: list[dict[str, str]]) -> list[_Packed]:
+    """Any other carried kind's key folders, each whole (checked by the kind's scan) with its
+    plain files."""
+    out = []
+    for entry in KINDS[kind].scan(folder, grace_seconds=3600.0, verify_after=0.0):
+        if (wanted is not None and entry.key not in wanted) or not KINDS[kind].carried_key(entry.key):
+            continue
+        if entry.problem is not None or entry.path is None:
+            skipped.append({"kind": kind, "key": entry.key, "reason": entry.problem or "no folder"})
+            continue
+        out.append(_packed(kind, entry.key, _regular_files(Path(entry.path)), entry.last_use,
+                           name=entry.name))
+    return out
+
+
 _CANDIDATES = {"jax": _jax_candidates, "triton": _triton_candidates, "autotune": _autotune_candidates,
                "inductor": _inductor_candidates, "jax_triton": _kernel_candidates}
 
@@ -311,12 +328,13 @@ def _kind_candidates(kind: str, root: Path, tier: Path | None, wanted: set[str] 
     """The entries of ``kind`` to pack (of ``wanted`` keys, when given) from the root, and, for
     a tiered kind with ``tier``, those of the local tier that the root lacks; broken ones go to
     ``skipped``."""
-    found = _CANDIDATES[kind](KINDS[kind].folder(root), wanted, skipped)
+    candidates = _CANDIDATES.get(kind) or partial(_folder_candidates, kind)
+    found = candidates(KINDS[kind].folder(root), wanted, skipped)
     if tier is None or not KINDS[kind].tiered:
         return found
     known = {p.entry.key for p in found} | {s["key"] for s in skipped if s["kind"] == kind}
     local_skipped: list[dict[str, str]] = []
-    found += [p for p in _CANDIDATES[kind](KINDS[kind].folder(tier), wanted, local_skipped)
+    found += [p for p in candidates(KINDS[kind].folder(tier), wanted, local_skipped)
               if p.entry.key not in known]
     skipped += [s for s in local_skipped if s["key"] not in known]
     return found

@@ -221,8 +221,9 @@ class JaxWriter(Writer):
 
 
 class TritonWriter(Writer):
-    """Builds the key folder in a temporary folder beside it (the group file last, its
-    absolute paths rewritten to the new place), checks it, then renames it into place."""
+    """Builds the key folder in a temporary folder beside it (Triton's group file last, its
+    absolute paths rewritten to the new place), checks it, then renames it into place: Triton's
+    key folders, and those of another kind that has no writer of its own."""
 
     def __init__(self, folder: Path, dir_fd: int, entry: ManifestEntry, replace: bool) -> None:
         super().__init__(folder, dir_fd, entry)
@@ -242,7 +243,7 @@ class TritonWriter(Writer):
 
     def add(self, file_name: str, source: MemberReader, member: tarfile.TarInfo) -> None:
         self.pending.discard(file_name)
-        if is_group(file_name):
+        if self.entry.kind == "triton" and is_group(file_name):
             data = source.read(member.size)
             problem = _digest_problem(self.entry, file_name, sha256(data))
             if problem:
@@ -277,8 +278,10 @@ class TritonWriter(Writer):
             self._write(group[0], lambda fd: safe_io.write_all(fd, group[1]), group[2])
         assert self.fd is not None
         os.utime(self.fd, (last_use, last_use))
-        if self.replace:
+        if self.replace and self.entry.kind == "triton":
             triton_cache.remove_entry(self.folder, key)  # into the trash: a reader misses cleanly
+        elif self.replace:
+            inductor_cache.rename_away(str(self.folder), key)
         try:
             os.rename(self.temp, key, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except OSError as exc:

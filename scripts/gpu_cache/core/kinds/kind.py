@@ -111,6 +111,12 @@ class Kind:
     def __repr__(self) -> str:
         return f"<cache kind {self.name}>"
 
+    def carried_key(self, key: str) -> bool:
+        """For a carried kind that ``carry/`` has no code of its own for (its entries: key
+        folders of plain files, packed and unpacked whole): whether ``key``, from an archive's
+        manifest, is one its entries can have."""
+        return False
+
     # --- where ---------------------------------------------------------------------------
 
     def folder(self, cache_root: Path) -> Path:
