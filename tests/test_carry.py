@@ -45,6 +45,11 @@ HEX = "0" * 64
 TRITON_KEY = "A" * 52
 
 
+def per_kind(**counts: int) -> dict[str, int]:
+    """A report's count for every carried kind: ``counts``, and 0 for the others."""
+    return {kind: counts.get(kind, 0) for kind in carry.CARRIED}
+
+
 @pytest.fixture(scope="module")
 def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache root warmed on the CPU: JAX entries and sm_90 Triton kernels (do not change it)."""
@@ -210,8 +215,8 @@ def test_existing_newer_entry_is_kept_and_older_one_replaced(archive: Path, tmp_
     result = unpack(archive, root, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["replaced"] == {"jax": 1, "triton": 1, "autotune": 0, "inductor": 0, "jax_triton": 0}
-    assert report["written"] == {"jax": 0, "triton": 0, "autotune": 0, "inductor": 0, "jax_triton": 0}
+    assert report["replaced"] == per_kind(jax=1, triton=1)
+    assert report["written"] == per_kind()
     assert newer.read_bytes() == b"compiled here later"
     assert older.read_bytes() == original
     assert (kept / "marker").exists() and not (replaced / "marker").exists()
@@ -407,8 +412,7 @@ def test_pack_selects_by_gpu_type_and_workload(warmed: Path, tmp_path: Path) -> 
     path = tmp_path / "t.tar.xz"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--workload", "triton-kernels", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["entries"] == {"jax": 0, "triton": 5, "autotune": 0, "inductor": 0,
-                                                    "jax_triton": 0}
+    assert json.loads(result.stdout)["entries"] == per_kind(triton=5)
     manifest = manifest_of(path)
     assert manifest["selection"]["workload"] == "triton-kernels"
     result = run_cli("pack", str(path), "--cache-root", str(warmed), "--gpu-type", "cpu",
@@ -438,7 +442,7 @@ def test_pack_leaves_broken_entries_out(warmed: Path, tmp_path: Path) -> None:
     result = run_cli("pack", str(path), "--cache-root", str(source), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["entries"] == {"jax": 6, "triton": 4, "autotune": 0, "inductor": 0, "jax_triton": 0}
+    assert report["entries"] == per_kind(jax=6, triton=4)
     reasons = {s["key"]: s["reason"] for s in report["skipped"]}
     assert "empty" in reasons[f"jit_empty-{HEX}"] and "truncated" in reasons[f"jit_cut-{'1' * 64}"]
     assert "cubin" in reasons[half.name]
@@ -620,8 +624,7 @@ def test_what_is_written_is_checked_as_the_kind_reads_it(archive: Path, tmp_path
     after = contents(root)
     assert of_entry(after, "jax", jax_entry["key"]) == of_entry(before, "jax", jax_entry["key"])
     assert of_entry(after, "triton", kernel["key"]) == of_entry(before, "triton", kernel["key"])
-    assert json.loads(result.stdout)["replaced"] == {"jax": 5, "triton": 4, "autotune": 0, "inductor": 0,
-                                                     "jax_triton": 0}
+    assert json.loads(result.stdout)["replaced"] == per_kind(jax=5, triton=4)
     assert set(after) == set(before)  # no temporary file left
 
 

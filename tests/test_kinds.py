@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
 from gpu_cache.jobenv import env
-from helpers import SCRIPTS
+from helpers import SCRIPTS, clean_environ, hook_piece
 
 HOOK = SCRIPTS / "gpu_cache" / "_hook"
 
@@ -23,7 +28,8 @@ def _hook_constant(module: str, name: str) -> tuple[str, ...]:
 
 
 def test_the_hooks_copies_match_the_registry():
-    assert _hook_constant("sitecustomize", "_WATCHED") == kinds.WATCHED_MODULES
+    watched = {**hook_piece("sitecustomize")._WATCHED, **hook_piece("sitecustomize")._found()}
+    assert watched == {kind.watched_module: kind.name for kind in kinds.ALL if kind.watched_module}
     assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
     assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
     assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
@@ -84,8 +90,71 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 
 
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
-    assert kinds.PRUNABLE == ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune",
-                              "jax_triton", "ptxas", "records")
+    listed = ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune", "jax_triton", "ptxas",
+              "records")
+    assert kinds.PRUNABLE[:len(listed)] == listed  # in the listed order; the kinds found follow
     # ptxas: recorded from the shim's calls
-    assert kinds.OBSERVED == ("jax", "triton", "inductor", "jax_triton", "ptxas")
+    assert [n for n in kinds.OBSERVED if n in listed] == ["jax", "triton", "inductor", "jax_triton", "ptxas"]
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)
+
+
+def test_every_kind_module_is_registered_once():
+    """Each module of core/kinds that holds a ``KIND`` is in the registry, once (a kind whose
+    module the registry's rule took for another kind's part would be left out)."""
+    modules = [p.stem for p in (SCRIPTS / "gpu_cache" / "core" / "kinds").glob("[!_]*.py")]
+    held = [getattr(importlib.import_module(f"gpu_cache.core.kinds.{m}"), "KIND", None) for m in modules]
+    assert sorted(k.name for k in held if isinstance(k, kinds.Kind)) == sorted(k.name for k in kinds.ALL)
+    assert len(set(kinds.KINDS)) == len(kinds.ALL)
+
+
+#: A kind of its own dropped into a copy of the package: its module, and its hook piece, which
+#: watches a standard module no process imports at start.
+DROPPED_KIND = '''
+from gpu_cache.core.kinds.layouts import SingleFile
+
+
+class _Dropped(SingleFile):
+    name = "dropped_in"
+    env_var = "DROPPED_IN_DIR"
+    watched_module = "colorsys"
+    last_use = "its mtime"
+
+    def _entries(self, folder, grace_seconds, verify_after, record):
+        return []
+
+
+KIND = _Dropped()
+'''
+DROPPED_PIECE = '''# gpu-cache hook piece watching colorsys
+def on_import(module, hook):
+    hook.parts["dropped_in"] = {"hits": 1, "misses": 0, "module": module.__name__}
+
+
+def section(hook):
+    return hook.parts["dropped_in"]
+'''
+
+
+def test_a_kind_added_as_its_modules_alone_is_registered_watched_and_recorded(tmp_path):
+    """A copy of the package with one more kind, whose two modules are all that is added: the
+    registry lists it after the listed kinds (so env, stats, prune and the contract suite take
+    it), and the startup hook watches the module its piece names and records the kind's part.
+    Guards: the registry's ``_found`` and the hook's ``_found``."""
+    package = tmp_path / "scripts" / "gpu_cache"
+    shutil.copytree(SCRIPTS / "gpu_cache", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "core" / "kinds" / "dropped_in.py").write_text(DROPPED_KIND)
+    (package / "_hook" / "gpu_cache_hook_dropped_in.py").write_text(DROPPED_PIECE)
+    listed = subprocess.run([sys.executable, "-c", "from gpu_cache.core import kinds; "
+                             "print(' '.join(k.name for k in kinds.ALL))"],
+                            env=clean_environ(PYTHONPATH=str(tmp_path / "scripts")),
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert [name for name in listed if name != "dropped_in"] == [k.name for k in kinds.ALL]
+    assert listed.index("dropped_in") >= 10  # after the listed kinds (the found ones: by name)
+    records = tmp_path / "records"
+    job = clean_environ(PYTHONPATH=str(package / "_hook"), GPU_CACHE_RECORDS=str(records))
+    for program in ("pass", "import colorsys"):
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=job)
+        assert done.returncode == 0 and not done.stderr, done.stderr
+    (record,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
+    assert record["libraries"] == ["dropped_in"]
+    assert record["dropped_in"] == {"hits": 1, "misses": 0, "module": "colorsys"}

@@ -13,7 +13,8 @@ For each size it builds a cache root with every kind in it:
 * Inductor (12%): code entries (``<xy>/<key>.cpp`` and a real ``.so`` built with gcc, with
   ``locks/<key>.lock``) and FX graph key folders;
 * the stats hook's records (5%), bytecode (3%), and a CUDA driver cache (``index`` plus hashed
-  folders, 2% of the files), all with last uses spread over 90 days.
+  folders, 2% of the files), all with last uses spread over 90 days;
+* a few entries of every other registered kind (the contract suite's examples).
 
 Then it times, as whole CLI processes (what a user waits for), each beside a bare
 ``os.scandir`` + ``lstat`` walk of the same tree in a process of its own (the floor, median of
@@ -274,7 +275,29 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         _write(os.path.join(rank, "vllm_compile_cache.py"), b"{}\n", when)
         _write(os.path.join(rank, "computation_graph.py"), b"# graph\n" * 200, when)
         files += 2
-    return {"files": files + 2, "folders": dirs + len(folders)}
+    more_files, more_dirs = _other_kinds(root, set(folders))
+    return {"files": files + 2 + more_files, "folders": dirs + len(folders) + more_dirs}
+
+
+def _other_kinds(root: Path, written: set[str], count: int = 4) -> tuple[int, int]:
+    """A few entries of each registered kind that ``build`` has no filler of (a kind added as
+    its modules alone): its contract suite's examples (``tests/kind_examples/<kind>.py``); the
+    files and folders written."""
+    import importlib
+
+    sys.path[:0] = [str(SCRIPTS), str(REPO / "tests")]
+    from gpu_cache.core import kinds
+
+    files = dirs = 0
+    for kind in kinds.ALL:
+        if kind.name not in written:
+            example = importlib.import_module(f"kind_examples.{kind.name}")
+            for number in range(count):
+                example.write(kind.folder(root), number)
+            dirs += 1
+            for _top, found_dirs, found_files in os.walk(kind.folder(root)):
+                files, dirs = files + len(found_files), dirs + len(found_dirs)
+    return files, dirs
 
 
 def cli(*args: str) -> list[str]:

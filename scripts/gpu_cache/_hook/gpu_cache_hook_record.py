@@ -1,5 +1,5 @@
 """gpu-cache's startup hook, the record: loaded at exit in a process that imported jax,
-triton or Inductor's code cache, and only then.
+triton, Inductor's code cache or another watched module, and only then.
 
 One JSON record per process into ``$GPU_CACHE_RECORDS``: the host, the job (its rule and
 wildcards, from ``$GPU_CACHE_RULE`` or the ``snakemake --target-jobs`` that runs it), the
@@ -115,6 +115,10 @@ def _record(hook, time, socket):
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
         record["ptxas"] = hook.piece("gpu_cache_hook_ptxas").part(hook)
+    for library in sorted(hook.libraries.difference(record)):  # another kind's piece: its own part
+        section = getattr(hook.piece(f"gpu_cache_hook_{library}"), "section", None)
+        if section is not None:
+            record[library] = section(hook)
     for name in ("tokamax", "fallbacks"):
         if name in hook.parts:
             record[name] = hook.parts[name]

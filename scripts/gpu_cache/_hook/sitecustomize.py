@@ -20,6 +20,9 @@ only when needed (issue 19):
   ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
   the ``TRITON_CACHE_DIR`` it clears put back (issue 34); for jax-triton 0.4.x it loads
   ``gpu_cache_hook_jax_triton_functions`` (issue 39);
+- ``gpu_cache_hook_<kind>``, the piece of any other kind found beside this file, when it
+  imports the module the piece's first line names (``_found``); its ``section(hook)`` is the
+  kind's part of the record;
 - ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
   (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
   installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
@@ -94,6 +97,7 @@ JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
 TRITON_CACHE_DIR_VAR = "TRITON_CACHE_DIR"
 TRITON_MANAGER_VAR = "TRITON_CACHE_MANAGER"
 INDUCTOR_CACHE_DIR_VAR = "TORCHINDUCTOR_CACHE_DIR"
+TORCH_EXTENSIONS_DIR_VAR = "TORCH_EXTENSIONS_DIR"
 CUDA_CACHE_PATH_VAR = "CUDA_CACHE_PATH"
 NODE = "node"
 CLUSTER = "cluster"
@@ -106,9 +110,16 @@ STATE_FOLDER = "state"
 SET_ASIDE_PREFIX = "set-aside-"
 SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
-#: The modules whose caches this hook observes: a copy of gpu_cache.core.kinds.WATCHED_MODULES.
-#: Each one's piece is ``gpu_cache_hook_<top-level name>`` (Inductor's: ``gpu_cache_hook_inductor``).
-_WATCHED = ("jax", "triton", "torch._inductor.codecache", "jax_triton.triton_lib")
+#: The modules whose caches this hook observes, each with its kind, whose piece is
+#: ``gpu_cache_hook_<kind>``: with the pieces found beside this file (``_found``), a copy of
+#: gpu_cache.core.kinds.WATCHED_MODULES (a test fails when they drift).
+_WATCHED = {"jax": "jax", "triton": "triton", "torch._inductor.codecache": "inductor",
+            "jax_triton.triton_lib": "jax_triton"}
+#: The pieces that are no kind's, or that watch no module of their own: no need to look in them.
+_NOT_FOUND = ("common", "fallback", "record", "tokamax", "ptxas", "bytecode")
+#: The first line of the piece of a kind beyond ``_WATCHED``, with the module it watches after it.
+_WATCHES = b"# gpu-cache hook piece watching "
+_PIECE_PREFIX = "gpu_cache_hook_"
 #: The other modules the Inductor piece needs before it wraps anything (issue 31).
 _INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
 #: jax-triton's module whose kernels its piece keeps (issue 34), where JAX_TRITON_VAR is set.
@@ -254,9 +265,29 @@ def _compile_worker():
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 
 
-def _observe(name):
-    library = "inductor" if name.startswith("torch.") else name.split(".", 1)[0]
+def _found():
+    """``{module: kind}`` of each piece beside this file of a kind beyond ``_WATCHED``
+    (``gpu_cache_hook_<kind>.py``, whose first line says the module it watches): a new kind's
+    piece needs no line here. The folder's names as the import system listed them to find
+    this file (its path finder's cache: no second listing), else listed; then a read of the head
+    of each new piece."""
+    folder = os.path.dirname(_HERE or "")
+    names = getattr(sys.path_importer_cache.get(folder), "_path_cache", None)
+    if not isinstance(names, (set, frozenset)) or "sitecustomize.py" not in names:
+        names = os.listdir(folder) if folder else ()
+    known = set(_WATCHED.values()).union(_NOT_FOUND)
+    found = {}
+    for name in [n for n in names if n.startswith(_PIECE_PREFIX) and n.endswith(".py")]:
+        kind = name[len(_PIECE_PREFIX):-3]
+        if kind in known:
+            continue
+        head = _read_small(os.path.join(folder, name), 200).split(b"\n", 1)[0]
+        if head.startswith(_WATCHES):
+            found[head[len(_WATCHES):].decode("ascii").strip()] = kind
+    return found
 
+
+def _observe(library):
     def handler(module):
         if library == "inductor" and _compile_worker():
             return
@@ -501,9 +532,17 @@ def _install():
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
     watch = folder or _HOOK.flight or _HOOK.tier
-    handlers = {name: _observe(name) for name in _WATCHED + _INDUCTOR_TOO} if watch else {}
+    handlers = {}
+    if watch:
+        try:
+            watched = {**_WATCHED, **_found()}
+        except Exception as exc:  # the kinds listed here are still watched
+            watched = _WATCHED
+            _HOOK.warn("finding the pieces of other kinds", exc)
+        handlers = {name: _observe(kind) for name, kind in watched.items()}
+        handlers.update((name, _observe("inductor")) for name in _INDUCTOR_TOO)
     if os.path.isabs(os.environ.get(JAX_TRITON_VAR, "")):  # its kernel cache, records or not
-        handlers[_JAX_TRITON_MODULE] = _observe(_JAX_TRITON_MODULE)
+        handlers[_JAX_TRITON_MODULE] = _observe("jax_triton")
     if _HOOK.ptxas_kernels:  # the shim is on: it caches jaxlib's kernels, not XLA's
         handlers[_PTXAS_MODULE] = _ptxas_kernels
     if _HOOK.tier:  # issue 23: Inductor's files through the tier too

@@ -1,14 +1,16 @@
-"""The cache kinds gpu-cache manages: one registry, an explicit tuple of kind objects
-(docs/kinds.md).
+"""The cache kinds gpu-cache manages: one registry, a tuple of kind objects: those listed
+here, then those found beside them (docs/kinds.md).
 
-Adding a kind means writing its module here (a :class:`Kind` and its inventory) and adding
-its object to :data:`ALL`: env exports its variable, doctor probes its folder, stats counts it,
+Adding a kind means writing its module here (a :class:`Kind` and its inventory, as
+``KIND``): the registry finds it (:func:`_found`) and adds it to :data:`ALL` after the kinds
+listed here; env exports its variable, doctor probes its folder, stats counts it,
 prune bounds it, warm and validate diff it, the report plots it, and the contract suite
 (tests/test_kind_contract.py) runs its faults and attacks on it. Generic code iterates
 :data:`ALL` and calls the objects; it never names a kind. A name becomes a kind only where a
 name comes from outside (an argument, a key of a report or record): :func:`named`. The startup
-hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES`,
-:data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test fails when they drift.
+hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES` (its
+table, and the pieces it finds beside it), :data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test
+fails when they drift.
 
 A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
 methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
@@ -18,6 +20,7 @@ of the inventories.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from pathlib import Path
 
@@ -37,9 +40,31 @@ from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen, 
 
 __all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "named", "no_cyclic_gc"]
 
+#: The kinds in the order reports list them (the kinds found beside them follow, by name).
+_LISTED: tuple[Kind, ...] = (jax.KIND, triton.KIND, inductor.KIND, vllm.KIND, bytecode.KIND, cuda.KIND,
+                             autotune.KIND, jax_triton.KIND, ptxas.KIND, records.KIND)
+#: The modules here that are no kind: the interface and what kinds share.
+_SHARED = ("kind", "layouts", "integrity", "carrying")
+
+
+def _found(listed: tuple[Kind, ...]) -> tuple[Kind, ...]:
+    """The ``KIND`` of each module of this package that is not listed, not shared and not a
+    kind's part (``<module>_<part>``, beside its module: loaded on use), by module name: a new
+    kind needs no line here (tests/test_kinds.py fails for a module whose kind is left out)."""
+    here = os.path.dirname(__file__)
+    modules = sorted(name[:-3] for name in os.listdir(here)
+                     if name.endswith(".py") and not name.startswith("_"))
+    known = {kind.__module__.rpartition(".")[2] for kind in listed} | set(_SHARED)
+    found = []
+    for module in modules:
+        if module in known or any(module.startswith(other + "_") for other in modules):
+            continue
+        found.append(importlib.import_module(f"{__name__}.{module}").KIND)
+    return tuple(found)
+
+
 #: Every kind, in the order reports list them.
-ALL: tuple[Kind, ...] = (jax.KIND, triton.KIND, inductor.KIND, vllm.KIND, bytecode.KIND, cuda.KIND,
-                         autotune.KIND, jax_triton.KIND, ptxas.KIND, records.KIND)
+ALL: tuple[Kind, ...] = _LISTED + _found(_LISTED)
 #: The kinds by name: for names that come from outside (arguments, reports, records).
 KINDS: dict[str, Kind] = {kind.name: kind for kind in ALL}
 #: The names of the kinds whose folder env exports and doctor probes.

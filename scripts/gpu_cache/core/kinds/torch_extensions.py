@@ -1,0 +1,256 @@
+"""torch's JIT-built C++/CUDA extensions as a kind (``TORCH_EXTENSIONS_DIR``, issue 38):
+``torch.utils.cpp_extension.load()`` and ``load_inline()`` build with ninja into
+``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook_torch_extensions.py``)
+keys each build as torch does (the extension's name, the sources' contents, the flags, torch's
+build, the compiler, Python's ABI and CUDA's targets), builds it in a temporary folder with
+single-flight, and renames it into place whole as ``<folder>/<name>-<key>``: the library, the
+ninja file and the manifest (:data:`MANIFEST`, written last) that names its key parts, the
+library's size and digest, and the headers it included.
+
+One entry per name at the top of the folder: a keyed build (whole when its manifest names its
+key and its library is there at the size built), a folder torch made itself (``load_inline``'s
+sources, or a build made without the hook: broken where torch's ``FileBaton`` ``lock`` was left
+older than the grace period, on which every later job without the hook would wait for ever),
+a temporary build older than the grace period (its builder was killed: broken), the trash's
+leftovers, or any other name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_cache.core import names, safe_io
+from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
+from gpu_cache.core.verified import Record
+
+if TYPE_CHECKING:
+    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
+
+#: The manifest of a keyed build (the hook piece's copy: tests/test_torch_extensions.py checks
+#: that they agree).
+MANIFEST = "gpu-cache-build.json"
+#: A keyed build's folder name: the extension's name (torch's, with ``_v<n>`` for a later
+#: version in one process) and 32 hex digits of its key.
+KEYED = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{32})$")
+#: torch's ``FileBaton`` lock file in a build folder of its own.
+BATON = "lock"
+MANIFEST_LIMIT = 16 << 20
+#: What each key part means, as the first words of a cause (``doctor --explain``).
+PART_HINTS = {
+    "sources": "its sources changed (another version of the code, or of what load_inline is given)",
+    "flags": "its flags or options changed (extra_cflags, extra_ldflags, include paths, with_cuda)",
+    "torch": "another torch build loaded it",
+    "compiler": "another C++ compiler builds it (CXX, PATH, or the compiler's release)",
+    "python": "another Python ABI loaded it",
+    "cuda": "other CUDA targets (TORCH_CUDA_ARCH_LIST, the GPUs visible, CUDA_HOME, CC)",
+}
+
+
+class _TorchExtensions(Kind):
+    name = "torch_extensions"
+    env_var = names.TORCH_EXTENSIONS_DIR_VAR
+    read_only = ReadOnlyUse.FALLBACK
+    watched_module = "torch.utils.cpp_extension"
+    carried = sealed = True
+    last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
+                "every hit) and of its files")
+    missed_words = "torch extensions built in the process (one by one below)"
+
+    def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
+                 record: Record | None) -> list[Entry]:
+        out = []
+        for name, path, info in safe_io.listing(folder):
+            if name == safe_io.TRASH_DIR_NAME and stat.S_ISDIR(info.st_mode):
+                out += [self._entry(f"{name}/{left}", "(trash)", p, i, "left over from an interrupted "
+                                    "removal") for left, p, i in safe_io.listing(path)]
+            elif name.startswith(names.TEMP_PREFIX):
+                entry = self._entry(name, "(temporary)", path, info,
+                                    "a build that never finished (its builder was killed?)")
+                if entry.last_use < time.time() - grace_seconds:  # younger: a build under way
+                    out.append(entry)
+            elif (keyed := KEYED.fullmatch(name)) and stat.S_ISDIR(info.st_mode):
+                out.append(self._entry(name, keyed["name"], path, info, _broken(path, keyed["key"])))
+            elif stat.S_ISDIR(info.st_mode):
+                out.append(self._entry(name, f"torch's own folder of {name}", path, info,
+                                       _baton_left(path, grace_seconds)))
+            else:
+                out.append(self._entry(name, "(other)", path, info, None))
+        return out
+
+    def _entry(self, key: str, name: str, path: str, info: os.stat_result, problem: str | None) -> Entry:
+        if not stat.S_ISDIR(info.st_mode):
+            return Entry(self.name, key, name, info.st_size, info.st_mtime, problem, None, path=path)
+        size, _files, newest = safe_io.tree_size(path)
+        return Entry(self.name, key, name, size, max(newest, info.st_mtime), problem, None, path=path)
+
+    def _remove(self, folder: Path, entry: Entry) -> None:
+        """A folder renamed into the trash first (a process that loaded its library keeps what
+        it mapped), then deleted; any other name unlinked, never followed."""
+        from gpu_cache.core.kinds import inductor_format as inductor
+
+        assert entry.path is not None
+        try:
+            info = os.lstat(entry.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(info.st_mode):
+            os.unlink(entry.path)
+        elif entry.key.startswith(safe_io.TRASH_DIR_NAME + "/"):
+            shutil.rmtree(entry.path)  # fd-based: never follows a link inside
+        else:
+            inductor.rename_away(str(folder), entry.key)
+
+    def present(self, folder: Path, key: str) -> bool:
+        return (folder / key / MANIFEST).is_file()
+
+    def compiled(self, keys: list[str]) -> list[str]:
+        """Its keyed builds (torch's own folders hold sources, or builds made without the hook)."""
+        return [key for key in keys if KEYED.fullmatch(key)]
+
+    def missed_name(self, key: str) -> str:
+        return key.rpartition("-")[0] or key
+
+    # --- carry: its builds are key folders of plain files, written as Triton's are -------------
+
+    carry_device = None  # the CUDA targets are in the key
+
+    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        from gpu_cache.core.kinds.carrying import Carried, regular_files
+
+        return [Carried(e.key, e.name, regular_files(Path(e.path)) if e.problem is None else {},
+                        e.last_use, e.problem)
+                for e in self.scan(folder, grace_seconds=3600.0)
+                if KEYED.fullmatch(e.key) and (wanted is None or e.key in wanted)]
+
+    def carry_folder(self, key: str) -> str:
+        return key
+
+    def carry_names(self, key: str, files: Collection[str]) -> bool:
+        from gpu_cache.core.kinds.carrying import plain_name
+
+        return KEYED.fullmatch(key) is not None and all(plain_name(name) for name in files)
+
+    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        from gpu_cache.core.kinds import triton_carry
+
+        return triton_carry.writers(folder, dir_fd)  # a key folder built beside, renamed in
+
+    # --- explain: each missed build against the cache's builds of the same name ----------------
+
+    def explain_run(self, cache_root: Path, records: list[dict[str, Any]], run_id: str | None,
+                    limit: int = 20) -> tuple[list[dict[str, Any]], list[str]]:
+        builds = _Builds(self.folder(cache_root))
+        explained = [builds.explain(item, _ended(record)) for record in records
+                     if run_id is None or record.get("run_id") == run_id
+                     for item in _missed(self.section(record) or {})][:limit]
+        return [], [f"{self.name}: {e['name']} missed: {e['causes'][-1]}" for e in explained if e["causes"]]
+
+    def explain_misses(self, record: dict[str, Any], section: dict[str, Any], misses: int,
+                       seen: Seen, room: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
+        if self.name not in seen.by_kind:  # the cache's builds, read at the first use
+            root = seen.cache_root
+            seen.by_kind[self.name] = _Builds(None if root is None else self.folder(root))
+        items = _missed(section)[:misses]
+        explained = [seen.by_kind[self.name].explain(item, _ended(record)) for item in items[:room]]
+        out = [(self.missed_words, len(items), explained)]
+        if misses - len(items):
+            out.append(self.unnamed(record, misses - len(items), seen, room - len(explained)))
+        return [cause for cause in out if cause[1]]
+
+
+def _manifest(path: str) -> dict[str, Any]:
+    data = json.loads(safe_io.read_bounded(os.path.join(path, MANIFEST), MANIFEST_LIMIT))
+    if not isinstance(data, dict):
+        raise ValueError("not a mapping")
+    return data
+
+
+def _broken(path: str, key: str) -> str | None:
+    """Why the keyed build in ``path`` is not whole, or None."""
+    try:
+        manifest = _manifest(path)
+    except FileNotFoundError:
+        return "no manifest: not a whole build"
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"its manifest is unreadable ({exc.__class__.__name__})"
+    library = manifest.get("library")
+    if manifest.get("key") != key or not isinstance(library, str) or os.path.basename(library) != library \
+            or library in ("", ".", ".."):
+        return "its manifest is not its key's"
+    try:
+        info = os.lstat(os.path.join(path, library))
+    except OSError:
+        return f"its library {library} is missing"
+    if not stat.S_ISREG(info.st_mode) or info.st_size != manifest.get("size"):
+        return f"its library {library} is not as built"
+    return None
+
+
+def _baton_left(path: str, grace_seconds: float) -> str | None:
+    """Why torch's own build folder ``path`` is broken: a ``FileBaton`` lock left by a builder
+    older than the grace period (every later job without the hook waits on it for ever)."""
+    try:
+        info = os.lstat(os.path.join(path, BATON))
+    except OSError:
+        return None
+    if info.st_mtime < time.time() - grace_seconds:
+        return "torch's FileBaton lock left by a build that never finished (jobs would wait on it for ever)"
+    return None
+
+
+def _ended(record: dict[str, Any]) -> float:
+    when = record.get("time")
+    return float(when) if isinstance(when, (int, float)) else float("inf")
+
+
+def _missed(section: dict[str, Any]) -> list[dict[str, Any]]:
+    missed = section.get("missed")
+    return [m for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
+
+
+class _Builds:
+    """The cache's keyed builds, read once: their key parts and when each was built (its
+    manifest's mtime), by extension name."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.by_name: dict[str, list[tuple[str, float, dict[str, Any]]]] = {}
+        for name, path, info in safe_io.listing(folder) if folder is not None else []:
+            keyed = KEYED.fullmatch(name)
+            if not keyed or not stat.S_ISDIR(info.st_mode) or _broken(path, keyed["key"]):
+                continue
+            parts = _manifest(path).get("parts")
+            if isinstance(parts, dict):
+                built = os.lstat(os.path.join(path, MANIFEST)).st_mtime
+                self.by_name.setdefault(keyed["name"], []).append((name, built, parts))
+
+    def explain(self, item: dict[str, Any], before: float) -> dict[str, Any]:
+        """One missed build (a record's item, of a process that ended at ``before``) against
+        the other builds of its name made before then, shaped like a JAX key's explanation."""
+        parts = item.get("parts") if isinstance(item.get("parts"), dict) else {}
+        name, key = str(item.get("name") or "?"), str(item.get("key") or "")
+        out: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [], "causes": []}
+        why = item.get("why")
+        if isinstance(why, str) and why != "no entry":
+            out["causes"].append(f"its build was there but not served: {why}")
+            return out
+        same = [p for other, built, p in self.by_name.get(name, []) if other != key and built < before]
+        if not same:
+            out["causes"].append(f"no build of {name} was in the cache: a first build here (did the "
+                                 "warm-up workload load it?)")
+            return out
+        closest = min(same, key=lambda other: sum(other.get(f) != parts.get(f) for f in PART_HINTS))
+        out["changed"] = [f for f in PART_HINTS if closest.get(f) != parts.get(f)]
+        out["causes"] += [f"{f}: {PART_HINTS[f]} ({closest.get(f)!r} before, {parts.get(f)!r} now)"
+                          for f in out["changed"]]
+        return out
+
+
+KIND = _TorchExtensions()
