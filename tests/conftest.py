@@ -3,6 +3,7 @@ puts this checkout's scripts/, tests/ and tests/harness/ first)."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 import containers
 from gpu_cache.core.kinds import jax_format as jax_cache
-from helpers import FILLER, jax_job_env, unavailable
+from helpers import FILLER, SCRIPTS, jax_job_env, unavailable
 from nodes import TwoNodes
 from nodes import missing as nodes_missing
 from slurm_cluster import SlurmCluster, missing_binaries
@@ -30,12 +31,60 @@ SLOW_FIXTURES = frozenset({
 })
 
 
+#: Daemons that exist once per session (SLURM links /run/slurm/conf; the two nodes' SLURM sits on
+#: them): under pytest-xdist their tests run one after another in one worker (``--dist loadgroup``).
+ONE_WORKER_FIXTURES = frozenset({"slurm_cluster", "two_nodes", "slurm_two_nodes"})
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The worker group of a test that shares a fixture with others: ``cluster`` for the daemons
+    of :data:`ONE_WORKER_FIXTURES`, else its module for a module-scoped fixture (a warmed cache
+    that takes seconds to make, made once per worker that runs one of its tests)."""
+    used = getattr(item, "fixturenames", ())
+    if ONE_WORKER_FIXTURES.intersection(used):
+        return "cluster"
+    definitions = getattr(item, "_fixtureinfo", None)
+    for name in used:
+        found = definitions.name2fixturedefs.get(name) if definitions else None
+        if found and found[-1].scope in ("module", "package"):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile this checkout's package to bytecode once (pytest-xdist's workers leave it to the
+    controller): the tests start it in hundreds of fresh processes, which, where the environment
+    sets PYTHONDONTWRITEBYTECODE as images often do, would each compile every module they import
+    again. Best effort: a read-only checkout runs as before."""
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(SCRIPTS / "gpu_cache", quiet=2)
+
+
+#: Most pytest-xdist workers ``-n auto`` starts: a test may start 8 compiling processes, and more
+#: workers than this were never measured (docs/testing.md).
+MOST_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """One worker a core this process may use, at most :data:`MOST_WORKERS`;
+    PYTEST_XDIST_AUTO_NUM_WORKERS, when set, is left to pytest-xdist."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return min(len(os.sched_getaffinity(0)), MOST_WORKERS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and ``-m`` the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES` (the tests that take
-    more than 2 s without one carry the mark themselves)."""
+    more than 2 s without one carry the mark themselves), and put the tests that share a fixture
+    in one ``xdist_group`` (:func:`xdist_group`)."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

@@ -383,6 +383,7 @@ def test_a_recorded_key_this_triton_does_not_compile_is_counted_apart(recorded: 
     assert (replay["same_key"], replay["key_checked"]) == (KERNELS - 2, KERNELS)
 
 
+@pytest.mark.slow  # two Triton processes: 2.3 s on an idle 2-core machine
 def test_an_autotune_choice_whose_kernel_source_changed_is_not_written(tmp_path: Path) -> None:
     """The tuned kernel's source changes between the job that tuned it and the replay (a new
     version of its package): the choice is not written (one line), so a later process tunes
