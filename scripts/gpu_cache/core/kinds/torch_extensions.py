@@ -125,8 +125,10 @@ class _TorchExtensions(Kind):
     def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
         from gpu_cache.core.kinds.carrying import Carried, regular_files
 
-        return [Carried(e.key, e.name, regular_files(Path(e.path)) if e.problem is None else {},
-                        e.last_use, e.problem)
+        def files(path: Path) -> dict[str, Path]:  # listed when broken too: pack's read rule judges them
+            return regular_files(path) if path.is_dir() and not path.is_symlink() else {}
+
+        return [Carried(e.key, e.name, files(Path(e.path)), e.last_use, e.problem)
                 for e in self.scan(folder, grace_seconds=3600.0)
                 if KEYED.fullmatch(e.key) and (wanted is None or e.key in wanted)]
 
