@@ -83,7 +83,7 @@ def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_s
     and served from there. Validation (which in the workflow judges on the host, not on the
     node) sets it aside in the root; the next job on the node drops the tier's copy before it
     serves anything, compiles the key again (a miss), and the validation after it passes."""
-    from gpu_cache.jobenv.tier import digest
+    from gpu_cache.core.kinds import tier_name as digest
 
     root = tmp_path / "root"
     config = plus_one_config(tmp_path, local_tier={"mode": "on", "folder": str(tmp_path / "tier")})
