@@ -497,17 +497,20 @@ def test_output_to_a_fifo_without_a_reader_is_refused_and_with_one_is_written(tm
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
-def test_output_to_a_character_device_writes_into_it_and_keeps_it(private_tmpfs):
+def test_output_to_a_character_device_writes_into_it_and_keeps_it(private_tmpfs, tmp_path):
     null = private_tmpfs.mknod_char("null", 1, 3)  # this test's own null device
+    report = tmp_path / "prune.json"  # summary's input (it needs a verdict or a prune report)
+    ok(cli("prune", "--dry-run", "--output", str(report), "--cache-root", str(private_tmpfs.path / "root"),
+           namespace=private_tmpfs.pid))
     for command in (["prune", "--dry-run", "--output"], ["summary", "--output"],
                     ["doctor", "--no-fail", "--output"]):
         ok(cli(*command, str(private_tmpfs.path / "null"), "--cache-root",
                str(private_tmpfs.path / "root"), namespace=private_tmpfs.pid)
            if command[0] != "summary" else
-           cli(*command, str(private_tmpfs.path / "null"), namespace=private_tmpfs.pid))
+           cli(*command, str(private_tmpfs.path / "null"), "--prune", str(report), namespace=private_tmpfs.pid))
         info = os.lstat(null)
         assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3), command
-    assert sorted(p.name for p in private_tmpfs.view.iterdir()) == ["null", "root"]
+    assert sorted(p.name for p in private_tmpfs.view.iterdir()) == ["null"]  # (a diagnosis makes no root)
 
 
 def test_output_to_a_folder_is_refused_with_one_line(tmp_path):
