@@ -507,7 +507,8 @@ def test_output_to_a_character_device_writes_into_it_and_keeps_it(private_tmpfs,
         ok(cli(*command, str(private_tmpfs.path / "null"), "--cache-root",
                str(private_tmpfs.path / "root"), namespace=private_tmpfs.pid)
            if command[0] != "summary" else
-           cli(*command, str(private_tmpfs.path / "null"), "--prune", str(report), namespace=private_tmpfs.pid))
+           cli(*command, str(private_tmpfs.path / "null"), "--prune", str(report),
+               namespace=private_tmpfs.pid))
         info = os.lstat(null)
         assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3), command
     assert sorted(p.name for p in private_tmpfs.view.iterdir()) == ["null"]  # (a diagnosis makes no root)
