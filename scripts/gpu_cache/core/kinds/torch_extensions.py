@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import time
 from collections.abc import Callable, Collection
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import names, safe_io
+from gpu_cache.core.kinds import layouts
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -94,19 +94,8 @@ class _TorchExtensions(Kind):
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A folder renamed into the trash first (a process that loaded its library keeps what
         it mapped), then deleted; any other name unlinked, never followed."""
-        from gpu_cache.core.kinds import inductor_format as inductor
-
         assert entry.path is not None
-        try:
-            info = os.lstat(entry.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISDIR(info.st_mode):
-            os.unlink(entry.path)
-        elif entry.key.startswith(safe_io.TRASH_DIR_NAME + "/"):
-            shutil.rmtree(entry.path)  # fd-based: never follows a link inside
-        else:
-            inductor.rename_away(str(folder), entry.key)
+        layouts.remove_named(folder, entry.key, entry.path)
 
     def present(self, folder: Path, key: str) -> bool:
         return (folder / key / MANIFEST).is_file()

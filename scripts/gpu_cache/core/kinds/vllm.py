@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_cache.core import names
+from gpu_cache.core.kinds import layouts
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
 
@@ -31,10 +32,8 @@ class _Vllm(Kind):
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A folder renamed away first."""
-        from gpu_cache.core.kinds import vllm_format as vllm_cache
-
-        assert isinstance(entry.source, vllm_cache.VllmEntry)
-        vllm_cache.remove(folder, entry.source)
+        assert entry.path is not None
+        layouts.remove_named(folder, entry.key, entry.path)
 
 
 KIND = _Vllm()

@@ -19,12 +19,10 @@ access time of its files (a hit reads them).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 
 from gpu_cache.core import safe_io
-from gpu_cache.core.kinds import inductor_format as inductor
 
 COMPILE = "torch_compile_cache"
 #: A folder of ``torch_compile_cache`` whose children are the entries.
@@ -75,23 +73,3 @@ def scan(folder: str | os.PathLike[str]) -> list[VllmEntry]:
         else:
             entries.append(_entry(name, f"(other: {name})", path, info))
     return entries
-
-
-def remove(folder: str | os.PathLike[str], entry: VllmEntry) -> None:
-    """Remove one whole entry: a folder renamed into the trash first, then deleted there; a
-    file (or a link, never followed) unlinked.
-
-    Raises:
-        OSError: it could not be removed.
-    """
-    root = os.path.abspath(folder)
-    try:
-        info = os.lstat(entry.path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(entry.path)
-    elif entry.key.startswith(safe_io.TRASH_DIR_NAME + "/"):
-        shutil.rmtree(entry.path)  # fd-based: never follows a link inside
-    else:
-        inductor.rename_away(root, entry.key)
