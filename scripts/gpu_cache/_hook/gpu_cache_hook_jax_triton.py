@@ -132,21 +132,34 @@ def _restore_triton_cache_dir(hook, stats):
 
 def _mismatch(triton_lib):
     """Why this jax-triton's compile steps do not fit the wrappers, or None."""
-    import dataclasses
+    steps = [(getattr(triton_lib, name, None), name, params) for name, params in (
+        ("get_or_create_triton_kernel", ("backend_init_func", "platform", "fn")),
+        ("compile_ttir_inplace", ("ttir", "backend", "options", "compute_capability", "platform")))]
+    why = steps_mismatch(steps)
+    if why is None and not callable(getattr(getattr(triton_lib, "code_gen", None), "ast_to_ttir", None)):
+        why = "jax_triton.triton_lib.code_gen.ast_to_ttir is missing"
+    return why or result_mismatch(triton_lib)
+
+
+def steps_mismatch(steps):
+    """Why one of ``steps`` ((function or None, its name in triton_lib, the parameters it must
+    start with), ...) is missing or takes other parameters, or None."""
     import inspect
 
-    wanted = {"get_or_create_triton_kernel": ("backend_init_func", "platform", "fn"),
-              "compile_ttir_inplace": ("ttir", "backend", "options", "compute_capability", "platform")}
-    for name, params in wanted.items():
-        func = getattr(triton_lib, name, None)
+    for func, name, params in steps:
         try:
             names = tuple(inspect.signature(func).parameters)
         except (TypeError, ValueError):
             return f"jax_triton.triton_lib.{name} is missing"
         if names[:len(params)] != params:
             return f"jax_triton.triton_lib.{name}{names[:len(params)]} is not {name}{params}"
-    if not callable(getattr(getattr(triton_lib, "code_gen", None), "ast_to_ttir", None)):
-        return "jax_triton.triton_lib.code_gen.ast_to_ttir is missing"
+    return None
+
+
+def result_mismatch(triton_lib):
+    """Why jax-triton's ``CompilationResult`` is not the one the store keeps, or None."""
+    import dataclasses
+
     result = getattr(triton_lib, "CompilationResult", None)
     if not dataclasses.is_dataclass(result):
         return "jax_triton.triton_lib.CompilationResult is not a dataclass"

@@ -20,7 +20,6 @@ Standard library only, Python 3.9+.
 """
 
 import functools
-import inspect
 import threading
 
 import gpu_cache_hook_jax_triton as base
@@ -29,8 +28,6 @@ from gpu_cache_hook_common import text
 
 def mismatch(triton_lib):
     """Why this jax-triton's compile steps do not fit the wrappers, or None."""
-    import dataclasses
-
     function = getattr(triton_lib, "TritonFunction", None)
     wanted = ((getattr(function, "_compile_kernel", None), "TritonFunction._compile_kernel",
                ("self", "spec", "gpu_target", "backend", "backend_options")),
@@ -38,19 +35,7 @@ def mismatch(triton_lib):
                ("ttir", "backend", "options", "gpu_target")),
               (getattr(getattr(getattr(triton_lib, "tc", None), "ASTSource", None), "make_ir", None),
                "tc.ASTSource.make_ir", ("self", "target", "options", "codegen_fns", "module_map", "context")))
-    for func, name, params in wanted:
-        try:
-            names = tuple(inspect.signature(func).parameters)
-        except (TypeError, ValueError):
-            return f"jax_triton.triton_lib.{name} is missing"
-        if names[:len(params)] != params:
-            return f"jax_triton.triton_lib.{name}{names[:len(params)]} is not {name}{params}"
-    result = getattr(triton_lib, "CompilationResult", None)
-    if not dataclasses.is_dataclass(result):
-        return "jax_triton.triton_lib.CompilationResult is not a dataclass"
-    if not {"binary", "name", "shared_mem_bytes"} <= {f.name for f in dataclasses.fields(result)}:
-        return "jax_triton.triton_lib.CompilationResult lacks binary, name or shared_mem_bytes"
-    return None
+    return base.steps_mismatch(wanted) or base.result_mismatch(triton_lib)
 
 
 def install(triton_lib, kernels):
