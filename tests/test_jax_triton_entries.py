@@ -223,3 +223,31 @@ def test_a_kernel_run_with_debug_misses_against_one_compiled_without(written, tm
         assert warnings(done) == []
     for section in records(root, "jax_triton"):
         assert section["hits"] == 0 and section["misses"] + section["not_cached"] == 5, section
+
+
+def test_jax_triton_04s_result_fields_are_checked_before_jaxlib_sees_them():
+    """jax-triton 0.4's CompilationResult: ttgir and llir are always text there, and it adds a
+    global scratch buffer (size and alignment, passed to jaxlib > 0.11) and tensor descriptors.
+    A whole result is served; each odd field refuses the entry."""
+    store = hook_piece("gpu_cache_jax_triton_store")
+    ptx = ".version 8.7\n.target sm_90a\n.entry k(\n)\n"
+    fields = ("binary", "name", "shared_mem_bytes", "ttgir", "llir", "global_scratch_size",
+              "global_scratch_align", "tensordesc_meta")
+
+    def why(**changed):
+        result = {"binary": ptx, "name": "k", "shared_mem_bytes": 0, "ttgir": "#ttg", "llir": "; llvm",
+                  "global_scratch_size": None, "global_scratch_align": None, "tensordesc_meta": []}
+        entry = {"jax_triton": "0.4.1", "ttir": "module {\n  tt.func public @k() {\n  }\n}",
+                 "result": {**result, **changed}}
+        return store.problem(entry, "0.4.1", fields, "sm_90")
+
+    assert why() is None and why(global_scratch_size=256, global_scratch_align=128) is None
+    assert why(ttgir="a\0b") == "has a result field ttgir that is not text"
+    assert why(global_scratch_size=-1, global_scratch_align=128).startswith(
+        "has a result field global_scratch_size that is not null nor a whole number")
+    assert why(global_scratch_size=256) == \
+        "has a result field global_scratch_align that is null beside a size"
+    assert why(global_scratch_size=256, global_scratch_align=3) == \
+        "has a result field global_scratch_align that is not a power of two up to 65536"
+    assert why(tensordesc_meta=[{"block_size": [1]}]) == \
+        "has a result field tensordesc_meta that is not empty"

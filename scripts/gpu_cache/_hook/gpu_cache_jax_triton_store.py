@@ -56,6 +56,9 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SHARED_LIMIT = 227 << 10
 #: The most CTAs in a cluster (16, Hopper's non-portable size; jax-triton 0.2.0's cluster_dims).
 CLUSTER_LIMIT = 16
+#: The largest global scratch buffer (jax-triton 0.4) a kept kernel may ask jaxlib for: 4 GiB - 1,
+#: a uint32, as ``shared_mem_bytes``.
+SCRATCH_LIMIT = (1 << 32) - 1
 _PTX_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]{0,1023}\Z")
 
 
@@ -341,13 +344,37 @@ def _cluster(value, _result, _target):
     return f"is not three whole numbers of at most {CLUSTER_LIMIT} CTAs in all"
 
 
-def _none(value, _result, _target):
-    # ttgir, llir: jax-triton fills them only with JAX_TRITON_DUMP_DIR, which is never cached
-    return None if value is None else "is not null"
+def _ir_text(value, _result, _target):
+    # ttgir, llir: jax-triton 0.2 and 0.3 fill them only with JAX_TRITON_DUMP_DIR, 0.4 always;
+    # only its dump writes them out, jaxlib never sees them
+    return None if value is None or (isinstance(value, str) and "\0" not in value) else "is not text"
+
+
+def _scratch_size(value, result, _target):
+    # jax-triton 0.4: with a size, jaxlib > 0.11 takes the size and its alignment
+    if value is None:
+        return None if result.get("global_scratch_align") is None else "is null beside an alignment"
+    if _whole(value, 0, SCRATCH_LIMIT):
+        return None
+    return f"is not null nor a whole number up to {SCRATCH_LIMIT}"
+
+
+def _scratch_align(value, result, _target):
+    if value is None:
+        return None if result.get("global_scratch_size") is None else "is null beside a size"
+    if _whole(value, 1, 1 << 16) and value & (value - 1) == 0:
+        return None
+    return "is not a power of two up to 65536"
+
+
+def _no_descriptors(value, _result, _target):
+    # jax-triton 0.4's tensor descriptors: a kernel that has any compiles in every process
+    return None if value == [] else "is not empty"
 
 
 _CHECKS = {"binary": _binary, "name": _name, "shared_mem_bytes": _shared, "cluster_dims": _cluster,
-           "ttgir": _none, "llir": _none}
+           "ttgir": _ir_text, "llir": _ir_text, "global_scratch_size": _scratch_size,
+           "global_scratch_align": _scratch_align, "tensordesc_meta": _no_descriptors}
 
 
 # --- Triton's own key, once per installation ----------------------------------------------
