@@ -7,7 +7,9 @@ start, and the target that only warms. Real Snakemake runs and the real CLI."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 
 import pytest
 
@@ -51,7 +53,9 @@ def test_a_gpu_type_no_partition_offers_and_no_device_here_is_named_before_the_r
 def test_doctor_names_a_gpu_type_no_partition_offers_and_no_device_here_is(tmp_path):
     path = write_config(tmp_path / "config.yaml", {"gpu_types": {"a100": {}, "here": {"device": "cpu"}}})
     root = str(tmp_path / "cache")
-    done = run_cli("doctor", "--json", "--no-fail", "--config", str(path), "--cache-root", root)
+    # no sinfo here: the tests' own SLURM cluster may be up meanwhile (another worker's)
+    environ = clean_environ(PATH=os.path.dirname(sys.executable))
+    done = run_cli("doctor", "--json", "--no-fail", "--config", str(path), "--cache-root", root, env=environ)
     assert done.returncode == 0, done.stderr
     warnings = json.loads(done.stdout)["warnings"]
     assert [w for w in warnings if w.startswith("GPU type ")] == [
