@@ -39,7 +39,14 @@ def test_a_key_that_is_not_gpu_caches_is_one_line_naming_it(tmp_path, flags):
 def test_a_gpu_type_no_partition_offers_and_no_device_here_is_named_before_the_run(tmp_path):
     config = {"gpu_types": {"a100": {}}, "workloads": {"jax-transformer": {"shapes": [16]}}}
     work = workdir_with_config(tmp_path, config)
+    # an sinfo that fails, as where no cluster answers: the tests' own SLURM cluster may be up
+    # meanwhile (another worker's), and Snakemake's SLURM plugin wants the other SLURM commands
+    no_cluster = tmp_path / "no-cluster"
+    no_cluster.mkdir()
+    (no_cluster / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: no cluster' >&2\nexit 1\n")
+    (no_cluster / "sinfo").chmod(0o755)
     env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    env["PATH"] = f"{no_cluster}{os.pathsep}{env['PATH']}"
     dry = run_snakemake(work, "-s", SNAKEFILE, "-n", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
     (line,) = [line for line in dry.stderr.splitlines() if line.startswith("gpu-cache: warning: ")]

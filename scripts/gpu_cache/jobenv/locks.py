@@ -1,7 +1,8 @@
 """Single-flight's host side: where the jobs' lock files go and in which mode
 (:func:`plan`, which ``env.resolve`` combines with the rest), and the probes of a lock
 folder that decide it: whether ``flock`` excludes there, and whether leases work (an
-exclusive create that fails for a name that exists, and a write that a fresh open reads).
+exclusive create that fails for a name that exists, and a write that a fresh open reads). A
+diagnosis (doctor) writes no probe file: it asks for a shared lock on the folder instead.
 
 The lock folder is ``<root>/locks``, else (a read-only or unusable root) a node-local one;
 single-flight is off where ``flock`` works in neither. The mode is ``cluster`` (``flock``
@@ -65,8 +66,8 @@ def plan(settings: Settings, root: Path, root_problem: str | None) -> LockPlan:
     problems: list[str] = []
     for folder, above, group in places:
         check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
-        probes = may_write(folder, above)  # else assumed to work: a diagnosis writes nothing
-        problem = check.problem or (flock_problem(folder) if probes else None)
+        probes = may_write(folder, above)  # a diagnosis writes nothing: it asks without a probe file
+        problem = check.problem or (flock_problem(folder) if probes else flock_refused(folder, above))
         if problem:
             problems.append(problem)
         elif problems:
@@ -96,6 +97,10 @@ def _mode(settings: Settings, folder: Path, fs_type: str, shared: bool, probes: 
                         f"single-flight: {folder} is on {fs_type}, where flock often locks within one "
                         f"node only, and {trouble}: single-flight is per node there, and jobs on two "
                         "nodes may compile the same key at once",))
+
+
+#: What flock(2) answers where a filesystem does not lock.
+_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 def lease_problem(folder: Path) -> str | None:
@@ -149,11 +154,36 @@ def flock_problem(folder: Path) -> str | None:
         fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
     except OSError as exc:
-        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        if exc.errno in _UNSUPPORTED:
             return f"flock is not supported in {folder} ({exc.strerror or exc})"
         return f"cannot test flock in {folder}: {why_not(exc)}"
     finally:
         _remove_probe(probe, first, second)
+
+
+def flock_refused(folder: Path, above: Path) -> str | None:
+    """What a diagnosis learns of ``flock`` in ``folder`` (else, where it does not exist yet,
+    in ``above``) without writing: a non-blocking shared lock on the folder itself, refused as
+    unsupported (Lustre mounted without ``flock`` answers ENOSYS), is a problem; any other
+    answer says nothing (None). Never raises."""
+    import fcntl
+
+    for place in (folder, above):
+        try:
+            fd = os.open(place, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # EINVAL: maybe the folder
+                return f"flock is not supported in {folder} ({exc.strerror or exc})"
+            return None
+        finally:
+            os.close(fd)
+    return None
 
 
 def _remove_probe(probe: Path, *fds: int) -> None:
