@@ -231,7 +231,7 @@ def test_triton_autotuning_results_are_counted(tmp_path):
 
 
 def test_the_hooks_copies_match_the_inventory():
-    hook = hook_piece("gpu_cache_hook_tokamax")
+    hook = hook_piece("kinds.tokamax")
     assert (hook.FORMAT, hook.RESULT_LIMIT) == (autotune_cache.FORMAT, autotune_cache.RESULT_LIMIT)
     for versions in (("0.0.12", "0.10.2"), ("0.0.12+local", "0.11.2rc1/x")):
         assert hook.version_folder(*versions) == autotune_cache.version_folder(*versions)

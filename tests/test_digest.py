@@ -1,5 +1,5 @@
 """The digest frame around the entries the startup hook serves itself (issue 38): the hook's
-copy (``_hook/gpu_cache_digest.py``, which the ptxas shim and the jax-triton store use) and
+copy (``_hook/gpu_cache_hook/digest.py``, which the ptxas shim and the jax-triton store use) and
 the package's (``core/digest.py``, which stats, prune, doctor --fix and pack use) are one
 format: each reads what the other writes, and both refuse the same damage."""
 
@@ -15,7 +15,7 @@ PAYLOADS = [b"", b"x", b"gpu-cache ptxas entry 2\n" + bytes(range(256)) * 300, b
 
 @pytest.fixture(scope="module")
 def hook():
-    return hook_piece("gpu_cache_digest")
+    return hook_piece("digest")
 
 
 def test_the_hook_and_the_package_frame_alike(hook):

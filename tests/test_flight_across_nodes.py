@@ -170,7 +170,7 @@ def _race(folder: str, rounds: int, take, results) -> None:
 
 
 def _hook_create(path: str) -> str:
-    os.close(hook_piece("gpu_cache_lock_files").create(path, 0))
+    os.close(hook_piece("locks").create(path, 0))
     return "won"
 
 
@@ -217,7 +217,7 @@ def test_names_do_not_depend_on_the_mount_path() -> None:
     names = []
     for root, where in (("/mnt/a/share/cache", "/mnt/a/share/cache/jax"),
                         ("/scratch/b/cache", "/scratch/b/cache/jax"), ("/scratch/b/cache", "/elsewhere/jax")):
-        program = f"import gpu_cache_flight as f; print(f.lock_name('jit_f-0123', {where!r}))"
+        program = f"import gpu_cache_hook.flight as f; print(f.lock_name('jit_f-0123', {where!r}))"
         shown = subprocess.run([sys.executable, "-c", program],
                                env=clean_environ(PYTHONPATH=str(HOOK), GPU_CACHE_LOCKS=f"{root}/locks"),
                                capture_output=True, text=True, check=True)

@@ -149,7 +149,7 @@ def test_files_in_a_read_only_seed_are_neither_built_nor_benchmarked_again(tmp_p
     for what in COUNTED:
         start_together(tmp_path, what, environ, tools, n=1)
     local = tmp_path / "node-local"
-    seeded = dict(environ, TRITON_CACHE_MANAGER="gpu_cache_triton_seed:SeedOverlayCacheManager",
+    seeded = dict(environ, TRITON_CACHE_MANAGER="gpu_cache_hook.kinds.triton.seed:SeedOverlayCacheManager",
                   GPU_CACHE_TRITON_SEED=str(cache_root / "triton"), TRITON_CACHE_DIR=str(local),
                   GPU_CACHE_LOCKS=str(tmp_path / "node-locks"))
     for what in COUNTED:

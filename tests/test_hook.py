@@ -135,6 +135,8 @@ def test_a_hit_entry_survives_an_age_prune_and_a_never_hit_one_goes(cache_root):
 
 # --- Several copies of the hook, and faults that must never break the job (issue 11) -------
 
+#: The hook's modules a process that imports jax loads (its package, and the JAX piece).
+JAX_PIECES = ['gpu_cache_hook', 'gpu_cache_hook.common', 'gpu_cache_hook.kinds', 'gpu_cache_hook.kinds.jax']
 #: The hook as it was before it marked itself (commit bd030ffd), as a job may still carry it.
 OLD_HOOK = REPO / "tests" / "fixtures" / "hook-before-marker"
 #: The hook as one file, before it was split into pieces (commit 49c8287): it has the marker.
@@ -212,7 +214,7 @@ def test_an_older_copy_of_the_hook_never_recurses(cache_root, tmp_path, order):
     assert record["jax"]["requests"] == 3
     pieces = python("import sys, jax; print(sorted(m for m in sys.modules if m.startswith('gpu_cache_')))",
                     env).stdout
-    assert pieces == ("[]\n" if hooks[0] != HOOK else "['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n")
+    assert pieces == ("[]\n" if hooks[0] != HOOK else f"{JAX_PIECES}\n")
 
 
 def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root, tmp_path):
@@ -220,7 +222,9 @@ def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root
     # hook off sys.path, or has a module of the same name, still gets its record.
     fake, shadow = fake_jax(tmp_path), tmp_path / "shadow"
     shadow.mkdir()
-    (shadow / "gpu_cache_hook_record.py").write_text("raise RuntimeError('not the hook')\n")
+    (shadow / "gpu_cache_hook").mkdir()
+    for name in ("__init__.py", "records.py"):
+        (shadow / "gpu_cache_hook" / name).write_text("raise RuntimeError('not the hook')\n")
     env = hook_env(cache_root, str(fake))
     code = ("import sys; before = sorted(m for m in sys.modules if m.startswith('gpu_cache'))\n"
             "import jax\n"
@@ -229,7 +233,7 @@ def test_a_process_loads_a_piece_of_the_hook_only_for_what_it_imports(cache_root
             "jax.compile_many(2)\n")
     done = python(code, env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "[] ['gpu_cache_hook_common', 'gpu_cache_hook_jax']\n"
+    assert done.stdout == f"[] {JAX_PIECES}\n"
     (record,) = records_of(cache_root)
     assert record["jax"]["requests"] == 2 and record["libraries"] == ["jax"]
 
@@ -383,7 +387,7 @@ ABOVE = {"above 0777": (0o777, 0), "above 1777": (0o1777, 0), "above 0775 group 
 
 def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     need_root()
-    hook = hook_piece("gpu_cache_hook_fallback")
+    hook = hook_piece("trust")
     verdicts = {}
     for name, (mode, owner, acl, default) in FOLDERS.items():
         folder = base / name.replace(" ", "-")

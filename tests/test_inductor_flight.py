@@ -149,7 +149,7 @@ def test_a_torch_whose_functions_differ_is_left_untouched():
     """The checked signatures: a function missing, or with other leading parameters, is named."""
     sys.path.insert(0, str(HOOK))
     try:
-        import gpu_cache_hook_inductor as piece
+        from gpu_cache_hook.kinds import inductor as piece
     finally:
         sys.path.remove(str(HOOK))
 

@@ -56,8 +56,8 @@ def _copy(root: Path, tmp_path: Path) -> Path:
 
 
 def _reseal(path: Path, where: str, field: str, value) -> None:
-    store = hook_piece("gpu_cache_jax_triton_store")
-    entry = json.loads(hook_piece("gpu_cache_digest").opened(path.read_bytes()))
+    store = hook_piece("kinds.jax_triton.store")
+    entry = json.loads(hook_piece("digest").opened(path.read_bytes()))
     (entry["result"] if where == "result" else entry)[field] = value
     path.write_bytes(store.sealed(entry))
 
@@ -73,9 +73,9 @@ def _flip(path: Path) -> None:
 
 
 def test_the_inventory_reads_what_the_hook_writes_and_finds_a_flipped_byte():
-    """The hook writes an entry framed with its sha256 (``gpu_cache_jax_triton_store.sealed``);
+    """The hook writes an entry framed with its sha256 (``gpu_cache_hook.kinds.jax_triton.store.sealed``);
     stats, prune and pack read it with the package's copy of the frame (``core/digest.py``)."""
-    store = hook_piece("gpu_cache_jax_triton_store")
+    store = hook_piece("kinds.jax_triton.store")
     key = "a" * 64
     entry = {"format": kernel_cache.FORMAT, "key": key, "kernel": "k\u00e9\udcff", "module": "m",
              "name": "k", "jax_triton": "0.3.1", "triton": "3.9.0", "target": "sm_90",
@@ -229,7 +229,7 @@ def test_jax_triton_04s_result_fields_are_checked_before_jaxlib_sees_them():
     """jax-triton 0.4's CompilationResult: ttgir and llir are always text there, and it adds a
     global scratch buffer (size and alignment, passed to jaxlib > 0.11) and tensor descriptors.
     A whole result is served; each odd field refuses the entry."""
-    store = hook_piece("gpu_cache_jax_triton_store")
+    store = hook_piece("kinds.jax_triton.store")
     ptx = ".version 8.7\n.target sm_90a\n.entry k(\n)\n"
     fields = ("binary", "name", "shared_mem_bytes", "ttgir", "llir", "global_scratch_size",
               "global_scratch_align", "tensordesc_meta")

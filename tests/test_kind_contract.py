@@ -317,7 +317,7 @@ TIERED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.tiered]
 
 def tier_of(local: Path, shared: Path):
     """The startup hook's node-local tier of a job whose cache root is ``shared``."""
-    return hook_piece("gpu_cache_tier").Tier(str(local), str(shared), 0, None)
+    return hook_piece("tier").Tier(str(local), str(shared), 0, None)
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -331,7 +331,7 @@ def test_the_tier_fetches_only_whole_entries_nobody_else_may_have_written(kind, 
     """Three entries in the shared tier, sealed by a prune: one then damaged (one bit, size and
     mtime kept), one made writable by everyone. The hook's fetch serves the third as it is, and
     neither of the others: both are counted in the record, and the damaged one is set aside in
-    the shared tier. Guards: the seal and trust checks of gpu_cache_tier's fetch."""
+    the shared tier. Guards: the seal and trust checks of gpu_cache_hook.tier's fetch."""
     root, local = tmp_path / "root", tmp_path / "tier"
     keys = written(root, kind, count=3)
     prune(root, kind.name)  # seals what it finds whole
@@ -362,7 +362,7 @@ def test_the_tier_promotes_whole_entries_and_never_over_one_there(kind, tmp_path
     """Two entries a job wrote in its local tier; the shared tier already holds the first one
     (another node promoted it first). Promotion places the second whole (the shared tier's
     scan finds it whole) and leaves the first one's files as they were, not one replaced (a
-    reader there may be reading them). Guard: gpu_cache_tier_files.link_new (a new name only,
+    reader there may be reading them). Guard: gpu_cache_hook.tier.files.link_new (a new name only,
     never a replacement)."""
     root, local = tmp_path / "root", tmp_path / "tier"
     keys = written(local, kind, count=2)

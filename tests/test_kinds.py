@@ -13,14 +13,14 @@ import sys
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
 from gpu_cache.jobenv import env
-from helpers import SCRIPTS, clean_environ, hook_piece
+from helpers import SCRIPTS, clean_environ, hook_piece, hook_source
 
 HOOK = SCRIPTS / "gpu_cache" / "_hook"
 
 
 def _hook_constant(module: str, name: str) -> tuple[str, ...]:
     """A tuple constant of a module of the startup hook, read without running it."""
-    path = HOOK / f"{module}.py"
+    path = hook_source(module)
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             return tuple(ast.literal_eval(node.value))
@@ -31,21 +31,21 @@ def test_the_hooks_copies_match_the_registry():
     watched = {**hook_piece("sitecustomize")._WATCHED, **hook_piece("sitecustomize")._found()}
     assert watched == {kind.watched_module: kind.name for kind in kinds.ALL if kind.watched_module}
     assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
-    assert _hook_constant("gpu_cache_hook_record", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
-    assert _hook_constant("gpu_cache_hook_record", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("gpu_cache_hook_bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("gpu_cache_hook_record", "_KEY_PACKAGES") == software.KEY_PACKAGES
+    assert _hook_constant("records", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
+    assert _hook_constant("records", "_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("kinds.bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
+    assert _hook_constant("records", "_KEY_PACKAGES") == software.KEY_PACKAGES
 
 
 def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
-    """``_hook/gpu_cache_seals.py`` keeps copies of the record's format and of the seals' key:
+    """``_hook/gpu_cache_hook/tier/seals.py`` keeps copies of the record's format and of the seals' key:
     a seal prune records is found by the hook, with its value, in a record of many; a record
     another user may have written seals nothing."""
     from gpu_cache.core import verified
     from gpu_cache.core.kinds import integrity
     from helpers import hook_piece
 
-    seals = hook_piece("gpu_cache_seals")
+    seals = hook_piece("tier.seals")
     assert (seals.NAME, seals.MAGIC, seals.MAX_BYTES) == (verified.NAME, verified.MAGIC, verified.MAX_BYTES)
     names = ["a-cache", "KEY/__grp__k.json", "fxgraph/ab/fab\udcff/x", "n\u00e9"]
     for relative in names:
@@ -69,17 +69,17 @@ def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
     from gpu_cache.core.kinds import jax_triton_format as jax_triton
 
     def constants(module: str) -> dict:
-        tree = ast.parse((HOOK / f"{module}.py").read_text())
+        tree = ast.parse(hook_source(module).read_text())
         return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(node.value, ast.Constant) and hasattr(t, "id")}
 
     kind = kinds.KINDS["jax_triton"]
-    store, piece = constants("gpu_cache_jax_triton_store"), constants("gpu_cache_hook_jax_triton")
+    store, piece = constants("kinds.jax_triton.store"), constants("kinds.jax_triton")
     assert (store["KIND"], store["FORMAT"], store["MEMO_FOLDER"]) == \
         (kind.name, jax_triton.FORMAT, jax_triton.MEMO_FOLDER)
     assert piece["KIND"] == kind.name  # its variable: the hook's names (tests/test_names.py)
     assert jax_triton.ENTRY_LIMIT == 64 << 20  # the store's: written as an expression there
-    assert "ENTRY_LIMIT = 64 << 20" in (HOOK / "gpu_cache_jax_triton_store.py").read_text()
+    assert "ENTRY_LIMIT = 64 << 20" in hook_source("kinds.jax_triton.store").read_text()
 
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
@@ -143,7 +143,7 @@ def test_a_kind_added_as_its_modules_alone_is_registered_watched_and_recorded(tm
     package = tmp_path / "scripts" / "gpu_cache"
     shutil.copytree(SCRIPTS / "gpu_cache", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "core" / "kinds" / "dropped_in.py").write_text(DROPPED_KIND)
-    (package / "_hook" / "gpu_cache_hook_dropped_in.py").write_text(DROPPED_PIECE)
+    (package / "_hook" / "gpu_cache_hook" / "kinds" / "dropped_in.py").write_text(DROPPED_PIECE)
     listed = subprocess.run([sys.executable, "-c", "from gpu_cache.core import kinds; "
                              "print(' '.join(k.name for k in kinds.ALL))"],
                             env=clean_environ(PYTHONPATH=str(tmp_path / "scripts")),

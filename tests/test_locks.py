@@ -83,7 +83,7 @@ def mode(path: Path) -> int:
 
 
 def flock_name(key: str, kind_folder: str) -> str:
-    """The lock file name of ``key`` (gpu_cache_flight.lock_name): the key, then 8 hex digits of
+    """The lock file name of ``key`` (gpu_cache_hook.flight.lock_name): the key, then 8 hex digits of
     the cache folder relative to the root, so the same on every node."""
     return f"{key}-{zlib.crc32(kind_folder.encode()):08x}.lock"
 
@@ -412,7 +412,7 @@ def test_prune_and_unpack_never_wait_on_a_lock_another_user_holds(base):
 def test_the_hook_judges_lock_files_as_gpu_cache_does(tmp_path):
     """The hook's copy of the lock-file rule (it may not import gpu_cache) agrees with
     core.safe_locks on real files: modes, another user's file, a link, a FIFO."""
-    hook = hook_piece("gpu_cache_lock_files")
+    hook = hook_piece("locks")
     from gpu_cache.core import safe_locks
 
     cases = []

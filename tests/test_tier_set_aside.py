@@ -15,8 +15,8 @@ from helpers import HOOK, clean_environ
 
 KINDS = ("jax", "triton", "inductor", "jax_triton")
 #: A process whose tier looks at each kind once, as a job's first use of each does.
-FIRST_USE = ("import json, gpu_cache_tier\n"
-             "tier = gpu_cache_tier.get()\n"
+FIRST_USE = ("import json, gpu_cache_hook.tier\n"
+             "tier = gpu_cache_hook.tier.get()\n"
              f"print(json.dumps({{k: [tier.enabled(k), tier.record(k)] for k in {KINDS!r}}}))\n")
 
 

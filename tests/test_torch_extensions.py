@@ -19,7 +19,7 @@ import pytest
 
 from flight_jobs import has_open, job_env
 from gpu_cache.core.kinds import torch_extensions
-from helpers import HOOK, records, run_cli
+from helpers import hook_source, records, run_cli
 
 pytest.importorskip("torch")
 KIND = torch_extensions.KIND
@@ -100,7 +100,7 @@ def builds(root: Path) -> list[str]:
 @pytest.mark.slow
 def test_four_jobs_on_an_empty_root_build_once(tmp_path):
     """Four jobs load one extension at one instant: one builds it, three wait for its entry
-    and load it. Guard: single-flight (``gpu_cache_flight.lead``) in the piece's ``serve``."""
+    and load it. Guard: single-flight (``gpu_cache_hook.flight.lead``) in the piece's ``serve``."""
     root = tmp_path / "root"
     env = environ(tmp_path, root)
     sync = tmp_path / "sync"
@@ -247,9 +247,9 @@ def test_a_torn_build_is_never_loaded(tmp_path):
 def test_the_pieces_names_are_the_kinds(name):
     """The hook's piece and the kind agree on the names they share (the hook imports nothing of
     the package)."""
-    tree = ast.parse((HOOK / "gpu_cache_hook_torch_extensions.py").read_text())
+    tree = ast.parse(hook_source("kinds.torch_extensions").read_text())
     found = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
              for t in node.targets if isinstance(node.value, ast.Constant) and hasattr(t, "id")}
     assert found[name] == getattr(torch_extensions, name)
-    assert found["KIND"] == KIND.name and KIND.watched_module in (HOOK / "gpu_cache_hook_torch_extensions.py"
-                                                                  ).read_text().splitlines()[0]
+    head = hook_source("kinds.torch_extensions").read_text().splitlines()[0]
+    assert found["KIND"] == KIND.name and KIND.watched_module in head

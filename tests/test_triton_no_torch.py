@@ -1,4 +1,4 @@
-"""Triton's argument specialisation made without importing torch (``_hook/gpu_cache_triton_no_torch``).
+"""Triton's argument specialisation made without importing torch (the hook's ``kinds.triton.no_torch``).
 
 Triton 3.6's native specialisation imports torch at its first call in a process, which cost a
 warm jax-triton process on the H200 3 to 4 s of its 8 (``tests/benchmarks/results/
@@ -23,7 +23,7 @@ SPECIALISE = """
 import json, sys
 sys.path.insert(0, {hook!r})
 if {prime}:
-    import gpu_cache_triton_no_torch as no_torch
+    from gpu_cache_hook.kinds.triton import no_torch
     said = no_torch.prime()
     assert "torch" not in sys.modules, "the prime imported torch"
 else:
@@ -57,7 +57,7 @@ def test_tensors_are_specialised_alike_after_a_first_call_without_torch():
 
 def test_nothing_is_done_where_torch_is_imported_already_or_switched_off(monkeypatch):
     code = (f"import sys, os; sys.path.insert(0, {str(HOOK)!r}); {{first}}"
-            "import gpu_cache_triton_no_torch as n; print(n.prime())")
+            "import gpu_cache_hook.kinds.triton.no_torch as n; print(n.prime())")
     said = [subprocess.run([sys.executable, "-c", code.format(first=first)], env=clean_environ(**extra),
                            capture_output=True, text=True, timeout=300).stdout.strip()
             for first, extra in (("import torch; ", {}), ("", {"GPU_CACHE_TRITON_TORCH": "1"}))]

@@ -169,7 +169,7 @@ def test_bad_arguments_are_one_line_and_exit_2(args: list[str], recorded: Path, 
 _BOUNDED = """
 import sys, triton
 from gpu_cache.workloads import triton_kernels as tk
-hook = sys.modules["gpu_cache_hook_triton"]
+hook = sys.modules["gpu_cache_hook.kinds.triton"]
 setattr(hook, sys.argv[1], int(sys.argv[2]))
 tk.run_aot(256, [90])
 # The same kernels compiled again (in-memory binders dropped, the disk cache bypassed): more

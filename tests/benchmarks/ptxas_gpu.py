@@ -135,14 +135,14 @@ def micro(scratch: Path, reps: int) -> dict[str, Any]:
 
 #: What the shim's Python runs before its ``main``: nothing (the check as it is), or the check
 #: turned off (the frame stripped unchecked).
-CHECK = {"on": "", "off": "import gpu_cache_digest as d; d.opened = lambda data: data[d.LINE:]; "}
+CHECK = {"on": "", "off": "import gpu_cache_hook.digest as d; d.opened = lambda data: data[d.LINE:]; "}
 LOOKUPS = 50
 
 
 def _lookup_us(folder: Any, key: str, case: str) -> float:
     """Microseconds of one hit's lookup in this process (mean of LOOKUPS), with the check
     ``case``."""
-    frame = SHIM.gpu_cache_digest
+    frame = SHIM.gpu_cache_hook.digest
     checked = frame.opened
     if case == "off":
         frame.opened = lambda data: data[frame.LINE:]
@@ -173,7 +173,7 @@ def digest_check(files: dict[str, Path], real_dir: Path, scratch: Path, reps: in
             for case in ("on", "off"):
                 lookups[case].append(_lookup_us(folder, entry.stem, case))
                 program = (f"import sys; sys.path.insert(0, sys.argv.pop(1)); {CHECK[case]}"
-                           "import gpu_cache_ptxas; gpu_cache_ptxas.main()")
+                           "import gpu_cache_hook.kinds.ptxas.shim; gpu_cache_hook.kinds.ptxas.shim.main()")
                 command = [sys.executable, "-I", "-S", "-c", program, SHIM.HERE, *call]
                 calls[case].append(timed(command, environ))
         us = {case: round(statistics.median(values), 1) for case, values in lookups.items()}

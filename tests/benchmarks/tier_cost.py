@@ -124,9 +124,9 @@ AT_IMPORT = (
     "import sys, time\n"
     "sys.path.insert(0, sys.argv[1])\n"
     "started = time.perf_counter()\n"
-    "import gpu_cache_tier_bound, gpu_cache_tier\n"
-    "tier = gpu_cache_tier.get()\n"
-    "tier.fetch_tree('jax', gpu_cache_tier.XLA_AUTOTUNE)\n"
+    "import gpu_cache_hook.tier.bound, gpu_cache_hook.tier\n"
+    "tier = gpu_cache_hook.tier.get()\n"
+    "tier.fetch_tree('jax', gpu_cache_hook.tier.XLA_AUTOTUNE)\n"
     "print((time.perf_counter() - started) * 1000)\n")
 
 

@@ -4,7 +4,7 @@
 
 Every Python process of a job with the tier on runs the startup hook's guard before any tool
 reads the tier: it makes the tier's folders that are missing (0700) and judges the tier, every
-folder above it and its kind folders by the trust rule (``gpu_cache_hook_fallback.guard``).
+folder above it and its kind folders by the trust rule (``gpu_cache_hook.trust.guard``).
 This times, interleaved, the hook's ``sitecustomize`` import as ``python -X importtime`` reports
 it (measured inside the process, so other load on the machine moves it less than wall time)
 with the hook's environment without the tier and with it, for ``python -c pass``; and the

@@ -40,7 +40,7 @@ from helpers import HOOK, TINY, clean_environ  # noqa: E402
 
 #: ``--checks`` first calls of ``enabled("jax")``, each of a fresh tier; the median in µs.
 #: ``new`` removes the marks first, so that each call reads the list and walks the folder.
-CHECKS = ("import os, statistics, sys, time, gpu_cache_tier\n"
+CHECKS = ("import os, statistics, sys, time, gpu_cache_hook.tier\n"
           "local, shared, n, fresh = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == 'new'\n"
           "took = []\n"
           "for _ in range(n):\n"
@@ -48,7 +48,7 @@ CHECKS = ("import os, statistics, sys, time, gpu_cache_tier\n"
           "        for name in os.listdir(local):\n"
           "            if name.startswith('.gpu-cache-set-aside.'):\n"
           "                os.unlink(os.path.join(local, name))\n"
-          "    tier = gpu_cache_tier.Tier(local, shared, 0, None)\n"
+          "    tier = gpu_cache_hook.tier.Tier(local, shared, 0, None)\n"
           "    started = time.perf_counter()\n"
           "    tier.enabled('jax')\n"
           "    took.append(time.perf_counter() - started)\n"

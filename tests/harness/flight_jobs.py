@@ -131,7 +131,7 @@ def finished(proc: subprocess.Popen[str]) -> dict:
 
 def lease_bound() -> tuple[float, float]:
     """LEASE_STALE and MAX_LEASE_POLL of the hook's single-flight leases."""
-    leases = hook_piece("gpu_cache_flight_leases")
+    leases = hook_piece("flight.leases")
     return leases.LEASE_STALE, leases.MAX_LEASE_POLL
 
 

@@ -48,10 +48,20 @@ def unavailable(message: str) -> NoReturn:
     pytest.skip(message)
 
 
+def hook_source(name: str) -> Path:
+    """The file of the startup hook's module ``name``: ``sitecustomize``, or a piece named as
+    the hook names it (``tier.files`` is ``gpu_cache_hook/tier/files.py``)."""
+    if name == "sitecustomize":
+        return HOOK / "sitecustomize.py"
+    path = HOOK.joinpath("gpu_cache_hook", *name.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def hook_piece(name: str) -> types.ModuleType:
-    """The startup hook's module ``name``, loaded in this process as a job loads it: from the
-    hook's folder, beside the hook's ``sitecustomize`` (whose names the pieces import), which is
-    loaded under another name, so that it starts nothing here."""
+    """The startup hook's module ``name`` (``sitecustomize``, or a piece named as the hook names
+    it: ``tier.files``), loaded in this process as a job loads it: from the hook's folder,
+    beside the hook's ``sitecustomize`` (whose names the pieces import), which is loaded under
+    another name, so that it starts nothing here."""
     site = sys.modules.get("sitecustomize")
     if getattr(site, "__file__", None) != str(HOOK / "sitecustomize.py"):
         spec = importlib.util.spec_from_file_location("gpu_cache_hook_names", HOOK / "sitecustomize.py")
@@ -60,7 +70,7 @@ def hook_piece(name: str) -> types.ModuleType:
         sys.modules["sitecustomize"] = site
     sys.path.insert(0, str(HOOK))
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(name if name == "sitecustomize" else f"gpu_cache_hook.{name}")
     finally:
         sys.path.remove(str(HOOK))
 

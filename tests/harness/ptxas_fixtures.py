@@ -15,9 +15,9 @@ from gpu_cache.core.kinds import ptxas_lookup
 from helpers import HOOK, unavailable
 
 SHIM = ptxas_lookup.shim_module()
-SHIM_DIR = HOOK / "ptxas"
-#: The hook's digest frame (``_hook/gpu_cache_digest.py``), as the shim loaded it.
-DIGEST = SHIM.gpu_cache_digest
+SHIM_DIR = HOOK / "gpu_cache_hook" / "kinds" / "ptxas" / "bin"
+#: The hook's digest frame (``_hook/gpu_cache_hook/digest.py``), as the shim loaded it.
+DIGEST = SHIM.frame
 
 
 def triton_ptxas() -> Path:

@@ -3,35 +3,35 @@
 gpu-cache puts this folder first on ``PYTHONPATH`` when ``stats_hook`` or ``single_flight``
 is on. This file is what every Python process loads: it installs an import watcher (a few
 microseconds) and nothing else. The rest of the hook is in pieces next to it, each loaded
-only when needed (issue 19):
+only when needed (issue 19), from the package ``gpu_cache_hook`` beside it, whose
+docstring is the map: a piece per kind in ``gpu_cache_hook/kinds/``, and the shared concerns
+(``tier``, ``flight`` and ``locks``, ``records``, ``trust``, ``digest``, ``common``) at its top.
 
-- ``gpu_cache_hook_jax`` when the process imports ``jax``: its cache listeners, the key parts
-  for ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
-- ``gpu_cache_hook_triton`` when it imports ``triton``: Triton's listener and cache manager;
-- ``gpu_cache_hook_inductor`` when it imports ``torch._inductor.codecache`` (and the two
-  modules it also wraps): Inductor's hits and misses and single-flight (issue 31), never in
-  Inductor's compile workers;
-- ``gpu_cache_hook_tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's
-  JAX context before the first trace, which saves the second compile (issue 20; switched off
-  with ``GPU_CACHE_TOKAMAX_FIX=0``);
-- ``gpu_cache_hook_tokamax`` again when it has imported the ``tokamax`` package, with
+- ``kinds.jax`` when the process imports ``jax``: its cache listeners, the key parts for
+  ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
+- ``kinds.triton`` when it imports ``triton``: Triton's listener and cache manager;
+- ``kinds.inductor`` when it imports ``torch._inductor.codecache`` (and the two modules it
+  also wraps): Inductor's hits and misses and single-flight (issue 31), never in Inductor's
+  compile workers;
+- ``kinds.tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's JAX
+  context before the first trace, which saves the second compile (issue 20; switched off with
+  ``GPU_CACHE_TOKAMAX_FIX=0``); again when it has imported the ``tokamax`` package, with
   ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
-- ``gpu_cache_hook_jax_triton`` when it imports ``jax_triton.triton_lib`` (with
+- ``kinds.jax_triton`` when it imports ``jax_triton.triton_lib`` (with
   ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
-  the ``TRITON_CACHE_DIR`` it clears put back (issue 34); for jax-triton 0.4.x it loads
-  ``gpu_cache_hook_jax_triton_functions`` (issue 39);
-- ``gpu_cache_hook_<kind>``, the piece of any other kind found beside this file, when it
-  imports the module the piece's first line names (``_found``); its ``section(hook)`` is the
-  kind's part of the record;
-- ``gpu_cache_hook_ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim
-  (``ptxas/``, ``gpu_cache_ptxas``) first on the process's ``PATH`` where jax_triton is
-  installed, so jaxlib's ptxas runs of Triton kernels are cached (issue 34);
-- ``gpu_cache_hook_record`` at exit: the JSON record of a process that imported jax,
-  triton or Inductor's code cache, written into ``$GPU_CACHE_RECORDS``;
-- ``gpu_cache_hook_common`` (what the pieces share), ``gpu_cache_flight`` (single-flight
-  with ``$GPU_CACHE_LOCKS``) and ``gpu_cache_tier`` (the node-local tier, with
-  ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue 23), loaded by the pieces; the tier
-  also when the process imports ``torch._inductor``.
+  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
+- ``kinds.<kind>``, the piece of any other kind found in ``kinds/``, when it imports the
+  module the piece's first line names (``_found``); its ``section(hook)`` is the kind's part
+  of the record;
+- ``kinds.ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim first on the
+  process's ``PATH`` where jax_triton is installed, so jaxlib's ptxas runs of Triton kernels
+  are cached (issue 34);
+- ``kinds.bytecode`` at start, with ``$GPU_CACHE_BYTECODE``;
+- ``trust`` at start where a folder the job was given is node-local or cannot be created;
+- ``records`` at exit: the JSON record of a process that imported a watched module, written
+  into ``$GPU_CACHE_RECORDS``; ``flight`` (single-flight, with ``$GPU_CACHE_LOCKS``) and
+  ``tier`` (the node-local tier, with ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue
+  23) through the pieces; the tier also when the process imports ``torch._inductor``.
 
 Rules it keeps:
 
@@ -111,15 +111,16 @@ SET_ASIDE_PREFIX = "set-aside-"
 SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
 #: The modules whose caches this hook observes, each with its kind, whose piece is
-#: ``gpu_cache_hook_<kind>``: with the pieces found beside this file (``_found``), a copy of
+#: ``kinds.<kind>``: with the pieces found in ``kinds/`` (``_found``), a copy of
 #: gpu_cache.core.kinds.WATCHED_MODULES (a test fails when they drift).
 _WATCHED = {"jax": "jax", "triton": "triton", "torch._inductor.codecache": "inductor",
             "jax_triton.triton_lib": "jax_triton"}
-#: The pieces that are no kind's, or that watch no module of their own: no need to look in them.
-_NOT_FOUND = ("common", "fallback", "record", "tokamax", "ptxas", "bytecode")
+#: The kinds' pieces that watch no module of their own: no need to look in them.
+_NOT_FOUND = ("tokamax", "ptxas", "bytecode")
 #: The first line of the piece of a kind beyond ``_WATCHED``, with the module it watches after it.
 _WATCHES = b"# gpu-cache hook piece watching "
-_PIECE_PREFIX = "gpu_cache_hook_"
+#: The package of the pieces, beside this file.
+_PACKAGE = "gpu_cache_hook"
 #: The other modules the Inductor piece needs before it wraps anything (issue 31).
 _INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
 #: jax-triton's module whose kernels its piece keeps (issue 34), where JAX_TRITON_VAR is set.
@@ -211,8 +212,7 @@ class _Hook:
 
     def _write_record(self):
         try:
-            _piece("gpu_cache_hook_common")
-            _piece("gpu_cache_hook_record").write(self)
+            _piece("records").write(self)
         except Exception as exc:
             self.warn("writing the record", exc)
 
@@ -236,23 +236,27 @@ def _machinery():
 
 
 def _piece(name):
-    """The hook's module ``name`` from this file's folder: not from whatever ``sys.path`` finds
-    first (the job may have changed it by exit), never another checkout's of another version."""
-    module = sys.modules.get(name)
+    """The hook's module ``gpu_cache_hook.<name>``, from this file's folder: the package is
+    loaded from there, not from whatever ``sys.path`` finds first (the job may have changed it
+    by exit), never another checkout's of another version; its modules then come from it."""
+    full = f"{_PACKAGE}.{name}"
+    module = sys.modules.get(full)
     if module is not None:
         return module
-    path_finder, module_from_spec = _machinery()
-    spec = path_finder.find_spec(name, [os.path.dirname(_HERE or "")])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{name} is missing beside {_HERE}", name=name)
-    module = module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    if _PACKAGE not in sys.modules:
+        path_finder, module_from_spec = _machinery()
+        spec = path_finder.find_spec(_PACKAGE, [os.path.dirname(_HERE or "")])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{_PACKAGE} is missing beside {_HERE}", name=_PACKAGE)
+        package = module_from_spec(spec)
+        sys.modules[_PACKAGE] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            sys.modules.pop(_PACKAGE, None)
+            raise
+    __import__(full)
+    return sys.modules[full]
 
 
 def _compile_worker():
@@ -266,22 +270,24 @@ def _compile_worker():
 
 
 def _found():
-    """``{module: kind}`` of each piece beside this file of a kind beyond ``_WATCHED``
-    (``gpu_cache_hook_<kind>.py``, whose first line says the module it watches): a new kind's
-    piece needs no line here. The folder's names as the import system listed them to find
-    this file (its path finder's cache: no second listing), else listed; then a read of the head
-    of each new piece."""
-    folder = os.path.dirname(_HERE or "")
-    names = getattr(sys.path_importer_cache.get(folder), "_path_cache", None)
-    if not isinstance(names, (set, frozenset)) or "sitecustomize.py" not in names:
-        names = os.listdir(folder) if folder else ()
+    """``{module: kind}`` of each piece in ``kinds/`` of a kind beyond ``_WATCHED``
+    (``kinds/<kind>.py``, or ``kinds/<kind>/__init__.py``, whose first line says the module it
+    watches): a new kind's piece needs no line here. One listing of ``kinds/``, then a read of
+    the head of each new piece."""
+    folder = os.path.join(os.path.dirname(_HERE or ""), _PACKAGE, "kinds")
     known = set(_WATCHED.values()).union(_NOT_FOUND)
     found = {}
-    for name in [n for n in names if n.startswith(_PIECE_PREFIX) and n.endswith(".py")]:
-        kind = name[len(_PIECE_PREFIX):-3]
-        if kind in known:
+    for name in os.listdir(folder):
+        kind = name[:-3] if name.endswith(".py") else name
+        if kind in known or kind.startswith("_") or not kind.isidentifier():
             continue
-        head = _read_small(os.path.join(folder, name), 200).split(b"\n", 1)[0]
+        path = os.path.join(folder, name)
+        if not name.endswith(".py"):
+            path = os.path.join(path, "__init__.py")
+        try:
+            head = _read_small(path, 200).split(b"\n", 1)[0]
+        except OSError:  # not a piece (a folder without one, a cache folder)
+            continue
         if head.startswith(_WATCHES):
             found[head[len(_WATCHES):].decode("ascii").strip()] = kind
     return found
@@ -292,8 +298,7 @@ def _observe(library):
         if library == "inductor" and _compile_worker():
             return
         _HOOK.observed(library)
-        _piece("gpu_cache_hook_common")  # before the piece that imports it: from this folder
-        _piece(f"gpu_cache_hook_{library}").on_import(module, _HOOK)
+        _piece(f"kinds.{library}").on_import(module, _HOOK)
 
     return handler
 
@@ -301,24 +306,22 @@ def _observe(library):
 def _inductor(module):
     if _compile_worker():
         return
-    tier = _piece("gpu_cache_hook_common").tier(_HOOK)
+    tier = _piece("common").tier(_HOOK)
     if tier is not None:
         _HOOK.parts.setdefault("inductor", {})
         tier.fetch_tree("inductor")
 
 
 def _ptxas_kernels(module):
-    _piece("gpu_cache_hook_ptxas").on_jax_triton(module, _HOOK)
+    _piece("kinds.ptxas").on_jax_triton(module, _HOOK)
 
 
 def _tokamax(module):
-    _piece("gpu_cache_hook_common")
-    _piece("gpu_cache_hook_tokamax").on_import(module, _HOOK)
+    _piece("kinds.tokamax").on_import(module, _HOOK)
 
 
 def _tokamax_package(module):
-    _piece("gpu_cache_hook_common")
-    _piece("gpu_cache_hook_tokamax").on_package(module, _HOOK)
+    _piece("kinds.tokamax").on_package(module, _HOOK)
 
 
 class _Watcher:
@@ -451,7 +454,7 @@ def _run_user_sitecustomize(here):
 def _node_local(folder):
     """Whether ``folder`` is one of gpu-cache's node-local folders
     (``$TMPDIR/gpu-cache-<uid>/<kind>``): made on each node, by whoever comes first, so
-    checked on each node (``gpu_cache_hook_fallback``)."""
+    checked on each node (``trust``)."""
     return os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}"
 
 
@@ -459,11 +462,11 @@ def _usable_triton_folder():
     """Point Triton at another folder when the exported one cannot be created: Triton creates
     it at start and raises in a read-only container image where the cache root is not bound.
     Costs one stat where the folder exists; the fallback (a trusted node-local folder, else a
-    private one) is in ``gpu_cache_hook_fallback``, as is the check of a node-local folder
+    private one) is in ``trust``, as is the check of a node-local folder
     that ``gpu-cache env`` exported."""
     folder = os.environ.get(TRITON_CACHE_DIR_VAR)
     if folder and _node_local(folder):
-        _piece("gpu_cache_hook_fallback").triton_node_local(folder, _HOOK, _stderr)
+        _piece("trust").triton_node_local(folder, _HOOK, _stderr)
         return
     if not folder or os.path.isdir(folder):
         return
@@ -472,21 +475,21 @@ def _usable_triton_folder():
         return
     except OSError as exc:
         why = exc.strerror or repr(exc)
-    _piece("gpu_cache_hook_fallback").triton(folder, why, _HOOK, _stderr)
+    _piece("trust").triton(folder, why, _HOOK, _stderr)
 
 
 def _bytecode_cache():
     """With gpu-cache's bytecode cache on, this process's bytecode goes to a folder of its
-    interpreter and image (``gpu_cache_hook_bytecode``)."""
+    interpreter and image (``kinds.bytecode``)."""
     folder = os.environ.get(BYTECODE_VAR)
     if folder and os.path.isabs(folder):
-        _piece("gpu_cache_hook_bytecode").install(folder)
+        _piece("kinds.bytecode").install(folder)
 
 
 def _guard():
     """A node-local tier or fallback folder this job was given is judged on this node before
     any tool reads it: ``gpu-cache env`` checked it where it ran, but another user may have
-    made it here first (``gpu_cache_hook_fallback.guard``). Costs a few string tests when the
+    made it here first (``trust.guard``). Costs a few string tests when the
     job has none."""
     tier = os.environ.get(TIER_VAR, "")
     tier = os.path.normpath(tier) if os.path.isabs(tier) and os.path.isabs(
@@ -494,7 +497,7 @@ def _guard():
     names = [n for n in _NODE_LOCAL_VARS if _node_local(os.environ.get(n) or "")
              and not (tier and os.environ[n].startswith(tier + os.sep))]
     if tier or names:
-        _piece("gpu_cache_hook_fallback").guard(tier, _TIERED, names, _HOOK, _stderr)
+        _piece("trust").guard(tier, _TIERED, names, _HOOK, _stderr)
 
 
 def _install():
@@ -514,7 +517,7 @@ def _install():
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
     if _HOOK.flight and _node_local(locks):
         try:
-            _HOOK.flight = _piece("gpu_cache_hook_fallback").locks_node_local(locks, _HOOK, _stderr)
+            _HOOK.flight = _piece("trust").locks_node_local(locks, _HOOK, _stderr)
         except Exception as exc:
             _HOOK.flight = False
             _HOOK.warn("single-flight's node-local folder", exc)
@@ -525,8 +528,7 @@ def _install():
     _HOOK.folder = folder
     if os.path.isabs(os.environ.get(PTXAS_VAR, "")):  # issue 34: before jaxlib loads
         try:
-            _piece("gpu_cache_hook_common")
-            _piece("gpu_cache_hook_ptxas").install(_HOOK)
+            _piece("kinds.ptxas").install(_HOOK)
         except Exception as exc:
             _HOOK.warn("ptxas cache", exc, off=True)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")

@@ -1,6 +1,6 @@
 """Entries framed with the digest of their payload (issue 38): the ptxas shim's and the
 jax-triton store's, which the startup hook writes and checks before it serves one
-(``_hook/gpu_cache_digest.py``, the format's other copy: the hook imports nothing of the
+(``_hook/gpu_cache_hook/digest.py``, the format's other copy: the hook imports nothing of the
 package; ``tests/test_digest.py`` keeps the two one).
 
 A framed entry is one line, ``gpu-cache sha256 <64 hex digits>``, then the payload whose

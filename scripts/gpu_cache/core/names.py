@@ -109,7 +109,7 @@ ROOT_OFF = "none"
 #: XLA's per-fusion autotune results, the value of JAX_XLA_CACHES_VAR that keeps only them.
 XLA_AUTOTUNE_CACHE = "xla_gpu_per_fusion_autotune_cache_dir"
 #: Triton's cache manager (in the hook's folder) over a read-only seed cache.
-SEED_MANAGER = "gpu_cache_triton_seed:SeedOverlayCacheManager"
+SEED_MANAGER = "gpu_cache_hook.kinds.triton.seed:SeedOverlayCacheManager"
 
 # --- file names -----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ layer's locks (the files and folders are in :mod:`gpu_cache.core.safe_io`).
 They follow the lock rules of docs/guarantees.md: nobody but you (and the team, in a
 group-writable folder) can open a lock file, so nobody else can hold it; one that others could
 open is replaced, never waited on. The startup hook applies the same rules to single-flight's locks
-(``_hook/gpu_cache_lock_files.py``; it cannot import this package).
+(``_hook/gpu_cache_hook/locks.py``; it cannot import this package).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def lock_file_problem(info: os.stat_result, group_bits: int, gid: int) -> str | 
     """Why the file ``info`` breaks the lock rules, or None: a regular file of yours (or, in a
     team's folder, whose ``group_bits`` are 0o060, of a member, in the folder's group ``gid``)
     that nobody else can open. The startup hook applies the same rules
-    (``_hook/gpu_cache_lock_files.py``; it cannot import this package)."""
+    (``_hook/gpu_cache_hook/locks.py``; it cannot import this package)."""
     if not stat.S_ISREG(info.st_mode):
         return describe(info.st_mode)
     if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):

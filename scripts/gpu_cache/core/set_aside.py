@@ -5,7 +5,7 @@ This is the one place that does it, through each kind's own removal of a whole e
 (:meth:`gpu_cache.core.kinds.Kind.remove`, as prune removes one). For a kind that works in the
 node-local tier, the keys are also added to the root's list ``state/set-aside-<kind>.json``: the
 node-local tier of every node drops its copies of them before it serves that kind again
-(``_hook/gpu_cache_tier_set_aside.py``), and validation usually runs where none of those copies is
+(``_hook/gpu_cache_hook/tier/set_aside.py``), and validation usually runs where none of those copies is
 (the workflow judges on the host).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from gpu_cache.core import names, safe_io, safe_locks
 from gpu_cache.core.kinds import Kind
 
-#: The largest list the startup hook reads (``gpu_cache_tier_set_aside.LIMIT``).
+#: The largest list the startup hook reads (``gpu_cache_hook.tier.set_aside.LIMIT``).
 LIST_LIMIT = 16 << 20
 #: How long a validation waits for another one that adds to the lists.
 LOCK_SECONDS = 60.0

@@ -45,7 +45,7 @@ from gpu_cache.core import safe_io
 NAME = ".gpu-cache-verified"
 #: The record's first bytes; a record without them (an older gpu-cache's empty stamp) is empty.
 #: Version 4 keeps its digests in order, so that the startup hook looks a seal up without
-#: reading the whole record (``_hook/gpu_cache_seals.py``); version 3 (unordered) is read too.
+#: reading the whole record (``_hook/gpu_cache_hook/tier/seals.py``); version 3 (unordered) is read too.
 MAGIC = b"gpu-cache verified v4\n"
 _UNORDERED = b"gpu-cache verified v3\n"
 #: A record larger than this is not read (a million entries take 16 MB).

@@ -7,7 +7,7 @@ diagnosis (doctor) writes no probe file: it asks for a shared lock on the folder
 The lock folder is ``<root>/locks``, else (a read-only or unusable root) a node-local one;
 single-flight is off where ``flock`` works in neither. The mode is ``cluster`` (``flock``
 within a node, a lease per key across nodes) on a filesystem that nodes may share and where
-leases work, else ``node``. The job side is the startup hook's (``_hook/gpu_cache_flight.py``).
+leases work, else ``node``. The job side is the startup hook's (``_hook/gpu_cache_hook/flight/__init__.py``).
 """
 
 from __future__ import annotations

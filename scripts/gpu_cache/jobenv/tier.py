@@ -8,7 +8,7 @@ batch system may make per job: jax <= 0.10 hashes the path of XLA's autotune fol
 every key). Its folders are judged by the trust rule (:mod:`gpu_cache.jobenv.trust`) from
 :attr:`Location.trusted_above` down: the configured base, or ``/tmp/gpu-cache-<uid>``
 (``/tmp`` itself is world-writable and sticky). The job side of the tier is the startup
-hook's (``_hook/gpu_cache_tier.py``).
+hook's (``_hook/gpu_cache_hook/tier/__init__.py``).
 """
 
 from __future__ import annotations

@@ -88,13 +88,13 @@ def _resolve_function(path: str, modules: dict[str, Any]) -> Any:
 
 #: A recorded value nested deeper than this is no value the hook wrote.
 MAX_DEPTH = 32
-#: The forms ``encode`` writes (``_hook/gpu_cache_hook_triton.py``), and those an option may take.
+#: The forms ``encode`` writes (the hook's ``kinds.triton``), and those an option may take.
 TAGS = frozenset({"tuple", "float", "constexpr", "dtype", "jit_function"})
 OPTION_TAGS = frozenset({"tuple", "float"})
 
 
 def decode(value: Any, modules: dict[str, Any], tags: frozenset[str] = TAGS, depth: int = 0) -> Any:
-    """The value the hook's ``encode`` wrote (``_hook/gpu_cache_hook_triton.py``), taking only
+    """The value the hook's ``encode`` wrote (the hook's ``kinds.triton``), taking only
     the forms in ``tags``.
 
     Raises:

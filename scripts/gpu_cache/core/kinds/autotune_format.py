@@ -2,7 +2,7 @@
 (tokamax version, jax version, device kind), in ``<cache root>/autotune``.
 
 Pure standard library. Layout, written by the startup hook in a warm process
-(``_hook/gpu_cache_hook_tokamax.py``) and read by it in every job that imports tokamax:
+(``_hook/gpu_cache_hook/kinds/tokamax.py``) and read by it in every job that imports tokamax:
 
 * ``<folder>/tokamax-<tokamax version>_jax-<jax version>/<device kind as a file name>.json``
 * each file is gpu-cache's own wrapper ``{"format": 1, "tokamax": ..., "jax": ..., "device_kind":

@@ -39,7 +39,7 @@ _SCHEME = 8
 def seal_key(relative: str, ino: int, size: int) -> int:
     """The record's key of the seal of the file ``relative`` (its path in the kind folder) of
     inode ``ino`` and ``size`` bytes; its value is the CRC-32 of the file's bytes. The startup
-    hook looks seals up with its copy (``_hook/gpu_cache_seals.py``) before the node-local tier
+    hook looks seals up with its copy (``_hook/gpu_cache_hook/tier/seals.py``) before the node-local tier
     serves a file of the shared one; JAX's own check records its entries' CRCs so too."""
     return verified.digest(_SCHEME, verified.text(relative), ino, size)
 

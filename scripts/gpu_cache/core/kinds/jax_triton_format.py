@@ -3,7 +3,7 @@
 
 Pure standard library. jax-triton compiles each Triton kernel of a JAX program (TTIR, then
 PTX) while JAX lowers it, in every process, and keeps the result only in memory. The hook
-(``_hook/gpu_cache_hook_jax_triton.py``) keeps what one process compiled, so that every later
+(``_hook/gpu_cache_hook/kinds/jax_triton/__init__.py``) keeps what one process compiled, so that every later
 process lowers at once. Layout:
 
 * ``<folder>/<key>``: one entry per kernel, named by its key (64 hex digits: a sha256 of
@@ -41,7 +41,7 @@ from typing import Any
 
 from gpu_cache.core import digest, names, safe_io, verified
 
-#: The entry format the startup hook writes (its copy: ``gpu_cache_jax_triton_store.FORMAT``).
+#: The entry format the startup hook writes (its copy: ``gpu_cache_hook.kinds.jax_triton.store.FORMAT``).
 FORMAT = 3
 #: An entry larger than this is not read (an attention kernel's PTX is a few hundred kB).
 ENTRY_LIMIT = 64 << 20

@@ -1,5 +1,5 @@
 """The ptxas shim's cache (issue 34): ``<cache root>/ptxas``, written by the startup hook's shim
-(``_hook/gpu_cache_ptxas.py``, which defines the format).
+(``_hook/gpu_cache_hook/kinds/ptxas/shim.py``, which defines the format).
 
 Pure standard library. Every file is one entry, written whole (a temporary file, then a link):
 

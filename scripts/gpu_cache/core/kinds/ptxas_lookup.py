@@ -31,7 +31,7 @@ _VERSION_RE = re.compile(rb"\bV(\d+)\.(\d+)\.(\d+)\b")
 
 
 def shim_module() -> ModuleType:
-    """The startup hook's shim module (``_hook/gpu_cache_ptxas.py``), loaded under a name of
+    """The startup hook's shim module (``_hook/gpu_cache_hook/kinds/ptxas/shim.py``), loaded under a name of
     its own: it defines where the shim is and how the real ptxas is found."""
     name = "gpu_cache._hook_ptxas_shim"
     if name in sys.modules:
@@ -41,7 +41,7 @@ def shim_module() -> ModuleType:
     sys.modules["sitecustomize"] = hook_names  # what the shim and its pieces import names from
     sys.path.insert(0, str(HOOK_DIR))  # the hook's pieces it imports, only while it loads
     try:
-        return _load(name, HOOK_DIR / "gpu_cache_ptxas.py")
+        return _load(name, HOOK_DIR / "gpu_cache_hook" / "kinds" / "ptxas" / "shim.py")
     finally:
         sys.path.remove(str(HOOK_DIR))
         for loaded in [m for m in sys.modules if m.startswith("gpu_cache_") and m not in before]:

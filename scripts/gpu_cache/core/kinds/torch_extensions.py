@@ -1,6 +1,6 @@
 """torch's JIT-built C++/CUDA extensions as a kind (``TORCH_EXTENSIONS_DIR``, issue 38):
 ``torch.utils.cpp_extension.load()`` and ``load_inline()`` build with ninja into
-``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook_torch_extensions.py``)
+``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook/kinds/torch_extensions.py``)
 keys each build as torch does (the extension's name, the sources' contents, the flags, torch's
 build, the compiler, Python's ABI and CUDA's targets), builds it in a temporary folder with
 single-flight, and renames it into place whole as ``<folder>/<name>-<key>``: the library, the

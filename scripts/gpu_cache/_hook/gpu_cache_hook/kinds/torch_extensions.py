@@ -1,0 +1,525 @@
+# gpu-cache hook piece watching torch.utils.cpp_extension
+"""gpu-cache's startup hook, the piece of the ``torch_extensions`` kind: loaded when a process
+imports ``torch.utils.cpp_extension``, whose ``load()`` and ``load_inline()`` build C++/CUDA
+extensions with ninja into ``$TORCH_EXTENSIONS_DIR/<name>``.
+
+Torch keys such a build by its name alone across processes (ninja rebuilds in place what
+changed), and a ``FileBaton`` lock file makes the other processes wait: a builder killed
+mid-way leaves the file, and every later job waits on it for ever. With this piece, a build
+into gpu-cache's folder (the folder the job got as ``$TORCH_EXTENSIONS_DIR``) goes through
+``_jit_compile``'s wrapper instead:
+
+- **keyed whole-folder entries**: ``<folder>/<name>-<key>``, the key a digest of what torch
+  builds from: the extension's name (with torch's in-process version suffix), the sources'
+  contents, every flag and option, torch's build, the compiler, Python's ABI and, for CUDA, the
+  CUDA root and target architectures. A build runs in a temporary folder (``.gpu-cache-tmp.``)
+  and is renamed into place whole with its manifest (:data:`MANIFEST`: the key parts, the
+  library's size and SHA-256, and the size, mtime and SHA-256 of each header it included outside
+  torch). An entry is served only whole: its folder and library this user's (or root's, or the
+  team's) and written by nobody else, the library's digest as built, every header as built;
+  else the process builds (a changed header: a new entry replaces the stale one);
+- **single-flight with leases** (``flight``, kind ``torch_extensions``): one process
+  builds a key, the others wait for its entry; a dead builder's lock frees them at once (the
+  kernel drops a ``flock``), its lease across nodes once stale. No ``FileBaton`` is taken;
+- **the record's part** (:func:`section`): hits, misses (each with its key parts and why), the
+  build seconds and those the hits saved.
+
+A torch whose functions lack :data:`API`'s parameters is left untouched (the record says so).
+Standard library only, Python 3.9+.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import sys
+import threading
+import time
+
+from sitecustomize import NODE_LOCAL_PREFIX, TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
+
+from gpu_cache_hook import common
+from gpu_cache_hook.common import keep, text
+
+KIND = "torch_extensions"
+#: The file of an entry that says what it is; written last, inside the temporary folder.
+MANIFEST = "gpu-cache-build.json"
+FORMAT = 1
+#: Characters of the key (hex digits of a SHA-256) in an entry's folder name.
+KEY_LENGTH = 32
+#: Largest manifest read.
+MANIFEST_LIMIT = 16 << 20
+#: What the piece calls in torch.utils.cpp_extension, with the leading parameters each must have.
+API = {
+    "_jit_compile": ("name", "sources", "extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags",
+                     "extra_ldflags", "extra_include_paths", "build_directory", "verbose", "with_cuda",
+                     "with_sycl", "is_python_module", "is_standalone"),
+    "_write_ninja_file_and_build_library": (
+        "name", "sources", "extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags",
+        "extra_include_paths", "build_directory", "verbose", "with_cuda", "with_sycl", "is_standalone"),
+    "_import_module_from_library": ("module_name", "path", "is_python_module"),
+    "_get_exec_path": ("module_name", "path"),
+    "_get_cuda_arch_flags": ("cflags",),
+    "get_cxx_compiler": (),
+    "_is_cuda_file": ("path",),
+    "_is_sycl_file": ("path",),
+}
+#: Variables that change what a CUDA build makes besides its flags.
+CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST")
+#: Longest a compiler may take to say its version.
+VERSION_TIMEOUT = 60.0
+
+_MUTEX = threading.Lock()
+_COMPILERS = {}  # compiler command -> what names it in a key
+
+
+def part(hook):
+    """The record's ``torch_extensions`` part of this process, made on first use."""
+    found = hook.parts.get(KIND)
+    if found is None:
+        found = hook.parts[KIND] = {
+            "state": "on", "hits": 0, "misses": 0, "waited": 0, "compile_seconds": 0.0,
+            "saved_seconds": 0.0, "hit_keys": [], "missed": [], "dropped": {"hit_keys": 0, "missed": 0}}
+    return found
+
+
+def on_import(module, hook):
+    """Right after ``torch.utils.cpp_extension`` is imported: judge a node-local folder, check
+    the functions the piece calls, then wrap ``_jit_compile``."""
+    stats = part(hook)
+    folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
+    if os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}":
+        # made on this node by whoever came first: judged here before torch reads it
+        hook.piece("trust").guard("", (), [TORCH_EXTENSIONS_DIR_VAR], hook, _stderr)
+    why = _mismatch(module)
+    if why is None and module.__dict__.get("IS_HIP_EXTENSION") is not False:
+        why = "a ROCm torch (its builds are hipified first), or one that does not say"
+    if why:
+        stats["state"] = text(f"off: {why}", 300)
+        return
+    original = module._jit_compile
+
+    def _jit_compile(*args, **kwargs):
+        build = None
+        try:
+            build = _Build.of(module, original, args, kwargs, hook)
+        except Exception as exc:  # the hook's own fault: torch builds as without it
+            hook.warn("torch extensions", exc)
+        if build is None:
+            return original(*args, **kwargs)
+        return build.serve()
+
+    _jit_compile.__wrapped__ = original
+    module._jit_compile = _jit_compile
+
+
+def _stderr(line):
+    try:
+        sys.stderr.write(line)
+    except Exception:
+        pass
+
+
+def _mismatch(module):
+    """Why ``module`` does not fit the piece, or None."""
+    import inspect
+
+    for name, params in API.items():
+        func = getattr(module, name, None)
+        if not callable(func):
+            return f"torch.utils.cpp_extension.{name} is missing"
+        try:
+            found = tuple(inspect.signature(func).parameters)
+        except (TypeError, ValueError) as exc:
+            return f"torch.utils.cpp_extension.{name}: no signature ({exc})"
+        if found[:len(params)] != params:
+            return f"torch.utils.cpp_extension.{name}{found[:len(params)]} is not {name}{params}"
+    if not (hasattr(module, "JIT_EXTENSION_VERSIONER") and isinstance(getattr(module, "LIB_EXT", None), str)):
+        return "torch.utils.cpp_extension has no JIT_EXTENSION_VERSIONER or LIB_EXT"
+    return None
+
+
+def _digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_digest(path):
+    """(``fstat``, SHA-256) of the regular file ``path``, read through one descriptor never
+    opened through a link or blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        digest = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            digest.update(chunk)
+        return info, digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _compiler(module):
+    """What names the C++ compiler torch runs in a key: the command, the file it runs and its
+    version (asked once per process, within a deadline)."""
+    import shutil
+    import subprocess
+
+    command = module.get_cxx_compiler()
+    with _MUTEX:
+        known = _COMPILERS.get(command)
+    if known is None:
+        path = shutil.which(command)
+        real = os.path.realpath(path) if path else command
+        done = subprocess.run([command, "-dumpfullversion", "-dumpversion"], capture_output=True,
+                              timeout=VERSION_TIMEOUT, check=False)
+        known = f"{command} = {real} {done.stdout.decode('utf-8', 'replace').strip()}"
+        with _MUTEX:
+            _COMPILERS[command] = known
+    return known
+
+
+def _torch():
+    torch = sys.modules["torch"]
+    version = getattr(torch, "version", None)
+    return (f"{torch.__version__} (git {str(getattr(version, 'git_version', ''))[:12]}, "
+            f"cuda {getattr(version, 'cuda', None)})")
+
+
+class _Build:
+    """One ``_jit_compile`` call into gpu-cache's folder: its key, and how it is served."""
+
+    @classmethod
+    def of(cls, module, original, args, kwargs, hook):
+        """The build of one call, or None where it is not one of gpu-cache's folder (a
+        ``build_directory`` of the caller's own, or no ``$TORCH_EXTENSIONS_DIR``)."""
+        import inspect
+
+        call = inspect.signature(original).bind(*args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
+        build_directory = os.path.normpath(str(given["build_directory"]))
+        if not os.path.isabs(folder) or os.path.dirname(build_directory) != os.path.normpath(folder):
+            return None
+        return cls(module, given, os.path.normpath(folder), hook)
+
+    def __init__(self, module, given, folder, hook):
+        self.module, self.given, self.folder, self.hook = module, given, folder, hook
+        sources = [str(s) for s in given["sources"]]
+        with_cuda, with_sycl = given["with_cuda"], given["with_sycl"]
+        if with_cuda is None:
+            with_cuda = any(map(module._is_cuda_file, sources))
+        if with_sycl is None:
+            with_sycl = any(map(module._is_sycl_file, sources))
+        self.sources, self.with_cuda, self.with_sycl = sources, with_cuda, with_sycl
+        parts = self._parts()  # (what may fail comes before torch's versioner counts this call)
+        flags = [given["extra_cflags"], given["extra_cuda_cflags"], given["extra_ldflags"],
+                 given["extra_include_paths"]]
+        # torch's own version of the name in this process (a second build of one name: <name>_v1)
+        version = module.JIT_EXTENSION_VERSIONER.bump_version_if_changed(
+            given["name"], sources, build_arguments=flags, build_directory=given["build_directory"],
+            with_cuda=with_cuda, with_sycl=with_sycl, is_python_module=given["is_python_module"],
+            is_standalone=given["is_standalone"])
+        self.name = given["name"] if version == 0 else f"{given['name']}_v{version}"
+        parts["name"] = self.name
+        self.key = _digest(json.dumps(parts, sort_keys=True).encode())[:KEY_LENGTH]
+        self.parts = {part: _shown(value) for part, value in parts.items()}  # records, manifest
+        self.entry_name = f"{self.name}-{self.key}"
+        self.entry = os.path.join(self.folder, self.entry_name)
+
+    def _parts(self):
+        """The key parts, each text (``doctor --explain`` names the one that changed)."""
+        given = self.given
+        sources = hashlib.sha256()
+        for path in self.sources:
+            with open(path, "rb") as stream:
+                data = stream.read()
+            sources.update(b"%s %d\n" % (os.fsencode(os.path.basename(path)), len(data)) + data)
+        options = [[str(f) for f in given[name] or []] for name in (
+            "extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags", "extra_include_paths")]
+        options.append([bool(self.with_cuda), bool(self.with_sycl), bool(given["is_python_module"]),
+                        bool(given["is_standalone"])])
+        cuda = ""
+        if self.with_cuda:
+            arch = self.module._get_cuda_arch_flags(given["extra_cuda_cflags"])
+            cuda = " ".join([str(self.module.CUDA_HOME), *map(str, arch),
+                             *(f"{n}={os.environ.get(n, '')}" for n in CUDA_VARS)])
+        return {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options),
+                "torch": _torch(), "compiler": _compiler(self.module),
+                "python": f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}", "cuda": cuda}
+
+    # --- whole entries -----------------------------------------------------------------------
+
+    def whole(self):
+        """The entry's manifest where the entry is whole and this user's, else (None, why)."""
+        try:
+            info = os.lstat(self.entry)
+            team = common.team_gid(os.stat(self.folder))
+        except FileNotFoundError:
+            return None, "no entry"
+        except OSError as exc:
+            return None, text(f"unreadable ({exc})", 300)
+        if not stat.S_ISDIR(info.st_mode):
+            return None, "not a folder where the entry should be"
+        why = common.owner_problem(info, team)
+        if why:
+            return None, f"the entry's folder is not trusted ({why})"
+        try:
+            manifest = json.loads(_read(os.path.join(self.entry, MANIFEST)))
+            library = manifest["library"]
+            if manifest.get("format") != FORMAT or manifest.get("key") != self.key or "/" in library:
+                return None, "its manifest is not this key's"
+            found, digest = _file_digest(os.path.join(self.entry, library))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return None, text(f"not whole ({exc.__class__.__name__}: {exc})", 300)
+        why = common.owner_problem(found, team)
+        if why or found.st_size != manifest.get("size") or digest != manifest.get("sha256"):
+            return None, f"its library is {why or 'not as built'}"
+        changed = _changed_header(manifest.get("headers"))
+        if changed:
+            return None, text(f"a header it includes changed: {changed}", 300)
+        return manifest, None
+
+    def serve(self):
+        """Load the entry (a hit), or wait for the process that builds it, or build it."""
+        stats = part(self.hook)
+        manifest, why = self.whole()
+        if manifest is not None:
+            loaded = self._hit(manifest, stats)
+            if loaded is not None:
+                return loaded
+            why = "its entry was removed while it was loaded"
+        lock = None
+        if self.hook.flight:
+            def read():
+                return self.whole()[0]
+
+            def peek():
+                return read() if os.path.isdir(self.entry) else None
+
+            try:
+                manifest, lock = common.flight(self.hook).lead(KIND, self.key, self.folder, read, peek)
+            except Exception as exc:  # the hook's own fault: built as without single-flight
+                self.hook.warn("torch extensions single-flight", exc)
+                manifest = None
+            loaded = None if manifest is None else self._hit(manifest, stats, waited=True)
+            if loaded is not None:
+                return loaded
+        where = None
+        try:
+            where = self._build(stats, why)
+        finally:
+            if lock is not None:
+                lock.release(wrote=where == self.entry)
+        return self._load(where)
+
+    def _hit(self, manifest, stats, waited=False):
+        """The loaded entry, counted as a hit; None where it was removed before it loaded."""
+        try:
+            loaded = self._load(self.entry)
+        except (ImportError, OSError):
+            if os.path.isdir(self.entry):
+                raise  # it is there: torch's own error, as without the hook
+            return None
+        stats["hits"] += 1
+        stats["waited"] += waited
+        saved = manifest.get("build_seconds")
+        stats["saved_seconds"] += saved if isinstance(saved, (int, float)) else 0.0
+        keep(stats, "hit_keys", text(self.entry_name))
+        common.touch(self.entry)  # its last use
+        return loaded
+
+    def _load(self, where):
+        if self.given["is_standalone"]:
+            return self.module._get_exec_path(self.name, where)
+        return self.module._import_module_from_library(self.name, where, self.given["is_python_module"])
+
+    # --- a build -------------------------------------------------------------------------------
+
+    def _build(self, stats, why):
+        """Build into a temporary folder beside the entry, then rename it into place whole; the
+        folder the library is in. Where gpu-cache cannot keep it, the build is loaded from
+        where it was made (torch's own folder, as without the hook, where no temporary one can
+        be made). A failed build raises as torch's."""
+        import secrets
+
+        stats["misses"] += 1
+        keep(stats, "missed", {"name": text(self.name), "key": text(self.entry_name),
+                               "parts": self.parts, "why": why})
+        team = None
+        temp = os.path.join(self.folder,
+                            f"{TEMP_PREFIX}{self.entry_name}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            team = common.team_gid(os.stat(self.folder))
+            os.mkdir(temp, 0o700)
+            os.chmod(temp, common.safe_mode(team, folder=True))
+        except OSError as exc:
+            self.hook.warn("torch extensions: no temporary folder, built as without gpu-cache", exc)
+            temp = None
+        began = time.monotonic()
+        given = self.given
+        try:
+            self.module._write_ninja_file_and_build_library(
+                name=self.name, sources=self.sources, extra_cflags=given["extra_cflags"] or [],
+                extra_cuda_cflags=given["extra_cuda_cflags"] or [],
+                extra_sycl_cflags=given["extra_sycl_cflags"] or [],
+                extra_ldflags=given["extra_ldflags"] or [],
+                extra_include_paths=given["extra_include_paths"] or [],
+                build_directory=temp or given["build_directory"], verbose=given["verbose"],
+                with_cuda=self.with_cuda, with_sycl=self.with_sycl, is_standalone=given["is_standalone"])
+        except BaseException:
+            if temp is not None:
+                _remove(temp)
+            raise
+        seconds = time.monotonic() - began
+        stats["compile_seconds"] += seconds
+        if temp is None:
+            return given["build_directory"]
+        try:
+            self._seal(temp, team, seconds)
+            self._place(temp)
+        except Exception as exc:  # loaded from where it is; prune removes it later
+            self.hook.warn("torch extensions: a build not kept", exc)
+            return temp
+        return self.entry
+
+    def _seal(self, temp, team, seconds):
+        """Keep the library and the ninja file alone (made unwritable by others whatever the
+        umask), then write the manifest."""
+        if self.given["is_standalone"]:
+            library = os.path.basename(self.module._get_exec_path(self.name, temp))
+        else:
+            library = f"{self.name}{self.module.LIB_EXT}"
+        headers = _headers(temp, self.sources)
+        for name in os.listdir(temp):
+            path = os.path.join(temp, name)
+            if name not in (library, "build.ninja"):
+                _remove(path)
+            else:
+                os.chmod(path, os.lstat(path).st_mode & (0o7775 if team is not None else 0o7755))
+        info, digest = _file_digest(os.path.join(temp, library))
+        manifest = {"format": FORMAT, "key": self.key, "name": self.name, "parts": self.parts,
+                    "library": library, "size": info.st_size, "sha256": digest, "headers": headers,
+                    "build_seconds": round(seconds, 3)}
+        fd = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            common.replace_whole(fd, f"{MANIFEST}.tmp", MANIFEST, json.dumps(manifest).encode(),
+                                 common.safe_mode(team))
+        finally:
+            os.close(fd)
+
+    def _place(self, temp):
+        """Rename the build into place. Where a whole entry is there already (another process
+        built it meanwhile) it stays and the build goes; a stale or broken one is renamed away
+        first (a process that loaded it keeps what it mapped)."""
+        import secrets
+
+        for _attempt in range(3):
+            try:
+                os.rename(temp, self.entry)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            if self.whole()[0] is not None:
+                _remove(temp)
+                return
+            stale = os.path.join(self.folder, f"{TEMP_PREFIX}{self.entry_name}.stale.{secrets.token_hex(4)}")
+            try:
+                os.rename(self.entry, stale)
+            except FileNotFoundError:
+                continue
+            _remove(stale)
+        raise OSError(errno.EEXIST, "keeps being replaced", self.entry)
+
+
+def _read(path):
+    """The manifest at ``path``, read whole (at most MANIFEST_LIMIT bytes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_LIMIT:
+            raise OSError(errno.EINVAL, "not a manifest", path)
+        chunks, size = [], 0
+        while size <= MANIFEST_LIMIT:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise OSError(errno.EFBIG, "not a manifest", path)
+    finally:
+        os.close(fd)
+
+
+def _shown(value):
+    """A key part as records and manifests keep it: whole where short, else its start and a
+    digest of the whole (two that differ past the start still differ)."""
+    if len(value) <= 500:
+        return value
+    return f"{value[:400]}... (sha256 {_digest(value.encode('utf-8', 'surrogateescape'))[:16]})"
+
+
+def _headers(temp, sources):
+    """``{path: [size, mtime_ns, sha256]}`` of each file the build included (ninja's record of
+    the compilers' dependencies) outside torch's installation (its version is in the key) and
+    besides the sources (their contents are)."""
+    import subprocess
+
+    done = subprocess.run(["ninja", "-t", "deps"], cwd=temp, capture_output=True,
+                          timeout=VERSION_TIMEOUT, check=True)
+    torch_root = os.path.dirname(os.path.abspath(sys.modules["torch"].__file__)) + os.sep
+    skip = {os.path.abspath(s) for s in sources}
+    out = {}
+    for line in done.stdout.decode("utf-8", "surrogateescape").splitlines():
+        if not line.startswith("    "):
+            continue
+        path = os.path.normpath(os.path.join(temp, line.strip()))
+        if path in out or path in skip or path.startswith(torch_root):
+            continue
+        info, digest = _file_digest(path)
+        out[path] = [info.st_size, info.st_mtime_ns, digest]
+    return out
+
+
+def _changed_header(headers):
+    """The first header of a manifest's that is not as the build saw it, or None: a file of
+    the same size and mtime is taken as it was (ninja's own rule), another one is read."""
+    if not isinstance(headers, dict):
+        return "(the manifest lists none)"
+    for path, seen in headers.items():
+        try:
+            size, mtime_ns, digest = seen
+            info = os.stat(path)
+            if info.st_size == size and info.st_mtime_ns == mtime_ns:
+                continue
+            if info.st_size == size and _file_digest(path)[1] == digest:
+                continue
+        except (OSError, TypeError, ValueError):
+            pass
+        return path
+    return None
+
+
+def _remove(path):
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
+
+
+def section(hook):
+    """The record's ``torch_extensions`` part at exit, with single-flight's."""
+    stats = dict(part(hook))
+    stats["compile_seconds"] = round(stats["compile_seconds"], 3)
+    stats["saved_seconds"] = round(stats["saved_seconds"], 3)
+    stats["cache_dir"] = text(os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or "") or None
+    stats["single_flight"] = common.flight_stats(hook, KIND)
+    return stats

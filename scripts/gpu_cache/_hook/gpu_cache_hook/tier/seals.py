@@ -1,0 +1,92 @@
+"""gpu-cache's startup hook, the seals prune keeps (docs/kinds.md): before the node-local tier
+serves a file of the shared tier, it looks up the CRC-32 that a verifying scan (prune, its dry
+run, ``doctor --fix``) sealed the file with, in the kind folder's verification record
+(``.gpu-cache-verified``, its digests in order since version 4), and refuses a file whose inode
+and size are as sealed but whose bytes are not (same-size damage).
+
+Copies of ``gpu_cache.core.verified``'s record format and of
+``gpu_cache.core.kinds.integrity.seal_key`` (tests/test_kinds.py keeps them one). A record that
+is missing, of another version, too large, not a regular file or one another user may have
+written (it would only make the tier refuse good files) seals nothing, and nor does a
+digest this Python makes otherwise than prune's (it is ``hash`` of whole numbers: the same on
+every 64-bit CPython 3.8+): the file is then served as it would be without a seal. Standard
+library only, Python 3.9+.
+"""
+
+import os
+import stat
+import sys
+import zlib
+
+from gpu_cache_hook.common import owner_problem
+
+NAME = ".gpu-cache-verified"
+MAGIC = b"gpu-cache verified v4\n"
+SCHEME = 8
+MAX_BYTES = 1 << 30
+_MASK = (1 << 64) - 1
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def seal_key(relative, ino, size):
+    """The key of the seal of the file ``relative`` (its path in the kind folder), as prune
+    keys it."""
+    return hash((SCHEME, zlib.crc32(relative.encode("utf-8", "surrogateescape")), ino, size)) & _MASK
+
+
+class Seals:
+    """The seals of one kind folder (its descriptor; ``team_gid``: the group of a team's
+    folder, or None), mapped at the first look-up."""
+
+    def __init__(self, folder_fd, team_gid=None):
+        self.folder_fd = folder_fd
+        self.team_gid = team_gid
+        self.view = None  # the record's pairs, unsigned 64-bit numbers; () for none
+
+    def _load(self):
+        self.view = ()
+        if sys.byteorder != "little":  # (the record is written little-endian)
+            return
+        import mmap
+
+        try:
+            fd = os.open(NAME, _READ, dir_fd=self.folder_fd)
+        except OSError:
+            return
+        try:
+            info = os.fstat(fd)
+            size = info.st_size
+            body = size - len(MAGIC) - 8  # (after the magic, the scan's cursor)
+            if not stat.S_ISREG(info.st_mode) or size > MAX_BYTES or body <= 0 or body % 16 \
+                    or owner_problem(info, self.team_gid):
+                return
+            mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            return
+        finally:
+            os.close(fd)
+        if mapped[:len(MAGIC)] == MAGIC:
+            self.view = memoryview(mapped)[len(MAGIC) + 8:].cast("Q")
+
+    def sealed(self, key):
+        """The value sealed for ``key`` (a digest), or None: a binary search of the pairs."""
+        if self.view is None:
+            self._load()
+        view = self.view
+        low, high = 0, len(view) // 2
+        while low < high:
+            middle = (low + high) // 2
+            found = view[2 * middle]
+            if found == key:
+                return view[2 * middle + 1]
+            if found < key:
+                low = middle + 1
+            else:
+                high = middle
+        return None
+
+    def damaged(self, relative, info, crc):
+        """Whether the file ``relative`` (``info``: its ``fstat``), whose bytes have the CRC-32
+        ``crc``, is not as it was sealed (or was found damaged by prune since)."""
+        sealed = self.sealed(seal_key(relative, info.st_ino, info.st_size))
+        return sealed is not None and sealed != crc
