@@ -3,6 +3,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from helpers import hook_piece
+
 
 def write(folder: Path, number: int) -> str:
     """A Triton key folder: the kernel's files and its ``__grp__`` manifest, which names them."""
@@ -21,10 +23,12 @@ def write(folder: Path, number: int) -> str:
 
 def fetch(tier, key: str) -> None:
     """As Triton's tiered cache manager fetches a group it looks up (its children, then it)."""
-    tier.fetch_group(key, "__grp__kern.json", f"{tier.local_folder('triton')}/{key}")
+    hook_piece("kinds.triton.tier_manager").fetch_group(tier, key, "__grp__kern.json",
+                                                         f"{tier.local_folder('triton')}/{key}")
 
 
 def promote(tier, key: str) -> None:
     """As Triton's tiered cache manager promotes a group it wrote."""
-    tier.promote_key_files(key, ["kern.json", "kern.cubin", "kern.ptx"], group_name="__grp__kern.json",
-                           shared_dir=f"{tier.shared_folder('triton')}/{key}")
+    hook_piece("kinds.triton.tier_manager").promote_key_files(
+        tier, key, ["kern.json", "kern.cubin", "kern.ptx"], group_name="__grp__kern.json",
+        shared_dir=f"{tier.shared_folder('triton')}/{key}")

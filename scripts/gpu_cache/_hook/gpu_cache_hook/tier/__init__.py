@@ -137,7 +137,7 @@ class Tier:
 
     # --- moving one file -------------------------------------------------------------------
 
-    def _place(self, src_fd, src_name, tmp_fd, dst_fd, dst_name, check=None, pause=False,
+    def place(self, src_fd, src_name, tmp_fd, dst_fd, dst_name, check=None, pause=False,
                rewrite=None, fetched=None):
         """Copy ``src_name`` (in folder ``src_fd``) to a temporary file in ``tmp_fd``, then give
         it the name ``dst_name`` in ``dst_fd`` without replacing anything there. Returns the
@@ -221,14 +221,14 @@ class Tier:
                 return True
             except FileNotFoundError:
                 pass
-            size = self._place(self.shared.folder(kind), name, local, local, name, check,
+            size = self.place(self.shared.folder(kind), name, local, local, name, check,
                                fetched=(kind, name))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc, fetching=True)
+            self.refused(kind, exc, fetching=True)
             return False
-        self._fetched(kind, size, started)
+        self.fetched(kind, size, started)
         return bool(size) or files.exists(self.local, kind, name)
 
     def promote(self, kind, name, check=None):
@@ -240,30 +240,30 @@ class Tier:
         started = time.monotonic()
         try:
             shared = self.shared.folder(kind)
-            size = self._place(self.local.folder(kind), name, shared, shared, name, check,
+            size = self.place(self.local.folder(kind), name, shared, shared, name, check,
                                pause=True)
         except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc)
+            self.refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
             return False
-        self._promoted(kind, size, started)
+        self.promoted(kind, size, started)
         return True
 
-    def _fetched(self, kind, size, started):
+    def fetched(self, kind, size, started):
         if size:
             stats = self.counts(kind)
             stats["fetched"] += 1
             stats["fetched_bytes"] += size
             stats["seconds"] += time.monotonic() - started
 
-    def _promoted(self, kind, size, started):
+    def promoted(self, kind, size, started):
         stats = self.counts(kind)
         if size:
             stats["promoted"] += 1
             stats["promoted_bytes"] += size
         stats["seconds"] += time.monotonic() - started
 
-    def _refused(self, kind, exc, fetching=False):
+    def refused(self, kind, exc, fetching=False):
         """A kind folder the rules refuse, a filesystem error, or any other failure: warn
         once. A refused kind folder turns the tier off for the kind, a read-only (or full, or
         not writable) shared one promotion (copy-in goes on); other errors count per entry."""
@@ -276,98 +276,6 @@ class Tier:
 
     def promoting(self, kind):
         return kind not in self.off and f"{kind}:promote" not in self.off
-
-    # --- Triton: key folders with a group file ---------------------------------------------
-
-    def fetch_group(self, key, group_name, local_dir):
-        """Copy the shared Triton group ``<key>/<group_name>`` (its children, then its group
-        file, with the child paths made local) into the local tier. Whether it is there now.
-        Never raises."""
-        return self._fetch_key(key, group_name=group_name, local_dir=local_dir)
-
-    def fetch_key_file(self, key, name):
-        """Copy one shared file ``<key>/<name>`` of Triton's (a launcher ``.so``, an
-        ``*.autotune.json``) into the local tier. Whether it is there now. Never raises."""
-        return self._fetch_key(key, names=(name,))
-
-    def _fetch_key(self, key, names=(), group_name=None, local_dir=None):
-        """Copy the shared Triton files ``<key>/<names>`` (with ``group_name``: the group's
-        children) missing locally, then the group file with its child paths made local ones.
-        Whether they are all there now. Never raises."""
-        kind = "triton"
-        plain = all(files.plain(n) for n in names) and (group_name is None or files.plain(group_name))
-        if not self.enabled(kind) or not files.plain(key) or not plain:
-            return False
-        started = time.monotonic()
-        src = dst = None
-        try:
-            src = self.shared.sub(kind, key, make=False)
-            if group_name is not None:
-                names = files.group_children(src, group_name)
-                if names is None:
-                    return False
-            dst = self.local.sub(kind, key, make=True)
-            size = 0
-            for name in names:
-                try:
-                    os.stat(name, dir_fd=dst, follow_symlinks=False)
-                    continue
-                except FileNotFoundError:
-                    pass
-                placed = self._place(src, name, self.local.folder(kind), dst, name,
-                                     fetched=(kind, f"{key}/{name}"))
-                if not placed and not files.exists_at(dst, name):
-                    return False
-                size += placed
-            if group_name is not None:
-                size += self._place(src, group_name, self.local.folder(kind), dst, group_name,
-                                    rewrite=lambda data: files.rewrite_group(data, local_dir),
-                                    fetched=(kind, f"{key}/{group_name}"))
-        except FileNotFoundError:
-            return False
-        except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc, fetching=True)
-            return False
-        finally:
-            for fd in (src, dst):
-                if fd is not None:
-                    os.close(fd)
-        self._fetched(kind, size, started)
-        return True
-
-    def promote_key_files(self, key, names, group_name=None, shared_dir=None):
-        """Promote the local Triton files ``<key>/<names>``, then (``group_name``) the group
-        file with its child paths made shared ones, only when every child is in the shared tier.
-        Never raises."""
-        kind = "triton"
-        if not self.promoting(kind) or not files.plain(key) or not all(files.plain(n) for n in names):
-            self.counts(kind)["promote_failed"] += 1
-            return False
-        started = time.monotonic()
-        src = dst = None
-        size = 0
-        try:
-            shared = self.shared.folder(kind)
-            src = self.local.sub(kind, key, make=False)
-            dst = self.shared.sub(kind, key, make=True)
-            for name in names:
-                placed = self._place(src, name, shared, dst, name, pause=True)
-                if not placed and not files.exists_at(dst, name):
-                    raise OSError(errno.ENOENT, f"{key}/{name} could not be promoted")
-                size += placed
-            if group_name is not None and files.plain(group_name):
-                size += self._place(src, group_name, shared, dst, group_name, pause=True,
-                                    rewrite=lambda data: files.rewrite_group(data, shared_dir))
-        except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc)
-            self.counts(kind)["promote_failed"] += 1
-            return False
-        finally:
-            for fd in (src, dst):
-                if fd is not None:
-                    os.close(fd)
-        self._promoted(kind, size, started)
-        return True
 
     # --- trees: XLA's autotune folder, Inductor --------------------------------------------
 
@@ -391,7 +299,7 @@ class Tier:
                 src = files.open_below(self.shared, kind, os.path.join(sub, folder), make=False)
                 dst = files.open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
-                    placed = self._place(src, name, self.local.folder(kind), dst, name,
+                    placed = self.place(src, name, self.local.folder(kind), dst, name,
                                          fetched=(kind, os.path.join(sub, rel)))
                 finally:
                     os.close(src)
@@ -401,7 +309,7 @@ class Tier:
         except FileNotFoundError:
             pass
         except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc, fetching=True)
+            self.refused(kind, exc, fetching=True)
         stats = self.counts(kind)
         stats["fetched"] += fetched
         stats["fetched_bytes"] += size
@@ -425,7 +333,7 @@ class Tier:
                 src = files.open_below(self.local, kind, os.path.join(sub, folder), make=False)
                 dst = files.open_below(self.shared, kind, os.path.join(sub, folder), make=True)
                 try:
-                    placed = self._place(src, name, self.shared.folder(kind), dst, name, pause=True)
+                    placed = self.place(src, name, self.shared.folder(kind), dst, name, pause=True)
                 finally:
                     os.close(src)
                     os.close(dst)
@@ -435,7 +343,7 @@ class Tier:
         except FileNotFoundError:
             pass
         except Exception as exc:  # never into the job: the entry stays where it is
-            self._refused(kind, exc)
+            self.refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
         stats = self.counts(kind)
         stats["promoted"] += promoted
@@ -456,13 +364,12 @@ class Tier:
 
 
     def at_exit(self):
-        """Promote what is left (XLA's autotune files, Inductor's), then the bound."""
+        """Promote what is left of the trees this process fetched (XLA's autotune files,
+        Inductor's), then the bound."""
         if os.getpid() != self.pid:  # a forked child: its parent does this
             return
-        if self.known.get(("jax", XLA_AUTOTUNE_CACHE)) is not None:
-            self.promote_tree("jax", XLA_AUTOTUNE_CACHE)
-        if self.known.get(("inductor", "")) is not None:
-            self.promote_tree("inductor")
+        for kind, sub in list(self.known):
+            self.promote_tree(kind, sub)
         self.trim()
 
 

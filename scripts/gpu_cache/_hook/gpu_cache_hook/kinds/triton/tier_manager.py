@@ -14,17 +14,21 @@ on and you named no manager of your own.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import time
 
 from gpu_cache_hook import tier as node_tier
 from gpu_cache_hook.kinds.triton.seed import SINGLE_FILES, FlightCacheManager
+from gpu_cache_hook.tier import files
 
 #: Files Triton writes and reads alone, without a group (``get_file``): promoted as soon as they
 #: are written, before single-flight releases them. Every other file is a group's child and is
 #: promoted with its group.
 ALONE = SINGLE_FILES
 GROUP_PREFIX = "__grp__"
+KIND = "triton"
 
 
 class TierCacheManager(FlightCacheManager):
@@ -51,14 +55,14 @@ class TierCacheManager(FlightCacheManager):
                 except OSError:
                     pass
             return group
-        if self._tier is not None and self._tier.fetch_group(self.key, GROUP_PREFIX + filename,
-                                                             self.cache_dir):
+        if self._tier is not None and fetch_group(self._tier, self.key, GROUP_PREFIX + filename,
+                                                        self.cache_dir):
             return super()._lookup(filename)
         return None
 
     def _lookup_file(self, filename: str) -> str | None:
         found = super()._lookup_file(filename)
-        if found is None and self._tier is not None and self._tier.fetch_key_file(self.key, filename):
+        if found is None and self._tier is not None and fetch_key_file(self._tier, self.key, filename):
             found = super()._lookup_file(filename)
         return found
 
@@ -68,7 +72,7 @@ class TierCacheManager(FlightCacheManager):
         if filename.startswith(GROUP_PREFIX):
             self._promote_group(data, filename)
         elif filename.endswith(ALONE):
-            self._tier.promote_key_files(self.key, [filename])
+            promote_key_files(self._tier, self.key, [filename])
 
     def _promote_group(self, data, filename: str) -> None:
         """Promote a group just written (``put_group`` calls ``put`` for its group file, before
@@ -84,4 +88,101 @@ class TierCacheManager(FlightCacheManager):
             self._tier.failed("triton", exc)
             return
         shared = os.path.join(self._tier.shared_folder("triton"), self.key)
-        self._tier.promote_key_files(self.key, names, group_name=filename, shared_dir=shared)
+        promote_key_files(self._tier, self.key, names, group_name=filename, shared_dir=shared)
+
+
+# --- the tier's moves of Triton's key folders (a group file and its children) -------------
+
+def fetch_group(tier, key, group_name, local_dir):
+    """Copy the shared Triton group ``<key>/<group_name>`` (its children, then its group
+    file, with the child paths made local) into the local tier. Whether it is there now.
+    Never raises."""
+    return _fetch_key(tier, key, group_name=group_name, local_dir=local_dir)
+
+
+def fetch_key_file(tier, key, name):
+    """Copy one shared file ``<key>/<name>`` of Triton's (a launcher ``.so``, an
+    ``*.autotune.json``) into the local tier. Whether it is there now. Never raises."""
+    return _fetch_key(tier, key, names=(name,))
+
+
+def _fetch_key(tier, key, names=(), group_name=None, local_dir=None):
+    """Copy the shared Triton files ``<key>/<names>`` (with ``group_name``: the group's
+    children) missing locally, then the group file with its child paths made local ones.
+    Whether they are all there now. Never raises."""
+    kind = KIND
+    plain = all(files.plain(n) for n in names) and (group_name is None or files.plain(group_name))
+    if not tier.enabled(kind) or not files.plain(key) or not plain:
+        return False
+    started = time.monotonic()
+    src = dst = None
+    try:
+        src = tier.shared.sub(kind, key, make=False)
+        if group_name is not None:
+            names = files.group_children(src, group_name)
+            if names is None:
+                return False
+        dst = tier.local.sub(kind, key, make=True)
+        size = 0
+        for name in names:
+            try:
+                os.stat(name, dir_fd=dst, follow_symlinks=False)
+                continue
+            except FileNotFoundError:
+                pass
+            placed = tier.place(src, name, tier.local.folder(kind), dst, name,
+                                 fetched=(kind, f"{key}/{name}"))
+            if not placed and not files.exists_at(dst, name):
+                return False
+            size += placed
+        if group_name is not None:
+            size += tier.place(src, group_name, tier.local.folder(kind), dst, group_name,
+                                rewrite=lambda data: files.rewrite_group(data, local_dir),
+                                fetched=(kind, f"{key}/{group_name}"))
+    except FileNotFoundError:
+        return False
+    except Exception as exc:  # never into the job: the entry stays where it is
+        tier.refused(kind, exc, fetching=True)
+        return False
+    finally:
+        for fd in (src, dst):
+            if fd is not None:
+                os.close(fd)
+    tier.fetched(kind, size, started)
+    return True
+
+
+def promote_key_files(tier, key, names, group_name=None, shared_dir=None):
+    """Promote the local Triton files ``<key>/<names>``, then (``group_name``) the group
+    file with its child paths made shared ones, only when every child is in the shared tier.
+    Never raises."""
+    kind = KIND
+    if not tier.promoting(kind) or not files.plain(key) or not all(files.plain(n) for n in names):
+        tier.counts(kind)["promote_failed"] += 1
+        return False
+    started = time.monotonic()
+    src = dst = None
+    size = 0
+    try:
+        shared = tier.shared.folder(kind)
+        src = tier.local.sub(kind, key, make=False)
+        dst = tier.shared.sub(kind, key, make=True)
+        for name in names:
+            placed = tier.place(src, name, shared, dst, name, pause=True)
+            if not placed and not files.exists_at(dst, name):
+                raise OSError(errno.ENOENT, f"{key}/{name} could not be promoted")
+            size += placed
+        if group_name is not None and files.plain(group_name):
+            size += tier.place(src, group_name, shared, dst, group_name, pause=True,
+                                rewrite=lambda data: files.rewrite_group(data, shared_dir))
+    except Exception as exc:  # never into the job: the entry stays where it is
+        tier.refused(kind, exc)
+        tier.counts(kind)["promote_failed"] += 1
+        return False
+    finally:
+        for fd in (src, dst):
+            if fd is not None:
+                os.close(fd)
+    tier.promoted(kind, size, started)
+    return True
+
