@@ -98,6 +98,15 @@ def test_inventoried_kinds_are_the_prunable_and_observed_ones():
     assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)
 
 
+def test_a_workload_may_expect_every_observed_kind_and_no_other():
+    """The schema's ``expects`` names exactly the kinds whose requests the hook records (a kind
+    it cannot name, or one validation cannot check, is a config mistake only later)."""
+    from gpu_cache.config.settings import load_schema
+
+    workload = load_schema()["properties"]["workloads"]["additionalProperties"]["properties"]
+    assert workload["expects"]["items"]["enum"] == list(kinds.OBSERVED)
+
+
 def test_every_kind_module_is_registered_once():
     """Each module of core/kinds that holds a ``KIND`` is in the registry, once (a kind whose
     module the registry's rule took for another kind's part would be left out)."""
