@@ -23,7 +23,7 @@ docstring is the map: a piece per kind in ``gpu_cache_hook/kinds/``, and the sha
 - ``kinds.<kind>``, the piece of any other kind found in ``kinds/``, when it imports the
   module the piece's first line names (``_found``); its ``section(hook)`` is the kind's part
   of the record;
-- ``kinds.ptxas`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim first on the
+- ``kinds.ptxas.piece`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim first on the
   process's ``PATH`` where jax_triton is installed, so jaxlib's ptxas runs of Triton kernels
   are cached (issue 34);
 - ``kinds.bytecode`` at start, with ``$GPU_CACHE_BYTECODE``;
@@ -313,7 +313,7 @@ def _inductor(module):
 
 
 def _ptxas_kernels(module):
-    _piece("kinds.ptxas").on_jax_triton(module, _HOOK)
+    _piece("kinds.ptxas.piece").on_jax_triton(module, _HOOK)
 
 
 def _tokamax(module):
@@ -528,7 +528,7 @@ def _install():
     _HOOK.folder = folder
     if os.path.isabs(os.environ.get(PTXAS_VAR, "")):  # issue 34: before jaxlib loads
         try:
-            _piece("kinds.ptxas").install(_HOOK)
+            _piece("kinds.ptxas.piece").install(_HOOK)
         except Exception as exc:
             _HOOK.warn("ptxas cache", exc, off=True)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")

@@ -7,7 +7,7 @@ says when it is loaded):
 
 - ``kinds.jax``, ``kinds.triton`` (its cache managers: ``seed``, ``tier_manager``;
   ``no_torch``), ``kinds.inductor`` (``flight``), ``kinds.jax_triton`` (``store``,
-  ``functions``), ``kinds.ptxas`` (the shim: ``bin/ptxas``, ``shim``, ``identity``, ``run``),
+  ``functions``), ``kinds.ptxas`` (``piece``; the shim: ``bin/ptxas``, ``shim``, ``identity``, ``run``),
   ``kinds.tokamax`` (the autotune kind and tokamax's fix), ``kinds.bytecode``,
   ``kinds.torch_extensions``; a new kind's piece is found there by its first line
   (``sitecustomize._found``).

@@ -115,7 +115,7 @@ def _record(hook, time, socket):
     elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
         record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
     if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
-        record["ptxas"] = hook.piece("kinds.ptxas").part(hook)
+        record["ptxas"] = hook.piece("kinds.ptxas.piece").part(hook)
     for library in sorted(hook.libraries.difference(record)):  # another kind's piece: its own part
         section = getattr(hook.piece(f"kinds.{library}"), "section", None)
         if section is not None:

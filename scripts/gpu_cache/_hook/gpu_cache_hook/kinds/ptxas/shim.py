@@ -3,14 +3,14 @@ fronts a compiler (issue 34).
 
 jaxlib assembles each jax-triton kernel's PTX with the first ``ptxas`` on ``PATH``, at the
 kernel's first launch, in every process (about 1.5 s a kernel on an H200). The startup hook
-(``kinds.ptxas``) puts the folder ``ptxas/`` beside this file first on the job
+(``kinds.ptxas.piece``) puts the folder ``bin/`` beside this file first on the job
 process's own ``PATH``; its one file, ``ptxas``, is a ``/bin/sh`` front that starts Python
 isolated (``-I -S``: the job's ``PYTHONPATH`` and the hook stay out) and calls :func:`main`.
 
 A call the cache can serve is ``ptxas [known options] <one input> -o <output>``, the form XLA's
 and jaxlib's ``CompileGpuAsmUsingPtxAs`` use (``ptxas <tmp> -o <tmp> -arch=sm_90a
 --warn-on-spills``, with temporary names); the front sends the calls of XLA's own kernels
-straight to the real ptxas (issue 37; ``kinds.ptxas``). The input must be a regular
+straight to the real ptxas (issue 37; ``kinds.ptxas.piece``). The input must be a regular
 file, read to its end whatever ``fstat`` says; a pipe (``<(...)``, ``/dev/stdin``), a FIFO, a
 socket or a device passes through unread. Its key: the identity of the ptxas that compiles
 this call (:func:`identity`), the options with the file names taken out, and the input's
