@@ -140,14 +140,24 @@ def process(command: list[str], environ: dict[str, str], scratch: Path, kind: st
     out, log = scratch / f"timer-{tag}.json", scratch / f"shim-{tag}.jsonl"
     environ = dict(environ, GPU_CACHE_RUN_ID=tag, INTEGRITY_COST_SHIM=str(scratch / "shim-python"),
                    INTEGRITY_COST_SHIM_LOG=str(log))
-    wall, cpu, _stdout = run([sys.executable, str(TIMER), str(out), *command], environ)
+    wall, cpu, stdout = run([sys.executable, str(TIMER), str(out), *command], environ)
     found = json.loads(out.read_text())
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = list(hook_records.read(Path(environ["GPU_CACHE_RECORDS"]), tag))
     totals = hook_records.totals(records).get(kind)
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found,
             "hits": totals.hits if totals else None, "misses": totals.misses if totals else None,
-            "shim": shim_calls(calls)}
+            "shim": shim_calls(calls), "printed": _last_json(stdout)}
+
+
+def _last_json(stdout: str) -> dict[str, Any]:
+    """The program's last JSON line (the ptxas stand-in's: each call's seconds, as its caller saw them)."""
+    line = next((text for text in reversed(stdout.splitlines()) if text.startswith("{")), "{}")
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def shim_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -235,8 +245,10 @@ def figures(runs: list[dict[str, Any]], shim: bool) -> dict[str, Any]:
         hits = [s for p in parts for s in p["hit_check_seconds"]]
         calls = [s for p in parts for s in p["hit_call_seconds"]]
         out["hits_misses"] = [(p["hits"], p["calls"] - p["hits"]) for p in parts]
+        whole = [s for r in runs for s in r["printed"].get("call_seconds", [])]
         out["per_hit_call"] = {"check_ms": round(1000 * statistics.median(hits), 3) if hits else None,
-                               "call_ms": round(1000 * statistics.median(calls), 2) if calls else None}
+                               "call_ms": round(1000 * statistics.median(calls), 2) if calls else None,
+                               "whole_call_ms": round(1000 * statistics.median(whole), 2) if whole else None}
     return out
 
 
@@ -268,8 +280,9 @@ def print_summary(report: dict[str, Any]) -> None:
                   f"{f['share']:>8.4%}  {'holds' if f['holds'] else 'MISSED':<6} {hits:<13} {each or '-'}")
             if "per_hit_call" in f:
                 call = f["per_hit_call"]
+                whole = f"; {call['whole_call_ms']} ms as its caller saw it" if call["whole_call_ms"] else ""
                 print(f"{'':<37} a hit's shim call: checks {call['check_ms']} ms of {call['call_ms']} ms "
-                      "(from the shim's Python code's start to its reply)")
+                      f"(from the shim's Python code's start to its reply{whole})")
     for name, result in report["kinds"].items():
         if "failed" in result:
             print(f"{name}: not measured: {result['failed']}")

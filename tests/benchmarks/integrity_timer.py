@@ -32,7 +32,9 @@ CHECKS = (
     ("gpu_cache_digest", "opened", "digest"),
     ("gpu_cache_jax_triton_store", "problem", "fields"),
     ("gpu_cache_jax_triton_store", "Store._problem", "entry trust"),
-    # the node-local tier's fetch from the shared tier (JAX, Triton, Inductor, jax-triton)
+    # the node-local tier's fetch from the shared tier (JAX, Triton, Inductor, jax-triton); the
+    # kind folders' owner and mode, once per process (the jax-triton store's folder too)
+    ("gpu_cache_tier_files", "folder_problem", "folder trust"),
     ("gpu_cache_tier", "owner_problem", "tier trust"),
     ("gpu_cache_tier_files", "zlib.crc32", "crc32"),
     ("gpu_cache_tier", "zlib.crc32", "crc32"),
@@ -202,6 +204,7 @@ def ptxas_calls(folder, hook):
     names = sorted(n for n in os.listdir(folder) if n.endswith(".ptx"))
     if not names:
         raise SystemExit(f"no PTX in {folder}")
+    calls = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
             with open(os.path.join(folder, name), "rb") as stream:
@@ -210,8 +213,10 @@ def ptxas_calls(folder, hook):
             source, output = os.path.join(scratch, "in.ptx"), os.path.join(scratch, "out.cubin")
             with open(source, "wb") as stream:
                 stream.write(ptx)
+            started = time.perf_counter()
             subprocess.run(["ptxas", source, "-o", output, "-arch=sm_90a", "--warn-on-spills"], check=True)
-    print(json.dumps({"ptx": len(names)}))
+            calls.append(time.perf_counter() - started)
+    print(json.dumps({"ptx": len(names), "call_seconds": calls}))
 
 
 def main(argv):
