@@ -72,6 +72,8 @@ from gpu_cache.core import device, hook_records, kinds, software  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
 
 TIMER = HERE / "integrity_timer.py"
+#: The ptxas shim's Python in the runs (a file in the scratch folder: :func:`shim_wrapper`).
+SHIM_PYTHON = "shim-python"
 TARGET = 0.02
 #: Older than prune's grace period (an hour): a settled file, which a verifying scan seals.
 SETTLED = 2 * 3600
@@ -92,6 +94,7 @@ PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create
 assert cpp_extension.load_inline("integrity_answer", [SOURCE], no_implicit_headers=True).answer() == 42
 '''
 NEW_NODE, TIER_OFF = "new node (tier on)", "tier off"
+VERDICT = {True: "holds", False: "MISSED", None: "n/a"}
 
 
 def workloads(gpu: bool) -> dict[str, list[str]]:
@@ -124,13 +127,12 @@ def job_environ(root: Path, tier: Path | None, extra_path: str, bin_dir: str) ->
     return environ
 
 
-def shim_wrapper(scratch: Path) -> Path:
+def shim_wrapper(scratch: Path) -> None:
     """The ptxas shim's Python for the runs: integrity_timer.shim behind a ``#!python -IS`` line."""
-    path = scratch / "shim-python"
+    path = scratch / SHIM_PYTHON
     path.write_text(f"#!{sys.executable} -IS\nimport sys\nsys.path.insert(0, {str(HERE)!r})\n"
                     "import integrity_timer\nintegrity_timer.shim()\n")
     path.chmod(0o755)
-    return path
 
 
 def process(command: list[str], environ: dict[str, str], scratch: Path, kind: str) -> dict[str, Any]:
@@ -138,15 +140,16 @@ def process(command: list[str], environ: dict[str, str], scratch: Path, kind: st
     and the kind's hits and misses from its record."""
     tag = uuid.uuid4().hex
     out, log = scratch / f"timer-{tag}.json", scratch / f"shim-{tag}.jsonl"
-    environ = dict(environ, GPU_CACHE_RUN_ID=tag, INTEGRITY_COST_SHIM=str(scratch / "shim-python"),
+    environ = dict(environ, GPU_CACHE_RUN_ID=tag, INTEGRITY_COST_SHIM=str(scratch / SHIM_PYTHON),
                    INTEGRITY_COST_SHIM_LOG=str(log))
     wall, cpu, stdout = run([sys.executable, str(TIMER), str(out), *command], environ)
     found = json.loads(out.read_text())
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = list(hook_records.read(Path(environ["GPU_CACHE_RECORDS"]), tag))
-    totals = hook_records.totals(records).get(kind)
-    return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found,
-            "hits": totals.hits if totals else None, "misses": totals.misses if totals else None,
+    totals = {name: (t.hits, t.misses) for name, t in hook_records.totals(records).items() if t.processes}
+    hits, misses = totals.get(kind, (None, None))
+    return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found, "hits": hits,
+            "misses": misses, "recorded": totals,
             "shim": shim_calls(calls), "printed": _last_json(stdout)}
 
 
@@ -175,21 +178,18 @@ def shim_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
             "missing": sorted({m for c in calls for m in c["missing"]})}
 
 
-def seal(root: Path, names: list[str], environ: dict[str, str]) -> dict[str, Any]:
-    """Date the kinds' files in ``root`` past prune's grace period, then let prune seal them."""
+def seal(root: Path, name: str, environ: dict[str, str]) -> dict[str, Any]:
+    """Date the kind's files in ``root`` past prune's grace period, then let prune seal them."""
     settled = time.time() - SETTLED
-    for name in names:
-        folder = kinds.KINDS[name].folder(root)
-        for path in [folder, *folder.rglob("*")]:
-            os.utime(path, (settled, settled), follow_symlinks=False)
-    command = [sys.executable, "-m", "gpu_cache", "prune", "--cache-root", str(root), "--json"]
-    done = subprocess.run(command + [f"--kind={name}" for name in names], env=environ,
-                          capture_output=True, text=True, timeout=300)
+    folder = kinds.KINDS[name].folder(root)
+    for path in [folder, *folder.rglob("*")]:
+        os.utime(path, (settled, settled), follow_symlinks=False)
+    command = [sys.executable, "-m", "gpu_cache", "prune", f"--cache-root={root}", f"--kind={name}", "--json"]
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
     if done.returncode:
         raise RuntimeError(f"prune failed: {done.stderr[-800:]}")
-    report = json.loads(done.stdout)
-    return {name: {k: report.get(name, {}).get(k) for k in ("entries_before", "entries_removed")}
-            for name in names}
+    pruned = json.loads(done.stdout).get(name) or {}
+    return {field: pruned.get(field) for field in ("entries_before", "entries_removed")}
 
 
 def ptx_of(root: Path, scratch: Path) -> Path:
@@ -217,7 +217,7 @@ def measure_kind(name: str, command: list[str], scratch: Path, repeats: int, ext
         # a cold process of each case: JAX's keys differ between the two (the XLA caches setting)
         out["cold"][case] = process(command, environ, scratch, name)
         if case == NEW_NODE:
-            out["sealed"] = seal(root, [name], off)
+            out["sealed"] = seal(root, name, off)
         runs = out["cases"][case] = []
         for _ in range(repeats):
             if case == NEW_NODE:
@@ -245,6 +245,8 @@ def figures(runs: list[dict[str, Any]], shim: bool) -> dict[str, Any]:
         hits = [s for p in parts for s in p["hit_check_seconds"]]
         calls = [s for p in parts for s in p["hit_call_seconds"]]
         out["hits_misses"] = [(p["hits"], p["calls"] - p["hits"]) for p in parts]
+        if not any(p["calls"] for p in parts):
+            out["holds"] = None  # no shim call to measure (the shim off? the record's ptxas part says why)
         whole = [s for r in runs for s in r["printed"].get("call_seconds", [])]
         out["per_hit_call"] = {"check_ms": round(1000 * statistics.median(hits), 3) if hits else None,
                                "call_ms": round(1000 * statistics.median(calls), 2) if calls else None,
@@ -277,8 +279,8 @@ def print_summary(report: dict[str, Any]) -> None:
                              for label, row in f["checks"].items() if row["calls"])
             hits = " ".join(f"{h}/{m}" for h, m in f["hits_misses"])
             print(f"{name:<17} {case:<19} {f['wall_seconds']:>7.2f} {f['check_ms']:>10.3f} "
-                  f"{f['share']:>8.4%}  {'holds' if f['holds'] else 'MISSED':<6} {hits:<13} {each or '-'}")
-            if "per_hit_call" in f:
+                  f"{f['share']:>8.4%}  {VERDICT[f['holds']]:<6} {hits:<13} {each or '-'}")
+            if f.get("per_hit_call", {}).get("check_ms") is not None:
                 call = f["per_hit_call"]
                 whole = f"; {call['whole_call_ms']} ms as its caller saw it" if call["whole_call_ms"] else ""
                 print(f"{'':<37} a hit's shim call: checks {call['check_ms']} ms of {call['call_ms']} ms "
@@ -312,37 +314,44 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--kinds: {', '.join(unknown)} not among {', '.join(chosen)}")
         chosen = {k: v for k, v in chosen.items() if k in wanted}
-    started = time.perf_counter()
-    report: dict[str, Any] = {"device": found.gpu_type if gpu else "cpu", "gpu": gpu, "cpus": os.cpu_count(),
+    report: dict[str, Any] = {"device": found.name, "gpu": gpu, "cpus": os.cpu_count(),
                               "software": software.identity(), "repeats": args.repeats,
                               "budget": args.budget, "kinds": {}, "skipped": []}
     scratch = Path(tempfile.mkdtemp(prefix="gpu-cache-integrity-"))
     try:
-        shim_wrapper(scratch)
-        for name, command in chosen.items():
-            if args.budget is not None and time.perf_counter() - started > args.budget:
-                report["skipped"].append(name)
-                continue
-            print(f"integrity cost: {name}", flush=True)
-            try:
-                bin_dir = ""
-                if name == "ptxas":  # the stand-in: the Triton kind's PTX, a ptxas that reads it
-                    command = [*command, str(ptx_of(scratch / "triton" / "root", scratch))]
-                    bin_dir = str(_real_ptxas(scratch))
-                report["kinds"][name] = measure_kind(name, command, scratch, args.repeats, extra_path,
-                                                     bin_dir)
-            except (RuntimeError, OSError, SystemExit) as exc:
-                report["kinds"][name] = {"failed": str(exc)[-1500:]}
-        report["summary"] = summarise(report)
-        report["seconds"] = round(time.perf_counter() - started, 1)
+        measure(report, chosen, scratch, extra_path, args.out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_summary(report)
     print(f"{report['seconds']} s in all")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def measure(report: dict[str, Any], chosen: dict[str, list[str]], scratch: Path, extra_path: str,
+            out: Path | None) -> None:
+    """Each kind in turn into ``report``, written to ``out`` after each (a run stopped at a
+    limit keeps what it measured)."""
+    started = time.perf_counter()
+    shim_wrapper(scratch)
+    for name, command in chosen.items():
+        if report["budget"] is not None and time.perf_counter() - started > report["budget"]:
+            report["skipped"].append(name)
+            continue
+        print(f"integrity cost: {name}", flush=True)
+        try:
+            bin_dir = ""
+            if name == "ptxas":  # the stand-in: the Triton kind's PTX, a ptxas that reads it
+                command = [*command, str(ptx_of(scratch / "triton" / "root", scratch))]
+                bin_dir = str(_real_ptxas(scratch))
+            report["kinds"][name] = measure_kind(name, command, scratch, report["repeats"], extra_path,
+                                                 bin_dir)
+        except (RuntimeError, OSError, SystemExit) as exc:
+            report["kinds"][name] = {"failed": str(exc)[-1500:]}
+        report["summary"] = summarise(report)
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def _real_ptxas(scratch: Path) -> Path:

@@ -133,7 +133,9 @@ class Timer:
         tier._place = _place
 
     def report(self):
-        return {"check_seconds": self.seconds, "checks": self.rows, "missing": self.missing}
+        """The checks that ran (their calls, seconds and truthy results), and their seconds in all."""
+        checks = {label: row for label, row in self.rows.items() if row["calls"]}
+        return {"check_seconds": self.seconds, "checks": checks, "missing": self.missing}
 
 
 class _Proxy:
