@@ -49,6 +49,7 @@ and g++ builds all run on a CPU). ``--budget`` skips the kinds not begun after t
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -143,24 +144,19 @@ def process(command: list[str], environ: dict[str, str], scratch: Path, kind: st
     environ = dict(environ, GPU_CACHE_RUN_ID=tag, INTEGRITY_COST_SHIM=str(scratch / SHIM_PYTHON),
                    INTEGRITY_COST_SHIM_LOG=str(log))
     wall, cpu, stdout = run([sys.executable, str(TIMER), str(out), *command], environ)
-    found = json.loads(out.read_text())
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    found = ast.literal_eval(out.read_text())
+    calls = [ast.literal_eval(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = list(hook_records.read(Path(environ["GPU_CACHE_RECORDS"]), tag))
     totals = {name: (t.hits, t.misses) for name, t in hook_records.totals(records).items() if t.processes}
     hits, misses = totals.get(kind, (None, None))
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found, "hits": hits,
             "misses": misses, "recorded": totals,
-            "shim": shim_calls(calls), "printed": _last_json(stdout)}
+            "shim": shim_calls(calls), "stand_in": _stand_in(stdout) if "--ptxas-calls" in command else {}}
 
 
-def _last_json(stdout: str) -> dict[str, Any]:
-    """The program's last JSON line (the ptxas stand-in's: each call's seconds, as its caller saw them)."""
-    line = next((text for text in reversed(stdout.splitlines()) if text.startswith("{")), "{}")
-    try:
-        found = json.loads(line)
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+def _stand_in(stdout: str) -> dict[str, Any]:
+    """What the ptxas stand-in printed last: each call's seconds, as its caller saw them."""
+    return ast.literal_eval(stdout.strip().splitlines()[-1])
 
 
 def shim_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,7 +243,7 @@ def figures(runs: list[dict[str, Any]], shim: bool) -> dict[str, Any]:
         out["hits_misses"] = [(p["hits"], p["calls"] - p["hits"]) for p in parts]
         if not any(p["calls"] for p in parts):
             out["holds"] = None  # no shim call to measure (the shim off? the record's ptxas part says why)
-        whole = [s for r in runs for s in r["printed"].get("call_seconds", [])]
+        whole = [s for r in runs for s in r["stand_in"].get("call_seconds", [])]
         out["per_hit_call"] = {"check_ms": round(1000 * statistics.median(hits), 3) if hits else None,
                                "call_ms": round(1000 * statistics.median(calls), 2) if calls else None,
                                "whole_call_ms": round(1000 * statistics.median(whole), 2) if whole else None}

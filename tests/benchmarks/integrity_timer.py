@@ -15,16 +15,15 @@ The ptxas shim runs in a process of its own per call (``python -I -S``: no hook,
 ``PYTHONPATH``). Where the hook put it on ``PATH`` and ``$INTEGRITY_COST_SHIM`` names a wrapper
 (integrity_cost.py writes it: this file's :func:`shim` behind a ``#!python -IS`` line), the
 runner makes that wrapper the shim's Python; each call then times the shim's checks
-(:data:`SHIM_CHECKS`) and appends one JSON line to ``$INTEGRITY_COST_SHIM_LOG``. Standard library
-only: it runs in the jobs' Python and in every shim call.
+(:data:`SHIM_CHECKS`) and appends one line to ``$INTEGRITY_COST_SHIM_LOG``. Standard library
+only: it runs in the jobs' Python and in every shim call, where it imports nothing the shim does
+not (threading and json would add about 11 ms to a call here): what it writes is ``repr`` text,
+read back with ``ast.literal_eval``.
 """
 
-import json
 import os
 import sys
-import threading
 import time
-import types
 
 #: What the job side checks before it serves an entry: (hook module, attribute, label).
 CHECKS = (
@@ -62,14 +61,19 @@ SHIM_LOG_VAR = "INTEGRITY_COST_SHIM_LOG"
 
 
 class Timer:
-    """Calls, seconds and truthy results per label, and the seconds inside any timed call."""
+    """Calls, seconds and truthy results per label, and the seconds inside any timed call
+    (``threads``: timed calls may run in several threads at once)."""
 
-    def __init__(self):
+    def __init__(self, threads=True):
         self.rows = {}
         self.seconds = 0.0
         self.missing = []
-        self.local = threading.local()
-        self.lock = threading.Lock()
+        if threads:
+            import threading
+
+            self.local, self.lock = threading.local(), threading.Lock()
+        else:
+            self.local = self.lock = _OneThread()
 
     def install(self, checks, module_of):
         """Wrap each check; one whose module or attribute this hook lacks is named in
@@ -79,7 +83,7 @@ class Timer:
                 module = module_of(module_name)
                 owner_name, _, name = attribute.rpartition(".")
                 owner = getattr(module, owner_name) if owner_name else module
-                if owner_name and isinstance(owner, types.ModuleType):  # (zlib: a proxy there alone)
+                if owner_name and isinstance(owner, type(os)):  # (zlib: a proxy in that module alone)
                     owner = _Proxy(owner)
                     setattr(module, owner_name, owner)
                 self._wrap(owner, name, label)
@@ -138,6 +142,16 @@ class Timer:
         return {"check_seconds": self.seconds, "checks": checks, "missing": self.missing}
 
 
+class _OneThread:
+    """The thread's state and the lock of a process that times one thread."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class _Proxy:
     """A module seen through another name: what is set on it stays on the proxy."""
 
@@ -148,12 +162,14 @@ class _Proxy:
         return getattr(self._module, name)
 
 
-def _append(path, line):
+def write(path, value, append=False):
+    """``value`` (plain data) as one ``repr`` line in the file ``path``."""
     if not path or not os.path.isabs(path):
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
     try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.write(fd, (repr(value) + "\n").encode())
     finally:
         os.close(fd)
 
@@ -167,11 +183,9 @@ def shim():
     folder, args = sys.argv[at + 2], sys.argv[at + 3:]
     sys.argv = ["-c", *args]
     sys.path.insert(0, folder)
-    import importlib
-
-    shim_module = importlib.import_module("gpu_cache_ptxas")
-    timer = Timer()
-    timer.install(SHIM_CHECKS, importlib.import_module)
+    shim_module = __import__("gpu_cache_ptxas")
+    timer = Timer(threads=False)
+    timer.install(SHIM_CHECKS, __import__)
     served = []
     original_serve, original_replay = shim_module.serve, shim_module.replay
 
@@ -183,8 +197,8 @@ def shim():
         try:
             return original_serve(*a, **k)
         finally:
-            _append(os.environ.get(SHIM_LOG_VAR), {"hit": bool(served), **timer.report(),
-                                                   "call_seconds": time.perf_counter() - started})
+            write(os.environ.get(SHIM_LOG_VAR), {"hit": bool(served), **timer.report(),
+                                                 "call_seconds": time.perf_counter() - started}, append=True)
 
     shim_module.serve, shim_module.replay = serve, replay
     shim_module.main()
@@ -218,7 +232,7 @@ def ptxas_calls(folder, hook):
             started = time.perf_counter()
             subprocess.run(["ptxas", source, "-o", output, "-arch=sm_90a", "--warn-on-spills"], check=True)
             calls.append(time.perf_counter() - started)
-    print(json.dumps({"ptx": len(names), "call_seconds": calls}))
+    print(repr({"ptx": len(names), "call_seconds": calls}))
 
 
 def main(argv):
@@ -234,13 +248,9 @@ def main(argv):
     if wrapper and os.environ.get(hook.PTXAS_PYTHON_VAR):  # the hook put the shim on PATH
         os.environ[hook.PTXAS_PYTHON_VAR] = wrapper
 
-    def write():
-        with open(out, "w") as stream:
-            json.dump(timer.report(), stream)
-
     import atexit
 
-    atexit.register(write)
+    atexit.register(lambda: write(out, timer.report()))
     if mode == "--ptxas-calls":
         ptxas_calls(rest[0], hook)
         return
