@@ -8,7 +8,9 @@ Runs in a job process that has gpu-cache's startup hook (``PYTHONPATH`` as ``gpu
 exports it). Before the program runs, it wraps each check of :data:`CHECKS` with a timer: the
 hook's modules are got by name through the running hook (``sitecustomize._piece``), never by a
 file's path. At exit it writes to OUT each check's calls, seconds and truthy results, and the
-seconds spent inside any of them (a check nested in another counted once). Then the program
+seconds spent inside any of them (a check nested in another counted once), in wall time and in
+the calling thread's CPU time (a sha256 of more than 2 KiB lets go of the GIL, and another thread
+of the job may then hold it for its 5 ms turn: wall time the check waited, not spent). Then the program
 runs as ``python -m`` or ``python -c`` would run it; ``--ptxas-calls`` runs :func:`ptxas_calls`.
 
 The ptxas shim runs in a process of its own per call (``python -I -S``: no hook, no
@@ -61,12 +63,12 @@ SHIM_LOG_VAR = "INTEGRITY_COST_SHIM_LOG"
 
 
 class Timer:
-    """Calls, seconds and truthy results per label, and the seconds inside any timed call
-    (``threads``: timed calls may run in several threads at once)."""
+    """Calls, seconds (wall, and the thread's CPU) and truthy results per label, and the seconds
+    inside any timed call (``threads``: timed calls may run in several threads at once)."""
 
     def __init__(self, threads=True):
         self.rows = {}
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
         self.missing = []
         if threads:
             import threading
@@ -93,7 +95,7 @@ class Timer:
     def _wrap(self, owner, name, label):
         static = isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod)
         original = getattr(owner, name)
-        row = self.rows.setdefault(label, {"calls": 0, "seconds": 0.0, "truthy": 0})
+        row = self.rows.setdefault(label, {"calls": 0, "seconds": 0.0, "cpu_seconds": 0.0, "truthy": 0})
 
         def timed(*args, **kwargs):
             local = self.local
@@ -102,19 +104,21 @@ class Timer:
             depth = getattr(local, "depth", 0)
             local.depth = depth + 1
             result = None
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 result = original(*args, **kwargs)
                 return result
             finally:
-                spent = time.perf_counter() - started
+                spent, cpu = time.perf_counter() - started, time.thread_time() - cpu
                 local.depth = depth
                 with self.lock:
                     row["calls"] += 1
                     row["seconds"] += spent
+                    row["cpu_seconds"] += cpu
                     row["truthy"] += bool(result)
                     if depth == 0:
                         self.seconds += spent
+                        self.cpu_seconds += cpu
 
         setattr(owner, name, staticmethod(timed) if static else timed)
 
@@ -139,7 +143,8 @@ class Timer:
     def report(self):
         """The checks that ran (their calls, seconds and truthy results), and their seconds in all."""
         checks = {label: row for label, row in self.rows.items() if row["calls"]}
-        return {"check_seconds": self.seconds, "checks": checks, "missing": self.missing}
+        return {"check_seconds": self.seconds, "check_cpu_seconds": self.cpu_seconds, "checks": checks,
+                "missing": self.missing}
 
 
 class _OneThread:
