@@ -9,10 +9,10 @@ What the job side checks before it serves an entry, read from the startup hook
 (``scripts/gpu_cache/_hook``; timed by integrity_timer.py, whose CHECKS name each function):
 
 * the node-local tier's fetch (JAX, Triton, Inductor, jax-triton; only where the local tier
-  lacks the entry: a new node): each file's owner and mode, the CRC-32 of the bytes it copies
-  and the seal a verifying prune left for it (``gpu_cache_seals``), once per kind the list of
-  entries validation set aside; for JAX also the fetched entry's zstd frame read whole through
-  its block headers (``gpu_cache_hook_jax._whole``);
+  lacks the entry: a new node): the kind folders' and each file's owner and mode, the CRC-32 of
+  the bytes it copies and the seal a verifying prune left for it (``gpu_cache_seals``), once per
+  kind the list of entries validation set aside; for JAX also the fetched entry's zstd frame read
+  whole through its block headers (``gpu_cache_hook_jax._whole``);
 * JAX with single-flight (the default): before each read, an entry younger than 60 s is checked
   for being whole (``jax_entry``: no entry is read half-written). JAX's own read decompresses
   and checks its zstd frames: that is JAX's, not gpu-cache's. Triton and Inductor read their
@@ -43,7 +43,10 @@ frame's block headers; an entry older than 60 s costs it one ``fstat``.
 
 Without an NVIDIA GPU it prints why and exits 0; ``--allow-cpu`` runs it here (JAX, Triton ahead
 of time for sm_90, jax-triton's lowering for CUDA with ``.ci-cache/jax-cuda12-plugin``, Inductor
-and g++ builds all run on a CPU). ``--budget`` skips the kinds not begun after that many seconds.
+and g++ builds all run on a CPU). On a GPU, jax_triton must be importable (the hook puts the
+ptxas shim on PATH only then), and torch_extensions needs ``ninja`` and ``g++``: a kind that cannot
+run is reported as not measured, and the others go on. ``--budget`` skips the kinds not begun
+after that many seconds; the report is written after each kind.
 """
 
 from __future__ import annotations
