@@ -10,15 +10,15 @@ What the job side checks before it serves an entry, read from the startup hook
 
 * the node-local tier's fetch (JAX, Triton, Inductor, jax-triton; only where the local tier
   lacks the entry: a new node): the kind folders' and each file's owner and mode, the CRC-32 of
-  the bytes it copies and the seal a verifying prune left for it (``gpu_cache_seals``), once per
+  the bytes it copies and the seal a verifying prune left for it (``gpu_cache_hook.tier.seals``), once per
   kind the list of entries validation set aside; for JAX also the fetched entry's zstd frame read
-  whole through its block headers (``gpu_cache_hook_jax._whole``);
+  whole through its block headers (``gpu_cache_hook.kinds.jax._whole``);
 * JAX with single-flight (the default): before each read, an entry younger than 60 s is checked
   for being whole (``jax_entry``: no entry is read half-written). JAX's own read decompresses
   and checks its zstd frames: that is JAX's, not gpu-cache's. Triton and Inductor read their
   entries themselves; without the tier gpu-cache checks nothing there (prune and doctor do);
 * jax-triton's store, on every read: the entry's owner and mode, its sha256 frame
-  (``gpu_cache_digest.opened``; twice on a new node: the shared copy before the fetch, the
+  (``gpu_cache_hook.digest.opened``; twice on a new node: the shared copy before the fetch, the
   local one before use) and every field jaxlib's ``TritonKernel`` takes;
 * the ptxas shim, in a process of its own per call: the owner of the folder, of each folder
   above it and of the entry, the entry's sha256 frame and its header. On a GPU jaxlib's calls

@@ -30,31 +30,31 @@ import time
 #: What the job side checks before it serves an entry: (hook module, attribute, label).
 CHECKS = (
     # the jax-triton store (tier or not): the entry's sha256 frame, jaxlib's fields, the file's owner
-    ("gpu_cache_digest", "opened", "digest"),
-    ("gpu_cache_jax_triton_store", "problem", "fields"),
-    ("gpu_cache_jax_triton_store", "Store._problem", "entry trust"),
+    ("digest", "opened", "digest"),
+    ("kinds.jax_triton.store", "problem", "fields"),
+    ("kinds.jax_triton.store", "Store._problem", "entry trust"),
     # the node-local tier's fetch from the shared tier (JAX, Triton, Inductor, jax-triton); the
     # kind folders' owner and mode, once per process (the jax-triton store's folder too)
-    ("gpu_cache_tier_files", "folder_problem", "folder trust"),
-    ("gpu_cache_tier", "owner_problem", "tier trust"),
-    ("gpu_cache_tier_files", "zlib.crc32", "crc32"),
-    ("gpu_cache_tier", "zlib.crc32", "crc32"),
-    ("gpu_cache_seals", "Seals.damaged", "seal"),
-    ("gpu_cache_seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
-    ("gpu_cache_tier_set_aside", "check", "set-aside list"),
+    ("tier.files", "folder_problem", "folder trust"),
+    ("tier", "owner_problem", "tier trust"),
+    ("tier.files", "zlib.crc32", "crc32"),
+    ("tier", "zlib.crc32", "crc32"),
+    ("tier.seals", "Seals.damaged", "seal"),
+    ("tier.seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
+    ("tier.set_aside", "check", "set-aside list"),
     # JAX: a fetched entry's zstd frame whole; with single-flight, no entry read half-written
-    ("gpu_cache_hook_jax", "_whole", "zstd frame whole"),
-    ("gpu_cache_hook_jax", "jax_entry", "partial write"),
+    ("kinds.jax", "_whole", "zstd frame whole"),
+    ("kinds.jax", "jax_entry", "partial write"),
     # torch_extensions: the build's owner, manifest, library sha256 and headers
-    ("gpu_cache_hook_torch_extensions", "_Build.whole", "whole build"),
+    ("kinds.torch_extensions", "_Build.whole", "whole build"),
 )
 #: The shim's, in its own process (the folder's and the entry's owner, the folders above, the
 #: entry's sha256 frame and its header).
 SHIM_CHECKS = (
-    ("gpu_cache_digest", "opened", "digest"),
-    ("gpu_cache_ptxas", "unpack_entry", "entry"),
-    ("gpu_cache_ptxas", "owner_problem", "trust"),
-    ("gpu_cache_ptxas", "distrust_above", "trust above"),
+    ("gpu_cache_hook.digest", "opened", "digest"),
+    ("gpu_cache_hook.kinds.ptxas.shim", "unpack_entry", "entry"),
+    ("gpu_cache_hook.kinds.ptxas.shim", "owner_problem", "trust"),
+    ("gpu_cache_hook.kinds.ptxas.shim", "distrust_above", "trust above"),
 )
 #: Counted only inside the tier's fetch: a promotion's copy computes one too.
 FETCH_ONLY = "crc32"
@@ -123,14 +123,14 @@ class Timer:
         setattr(owner, name, staticmethod(timed) if static else timed)
 
     def mark_fetches(self, module_of):
-        """The tier's copies from the shared tier (``_place(..., fetched=...)``) are fetches."""
+        """The tier's copies from the shared tier (``place(..., fetched=...)``) are fetches."""
         try:
-            tier = module_of("gpu_cache_tier").Tier
+            tier = module_of("tier").Tier
         except (ImportError, AttributeError):
             return
-        original, local = tier._place, self.local
+        original, local = tier.place, self.local
 
-        def _place(*args, **kwargs):
+        def place(*args, **kwargs):
             before = getattr(local, "fetching", False)
             local.fetching = kwargs.get("fetched") is not None
             try:
@@ -138,7 +138,7 @@ class Timer:
             finally:
                 local.fetching = before
 
-        tier._place = _place
+        tier.place = place
 
     def report(self):
         """The checks that ran (their calls, seconds and truthy results), and their seconds in all."""
@@ -179,6 +179,12 @@ def write(path, value, append=False):
         os.close(fd)
 
 
+def _module(name):
+    """The module ``name``, imported (``__import__`` gives a dotted name's top package)."""
+    __import__(name)
+    return sys.modules[name]
+
+
 def shim():
     """One ptxas shim call, started by the shim's front as ``<this wrapper> -I -S -c CODE
     <folder> <ptxas arguments>``: the shim's ``main`` with its checks timed (the modules by
@@ -188,9 +194,9 @@ def shim():
     folder, args = sys.argv[at + 2], sys.argv[at + 3:]
     sys.argv = ["-c", *args]
     sys.path.insert(0, folder)
-    shim_module = __import__("gpu_cache_ptxas")
+    shim_module = _module("gpu_cache_hook.kinds.ptxas.shim")
     timer = Timer(threads=False)
-    timer.install(SHIM_CHECKS, __import__)
+    timer.install(SHIM_CHECKS, _module)
     served = []
     original_serve, original_replay = shim_module.serve, shim_module.replay
 
@@ -218,7 +224,7 @@ def ptxas_calls(folder, hook):
     import subprocess
     import tempfile
 
-    marks = hook._piece("gpu_cache_hook_ptxas")
+    marks = hook._piece("kinds.ptxas.piece")
     kernels = hook._HOOK.ptxas_kernels
     if not kernels:
         raise SystemExit(f"the hook did not put the ptxas shim on PATH: {hook._HOOK.parts.get('ptxas')}")
@@ -245,7 +251,6 @@ def main(argv):
     hook = sys.modules.get("sitecustomize")
     if getattr(sys, "_gpu_cache_startup_hook", None) is None or not hasattr(hook, "_piece"):
         raise SystemExit("integrity_timer: gpu-cache's startup hook does not run in this process")
-    hook._piece("gpu_cache_hook_common")  # first, as the hook loads it: the pieces import it
     timer = Timer()
     timer.install(CHECKS, hook._piece)
     timer.mark_fetches(hook._piece)
