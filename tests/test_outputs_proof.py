@@ -220,6 +220,45 @@ def test_a_program_that_varies_run_to_run_passes_within_its_noise_and_not_when_i
     assert any("outputs differ" in p and "validate.outputs is identical" in p for p in verdict["problems"])
 
 
+#: A program whose two runs in one process agree, while each process rounds a little otherwise,
+#: as a GPU's fresh compile does when its autotuning chooses another algorithm (H200: up to 6.4e-4
+#: of the outputs' magnitude, docs/outputs.md).
+ROUNDING = ("import os, sys, jax, jax.numpy as jnp, numpy as np\n"
+            "y = np.asarray(jax.jit(lambda x: jnp.tanh(x) * 3)(jnp.linspace(0, 1, 8)), np.float64)\n"
+            "y = y + 1e-4 * (0.5 + int.from_bytes(os.urandom(4), 'little') / 2 ** 32)\n"
+            "np.save(sys.argv[1], y)\n"
+            "np.save(sys.argv[1][:-len('.npy')] + '.again.npy', y)\n")
+
+
+@pytest.mark.slow
+def test_a_program_that_rounds_otherwise_from_compile_to_compile_passes_within_the_tolerance(
+        cache_root, tmp_path):
+    (tmp_path / "rounding.py").write_text(ROUNDING)
+    workload = {"command": f"{{python}} {tmp_path / 'rounding.py'} {tmp_path}/out-{{shape}}.npy",
+                "shapes": [8], "outputs": f"{tmp_path}/out-{{shape}}.npy"}
+    config = write_config(tmp_path / "c.yaml", {"workloads": {"rounding": workload},
+                                                "default_workloads": ["rounding"]})
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
+    verdict = read_json(tmp_path / "v.json")
+    assert verdict["passed"] is True, verdict["problems"]
+    (shape,) = verdict["outputs"]["shapes"]
+    assert shape["outcome"] == "within tolerance" and shape["tolerance"] == 0.01, shape
+    assert shape["noise"] == 0 and 0 < shape["max_rel"] < 1e-4, shape  # beyond its noise, within 0.01
+    assert verdict["outputs"]["counts"]["within tolerance"] == 1
+
+    tight = write_config(tmp_path / "tight.yaml", {"workloads": {"rounding": workload},
+                                                   "default_workloads": ["rounding"],
+                                                   "validate": {"outputs_tolerance": 1e-6}})
+    done = run_cli("validate", "--config", str(tight), *common[2:], "--output", str(tmp_path / "v2.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdict = read_json(tmp_path / "v2.json")
+    assert verdict["passed"] is False
+    assert any(p.startswith("outputs differ: workload rounding shape 8") and "set aside" in p
+               for p in verdict["problems"]), verdict["problems"]
+
+
 @pytest.mark.slow
 def test_a_torn_triton_group_fails_compared_by_the_binaries_a_gpu_would_run(cache_root, tmp_path):
     """Without a GPU the built-in triton-kernels workload compiles ahead of time and runs
@@ -353,14 +392,14 @@ def test_the_difference_names_the_largest_change_new_nans_and_what_cannot_be_com
     assert outputs.spread(reference, reference) == 0.0 and outputs.spread(reference, None) is None
 
 
-def proof_of(mode: str, served, **reference) -> dict:
+def proof_of(mode: str, served, tolerance: float = 0.0, **reference) -> dict:
     from gpu_cache.commands import outputs_proof
     from gpu_cache.core.reports import RunResult
 
     report = {"digest": "b", "spread": 1e-6, "served": served,
               "reference": {"digest": "a", "spread": 0.0, "max_abs": 5e-7, "max_rel": 1e-7,
                             "new_nonfinite": 0, "mismatch": None, **reference}}
-    return outputs_proof.outcome(RunResult("w", 8, 1.0, 0, outputs=report), mode)
+    return outputs_proof.outcome(RunResult("w", 8, 1.0, 0, outputs=report), mode, tolerance)
 
 
 def test_each_outcome_of_a_shape():
@@ -382,6 +421,24 @@ def test_each_outcome_of_a_shape():
     line = outputs_proof.problem_of(proof_of("tolerant", served, max_abs=1.0))
     assert line.startswith("outputs differ: workload w shape 8")
     assert f"jax {served['jax'][0]}: set aside" in line
+
+
+def test_a_difference_within_the_tolerance_passes_only_when_tolerant():
+    """The H200's figures (jax-transformer shape 128: max_abs 1.04e-4, max_rel 6.4e-4 of the
+    outputs' magnitude, noise 1.5e-8) pass within 0.01; a wrong program's, a new NaN or other
+    shapes never do, and identical asks for bit-identity."""
+    served = {"jax": ["jit_f-" + "0" * 64]}
+    h200 = {"max_abs": 1.04398e-4, "max_rel": 6.35715e-4}
+    found = proof_of("tolerant", served, 0.01, spread=7.45058e-09, **h200)
+    assert (found["outcome"], found["tolerance"]) == ("within tolerance", 0.01)
+    assert proof_of("tolerant", served, 0.0, **h200)["outcome"] == "outputs differ"
+    assert proof_of("identical", served, 0.01, **h200)["outcome"] == "outputs differ"
+    assert proof_of("tolerant", served, 0.01, max_abs=98.0, max_rel=49.0)["outcome"] == "outputs differ"
+    assert proof_of("tolerant", served, 0.01, new_nonfinite=1, **h200)["outcome"] == \
+        "NaN where the cold pass had none"
+    assert proof_of("tolerant", served, 0.01, mismatch="shape (3,) is (4,)", **h200)["outcome"] == \
+        "outputs differ"
+    assert proof_of("tolerant", served, 0.01, max_abs="inf", max_rel="inf")["outcome"] == "outputs differ"
 
 
 def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_root):

@@ -4,10 +4,13 @@ docs/outputs.md).
 The cold pass (every cache off: each program compiled fresh) is the reference. Each run of
 the validate pass (a fresh process that hits the cache) must reproduce its shape's outputs:
 bit-identical ("identical"), or with ``validate.outputs: tolerant`` no farther apart than two
-runs of the same compiled program in one process ("within run-to-run noise"). Anything else
-fails the verdict ("outputs differ", or "NaN where the cold pass had none"), names the entries
-that run's processes were served, and sets them aside so that the next job compiles them
-again. The runs' figures come from :mod:`gpu_cache.core.outputs`, in the jobs' software.
+runs of the same compiled program in one process ("within run-to-run noise"), or than
+``validate.outputs_tolerance`` of the outputs' largest magnitude ("within tolerance": a fresh
+compile on a GPU autotunes again and may choose other algorithms, whose rounding differs;
+measured on an H200, docs/outputs.md). Anything else fails the verdict ("outputs differ",
+or "NaN where the cold pass had none"), names the entries that run's processes were served,
+and sets them aside so that the next job compiles them again. The runs' figures come from
+:mod:`gpu_cache.core.outputs`, in the jobs' software.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gpu_cache.reports import Verdict
 
 IDENTICAL = "identical"
 NOISE = "within run-to-run noise"
+TOLERANCE = "within tolerance"
 DIFFER = "outputs differ"
 NAN = "NaN where the cold pass had none"
 UNPROVEN = "not proven"
@@ -47,9 +51,10 @@ def noise_of(found: Mapping[str, Any], reference: Mapping[str, Any]) -> float:
     return max([s for s in spreads if s is not None], default=0.0)
 
 
-def outcome(run: RunResult, mode: str) -> dict[str, Any] | None:
+def outcome(run: RunResult, mode: str, tolerance: float = 0.0) -> dict[str, Any] | None:
     """One shape's proof from its validate run (None: nothing to say, as when the run failed,
-    which is a problem of its own)."""
+    which is a problem of its own); ``tolerance``: the relative difference ``tolerant`` allows
+    beyond the run-to-run noise."""
     found = run.outputs
     if found is None or (not run.ok and found.get("error")):
         return None
@@ -72,6 +77,10 @@ def outcome(run: RunResult, mode: str) -> dict[str, Any] | None:
              and 0 < max_abs <= noise < math.inf)
     if close and mode != IDENTICAL:
         return {**shape, "outcome": NOISE}
+    max_rel = figure(reference.get("max_rel"))
+    if (mode != IDENTICAL and max_rel is not None and max_abs is not None and math.isfinite(max_abs)
+            and not reference.get("mismatch") and not nans and max_rel <= tolerance):
+        return {**shape, "outcome": TOLERANCE, "tolerance": tolerance}
     if served == {}:  # its processes compiled everything themselves: not the cache's doing
         return {**shape, "outcome": UNPROVEN, "why": (
             "its outputs differ from the cold pass's although the cache served its processes "
@@ -113,14 +122,15 @@ def judge(settings: Settings, cold: PhaseResult | None, warm: PhaseResult) -> di
     mode = settings.validate.outputs
     if mode == "off":
         return {"mode": mode}
-    shapes = [found for found in (outcome(run, mode) for run in warm.runs) if found is not None]
+    tolerance = settings.validate.outputs_tolerance
+    shapes = [found for found in (outcome(run, mode, tolerance) for run in warm.runs) if found is not None]
     if not shapes:
         return {"mode": mode, "shapes": []}
     reference = ("the cold pass of this validation (every cache off)" if cold is not None and not cold.reused
                  else f"the cold pass kept for the same workloads, shapes, software and device "
                       f"({cold.reused})" if cold is not None else "none: no cold pass ran")
     counts = {name: sum(1 for s in shapes if s["outcome"] == name)
-              for name in (IDENTICAL, NOISE, DIFFER, NAN, UNPROVEN)}
+              for name in (IDENTICAL, NOISE, TOLERANCE, DIFFER, NAN, UNPROVEN)}
     return {"mode": mode, "reference": reference, "counts": counts, "shapes": shapes}
 
 
@@ -175,7 +185,7 @@ def described(section: Mapping[str, Any], workload: str | None = None) -> str | 
     if not shapes:
         return None if workload else ("outputs not compared (validate.outputs: off)"
                                       if section.get("mode") == "off" else None)
-    words = {IDENTICAL: "identical", NOISE: "within noise", DIFFER: "DIFFER", NAN: "NaN",
-             UNPROVEN: "not proven"}
+    words = {IDENTICAL: "identical", NOISE: "within noise", TOLERANCE: "within tolerance", DIFFER: "DIFFER",
+             NAN: "NaN", UNPROVEN: "not proven"}
     counts = {word: sum(1 for s in shapes if s.get("outcome") == name) for name, word in words.items()}
     return "outputs: " + ", ".join(f"{n} {word}" for word, n in counts.items() if n)
