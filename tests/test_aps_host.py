@@ -286,9 +286,11 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     settings["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
                                                 "workloads": ["alphafold3"], "resources": {"runtime": 60}}
     write_yaml(work / "config" / "without-flag.yaml", settings)
+    # --forcerun: the host's profile reruns on mtime alone, where new batches change no file's
+    # time; without a host job to run, no job waits for l4's verdict and Snakemake plans none.
     second = run_snakemake(work, *profile(work, "--configfile", "config/test.yaml", "config/batches.yaml",
                                           "config/without-flag.yaml", "config/test-gpu-cache.yaml"),
-                           env=env, timeout=600)
+                           "--forcerun", "structure_inference", env=env, timeout=600)
     # The workloads of l4 could not start: an error at the end of the run, with its cause...
     assert second.returncode != 0
     assert "gpu-cache: ERROR: GPU type l4: no workload run" in second.stderr
