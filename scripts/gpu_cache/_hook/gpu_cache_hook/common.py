@@ -1,6 +1,7 @@
-"""What the pieces of gpu-cache's startup hook share (``sitecustomize`` next to this file says
-which piece does what): text and list limits, marking a hit entry used, the record's parts for
-jax and triton, and the way to single-flight. Standard library only, Python 3.9+."""
+"""What the pieces of gpu-cache's startup hook share (the package's docstring says which piece
+does what): text and list limits, the owner rules, marking a hit entry used, the record's parts
+for jax and triton, and the ways to single-flight and the tier. Standard library only, Python
+3.9+."""
 
 import errno
 import os

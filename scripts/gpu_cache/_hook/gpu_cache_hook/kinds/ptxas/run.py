@@ -77,7 +77,7 @@ def _keep(folder, key, run, meta, source, output, ptx_digest):
 
 
 def _flight():
-    """Single-flight (``flight``, beside this file) where ``$GPU_CACHE_LOCKS`` is set."""
+    """Single-flight (``gpu_cache_hook.flight``) where ``$GPU_CACHE_LOCKS`` is set."""
     if not os.path.isabs(os.environ.get(LOCKS_VAR, "")):
         return None
     from gpu_cache_hook import flight
