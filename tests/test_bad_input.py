@@ -211,6 +211,12 @@ def test_install_profile_from_a_non_editable_install(tmp_path):
                             "--no-build-isolation", "--target", str(target), str(REPO)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-2000:]
+    # The startup hook whole: every piece, and the ptxas shim's front still executable.
+    hook, installed = REPO / "scripts" / "gpu_cache" / "_hook", target / "gpu_cache" / "_hook"
+    files = [p.relative_to(hook) for p in hook.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    missing = [str(name) for name in files if not (installed / name).is_file()]
+    assert missing == []
+    assert os.access(installed / "gpu_cache_hook" / "kinds" / "ptxas" / "bin" / "ptxas", os.X_OK)
     env = clean_environ(PYTHONPATH=str(target))
     result = run_cli("install-profile", "--target", str(tmp_path / "profile"), env=env)
     assert result.returncode == 0, result.stderr
