@@ -192,32 +192,42 @@ NOISY = ("import os, sys, jax, jax.numpy as jnp, numpy as np\n"
          "np.save(sys.argv[1][:-len('.npy')] + '.again.npy', y + 1e-6 * (0.75 + 0.5 * offset))\n")
 
 
+def validated_twice(tmp_path: Path, cache_root: Path, name: str, program: str,
+                    validate: dict) -> list[dict]:
+    """A workload of the user's, ``name``, running ``program`` (which writes its outputs file):
+    warmed and validated with the default settings, then validated again with ``validate``;
+    both verdicts."""
+    (tmp_path / f"{name}.py").write_text(program)
+    workload = {"command": f"{{python}} {tmp_path / name}.py {tmp_path}/out-{{shape}}.npy",
+                "shapes": [8], "outputs": f"{tmp_path}/out-{{shape}}.npy"}
+
+    def config(file: str, **extra: object) -> Path:
+        settings = {"workloads": {name: workload}, "default_workloads": [name], **extra}
+        return write_config(tmp_path / file, settings)
+
+    common = ("--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    first = config("c.yaml")
+    warm = run_cli("warm", "--config", str(first), *common, "--output", str(tmp_path / "w.json"))
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    verdicts = []
+    for path, out in ((first, "v.json"), (config("again.yaml", validate=validate), "v2.json")):
+        done = run_cli("validate", "--config", str(path), *common, "--output", str(tmp_path / out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        verdicts.append(read_json(tmp_path / out))
+    return verdicts
+
+
 @pytest.mark.slow
 def test_a_program_that_varies_run_to_run_passes_within_its_noise_and_not_when_identical_is_asked(
         cache_root, tmp_path):
-    (tmp_path / "noisy.py").write_text(NOISY)
-    workload = {"command": f"{{python}} {tmp_path / 'noisy.py'} {tmp_path}/out-{{shape}}.npy",
-                "shapes": [8], "outputs": f"{tmp_path}/out-{{shape}}.npy"}
-    config = write_config(tmp_path / "c.yaml", {"workloads": {"noisy": workload},
-                                                "default_workloads": ["noisy"]})
-    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
-    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
-    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
-    verdict = read_json(tmp_path / "v.json")
+    verdict, strict = validated_twice(tmp_path, cache_root, "noisy", NOISY, {"outputs": "identical"})
     assert verdict["passed"] is True, verdict["problems"]
     (shape,) = verdict["outputs"]["shapes"]
     assert shape["outcome"] == "within run-to-run noise", shape
     assert 0 < shape["max_abs"] <= shape["noise"] < 1e-6, shape  # the figure, and its noise
     assert verdict["outputs"]["counts"]["within run-to-run noise"] == 1
-
-    strict = write_config(tmp_path / "strict.yaml", {"workloads": {"noisy": workload},
-                                                     "default_workloads": ["noisy"],
-                                                     "validate": {"outputs": "identical"}})
-    done = run_cli("validate", "--config", str(strict), *common[2:], "--output", str(tmp_path / "v2.json"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    verdict = read_json(tmp_path / "v2.json")
-    assert verdict["passed"] is False
-    assert any("outputs differ" in p and "validate.outputs is identical" in p for p in verdict["problems"])
+    assert strict["passed"] is False
+    assert any("outputs differ" in p and "validate.outputs is identical" in p for p in strict["problems"])
 
 
 #: A program whose two runs in one process agree, while each process rounds a little otherwise,
@@ -233,30 +243,15 @@ ROUNDING = ("import os, sys, jax, jax.numpy as jnp, numpy as np\n"
 @pytest.mark.slow
 def test_a_program_that_rounds_otherwise_from_compile_to_compile_passes_within_the_tolerance(
         cache_root, tmp_path):
-    (tmp_path / "rounding.py").write_text(ROUNDING)
-    workload = {"command": f"{{python}} {tmp_path / 'rounding.py'} {tmp_path}/out-{{shape}}.npy",
-                "shapes": [8], "outputs": f"{tmp_path}/out-{{shape}}.npy"}
-    config = write_config(tmp_path / "c.yaml", {"workloads": {"rounding": workload},
-                                                "default_workloads": ["rounding"]})
-    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
-    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
-    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
-    verdict = read_json(tmp_path / "v.json")
+    verdict, tight = validated_twice(tmp_path, cache_root, "rounding", ROUNDING, {"outputs_tolerance": 1e-6})
     assert verdict["passed"] is True, verdict["problems"]
     (shape,) = verdict["outputs"]["shapes"]
     assert shape["outcome"] == "within tolerance" and shape["tolerance"] == 0.01, shape
     assert shape["noise"] == 0 and 0 < shape["max_rel"] < 1e-4, shape  # beyond its noise, within 0.01
     assert verdict["outputs"]["counts"]["within tolerance"] == 1
-
-    tight = write_config(tmp_path / "tight.yaml", {"workloads": {"rounding": workload},
-                                                   "default_workloads": ["rounding"],
-                                                   "validate": {"outputs_tolerance": 1e-6}})
-    done = run_cli("validate", "--config", str(tight), *common[2:], "--output", str(tmp_path / "v2.json"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    verdict = read_json(tmp_path / "v2.json")
-    assert verdict["passed"] is False
+    assert tight["passed"] is False
     assert any(p.startswith("outputs differ: workload rounding shape 8") and "set aside" in p
-               for p in verdict["problems"]), verdict["problems"]
+               for p in tight["problems"]), tight["problems"]
 
 
 @pytest.mark.slow
