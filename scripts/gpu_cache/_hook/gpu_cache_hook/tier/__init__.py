@@ -138,7 +138,7 @@ class Tier:
     # --- moving one file -------------------------------------------------------------------
 
     def place(self, src_fd, src_name, tmp_fd, dst_fd, dst_name, check=None, pause=False,
-               rewrite=None, fetched=None):
+              rewrite=None, fetched=None):
         """Copy ``src_name`` (in folder ``src_fd``) to a temporary file in ``tmp_fd``, then give
         it the name ``dst_name`` in ``dst_fd`` without replacing anything there. Returns the
         bytes placed, 0 when the name was taken meanwhile or the source is not whole (``check``)
@@ -222,7 +222,7 @@ class Tier:
             except FileNotFoundError:
                 pass
             size = self.place(self.shared.folder(kind), name, local, local, name, check,
-                               fetched=(kind, name))
+                              fetched=(kind, name))
         except FileNotFoundError:
             return False
         except Exception as exc:  # never into the job: the entry stays where it is
@@ -241,7 +241,7 @@ class Tier:
         try:
             shared = self.shared.folder(kind)
             size = self.place(self.local.folder(kind), name, shared, shared, name, check,
-                               pause=True)
+                              pause=True)
         except Exception as exc:  # never into the job: the entry stays where it is
             self.refused(kind, exc)
             self.counts(kind)["promote_failed"] += 1
@@ -300,7 +300,7 @@ class Tier:
                 dst = files.open_below(self.local, kind, os.path.join(sub, folder), make=True)
                 try:
                     placed = self.place(src, name, self.local.folder(kind), dst, name,
-                                         fetched=(kind, os.path.join(sub, rel)))
+                                        fetched=(kind, os.path.join(sub, rel)))
                 finally:
                     os.close(src)
                     os.close(dst)

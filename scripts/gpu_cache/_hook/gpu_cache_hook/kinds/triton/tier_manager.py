@@ -28,6 +28,7 @@ from gpu_cache_hook.tier import files
 #: promoted with its group.
 ALONE = SINGLE_FILES
 GROUP_PREFIX = "__grp__"
+#: The kind whose key folders this module moves between the tiers.
 KIND = "triton"
 
 
@@ -38,12 +39,12 @@ class TierCacheManager(FlightCacheManager):
         super().__init__(key, override, dump)
         tier = node_tier.get()
         local = os.path.dirname(os.path.normpath(self.cache_dir or ""))
-        usable = tier is not None and tier.enabled("triton") and not (override or dump)
-        self._tier = tier if usable and local == tier.local_folder("triton") else None
+        usable = tier is not None and tier.enabled(KIND) and not (override or dump)
+        self._tier = tier if usable and local == tier.local_folder(KIND) else None
 
     def _where(self) -> str:
         if self._tier is not None:
-            return self._tier.shared_folder("triton")
+            return self._tier.shared_folder(KIND)
         return super()._where()
 
     def _lookup(self, filename: str) -> dict[str, str] | None:
@@ -84,10 +85,10 @@ class TierCacheManager(FlightCacheManager):
             if len(names) != len(children):
                 raise ValueError("a group whose children are not in its key folder")
         except Exception as exc:  # never into the job: the group stays local
-            self._tier.counts("triton")["promote_failed"] += 1
-            self._tier.failed("triton", exc)
+            self._tier.counts(KIND)["promote_failed"] += 1
+            self._tier.failed(KIND, exc)
             return
-        shared = os.path.join(self._tier.shared_folder("triton"), self.key)
+        shared = os.path.join(self._tier.shared_folder(KIND), self.key)
         promote_key_files(self._tier, self.key, names, group_name=filename, shared_dir=shared)
 
 
@@ -110,19 +111,18 @@ def _fetch_key(tier, key, names=(), group_name=None, local_dir=None):
     """Copy the shared Triton files ``<key>/<names>`` (with ``group_name``: the group's
     children) missing locally, then the group file with its child paths made local ones.
     Whether they are all there now. Never raises."""
-    kind = KIND
     plain = all(files.plain(n) for n in names) and (group_name is None or files.plain(group_name))
-    if not tier.enabled(kind) or not files.plain(key) or not plain:
+    if not tier.enabled(KIND) or not files.plain(key) or not plain:
         return False
     started = time.monotonic()
     src = dst = None
     try:
-        src = tier.shared.sub(kind, key, make=False)
+        src = tier.shared.sub(KIND, key, make=False)
         if group_name is not None:
             names = files.group_children(src, group_name)
             if names is None:
                 return False
-        dst = tier.local.sub(kind, key, make=True)
+        dst = tier.local.sub(KIND, key, make=True)
         size = 0
         for name in names:
             try:
@@ -130,25 +130,25 @@ def _fetch_key(tier, key, names=(), group_name=None, local_dir=None):
                 continue
             except FileNotFoundError:
                 pass
-            placed = tier.place(src, name, tier.local.folder(kind), dst, name,
-                                 fetched=(kind, f"{key}/{name}"))
+            placed = tier.place(src, name, tier.local.folder(KIND), dst, name,
+                                fetched=(KIND, f"{key}/{name}"))
             if not placed and not files.exists_at(dst, name):
                 return False
             size += placed
         if group_name is not None:
-            size += tier.place(src, group_name, tier.local.folder(kind), dst, group_name,
-                                rewrite=lambda data: files.rewrite_group(data, local_dir),
-                                fetched=(kind, f"{key}/{group_name}"))
+            size += tier.place(src, group_name, tier.local.folder(KIND), dst, group_name,
+                               rewrite=lambda data: files.rewrite_group(data, local_dir),
+                               fetched=(KIND, f"{key}/{group_name}"))
     except FileNotFoundError:
         return False
     except Exception as exc:  # never into the job: the entry stays where it is
-        tier.refused(kind, exc, fetching=True)
+        tier.refused(KIND, exc, fetching=True)
         return False
     finally:
         for fd in (src, dst):
             if fd is not None:
                 os.close(fd)
-    tier.fetched(kind, size, started)
+    tier.fetched(KIND, size, started)
     return True
 
 
@@ -156,17 +156,16 @@ def promote_key_files(tier, key, names, group_name=None, shared_dir=None):
     """Promote the local Triton files ``<key>/<names>``, then (``group_name``) the group
     file with its child paths made shared ones, only when every child is in the shared tier.
     Never raises."""
-    kind = KIND
-    if not tier.promoting(kind) or not files.plain(key) or not all(files.plain(n) for n in names):
-        tier.counts(kind)["promote_failed"] += 1
+    if not tier.promoting(KIND) or not files.plain(key) or not all(files.plain(n) for n in names):
+        tier.counts(KIND)["promote_failed"] += 1
         return False
     started = time.monotonic()
     src = dst = None
     size = 0
     try:
-        shared = tier.shared.folder(kind)
-        src = tier.local.sub(kind, key, make=False)
-        dst = tier.shared.sub(kind, key, make=True)
+        shared = tier.shared.folder(KIND)
+        src = tier.local.sub(KIND, key, make=False)
+        dst = tier.shared.sub(KIND, key, make=True)
         for name in names:
             placed = tier.place(src, name, shared, dst, name, pause=True)
             if not placed and not files.exists_at(dst, name):
@@ -174,15 +173,15 @@ def promote_key_files(tier, key, names, group_name=None, shared_dir=None):
             size += placed
         if group_name is not None and files.plain(group_name):
             size += tier.place(src, group_name, shared, dst, group_name, pause=True,
-                                rewrite=lambda data: files.rewrite_group(data, shared_dir))
+                               rewrite=lambda data: files.rewrite_group(data, shared_dir))
     except Exception as exc:  # never into the job: the entry stays where it is
-        tier.refused(kind, exc)
-        tier.counts(kind)["promote_failed"] += 1
+        tier.refused(KIND, exc)
+        tier.counts(KIND)["promote_failed"] += 1
         return False
     finally:
         for fd in (src, dst):
             if fd is not None:
                 os.close(fd)
-    tier.promoted(kind, size, started)
+    tier.promoted(KIND, size, started)
     return True
 
