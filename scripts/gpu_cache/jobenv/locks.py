@@ -99,8 +99,8 @@ def _mode(settings: Settings, folder: Path, fs_type: str, shared: bool, probes: 
                         "nodes may compile the same key at once",))
 
 
-#: What flock(2) answers where a filesystem does not lock.
-_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+#: What flock(2) answers where a filesystem does not lock (a probe file also hears EINVAL there).
+_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 def lease_problem(folder: Path) -> str | None:
@@ -154,7 +154,7 @@ def flock_problem(folder: Path) -> str | None:
         fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
     except OSError as exc:
-        if exc.errno in _UNSUPPORTED:
+        if exc.errno in _UNSUPPORTED or exc.errno == errno.EINVAL:
             return f"flock is not supported in {folder} ({exc.strerror or exc})"
         return f"cannot test flock in {folder}: {why_not(exc)}"
     finally:
@@ -178,7 +178,7 @@ def flock_refused(folder: Path, above: Path) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         except OSError as exc:
-            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # EINVAL: maybe the folder
+            if exc.errno in _UNSUPPORTED:  # (not EINVAL: that may be the folder's, not the filesystem's)
                 return f"flock is not supported in {folder} ({exc.strerror or exc})"
             return None
         finally:
