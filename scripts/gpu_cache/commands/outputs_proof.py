@@ -72,14 +72,15 @@ def outcome(run: RunResult, mode: str, tolerance: float = 0.0) -> dict[str, Any]
     max_abs, nans = figure(reference.get("max_abs")), figure(reference.get("new_nonfinite")) or 0
     shape.update(max_abs=reference.get("max_abs"), max_rel=reference.get("max_rel"),
                  mismatch=reference.get("mismatch"))
+    # Values of the same shapes and types, without a new NaN: only then may they be close.
+    comparable = max_abs is not None and not reference.get("mismatch") and not nans
     # An infinite noise (a process whose two runs differ in shape or NaN) tolerates nothing.
-    close = (max_abs is not None and not reference.get("mismatch") and not nans
-             and 0 < max_abs <= noise < math.inf)
+    close = comparable and 0 < max_abs <= noise < math.inf
     if close and mode != IDENTICAL:
         return {**shape, "outcome": NOISE}
     max_rel = figure(reference.get("max_rel"))
-    if (mode != IDENTICAL and max_rel is not None and max_abs is not None and math.isfinite(max_abs)
-            and not reference.get("mismatch") and not nans and max_rel <= tolerance):
+    if (mode != IDENTICAL and comparable and math.isfinite(max_abs) and max_rel is not None
+            and max_rel <= tolerance):
         return {**shape, "outcome": TOLERANCE, "tolerance": tolerance}
     if served == {}:  # its processes compiled everything themselves: not the cache's doing
         return {**shape, "outcome": UNPROVEN, "why": (
