@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import pytest
 
@@ -35,18 +34,24 @@ def test_a_key_that_is_not_gpu_caches_is_one_line_naming_it(tmp_path, flags):
     assert not (tmp_path / "cache").exists()
 
 
+def no_cluster_environ(tmp_path, **extra: str) -> dict[str, str]:
+    """A clean environment whose ``sinfo`` fails, as where no cluster answers: the tests' own
+    SLURM cluster may be up meanwhile (another worker's), and Snakemake's SLURM plugin wants the
+    other SLURM commands on PATH."""
+    folder = tmp_path / "no-cluster"
+    folder.mkdir(exist_ok=True)
+    (folder / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: no cluster' >&2\nexit 1\n")
+    (folder / "sinfo").chmod(0o755)
+    environ = clean_environ(**extra)
+    environ["PATH"] = f"{folder}{os.pathsep}{environ['PATH']}"
+    return environ
+
+
 @pytest.mark.slow
 def test_a_gpu_type_no_partition_offers_and_no_device_here_is_named_before_the_run(tmp_path):
     config = {"gpu_types": {"a100": {}}, "workloads": {"jax-transformer": {"shapes": [16]}}}
     work = workdir_with_config(tmp_path, config)
-    # an sinfo that fails, as where no cluster answers: the tests' own SLURM cluster may be up
-    # meanwhile (another worker's), and Snakemake's SLURM plugin wants the other SLURM commands
-    no_cluster = tmp_path / "no-cluster"
-    no_cluster.mkdir()
-    (no_cluster / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: no cluster' >&2\nexit 1\n")
-    (no_cluster / "sinfo").chmod(0o755)
-    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
-    env["PATH"] = f"{no_cluster}{os.pathsep}{env['PATH']}"
+    env = no_cluster_environ(tmp_path, GPU_CACHE_ROOT=str(tmp_path / "cache"))
     dry = run_snakemake(work, "-s", SNAKEFILE, "-n", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
     (line,) = [line for line in dry.stderr.splitlines() if line.startswith("gpu-cache: warning: ")]
@@ -60,8 +65,7 @@ def test_a_gpu_type_no_partition_offers_and_no_device_here_is_named_before_the_r
 def test_doctor_names_a_gpu_type_no_partition_offers_and_no_device_here_is(tmp_path):
     path = write_config(tmp_path / "config.yaml", {"gpu_types": {"a100": {}, "here": {"device": "cpu"}}})
     root = str(tmp_path / "cache")
-    # no sinfo here: the tests' own SLURM cluster may be up meanwhile (another worker's)
-    environ = clean_environ(PATH=os.path.dirname(sys.executable))
+    environ = no_cluster_environ(tmp_path)
     done = run_cli("doctor", "--json", "--no-fail", "--config", str(path), "--cache-root", root, env=environ)
     assert done.returncode == 0, done.stderr
     warnings = json.loads(done.stdout)["warnings"]
