@@ -103,26 +103,64 @@ def oldest_python() -> str | None:
     return candidates[-1] if candidates else shutil.which(f"python{OLDEST_PYTHON}")
 
 
-def test_the_job_side_runs_on_the_oldest_python_we_support():
+def the_oldest_python() -> str:
     python = oldest_python()
     if python is None:
         message = f"no Python {OLDEST_PYTHON} here (pyenv has one on this kind of machine)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return python
+
+
+def job_side_files(scripts: Path) -> list[Path]:
+    """Every Python file the job side runs: core, the whole hook package (not only its top
+    folder: its pieces are nested) and the workloads."""
+    package = scripts / "gpu_cache"
+    return sorted(p for folder in ("core", "_hook", "workloads") for p in (package / folder).rglob("*.py"))
+
+
+def not_compiled_by(python: str, files: list[Path]) -> list[str]:
+    """The lines ``python`` prints for each of ``files`` whose source it cannot compile."""
+    program = ("import sys\n"
+               "for path in sys.argv[1:]:\n"
+               "    try:\n"
+               "        with open(path) as source:\n"
+               "            compile(source.read(), path, 'exec')\n"
+               "    except SyntaxError as exc:\n"
+               "        print(f'{path}:{exc.lineno}: {exc.msg}')\n")
+    done = subprocess.run([python, "-c", program, *map(str, files)], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_job_side_runs_on_the_oldest_python_we_support():
+    python = the_oldest_python()
+    assert not_compiled_by(python, job_side_files(SCRIPTS)) == []
     core = sorted(".".join(p.relative_to(SCRIPTS).with_suffix("").parts) for p in CORE.rglob("*.py"))
     program = ("import importlib\n"
                f"for name in {[m.removesuffix('.__init__') for m in core]!r}:\n"
-               "    importlib.import_module(name)\n"
-               f"for path in {[str(p) for p in [*HOOK.glob('*.py'), *WORKLOADS.glob('*.py')]]!r}:\n"
-               "    with open(path) as source:\n"
-               "        compile(source.read(), path, 'exec')\n")
+               "    importlib.import_module(name)\n")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SCRIPTS), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([python, "-c", program], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     runner = subprocess.run([python, "-m", "gpu_cache.core.runner", "--help"], env=env,
                             capture_output=True, text=True)
     assert runner.returncode == 0 and "usage" in runner.stdout, runner.stderr
+
+
+def test_the_oldest_python_check_finds_a_newer_line_in_any_hook_module(tmp_path):
+    """A copy of the package where one hook module deep in the package has a ``match``
+    statement (Python 3.10): the check names that module. Guard: job_side_files walks the
+    whole hook package."""
+    python = the_oldest_python()
+    copy = tmp_path / "scripts"
+    shutil.copytree(SCRIPTS / "gpu_cache", copy / "gpu_cache", ignore=shutil.ignore_patterns("__pycache__"))
+    deep = copy / "gpu_cache" / "_hook" / "gpu_cache_hook" / "tier" / "bound.py"
+    deep.write_text(deep.read_text() + "\n\ndef newer(value):\n    match value:\n        case _:\n"
+                    "            return value\n")
+    assert [line.partition(":")[0] for line in not_compiled_by(python, job_side_files(copy))] == [str(deep)]
 
 
 #: The host side's layers, lowest first: each imports only from the layers below it (and

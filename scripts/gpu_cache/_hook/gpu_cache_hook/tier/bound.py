@@ -4,7 +4,7 @@ tier) and only where nobody else trims now (a non-blocking ``flock``; someone el
 process skips), the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently used
 whole entries first: a JAX entry (its ``-cache`` and ``-atime`` files), a Triton key folder
 (its group files removed first: a reader sees a miss, never a group without its children), a
-file of XLA's autotune folder or of Inductor's tree. An entry used within ``IN_USE`` seconds
+file of XLA's autotune folder, of Inductor's tree or of jax-triton's kernels. An entry used within ``IN_USE`` seconds
 is kept (a process may be reading it). Standard library only, Python 3.9+.
 """
 
@@ -116,7 +116,7 @@ def tree_files(root):
 def _local_entries(root_fd, now):
     """``(last used, bytes, remove)`` for each whole entry of the local tier (``root_fd``): a
     JAX entry (its ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's
-    autotune folder or of Inductor's tree. Temporary files of the tier left by a killed process
+    autotune folder, of Inductor's tree or of jax-triton's kernels. Temporary files of the tier left by a killed process
     are removed here. A time in the future (beyond IN_USE: a clock set wrong, or a date someone
     planted) counts as the oldest, never as in use."""
     entries = []
@@ -131,7 +131,7 @@ def _local_entries(root_fd, now):
                 used = _when(max(info.st_mtime, extra.st_mtime if extra else 0), now)
                 entries.append((used, info.st_size + (extra.st_size if extra else 0),
                                 _remover(root_fd, ("jax",), [name, atime])))
-    for parts in (("jax", XLA_AUTOTUNE_CACHE), ("inductor",)):
+    for parts in (("jax", XLA_AUTOTUNE_CACHE), ("inductor",), ("jax_triton",)):
         for folder, name, info in _tree(root_fd, parts):
             entries.append((_when(info.st_mtime, now), info.st_size, _remover(root_fd, folder, [name])))
     with _Folder(root_fd, ("triton",)) as triton:
