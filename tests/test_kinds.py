@@ -27,14 +27,46 @@ def _hook_constant(module: str, name: str) -> tuple[str, ...]:
     raise AssertionError(f"{path} defines no {name}")
 
 
-def test_the_hooks_copies_match_the_registry():
-    watched = {**hook_piece("sitecustomize")._WATCHED, **hook_piece("sitecustomize")._found()}
-    assert watched == {kind.watched_module: kind.name for kind in kinds.ALL if kind.watched_module}
-    assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
+def test_the_hooks_pieces_declare_what_the_registry_says_of_each_kind():
+    """Each kind's hook piece declares, in its first lines, the module the registry says the
+    hook watches, a tier layout the bound knows exactly where the registry says the kind is
+    tiered, and together the distributions whose versions a record keeps."""
+    pieces = {piece.kind: piece for piece in hook_piece("sitecustomize").pieces()}
+    for kind in kinds.ALL:
+        piece = pieces.get(kind.name)
+        if kind.watched_module:
+            assert piece is not None and kind.watched_module in piece.watches, kind.name
+        assert bool(piece and piece.tier) == kind.tiered, kind.name
+    layouts = hook_piece("tier.bound").LAYOUTS
+    assert all(words[0] in layouts for piece in pieces.values() for words in piece.tier)
+    declared = sorted(name for piece in pieces.values() for name in piece.software)
+    assert declared == sorted(software.KEY_PACKAGES)
     assert _hook_constant("records", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
     assert _hook_constant("records", "_IMAGE_VARS") == software.IMAGE_VARIABLES
     assert _hook_constant("kinds.bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("records", "_KEY_PACKAGES") == software.KEY_PACKAGES
+
+
+def test_no_shared_module_of_the_hook_names_a_kind():
+    """The hook's shared code (sitecustomize, records, the tier and its bound, trust, flight...)
+    loops over the pieces' declared facts: no string in it (docstrings aside) is a kind's name
+    or a piece's module, and no piece is imported by a name built from a kind's. (The records
+    kind aside: the hook writes records itself, and "records" is a word of several formats.)"""
+    names = {kind.name for kind in kinds.ALL} | {piece.kind for piece in hook_piece("sitecustomize").pieces()}
+    names.discard("records")
+    found = []
+    for path in sorted(HOOK.rglob("*.py")):
+        if "kinds" in path.relative_to(HOOK).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value.strip(".")
+                if text in names or text.startswith("kinds.") or text.split(".", 1)[0] in names:
+                    found.append(f"{path.relative_to(HOOK)}:{node.lineno}: {node.value!r}")
+    assert found == []
 
 
 def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
@@ -134,8 +166,10 @@ class _Dropped(SingleFile):
 
 KIND = _Dropped()
 '''
-DROPPED_PIECE = '''# gpu-cache hook piece watching colorsys
+DROPPED_PIECE = '''# gpu-cache hook piece
+# watches colorsys
 def on_import(module, hook):
+    hook.observed("dropped_in")
     hook.parts["dropped_in"] = {"hits": 1, "misses": 0, "module": module.__name__}
 
 
@@ -148,7 +182,7 @@ def test_a_kind_added_as_its_modules_alone_is_registered_watched_and_recorded(tm
     """A copy of the package with one more kind, whose two modules are all that is added: the
     registry lists it after the listed kinds (so env, stats, prune and the contract suite take
     it), and the startup hook watches the module its piece names and records the kind's part.
-    Guards: the registry's ``_found`` and the hook's ``_found``."""
+    Guards: the registry's ``_found`` and the hook's ``pieces``."""
     package = tmp_path / "scripts" / "gpu_cache"
     shutil.copytree(SCRIPTS / "gpu_cache", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "core" / "kinds" / "dropped_in.py").write_text(DROPPED_KIND)

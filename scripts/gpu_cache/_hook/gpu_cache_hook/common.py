@@ -1,12 +1,10 @@
 """What the pieces of gpu-cache's startup hook share (the package's docstring says which piece
-does what): text and list limits, the owner rules, marking a hit entry used, the record's parts
-for jax and triton, and the ways to single-flight and the tier. Standard library only, Python
-3.9+."""
+does what): text and list limits, the owner rules, marking a hit entry used, and the ways to
+single-flight and the tier. Standard library only, Python 3.9+."""
 
 import errno
 import os
 import stat
-import sys
 
 from sitecustomize import LOCKS_VAR
 
@@ -112,41 +110,10 @@ def touch(path):
         pass
 
 
-def jax_part(hook):
-    """The record's ``jax`` part of this process, made on first use."""
-    part = hook.parts.get("jax")
-    if part is None:
-        part = hook.parts["jax"] = {
-            "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
-            "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
-            "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
-    return part
-
-
-def triton_part(hook):
-    """The record's ``triton`` part of this process, made on first use."""
-    part = hook.parts.get("triton")
-    if part is None:
-        part = hook.parts["triton"] = {
-            "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
-            "kernels": [], "autotuned": [], "unrecorded": [],
-            "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}}
-    return part
-
-
-def jax_cache_dir():
-    """The cache folder this process's JAX really used: a program may set its own with
-    ``jax.config.update("jax_compilation_cache_dir", ...)`` over the exported one."""
-    try:
-        folder = sys.modules["jax"].config.jax_compilation_cache_dir
-    except Exception:
-        return None
-    return text(str(folder)) if folder else None
-
-
 def flight(hook):
     """gpu-cache's single-flight module (``flight``), told how this hook warns."""
-    module = hook.piece("flight")
+    from gpu_cache_hook import flight as module
+
     module.configure(hook.warn)
     return module
 
@@ -173,7 +140,9 @@ def tier(hook):
     """This process's node-local tier (``tier``), or None where it is off."""
     if not hook.tier:
         return None
-    return hook.piece("tier").get(hook.warn)
+    from gpu_cache_hook import tier as module
+
+    return module.get(hook.warn, hook.pieces)
 
 
 def tier_stats(hook, kind):

@@ -1,10 +1,11 @@
-"""gpu-cache's startup hook, the node-local folders: loaded only when the Triton cache folder a
-job was given cannot be created (a cache root not bound into a container), or when a folder it
-was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``, exported by ``gpu-cache env`` for
-a read-only or unusable root, and made on each node by whoever comes first).
+"""gpu-cache's startup hook, the node-local folders: loaded only when a folder a kind's tool
+makes at start cannot be created (a cache root not bound into a container: the piece's
+``makes``), or when a folder the job was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``,
+exported by ``gpu-cache env`` for a read-only or unusable root, and made on each node by whoever
+comes first: the piece's ``node-local``).
 
-Triton creates its cache folder at start and raises where it cannot. The process then uses
-``$TMPDIR/gpu-cache-<uid>/triton``, the folder ``gpu-cache env`` falls back to. A node-local
+A tool that creates its cache folder at start raises where it cannot (Triton). The process
+then uses ``$TMPDIR/gpu-cache-<uid>/<kind>``, the folder ``gpu-cache env`` falls back to. A node-local
 folder is used only when it and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env``
 applies (``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and
 nobody else can add a file to it (not others; not a group unless it is the owner's user-private
@@ -24,7 +25,7 @@ import os
 import stat
 import struct
 
-from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR, TRITON_CACHE_DIR_VAR
+from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR
 
 ACL_ACCESS = "system.posix_acl_access"
 ACL_DEFAULT = "system.posix_acl_default"
@@ -252,14 +253,15 @@ def _tier_refused(tier, kinds):
     return None
 
 
-def guard(tier, kinds, names, hook, stderr):
+def guard(tier, kinds, folders, hook, stderr):
     """Before any tool reads them: the node-local tier ``tier`` (with its ``kinds`` folders) and
-    the node-local folders the variables ``names`` point at (``$TMPDIR/gpu-cache-<uid>/<kind>``)
-    may have been made on this node by another user, who would then decide what the job loads
-    (and, through links and dates in them, what the tier's bound deletes). One that fails the
-    trust rule is neither read nor written by any tool: every variable that points into it is
-    pointed at a private folder of this process instead (records: none), with one warning line.
-    Returns whether the tier may be used."""
+    the node-local folders the variables of ``folders`` (``(what, variable)``: the kind, or the
+    hook's own part) point at (``$TMPDIR/gpu-cache-<uid>/<kind>``) may have been made on this
+    node by another user, who would then decide what the job loads (and, through links and
+    dates in them, what the tier's bound deletes). One that fails the trust rule is neither read
+    nor written by any tool: every variable that points into it is pointed at a private folder
+    of this process instead (records: none), with one warning line, and the record's
+    ``fallbacks.<what>`` says why. Returns whether the tier may be used."""
     refused = []
     if tier:
         why = _tier_refused(tier, kinds)
@@ -272,7 +274,7 @@ def guard(tier, kinds, names, hook, stderr):
                     os.makedirs(os.environ[name], 0o700, exist_ok=True)
             refused.append(("tier", tier, why))
             _record(hook, "tier", wanted=tier[:500], problem=None, used=_PRIVATE[0], refused=why[:500])
-    for name in names:
+    for what, name in folders:
         folder = (os.environ.get(name) or "").rstrip(os.sep)
         if not folder:
             continue
@@ -280,7 +282,7 @@ def guard(tier, kinds, names, hook, stderr):
         if why:
             os.environ[name] = "" if name == RECORDS_VAR else _private(os.path.basename(folder))
             refused.append((name, folder, why))
-            _record(hook, name, wanted=folder[:500], problem=None, used=os.environ[name] or None,
+            _record(hook, what, wanted=folder[:500], problem=None, used=os.environ[name] or None,
                     refused=why[:500])
     if refused:
         what, folder, why = refused[0]
@@ -292,50 +294,31 @@ def guard(tier, kinds, names, hook, stderr):
     return not (tier and refused and refused[0][0] == "tier")
 
 
-def _record(hook, kind, **fields):
-    hook.parts.setdefault("fallbacks", {})[kind] = fields
+def _record(hook, what, **fields):
+    hook.parts.setdefault("fallbacks", {})[what] = fields
 
 
-def _private_triton():
-    import tempfile
-
-    used = tempfile.mkdtemp(prefix=f"{NODE_LOCAL_PREFIX}triton-")
-    _remove_at_exit(used)
-    os.environ[TRITON_CACHE_DIR_VAR] = used
-    return used
-
-
-def triton(wanted, why, hook, stderr):
-    """Point Triton at a usable folder when ``wanted`` cannot be created: the node-local one
-    when it is trusted, else a private one."""
+def unmade(kind, name, wanted, why, hook, stderr):
+    """The folder ``wanted`` of ``$name``, which the tool of ``kind`` makes at start and fails
+    where it cannot (a cache root not bound into a container), cannot be created: ``$name`` is
+    pointed at the node-local folder ``gpu-cache env`` falls back to,
+    ``$TMPDIR/gpu-cache-<uid>/<kind>``, when it is trusted, else at a private one."""
     import tempfile
 
     base = os.path.join(tempfile.gettempdir(), f"{NODE_LOCAL_PREFIX}{os.getuid()}")
-    local = os.path.join(base, "triton")
+    local = os.path.join(base, kind)
     refused = _trusted_folders([base, local])
     if refused is None:
         used, what = local, f"this process uses {local}"
-        os.environ[TRITON_CACHE_DIR_VAR] = used
     else:
-        used = _private_triton()
+        used = _private(kind)
         what = (f"its node-local fallback is refused ({refused}), so this process uses a private "
                 f"folder {used}, without a cache across processes")
-    _record(hook, "triton", wanted=wanted[:500], problem=why, used=used, refused=refused)
+    os.environ[name] = used
+    _record(hook, kind, wanted=wanted[:500], problem=why, used=used, refused=refused)
     shown = wanted if len(wanted) <= 500 else wanted[:500] + "..."
-    stderr(f"gpu-cache: warning: Triton's cache folder {shown} cannot be created ({why}); {what}. "
-           "Is the cache root bound into the container?\n")
-
-
-def triton_node_local(folder, hook, stderr):
-    """Triton's exported node-local folder: used when trusted, else a private one."""
-    folder = folder.rstrip(os.sep)
-    refused = _trusted_folders([os.path.dirname(folder), folder])
-    if refused is None:
-        return
-    used = _private_triton()
-    _record(hook, "triton", wanted=folder[:500], problem=None, used=used, refused=refused)
-    stderr(f"gpu-cache: warning: Triton's node-local cache folder is refused ({refused[:500]}); this "
-           f"process uses a private folder {used}, without a cache across processes\n")
+    stderr(f"gpu-cache: warning: the {kind} cache folder {shown} ({name}) cannot be created ({why}); "
+           f"{what}. Is the cache root bound into the container?\n")
 
 
 def locks_node_local(folder, hook, stderr):

@@ -7,10 +7,10 @@ listed here; env exports its variable, doctor probes its folder, stats counts it
 prune bounds it, warm and validate diff it, the report plots it, and the contract suite
 (tests/test_kind_contract.py) runs its faults and attacks on it. Generic code iterates
 :data:`ALL` and calls the objects; it never names a kind. A name becomes a kind only where a
-name comes from outside (an argument, a key of a report or record): :func:`named`. The startup
-hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES` (its
-table, and the pieces it finds beside it), :data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test
-fails when they drift.
+name comes from outside (an argument, a key of a report or record): :func:`named`. Each kind's
+piece of the startup hook (``_hook/gpu_cache_hook/kinds/``, standard library only) declares the
+job side's facts of the kind (the module it watches, its tier layout); tests/test_kinds.py fails
+where they and the kind's ``watched_module`` and ``tiered`` disagree.
 
 A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
 methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
@@ -77,9 +77,6 @@ CARRIED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.carried)
 TIERED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.tiered)
 #: The names of the kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.observed)
-#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
-#: without compiling loads nothing of the hook).
-WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in ALL if kind.watched_module)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
 #: shown by doctor, compared by explain.
 KEY_ENVIRONMENT: tuple[str, ...] = (

@@ -1,3 +1,6 @@
+# gpu-cache hook piece
+# start-with GPU_CACHE_BYTECODE
+# node-local GPU_CACHE_BYTECODE
 """gpu-cache's startup hook, the bytecode cache: loaded at start only where it is on
 (``bytecode_cache: true`` exports ``$GPU_CACHE_BYTECODE``).
 
@@ -21,6 +24,8 @@ Standard library only, Python 3.9+.
 
 import os
 import sys
+
+from sitecustomize import BYTECODE_VAR
 
 #: Variables that name the container image a process runs in; a copy of
 #: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
@@ -67,6 +72,12 @@ def _checked_source_loaders(external):
     loaders = [(CheckedSourceFileLoader if cls is external.SourceFileLoader else cls, suffixes)
                for cls, suffixes in external._get_supported_file_loaders()]
     return external.FileFinder.path_hook(*loaders)
+
+
+def start(hook):
+    """At start, with ``$GPU_CACHE_BYTECODE``: this process's bytecode goes to a folder of its
+    interpreter and image."""
+    install(os.environ[BYTECODE_VAR])
 
 
 def install(folder):

@@ -1,3 +1,8 @@
+# gpu-cache hook piece
+# watches jax
+# tier pairs -cache -atime
+# tier files xla_gpu_per_fusion_autotune_cache_dir
+# software jax jaxlib zstandard
 """gpu-cache's startup hook, the JAX piece: loaded when the process imports ``jax``.
 
 Everything of the hook that touches JAX's private modules (``jax._src``) is here: the
@@ -10,26 +15,72 @@ Standard library only, Python 3.9+.
 
 import os
 import stat
+import sys
 import time
 
-from sitecustomize import JAX_CACHE_DIR_VAR
+from sitecustomize import JAX_CACHE_DIR_VAR, XLA_AUTOTUNE_CACHE
 
 from gpu_cache_hook import common
 from gpu_cache_hook.common import MAX_ITEMS, keep, text, touch
 
+KIND = "jax"
+
+
+def part(hook):
+    """The record's ``jax`` part of this process, made on first use."""
+    found = hook.parts.get(KIND)
+    if found is None:
+        found = hook.parts[KIND] = {
+            "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
+            "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
+            "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
+    return found
+
+
+def cache_dir():
+    """The cache folder this process's JAX really used: a program may set its own with
+    ``jax.config.update("jax_compilation_cache_dir", ...)`` over the exported one."""
+    try:
+        folder = sys.modules["jax"].config.jax_compilation_cache_dir
+    except Exception:
+        return None
+    return text(str(folder)) if folder else None
+
+
+def section(hook):
+    """The record's ``jax`` part at exit, with single-flight's and the tier's."""
+    if KIND not in hook.libraries:
+        return None
+    stats = dict(part(hook))
+    stats["misses"] = max(0, stats["requests"] - stats["hits"])
+    stats["cache_dir"] = cache_dir()
+    stats["single_flight"] = common.flight_stats(hook, KIND)
+    stats["tier"] = common.tier_stats(hook, KIND)
+    return stats
+
+
+def device(hook):
+    """What JAX compiled for in this process (its keys' context), or None."""
+    context = part(hook)["key_context"] if KIND in hook.libraries else None
+    if not context:
+        return None
+    return {"platform": context.get("platform"), "kinds": context.get("device_kinds"),
+            "count": context.get("device_count")}
+
 
 def on_import(jax_module, hook):
     """Run right after ``import jax``."""
-    stats = common.jax_part(hook)
+    hook.observed(KIND)
+    stats = part(hook)
     tier = common.tier(hook)
     if hook.flight or tier is not None:
         try:
             _wrap_jax_cache(hook, tier)
         except Exception as exc:  # the job runs as without single-flight and the tier
             if hook.flight:
-                common.flight_off(hook, "jax", f"not installed: {exc!r}"[:300])
+                common.flight_off(hook, KIND, f"not installed: {exc!r}"[:300])
             if tier is not None:
-                tier.disable("jax", f"not installed: {exc!r}")
+                tier.disable(KIND, f"not installed: {exc!r}")
             hook.warn("jax cache wrappers", exc)
     if hook.folder:
         _jax_listeners(hook, stats)
@@ -218,7 +269,7 @@ def _named_hit(hook, stats, cache_key):
     """Keep a hit's key (what the next warm step checks is still there) and mark its entry used."""
     try:
         keep(stats, "hit_keys", text(cache_key))
-        folder = common.jax_cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR)
+        folder = cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR)
         if folder:
             path = os.path.join(folder, f"{cache_key}-cache")
             # older jax (0.4.30) names the entry by its key alone
@@ -323,9 +374,9 @@ def _wrap_jax_cache(hook, tier):
         why = why or f"no jax._src.distributed.global_state ({exc!r})"
     if why:
         if flight is not None:
-            flight.disable("jax", why)
+            flight.disable(KIND, why)
         if tier is not None:
-            tier.disable("jax", why)
+            tier.disable(KIND, why)
         return
     cache = _JaxCache(hook, flight, tier, compiler, state)
     compiler._cache_read = cache.read
@@ -334,7 +385,7 @@ def _wrap_jax_cache(hook, tier):
         compiler.compile_or_get_cached = cache.compile_or_get_cached
     now = cache.tiered()
     if now is not None:  # XLA's per-fusion autotune results kept on the shared tier
-        now.fetch_tree("jax", now.XLA_AUTOTUNE)
+        now.fetch_tree(KIND, XLA_AUTOTUNE_CACHE)
 
 
 class _JaxCache:
@@ -352,7 +403,7 @@ class _JaxCache:
         self.local = threading.local()
 
     def flying(self):
-        return self.flight is not None and self.flight.enabled("jax")
+        return self.flight is not None and self.flight.enabled(KIND)
 
     def held(self):
         """The keys' locks this thread holds."""
@@ -362,20 +413,20 @@ class _JaxCache:
         return mine
 
     def folder(self):
-        return common.jax_cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
+        return cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
 
     def tiered(self):
         """The tier, where this process's JAX cache folder is the local tier's."""
         tier = self.tier
-        if tier is None or not tier.enabled("jax"):
+        if tier is None or not tier.enabled(KIND):
             return None
-        return tier if os.path.normpath(self.folder()) == tier.local_folder("jax") else None
+        return tier if os.path.normpath(self.folder()) == tier.local_folder(KIND) else None
 
     def fetch(self, cache_key):
         """Copy the entry from the shared tier where the local one lacks it."""
         now = self.tiered()
         if now is not None:
-            now.fetch("jax", f"{cache_key}-cache", check=_whole)
+            now.fetch(KIND, f"{cache_key}-cache", check=_whole)
 
     def read(self, module_name, cache_key, *args, **kwargs):
         self.fetch(cache_key)
@@ -407,13 +458,13 @@ class _JaxCache:
         def peek():
             now = self.tiered()
             if now is not None:  # another node's promoted entry is whole the moment it shows
-                return read() if _has(now.shared_folder("jax"), cache_key) else None
+                return read() if _has(now.shared_folder(KIND), cache_key) else None
             return read() if jax_entry(self.folder(), cache_key) == "whole" else None
 
         now = self.tiered()
-        where = now.shared_folder("jax") if now is not None else self.folder()
+        where = now.shared_folder(KIND) if now is not None else self.folder()
         try:
-            found, lock = self.flight.lead("jax", cache_key, where, read, peek)
+            found, lock = self.flight.lead(KIND, cache_key, where, read, peek)
         except Exception as exc:
             if raised:
                 raise
@@ -432,8 +483,8 @@ class _JaxCache:
             folder = self.folder()
             now = self.tiered()
             if now is not None and _jax_entry_written(folder, cache_key):
-                now.promote("jax", f"{cache_key}-cache", check=_whole)
-                now.promote_tree("jax", now.XLA_AUTOTUNE)
+                now.promote(KIND, f"{cache_key}-cache", check=_whole)
+                now.promote_tree(KIND, XLA_AUTOTUNE_CACHE)
             lock = self.held().pop(cache_key, None)
             if lock is not None:
                 lock.release(wrote=_jax_entry_written(folder, cache_key))

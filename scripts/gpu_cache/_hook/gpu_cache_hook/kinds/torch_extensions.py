@@ -1,4 +1,6 @@
-# gpu-cache hook piece watching torch.utils.cpp_extension
+# gpu-cache hook piece
+# watches torch.utils.cpp_extension
+# node-local TORCH_EXTENSIONS_DIR
 """gpu-cache's startup hook, the piece of the ``torch_extensions`` kind: loaded when a process
 imports ``torch.utils.cpp_extension``, whose ``load()`` and ``load_inline()`` build C++/CUDA
 extensions with ninja into ``$TORCH_EXTENSIONS_DIR/<name>``.
@@ -37,7 +39,7 @@ import sys
 import threading
 import time
 
-from sitecustomize import NODE_LOCAL_PREFIX, TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
+from sitecustomize import TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
 
 from gpu_cache_hook import common
 from gpu_cache_hook.common import keep, text
@@ -85,13 +87,10 @@ def part(hook):
 
 
 def on_import(module, hook):
-    """Right after ``torch.utils.cpp_extension`` is imported: judge a node-local folder, check
-    the functions the piece calls, then wrap ``_jit_compile``."""
+    """Right after ``torch.utils.cpp_extension`` is imported: check the functions the piece
+    calls, then wrap ``_jit_compile`` (a node-local folder was judged at start: ``node-local``)."""
+    hook.observed(KIND)
     stats = part(hook)
-    folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
-    if os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}":
-        # made on this node by whoever came first: judged here before torch reads it
-        hook.piece("trust").guard("", (), [TORCH_EXTENSIONS_DIR_VAR], hook, _stderr)
     why = _mismatch(module)
     if why is None and module.__dict__.get("IS_HIP_EXTENSION") is not False:
         why = "a ROCm torch (its builds are hipified first), or one that does not say"
@@ -112,13 +111,6 @@ def on_import(module, hook):
 
     _jit_compile.__wrapped__ = original
     module._jit_compile = _jit_compile
-
-
-def _stderr(line):
-    try:
-        sys.stderr.write(line)
-    except Exception:
-        pass
 
 
 def _mismatch(module):
@@ -517,6 +509,8 @@ def _remove(path):
 
 def section(hook):
     """The record's ``torch_extensions`` part at exit, with single-flight's."""
+    if KIND not in hook.libraries:
+        return None
     stats = dict(part(hook))
     stats["compile_seconds"] = round(stats["compile_seconds"], 3)
     stats["saved_seconds"] = round(stats["saved_seconds"], 3)

@@ -60,7 +60,7 @@ class Side:
                 self.team_gid = info.st_gid  # a team's root (shared_group mode)
         except OSError:
             pass
-        # the mode of the folders it makes (a Triton key, a tree's folders): as the tools
+        # the mode of the folders it makes (an entry's folder, a tree's folders): as the tools
         # make them under a usual umask, never writable by others (the rules would refuse it)
         self.dir_mode = 0o700 if create else 0o775 if self.team_gid is not None else 0o755
 
@@ -100,7 +100,7 @@ class Side:
         return fd
 
     def sub(self, kind, name, make):
-        """The descriptor of the folder ``<root>/<kind>/<name>`` (a Triton key), checked like a
+        """The descriptor of the folder ``<root>/<kind>/<name>`` (an entry's), checked like a
         kind folder; the caller closes it. Raises Refused or OSError (FileNotFoundError)."""
         parent = self.folder(kind)
         if make:
@@ -156,9 +156,9 @@ def write_all(fd, chunks):
 
 
 def read_all(fd, size, limit=1 << 20):
-    """The content of a small file (a Triton group file)."""
+    """The content of a small file (an entry's manifest), at most ``limit`` bytes."""
     if size > limit:
-        raise OSError(errno.EFBIG, "a Triton group file over 1 MiB")
+        raise OSError(errno.EFBIG, f"a manifest over {limit} bytes")
     chunks = []
     while True:
         chunk = os.read(fd, limit)
@@ -223,41 +223,3 @@ def open_below(side, kind, rel, make):
     except BaseException:
         os.close(fd)
         raise
-
-
-def group_children(folder_fd, group_name):
-    """The child file names a Triton group file lists (each must be a plain name), or None."""
-    import json
-
-    try:
-        fd = os.open(group_name, READ, dir_fd=folder_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        children = json.loads(read_all(fd, info.st_size)).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    finally:
-        os.close(fd)
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    names = [os.path.basename(p) for p in children.values()]
-    return names if all(plain(n) for n in names) else None
-
-
-def rewrite_group(data, folder):
-    """A Triton group file's content with each child path moved into ``folder`` (Triton lists
-    children by absolute path: a group copied elsewhere must name the copies)."""
-    import json
-
-    try:
-        children = json.loads(data).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
-    return json.dumps({"child_paths": moved}).encode()
