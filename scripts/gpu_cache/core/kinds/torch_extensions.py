@@ -1,11 +1,12 @@
 """torch's JIT-built C++/CUDA extensions as a kind (``TORCH_EXTENSIONS_DIR``, issue 38):
 ``torch.utils.cpp_extension.load()`` and ``load_inline()`` build with ninja into
 ``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook/kinds/torch_extensions.py``)
-keys each build as torch does (the extension's name, the sources' contents, the flags, torch's
-build, the compiler, Python's ABI and CUDA's targets), builds it in a temporary folder with
-single-flight, and renames it into place whole as ``<folder>/<name>-<key>``: the library, the
-ninja file and the manifest (:data:`MANIFEST`, written last) that names its key parts, the
-library's size and digest, and the headers it included.
+keys each build by what changes the code it makes (the extension's name, the sources' contents,
+the flags, torch's build, the compiler and its search paths, Python's ABI and CUDA's targets),
+builds it with single-flight in a temporary folder only the job's user can write (never torch's
+own ``<folder>/<name>``), and renames it into place whole as ``<folder>/<name>-<key>``: the
+library, the ninja file and the manifest (:data:`MANIFEST`, written last) that names its key
+parts, the library's size and digest, and the headers it included.
 
 One entry per name at the top of the folder: a keyed build (whole when its manifest names its
 key and its library is there at the size built), a folder torch made itself (``load_inline``'s
@@ -49,7 +50,9 @@ PART_HINTS = {
     "flags": "its flags or options changed (extra_cflags, extra_ldflags, include paths, with_cuda)",
     "torch": "another torch build loaded it",
     "compiler": "another C++ compiler builds it (CXX, PATH, or the compiler's release)",
-    "python": "another Python ABI loaded it",
+    "paths": "the compiler searches other folders (CPATH, CPLUS_INCLUDE_PATH, LIBRARY_PATH, ...: another "
+             "version of a library it includes or links)",
+    "python": "another Python ABI, or another machine, loaded it",
     "cuda": "other CUDA targets (TORCH_CUDA_ARCH_LIST, the GPUs visible, CUDA_HOME, CC)",
 }
 
@@ -60,6 +63,9 @@ class _TorchExtensions(Kind):
     read_only = ReadOnlyUse.FALLBACK
     watched_module = "torch.utils.cpp_extension"
     carried = sealed = True
+    # torch's own folders <name> (load_inline writes the sources it builds there), and the hook's
+    # builds: whoever may add to one decides what a job without the hook compiles
+    inner_folders = ("*",)
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")
     missed_words = "torch extensions built in the process (one by one below)"
