@@ -49,7 +49,7 @@ PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create
 #: One job: ``job.py ANSWER [SYNC] [INCLUDE]``: imports torch's extension loader, says it is
 #: ready and waits for the go file (with SYNC), loads the extension, prints what it answers.
 #: ``load_inline`` of ``$EXT_SOURCE`` (ANSWER replaced), or with ``$EXT_LOAD`` ``load`` of that
-#: file as it is; ``$EXT_LDFLAGS``: its extra link flags.
+#: file as it is; ``$EXT_LDFLAGS``: its extra link flags; with ``$EXT_AGAIN`` it loads it twice.
 JOB = r'''
 import json, os, sys, time
 answer, sync, include = (sys.argv[1:] + ["", ""])[:3]
@@ -59,15 +59,16 @@ if sync:
     while not os.path.exists(os.path.join(sync, "go")):
         time.sleep(0.002)
 flags, ldflags = ["-DHEADER"] if include else [], os.environ.get("EXT_LDFLAGS", "").split()
-if os.environ.get("EXT_LOAD"):
-    module = cpp_extension.load("ext_answer", [os.environ["EXT_LOAD"]], extra_ldflags=ldflags)
-else:
-    source = open(os.environ["EXT_SOURCE"]).read()
-    source = source if include else source.replace("ANSWER", answer)
-    module = cpp_extension.load_inline("ext_answer", [source], extra_cflags=flags, extra_ldflags=ldflags,
-                                       extra_include_paths=[include] if include else None,
-                                       no_implicit_headers=True)
-print(json.dumps({"answer": module.answer(), "file": module.__file__}))
+for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
+    if os.environ.get("EXT_LOAD"):
+        module = cpp_extension.load("ext_answer", [os.environ["EXT_LOAD"]], extra_ldflags=ldflags)
+    else:
+        source = open(os.environ["EXT_SOURCE"]).read()
+        source = source if include else source.replace("ANSWER", answer)
+        module = cpp_extension.load_inline("ext_answer", [source], extra_cflags=flags, extra_ldflags=ldflags,
+                                           extra_include_paths=[include] if include else None,
+                                           no_implicit_headers=True)
+    print(json.dumps({"answer": module.answer(), "file": module.__file__}))
 '''
 #: A C++ compiler that sleeps before each compile while its mark file exists (saying so in
 #: ``<mark>.compiling``): a build that is still in g++ when its job is killed.
@@ -319,6 +320,23 @@ def test_another_accounts_folder_of_the_name_is_never_built_in_nor_served(tmp_pa
     assert (tmp_path / "act" / "mark.cwd").read_text().split() == [str(os.getuid()), "700"]
     assert sorted(p.name for p in theirs.iterdir()) == ["main.cpp"]
     assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(1, 0), (0, 1)]
+
+
+@pytest.mark.slow
+def test_one_extension_loaded_twice_in_a_process_is_built_once(tmp_path):
+    """``load_inline`` called twice with the same source in one process: torch's versioner
+    keeps its version (no ``ext_answer_v1``), so the second call loads the first's entry,
+    although each call gets a folder of its own. Guard: the versioner asked with torch's folder
+    of the name, not the folder handed out (reverted: a second build, of ext_answer_v1)."""
+    root = tmp_path / "root"
+    job = start(tmp_path, environ(tmp_path, root, EXT_AGAIN="1"), "41")
+    out, err = job.communicate(timeout=JOB_BOUND)
+    assert job.returncode == 0, err[-3000:]
+    first, second = (json.loads(line) for line in out.strip().splitlines()[-2:])
+    assert first == second and first["answer"] == 41
+    (section,) = records(root, KIND.name)
+    assert (section["misses"], section["hits"]) == (1, 1)
+    assert [p.name for p in (root / KIND.name).iterdir()] == [Path(first["file"]).parent.name]
 
 
 @pytest.mark.parametrize("what", ["the kind's folder", "a folder of a name", "a build"])
