@@ -63,8 +63,9 @@ class _TorchExtensions(Kind):
     read_only = ReadOnlyUse.FALLBACK
     watched_module = "torch.utils.cpp_extension"
     carried = sealed = True
-    # torch's own folders <name> (load_inline writes the sources it builds there), and the hook's
-    # builds: whoever may add to one decides what a job without the hook compiles
+    # every folder at its top: torch's own folders <name>, where a job without the startup hook
+    # builds (load_inline writes its sources there: whoever may add to one decides what it
+    # compiles), and the keyed builds
     inner_folders = ("*",)
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")

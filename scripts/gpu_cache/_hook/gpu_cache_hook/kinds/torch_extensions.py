@@ -105,7 +105,7 @@ def part(hook):
 
 def on_import(module, hook):
     """Right after ``torch.utils.cpp_extension`` is imported: judge a node-local folder, check
-    the functions the piece calls, then wrap ``_jit_compile``."""
+    the functions the piece calls, then wrap ``_get_build_directory`` and ``_jit_compile``."""
     stats = part(hook)
     folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
     if os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}":
