@@ -339,17 +339,16 @@ def test_one_extension_loaded_twice_in_a_process_is_built_once(tmp_path):
     assert [p.name for p in (root / KIND.name).iterdir()] == [Path(first["file"]).parent.name]
 
 
-@pytest.mark.parametrize("what", ["the kind's folder", "a folder of a name", "a build"])
+@pytest.mark.parametrize("what", ["the kind's folder", "a folder of a name"])
 @pytest.mark.parametrize("how", ["another account's", "writable by everyone"])
 def test_a_folder_of_the_kind_another_account_may_write_is_refused(base, private_user, what, how):
     """env refuses the kind's folder (the job gets a node-local one) where it, or a folder at its
     top, is another account's or writable by everyone: a job without the startup hook builds
-    in ``<kind>/<name>``. Guard: the kind's ``inner_folders`` (reverted: the two cases of a
-    folder inside it were exported)."""
+    in ``<kind>/<name>``. Guard: the kind's ``inner`` (reverted: the two cases of a folder
+    inside it were exported)."""
     root = base / "root"
     folder = root / KIND.name
-    planted = {"the kind's folder": folder, "a folder of a name": folder / "ext_answer",
-               "a build": folder / f"ext_answer-{'0' * 32}"}[what]
+    planted = {"the kind's folder": folder, "a folder of a name": folder / "ext_answer"}[what]
     planted.mkdir(parents=True)
     if how == "another account's":
         shutil.chown(planted, private_user, private_user)

@@ -63,10 +63,6 @@ class _TorchExtensions(Kind):
     read_only = ReadOnlyUse.FALLBACK
     watched_module = "torch.utils.cpp_extension"
     carried = sealed = True
-    # every folder at its top: torch's own folders <name>, where a job without the startup hook
-    # builds (load_inline writes its sources there: whoever may add to one decides what it
-    # compiles), and the keyed builds
-    inner_folders = ("*",)
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")
     missed_words = "torch extensions built in the process (one by one below)"
@@ -91,6 +87,14 @@ class _TorchExtensions(Kind):
             else:
                 out.append(self._entry(name, "(other)", path, info, None))
         return out
+
+    def inner(self, folder: Path) -> list[Path]:
+        """torch's own folders of a name at its top, judged as kind folders: a job without the
+        startup hook builds there (``load_inline`` writes its sources there, so whoever may add
+        to one decides what it compiles). Not the keyed builds (the hook checks each before it
+        loads it, and env runs at every job's start), nor gpu-cache's temporary and trash folders."""
+        return [path for path in sorted(folder.glob("*")) if not KEYED.fullmatch(path.name)
+                and not path.name.startswith((names.TEMP_PREFIX, safe_io.TRASH_DIR_NAME))]
 
     def _entry(self, key: str, name: str, path: str, info: os.stat_result, problem: str | None) -> Entry:
         if not stat.S_ISDIR(info.st_mode):
