@@ -121,9 +121,12 @@ def on_import(module, hook):
 
     def _get_build_directory(name, verbose):
         folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
-        if not os.path.isabs(folder):
-            return handed_out(name, verbose)
-        return _hand_out(os.path.normpath(folder), name, hook)
+        if os.path.isabs(folder):
+            try:
+                return _hand_out(os.path.normpath(folder), name, hook)
+            except Exception as exc:  # the hook's own fault (no private folder): torch's folder
+                hook.warn("torch extensions", exc)
+        return handed_out(name, verbose)
 
     def _jit_compile(*args, **kwargs):
         build = None
