@@ -204,7 +204,7 @@ def _remove_at_exit(folder):
 _PRIVATE = []
 
 
-def _private(name):
+def private_folder(name):
     """``<a private folder of this process>/<name>`` (new, 0700, removed at exit), made."""
     import tempfile
 
@@ -270,7 +270,7 @@ def guard(tier, kinds, folders, hook, stderr):
                 if name == TIER_VAR:
                     os.environ[name] = ""  # the tier is off, in this process and its children
                 elif value == tier or value.startswith(tier + os.sep):
-                    os.environ[name] = _private("tier") + value[len(tier):]
+                    os.environ[name] = private_folder("tier") + value[len(tier):]
                     os.makedirs(os.environ[name], 0o700, exist_ok=True)
             refused.append(("tier", tier, why))
             _record(hook, "tier", wanted=tier[:500], problem=None, used=_PRIVATE[0], refused=why[:500])
@@ -280,7 +280,7 @@ def guard(tier, kinds, folders, hook, stderr):
             continue
         why = _trusted_folders([os.path.dirname(folder), folder])
         if why:
-            os.environ[name] = "" if name == RECORDS_VAR else _private(os.path.basename(folder))
+            os.environ[name] = "" if name == RECORDS_VAR else private_folder(os.path.basename(folder))
             refused.append((name, folder, why))
             _record(hook, what, wanted=folder[:500], problem=None, used=os.environ[name] or None,
                     refused=why[:500])
@@ -311,7 +311,7 @@ def unmade(kind, name, wanted, why, hook, stderr):
     if refused is None:
         used, what = local, f"this process uses {local}"
     else:
-        used = _private(kind)
+        used = private_folder(kind)
         what = (f"its node-local fallback is refused ({refused}), so this process uses a private "
                 f"folder {used}, without a cache across processes")
     os.environ[name] = used
