@@ -47,12 +47,42 @@ def stdlib(module: str) -> bool:
     return module.split(".")[0] in sys.stdlib_module_names
 
 
-def test_core_imports_only_the_standard_library_and_core():
+def test_core_imports_only_the_standard_library_core_and_the_hook():
+    """Core imports the standard library, core, and the startup hook's rules (the hook is the
+    lowest layer: standard library only, it imports nothing of the package)."""
     wrong = [f"{path.relative_to(SCRIPTS)}:{line}: {module}"
              for path in sorted(CORE.rglob("*.py"))
              for line, module, optional in imports(path)
-             if not (stdlib(module) or module == "gpu_cache.core" or module.startswith("gpu_cache.core.")
-                     or optional)]
+             if not (stdlib(module) or optional
+                     or module.split(".")[:2] in (["gpu_cache", "core"], ["gpu_cache", "_hook"]))]
+    assert wrong == []
+
+
+def module_imports(path: Path) -> list[tuple[str, int]]:
+    """(module, level) of each import at the top level of ``path`` (what importing it runs)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level))
+    return found
+
+
+def test_what_the_host_imports_of_the_hook_imports_only_the_standard_library():
+    """A hook module the host side imports (its one home of a rule: the names, the digest frame,
+    the owner and lock rules, the seal reader) runs under the package's name, where neither
+    ``sitecustomize`` nor ``gpu_cache_hook`` is the hook's: it imports the standard library and,
+    relatively, such modules alone."""
+    used = {module for path in PACKAGE.rglob("*.py") if HOOK not in path.parents
+            for _line, module, _optional in imports(path) if module.startswith("gpu_cache._hook.")}
+    assert used, "the host imports nothing of the hook"
+    wrong = []
+    for module in sorted(used):
+        path = SCRIPTS.joinpath(*module.split(".")).with_suffix(".py")
+        if not path.is_file():  # a package: importing it runs its __init__
+            path = path.with_suffix("") / "__init__.py"
+        wrong += [f"{module}: {name}" for name, level in module_imports(path) if not (stdlib(name) or level)]
     assert wrong == []
 
 

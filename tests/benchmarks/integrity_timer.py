@@ -39,8 +39,8 @@ CHECKS = (
     ("tier", "owner_problem", "tier trust"),
     ("tier.files", "zlib.crc32", "crc32"),
     ("tier", "zlib.crc32", "crc32"),
-    ("tier.seals", "Seals.damaged", "seal"),
-    ("tier.seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
+    ("seals", "Seals.damaged", "seal"),
+    ("seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
     ("tier.set_aside", "check", "set-aside list"),
     # JAX: a fetched entry's zstd frame whole; with single-flight, no entry read half-written
     ("kinds.jax", "_whole", "zstd frame whole"),

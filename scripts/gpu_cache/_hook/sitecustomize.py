@@ -1,18 +1,13 @@
 """gpu-cache's startup hook: per-process cache statistics, without touching user code.
 
 gpu-cache puts this folder first on ``PYTHONPATH`` when ``stats_hook`` or ``single_flight``
-is on. This file is what every Python process loads: it reads what the kinds' pieces declare,
-judges the folders they declare, and installs an import watcher (a few dozen microseconds),
-and nothing else. The rest of the hook is in pieces next to it, each loaded only when needed
-(issue 19), from the package ``gpu_cache_hook`` beside it, whose docstring is the map: a piece
-per kind in ``gpu_cache_hook/kinds/``, and the shared concerns (``tier``, ``flight`` and
-``locks``, ``records``, ``trust``, ``digest``, ``common``) at its top.
-
-A kind's piece says what it needs of this file in its first lines (``_Piece``): the modules
-after whose import it runs, the variable with which it starts at start, the folders the hook
-makes or judges for it, its layout in the node-local tier, the software of its entries. This
-file, the record (``records``) and the tier (``tier``, its bound) loop over those facts and
-never name a kind.
+is on. This file is what every Python process loads: it reads the facts the kinds' pieces
+declare in their first lines (``_Piece``: the modules they watch, what starts at start, the
+folders made or judged for them, their tier layout, their software), acts on them, installs an
+import watcher, and nothing else; it, the record and the tier loop over those facts and never
+name a kind. The rest of the hook is the package ``gpu_cache_hook`` beside it (its docstring is
+the map), loaded only where needed (issue 19). Its names below are the job environment's, the
+host's too (``gpu_cache.core.names`` imports them; imported so, this file starts nothing).
 
 Rules it keeps:
 
@@ -47,55 +42,86 @@ _LEGACY_WATCHER = "_ImportWatcher"
 #: The attribute of ``sys`` that says that a copy of the hook already runs in this process.
 _SYS_MARK = "_gpu_cache_startup_hook"
 
-# The job environment's names: the hook's one copy of those of gpu_cache.core.names that it
-# uses (it cannot import the package, and loads nothing more in every process). The pieces
-# import them from here; tests/test_names.py fails when one differs from gpu_cache.core.names.
+# The job environment's names that the hook uses, in their one home: the pieces import them from
+# here, and so does gpu_cache.core.names, which holds the host's own beside them.
+#: The folder of the startup hook's per-process records (unset, empty or relative: none).
 RECORDS_VAR = "GPU_CACHE_RECORDS"
+#: Single-flight: the lock folder (empty: off), how long a waiter waits (seconds), its mode.
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
 LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
+#: The node-local tier (issue 23): this root's local folder (empty: no tier in this process),
+#: the cache root behind it, and the local tier's bound in bytes.
 TIER_VAR = "GPU_CACHE_TIER"
 SHARED_VAR = "GPU_CACHE_SHARED"
 TIER_MAX_BYTES_VAR = "GPU_CACHE_TIER_MAX_BYTES"
+#: Tests only: an absolute path a promotion creates, then sleeps, before it links its entry.
 TIER_TEST_PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
+#: A read-only root's Triton cache, read under the node-local one (the seed manager).
 TRITON_SEED_VAR = "GPU_CACHE_TRITON_SEED"
+#: The bytecode cache's folder (``bytecode_cache: true``).
 BYTECODE_VAR = "GPU_CACHE_BYTECODE"
+#: tokamax's autotuning results (issue 24), and ``1``: a warm process saves what it autotunes.
 AUTOTUNE_VAR = "GPU_CACHE_AUTOTUNE"
 AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
+#: jax-triton's kernel cache (issue 34), and the ptxas shim's (its results for jaxlib).
 JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
 PTXAS_VAR = "GPU_CACHE_PTXAS"
+#: The ptxas shim's own (the hook sets them for it): the real ptxas, the Python the shim runs
+#: with, its tally of calls (read into the record), the mark of a call from the real ptxas, and
+#: ``<pid>:<folder>``, the kernels jaxlib's Triton path made in process <pid> (issue 37).
 PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
 PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
 PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
 PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
 PTXAS_KERNELS_VAR = "GPU_CACHE_PTXAS_KERNELS"
+#: ``1``: Triton may import torch for its specialisation (the hook spares it otherwise).
 TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
+#: ``0``, ``off``, ``false`` or ``no`` switches the hook's tokamax fix off (issue 20).
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
+#: What a record names the job by: its rule, wildcards, GPU type, and the pass's run id.
 RULE_VAR = "GPU_CACHE_RULE"
 WILDCARDS_VAR = "GPU_CACHE_WILDCARDS"
 GPU_TYPE_VAR = "GPU_CACHE_GPU_TYPE"
 RUN_ID_VAR = "GPU_CACHE_RUN_ID"
+# The tools' variables that gpu-cache sets.
 JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
 TRITON_CACHE_DIR_VAR = "TRITON_CACHE_DIR"
 TRITON_MANAGER_VAR = "TRITON_CACHE_MANAGER"
 INDUCTOR_CACHE_DIR_VAR = "TORCHINDUCTOR_CACHE_DIR"
 TORCH_EXTENSIONS_DIR_VAR = "TORCH_EXTENSIONS_DIR"
 CUDA_CACHE_PATH_VAR = "CUDA_CACHE_PATH"
+#: Environment variables that change cache keys or where a cache is: kept in each record,
+#: shown by doctor, compared by explain.
+KEY_ENVIRONMENT = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
+                   "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
+                   "TRITON_DISABLE_LINE_INFO")
+#: Variables that name the container image a process runs in.
+IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+#: Single-flight's lock modes: ``flock`` alone, or ``flock`` within a node and a lease per key
+#: across the nodes that share the lock folder.
 NODE = "node"
 CLUSTER = "cluster"
+#: XLA's per-fusion autotune results, the value of JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES that
+#: keeps only them (and their folder in JAX's cache folder).
 XLA_AUTOTUNE_CACHE = "xla_gpu_per_fusion_autotune_cache_dir"
+#: The per-user folder of node-local fallbacks and tiers: ``<tmp>/gpu-cache-<uid>``.
 NODE_LOCAL_PREFIX = "gpu-cache-"
+#: A copy or promotion's temporary file: ``.gpu-cache-tmp.<host>.<pid>.<random>``.
 TEMP_PREFIX = ".gpu-cache-tmp."
+#: The local tier's trim stamp, and the lock that lets one process trim at a time.
 TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"
+#: Small state files under the cache root (measurements, verdicts; not a cache kind).
 STATE_FOLDER = "state"
+#: The entries of a tiered kind that validation set aside (issue 40), which every node's
+#: local tier drops: ``<root>/<STATE_FOLDER>/set-aside-<kind>.json``.
 SET_ASIDE_PREFIX = "set-aside-"
+#: A local tier's mark of the set-aside list it applied: ``.gpu-cache-set-aside.<kind>.<state>``.
 SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
-#: The first line of a kind's piece of the hook (``gpu_cache_hook/kinds/<kind>.py``, or
-#: ``kinds/<kind>/__init__.py``); the comment lines right after it declare the piece's facts
-#: (``_Piece``), which the hook reads at start without importing the piece (importing ten
-#: pieces would cost every process about 1 ms; reading their first lines, about 0.05 ms).
+#: The first line of a kind's piece (``gpu_cache_hook/kinds/<kind>.py`` or ``<kind>/__init__.py``),
+#: whose facts follow; read without importing it (importing every piece costs about 1 ms).
 _PIECE_LINE = b"# gpu-cache hook piece\n"
 #: The package of the pieces, beside this file.
 _PACKAGE = "gpu_cache_hook"

@@ -438,25 +438,16 @@ def tree_size(path: str | os.PathLike[str], access_times: bool = False) -> tuple
     newest = 0.0
     pending = [os.fspath(path)]
     while pending:
-        try:
-            listing = os.scandir(pending.pop())
-        except OSError:
-            continue  # removed while we walked
-        with listing:
-            for item in listing:
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    pending.append(item.path)
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    count += 1
-                    if access_times:
-                        newest = max(newest, st.st_atime)
-                newest = max(newest, st.st_mtime)
+        for _name, child, st in listing(pending.pop()):  # (a folder removed while we walk: none)
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(child)
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                count += 1
+                if access_times:
+                    newest = max(newest, st.st_atime)
+            newest = max(newest, st.st_mtime)
     return total, count, newest
 
 

@@ -15,10 +15,12 @@ import sys
 from collections.abc import Mapping
 from importlib import metadata
 
-#: Distributions whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
-#: Variables that name the container image a process runs in (Apptainer, Singularity).
-IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+from gpu_cache._hook import sitecustomize as hook
+from gpu_cache.core.names import IMAGE_VARIABLES
+
+#: Distributions whose versions are part of cache keys or decide whether a cache works: those
+#: the kinds' hook pieces declare (``software``), which the hook's records keep too.
+KEY_PACKAGES = tuple(name for piece in hook.pieces() for name in piece.software)
 #: The identity fields whose difference makes a warmed cache useless to a job.
 KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch", "jax-triton")
 

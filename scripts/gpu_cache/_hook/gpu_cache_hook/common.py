@@ -4,7 +4,6 @@ single-flight and the tier. Standard library only, Python 3.9+."""
 
 import errno
 import os
-import stat
 
 from sitecustomize import LOCKS_VAR
 
@@ -26,27 +25,6 @@ def keep(stats, field, item):
         items.append(item)
     else:
         stats["dropped"][field] += 1
-
-
-def team_gid(info):
-    """The group of a team's folder (``info``: its stat), or None: gpu-cache makes the folders of
-    a shared-group cache group-writable and never world-writable (mode 2770)."""
-    mode = info.st_mode
-    return info.st_gid if mode & stat.S_IWGRP and not mode & stat.S_IWOTH else None
-
-
-def owner_problem(info, team):
-    """Why the file or folder ``info`` (its stat) may hold what another user put there, or None:
-    it must be this user's or root's (or, in the team's folder ``team``, of the team's group),
-    and nobody else may write it (gpu_cache.jobenv.trust's rule, for one file)."""
-    in_team = team is not None and info.st_gid == team
-    if info.st_uid not in (os.geteuid(), 0) and not in_team:
-        return f"owned by uid {info.st_uid}"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by everyone"
-    if info.st_mode & stat.S_IWGRP and not in_team:
-        return f"writable by group {info.st_gid}"
-    return None
 
 
 def safe_mode(team, folder=False):
@@ -83,18 +61,25 @@ def replace_whole(folder_fd, temp, name, data, mode):
         raise
 
 
-def make_folders(path):
-    """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
-    of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
-    under umask 000)."""
+def missing_folders(path):
+    """``path`` and the folders above it that do not exist, outermost first."""
     missing = []
-    while not os.path.isdir(path):
+    while not os.path.lexists(path):
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
             break
         path = parent
-    for folder in reversed(missing):
+    return missing[::-1]
+
+
+def make_folders(path):
+    """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
+    of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
+    under umask 000)."""
+    from gpu_cache_hook.owners import team_gid  # (with the record, at exit: not with every piece)
+
+    for folder in missing_folders(path):
         try:
             os.mkdir(folder, safe_mode(team_gid(os.stat(os.path.dirname(folder))), folder=True))
         except FileExistsError:
@@ -108,6 +93,22 @@ def touch(path):
         os.utime(path, follow_symlinks=False)
     except (OSError, NotImplementedError):
         pass
+
+
+def part(hook, kind, fields):
+    """The record's part of ``kind`` in this process, made of ``fields`` on first use."""
+    found = hook.parts.get(kind)
+    if found is None:
+        found = hook.parts[kind] = fields
+    return found
+
+
+def section(hook, kind):
+    """The record's part of ``kind`` at exit, with single-flight's and the tier's; None where
+    its library was not imported, or nothing was counted."""
+    if kind not in hook.libraries or kind not in hook.parts:
+        return None
+    return {**hook.parts[kind], "single_flight": flight_stats(hook, kind), "tier": tier_stats(hook, kind)}
 
 
 def flight(hook):

@@ -16,20 +16,20 @@ Python 3.9+.
 import os
 import sys
 
-from sitecustomize import GPU_TYPE_VAR, RECORDS_VAR, RULE_VAR, RUN_ID_VAR, WILDCARDS_VAR
+from sitecustomize import (
+    GPU_TYPE_VAR,
+    IMAGE_VARIABLES,
+    KEY_ENVIRONMENT,
+    RECORDS_VAR,
+    RULE_VAR,
+    RUN_ID_VAR,
+    WILDCARDS_VAR,
+)
 
-from gpu_cache_hook import common
+from gpu_cache_hook import common, owners
 from gpu_cache_hook.common import text
 
 _RECORD_VERSION = 1
-
-
-#: Environment variables that change cache keys or where a cache is; kept in records.
-#: A copy of gpu_cache.core.kinds.KEY_ENVIRONMENT (this hook may not import gpu_cache); a test
-#: fails when the two drift apart.
-_KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
-            "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
-            "TRITON_DISABLE_LINE_INFO")
 
 
 def _proc(path, limit):
@@ -78,7 +78,7 @@ def _job_info(hook):
         "wildcards": wildcards,
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "run_id": env.get(RUN_ID_VAR),
-        "env": {name: env.get(name) for name in _KEY_ENV},
+        "env": {name: env.get(name) for name in KEY_ENVIRONMENT},
     }
 
 
@@ -104,11 +104,6 @@ def _record(hook, time, socket):
     return record
 
 
-#: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
-_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
-
-
 def _software(hook):
     """This process's software, as gpu_cache.core.software.identity() names it (the record of a
     job is compared with the software that warmed its GPU type's cache): the distributions the
@@ -122,7 +117,7 @@ def _software(hook):
             out[name] = metadata.version(name)
         except Exception:
             out[name] = None
-    out["image"] = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), None)
+    out["image"] = next((os.environ[v] for v in IMAGE_VARIABLES if os.environ.get(v)), None)
     out["conda_env"] = os.environ.get("CONDA_PREFIX") or None
     return out
 
@@ -143,8 +138,8 @@ def _save(folder, name, data):
         raise
     try:
         info = os.fstat(folder_fd)
-        team = common.team_gid(info)
-        why = common.owner_problem(info, team)
+        team = owners.team_gid(info)
+        why = owners.owner_problem(info, team)
         if why is not None:  # its readers would take another user's records for this user's
             raise OSError(errno.EPERM, f"the records folder is {why}: refused", folder)
         temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"

@@ -20,74 +20,16 @@ single-flight's lock folder, runs without single-flight. Its record says why.
 Python 3.9+.
 """
 
-import errno
 import os
 import stat
-import struct
 
 from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR
 
-ACL_ACCESS = "system.posix_acl_access"
-ACL_DEFAULT = "system.posix_acl_default"
-_USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
-_WRITE = 0x02
-_NO_ACL = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+from gpu_cache_hook import common, owners
+from gpu_cache_hook.owners import ACL_ACCESS, ACL_DEFAULT, private_group
 
-
-def private_group(uid, gid):
-    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
-    primary group, with no other member and no other user's primary group. Group 0 never is."""
-    if gid == 0:
-        return False
-    import grp
-    import pwd
-
-    try:
-        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
-    except KeyError:
-        return False
-    if group.gr_name != user.pw_name or user.pw_gid != gid:
-        return False
-    if any(member != user.pw_name for member in group.gr_mem):
-        return False
-    try:
-        return not any(entry.pw_gid == gid and entry.pw_uid != uid for entry in pwd.getpwall())
-    except OSError:
-        return False
-
-
-def _acl(path, name):
-    """The ``(tag, perm, id)`` entries of the ACL ``name`` of ``path``; [] without one."""
-    try:
-        data = os.getxattr(path, name)
-    except OSError as exc:
-        if exc.errno in _NO_ACL:
-            return []
-        raise
-    if len(data) < 4 or (len(data) - 4) % 8 or struct.unpack_from("<I", data)[0] != 2:
-        raise ValueError(f"an ACL in a format this hook does not know ({len(data)} bytes)")
-    return [struct.unpack_from("<HHI", data, offset) for offset in range(4, len(data), 8)]
-
-
-def _mask(entries):
-    return next((perm for tag, perm, _who in entries if tag == _MASK), 0o7)
-
-
-def _acl_writers(entries, owner, gid):
-    """Who besides the owner and root may write through ``entries`` and must not."""
-    mask, writers = _mask(entries), []
-    for tag, perm, who in entries:
-        if tag == _OTHER:
-            if perm & _WRITE:
-                writers.append("everyone (other)")
-        elif perm & mask & _WRITE:
-            if tag == _USER and who not in (owner, 0):
-                writers.append(f"user {who}")
-            elif tag == _GROUP and not private_group(owner, who):
-                writers.append(f"group {who}")
-            elif tag == _GROUP_OBJ and not private_group(owner, gid):
-                writers.append(f"group {gid} (its owning group)")
-    return writers
+_WRITERS = {owners.ACL_USER: "user {}", owners.ACL_GROUP: "group {}",
+            owners.ACL_GROUP_OBJ: "group {} (its owning group)", owners.ACL_OTHER: "everyone (other)"}
 
 
 def _distrust_one(path):
@@ -97,54 +39,30 @@ def _distrust_one(path):
     if info.st_uid not in (os.geteuid(), 0):
         return f"{path} is owned by user {info.st_uid}, not by you"
     mode = stat.S_IMODE(info.st_mode)
-    acls = ((ACL_ACCESS, _acl(path, ACL_ACCESS)), (ACL_DEFAULT, _acl(path, ACL_DEFAULT)))
+    acls = [(name, owners.read_acl(path, name)) for name in (ACL_ACCESS, ACL_DEFAULT)]
     access = acls[0][1]
-    group_writes = bool(mode & stat.S_IWGRP)
-    if access:  # with an ACL the mode's group bits are its mask: ask the entries
-        group_writes = any(tag == _GROUP_OBJ and perm & _mask(access) & _WRITE for tag, perm, _ in access)
+    group_writes = owners.group_obj_writes(access) if access else bool(mode & stat.S_IWGRP)
     if mode & stat.S_IWOTH:
         return f"{path} is world-writable"
     if group_writes and not private_group(info.st_uid, info.st_gid):
         return f"{path} is writable by group {info.st_gid}"
     for name, entries in acls:
-        writers = _acl_writers(entries, info.st_uid, info.st_gid)
+        found = owners.acl_writers(entries, info.st_uid, info.st_gid)
+        writers = [_WRITERS[tag].format(who) for tag, who in found]
         if writers:
             which = "an ACL" if name == ACL_ACCESS else "a default ACL"
             return f"{path} has {which} that lets {', '.join(writers)} write"
     return None
 
 
-def may_swap(mode, owner, gid, below_owner, me, team=None):
-    """Who besides this user and root can rename the entry below a folder above a cache, and so
-    put theirs in its place: "owner", "group", "others", or None (gpu_cache.jobenv.trust's
-    rule; ``team``: the group of a team's cache, its ``shared_group``). "group" is also the
-    answer for the owner's user-private group, which the caller then lets pass."""
-    shared = team is not None and gid == team
-    if owner not in (me, 0) and not shared:
-        return "owner"
-    if mode & stat.S_ISVTX and below_owner in (me, 0):
-        return None
-    if mode & stat.S_IWOTH:
-        return "others"
-    if mode & stat.S_IWGRP and not shared:
-        return "group"
-    return None
-
-
 def distrust_above(top, team=None):
-    """Why a folder above ``top`` lets another user swap it, or None (``team``: see may_swap).
-    Raises OSError or ValueError where a folder cannot be inspected."""
-    pairs = {}
-    for start in (os.path.abspath(top), os.path.realpath(top)):
-        entry, folder = start, os.path.dirname(start)
-        while entry != folder:
-            pairs[folder, entry] = None
-            entry, folder = folder, os.path.dirname(folder)
+    """Why a folder above ``top`` lets another user swap it, or None (``team``: see
+    ``owners.may_swap``). Raises OSError or ValueError where a folder cannot be inspected."""
     me = os.geteuid()
-    for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
+    for folder, entry in owners.ancestors(top):
         info = os.stat(folder)
         below = os.lstat(entry).st_uid
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, team)
+        who = owners.may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, team)
         if who == "group" and private_group(info.st_uid, info.st_gid):
             who = None  # looked up only here: it may read the whole user database
         if who is not None and info.st_mode & stat.S_ISVTX and who != "owner":
@@ -216,23 +134,11 @@ def private_folder(name):
     return folder
 
 
-def _chain(folder):
-    """``folder`` and the folders above it that are missing, outermost first."""
-    missing = []
-    while not os.path.lexists(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return list(reversed(missing)) or [folder]
-
-
 def _tier_refused(tier, kinds):
     """Why the node-local tier ``tier`` may not be used on this node, or None: it, every folder
     above it and each of its ``kinds`` folders that exists pass the trust rule (made 0700 where
     missing, each checked before it is entered)."""
-    why = _trusted_folders(_chain(tier), mode=0o700) or distrust(tier)
+    why = _trusted_folders(common.missing_folders(tier) or [tier], mode=0o700) or distrust(tier)
     if why:
         return why
     for kind in kinds:

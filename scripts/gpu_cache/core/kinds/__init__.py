@@ -24,6 +24,7 @@ import importlib
 import os
 from pathlib import Path
 
+from gpu_cache.core import names
 from gpu_cache.core.kinds import (
     autotune,
     bytecode,
@@ -78,12 +79,8 @@ TIERED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.tiered)
 #: The names of the kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.observed)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
-#: shown by doctor, compared by explain.
-KEY_ENVIRONMENT: tuple[str, ...] = (
-    "XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
-    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
-    "TRITON_DISABLE_LINE_INFO",
-)
+#: shown by doctor, compared by explain (the hook's name, as the records keep them).
+KEY_ENVIRONMENT: tuple[str, ...] = names.KEY_ENVIRONMENT
 
 
 def named(name: str) -> Kind:

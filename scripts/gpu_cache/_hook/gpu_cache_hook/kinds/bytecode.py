@@ -25,11 +25,8 @@ Standard library only, Python 3.9+.
 import os
 import sys
 
-from sitecustomize import BYTECODE_VAR
+from sitecustomize import BYTECODE_VAR, IMAGE_VARIABLES
 
-#: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
-_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: PEP 552's flags of a checked hash-based .pyc.
 _CHECKED = (0b11).to_bytes(4, "little")
 
@@ -39,7 +36,7 @@ def tag():
     import zlib
 
     executable = os.path.realpath(sys.executable or "")
-    image = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), "")
+    image = next((os.environ[v] for v in IMAGE_VARIABLES if os.environ.get(v)), "")
     parts = [executable, sys.version, image]
     mine = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))  # the job's, not the image's
     for path in [executable, *(p for p in sys.path if p and p not in mine and os.path.isabs(p))]:

@@ -28,13 +28,10 @@ KIND = "jax"
 
 def part(hook):
     """The record's ``jax`` part of this process, made on first use."""
-    found = hook.parts.get(KIND)
-    if found is None:
-        found = hook.parts[KIND] = {
-            "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
-            "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
-            "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
-    return found
+    return common.part(hook, KIND, {
+        "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
+        "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
+        "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}})
 
 
 def cache_dir():
@@ -49,13 +46,10 @@ def cache_dir():
 
 def section(hook):
     """The record's ``jax`` part at exit, with single-flight's and the tier's."""
-    if KIND not in hook.libraries:
-        return None
-    stats = dict(part(hook))
-    stats["misses"] = max(0, stats["requests"] - stats["hits"])
-    stats["cache_dir"] = cache_dir()
-    stats["single_flight"] = common.flight_stats(hook, KIND)
-    stats["tier"] = common.tier_stats(hook, KIND)
+    stats = common.section(hook, KIND)
+    if stats is not None:
+        stats["misses"] = max(0, stats["requests"] - stats["hits"])
+        stats["cache_dir"] = cache_dir()
     return stats
 
 

@@ -45,7 +45,8 @@ import threading
 
 from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
 
-from gpu_cache_hook.common import owner_problem, replace_whole, safe_mode, team_gid, text
+from gpu_cache_hook.common import replace_whole, safe_mode, text
+from gpu_cache_hook.owners import owner_problem, team_gid
 
 KIND = "tokamax"
 #: The module after whose import the fix runs, and the package after whose import the results

@@ -11,7 +11,7 @@ whole entries between them through this module:
   in the local kind folder, then linked to its name (never over an entry that is there);
   temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``. A file
   another user may have written (the trust rule, for each file) is never fetched, and nor is
-  one whose bytes are not those prune sealed it with (``tier.seals``: same-size damage),
+  one whose bytes are not those prune sealed it with (``seals``: same-size damage),
   which is set aside in the shared tier: the tool compiles it anew, and the record's ``tier``
   part counts it (``damaged``, ``untrusted``);
 - **promote**: an entry this process just wrote locally is copied into a temporary file
@@ -46,8 +46,9 @@ import zlib
 from sitecustomize import SHARED_VAR, TEMP_PREFIX, TIER_MAX_BYTES_VAR, TIER_TEST_PAUSE_VAR, TIER_VAR
 
 from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook.common import owner_problem
-from gpu_cache_hook.tier import bound, files, seals, set_aside
+from gpu_cache_hook import seals
+from gpu_cache_hook.owners import owner_problem
+from gpu_cache_hook.tier import bound, files, set_aside
 
 
 def _counts():
@@ -68,7 +69,7 @@ class Tier:
         self.stats = {}
         self.off = {}  # kind -> why the tier is off for it
         self.known = {}  # tree kind folder -> names known to be in the shared tier
-        self.seals = {}  # kind -> the shared kind folder's seals (tier.seals)
+        self.seals = {}  # kind -> the shared kind folder's seals (seals)
         self.mutex = threading.Lock()
         self.checked = set()  # kinds whose set-aside entries are gone from the local tier
         self.checking = threading.Lock()

@@ -13,6 +13,8 @@ import zlib
 
 from sitecustomize import TEMP_PREFIX
 
+from gpu_cache_hook.owners import owner_problem
+
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -32,17 +34,9 @@ def plain(name):
 
 
 def folder_problem(info, team_gid):
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a folder"
-    ours = info.st_uid in (os.geteuid(), 0)
-    team = team_gid is not None and info.st_gid == team_gid
-    if not ours and not team:
-        return f"owned by uid {info.st_uid}"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by everyone"
-    if info.st_mode & stat.S_IWGRP and not team:
-        return f"writable by group {info.st_gid}"
-    return None
+    """Why the folder ``info`` may hold what another user put there (``owners.owner_problem``),
+    or that it is no folder; None."""
+    return owner_problem(info, team_gid) if stat.S_ISDIR(info.st_mode) else "not a folder"
 
 
 class Side:

@@ -70,26 +70,17 @@ _PART_CHARS = 16
 
 def part(hook):
     """The record's ``jax_triton`` part of this process, made on first use."""
-    found = hook.parts.get(KIND)
-    if found is None:
-        found = hook.parts[KIND] = {
-            "version": None, "state": "off: not installed yet", "triton_cache_dir": None,
-            "triton_key": None, "hits": 0, "misses": 0, "not_cached": 0, "compile_seconds": 0.0,
-            "saved_seconds": 0.0, "lookup_seconds": 0.0, "hit_keys": [], "missed": [],
-            "not_cached_kernels": [], "refused": [], "key_parts": {},
-            "dropped": {"hit_keys": 0, "missed": 0, "not_cached_kernels": 0, "refused": 0,
-                        "key_parts": 0}}
-    return found
+    return common.part(hook, KIND, {
+        "version": None, "state": "off: not installed yet", "triton_cache_dir": None,
+        "triton_key": None, "hits": 0, "misses": 0, "not_cached": 0, "compile_seconds": 0.0,
+        "saved_seconds": 0.0, "lookup_seconds": 0.0, "hit_keys": [], "missed": [],
+        "not_cached_kernels": [], "refused": [], "key_parts": {},
+        "dropped": {"hit_keys": 0, "missed": 0, "not_cached_kernels": 0, "refused": 0, "key_parts": 0}})
 
 
 def section(hook):
     """The record's ``jax_triton`` part at exit, with single-flight's and the tier's."""
-    if KIND not in hook.libraries or KIND not in hook.parts:
-        return None
-    stats = dict(hook.parts[KIND])
-    stats["single_flight"] = common.flight_stats(hook, KIND)
-    stats["tier"] = common.tier_stats(hook, KIND)
-    return stats
+    return common.section(hook, KIND)
 
 
 def on_import(triton_lib, hook):

@@ -35,23 +35,15 @@ KIND = "triton"
 
 def part(hook):
     """The record's ``triton`` part of this process, made on first use."""
-    found = hook.parts.get(KIND)
-    if found is None:
-        found = hook.parts[KIND] = {
-            "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
-            "kernels": [], "autotuned": [], "unrecorded": [],
-            "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}}
-    return found
+    return common.part(hook, KIND, {
+        "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
+        "kernels": [], "autotuned": [], "unrecorded": [],
+        "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}})
 
 
 def section(hook):
     """The record's ``triton`` part at exit, with single-flight's and the tier's."""
-    if KIND not in hook.libraries:
-        return None
-    stats = dict(part(hook))
-    stats["single_flight"] = common.flight_stats(hook, KIND)
-    stats["tier"] = common.tier_stats(hook, KIND)
-    return stats
+    return common.section(hook, KIND)
 
 
 def on_import(triton_module, hook):
