@@ -81,7 +81,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alphafold3_split import TOLERANCE, UNCACHED, splits, table
+from alphafold3_split import TOLERANCE, UNCACHED, flight_costs, splits, table
 from jax_triton_gpu import job_environ, plain_environ, run_many, run_one
 from timing import publish
 
@@ -165,6 +165,7 @@ def _many(command: list[str], environs: list[dict[str, str]]) -> dict[str, Any]:
     runs = [dict(worker, result=result)
             for worker, result in zip(run["workers"], run["worker_results"], strict=True)]
     run["splits"] = splits(runs, found)
+    run["flight_costs"] = flight_costs(found)
     return run
 
 
@@ -236,6 +237,10 @@ def _print(report: dict[str, Any]) -> None:
     if rows:
         print(f"where each process's wall goes (seconds; residue within {TOLERANCE:.0%} of the wall):")
         print(table(rows))
+    for name, case in report["cases"].items():
+        for row in (case.get("flight_costs") or [])[:3]:
+            print(f"{name}: waited up to {row['longest_wait']} s for {row['key'][:60]}, which its leader "
+                  f"compiled in {row['leader_compile']} s (over by {row['over']} s)")
     for name, ratio in report["summary"]["ratios"].items():
         verdict = "missed" if name in report["summary"]["missed"] else "met"
         print(f"{name}: {ratio}" + (f" (target <= {TARGETS[name]}: {verdict})" if name in TARGETS else ""))
