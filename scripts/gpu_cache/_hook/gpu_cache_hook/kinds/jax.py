@@ -336,7 +336,8 @@ def _wrap_jax_cache(hook, tier):
     another node finds it as soon as it is told to look). With single-flight, on a miss the
     wrapped read takes the key's lock (``flight.lead``) and reads again under it: a
     hit is returned as JAX's own hit, a miss leaves this process the key's leader; its peeks
-    look at the SHARED tier where the tier is on. ``_cache_write`` releases the lock once the
+    look at its own folder (the local tier: this node's leader's entry, whole before its
+    promotion ends) and at the SHARED tier where the tier is on. ``_cache_write`` releases the lock once the
     entry is written (or was not: waiters then compile side by side), and a ``finally`` around
     ``compile_or_get_cached`` releases whatever this call still holds (a failed compile).
     Computations of several processes of one ``jax.distributed`` run are left alone by
@@ -434,10 +435,12 @@ class _JaxCache:
             return again if again[0] is not None else None
 
         def peek():
-            now = self.tiered()
-            if now is not None:  # another node's promoted entry is whole the moment it shows
-                return read() if _has(now.shared_folder("jax"), cache_key) else None
-            return read() if jax_entry(self.folder(), cache_key) == "whole" else None
+            # The entry this node's leader wrote is whole in the local folder before its
+            # promotion ends (a copy to the shared tier): a waiter on this node loads it then.
+            if jax_entry(self.folder(), cache_key) == "whole":
+                return read()
+            now = self.tiered()  # another node's promoted entry is whole the moment it shows
+            return read() if now is not None and _has(now.shared_folder("jax"), cache_key) else None
 
         now = self.tiered()
         where = now.shared_folder("jax") if now is not None else self.folder()
