@@ -81,7 +81,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alphafold3_split import TOLERANCE, UNCACHED, flight_costs, splits, table
+from alphafold3_split import TOLERANCE, UNCACHED, splits, table
+from flight_costs import flight_costs
 from jax_triton_gpu import job_environ, plain_environ, run_many, run_one
 from timing import publish
 

@@ -96,27 +96,6 @@ def splits(runs: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[di
     return out
 
 
-def flight_costs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per JAX key some process waited for: its leader's own compile of it (the seconds kept with
-    the missed computation in the leader's record) against the longest wait on it. A wait longer
-    than the compile it waited for is single-flight's own cost (``over``): polling, a late look,
-    waits in turn; a shorter one means the waiter came later than the leader."""
-    compiled: dict[str, float] = {}
-    waited: dict[str, float] = {}
-    for record in records:
-        jax = _section(record, "jax")
-        for missed in jax.get("missed") or []:
-            if isinstance(missed, dict) and isinstance(missed.get("seconds"), (int, float)):
-                compiled[str(missed.get("key"))[:200]] = float(missed["seconds"])
-        for wait in _flight(jax).get("waits") or []:
-            if isinstance(wait, dict) and isinstance(wait.get("seconds"), (int, float)):
-                key = str(wait.get("key"))
-                waited[key] = max(waited.get(key, 0.0), float(wait["seconds"]))
-    rows = [{"key": key, "leader_compile": compiled[key], "longest_wait": seconds,
-             "over": round(seconds - compiled[key], 3)} for key, seconds in waited.items() if key in compiled]
-    return sorted(rows, key=lambda row: -row["longest_wait"])
-
-
 def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     """One line per process: its wall, each phase and the residue (share of the wall)."""
     short = {"compile_other": "cmp_other", "parameters": "params", "featurise": "featur."}
