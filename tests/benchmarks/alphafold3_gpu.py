@@ -62,10 +62,11 @@ on the device (``run`` with ``carry: [".carry/af3"]``, about 50 MiB):
       python3 tests/benchmarks/alphafold3_gpu.py --site /tmp/site --bucket 256 \\
         --only gpu_cache,fan_out,fan_out_warm --out $OUT/gpu_alphafold3.json
 
-``--only`` runs some groups of cases (a device command may take 600 s): on an H100 the groups
-took about 46 s (``no_cache``), 70 s (``jax_cache``), 71 s (``gpu_cache``) and 79 s
-(``fan_out``, 4 workers); ``fan_out_warm`` needs ``gpu_cache`` in the same call (its warm
-root). ``--cpu-smoke`` runs every case here on the CPU with a tiny network (bucket 16, 1
+On a host of several GPUs (issue 51) the same command with ``--per-gpu`` (one worker per GPU
+``nvidia-smi -L`` lists). ``--only`` runs some groups of cases (a device command may take
+600 s): on an H100 the groups took about 46 s (``no_cache``), 70 s (``jax_cache``), 71 s
+(``gpu_cache``) and 79 s (``fan_out``, 4 workers); ``fan_out_warm`` needs ``gpu_cache`` in the
+same call (its warm root). ``--cpu-smoke`` runs every case here on the CPU with a tiny network (bucket 16, 1
 recycle, 1 sample, 2 diffusion steps, XLA attention and GLU, 2 workers): the logic, not the
 figures.
 """
