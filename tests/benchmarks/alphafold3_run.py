@@ -11,6 +11,13 @@ state); ``jax_triton`` (seconds inside jax-triton's kernel compile step, hit or 
 put its timing wrapper there), ``tokamax_autotune`` (seconds tokamax spent autotuning) and
 ``tokamax_misses`` (its autotuning-cache misses, from its log).
 
+For the benchmark's split of each process's wall time: ``started_at`` and ``ended_at`` (epoch
+seconds of the driver's first line and of the result line; ``BENCH_SPAWNED_AT``, set by the
+benchmark, says when the process was started) and ``cache_work``, per phase, the seconds of
+JAX's compile steps inside it (its ``backend_compile_duration`` events: the cache key, read,
+any single-flight wait, the compile and the write), which the record of the process splits
+into waiting, compiling and loading.
+
 ``--glu xla`` runs tokamax's XLA GLU instead of its Triton GLU (no jax-triton); ``--glu triton``
 (the default kernels) sets ``triton.backends.nvidia.driver.TMA_TF32`` first where the installed
 Triton lacks it (jax-triton 0.4.1 imports it with its NVIDIA backend, and Triton 3.6.0 has no such
@@ -24,6 +31,8 @@ import logging
 import os
 import sys
 import time
+
+STARTED_AT = time.time()
 
 
 def _parse(argv):
@@ -75,20 +84,29 @@ def _ptxas_seconds():
 
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
-    out, clock = {}, time.perf_counter()
+    out, clock = {"started_at": STARTED_AT}, time.perf_counter()
+    compiling, work = [0.0], {}
 
     def lap(name):
         nonlocal clock
         now = time.perf_counter()
         out[name] = round(now - clock, 3)
         clock = now
+        work[name], compiling[0] = round(compiling[0], 3), 0.0
 
     if args.glu == "triton":
         import triton.backends.nvidia.driver as driver
 
         driver.TMA_TF32 = getattr(driver, "TMA_TF32", 0)
-    import haiku as hk
     import jax
+    from jax import monitoring
+
+    def on_duration(event, duration_secs, **_kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiling[0] += duration_secs
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    import haiku as hk
     import numpy as np
     import tokamax
     from absl import logging as absl_logging
@@ -148,7 +166,9 @@ def main(argv=None):
     jax.block_until_ready(compiled(params, key, batch))
     lap("second_call")
     out.update(jax_triton=round(jt_seconds[0], 3), tokamax_autotune=round(tune_seconds[0], 3),
-               tokamax_misses=misses.count, device=jax.devices()[0].device_kind, ptxas=_ptxas_seconds())
+               tokamax_misses=misses.count, device=jax.devices()[0].device_kind, ptxas=_ptxas_seconds(),
+               cache_work=work, pid=os.getpid())
+    out["ended_at"] = time.time()
     print(json.dumps(out), flush=True)
     return 0
 
