@@ -5,7 +5,7 @@ Python 3.9+; nothing here imports the ``gpu_cache`` package, and nothing runs at
 By kind, in ``kinds/`` (one module, or one package where a kind has helpers; its docstring
 says when it is loaded):
 
-- ``kinds.jax``, ``kinds.triton`` (its cache managers: ``seed``, ``tier_manager``;
+- ``kinds.jax`` (``cache``), ``kinds.triton`` (its cache managers: ``seed``, ``tier_manager``;
   ``no_torch``), ``kinds.inductor`` (``flight``), ``kinds.jax_triton`` (``store``,
   ``functions``), ``kinds.ptxas`` (``piece``; the shim: ``bin/ptxas``, ``shim``, ``identity``, ``run``),
   ``kinds.tokamax`` (the autotune kind and tokamax's fix), ``kinds.bytecode``,
