@@ -31,6 +31,7 @@ def test_the_hooks_pieces_declare_what_the_registry_says_of_each_kind():
     layouts = hook_piece("tier.bound").LAYOUTS
     assert all(words[0] in layouts for piece in pieces.values() for words in piece.tier)
     assert [name for piece in pieces.values() for name in piece.software] == list(software.KEY_PACKAGES)
+    assert software.IMAGE_VARIABLES == hook_piece("sitecustomize").IMAGE_VARIABLES
 
 
 def test_no_shared_module_of_the_hook_names_a_kind():
@@ -101,7 +102,7 @@ def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
     exports = env.resolve(settings_from({"bytecode_cache": True}, cache_root=str(tmp_path)), {})
-    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+    for kind in kinds.EXPORTED:
         assert exports.values[kind.env_var] == str(tmp_path / kind.name)
         assert (tmp_path / kind.name).is_dir()
 
@@ -109,10 +110,12 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
     listed = ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune", "jax_triton", "ptxas",
               "records")
-    assert kinds.PRUNABLE[:len(listed)] == listed  # in the listed order; the kinds found follow
+    # in the listed order; the kinds found follow
+    assert tuple(kinds.names_of(kinds.PRUNABLE))[:len(listed)] == listed
     # ptxas: recorded from the shim's calls
-    assert [n for n in kinds.OBSERVED if n in listed] == ["jax", "triton", "inductor", "jax_triton", "ptxas"]
-    assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)
+    observed = [name for name in kinds.names_of(kinds.OBSERVED) if name in listed]
+    assert observed == ["jax", "triton", "inductor", "jax_triton", "ptxas"]
+    assert all(kind.last_use for kind in kinds.PRUNABLE)
 
 
 def test_a_workload_may_expect_every_observed_kind_and_no_other():
@@ -121,7 +124,7 @@ def test_a_workload_may_expect_every_observed_kind_and_no_other():
     from gpu_cache.config.settings import load_schema
 
     workload = load_schema()["properties"]["workloads"]["additionalProperties"]["properties"]
-    assert workload["expects"]["items"]["enum"] == list(kinds.OBSERVED)
+    assert workload["expects"]["items"]["enum"] == kinds.names_of(kinds.OBSERVED)
 
 
 def test_every_kind_module_is_registered_once():

@@ -193,6 +193,51 @@ def test_the_oldest_python_check_finds_a_newer_line_in_any_hook_module(tmp_path)
     assert [line.partition(":")[0] for line in not_compiled_by(python, job_side_files(copy))] == [str(deep)]
 
 
+def core_import_graph() -> dict[str, set[str]]:
+    """Which modules of core each module of core imports, wherever in it (a deferred import in
+    a function counts: it is a circle all the same, worked around), except under
+    ``if TYPE_CHECKING:`` (annotations only). A submodule's own package is not counted as an
+    import of it (a registry's ``__init__`` that imports its modules is no circle)."""
+    modules = {".".join(p.relative_to(SCRIPTS).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                       for stmt in node.body for n in ast.walk(stmt)}
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                subs = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+                found |= subs if subs else {node.module}
+                found |= {node.module} if len(subs) < len(node.names) else set()
+        graph[name] = found - {name}
+    return graph
+
+
+def test_core_has_no_import_circle():
+    """No module of core imports, however late, a module that imports it back (the record
+    readers are a leaf; a kind's logic is in its kind)."""
+    graph = core_import_graph()
+    circles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            here, path = stack.pop()
+            for nxt in graph[here]:
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []
+
+
 #: The host side's layers, lowest first: each imports only from the layers below it (and
 #: itself). (``core`` and the hook are held above; ``workloads`` run in jobs, beside core.)
 HOST_LAYERS = (("core",), ("config",), ("jobenv", "reports"), ("carry", "oci"), ("commands", "profile"),

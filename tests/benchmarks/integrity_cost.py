@@ -150,7 +150,7 @@ def process(command: list[str], environ: dict[str, str], scratch: Path, kind: st
     found = ast.literal_eval(out.read_text())
     calls = [ast.literal_eval(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = list(hook_records.read(Path(environ["GPU_CACHE_RECORDS"]), tag))
-    totals = {name: (t.hits, t.misses) for name, t in hook_records.totals(records).items() if t.processes}
+    totals = {name: (t.hits, t.misses) for name, t in kinds.record_totals(records).items() if t.processes}
     hits, misses = totals.get(kind, (None, None))
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found, "hits": hits,
             "misses": misses, "recorded": totals,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -81,13 +82,20 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
     """The device this process would compute on: its first visible NVIDIA GPU, else the CPU.
 
     Asks ``nvidia-smi`` (which ignores CUDA_VISIBLE_DEVICES, so the visible set is applied
-    here; a MIG slice, visible as ``MIG-<uuid>``, is named as CUDA names it). Never raises:
-    without a working ``nvidia-smi`` the device is ``cpu``.
+    here; a MIG slice, visible as ``MIG-<uuid>``, is named as CUDA names it), once per
+    process, visible set and ``nvidia-smi`` found: the GPUs do not change while a command
+    runs, and one command looks several times (the GPU types, the plan, the runner). Never
+    raises: without a working ``nvidia-smi`` the device is ``cpu``.
     """
     environ = os.environ if environ is None else environ
-    visible = _visible_indices(environ)
+    return _detect(environ.get("CUDA_VISIBLE_DEVICES"), shutil.which("nvidia-smi"))
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(visible_text: str | None, smi: str | None) -> Device:
+    visible = _visible_indices({} if visible_text is None else {"CUDA_VISIBLE_DEVICES": visible_text})
     names: list[str] = []
-    if shutil.which("nvidia-smi") and visible != []:
+    if smi and visible != []:
         try:
             out = _nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader")
             rows = [[c.strip() for c in line.split(",", 2)] for line in out.splitlines() if line.strip()]
@@ -100,7 +108,6 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
                 names = [by_id[v.strip()] for v in visible if v.strip() in by_id]
         except (OSError, subprocess.SubprocessError, IndexError):
             names = []
-    visible_text = environ.get("CUDA_VISIBLE_DEVICES")
     if not names:
         return Device(name="cpu", gpu_type="cpu", count=0, visible_devices=visible_text)
     return Device(name=names[0], gpu_type=gpu_type_of(names[0]), count=len(names),

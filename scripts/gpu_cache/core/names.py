@@ -99,7 +99,6 @@ CONTAINER_BIND_VARS = ("APPTAINER_BIND", "SINGULARITY_BIND")
 LockMode = Literal["node", "cluster"]
 #: ``local_tier.mode``: on where the cache root is on a network filesystem, always, never.
 TierMode = Literal["auto", "on", "off"]
-TIER_MODES = ("auto", "on", "off")
 #: The rule (RULE_VAR) each pass of gpu-cache's own names its records with: ``<phase>_cache``.
 OWN_RULES = ("warm_cache", "validate_cache")
 #: The value of ``GPU_CACHE_ROOT`` that ``gpu-cache env`` exports with caching off.

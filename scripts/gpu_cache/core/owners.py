@@ -10,22 +10,32 @@ import functools
 import grp
 import os
 import stat
+from dataclasses import dataclass
 
 from gpu_cache._hook.gpu_cache_hook import owners
 from gpu_cache.core.errors import UsageError
 
 
-def group_id(name: str) -> int:
-    """The id of group ``name`` (a name or a number).
+@dataclass(frozen=True)
+class Team:
+    """The ``shared_group`` of a team's cache: its name (what messages say) and id (what the
+    rules compare), looked up once, when the settings are read (:func:`team_named`)."""
+
+    name: str
+    gid: int
+
+
+def team_named(name: str) -> Team:
+    """The team of the group ``name`` (a name or a number).
 
     Raises:
         UsageError: no such group on this machine.
     """
     try:
-        return grp.getgrnam(name).gr_gid
+        return Team(name, grp.getgrnam(name).gr_gid)
     except KeyError:
         if name.isdigit():
-            return int(name)
+            return Team(name, int(name))
         raise UsageError(f"config key shared_group: no group {name!r} on this machine "
                          "(see `getent group`)") from None
 

@@ -283,9 +283,10 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
     if plan.record and root is not None and names.RECORDS_VAR in child_env:
         found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
-        result.recorded = hook_records.totals(found)
+        result.recorded = kinds.record_totals(found)
+        observed = kinds.names_of(kinds.OBSERVED)
         result.runs = [run if run.outputs is None else replace(run, outputs={
-            **run.outputs, "served": outputs.served(found, run.workload, run.shape, kinds.OBSERVED)})
+            **run.outputs, "served": outputs.served(found, run.workload, run.shape, observed)})
             for run in result.runs]
     if plan.phase == "warm":
         # Let the last writes of the kinds that are on age past their grace period.

@@ -15,12 +15,13 @@ import sys
 from collections.abc import Mapping
 from importlib import metadata
 
-from gpu_cache._hook import sitecustomize as hook
-from gpu_cache.core.names import IMAGE_VARIABLES
-
-#: Distributions whose versions are part of cache keys or decide whether a cache works: those
-#: the kinds' hook pieces declare (``software``), which the hook's records keep too.
-KEY_PACKAGES = tuple(name for piece in hook.pieces() for name in piece.software)
+# Copies, which tests/test_kinds.py keeps equal to their homes (the hook pieces' ``software``
+# facts, sitecustomize.py's IMAGE_VARIABLES): carry runs this file's source alone in another
+# interpreter (an image's), where nothing of gpu-cache can be imported.
+#: Distributions whose versions are part of cache keys or decide whether a cache works.
+KEY_PACKAGES = ("torch", "jax", "jaxlib", "zstandard", "jax-triton", "tokamax", "triton")
+#: Variables that name the container image a process runs in (Apptainer, Singularity).
+IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: The identity fields whose difference makes a warmed cache useless to a job.
 KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch", "jax-triton")
 

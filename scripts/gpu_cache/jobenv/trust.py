@@ -51,7 +51,7 @@ from pathlib import Path
 
 from gpu_cache._hook.gpu_cache_hook import owners
 from gpu_cache._hook.gpu_cache_hook.owners import ACL_ACCESS, ACL_DEFAULT
-from gpu_cache.core.owners import group_id, private_group
+from gpu_cache.core.owners import Team, private_group
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770
@@ -83,7 +83,7 @@ def _acl_writers(entries: list[tuple[int, int, int]], owner: int, gid: int,
     return [names[tag](who) for tag, who in owners.acl_writers(entries, owner, gid, shared_gid)]
 
 
-def make_folder(path: Path, shared_group: str | None, private: bool = False) -> None:
+def make_folder(path: Path, team: Team | None, private: bool = False) -> None:
     """Create ``path`` and its missing parents; in shared-group mode give each folder that
     this call creates, or that the user owns, the group and :data:`SHARED_MODE`. Otherwise
     the folders it creates are never group- or world-writable, whatever the umask (with
@@ -109,9 +109,9 @@ def make_folder(path: Path, shared_group: str | None, private: bool = False) -> 
             pass  # made meanwhile by another process: judged like any existing folder
     if not missing:
         path.mkdir(exist_ok=True)  # exists: raises only when it is not a folder
-    if shared_group is None:
+    if team is None:
         return
-    gid = group_id(shared_group)
+    gid = team.gid
     for folder in [*missing, path]:
         info = folder.stat()
         if info.st_uid != os.geteuid():
@@ -122,17 +122,17 @@ def make_folder(path: Path, shared_group: str | None, private: bool = False) -> 
             os.chmod(folder, stat.S_IMODE(info.st_mode) | SHARED_MODE)
 
 
-def _share_hint(shared_group: str | None) -> str:
-    if shared_group is not None:
+def _share_hint(team: Team | None) -> str:
+    if team is not None:
         return ""
     return ", or, for a team cache, set `shared_group: GROUP` in the config"
 
 
-def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
+def _distrust_one(folder: Path, team: Team | None) -> str | None:
     info = folder.stat()
     me = os.geteuid()
     quoted = shlex.quote(str(folder))  # in the commands a user copies
-    shared_gid = group_id(shared_group) if shared_group is not None else None
+    shared_gid = team.gid if team is not None else None
     mode = stat.S_IMODE(info.st_mode)
     owner = _user_name(info.st_uid)
     if info.st_uid not in (me, 0) and (shared_gid is None or info.st_gid != shared_gid):
@@ -143,8 +143,8 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
                     f"for a team cache, `chgrp -R GROUP {quoted} && chmod -R g+ws {quoted}` and "
                     "set `shared_group: GROUP` in the config")
         return (f"{folder} is owned by {owner} and its group is {group_name(info.st_gid)}, not "
-                f"the shared_group {shared_group}, so it is refused; fix: `chgrp -R "
-                f"{shared_group} {quoted} && chmod -R g+ws {quoted}`")
+                f"the shared_group {team.name}, so it is refused; fix: `chgrp -R "
+                f"{shlex.quote(team.name)} {quoted} && chmod -R g+ws {quoted}`")
     acls = {name: owners.read_acl(folder, name) for name in (ACL_ACCESS, ACL_DEFAULT)}
     group_writes = bool(mode & stat.S_IWGRP)
     if acls[ACL_ACCESS]:  # with an ACL the mode's group bits are its mask: ask the entries
@@ -160,7 +160,7 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
         bits = ",".join(bit for bit, on in (("o-w", world), ("g-w", bad_group)) if on)
         return (f"{folder} is {what}, so others could plant compiled code that your jobs "
                 f"would run, and it is refused; fix: `chmod {bits} {quoted}`"
-                f"{_share_hint(shared_group) if bad_group else ''}")
+                f"{_share_hint(team) if bad_group else ''}")
     for name, entries in acls.items():
         writers = _acl_writers(entries, info.st_uid, info.st_gid, shared_gid)
         if writers:
@@ -169,11 +169,11 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
             return (f"{folder} has {which} that lets {', '.join(writers)} write, so others could "
                     f"plant compiled code that your jobs would run, and it is refused; fix: "
                     f"`setfacl {flag} {quoted}`"
-                    f"{_share_hint(shared_group) if any(w.startswith('group') for w in writers) else ''}")
+                    f"{_share_hint(team) if any(w.startswith('group') for w in writers) else ''}")
     return None
 
 
-def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = False) -> str | None:
+def _distrust_above(top: Path, team: Team | None, missing_ok: bool = False) -> str | None:
     """Why a folder above ``top`` lets another user swap it (``owners.may_swap``), or None.
     ``missing_ok``: a folder on the way that does not exist is one this user would make.
 
@@ -181,7 +181,7 @@ def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = Fals
         OSError, ValueError: a folder cannot be inspected.
     """
     me = os.geteuid()
-    shared_gid = group_id(shared_group) if shared_group is not None else None
+    shared_gid = team.gid if team is not None else None
     for folder, entry in owners.ancestors(top):
         if missing_ok and not os.path.lexists(folder):
             continue
@@ -203,14 +203,14 @@ def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = Fals
         if who != "owner" and below in (me, 0):
             bit = "o-w" if who == "others" else "g-w"
             fix = (f"`chmod +t {quoted}` (then only an entry's owner can rename it) or `chmod {bit} "
-                   f"{quoted}`{_share_hint(shared_group) if who == 'group' else ''}, or {fix}")
+                   f"{quoted}`{_share_hint(team) if who == 'group' else ''}, or {fix}")
         return (f"{folder}, above the cache root, is {what}, so another user could rename {entry} "
                 f"away and put a cache of theirs in its place, which your jobs would run; it is "
                 f"refused; fix: {fix}")
     return None
 
 
-def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None,
+def distrust(path: Path, team: Team | None, trusted_above: Path | None = None,
              missing_ok: bool = False) -> str | None:
     """Why ``path`` (and every folder from ``trusted_above`` down to it) must not be used as a
     cache, or None when it may. With ``trusted_above`` (the cache root), the folders above it
@@ -219,7 +219,7 @@ def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = 
     nothing); those that exist as they are. Never raises for filesystem trouble."""
     if trusted_above is not None:
         try:
-            why = _distrust_above(trusted_above, shared_group, missing_ok)
+            why = _distrust_above(trusted_above, team, missing_ok)
         except OSError as exc:
             return f"cannot inspect the folders above {trusted_above} (so it is not trusted): " \
                    f"{exc.strerror or exc}"
@@ -239,7 +239,7 @@ def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = 
         if missing_ok and not os.path.lexists(folder):
             continue
         try:
-            why = _distrust_one(folder, shared_group)
+            why = _distrust_one(folder, team)
         except OSError as exc:
             return f"cannot inspect {folder} (so it is not trusted): {exc.strerror or exc}"
         except ValueError as exc:  # an ACL in an unknown format, a NUL in the path

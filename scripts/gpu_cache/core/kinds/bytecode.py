@@ -52,7 +52,7 @@ class _Bytecode(SingleFile):
             problem = "not a regular file"
         elif temporary:
             problem = "temporary file of an interpreter that was killed"
-        return Entry(self.name, path[skip:], name.split(".", 1)[0], info.st_size, info.st_mtime,
+        return Entry(self, path[skip:], name.split(".", 1)[0], info.st_size, info.st_mtime,
                      problem, path, path=path)
 
 

@@ -54,7 +54,7 @@ class _Records(SingleFile):
                 if now - info.st_mtime < grace_seconds:
                     continue  # a process may be writing it right now
                 problem = "half-written record of a process that was killed or ran out of space"
-            out.append(Entry(self.name, item.name, "record", info.st_size, info.st_mtime, problem,
+            out.append(Entry(self, item.name, "record", info.st_size, info.st_mtime, problem,
                              item.path, path=item.path))
         return out
 
