@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from gpu_cache.commands.validate import judge_phases
+from gpu_cache.config.cluster import gres_by_partition, parse
 from gpu_cache.config.host import load_config_files, workflow_config
 from gpu_cache.config.settings import settings_from
-from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
+from gpu_cache.config.targets import gpu_types, gres_mapping
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.jobenv import env
@@ -110,7 +111,8 @@ def test_a_hosts_list_of_partitions_is_one_comma_separated_partition_resource():
 
 
 def test_doctors_hint_for_an_unasked_gres_type_works_when_pasted():
-    (line,) = gres_mapping({}, parse_sinfo_gres("gpu-el8* gpu:3090:4(S:0-1)\n"))
+    offers = tuple(parse("gpu-el8*|96000|32|gpu:3090:4(S:0-1)|(null)|infinite\n"))
+    (line,) = gres_mapping({}, gres_by_partition(offers))
     hint = re.search(r"to warm it: (gpu_types: .*)\)$", line).group(1)
     pasted = yaml.safe_load(hint.replace("<the name `gpu-cache doctor` prints on such a node>", "rtx3090"))
     spec = gpu_types(settings_from(pasted))["3090"]

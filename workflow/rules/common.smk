@@ -30,6 +30,7 @@ from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
+from gpu_cache.config import cluster as gpu_cache_cluster
 from gpu_cache.config import targets as gpu_cache_targets
 from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
 from gpu_cache.config.workloads import cold_pass as gpu_cache_cold_pass
@@ -56,10 +57,10 @@ except GpuCacheUsageError as error:
 if not gpu_cache_planning_only():
     gpu_cache_env.export(GPU_CACHE_SETTINGS)
 
-# A type no partition offers and this machine is not fails its validation: say so before the
-# run (dry run included), once, where Snakemake plans (not in each job's own parse).
+# A type no node can take as a node of its type, and this machine is not, fails its validation:
+# say so before the run (dry run included), once, where Snakemake plans (not in each job's parse).
 if workflow.is_main_process:
-    for line in gpu_cache_targets.unreachable_here(GPU_CACHE_SETTINGS):
+    for line in gpu_cache_cluster.unreachable_here(GPU_CACHE_SETTINGS):
         print(f"gpu-cache: warning: {line}", file=sys.stderr)
 
 # As a module, this workflow must not become the host's default target: Snakemake makes the

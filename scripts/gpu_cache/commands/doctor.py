@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_cache.commands import common
 from gpu_cache.commands.stats import outside_root
-from gpu_cache.config import targets
+from gpu_cache.config import cluster, targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
@@ -38,15 +38,15 @@ def slurm_source() -> str | None:
     ``scontrol`` does not tell."""
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=targets.SINFO_TIMEOUT, check=True).stdout
+                             timeout=cluster.TIMEOUT, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     found = {name.strip(): value.strip() for name, value in found.items()}
-    cluster, conf = found.get("ClusterName"), found.get("SLURM_CONF")
-    if not cluster and not conf:
+    name, conf = found.get("ClusterName"), found.get("SLURM_CONF")
+    if not name and not conf:
         return None
-    return f"cluster {cluster or '?'} (config {conf or '?'})"
+    return f"cluster {name or '?'} (config {conf or '?'})"
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
@@ -81,12 +81,12 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
     here, types = device.detect(), targets.gpu_types(settings)
     report["device"] = here.as_dict()
-    offered, silent = targets.query_sinfo()
-    report["gres"] = targets.gres_mapping(types, offered) if offered is not None else \
-        ([silent] if silent else None)
+    offers, silent = cluster.query()
+    report["gres"] = targets.gres_mapping(types, cluster.gres_by_partition(offers)) \
+        if offers is not None else ([silent] if silent else None)
     report["slurm"] = slurm_source() if report["gres"] is not None else None
-    # Types no partition offers and this machine is not: their validation would fail.
-    report["warnings"] += targets.unreachable(types, here, offered)
+    # Types no node can take as their type's and this machine is not: their validation would fail.
+    report["warnings"] += cluster.unreachable(types, here, offers)
     for kind in kinds.ALL:  # what a kind says beyond its folder (ptxas: which one jobs run)
         part = kind.doctor_report(exports.values)
         if part is not None:

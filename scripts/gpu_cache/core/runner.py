@@ -160,7 +160,8 @@ def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None =
 
 def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[str, Any]) -> str:
     """What a measurement or a verdict depends on: the GPU type, its runs (workload, shape,
-    command), the software and the device. Passes of one type share it, whatever the phase.
+    command), the software and the device (:func:`device.identity`: its model, not which of
+    the node's GPUs the job got). Passes of one type share it, whatever the phase.
     The image counts by the name the config gives it: Snakemake pulls it to a file in each
     working folder's ``.snakemake/singularity`` (unless ``--apptainer-prefix`` is shared), and
     a run in another folder must find the same verdict (its software is in it besides)."""
@@ -171,7 +172,7 @@ def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[
         software_identity["image"] = plan.container
     inputs = {"gpu_type": plan.gpu_type, "python": plan.python,
               "runs": [[c.workload, str(c.shape), c.template] for c in plan.commands],
-              "software": software_identity, "device": dict(seen)}
+              "software": software_identity, "device": device.identity(seen)}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
