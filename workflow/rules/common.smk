@@ -29,6 +29,8 @@ from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
+from gpu_cache.config import host_join as gpu_cache_host_join
+from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_file
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
 from gpu_cache.config import cluster as gpu_cache_cluster
@@ -218,7 +220,18 @@ def gpu_cache_join_host():
                 f"config key host_rules: the host has no rule {name} above gpu-cache's module "
                 "block; put the block at the end of the Snakefile, after every rule"
             )
-        gpu_cache_add_input(workflow.get_rule(name), gpu_cache=gpu_cache_validations())
+        host_rule = workflow.get_rule(name)
+        gpu_cache_add_input(host_rule, gpu_cache=gpu_cache_validations())
+        # Its own --jax_compilation_cache_dir, where it passes one, is gpu-cache's folder.
+        gpu_cache_host_join.point_rule_params(host_rule.params)
+    if workflow.is_main_process:  # an older README's settings in the host's own config file
+        for path in [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]:
+            try:
+                line = gpu_cache_host_join.pasted_settings(str(path), gpu_cache_read_config_file(path))
+            except GpuCacheUsageError:
+                line = None
+            if line:
+                print(f"gpu-cache: warning: {line}", file=sys.stderr)
     if GPU_CACHE_HOST_TARGET is None:
         return  # included above the host's rules: the host wires prune and summary itself
     target = workflow.get_rule(GPU_CACHE_HOST_TARGET)
