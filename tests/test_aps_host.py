@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -485,11 +486,12 @@ def assert_explained(root: Path) -> None:
 @pytest.mark.slurm
 def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_cluster, container_root,
                                                                       unbound_dir, tmp_path):
-    """The look-alike through SLURM (its own profile, like AlphaPulldownSnakemake's): two GPU
-    types named as SLURM names them, h100, which the partition has, and h200, which it lacks.
-    Neither says optional: a type with SLURM resources is optional by default (#25), so h200's
-    rejected warm job ends unscheduled at once and the predictions (on any GPU of the
-    partition) run after h100's validation."""
+    """The look-alike through SLURM with the README's command (its profile, like
+    AlphaPulldownSnakemake's, needs --jobs): two GPU types named as SLURM names them, h100, which
+    the partition has, and h200, which it lacks. Neither says optional: a type with SLURM
+    resources is optional by default (#25), so h200's rejected warm job ends unscheduled at once
+    and the predictions (on any GPU of the partition) run after h100's validation. Neither sets
+    mem_mb: their jobs ask for what one process of each bucket needs, fitted to the node."""
     partition = slurm_cluster.partition
     work = aps_copy(tmp_path)
     write_yaml(work / "config" / "cluster.yaml", {"slurm_partition": partition})
@@ -497,18 +499,21 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     settings["gpu_cache"]["gpu_types"] = {
         name: {"container": {"host": "prediction_container"}, "device": "cpu", "workloads": ["alphafold3"],
                "resources": {"slurm_partition": {"host": "slurm_partition"}, "gpu": 1, "gpu_model": name,
-                             "runtime": 10, "mem_mb": 1000}}
+                             "runtime": 10}}
         for name in ("h100", "h200")}
     write_yaml(work / "config" / "gpu-cache.yaml", settings)
     (work / "config" / "test-gpu-cache.yaml").write_text(
         "gpu_cache: {workloads: {alphafold3: {shapes: [128, 256]}}, validate: {measure_cold: false}}\n")
     root = unbound_dir / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
-    command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--apptainer-prefix",
-               str(work / "images"), "--configfile", "config/test.yaml", "config/cluster.yaml",
-               "config/gpu-cache.yaml", "config/test-gpu-cache.yaml",
+    # The README's command as it is, its --configfile list extended with the tests' own files.
+    (readme,) = [line for block in readme_blocks("bash") for line in block.splitlines()
+                 if line.startswith("snakemake --profile config/profiles/slurm")]
+    assert readme.endswith(" --configfile config/gpu-cache.yaml"), readme
+    command = [sys.executable, "-m", *shlex.split(readme), "config/test.yaml", "config/cluster.yaml",
+               "config/test-gpu-cache.yaml", "--apptainer-prefix", str(work / "images"),
                "--config", f"gpu_cache_workflow={SNAKEFILE}",
-               "--slurm-init-seconds-before-status-checks", "1", "--jobs", "4", "--nocolor"]
+               "--slurm-init-seconds-before-status-checks", "1", "--nocolor"]
     started = time.time()
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -516,6 +521,12 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     assert process.returncode == 0, log[-5000:]
     results = work / "results" / "gpu-cache"
     assert read_json(results / "validate" / "h100.json")["status"] == "passed"
+    # h100's warm job asked for its two buckets side by side (they fit the 16000 MB node).
+    warm = read_json(results / "warm" / "h100.json")
+    one = [run_memory_mb("alphafold3", True, n) for n in (128, 256)]
+    assert sum(one) <= slurm_cluster.real_memory_mb
+    rows = slurm_cluster.wait_accounted(warm["job"]["slurm_job_id"], ["ReqMem", "AllocTRES"])
+    assert rows[0]["ReqMem"] == f"{sum(one)}M" and "gres/gpu:h100=1" in rows[0]["AllocTRES"], rows
     h200 = results / "validate" / "h200.json"
     assert read_json(h200)["status"] == "unscheduled"
     assert read_json(results / "warm" / "h200.json")["unscheduled"].startswith(
