@@ -9,6 +9,7 @@ CLI's argument handling, in process or one CLI call each."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -92,6 +93,28 @@ def test_doctor_takes_the_hosts_config_and_gpu_caches_file(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "has no nope: block" in bad.stderr
     alone = run_cli("doctor", "--config-key", "gpu_cache")
     assert alone.returncode == 2 and "--config-key needs --config" in alone.stderr
+
+
+def test_doctor_says_when_the_hosts_snakefile_lacks_the_module_block(tmp_path):
+    """gpu-cache's settings passed without the block at the end of the host's Snakefile change no
+    job: doctor, given the host's config files, says so in one line (and not with the block)."""
+    host = tmp_path / "aps"
+    shutil.copytree(REPO / "tests" / "aps_host", host)
+    files = ("--config", str(host / "config" / "config.yaml"),
+             "--config", str(host / "config" / "gpu-cache.yaml"))
+
+    def unjoined() -> list[str]:
+        done = run_cli("doctor", "--json", "--no-fail", *files, "--cache-root", str(tmp_path / "cache"))
+        assert done.returncode == 0, done.stderr
+        return [w for w in json.loads(done.stdout)["warnings"] if "does not include gpu-cache's module" in w]
+
+    assert unjoined() == []
+    snakefile = host / "workflow" / "Snakefile"
+    text = snakefile.read_text()
+    snakefile.write_text(text[:text.index("# --- gpu-cache")])
+    (line,) = unjoined()
+    assert line.startswith(f"{snakefile} does not include gpu-cache's module (the block at its end, README")
+    assert line.endswith("with gpu-cache's settings alone, the pipeline runs as before, uncached")
 
 
 def test_gres_names_yaml_reads_as_numbers_are_their_text():

@@ -27,6 +27,9 @@ tests/benchmarks/alphafold3_wheels.sh``, then ``run`` with ``carry: [".carry/af3
       cp -r .carry/af3/stub/xprof /tmp/site/ && \\
       python3 tests/benchmarks/alphafold3_memory.py --site /tmp/site \\
         --buckets 128,256,512,768,1024 --out $OUT/gpu_alphafold3_memory.json
+
+(if the five buckets do not fit one call's 600 s, run ``--buckets 128,256,512`` and
+``--buckets 768,1024`` in two calls: each bucket is a process of its own.)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_cache.commands import common
 from gpu_cache.commands.stats import outside_root
-from gpu_cache.config import cluster, placement, targets
+from gpu_cache.config import cluster, host_join, placement, targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
@@ -186,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
         return explain_misses(settings, args)
     with nullcontext() if args.fix else fs.diagnosis():  # a diagnosis changes nothing on disk
         report = preflight(settings)
+    key = getattr(args, "config_key", None) or "gpu_cache"
+    unjoined = host_join.unjoined(args.config, key) if getattr(args, "config", None) else None
+    report["warnings"] += [unjoined] if unjoined else []  # gpu-cache's settings, no module block
     if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
         from gpu_cache.commands.prune import repair
 

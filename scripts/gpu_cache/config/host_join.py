@@ -16,9 +16,12 @@ and what it says about an integration left half done.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from gpu_cache.core import safe_io
 
 #: The flag through which a host tells JAX (AlphaFold 3's run scripts) its cache folder.
 JAX_FLAG = "--jax_compilation_cache_dir"
@@ -99,3 +102,36 @@ def pasted_settings(path: str, data: Mapping[str, Any] | None) -> str | None:
                  f"mapping pasted into {path} replaced the host's own (put back its other keys, such "
                  "as --fold_backend)")
     return line
+
+
+#: Where a host pipeline keeps its Snakefile, from the folder of its config file (Snakemake's
+#: standard layout: config/config.yaml beside workflow/Snakefile).
+SNAKEFILES = ("../workflow/Snakefile", "Snakefile", "../Snakefile")
+
+
+def unjoined(config_files: list[str], key: str = "gpu_cache") -> str | None:
+    """A line when the host pipeline whose config files these are (gpu-cache's settings among
+    them: a file with a ``key`` block) has a Snakefile that does not include gpu-cache's module:
+    its settings alone change no job. None where it does, where no file is a host's, or where no
+    Snakefile is found beside the files."""
+    from gpu_cache.config.settings import read_config_file
+    from gpu_cache.core.errors import UsageError
+
+    try:
+        if not any(key in (read_config_file(path) or {}) for path in config_files):
+            return None
+    except UsageError:
+        return None
+    for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in config_files):
+        for name in SNAKEFILES:
+            snakefile = os.path.normpath(os.path.join(folder, name))
+            try:
+                text = safe_io.read_bounded(snakefile, 4 << 20).decode("utf-8", "replace")
+            except (OSError, ValueError):
+                continue
+            if "gpu_cache_workflow" in text:
+                return None
+            return (f"{snakefile} does not include gpu-cache's module (the block at its end, README: "
+                    "`module gpu_cache: snakefile: config[\"gpu_cache_workflow\"]`): with gpu-cache's "
+                    "settings alone, the pipeline runs as before, uncached")
+    return None
