@@ -117,6 +117,37 @@ def test_doctor_says_when_the_hosts_snakefile_lacks_the_module_block(tmp_path):
     assert line.endswith("with gpu-cache's settings alone, the pipeline runs as before, uncached")
 
 
+#: A host's config and a file of settings given after it (#46): the later file's value wins,
+#: key by key inside nested mappings, and a {host: KEY} inside a list is the host's value.
+HOST_WITH_A_LIST = """\
+small_bucket: 64
+gpu_cache:
+  cache_root: {first}
+  default_workloads: [odd]
+  workloads: {{odd: {{command: "true {{shape}}", shapes: [{{host: small_bucket}}, 256]}}}}
+"""
+LATER_SETTINGS = """\
+small_bucket: 128
+gpu_cache: {{cache_root: {second}}}
+"""
+
+
+def test_the_later_config_file_wins_and_a_reference_inside_a_list_resolves(tmp_path):
+    """What ``warm`` announces before it runs (the workload's shapes, the cache root), with
+    the files in one order and then the other."""
+    host, later = tmp_path / "config.yaml", tmp_path / "gpu-cache.yaml"
+    first, second = tmp_path / "first root", tmp_path / "second root"
+    host.write_text(HOST_WITH_A_LIST.format(first=json.dumps(str(first))))
+    later.write_text(LATER_SETTINGS.format(second=json.dumps(str(second))))
+    for files, shape, root in (((host, later), 128, second), ((later, host), 64, first)):
+        done = run_cli("warm", *(arg for path in files for arg in ("--config", str(path))),
+                       "--output", str(tmp_path / "warm.json"))
+        assert done.returncode == 0, done.stderr
+        announced = done.stderr.splitlines()[0]
+        assert announced.startswith(f"gpu-cache warm: GPU type cpu: odd at shapes {shape}, 256; "), announced
+        assert announced.endswith(f"; cache root {root}"), announced
+
+
 def test_gres_names_yaml_reads_as_numbers_are_their_text():
     config = yaml.safe_load("gpu_types: {3090: {device: rtx3090, resources: {gpu: 1, gpu_model: 3090}}}")
     types = gpu_types(settings_from(config))

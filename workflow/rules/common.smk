@@ -27,6 +27,8 @@ if str(GPU_CACHE_SCRIPTS) not in sys.path:
 
 from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
+from gpu_cache.core.shown import shown as gpu_cache_shown
+from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_file
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
 from gpu_cache.config import host_join as gpu_cache_host_join
@@ -42,8 +44,27 @@ from gpu_cache.oci import references as gpu_cache_registry_references
 
 def gpu_cache_stop(error):
     """Stop Snakemake with gpu-cache's one line (Snakemake's own config check printed the
-    whole schema; an exception adds its file and a traceback line)."""
-    sys.exit(f"gpu-cache: config: {error}")
+    whole schema; an exception adds its file and a traceback line), what the user wrote in it
+    escaped (a newline would split it, ESC or CR drive the terminal)."""
+    sys.exit(gpu_cache_shown(f"gpu-cache: config: {error}"))
+
+
+# The working directory's config/config.yaml, else the embedded default beside this workflow
+# (so `snakemake --snakefile <checkout>/workflow/Snakefile` runs from any folder). gpu-cache
+# reads it before Snakemake merges it: that merge copies every mapping a YAML alias repeats (a
+# 1 KB file held it for minutes) and recurses without end into one that contains itself. (As
+# a module given the host's config, Snakemake skips this file; files given with --configfile
+# it reads before this workflow starts.)
+GPU_CACHE_CONFIGFILE = "config/config.yaml" if os.path.exists("config/config.yaml") else \
+    str(GPU_CACHE_SCRIPTS.parent / "config" / "config.yaml")
+if not workflow.modifier.skip_configfile:
+    try:
+        gpu_cache_read_config_file(GPU_CACHE_CONFIGFILE)
+    except GpuCacheUsageError as error:
+        gpu_cache_stop(error)
+
+
+configfile: GPU_CACHE_CONFIGFILE
 
 
 # The schema check of gpu-cache's package (the CLI's): one line naming the key. As a module

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, outputs, safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
+from gpu_cache.core.shown import shown
 
 log = logging.getLogger(__name__)
 _OUTPUT_LOCK = threading.Lock()  # one run's output at a time into the log
@@ -122,7 +123,7 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
         # Appended to the value as written: an empty entry is the working folder (#21).
         before = env.get("PYTHONPATH")
         env["PYTHONPATH"] = f"{before}{os.pathsep}{PACKAGE_PARENT}" if before else str(PACKAGE_PARENT)
-    output.write(f"$ {line}\n")
+    output.write(f"$ {shown(line)}\n")  # a shape from the config may hold a newline or ESC
     output.flush()
     started = time.perf_counter()
     process = subprocess.Popen(["bash", "-c", line], env=env, stdout=output, stderr=subprocess.STDOUT,
