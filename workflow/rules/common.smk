@@ -55,8 +55,11 @@ def gpu_cache_stop(error):
 # 1 KB file held it for minutes) and recurses without end into one that contains itself. (As
 # a module given the host's config, Snakemake skips this file; files given with --configfile
 # it reads before this workflow starts.)
-GPU_CACHE_CONFIGFILE = "config/config.yaml" if os.path.exists("config/config.yaml") else \
-    str(GPU_CACHE_SCRIPTS.parent / "config" / "config.yaml")
+GPU_CACHE_CONFIGFILE = (
+    "config/config.yaml"
+    if os.path.exists("config/config.yaml")
+    else str(GPU_CACHE_SCRIPTS.parent / "config" / "config.yaml")
+)
 if not workflow.modifier.skip_configfile:
     try:
         gpu_cache_read_config_file(GPU_CACHE_CONFIGFILE)
