@@ -32,7 +32,6 @@ from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
 from gpu_cache.config import host_join as gpu_cache_host_join
-from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_file
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
 from gpu_cache.config import cluster as gpu_cache_cluster
@@ -88,7 +87,7 @@ if not gpu_cache_planning_only():
 # say so before the run (dry run included), once, where Snakemake plans (not in each job's parse).
 if workflow.is_main_process:
     for line in gpu_cache_cluster.unreachable_here(GPU_CACHE_SETTINGS):
-        print(f"gpu-cache: warning: {line}", file=sys.stderr)
+        print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
 
 # As a module, this workflow must not become the host's default target: Snakemake makes the
 # first rule it sees (or one marked default_target) the default. The Snakefile puts the
@@ -255,7 +254,7 @@ def gpu_cache_join_host():
             except GpuCacheUsageError:
                 line = None
             if line:
-                print(f"gpu-cache: warning: {line}", file=sys.stderr)
+                print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
     if GPU_CACHE_HOST_TARGET is None:
         return  # included above the host's rules: the host wires prune and summary itself
     target = workflow.get_rule(GPU_CACHE_HOST_TARGET)
