@@ -65,6 +65,13 @@ def test_a_type_offered_only_outside_its_partition_names_the_partition_that_has_
     assert "(partition training has it): set gpu_types.h200.resources.slurm_partition" in line
 
 
+def test_a_type_asking_for_a_gres_no_node_offers_is_named_though_this_machine_is_its_device():
+    """The tests' types say device: cpu (this machine) and still ask SLURM for a GPU type."""
+    here = GpuType("h100", ("w",), resources={"gpu": 1, "gpu_model": "h100"}, device="cpu")
+    (line,) = cluster.unreachable({"h100": here}, CPU, OFFERS)
+    assert line.startswith("GPU type h100 asks for gpu:h100, which no partition offers")
+
+
 def test_types_a_node_can_take_and_this_machines_own_are_not_named():
     types = {"3090": gpu_type("3090", slurm_partition="gpu", gpu=1, gpu_model="3090"),
              "cpu": GpuType("cpu", ("jax-transformer",))}

@@ -175,12 +175,13 @@ def unplaceable(name: str, spec: GpuType, offers: tuple[Offer, ...]) -> str | No
 def unreachable(types: Mapping[str, GpuType], here: device.Device,
                 offers: tuple[Offer, ...] | None) -> list[str]:
     """A line for each type whose validation would fail because its jobs cannot get its
-    device: where a cluster answered (``offers``), each type that is not this machine's device
-    and that no node can take as a node of its type (:func:`unplaceable`); where none did, each
-    type whose device is not this machine's (its warm and check jobs run here)."""
+    device: where a cluster answered (``offers``), each type that no node can take as a node of
+    its type (:func:`unplaceable`; one that names no GPU type and is this machine's device runs
+    as well anywhere); where none did, each type whose device is not this machine's (its warm
+    and check jobs run here)."""
     if offers is not None:
         found = [unplaceable(name, spec, offers) for name, spec in types.items()
-                 if not device_matches(spec, here)]
+                 if gres_names(spec) or not device_matches(spec, here)]
         return [line for line in found if line]
     return [f"GPU type {name}: no SLURM cluster answers here (sinfo) and this machine's device is "
             f"{here.gpu_type}, not {spec.expected_device}: its warm and check jobs would run here "
