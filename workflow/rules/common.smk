@@ -151,10 +151,20 @@ def gpu_cache_runner(wildcards):
 
 def gpu_cache_planned(wildcards, input):
     """How this type's warm and check jobs are planned (gpu_cache.config.placement.planned): as
-    the preflight wrote it once it has run, so that Snakemake and the job's own process agree."""
-    return gpu_cache_placement.planned_in(
-        getattr(input, "preflight", None), GPU_CACHE_SETTINGS, wildcards.gpu_type
-    )
+    the preflight wrote it once it has run, so that Snakemake and the job's own process agree;
+    before (a dry run), planned here once per type."""
+    preflight = getattr(input, "preflight", None)
+    if preflight and os.path.isfile(preflight):
+        return gpu_cache_placement.planned_in(preflight, GPU_CACHE_SETTINGS, wildcards.gpu_type)
+    if wildcards.gpu_type not in GPU_CACHE_PLANNED_HERE:
+        GPU_CACHE_PLANNED_HERE[wildcards.gpu_type] = gpu_cache_placement.planned(
+            GPU_CACHE_SETTINGS, wildcards.gpu_type
+        )
+    return GPU_CACHE_PLANNED_HERE[wildcards.gpu_type]
+
+
+#: The plans made in this process before the preflight had run (by GPU type).
+GPU_CACHE_PLANNED_HERE = {}
 
 
 def gpu_cache_warm_threads(wildcards, input, attempt):
