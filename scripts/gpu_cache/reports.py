@@ -244,6 +244,10 @@ class Usage:
     hits: dict[str, int] = field(default_factory=dict)
     misses: dict[str, int] = field(default_factory=dict)
     saved_seconds: float = 0.0
+    #: Seconds the processes waited for other processes' compiles (single-flight), and seconds
+    #: they compiled entries themselves.
+    waited_seconds: float = 0.0
+    compiled_seconds: float = 0.0
 
     @property
     def total_hits(self) -> int:
@@ -265,6 +269,8 @@ class Usage:
             out[f"{name}_hits"] = self.hits.get(name, 0)
             out[f"{name}_misses"] = self.misses.get(name, 0)
         out["saved_seconds"] = round(self.saved_seconds, 3)
+        out["waited_seconds"] = round(self.waited_seconds, 3)
+        out["compiled_seconds"] = round(self.compiled_seconds, 3)
         out["hit_rate"] = None if self.hit_rate is None else round(self.hit_rate, 4)
         return out
 
@@ -272,7 +278,8 @@ class Usage:
     def from_dict(cls, data: Any) -> Usage:
         data = json_object(data, "usage counts")
         count = lambda key: int(json_number(data.get(key, 0), "usage counts", key))  # noqa: E731
+        number = lambda key: float(json_number(data.get(key, 0.0), "usage counts", key))  # noqa: E731
         return cls(count("processes"),
                    {name: count(f"{name}_hits") for name in kinds.OBSERVED},
                    {name: count(f"{name}_misses") for name in kinds.OBSERVED},
-                   float(json_number(data.get("saved_seconds", 0.0), "usage counts", "saved_seconds")))
+                   number("saved_seconds"), number("waited_seconds"), number("compiled_seconds"))

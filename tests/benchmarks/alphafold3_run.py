@@ -14,6 +14,13 @@ peak resident memory (``VmHWM``) at the end of each phase, for tests/benchmarks/
 ``--stop-after PHASE`` ends the process after that phase (``compile``: what the host needs on a GPU,
 where the network's activations are on the device; on a CPU they are host memory).
 
+For the benchmark's split of each process's wall time: ``started_at`` and ``ended_at`` (epoch
+seconds of the driver's first line and of the result line; ``BENCH_SPAWNED_AT``, set by the
+benchmark, says when the process was started) and ``cache_work``, per phase, the seconds of
+JAX's compile steps inside it (its ``backend_compile_duration`` events: the cache key, read,
+any single-flight wait, the compile and the write), which the record of the process splits
+into waiting, compiling and loading.
+
 ``--glu xla`` runs tokamax's XLA GLU instead of its Triton GLU (no jax-triton); ``--glu triton``
 (the default kernels) sets ``triton.backends.nvidia.driver.TMA_TF32`` first where the installed
 Triton lacks it (jax-triton 0.4.1 imports it with its NVIDIA backend, and Triton 3.6.0 has no such
@@ -27,6 +34,8 @@ import logging
 import os
 import sys
 import time
+
+STARTED_AT = time.time()
 
 
 def _parse(argv):
@@ -95,7 +104,8 @@ def _ptxas_seconds():
 
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
-    out, clock = {"peak_rss_mb": {}}, time.perf_counter()
+    out, clock = {"started_at": STARTED_AT, "peak_rss_mb": {}}, time.perf_counter()
+    compiling, work = [0.0], {}
 
     class _Stop(Exception):
         pass
@@ -106,25 +116,36 @@ def main(argv=None):
         out[name] = round(now - clock, 3)
         out["peak_rss_mb"][name] = _peak_rss_mb()
         clock = now
+        work[name], compiling[0] = round(compiling[0], 3), 0.0
         if name == args.stop_after:
             raise _Stop
 
     try:
-        _phases(args, lap, out)
+        _phases(args, lap, out, compiling)
     except _Stop:
         pass
+    out.update(cache_work=work, pid=os.getpid())
+    out["ended_at"] = time.time()
     print(json.dumps(out), flush=True)
     return 0
 
 
-def _phases(args, lap, out):
-    """Run the phases, calling ``lap`` at the end of each."""
+def _phases(args, lap, out, compiling):
+    """Run the phases, calling ``lap`` at the end of each; ``compiling``: JAX's compile seconds
+    since the last lap."""
     if args.glu == "triton":
         import triton.backends.nvidia.driver as driver
 
         driver.TMA_TF32 = getattr(driver, "TMA_TF32", 0)
-    import haiku as hk
     import jax
+    from jax import monitoring
+
+    def on_duration(event, duration_secs, **_kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiling[0] += duration_secs
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    import haiku as hk
     import numpy as np
     import tokamax
     from absl import logging as absl_logging

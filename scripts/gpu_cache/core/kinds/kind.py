@@ -116,6 +116,10 @@ class Kind:
     records_folder: bool = False
     #: The field of its record section that counts hits.
     hits_field: str = "hits"
+    #: The field of its record section holding the seconds the process spent compiling entries
+    #: itself (not waiting for another process's compile, not loading hits); None where the
+    #: hook cannot tell them apart.
+    own_compile_field: str | None = "compile_seconds"
 
     def __repr__(self) -> str:
         return f"<cache kind {self.name}>"
