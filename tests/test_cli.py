@@ -173,6 +173,16 @@ def test_doctor_fails_on_an_unusable_root(tmp_path):
     assert run_cli("doctor", "--cache-root", str(blocker), "--no-fail").returncode == 0
 
 
+def test_doctor_fails_on_a_root_no_folder_can_be_made_in_and_creates_nothing():
+    """A root under /proc (a filesystem of no size): doctor, which creates nothing, says that it
+    cannot be made, not that it is merely missing."""
+    result = run_cli("doctor", "--cache-root", "/proc/nope/gpu-cache")
+    assert result.returncode == 1, result.stdout
+    assert ("jax: PROBLEM: cannot create /proc/nope/gpu-cache: /proc is on proc, a filesystem "
+            "that holds no files; choose another cache root") in result.stdout
+    assert result.stdout.rstrip().endswith("result: some caches cannot be used (jobs still run)")
+
+
 def disk_state(top: Path) -> dict[str, tuple[int, int]]:
     """Every name under ``top`` (links not followed) with its mtime and ctime: making and
     removing a probe file in a folder moves both of the folder's."""
@@ -207,12 +217,12 @@ def test_warm_asks_nvidia_smi_once_before_its_workload_starts(cache_root, tmp_pa
     up once, not at each use of the table (the type's name, the plan, the runner's device; an
     ``nvidia-smi`` start costs about 50 ms, more on a busy node). A fake ``nvidia-smi`` first on
     PATH logs its calls; the workload copies the log when it starts. Guard: device.detect's one
-    look per process and visible set (without it: 5 calls)."""
+    look per process and visible set (without it: 6 calls)."""
     folder = tmp_path / "bin"
     folder.mkdir()
     log, seen = tmp_path / "smi.log", tmp_path / "seen.log"
     smi = folder / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho "0, GPU-0123, NVIDIA H200"\n')
+    smi.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho "0, GPU-0123, 9.0, 550.54.15, NVIDIA H200"\n')
     smi.chmod(0o755)
     config = write_config(tmp_path / "c.yaml", {"workloads": {"probe": {"command": f"cp {log} {seen}"}},
                                                 "default_workloads": ["probe"]})
@@ -221,4 +231,5 @@ def test_warm_asks_nvidia_smi_once_before_its_workload_starts(cache_root, tmp_pa
                    env=clean_environ(PATH=f"{folder}{os.pathsep}{os.environ['PATH']}"))
     assert done.returncode == 0, done.stderr
     assert read_json(tmp_path / "w.json")["gpu_type"] == "h200"
-    assert seen.read_text().splitlines() == ["--query-gpu=index,uuid,name --format=csv,noheader"]
+    assert seen.read_text().splitlines() == ["--query-gpu=index,uuid,compute_cap,driver_version,name "
+                                             "--format=csv,noheader"]

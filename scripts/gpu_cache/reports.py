@@ -58,6 +58,10 @@ class Verdict:
     #: workload run of the type ran to the end: they could not start, e.g. no jax in the
     #: software they ran with); ``unscheduled`` (an optional type whose jobs found no node).
     status: str = ""
+    #: Why the type was not warmed for a cause the user can fix (SLURM refused its job for its
+    #: memory, CPUs, time or GPUs, or it never started), with the key that fixes it: a failed
+    #: verdict that fails the run (issue 49).
+    not_warmed: str | None = None
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
     STATUSES = ("passed", "failed", "error", "unscheduled")
@@ -100,7 +104,7 @@ class Verdict:
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
-            "outputs": self.outputs,
+            "outputs": self.outputs, "not_warmed": self.not_warmed,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -129,6 +133,7 @@ class Verdict:
             software=data.get("software") if isinstance(data.get("software"), dict) else {},
             outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
+            not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
         )
 
 

@@ -130,6 +130,8 @@ def _wait(process: subprocess.Popen[str], started: float) -> dict[str, Any]:
     line = next((text for text in reversed(out.splitlines()) if text.startswith("{")), "{}")
     chosen = [list(m.groups()) for m in map(CHOSEN.search, err.splitlines()) if m]
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
+            # the largest resident memory of the process and its children, in MB (Linux: KB)
+            "peak_rss_mb": round(usage.ru_maxrss / 1024),
             "returncode": process.returncode, "result": json.loads(line), "autotuned": chosen,
             "pid": process.pid, "spawned_at": getattr(process, "spawned_at", None), "ended_at": ended_at,
             "stderr_tail": err[-1500:] if process.returncode else ""}

@@ -206,8 +206,10 @@ def reference_folder(root: Path | None, fingerprint: str | None, environ: Mappin
     sets another compiles other programs, and its reference is another cold pass's)."""
     if root is None or not fingerprint:
         return None
+    # Where the cache is, and which of the node's GPUs the job got, change nothing computed
+    # (the fingerprint holds the device's model and how many are visible).
     compute = sorted((name, environ.get(name)) for name in kinds.KEY_ENVIRONMENT
-                     if name != names.JAX_CACHE_DIR_VAR)  # where the cache is changes nothing computed
+                     if name not in (names.JAX_CACHE_DIR_VAR, "CUDA_VISIBLE_DEVICES"))
     tail = hashlib.sha256(repr(compute).encode()).hexdigest()[:12]
     return root / names.STATE_FOLDER / f"{REFERENCE_PREFIX}{fingerprint}-{tail}"
 

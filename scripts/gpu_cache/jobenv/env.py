@@ -97,7 +97,7 @@ def check_kind(settings: Settings, kind: Kind) -> FolderCheck:
     assert settings.cache_root is not None
     folder = kind.folder(settings.cache_root)
     check = check_folder(folder, team=settings.team, min_free=settings.min_free_space,
-                         trusted_above=settings.cache_root)
+                         trusted_above=settings.cache_root, entries=kind.name)
     for inner in kind.inner(folder) if check.problem is None else ():  # a refused folder ends it
         why = trust.distrust(inner, settings.team, settings.cache_root) if is_folder(inner) else None
         if why:
