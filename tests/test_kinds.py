@@ -30,7 +30,7 @@ def test_the_hooks_pieces_declare_what_the_registry_says_of_each_kind():
         assert bool(piece and piece.tier) == kind.tiered, kind.name
     layouts = hook_piece("tier.bound").LAYOUTS
     assert all(words[0] in layouts for piece in pieces.values() for words in piece.tier)
-    assert [name for piece in pieces.values() for name in piece.software] == list(software.KEY_PACKAGES)
+    assert [name for piece in pieces.values() for name in piece.software] == list(software.key_packages())
     assert software.IMAGE_VARIABLES == hook_piece("sitecustomize").IMAGE_VARIABLES
 
 
