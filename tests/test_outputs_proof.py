@@ -436,6 +436,45 @@ def test_a_difference_within_the_tolerance_passes_only_when_tolerant():
     assert proof_of("tolerant", served, 0.01, max_abs="inf", max_rel="inf")["outcome"] == "outputs differ"
 
 
+def judged(tmp_path: Path, reference: dict, found: dict, tolerance: float) -> dict:
+    """The proof of one shape whose cold pass kept ``reference`` and whose validate run wrote
+    ``found`` (arrays by name), through the files and the comparison the runner makes, judged
+    ``tolerant`` with ``tolerance``."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import outputs
+    from gpu_cache.core.reports import RunResult
+
+    root = tmp_path / "root"
+    folder = root / "state" / "outputs-f-e"
+    folder.mkdir(parents=True)
+    np.savez(folder / "shape.npz", **reference)
+    np.savez(tmp_path / "run.npz", **found)
+    run = outputs.Run({}, str(tmp_path / "run.npz"), None, "validate", folder, "shape")
+    report = {**run.report(True), "served": {"jax": ["jit_f-" + "0" * 64]}}
+    return outputs_proof.outcome(RunResult("w", 8, 1.0, 0, outputs=report), "tolerant", tolerance)
+
+
+def test_outputs_of_another_shape_differ_however_close_their_values(tmp_path):
+    import numpy as np
+
+    found = judged(tmp_path, {"y": np.float32([1, 2, 3])}, {"y": np.float32([1, 2, 3, 4])}, 0.01)
+    assert found["outcome"] == "outputs differ" and "y is <f4[4], not <f4[3]" in found["mismatch"], found
+
+
+def test_the_tolerance_is_relative_to_the_outputs_magnitude(tmp_path):
+    """Large outputs 1 apart at 1e4 are within 1%; small ones 5e-4 apart at 1e-3 are not, though
+    5e-4 is less than 0.01."""
+    import numpy as np
+
+    large = judged(tmp_path / "large", {"y": np.float32([1e4, -2e4])}, {"y": np.float32([1e4 + 1, -2e4])},
+                   0.01)
+    assert large["outcome"] == "within tolerance" and large["max_rel"] == 5e-05, large
+    small = judged(tmp_path / "small", {"y": np.float32([1e-3, 0])}, {"y": np.float32([5e-4, 0])}, 0.01)
+    assert small["outcome"] == "outputs differ" and small["max_rel"] == 0.5, small
+
+
 def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_root):
     import json
 

@@ -19,10 +19,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_cache.commands.common import warn
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import kinds
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.core.set_aside import set_aside
+from gpu_cache.core.shown import shown
 from gpu_cache.reports import Verdict
 
 IDENTICAL = "identical"
@@ -61,6 +63,9 @@ def outcome(run: RunResult, mode: str, tolerance: float = 0.0) -> dict[str, Any]
     served = found.get("served") if isinstance(found.get("served"), dict) else None
     shape: dict[str, Any] = {"workload": run.workload, "shape": run.shape, "served": served}
     reference = found.get("reference")
+    if isinstance(reference, dict) and reference.get("untrusted"):
+        return {**shape, "outcome": UNPROVEN, "untrusted": True,
+                "why": f"its reference was ignored: {str(reference['untrusted'])[:300]}"}
     if found.get("error") or not isinstance(reference, dict):
         why = found.get("error") or "the cold pass kept no outputs of this shape to compare with"
         return {**shape, "outcome": UNPROVEN, "why": str(why)[:300]}
@@ -147,6 +152,9 @@ def apply(settings: Settings, verdict: Verdict, phases: Mapping[str, PhaseResult
     unproven = [s for s in section.get("shapes", []) if s["outcome"] == UNPROVEN]
     verdict.notes += [f"outputs of workload {s['workload']} shape {s['shape']} not proven: {s['why']}"
                       for s in unproven[:5]]
+    untrusted = next((s for s in unproven if s.get("untrusted")), None)
+    if untrusted is not None:  # one line: a reference no one may act on never fails a verdict
+        warn("outputs proof: %s", shown(untrusted["why"]))
     if failing:
         verdict.problems += [problem_of(s) for s in failing]
         verdict.passed, verdict.status = False, "failed"

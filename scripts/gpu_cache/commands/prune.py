@@ -18,7 +18,7 @@ from pathlib import Path
 from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
-from gpu_cache.core import kinds, names, outputs, runner, safe_io, safe_locks, verified
+from gpu_cache.core import kinds, names, outputs, runner, safe_io, safe_locks, state_files, verified
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Entry, Kind
 from gpu_cache.core.reports import PhaseResult
@@ -223,7 +223,7 @@ def _measured(root: Path, fingerprint: str) -> tuple[str, tuple[tuple[str, str],
     """The GPU type, workloads and shapes of the cold measurement kept for ``fingerprint``."""
     path = runner.state_file(root, "cold", fingerprint)
     try:
-        kept = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
+        kept = PhaseResult.from_dict(json.loads(state_files.read(path, root, 16 << 20)))
     except (OSError, ValueError, UsageError):
         return None
     return kept.gpu_type, tuple(sorted((run.workload, str(run.shape)) for run in kept.runs))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import kinds, names, safe_io
+from gpu_cache.core import kinds, names, safe_io, state_files
 
 #: An outputs file larger than this is not compared (a note says so).
 MAX_BYTES = 256 << 20
@@ -267,15 +267,19 @@ def number(value: float | None) -> float | str | None:
     return "inf"
 
 
-def load(path: str) -> tuple[bytes, dict[str, Array]]:
-    """The bytes of an outputs file and its arrays by name (:func:`parse`).
+def load(path: str, root: Path | None = None) -> tuple[bytes, dict[str, Array]]:
+    """The bytes of an outputs file and its arrays by name (:func:`parse`); ``root``: it is
+    gpu-cache's own, kept in that cache root's state folder, and read by the trust rule
+    (:func:`gpu_cache.core.state_files.read`).
 
     Raises:
         FileNotFoundError: there is none.
         OutputsError: it is not what its name says.
+        state_files.Untrusted: (``root``) another account may have written it.
         OSError: it cannot be read, is not a regular file or is larger than :data:`MAX_BYTES`.
     """
-    data = safe_io.read_bounded(path, MAX_BYTES)
+    data = (safe_io.read_bounded(path, MAX_BYTES) if root is None
+            else state_files.read(Path(path), root, MAX_BYTES))
     return data, parse(path, data)
 
 
@@ -332,10 +336,10 @@ class Run:
     def _keep(self, data: bytes, again: bytes | None) -> bool:
         """Keep the cold pass's outputs as the reference of these inputs."""
         target = self._target()
-        if target is None:
+        if target is None or self.folder is None:
             return False
         try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            state_files.make(self.folder.parent.parent, self.folder.name)
             safe_io.replace_file(target, data)
             if again is not None:
                 safe_io.replace_file(again_of(target), again)
@@ -349,13 +353,15 @@ class Run:
         """The reference's figures and how ``first`` differs from it (None: none kept)."""
         target = self._target()
         try:
-            if target is None:
+            if target is None or self.folder is None:
                 return None
-            reference = load(target)[1]
+            reference = load(target, self.folder.parent.parent)[1]
+        except state_files.Untrusted as exc:
+            return {"untrusted": str(exc)}
         except (OSError, OutputsError):
             return None
         try:
-            again = load(again_of(target))[1]
+            again = load(again_of(target), self.folder.parent.parent)[1]
         except (OSError, OutputsError):
             again = None
         try:  # used now: prune keeps a reference in use (docs/outputs.md)

@@ -30,7 +30,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, outputs, safe_io, software
+from gpu_cache.core import (
+    PACKAGE_PARENT,
+    device,
+    hook_records,
+    kinds,
+    names,
+    outputs,
+    safe_io,
+    software,
+    state_files,
+)
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 
@@ -187,8 +197,8 @@ def _reused(plan: Plan, path: Path | None, result: PhaseResult, kept: Path | Non
     if not plan.reuse or path is None:
         return None
     try:
-        earlier = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
-    except (OSError, ValueError, UsageError):
+        earlier = PhaseResult.from_dict(json.loads(state_files.read(path, path.parent.parent, 16 << 20)))
+    except (OSError, ValueError, UsageError):  # none kept, or none gpu-cache may act on
         return None
     if plan.outputs and not outputs.kept(kept, earlier.runs):
         return None  # its outputs, the proof's reference, are not kept for these inputs
@@ -314,7 +324,7 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
     if root is None or marker is None:
         return False
     try:
-        keys = json.loads(safe_io.read_bounded(marker, 16 << 20))["keys"]
+        keys = json.loads(state_files.read(marker, root, 16 << 20))["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return isinstance(keys, dict) and bool(keys) and all(
@@ -328,9 +338,9 @@ def save_state(path: Path | None, document: Mapping[str, Any]) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(exist_ok=True)
+        state_files.make(path.parent.parent)
         safe_io.replace_file(path, (json.dumps(document, default=str) + "\n").encode())
-    except OSError as exc:  # an unusable root, which the cache environment has reported
+    except OSError as exc:  # an unusable root (reported by the cache environment), or another's state
         log.debug("cannot keep %s (%s): the next run measures again", path, exc.strerror or exc)
 
 
