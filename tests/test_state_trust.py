@@ -63,7 +63,8 @@ def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_a
 
     # The state folder is now another account's (left over), and that account rewrites the reference.
     give(root / "state", private_user)
-    (reference,) = [p for p in (root / "state").rglob("*.npy") if ".again" not in p.name]
+    (reference,) = [p for p in (root / "state").rglob("*.npy")
+                    if not p.name.endswith((".again.npy", ".cold.npy"))]
     import numpy as np
 
     np.save(base / "seven.npy", np.float32([7, 7, 7]))
