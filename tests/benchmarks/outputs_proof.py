@@ -34,6 +34,28 @@ carry, whose site must be on PYTHONPATH).
 
 Writes DIR/outputs_proof.json and prints one line per workload and attack. Without an NVIDIA
 GPU it exits 0 unless ``--allow-cpu``; ``--quick`` uses tiny shapes.
+
+On the H200 (its image has jax 0.11.2, triton 3.6.0 and torch, not jsonschema, which gpu-cache's
+config check imports, nor jax-triton): ``bash tests/benchmarks/jax_triton_wheels.sh`` builds
+``.whl/`` here (jax-triton 0.3.1 and jsonschema's closure), and ``bash
+tests/benchmarks/alphafold3_wheels.sh`` builds ``.carry/af3/`` (49 MiB, jsonschema's closure in
+it). Each call below fits the 600 s a command may take; carry ``.whl`` for the first four:
+
+    pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+      export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 &&
+      python3 tests/benchmarks/outputs_proof.py --out $OUT --workloads jax-transformer,triton-kernels \
+        --attacks "" --repeats 3 --warm-repeats 2
+    (the same, then) ... --workloads jax-triton,torch-compile --attacks "" --repeats 3 --warm-repeats 1
+    (the same, then) ... --workloads "" --attacks jax,dense,precision,ptxas
+    (the same, then) ... --workloads "" --attacks triton,jax_triton,inductor
+
+and for AlphaFold 3 at bucket 256, carry ``.carry/af3``:
+
+    pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .carry/af3/wheels/*.whl && cp .carry/af3/dictionary/* /tmp/site/alphafold3/constants/converters/ &&
+      cp -r .carry/af3/stub/xprof /tmp/site/ && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 &&
+      python3 tests/benchmarks/outputs_proof.py --out $OUT --workloads "" --attacks "" --af3 \
+        --af3-bucket 256 --repeats 3 --warm-repeats 2
 """
 
 from __future__ import annotations
@@ -87,12 +109,13 @@ AF3_SCRIPT = REPO / "tests" / "fixtures" / "af3_run_alphafold.py"
 PLUGIN = REPO / ".ci-cache" / "jax-cuda12-plugin"
 
 
-def environ() -> dict[str, str]:
+def environ(plugin: bool = True) -> dict[str, str]:
     """This environment without gpu-cache's and the tools' cache variables (the CLI sets its
     own; PYTHONPATH: this checkout's package, and without a GPU jaxlib's CUDA plugin for
-    jax-triton's lowering). No test helper: the GPU image has no pytest."""
+    jax-triton's lowering, where ``plugin``: it is this Python's, not AlphaFold 3's). No test
+    helper: the GPU image has no pytest."""
     gpu = device.detect().gpu_type != "cpu"
-    extra = [str(PLUGIN)] if (PLUGIN / "jax_cuda12_plugin").is_dir() and not gpu else []
+    extra = [str(PLUGIN)] if (PLUGIN / "jax_cuda12_plugin").is_dir() and not gpu and plugin else []
     leaky = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_")
     kept = {k: v for k, v in os.environ.items() if not k.startswith(leaky) and k != "PYTHONPATH"}
     before = os.environ.get("PYTHONPATH", "")  # carried wheels (--target folders) stay reachable
@@ -105,7 +128,8 @@ def cli(command: str, root: Path, config: dict[str, Any], work: Path) -> tuple[d
     done = subprocess.run([sys.executable, "-m", "gpu_cache", command, "--config-json", json.dumps(config),
                            "--cache-root", str(root), "--log", str(work / "log"),
                            "--output", str(work / f"{command}.json")],
-                          env=environ(), capture_output=True, text=True, timeout=7200)
+                          env=environ(plugin="alphafold3" not in config["workloads"]), capture_output=True,
+                          text=True, timeout=7200)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"gpu-cache {command} exited {done.returncode}: {done.stderr[-1500:]}")

@@ -131,7 +131,7 @@ def gpu_cache_warm_threads(wildcards):
 
 def gpu_cache_plans(*phases):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
-    only when validate.measure_cold or as the outputs proof's reference), and --unscheduled
+    only when validate.measure_cold), and --unscheduled
     when an optional type's job runs no workload (gpu_cache_skip)."""
 
     def plans(wildcards, input, resources):
