@@ -6,6 +6,7 @@ files they wrote, real processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -61,16 +62,23 @@ def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_a
     assert read_json(tmp_path / "v1.json")["outputs"]["shapes"][0]["outcome"] == "identical"
     entries = sorted(p.name for p in (root / "jax").iterdir())
 
-    # The state folder is now another account's (left over), and that account rewrites the reference.
+    # The state folder is now another account's (left over), and that account rewrites the
+    # reference: its outputs and its manifest, the digest made anew for them.
     give(root / "state", private_user)
     (reference,) = [p for p in (root / "state").rglob("*.npy")
                     if not p.name.endswith((".again.npy", ".cold.npy"))]
+    manifest = reference.with_suffix(".json")
     import numpy as np
 
+    from gpu_cache.core import outputs
+
     np.save(base / "seven.npy", np.float32([7, 7, 7]))
-    (base / "seven.npy").chmod(0o644)
-    as_other(private_user, "cp", str(base / "seven.npy"), str(reference))
-    assert reference.stat().st_uid == pwd.getpwnam(private_user).pw_uid
+    seven = outputs.digest(outputs.load(str(base / "seven.npy"))[1])
+    (base / "seven.json").write_text(json.dumps({**json.loads(manifest.read_text()), "digest": seven}))
+    for name, target in (("seven.npy", reference), ("seven.json", manifest)):
+        (base / name).chmod(0o644)
+        as_other(private_user, "cp", str(base / name), str(target))
+        assert target.stat().st_uid == pwd.getpwnam(private_user).pw_uid
 
     done = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
     verdict = read_json(tmp_path / "v2.json")
