@@ -132,10 +132,15 @@ def private_user(base: Path) -> Iterator[str]:
 # --- real SLURM clusters (harness/slurm_cluster.py) and namespaced nodes (harness/nodes.py) --------
 
 
+#: The session cluster's GPUs: two types of one each, and a type of two on one node.
+SESSION_GPUS = {"h100": 1, "a100": 1, "3090": 2}
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A running single-node SLURM cluster on this machine with fake ``gpu:h100:1`` and
-    ``gpu:a100:1``.
+    """A running single-node SLURM cluster on this machine with fake ``gpu:h100:1``,
+    ``gpu:a100:1`` and two of one model, ``gpu:3090:2`` (CUDA_VISIBLE_DEVICES 2 and 3), on a
+    node of 16000 MB (too little for some jobs: tests/test_slurm_not_cold.py).
 
     ``SLURM_CONF`` is exported into os.environ for the session so that sbatch and
     ``snakemake --executor slurm`` reach it. Without the SLURM binaries the tests skip on a
@@ -144,7 +149,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     missing = missing_binaries()
     if missing:
         unavailable(f"the SLURM test cluster needs {', '.join(missing)} (run .ci/install-slurm.sh)")
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=SESSION_GPUS) as cluster:
         cluster.activate()
         yield cluster
 

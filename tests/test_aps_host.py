@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_cache.config.memory import run_memory_mb
 from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
 
 FIXTURE = REPO / "tests" / "aps_host"
@@ -124,10 +126,11 @@ def test_a_dry_run_and_lint_plan_the_hosts_target_and_create_no_cache_folder(con
 
 def test_gpu_cache_changes_no_host_value_and_takes_the_hosts_by_reference(container_root, tmp_path):
     """Every job of the host, planned with and without gpu-cache's settings file, is the same
-    but for the validations it waits for and the cache flag the file adds to the host's
-    structure_inference_arguments, which keep --fold_backend. gpu-cache's jobs take the
-    partition, image and weights from the host's keys: a value the host changes (here on the
-    command line) is theirs too. Their memory is sized from the buckets."""
+    but for the validations it waits for (the file adds no flag: batches of one fold pass none).
+    gpu-cache's jobs take the partition, image and weights from the host's keys: a value the
+    host changes (here on the command line) is theirs too. Their memory is what one process of
+    each bucket needs (gpu_cache.config.memory), sized to run them side by side where no node of
+    the host's partition says less (this machine's cluster, if any, has no gpu-el8)."""
     work = aps_copy(tmp_path)
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
     partition = ("slurm_partition=[gpu-training, gpu-el8]",)
@@ -136,35 +139,116 @@ def test_gpu_cache_changes_no_host_value_and_takes_the_hosts_by_reference(contai
     joined = run_snakemake(work, *profile(work), *partition, "-n", env=env)
     assert joined.returncode == 0, joined.stderr[-3000:]
     before, after = planned_jobs(alone.stdout), planned_jobs(joined.stdout)
-    added = "--jax_compilation_cache_dir=$JAX_COMPILATION_CACHE_DIR "
-    validations = ", results/gpu-cache/validate/3090.json, results/gpu-cache/validate/a100.json"
     inference = after["structure_inference"]
     assert len(inference) == 3
     for job in inference:
-        assert f"{added}--fold_backend=alphafold3" in job, job  # the host's flag kept, gpu-cache's added
-        assert job[0].endswith(validations) and "--data_directory=weights \\" in job
+        assert job[0].endswith(VALIDATIONS) and "--data_directory=weights \\" in job
         assert "slurm_partition=gpu-training,gpu-el8" in next(line for line in job if "resources:" in line)
+        assert not any("jax_compilation_cache_dir" in line for line in job), job
     (target,) = after["all"]
     assert target[0].endswith(", results/gpu-cache/summary.txt")
-
-    def host_view(job: list[str]) -> list[str]:
-        summary = ", results/gpu-cache/summary.txt"
-        return [line.replace(added, "").replace(validations, "").replace(summary, "") for line in job]
-
-    for rule in HOST_RULES:
-        assert before[rule], rule
-        assert sorted(map(host_view, after[rule])) == sorted(before[rule]), rule
+    assert_host_jobs_alike(before, after)
     # gpu-cache's jobs: the host's partition (as changed), image and weights; memory for the
     # buckets they run at once (warm: 128 and 256 side by side) or one at a time (check).
+    one = {n: run_memory_mb("alphafold3", True, n) for n in (128, 256)}
     for gpu_type in ("3090", "a100"):
         (warm,) = [job for job in after["gpu_cache_warm_cache"] if f"wildcards: gpu_type={gpu_type}" in job]
         (check,) = [job for job in after["gpu_cache_check_cache"] if f"wildcards: gpu_type={gpu_type}" in job]
         resources = next(line for line in warm if line.startswith("resources:"))
-        assert "slurm_partition=gpu-training,gpu-el8" in resources and "mem_mb=20462," in resources
-        assert "mem_mb=10369," in next(line for line in check if line.startswith("resources:"))
+        assert "slurm_partition=gpu-training,gpu-el8" in resources
+        assert f"mem_mb={one[128] + one[256]}," in resources, resources
+        assert f"mem_mb={one[256]}," in next(line for line in check if line.startswith("resources:"))
         command = next(line for line in warm if "gpu_cache.core.runner" in line)
         assert "--model-dir weights" in command
         assert '"container": "docker://gpu-cache-test/bullseye-py39-jax0430"' in command
+
+
+#: The inputs the module adds to each structure_inference job: every type's verdict.
+VALIDATIONS = ", results/gpu-cache/validate/3090.json, results/gpu-cache/validate/a100.json"
+
+
+def assert_host_jobs_alike(before: dict, after: dict) -> None:
+    """Every job of the host's rules planned ``after`` is one planned ``before`` but for the
+    verdicts it waits for and the summary its target builds."""
+    def host_view(job: list[str]) -> list[str]:
+        summary = ", results/gpu-cache/summary.txt"
+        return [line.replace(VALIDATIONS, "").replace(summary, "") for line in job]
+
+    for rule in HOST_RULES:
+        assert before[rule], rule
+        assert sorted(map(host_view, after[rule])) == sorted(before[rule]), rule
+
+
+def test_a_batchs_own_cache_flag_is_gpu_caches_and_alphafold2_gets_none(container_root, tmp_path):
+    """Batches of two folds: the host passes AlphaFold 3 its own --jax_compilation_cache_dir; the
+    module points it at gpu-cache's folder (the host's where a job has none). An AlphaFold 2
+    backend gets no such flag from the host, and none from gpu-cache: its jobs are the host's."""
+    work = aps_copy(tmp_path)
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    write_yaml(work / "config" / "batches.yaml", {"batch_size": 2})
+    own = str(work / "output" / ".jax_compilation_cache")
+    batches = ("--configfile", "config/test.yaml", "config/batches.yaml")
+    alone = planned_jobs(run_snakemake(work, *profile(work, *batches), "-n", env=env).stdout)
+    settings = ("config/gpu-cache.yaml", "config/test-gpu-cache.yaml")
+    joined = run_snakemake(work, *profile(work, *batches, *settings), "-n", env=env)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    host = f"--jax_compilation_cache_dir={own}"
+    pointed = f'"--jax_compilation_cache_dir=${{JAX_COMPILATION_CACHE_DIR:-{own}}}"'
+    for job in alone["structure_inference"]:
+        assert any(host in line for line in job), job
+    for job in planned_jobs(joined.stdout)["structure_inference"]:
+        assert any(pointed in line for line in job) and not any(host + " " in line for line in job), job
+    assert_host_jobs_alike(alone, planned_jobs(joined.stdout.replace(pointed, host)))
+    # AlphaFold 2: the host adds --allow_resume, never the JAX flag; gpu-cache adds nothing.
+    af2_backend = {"structure_inference_arguments": {"--fold_backend": "alphafold2"}}
+    write_yaml(work / "config" / "af2.yaml", af2_backend)
+    af2 = (*batches, "config/af2.yaml")
+    alone = run_snakemake(work, *profile(work, *af2), "-n", env=env)
+    joined = run_snakemake(work, *profile(work, *af2, *settings), "-n", env=env)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert "jax_compilation_cache_dir" not in joined.stdout and "--allow_resume=true" in joined.stdout
+    assert_host_jobs_alike(planned_jobs(alone.stdout), planned_jobs(joined.stdout))
+
+
+def test_settings_without_the_module_block_change_no_job(container_root, tmp_path):
+    """The settings file passed, the Snakefile's block forgotten: the host's jobs are exactly its
+    own (no empty cache flag, nothing waits for a verdict), batches of one fold or of two."""
+    work = aps_copy(tmp_path)
+    snakefile = work / "workflow" / "Snakefile"
+    text = snakefile.read_text()
+    snakefile.write_text(text[:text.index("# --- gpu-cache")])
+    write_yaml(work / "config" / "batches.yaml", {"batch_size": 2})
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    for batches in (("config/test.yaml",), ("config/test.yaml", "config/batches.yaml")):
+        alone = run_snakemake(work, *profile(work, "--configfile", *batches), "-n", env=env)
+        joined = run_snakemake(work, *profile(work, "--configfile", *batches, "config/gpu-cache.yaml",
+                                              "config/test-gpu-cache.yaml"), "-n", env=env)
+        assert joined.returncode == 0, joined.stderr[-3000:]
+        assert planned_jobs(joined.stdout) == planned_jobs(alone.stdout)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_settings_pasted_into_the_hosts_config_say_where_they_go_now(container_root, tmp_path):
+    """An older README's block pasted into the host's config/config.yaml (gpu-cache's settings and
+    the flag as $JAX_COMPILATION_CACHE_DIR, which replaced the host's structure_inference_arguments):
+    one line names them and says where they go."""
+    work = aps_copy(tmp_path)
+    host = work / "config" / "config.yaml"
+    settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
+    flag = {"--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
+    old = {**settings, "structure_inference_arguments": flag}
+    host.write_text(host.read_text() + "\n" + yaml.safe_dump(old))
+    env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    tests_own = ("--configfile", "config/test.yaml", "config/test-gpu-cache.yaml")
+    dry = run_snakemake(work, *profile(work, *tests_own), "-n", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    (line,) = [line for line in dry.stderr.splitlines() if "holds gpu-cache's settings" in line]
+    assert line.startswith("gpu-cache: warning: config/config.yaml holds gpu-cache's settings (gpu_cache, "
+                           "gpu_cache_workflow, structure_inference_arguments.--jax_compilation_cache_dir)")
+    assert "passed with --configfile (config/gpu-cache.yaml, README)" in line and "--fold_backend" in line
+    # The settings file in its place says nothing.
+    clean = run_snakemake(work := aps_copy(tmp_path / "clean"), *profile(work), "-n", env=env)
+    assert "holds gpu-cache's settings" not in clean.stderr
 
 
 def test_the_warm_only_target_warms_and_validates_and_runs_nothing_else(container_root, tmp_path):
@@ -277,12 +361,12 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     assert stats["usage"]["by_device"]["cpu"]["processes"] == len(jobs)
     assert stats["software_mismatches"] == [] and stats["outside_root"] == []
 
-    # Batches of two folds, with settings that leave out the README's cache flag: the jobs
-    # pass their own --jax_compilation_cache_dir. And a GPU type whose warm runs with a Python
-    # that has no jax (as Snakemake's own environment).
+    # Batches of two folds, with settings whose module joins no host rule (host_rules: []): the
+    # jobs pass their own --jax_compilation_cache_dir, which gpu-cache then does not point at its
+    # folder. And a GPU type whose warm runs with a Python that has no jax (as Snakemake's own).
     write_yaml(work / "config" / "batches.yaml", {"batch_size": 2})
     settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
-    del settings["structure_inference_arguments"]
+    settings["gpu_cache"]["host_rules"] = []
     settings["gpu_cache"]["gpu_types"]["l4"] = {"python": "/usr/bin/python3", "device": "cpu",
                                                 "workloads": ["alphafold3"], "resources": {"runtime": 60}}
     write_yaml(work / "config" / "without-flag.yaml", settings)
@@ -323,7 +407,8 @@ def test_plain_snakemake_runs_the_hosts_target_with_gpu_cache_in_front(container
     report = json.loads(run_cli("doctor", "--explain", "--json", "--cache-root", str(root)).stdout)
     assert report["explain"] and all(item["causes"] for item in report["explain"]), report
 
-    # The README's settings (with the flag): the jobs hit gpu-cache's folder again.
+    # The README's settings (the module joins structure_inference and points the batches' own
+    # flag at gpu-cache's folder): the jobs hit gpu-cache's folder again.
     third = run_snakemake(work, *profile(work, "--configfile", "config/test.yaml", "config/batches.yaml",
                                          "config/gpu-cache.yaml", "config/test-gpu-cache.yaml"),
                           "--forcerun", "structure_inference", env=env, timeout=600)
@@ -373,7 +458,11 @@ def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound
         assert warm["skipped"].startswith("the last validation of the same workloads")
         assert warm["runs"] == []
     assert warms["two"]["3090"]["software"]["image"] != warms["one"]["3090"]["software"]["image"]
-    assert warms["two"]["3090"]["fingerprint"] == warms["one"]["3090"]["fingerprint"]
+    # The warm was planned to run nothing (no GPU asked); the check job confirmed it on its node:
+    # the same fingerprint as the first folder's, though the image is another file.
+    confirmed = read_json(tmp_path / "two" / "aps" / "results" / "gpu-cache" / "check" / "3090.json")["warm"]
+    assert confirmed["skipped"] and confirmed["runs"] == []
+    assert confirmed["fingerprint"] == warms["one"]["3090"]["fingerprint"]
     # The first type to warm again writes the entry back: the other may then find it there.
     again = [w for w in warms["three"].values() if not w["skipped"]]
     assert again and again[0]["new_entries"]["jax"] == 1
@@ -397,11 +486,12 @@ def assert_explained(root: Path) -> None:
 @pytest.mark.slurm
 def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_cluster, container_root,
                                                                       unbound_dir, tmp_path):
-    """The look-alike through SLURM (its own profile, like AlphaPulldownSnakemake's): two GPU
-    types named as SLURM names them, h100, which the partition has, and h200, which it lacks.
-    Neither says optional: a type with SLURM resources is optional by default (#25), so h200's
-    rejected warm job ends unscheduled at once and the predictions (on any GPU of the
-    partition) run after h100's validation."""
+    """The look-alike through SLURM with the README's command (its profile, like
+    AlphaPulldownSnakemake's, needs --jobs): two GPU types named as SLURM names them, h100, which
+    the partition has, and h200, which it lacks. Neither says optional: a type with SLURM
+    resources is optional by default (#25), so h200's rejected warm job ends unscheduled at once
+    and the predictions (on any GPU of the partition) run after h100's validation. Neither sets
+    mem_mb: their jobs ask for what one process of each bucket needs, fitted to the node."""
     partition = slurm_cluster.partition
     work = aps_copy(tmp_path)
     write_yaml(work / "config" / "cluster.yaml", {"slurm_partition": partition})
@@ -409,18 +499,21 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     settings["gpu_cache"]["gpu_types"] = {
         name: {"container": {"host": "prediction_container"}, "device": "cpu", "workloads": ["alphafold3"],
                "resources": {"slurm_partition": {"host": "slurm_partition"}, "gpu": 1, "gpu_model": name,
-                             "runtime": 10, "mem_mb": 1000}}
+                             "runtime": 10}}
         for name in ("h100", "h200")}
     write_yaml(work / "config" / "gpu-cache.yaml", settings)
     (work / "config" / "test-gpu-cache.yaml").write_text(
         "gpu_cache: {workloads: {alphafold3: {shapes: [128, 256]}}, validate: {measure_cold: false}}\n")
     root = unbound_dir / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
-    command = [sys.executable, "-m", "snakemake", "--profile", "config/profiles/slurm", "--apptainer-prefix",
-               str(work / "images"), "--configfile", "config/test.yaml", "config/cluster.yaml",
-               "config/gpu-cache.yaml", "config/test-gpu-cache.yaml",
+    # The README's command as it is, its --configfile list extended with the tests' own files.
+    (readme,) = [line for block in readme_blocks("bash") for line in block.splitlines()
+                 if line.startswith("snakemake --profile config/profiles/slurm")]
+    assert readme.endswith(" --configfile config/gpu-cache.yaml"), readme
+    command = [sys.executable, "-m", *shlex.split(readme), "config/test.yaml", "config/cluster.yaml",
+               "config/test-gpu-cache.yaml", "--apptainer-prefix", str(work / "images"),
                "--config", f"gpu_cache_workflow={SNAKEFILE}",
-               "--slurm-init-seconds-before-status-checks", "1", "--jobs", "4", "--nocolor"]
+               "--slurm-init-seconds-before-status-checks", "1", "--nocolor"]
     started = time.time()
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -428,6 +521,12 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     assert process.returncode == 0, log[-5000:]
     results = work / "results" / "gpu-cache"
     assert read_json(results / "validate" / "h100.json")["status"] == "passed"
+    # h100's warm job asked for its two buckets side by side (they fit the 16000 MB node).
+    warm = read_json(results / "warm" / "h100.json")
+    one = [run_memory_mb("alphafold3", True, n) for n in (128, 256)]
+    assert sum(one) <= slurm_cluster.real_memory_mb
+    rows = slurm_cluster.wait_accounted(warm["job"]["slurm_job_id"], ["ReqMem", "AllocTRES"])
+    assert rows[0]["ReqMem"] == f"{sum(one)}M" and "gres/gpu:h100=1" in rows[0]["AllocTRES"], rows
     h200 = results / "validate" / "h200.json"
     assert read_json(h200)["status"] == "unscheduled"
     assert read_json(results / "warm" / "h200.json")["unscheduled"].startswith(

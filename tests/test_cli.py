@@ -173,6 +173,16 @@ def test_doctor_fails_on_an_unusable_root(tmp_path):
     assert run_cli("doctor", "--cache-root", str(blocker), "--no-fail").returncode == 0
 
 
+def test_doctor_fails_on_a_root_no_folder_can_be_made_in_and_creates_nothing():
+    """A root under /proc (a filesystem of no size): doctor, which creates nothing, says that it
+    cannot be made, not that it is merely missing."""
+    result = run_cli("doctor", "--cache-root", "/proc/nope/gpu-cache")
+    assert result.returncode == 1, result.stdout
+    assert ("jax: PROBLEM: cannot create /proc/nope/gpu-cache: /proc is on proc, a filesystem "
+            "that holds no files; choose another cache root") in result.stdout
+    assert result.stdout.rstrip().endswith("result: some caches cannot be used (jobs still run)")
+
+
 def disk_state(top: Path) -> dict[str, tuple[int, int]]:
     """Every name under ``top`` (links not followed) with its mtime and ctime: making and
     removing a probe file in a folder moves both of the folder's."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_cache.config.cluster import gres_by_partition, parse
 from gpu_cache.config.settings import GpuType
-from gpu_cache.config.targets import device_problems, gres_mapping, gres_names, parse_sinfo_gres
+from gpu_cache.config.targets import device_problems, gres_mapping, gres_names
 from gpu_cache.core.device import Device, gpu_type_of, mig_names
 
 #: Product names as nvidia-smi and JAX's device kind write them, and the name of each.
@@ -119,20 +120,20 @@ def test_the_device_may_be_the_exact_product_name_to_tell_memory_variants_apart(
     assert device_problems(eighty, Device("NVIDIA A100-SXM4-40GB", "a100", 1))
 
 
-#: ``sinfo -h -o "%P %G"`` of a cluster named like AlphaPulldownSnakemake's (GRES types as the
-#: site chose them), with a CPU partition.
+#: ``sinfo -h -e -o "%P|%m|%c|%G|%f|%l"`` (gpu_cache.config.cluster.FORMAT) of a cluster named
+#: like AlphaPulldownSnakemake's (GRES types as the site chose them), with a CPU partition.
 SINFO = """\
-gpu-el8* gpu:3090:4(S:0-1)
-gpu-el8* gpu:a100:4(S:0-1),gpu:l40s:8
-gpu-el8* gpu:rtxpro6000:4
-htc-el8 (null)
-gpu-training gpu:h200:8(S:0-1)
+gpu-el8*|96000|32|gpu:3090:4(S:0-1)|(null)|7-00:00:00
+gpu-el8*|512000|64|gpu:a100:4(S:0-1),gpu:l40s:8|(null)|7-00:00:00
+gpu-el8*|256000|64|gpu:rtxpro6000:4|(null)|7-00:00:00
+htc-el8|256000|128|(null)|(null)|infinite
+gpu-training|1024000|96|gpu:h200:8(S:0-1)|(null)|2-00:00:00
 """
 
 
 def test_sinfo_lists_the_gpu_gres_types_per_partition():
-    assert parse_sinfo_gres(SINFO) == {"gpu-el8": {"3090", "a100", "l40s", "rtxpro6000"},
-                                       "htc-el8": set(), "gpu-training": {"h200"}}
+    assert gres_by_partition(tuple(parse(SINFO))) == {
+        "gpu-el8": {"3090", "a100", "l40s", "rtxpro6000"}, "htc-el8": set(), "gpu-training": {"h200"}}
 
 
 def test_gres_names_of_a_types_resources():
@@ -148,7 +149,7 @@ def test_each_gres_name_is_mapped_to_a_type_or_said_to_be_unmapped():
         "h100": GpuType("h100", (), resources={"gpu": 1, "gpu_model": "h100"}),
         "b200": GpuType("b200", (), resources={"gpu": 1, "gpu_model": "b200"}, optional=False),
     }
-    lines = gres_mapping(types, parse_sinfo_gres(SINFO))
+    lines = gres_mapping(types, gres_by_partition(tuple(parse(SINFO))))
     assert "gpu:3090 (partition gpu-el8): GPU type 3090 (device rtx3090)" in lines
     assert "gpu:a100 (partition gpu-el8): GPU type a100 (device a100)" in lines
     (l40s,) = [line for line in lines if line.startswith("gpu:l40s")]
@@ -157,3 +158,25 @@ def test_each_gres_name_is_mapped_to_a_type_or_said_to_be_unmapped():
             "unscheduled and hold nothing back") in lines
     assert any(line.startswith("GPU type b200 asks for gpu:b200, which no partition offers: its "
                                "warm job fails") for line in lines)
+
+
+# --- a device's identity: its model, not its index (issue 49) -----------------------------------
+
+
+def test_a_verdict_is_the_gpus_model_not_which_of_the_nodes_gpus_the_job_got():
+    """Two 3090s of one node (CUDA_VISIBLE_DEVICES 0 and 1) share a fingerprint, so a warm on
+    either skips; another model, compute capability, driver or count of GPUs does not."""
+    from dataclasses import replace
+
+    from gpu_cache.core.runner import Command, Plan, fingerprint
+
+    plan = Plan("warm", "3090", (Command("w", 16, "{python} w.py {shape}", 60.0),))
+    software = {"python": "3.12.1", "jax": "0.9.1"}
+    first = Device("NVIDIA GeForce RTX 3090", "rtx3090", 1, "0", "8.6", "550.54.15")
+    key = fingerprint(plan, software, first.as_dict())
+    assert fingerprint(plan, software, replace(first, visible_devices="1").as_dict()) == key
+    assert fingerprint(plan, software, replace(first, visible_devices=None).as_dict()) == key
+    for other in (replace(first, name="NVIDIA GeForce RTX 3090 Ti", gpu_type="rtx3090ti"),
+                  replace(first, compute_capability="8.9"), replace(first, driver="560.28.03"),
+                  replace(first, count=2, visible_devices="0,1")):
+        assert fingerprint(plan, software, other.as_dict()) != key, other

@@ -9,6 +9,7 @@ CLI's argument handling, in process or one CLI call each."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -16,9 +17,10 @@ import pytest
 import yaml
 
 from gpu_cache.commands.validate import judge_phases
+from gpu_cache.config.cluster import gres_by_partition, parse
 from gpu_cache.config.host import load_config_files, workflow_config
 from gpu_cache.config.settings import settings_from
-from gpu_cache.config.targets import gpu_types, gres_mapping, parse_sinfo_gres
+from gpu_cache.config.targets import gpu_types, gres_mapping
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.jobenv import env
@@ -93,6 +95,59 @@ def test_doctor_takes_the_hosts_config_and_gpu_caches_file(tmp_path):
     assert alone.returncode == 2 and "--config-key needs --config" in alone.stderr
 
 
+def test_doctor_says_when_the_hosts_snakefile_lacks_the_module_block(tmp_path):
+    """gpu-cache's settings passed without the block at the end of the host's Snakefile change no
+    job: doctor, given the host's config files, says so in one line (and not with the block)."""
+    host = tmp_path / "aps"
+    shutil.copytree(REPO / "tests" / "aps_host", host)
+    files = ("--config", str(host / "config" / "config.yaml"),
+             "--config", str(host / "config" / "gpu-cache.yaml"))
+
+    def unjoined() -> list[str]:
+        done = run_cli("doctor", "--json", "--no-fail", *files, "--cache-root", str(tmp_path / "cache"))
+        assert done.returncode == 0, done.stderr
+        return [w for w in json.loads(done.stdout)["warnings"] if "does not include gpu-cache's module" in w]
+
+    assert unjoined() == []
+    snakefile = host / "workflow" / "Snakefile"
+    text = snakefile.read_text()
+    snakefile.write_text(text[:text.index("# --- gpu-cache")])
+    (line,) = unjoined()
+    assert line.startswith(f"{snakefile} does not include gpu-cache's module (the block at its end, README")
+    assert line.endswith("with gpu-cache's settings alone, the pipeline runs as before, uncached")
+
+
+#: A host's config and a file of settings given after it (#46): the later file's value wins,
+#: key by key inside nested mappings, and a {host: KEY} inside a list is the host's value.
+HOST_WITH_A_LIST = """\
+small_bucket: 64
+gpu_cache:
+  cache_root: {first}
+  default_workloads: [odd]
+  workloads: {{odd: {{command: "true {{shape}}", shapes: [{{host: small_bucket}}, 256]}}}}
+"""
+LATER_SETTINGS = """\
+small_bucket: 128
+gpu_cache: {{cache_root: {second}}}
+"""
+
+
+def test_the_later_config_file_wins_and_a_reference_inside_a_list_resolves(tmp_path):
+    """What ``warm`` announces before it runs (the workload's shapes, the cache root), with
+    the files in one order and then the other."""
+    host, later = tmp_path / "config.yaml", tmp_path / "gpu-cache.yaml"
+    first, second = tmp_path / "first root", tmp_path / "second root"
+    host.write_text(HOST_WITH_A_LIST.format(first=json.dumps(str(first))))
+    later.write_text(LATER_SETTINGS.format(second=json.dumps(str(second))))
+    for files, shape, root in (((host, later), 128, second), ((later, host), 64, first)):
+        done = run_cli("warm", *(arg for path in files for arg in ("--config", str(path))),
+                       "--output", str(tmp_path / "warm.json"))
+        assert done.returncode == 0, done.stderr
+        announced = done.stderr.splitlines()[0]
+        assert announced.startswith(f"gpu-cache warm: GPU type cpu: odd at shapes {shape}, 256; "), announced
+        assert announced.endswith(f"; cache root {root}"), announced
+
+
 def test_gres_names_yaml_reads_as_numbers_are_their_text():
     config = yaml.safe_load("gpu_types: {3090: {device: rtx3090, resources: {gpu: 1, gpu_model: 3090}}}")
     types = gpu_types(settings_from(config))
@@ -110,7 +165,8 @@ def test_a_hosts_list_of_partitions_is_one_comma_separated_partition_resource():
 
 
 def test_doctors_hint_for_an_unasked_gres_type_works_when_pasted():
-    (line,) = gres_mapping({}, parse_sinfo_gres("gpu-el8* gpu:3090:4(S:0-1)\n"))
+    offers = tuple(parse("gpu-el8*|96000|32|gpu:3090:4(S:0-1)|(null)|infinite\n"))
+    (line,) = gres_mapping({}, gres_by_partition(offers))
     hint = re.search(r"to warm it: (gpu_types: .*)\)$", line).group(1)
     pasted = yaml.safe_load(hint.replace("<the name `gpu-cache doctor` prints on such a node>", "rtx3090"))
     spec = gpu_types(settings_from(pasted))["3090"]

@@ -22,14 +22,18 @@ from test_jax_triton import MATMULS, entries, job_env, lower, needs_jax_triton, 
 #: One bad field per entry, its sha256 made anew: (what is changed, the field, the value,
 #: what the record says). ``result``'s fields are what jaxlib's TritonKernel takes.
 NOT_WHOLE = "shared_mem_bytes that is not a whole number"
+OTHER_KERNEL = "binary that does not define the kernel it names"
 FIELDS = {
     "shared_mem_bytes 'abc'": ("result", "shared_mem_bytes", "abc", NOT_WHOLE),
     "shared_mem_bytes -1": ("result", "shared_mem_bytes", -1, NOT_WHOLE),
-    "shared_mem_bytes 2**70": ("result", "shared_mem_bytes", 2 ** 70, NOT_WHOLE),
+    # one byte over what one block may have on sm_90 (227 KiB): jaxlib takes it (a uint32), the
+    # launch would fail on the GPU
+    "shared_mem_bytes 227 KiB + 1": ("result", "shared_mem_bytes", (227 << 10) + 1, NOT_WHOLE),
     "shared_mem_bytes null": ("result", "shared_mem_bytes", None, NOT_WHOLE),
     "name 7": ("result", "name", 7, "name that is no PTX kernel name"),
     "name ''": ("result", "name", "", "name that is no PTX kernel name"),
-    "binary ''": ("result", "binary", "", "binary that is not PTX"),
+    # PTX for sm_90 that defines another kernel than the one jaxlib would launch by this name
+    "name of another kernel": ("result", "name", "another_kernel", OTHER_KERNEL),
     "binary junk": ("result", "binary", "junk", "binary that is not PTX"),
     "ttir ''": ("entry", "ttir", "", "has no TTIR"),
 }

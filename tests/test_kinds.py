@@ -145,20 +145,29 @@ def section(hook):
 
 
 def test_a_kind_added_as_its_modules_alone_is_registered_watched_and_recorded(tmp_path):
-    """A copy of the package with one more kind, whose two modules are all that is added: the
-    registry lists it after the listed kinds (so env, stats, prune and the contract suite take
-    it), and the startup hook watches the module its piece names and records the kind's part.
+    """A copy of the package with one more kind, whose modules are all that is added (its
+    kind, its format part beside it, its hook piece): the registry lists it after the listed
+    kinds (so env, stats, prune and the contract suite take it) and leaves its part to be
+    loaded on use (imported as a kind, the part has no KIND: every command would fail), and
+    the startup hook watches the module its piece names and records the kind's part.
     Guards: the registry's ``_found`` and the hook's ``_found``."""
     package = tmp_path / "scripts" / "gpu_cache"
     shutil.copytree(SCRIPTS / "gpu_cache", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "core" / "kinds" / "dropped_in.py").write_text(DROPPED_KIND)
+    (package / "core" / "kinds" / "dropped_in_format.py").write_text('"""The format of its entries."""\n')
     (package / "_hook" / "gpu_cache_hook" / "kinds" / "dropped_in.py").write_text(DROPPED_PIECE)
+    copy = clean_environ(PYTHONPATH=str(tmp_path / "scripts"))
     listed = subprocess.run([sys.executable, "-c", "from gpu_cache.core import kinds; "
                              "print(' '.join(k.name for k in kinds.ALL))"],
-                            env=clean_environ(PYTHONPATH=str(tmp_path / "scripts")),
-                            capture_output=True, text=True, check=True).stdout.split()
+                            env=copy, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    listed = listed.stdout.split()
     assert [name for name in listed if name != "dropped_in"] == [k.name for k in kinds.ALL]
     assert listed.index("dropped_in") >= 10  # after the listed kinds (the found ones: by name)
+    stats = subprocess.run([sys.executable, "-m", "gpu_cache", "stats", "--json", "--cache-root",
+                            str(tmp_path / "root")], env=copy, capture_output=True, text=True)
+    assert stats.returncode == 0, stats.stderr
+    assert "dropped_in" in json.loads(stats.stdout)["kinds"]
     records = tmp_path / "records"
     job = clean_environ(PYTHONPATH=str(package / "_hook"), GPU_CACHE_RECORDS=str(records))
     for program in ("pass", "import colorsys"):

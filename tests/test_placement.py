@@ -4,11 +4,11 @@ common.smk wires into its rules): resources, the --deadline, the unscheduled ski
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
-from gpu_cache.config import placement
+from gpu_cache.config import cluster, placement
+from gpu_cache.config.memory import run_memory_mb
 from gpu_cache.config.settings import GpuType
 from gpu_cache.core.errors import UsageError
 
@@ -85,28 +85,107 @@ def test_a_job_that_runs_no_workload_asks_for_no_place_but_keeps_its_other_resou
     assert placement.resource("mem_mb", H200, running) is None  # the type does not set it
 
 
-def test_warm_and_check_jobs_get_the_memory_of_their_alphafold3_buckets():
-    """AlphaPulldownSnakemake's sizing of a fold, 1.25 x (8000 + 0.0045 x N^2) MB: the check job
-    the largest bucket (it runs them one at a time), the warm job those it runs side by side."""
+#: A partition of nodes of 48 GB with two 3090s each (sinfo -h -e -o "%P|%m|%c|%G|%f|%l").
+NODES_48G = tuple(cluster.parse("gpu*|48000|32|gpu:3090:2(S:0-1)|(null)|infinite\n"))
+BUCKETS = [128, 256, 512, 768, 1024]
+
+
+def af3_settings(**extra):
     from gpu_cache.config.settings import settings_from
 
-    af3 = {"model_dir": "weights", "shapes": [128, 256, 512, 768, 1024]}
+    af3 = {"model_dir": "weights", "shapes": BUCKETS}
     config = {"workloads": {"alphafold3": af3},
-              "gpu_types": {"a100": {"workloads": ["alphafold3"], "resources": {"gpu": 1}},
-                            "own": {"workloads": ["alphafold3"], "resources": {"mem_mb": 64000}}}}
-    settings = settings_from(config)
-    fold = {n: math.ceil(1.25 * (8000 + 0.0045 * n * n)) for n in af3["shapes"]}
-    assert placement.memory_mb(settings, "a100", "check") == fold[1024] == 15899
-    assert placement.memory_mb(settings, "a100", "warm") == sum(fold.values())
-    two_at_once = settings_from(config | {"warm": {"parallel": 2}})
-    assert placement.memory_mb(two_at_once, "a100", "warm") == fold[1024] + fold[768]
-    check = placement.sized(settings, settings.gpu_types, "check")
-    assert check["a100"].resources == {"gpu": 1, "mem_mb": 15899}
-    assert check["own"].resources == {"mem_mb": 64000}  # the type's own value wins
-    assert placement.resource("mem_mb", check["a100"], lambda: True) == placement.SKIPPED_MEM_MB
+              "gpu_types": {"3090": {"workloads": ["alphafold3"],
+                                     "resources": {"slurm_partition": "gpu", "gpu": 1, "gpu_model": "3090"}},
+                            "own": {"workloads": ["alphafold3"], "resources": {"mem_mb": 20000}}}}
+    return settings_from(config | extra)
+
+
+def test_warm_and_check_jobs_are_sized_from_one_process_per_bucket_and_fit_the_nodes():
+    """Each run asks for what one process of it needs (gpu_cache.config.memory, measured); the
+    check job runs one at a time (its largest), the warm job as many of the largest side by side
+    as fit the largest node that can take the type (sinfo), and no more than warm.parallel."""
+    settings = af3_settings()
+    one = {n: run_memory_mb("alphafold3", True, n) for n in BUCKETS}
+    sizes = placement.job_sizes(settings, "3090", NODES_48G)
+    assert sizes.runs_mb == tuple(one[n] for n in BUCKETS) and sizes.budget_mb == 48000
+    fit = max(k for k in range(1, 6) if sum(sorted(one.values(), reverse=True)[:k]) <= 48000)
+    assert sizes.warm_parallel == fit and sizes.warm_mb == sum(sorted(one.values(), reverse=True)[:fit])
+    assert sizes.check_mb == max(one.values()) and sizes.problems == ()
+    # No cluster answers: all side by side (the runner still starts only what fits the job).
+    assert placement.job_sizes(settings, "3090", ()).warm_parallel == 5
+    two = placement.job_sizes(af3_settings(warm={"parallel": 2}), "3090", NODES_48G)
+    assert two.warm_parallel == min(2, fit)
+    # A type's own mem_mb is its jobs' and the budget of what runs at once.
+    own = placement.job_sizes(settings, "own", NODES_48G)
+    assert own.warm_mb == own.check_mb == own.budget_mb == 20000
+    assert own.warm_parallel == max(1, max(k for k in range(1, 6)
+                                           if sum(sorted(one.values(), reverse=True)[:k]) <= 20000))
+
+
+def test_a_run_larger_than_every_node_is_named_with_the_key_that_fixes_it():
+    budget = run_memory_mb("alphafold3", True, 1024) - 1
+    small = tuple(cluster.parse(f"gpu*|{budget}|32|gpu:3090:2|(null)|infinite\n"))
+    problems = placement.job_sizes(af3_settings(), "3090", small).problems
+    over = [n for n in BUCKETS if run_memory_mb("alphafold3", True, n) > budget]
+    assert [line.split(" at shape ")[1].split()[0] for line in problems] == [str(n) for n in over]
+    assert problems[-1].startswith("GPU type 3090: one run of alphafold3 at shape 1024 needs ")
+    assert problems[-1].endswith("its jobs would be refused; drop 1024 from workloads.alphafold3.shapes, "
+                                 "or give gpu_types.3090 a partition of larger nodes")
+
+
+def test_a_skipped_job_asks_for_little_memory_and_a_workload_of_unknown_size_for_none():
+    from gpu_cache.config.settings import settings_from
+
+    settings = af3_settings()
+    check = placement.sized(settings, settings.gpu_types, "check", NODES_48G)
+    assert check["3090"].resources["mem_mb"] == run_memory_mb("alphafold3", True, 1024)
+    assert check["own"].resources["mem_mb"] == 20000  # the type's own value wins
+    assert placement.resource("mem_mb", check["3090"], lambda: True) == placement.SKIPPED_MEM_MB
     # A workload of unknown size: no memory, so set for some types only, which Snakemake refuses.
-    config["gpu_types"]["jax"] = {"workloads": ["jax-transformer"]}
-    mixed = settings_from(config)
-    assert placement.memory_mb(mixed, "jax", "warm") is None
+    mixed = settings_from({"gpu_types": {"a": {"workloads": ["alphafold3"]}, "jax": {}}})
+    assert placement.job_sizes(mixed, "jax", ()).warm_mb is None
     with pytest.raises(UsageError, match="mem_mb is set for some GPU types but not for jax"):
-        placement.resource_names(placement.sized(mixed, mixed.gpu_types, "warm"))
+        placement.resource_names(placement.sized(mixed, mixed.gpu_types, "warm", ()))
+
+
+def test_the_preflights_plan_is_what_the_jobs_read_and_it_is_planned_here_before(tmp_path):
+    settings = af3_settings()
+    report = tmp_path / "preflight.json"
+    here = placement.planned_in(str(report), settings, "own")  # no report yet: planned here
+    assert here["warm_mb"] == 20000 and here["skip"] is None
+    report.write_text(json.dumps({"placement": {"own": {**here, "skip": "planned by the preflight"}}}))
+    assert placement.planned_in(str(report), settings, "own")["skip"] == "planned by the preflight"
+    report.write_text("{ not json")
+    assert placement.planned_in(str(report), settings, "own") == here
+
+
+def overlaps(log: str) -> int:
+    """The most runs that were running at once, from their ``start``/``end`` lines."""
+    running = most = 0
+    for line in log.splitlines():
+        running += {"start": 1, "end": -1}.get(line.split(" ")[0], 0)
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.parametrize("job_mb, at_once", [("1000", 1), ("1500", 2), (None, 3)])
+def test_the_runner_starts_runs_side_by_side_only_while_they_fit_the_jobs_memory(tmp_path, job_mb, at_once):
+    """Three runs of 600 MB each, three at a time at most: a job of 1000 MB runs them one after
+    another, one of 1500 MB two at once; where the job's memory is not known, the machine's
+    available memory bounds them (more than 1800 MB here)."""
+    import os
+
+    from gpu_cache.core.runner import Command, Plan, run_plan
+
+    log = tmp_path / "log"
+    template = f"echo start >> {log}; sleep 0.4; echo end >> {log}"
+    plan = Plan("warm", "cpu", tuple(Command("w", n, template, 30.0, memory_mb=600) for n in range(3)),
+                parallel=3)
+    environ = {k: v for k, v in os.environ.items() if k not in ("SLURM_MEM_PER_NODE", "GPU_CACHE_ROOT")}
+    if job_mb:
+        environ["SLURM_MEM_PER_NODE"] = job_mb
+    with open(tmp_path / "out", "w") as output:
+        runs = run_plan(plan, output, environ).runs
+    assert all(run.ok for run in runs)
+    assert overlaps(log.read_text()) == at_once

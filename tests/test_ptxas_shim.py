@@ -9,13 +9,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpu_cache.core import names
 from gpu_cache.core.kinds import ptxas_format as ptxas_cache
-from helpers import run_cli_here
+from helpers import run_cli_here, unavailable
 from ptxas_fixtures import (
     DIGEST,
     SHIM,
@@ -383,6 +384,39 @@ def test_a_fifo_is_left_to_the_real_ptxas(tmp_path):
                              "-arch=sm_90a", "--warn-on-spills"], capture_output=True, timeout=60)
     assert through.returncode == direct.returncode == 124  # timeout's: the real ptxas waited for a writer
     assert runs(log) == 2 and _entries(cache) == []
+
+
+#: Two kernels whose whole PTX fits in a host name (at most 64 bytes): their cubins differ.
+TINY_PTX = {name: f".version 8.7\n.target sm_90a\n.address_size 64\n.entry {name}(){{ret;}}" for name in "kj"}
+#: Set the host name of a UTS namespace of its own to argv[1], then run ptxas through the shim on
+#: /proc/sys/kernel/hostname: a regular file whose size (``fstat``) is 0 and whose content is
+#: the name, as a FUSE or other proc file whose size understates what it holds.
+IN_OWN_HOSTNAME = (
+    "import os, socket, sys\n"
+    "socket.sethostname(sys.argv[1])\n"
+    "os.execvp('ptxas', ['ptxas', '/proc/sys/kernel/hostname', '-o', sys.argv[2], '-arch=sm_90a',"
+    " '--warn-on-spills'])\n")
+
+
+@pytest.mark.slow
+def test_an_input_whose_size_understates_its_content_is_keyed_on_all_of_it(site, tmp_path):
+    """The shim reads its input to the end, whatever ``fstat`` says (FACTS: "Pipes report size
+    0"): keyed on what ``fstat`` said, both calls would be keyed on nothing, and the second
+    kernel would get the first one's cubin."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        unavailable("a UTS namespace of its own needs root and unshare")
+    wrapper, log, cache = site
+    environ = shim_environ(cache, wrapper.parent)
+    for name, text in TINY_PTX.items():
+        out = tmp_path / f"{name}.cubin"
+        done = subprocess.run(["unshare", "--uts", sys.executable, "-c", IN_OWN_HOSTNAME, text, str(out)],
+                              env=environ, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        plain = tmp_path / f"{name}.ptx"
+        plain.write_text(text + "\n")  # (the kernel adds the newline)
+        assert out.read_bytes() == _real_output(triton_ptxas(), plain, tmp_path / "real.cubin")
+    assert runs(log) == 2
+    assert len(_entries(cache)) == 2
 
 
 @pytest.mark.slow

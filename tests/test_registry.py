@@ -538,6 +538,93 @@ def test_a_registrys_hostile_error_message_is_escaped(
     assert not (tmp_path / "root").exists()
 
 
+def test_publish_escapes_a_registrys_hostile_error_message(
+    published: dict[str, Any], proxy: RegistryProxy, tmp_path: Path
+) -> None:
+    """The registry refuses the index with words a terminal would obey: publish's error line
+    (and its warning with --no-fail) holds them escaped, on one line."""
+    message = json.dumps({"errors": [{"code": "DENIED", "message": FORGED}]}).encode()
+    proxy.answer(lambda method, path: method == "PUT" and "/manifests/" in path, 400, message)
+    ref = through(proxy, published["ref"].replace(":1", ":refused"))
+    for extra in ((), ("--no-fail",)):
+        result = run_cli("publish", ref, "--cache-root", str(published["root"]), "--verdict",
+                         str(published["verdict"]), *extra)
+        assert result.returncode == (0 if extra else 1)
+        no_control_characters(result.stderr)
+        line = one_line(result)
+        escaped = "DENIED \\x1b[2K\\x0dgpu-cache: fetched everything, PASSED\\x07\\x0d\\x0agpu-cache"
+        assert escaped in line, line
+
+
+def test_a_manifest_fetched_by_its_digest_is_those_bytes_or_nothing(
+    published: dict[str, Any], proxy: RegistryProxy, tmp_path: Path
+) -> None:
+    """Pinning by digest pins what is fetched: a registry (or a mirror) that serves other
+    bytes for the pinned index (here the same pack with another verdict) is refused, nothing
+    written; the bytes that hash to it are fetched."""
+    digest = published["report"]["digest"]
+    raw, _ = oci.Session(oci.parse_reference(published["ref"])).manifest(digest)
+    other = json.loads(raw)
+    verdict = {"status": "passed", "hits": 99}
+    other["manifests"][0]["annotations"]["io.gpu-cache.verdict"] = json.dumps(verdict)
+    proxy.answer(lambda method, path: method == "GET" and path.endswith(f"/manifests/{digest}"), 200,
+                 json.dumps(other).encode())
+    pinned = through(proxy, published["ref"]).rsplit(":", 1)[0] + "@" + digest
+    result = fetch(pinned, tmp_path / "root")
+    assert result.returncode == 1
+    line = one_line(result)
+    assert f"the registry served a manifest for {digest} whose bytes hash to sha256:" in line, line
+    assert line.endswith("refused, nothing written") and not (tmp_path / "root").exists()
+    proxy.faults.clear()
+    result = fetch(pinned, tmp_path / "root")
+    assert result.returncode == 0, result.stderr
+    assert set(entries(tmp_path / "root")) == set(entries(published["root"]))
+
+
+def big_entry_published(host: str, root: Path, size: int) -> tuple[str, str]:
+    """A root whose one entry (a Triton kernel with a cubin of ``size`` random bytes: its layer
+    is as large) a validated pass used, published to ``host``: its reference and its layer's
+    digest."""
+    import kind_examples.triton
+
+    kind = kinds.named("triton")
+    key = kind_examples.triton.write(kind.folder(root), 0, size=size)
+    record = {"time": time.time(), "run_id": "r", "rule": "validate_cache", "gpu_type": "cpu", "host": "h",
+              "pid": 1, "env": {}, "device": {"platform": "cpu", "kinds": ["cpu"], "count": 1},
+              "software": {"python": "3.11.7", "image": "lab.sif"}, "triton": {"hits": 1, "hit_keys": [key]}}
+    (kinds.named("records").folder(root)).mkdir(parents=True)
+    (kinds.named("records").folder(root) / "h-1-1.json").write_text(json.dumps(record))
+    verdict = root.parent / "cpu.json"
+    verdict.write_text(json.dumps({"gpu_type": "cpu", "passed": True, "status": "passed", "misses": 0,
+                                   "device": {"name": "cpu"}}))
+    ref = f"{host}/lab/big:1"
+    result = run_cli("publish", ref, "--verdict", str(verdict), "--cache-root", str(root), "--json")
+    assert result.returncode == 0, result.stderr
+    return ref, json.loads(result.stdout)["layers"]["triton"]["digest"]
+
+
+@pytest.mark.slow  # a daemon, or more than 2 s
+def test_a_large_layer_that_arrives_steadily_is_given_time_for_each_mib(
+    registry_server: RegistryServer, proxy: RegistryProxy, tmp_path: Path
+) -> None:
+    """A 12 MiB layer at 1.6 MiB/s takes longer than the floor of every exchange (6 timeouts:
+    6 s) and less than its deadline (6 s and a second for each MiB: 18 s): it is fetched
+    whole. Held to the floor alone, it would be cut at 6 s."""
+    size = 12 << 20
+    ref, layer = big_entry_published(registry_server.host, tmp_path / "site-a" / "root", size)
+    proxy.trickle(lambda method, path: method == "GET" and path.endswith(layer), interval=0.04,
+                  chunk=64 << 10)
+    started = time.monotonic()
+    result = run_cli("fetch", through(proxy, ref), "--gpu-type", "cpu", "--image", "lab.sif",
+                     "--cache-root", str(tmp_path / "root"), env=quick(), timeout=120)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert elapsed > 6, elapsed  # (the proxy's pauses alone take 7.7 s)
+    kind = kinds.named("triton")
+    (entry,) = kind.scan(kind.folder(tmp_path / "root"), grace_seconds=0.0)
+    assert entry.problem is None and entry.size > size
+
+
 def hostile_index(session: oci.Session, published: dict[str, Any], tag: str) -> None:
     """An index at ``tag`` naming the published pack with annotations a terminal would obey."""
     raw, _ = session.manifest(published["report"]["manifest"])

@@ -124,12 +124,17 @@ def test_doctor_names_tmpfs_and_warns_when_space_is_low(tmp_path, mounts):
     report = json.loads(result.stdout)
     jax = report["kinds"]["jax"]
     assert jax["family"] == "tmpfs" and jax["problem"] is None and jax["free_bytes"] < 1 << 20
-    assert any("bytes free" in w and "doctor --fix" in w for w in report["warnings"])
+    # One line per kind's folder, each naming that kind's entries (not JAX's for all).
+    low = [w for w in report["warnings"] if " free (less than 1.0 GiB); a full disk" in w]
+    assert low and len(low) == len(report["kinds"]), low
+    for kind in report["kinds"]:
+        (line,) = [w for w in low if w.startswith(f"{kind}: {root / kind} has only ")]
+        assert f"leaves empty or truncated {kind} entries (`gpu-cache doctor --fix`" in line, line
     # A threshold below the free space: no warning.
     config = write_config(tmp_path / "c.yaml", {"min_free_space": "1K"})
     quiet = json.loads(run_cli("doctor", "--json", "--config", str(config), "--cache-root",
                                str(root)).stdout)
-    assert not any("bytes free" in w for w in quiet["warnings"])
+    assert not any("a full disk" in w for w in quiet["warnings"])
     text = run_cli("doctor", "--cache-root", str(tmp_path / "local")).stdout
     assert "[local]" in text and "result: ok" in text
 
@@ -324,7 +329,7 @@ def test_full_disk_during_warm_then_doctor_fix_removes_broken_entries(tmp_path, 
     assert warm.returncode == 0, warm.stderr
     report = read_json(tmp_path / "w.json")
     assert report["runs"][0]["returncode"] == 0  # the job finished
-    assert any("bytes free" in w for w in report["cache_warnings"])
+    assert any("a full disk leaves empty or truncated jax entries" in w for w in report["cache_warnings"])
     assert any("broken" in p and "doctor --fix" in p for p in report["problems"])
     assert "gpu-cache: warning: jax:" in warm.stderr
     time.sleep(jax_cache.WRITE_GRACE_SECONDS)  # younger entries may be mid-write: not verified

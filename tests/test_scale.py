@@ -73,15 +73,33 @@ def test_env_without_a_config_loads_neither_jsonschema_nor_yaml_and_says_the_sam
     assert fast.stdout == checked.stdout
 
 
-def test_the_startup_hook_loads_nothing_into_a_process_without_jax_or_triton(tmp_path):
-    program = ["-c", "import sys; print(' '.join(sorted(sys.modules)))"]
-    plain = subprocess.run([sys.executable, *program], env=clean_environ(), capture_output=True,
-                           text=True, check=True).stdout.split()
-    hooked_env = clean_environ(PYTHONPATH=os.pathsep.join([str(HOOK), str(SCRIPTS)]),
-                               GPU_CACHE_RECORDS=str(tmp_path / "records"))
-    hooked = subprocess.run([sys.executable, *program], env=hooked_env, capture_output=True,
-                            text=True, check=True).stdout.split()
-    assert set(hooked) - set(plain) == {"sitecustomize"}
+def loaded_modules(python: str, environ: dict[str, str]) -> tuple[set[str], bool]:
+    """The modules a process of ``python`` has loaded when its program starts, and whether
+    gpu-cache's startup hook ran in it (it marks ``sys``)."""
+    program = ["-c", "import sys; print(hasattr(sys, '_gpu_cache_startup_hook'), *sorted(sys.modules))"]
+    ran, *names = subprocess.run([python, *program], env=environ, capture_output=True, text=True,
+                                 check=True).stdout.split()
+    return set(names), ran == "True"
+
+
+@pytest.mark.parametrize("where", ["this interpreter", "a fresh venv"])
+def test_the_startup_hook_loads_nothing_into_a_process_without_jax_or_triton(tmp_path, where):
+    """The hook's process against a plain one of the same interpreter and venv: it adds its
+    own sitecustomize (Debian's Python has one of its own, which the hook runs) and at most
+    modules built into the interpreter (atexit: no file is read). Both are compared in a fresh
+    venv too, where site imports less than the system Python does (a .pth file of its
+    site-packages imports atexit there), as in a newcomer's venv."""
+    python = sys.executable
+    if where == "a fresh venv":
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                       check=True, capture_output=True)
+        python = str(tmp_path / "venv" / "bin" / "python")
+    plain, _ = loaded_modules(python, clean_environ())
+    hooked, ran = loaded_modules(python, clean_environ(PYTHONPATH=os.pathsep.join([str(HOOK), str(SCRIPTS)]),
+                                                       GPU_CACHE_RECORDS=str(tmp_path / "records")))
+    assert ran, "the hook did not run"
+    added = hooked - plain
+    assert added - {"sitecustomize"} <= set(sys.builtin_module_names), sorted(added)
     assert not (tmp_path / "records").exists(), "no record from a process without jax or triton"
 
 

@@ -57,6 +57,14 @@ def test_n_jax_processes_compile_each_computation_once(tmp_path, cache_root, mod
     assert {f["state"] for f in flights} == {"on"} and {f["mode"] for f in flights} == {mode}
     assert sum(f["led"] for f in flights) == 3 and sum(f["gave_up"] for f in flights) == 0
     assert sum(f["waited"] for f in flights) >= 1  # they did start together
+    for section in sections:  # JAX's compile step seconds: waiting, loading, compiling
+        flight = section["single_flight"]
+        parts = section["own_compile_seconds"] + section["load_seconds"] + flight["wait_seconds"]
+        assert parts == pytest.approx(section["compile_seconds"], abs=0.01), section
+        assert {w["key"] for w in flight["waits"]} <= set(compiled)  # each wait named by its key
+        assert sum(w["seconds"] for w in flight["waits"]) == pytest.approx(flight["wait_seconds"], abs=0.01)
+        assert [w["outcome"] for w in flight["waits"]].count("hit") == flight["hits_after_wait"]
+        assert all(m["seconds"] > 0 for m in section["missed"])  # a leader's own compile, per key
     assert len(list((cache_root / "jax").glob("*-cache"))) == 3
     assert list((cache_root / "locks" / "jax").iterdir()) == []  # leaders remove their lock files
 

@@ -330,6 +330,60 @@ def test_with_single_flight_two_nodes_compile_each_key_once_and_waiters_fetch_it
     assert not temporaries(root)
 
 
+#: One job of the promotion test: FLIGHT_JOB's start, then one chain of 40 steps (seconds to
+#: compile here: both jobs miss it before either writes it).
+SLOW_JOB = FLIGHT_JOB.split("def chain")[0] + r'''
+def fold(x):
+    for i in range(40):
+        x = jnp.tanh(x @ x.T * 0.01 + i) if i % 2 else jnp.sin(x * (i + 1)).cumsum(0)
+    return x.sum()
+print(float(jax.jit(fold)(np.ones((16, 16), np.float32))))
+'''
+
+
+def test_a_waiter_on_the_leaders_node_loads_its_entry_before_the_promotion_ends(tmp_path, tier):
+    """Two jobs on one node miss one key at once; the leader writes the entry into the node's
+    local tier and is held there, its promotion to the shared root not done (a slow network
+    filesystem, a large entry). The waiter loads the local entry and finishes meanwhile, rather
+    than waiting for a copy it does not need."""
+    root, local = tier
+    job, sync, pause = tmp_path / "slow.py", tmp_path / "sync", tmp_path / "paused"
+    job.write_text(SLOW_JOB)
+    sync.mkdir()
+    records = tmp_path / "records"
+    environ = node_env(root, local, records, GPU_CACHE_LOCKS=str(root / "locks"),
+                       GPU_CACHE_LOCK_TIMEOUT="300",
+                       GPU_CACHE_TIER_TEST_PAUSE=str(pause))  # whichever leads is held
+    procs = [on_node(tmp_path / "node-a", local, [sys.executable, str(job), str(sync / f"ready-{i}"),
+                                                  str(sync / "go")], environ) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(sync.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+            time.sleep(0.01)
+        (sync / "go").touch()
+        deadline = time.monotonic() + 240
+        while not pause.exists():
+            assert time.monotonic() < deadline, "the leader never promoted"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 60  # the waiter's load takes well under a second here
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waiter = next((p for p in procs if p.poll() is not None), None)
+        assert waiter is not None, "the waiter waited for the leader's promotion"
+        assert pause.exists()  # the leader is still held: nothing in the shared root yet
+    finally:
+        pause.unlink(missing_ok=True)
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert all(rc == 0 for rc, _out, _err in done), [err[-2000:] for _rc, _out, err in done]
+    assert len({out for _rc, out, _err in done}) == 1
+    sections = {record["pid"]: record["jax"] for record in hook_records.read(records)}
+    first = sections[waiter.pid]  # (on_node execs the job: its pid is the job's)
+    assert (first["misses"], first["hits"], first["single_flight"]["hits_after_wait"]) == (0, 1, 1)
+    assert first["tier"]["fetched"] == 0  # the local entry, not a copy of the shared one
+    assert len(entries(root / "jax")) == 1 and not temporaries(root)
+
+
 def test_xla_autotune_results_are_copied_in_at_import_and_promoted_at_exit(tmp_path, tier):
     """XLA writes no per-fusion autotune files on CPU: files stand in for them on both sides
     (the H200 figures show XLA writing and reusing real ones through the tier)."""

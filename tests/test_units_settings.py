@@ -88,6 +88,23 @@ def test_every_schema_key_has_a_description_and_default():
     walk(load_schema(), "")
 
 
+def test_config_readme_has_a_row_for_every_key_of_the_schema():
+    """config/README.md's table names every key the schema has (a top-level key, or one of the
+    settings mappings such as warm.* and validate.*; gpu_types and workloads are rows of their
+    own whose keys they explain)."""
+    import re
+
+    from gpu_cache.config.settings import load_schema
+    from helpers import REPO
+
+    keys = []
+    for key, sub in load_schema()["properties"].items():
+        nested = sub.get("properties") if key not in ("gpu_types", "workloads") else None
+        keys += [f"{key}.{inner}" for inner in nested] if nested else [key]
+    rows = set(re.findall(r"^\| `([^`]+)` \|", (REPO / "config" / "README.md").read_text(), re.MULTILINE))
+    assert [key for key in keys if key not in rows] == []
+
+
 @pytest.mark.parametrize("config,where", [
     ({"bogus": 1}, "bogus"), ({"prune": {"max_size": "10X"}}, "prune.max_size"),
     ({"prune": {"max_age": "-1d"}}, "prune.max_age"), ({"stats_hook": "yes"}, "stats_hook"),

@@ -1,10 +1,12 @@
 """Real Snakemake runs: the default workflow through the profile, and the profile on a stranger's workflow."""
 
+import re
 
 import pytest
 
 from helpers import (
     PROFILE,
+    REPO,
     SMALL,
     SNAKEFILE,
     clean_environ,
@@ -26,6 +28,19 @@ rule dump:
 """
 
 
+def readme_summary() -> str:
+    """The summary README.md shows for its first command (the block after "it printed:")."""
+    text = (REPO / "README.md").read_text()
+    return re.search(r"it printed[^\n]*:\n\n```\n(.*?)```", text, re.DOTALL).group(1)
+
+
+def shape(line: str) -> str:
+    """A summary line with its figures (counts, seconds, sizes) as ``#``, and the software it
+    names as ``<software>`` (what is installed beside jax differs from machine to machine)."""
+    line = re.sub(r"validated .* (on the host|in \S+)$", r"validated <software> \1", line)
+    return re.sub(r"\d+(?:\.\d+)*(?: (?:B|KiB|MiB|GiB|TiB))?", "#", line)
+
+
 def test_default_workflow_warms_validates_prunes_and_summarises(tmp_path):
     work = workdir_with_config(tmp_path, SMALL)
     env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
@@ -41,6 +56,8 @@ def test_default_workflow_warms_validates_prunes_and_summarises(tmp_path):
     assert (results / "prune.json").stat().st_mtime >= (results / "validate" / "cpu.json").stat().st_mtime
     summary = (results / "summary.txt").read_text()
     assert "cpu on cpu: PASSED" in summary and "jax cache:" in summary
+    # The README's example is such a summary, line for line but for the figures.
+    assert list(map(shape, summary.splitlines())) == list(map(shape, readme_summary().splitlines()))
     assert "PASSED" in result.stdout + result.stderr  # printed, not only written
     for log in ("preflight.log", "warm/cpu.log", "validate/cpu.log", "prune.log"):
         assert (work / "logs" / "gpu-cache" / log).exists()

@@ -7,7 +7,8 @@ modules it is built from: :mod:`gpu_cache.core.kinds` (the cache kinds), :mod:`g
 :mod:`gpu_cache.commands.stats` and the report types of :mod:`gpu_cache.core.reports`.
 
 Progress and warnings go through :mod:`logging` (logger ``gpu_cache``), which prints them
-on stderr as ``gpu-cache: ...`` and ``gpu-cache: warning: ...`` lines.
+on stderr as ``gpu-cache: ...`` and ``gpu-cache: warning: ...`` lines, one line each: what
+a message holds of the user's config or of the filesystem is escaped there (``core.shown``).
 """
 
 import logging
@@ -22,7 +23,9 @@ class _StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         prefix = "gpu-cache: warning: " if record.levelno >= logging.WARNING else "gpu-cache: "
         try:
-            sys.stderr.write(f"{prefix}{record.getMessage()}\n")
+            from gpu_cache.core.shown import shown
+
+            sys.stderr.write(f"{shown(prefix + record.getMessage())}\n")
             sys.stderr.flush()
         except Exception:  # noqa: BLE001 - a closed stderr must not break the caller
             self.handleError(record)

@@ -3,7 +3,9 @@
 subcommand asked for is imported (``gpu-cache env`` runs at every Snakemake start).
 
 Bad input is one line on stderr and exit code 2; a filesystem error that reaches the top is
-one line and exit code 1; never a traceback.
+one line and exit code 1; never a traceback. What the user wrote in it (a key, a path, a
+value) is escaped (``core.shown``): a newline in it would split the line, ESC or CR drive the
+terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from gpu_cache import __version__
 from gpu_cache.commands import COMMANDS
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import shown
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -73,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         handler: Handler = args.handler
         return handler(args)
     except UsageError as exc:
-        print(f"gpu-cache: error: {exc}", file=sys.stderr)
+        print(shown(f"gpu-cache: error: {exc}"), file=sys.stderr)
         return 2
     except OSError as exc:
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"gpu-cache: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+        print(shown(f"gpu-cache: error:{where}: {exc.strerror or exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gpu-cache: interrupted", file=sys.stderr)

@@ -58,6 +58,10 @@ class Verdict:
     #: workload run of the type ran to the end: they could not start, e.g. no jax in the
     #: software they ran with); ``unscheduled`` (an optional type whose jobs found no node).
     status: str = ""
+    #: Why the type was not warmed for a cause the user can fix (SLURM refused its job for its
+    #: memory, CPUs, time or GPUs, or it never started), with the key that fixes it: a failed
+    #: verdict that fails the run (issue 49).
+    not_warmed: str | None = None
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
     STATUSES = ("passed", "failed", "error", "unscheduled")
@@ -100,7 +104,7 @@ class Verdict:
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
-            "outputs": self.outputs,
+            "outputs": self.outputs, "not_warmed": self.not_warmed,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -129,6 +133,7 @@ class Verdict:
             software=data.get("software") if isinstance(data.get("software"), dict) else {},
             outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
+            not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
         )
 
 
@@ -239,6 +244,10 @@ class Usage:
     hits: dict[str, int] = field(default_factory=dict)
     misses: dict[str, int] = field(default_factory=dict)
     saved_seconds: float = 0.0
+    #: Seconds the processes waited for other processes' compiles (single-flight), and seconds
+    #: they compiled entries themselves.
+    waited_seconds: float = 0.0
+    compiled_seconds: float = 0.0
 
     @property
     def total_hits(self) -> int:
@@ -260,6 +269,8 @@ class Usage:
             out[f"{name}_hits"] = self.hits.get(name, 0)
             out[f"{name}_misses"] = self.misses.get(name, 0)
         out["saved_seconds"] = round(self.saved_seconds, 3)
+        out["waited_seconds"] = round(self.waited_seconds, 3)
+        out["compiled_seconds"] = round(self.compiled_seconds, 3)
         out["hit_rate"] = None if self.hit_rate is None else round(self.hit_rate, 4)
         return out
 
@@ -267,7 +278,8 @@ class Usage:
     def from_dict(cls, data: Any) -> Usage:
         data = json_object(data, "usage counts")
         count = lambda key: int(json_number(data.get(key, 0), "usage counts", key))  # noqa: E731
+        number = lambda key: float(json_number(data.get(key, 0.0), "usage counts", key))  # noqa: E731
         return cls(count("processes"),
                    {name: count(f"{name}_hits") for name in kinds.OBSERVED},
                    {name: count(f"{name}_misses") for name in kinds.OBSERVED},
-                   float(json_number(data.get("saved_seconds", 0.0), "usage counts", "saved_seconds")))
+                   number("saved_seconds"), number("waited_seconds"), number("compiled_seconds"))

@@ -9,7 +9,17 @@ the device), ``featurise``, ``trace``, ``lower``, ``compile`` (XLA, or JAX's cac
 state); ``jax_triton`` (seconds inside jax-triton's kernel compile step, hit or miss: part of
 ``lower``), ``ptxas`` (seconds of the ptxas calls that went through ``PATH``, when the benchmark
 put its timing wrapper there), ``tokamax_autotune`` (seconds tokamax spent autotuning) and
-``tokamax_misses`` (its autotuning-cache misses, from its log).
+``tokamax_misses`` (its autotuning-cache misses, from its log); ``peak_rss_mb``: the process's
+peak resident memory (``VmHWM``) at the end of each phase, for tests/benchmarks/alphafold3_memory.py.
+``--stop-after PHASE`` ends the process after that phase (``compile``: what the host needs on a GPU,
+where the network's activations are on the device; on a CPU they are host memory).
+
+For the benchmark's split of each process's wall time: ``started_at`` and ``ended_at`` (epoch
+seconds of the driver's first line and of the result line; ``BENCH_SPAWNED_AT``, set by the
+benchmark, says when the process was started) and ``cache_work``, per phase, the seconds of
+JAX's compile steps inside it (its ``backend_compile_duration`` events: the cache key, read,
+any single-flight wait, the compile and the write), which the record of the process splits
+into waiting, compiling and loading.
 
 ``--glu xla`` runs tokamax's XLA GLU instead of its Triton GLU (no jax-triton); ``--glu triton``
 (the default kernels) sets ``triton.backends.nvidia.driver.TMA_TF32`` first where the installed
@@ -25,6 +35,8 @@ import os
 import sys
 import time
 
+STARTED_AT = time.time()
+
 
 def _parse(argv):
     parser = argparse.ArgumentParser()
@@ -34,7 +46,24 @@ def _parse(argv):
     parser.add_argument("--steps", type=int, default=None, help="diffusion steps (default: the model's 200)")
     parser.add_argument("--attention", default="triton", help="flash_attention_implementation")
     parser.add_argument("--glu", choices=("triton", "xla"), default="triton")
+    parser.add_argument("--stop-after", choices=PHASES, default=PHASES[-1])
     return parser.parse_args(argv)
+
+
+#: The phases, in order (``--stop-after`` ends after one of them).
+PHASES = ("import", "parameters", "featurise", "trace", "lower", "compile", "first_call", "second_call")
+
+
+def _peak_rss_mb():
+    """This process's peak resident memory so far (Linux's ``VmHWM``), in MB; None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024)
+    except OSError:
+        pass
+    return None
 
 
 class _Misses(logging.Filter):
@@ -75,20 +104,48 @@ def _ptxas_seconds():
 
 def main(argv=None):
     args = _parse(sys.argv[1:] if argv is None else argv)
-    out, clock = {}, time.perf_counter()
+    out, clock = {"started_at": STARTED_AT, "peak_rss_mb": {}}, time.perf_counter()
+    compiling, work = [0.0], {}
+
+    class _Stop(Exception):
+        pass
 
     def lap(name):
         nonlocal clock
         now = time.perf_counter()
         out[name] = round(now - clock, 3)
+        out["peak_rss_mb"][name] = _peak_rss_mb()
         clock = now
+        work[name], compiling[0] = round(compiling[0], 3), 0.0
+        if name == args.stop_after:
+            raise _Stop
 
+    try:
+        _phases(args, lap, out, compiling)
+    except _Stop:
+        pass
+    out.update(cache_work=work, pid=os.getpid())
+    out["ended_at"] = time.time()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _phases(args, lap, out, compiling):
+    """Run the phases, calling ``lap`` at the end of each; ``compiling``: JAX's compile seconds
+    since the last lap."""
     if args.glu == "triton":
         import triton.backends.nvidia.driver as driver
 
         driver.TMA_TF32 = getattr(driver, "TMA_TF32", 0)
-    import haiku as hk
     import jax
+    from jax import monitoring
+
+    def on_duration(event, duration_secs, **_kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiling[0] += duration_secs
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    import haiku as hk
     import numpy as np
     import tokamax
     from absl import logging as absl_logging
@@ -111,6 +168,7 @@ def main(argv=None):
         _timed(triton_lib.TritonFunction, "get_or_create_kernel", jt_seconds)
     _timed(tokamax.BoundArguments, "autotune", tune_seconds)
     platform.preinit_tokamax_context()
+    out["device"] = jax.devices()[0].device_kind
     lap("import")
 
     shapes = alphafold3_weights.shapes()
@@ -148,9 +206,7 @@ def main(argv=None):
     jax.block_until_ready(compiled(params, key, batch))
     lap("second_call")
     out.update(jax_triton=round(jt_seconds[0], 3), tokamax_autotune=round(tune_seconds[0], 3),
-               tokamax_misses=misses.count, device=jax.devices()[0].device_kind, ptxas=_ptxas_seconds())
-    print(json.dumps(out), flush=True)
-    return 0
+               tokamax_misses=misses.count, ptxas=_ptxas_seconds())
 
 
 if __name__ == "__main__":

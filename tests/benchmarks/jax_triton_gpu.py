@@ -102,8 +102,17 @@ def _common(environ: dict[str, str]) -> dict[str, str]:
     return environ
 
 
+#: Set in each process's environment: when its parent started it (``time.time()``), so that a
+#: program can time its own start.
+SPAWNED_VAR = "BENCH_SPAWNED_AT"
+
+
 def _start(command: list[str], environ: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    environ = dict(environ, **{SPAWNED_VAR: repr(time.time())})
+    process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    process.spawned_at = float(environ[SPAWNED_VAR])  # type: ignore[attr-defined]
+    return process
 
 
 def run_one(command: list[str], environ: dict[str, str]) -> dict[str, Any]:
@@ -115,13 +124,16 @@ def _wait(process: subprocess.Popen[str], started: float) -> dict[str, Any]:
     """Wait with ``wait4`` first (its CPU seconds), then read what the process printed."""
     reader = _Reader(process)
     _pid, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - started
+    wall, ended_at = time.perf_counter() - started, time.time()
     process.returncode = os.waitstatus_to_exitcode(status)
     out, err = reader.join()
     line = next((text for text in reversed(out.splitlines()) if text.startswith("{")), "{}")
     chosen = [list(m.groups()) for m in map(CHOSEN.search, err.splitlines()) if m]
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
+            # the largest resident memory of the process and its children, in MB (Linux: KB)
+            "peak_rss_mb": round(usage.ru_maxrss / 1024),
             "returncode": process.returncode, "result": json.loads(line), "autotuned": chosen,
+            "pid": process.pid, "spawned_at": getattr(process, "spawned_at", None), "ended_at": ended_at,
             "stderr_tail": err[-1500:] if process.returncode else ""}
 
 
@@ -161,18 +173,24 @@ def recorded(folder: Path, run_id: str) -> dict[str, Any]:
 
 
 def run_many(command: list[str], environs: list[dict[str, str]]) -> dict[str, Any]:
-    """Start the processes together (one run id: their records sum up); wall until the last ends."""
+    """Start the processes together (one run id: their records sum up); wall until the last
+    ends, and each one's own wall (each waited for in a thread of its own: a worker that ends
+    first is not timed until an earlier one ends)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     run_id = uuid.uuid4().hex
     environs = [dict(e, GPU_CACHE_RUN_ID=run_id) for e in environs]
     started = time.perf_counter()
     processes = [_start(command, environ) for environ in environs]
-    runs = [_wait(p, started) for p in processes]
+    with ThreadPoolExecutor(len(processes)) as pool:
+        runs = list(pool.map(lambda p: _wait(p, started), processes))
     folder = environs[0].get("GPU_CACHE_RECORDS")
     return {"wall_seconds": round(time.perf_counter() - started, 3),
             "cpu_seconds": round(sum(r["cpu_seconds"] for r in runs), 2),
-            "all_ok": all(r["returncode"] == 0 for r in runs),
+            "all_ok": all(r["returncode"] == 0 for r in runs), "run_id": run_id,
             "worker_wall_seconds": [r["wall_seconds"] for r in runs],
             "worker_results": [r["result"] for r in runs],
+            "workers": [{k: r[k] for k in ("pid", "spawned_at", "ended_at", "wall_seconds")} for r in runs],
             "cache": recorded(Path(folder), run_id) if folder else None,
             "failures": [r["stderr_tail"] for r in runs if r["returncode"]]}
 

@@ -10,12 +10,16 @@ On each node ``--jobs`` JAX processes start at one instant and jit the same ``--
 - ``node``: the same, with ``GPU_CACHE_LOCK_MODE=node`` (flock only: single-flight per node, as
   before leases);
 - ``none``: no gpu-cache: JAX's own persistent cache on the share, set by hand
-  (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``), no hook.
+  (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``), no hook;
+- ``alone``: one job on node A through ``gpu-cache env``: what the fan-out would cost without
+  anyone to share with (the reference for single-flight's own cost, issue 50).
 
 It prints, per set-up and round, the compiles (JAX's compile requests that did not load the
 entry, summed over all processes; per key from the hook's records where gpu-cache ran), the
 wall seconds (the slowest process, from the common start) and the CPU seconds (all processes,
-from the start). Then the leader faults: node A's only job holds a key's lease and is
+from the start); where gpu-cache ran, per key waited for, the longest wait against its leader's
+own compile of it (``flight_costs``: a wait longer than that compile is single-flight's own
+cost: the lease poll, waits in turn). Then the leader faults: node A's only job holds a key's lease and is
 SIGKILLed or SIGSTOPped mid-compile while node B's job waits: the seconds until B goes on
 (makes the next lease). One JSON object on stdout (``--out`` writes it too).
 
@@ -38,13 +42,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "harness"), str(HERE.parent.parent / "scripts")]
 
+from flight_costs import flight_costs  # noqa: E402
 from timing import publish  # noqa: E402
 
 from flight_nodes import Node, go, job_commands, leader_fault, wait_ready  # noqa: E402
 from helpers import clean_environ  # noqa: E402
 from sshfs_mount import SshfsMount  # noqa: E402
 
-CONFIG = {"single_flight": {"timeout": "5m"}}
+#: The tier off: these nodes share this machine's /tmp, so a node-local tier (on by default on
+#: sshfs) would be one tier for both nodes and for every run (tests/test_flight_across_nodes.py).
+CONFIG = {"single_flight": {"timeout": "5m"}, "local_tier": {"mode": "off"}}
 
 
 def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, keys: int,
@@ -59,13 +66,15 @@ def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, k
     else:
         options = {"root": root, "config": CONFIG,
                    "override": {"GPU_CACHE_LOCK_MODE": "node"} if setup == "node" else {}}
-    nodes = []
+    nodes, names = [], ("node-a", "node-b")
+    if setup == "alone":
+        names, jobs = ("node-a",), 1
     try:
-        for name in ("node-a", "node-b"):
+        for name in names:
             nodes.append(Node(work, share, name, point, job_commands(work, name, jobs, keys, length),
                               clean_environ(),
                               **options))
-        wait_ready(work, 2 * jobs, nodes)
+        wait_ready(work, len(names) * jobs, nodes)
         go(work)
         results = [node.result() for node in nodes]
     finally:
@@ -80,8 +89,10 @@ def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, k
     if len({json.dumps(d["values"]) for d in done}) != 1:
         raise RuntimeError("the jobs computed different results")
     per_key, modes = Counter(), set()
-    for path in sorted((share.server_dir / "cache" / "records").glob("*.json")):
-        section = json.loads(path.read_text()).get("jax", {})
+    records = [json.loads(path.read_text())
+               for path in sorted((share.server_dir / "cache" / "records").glob("*.json"))]
+    for record in records:
+        section = record.get("jax", {})
         modes.add(section.get("single_flight", {}).get("mode"))
         for miss in section.get("missed", []):
             per_key[miss["key"]] += 1
@@ -91,6 +102,7 @@ def one_run(share: SshfsMount, work: Path, point: Path, setup: str, jobs: int, k
            "single_flight": sorted(m for m in modes if m) or "off"}
     if per_key:
         out["compiles_per_key"] = sorted(per_key.values())
+        out["flight_costs"] = flight_costs(records)
     return out
 
 
@@ -102,7 +114,7 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=3,
                         help="the first chain's length (key k: length + k steps; longer compiles longer)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each set-up")
-    parser.add_argument("--setups", default="cluster,node,none")
+    parser.add_argument("--setups", default="cluster,node,none,alone")
     parser.add_argument("--faults", default="SIGKILL,SIGSTOP")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

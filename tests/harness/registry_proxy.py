@@ -1,5 +1,5 @@
 """A small HTTP proxy in front of a real registry that misbehaves on purpose: for the requests
-a test names, it never answers, sends the answer one byte at a time, redirects elsewhere, or
+a test names, it never answers, sends the answer a few bytes at a time, redirects elsewhere, or
 answers with words of its own; every other request goes to the registry unchanged.
 
 It runs in the test's process (a thread per connection, standard library only). Usage::
@@ -31,6 +31,7 @@ class _Fault:
     match: Match
     what: str  # "stall", "trickle", "redirect" or "answer"
     interval: float = 0.0
+    chunk: int = 1
     to: str = ""
     status: int = 0
     body: bytes = b""
@@ -57,9 +58,9 @@ class RegistryProxy:
         """Read the request, then never answer."""
         self.faults.append(_Fault(match, "stall"))
 
-    def trickle(self, match: Match, interval: float) -> None:
-        """The registry's answer, its body one byte each ``interval`` seconds."""
-        self.faults.append(_Fault(match, "trickle", interval=interval))
+    def trickle(self, match: Match, interval: float, chunk: int = 1) -> None:
+        """The registry's answer, its body ``chunk`` bytes each ``interval`` seconds."""
+        self.faults.append(_Fault(match, "trickle", interval=interval, chunk=chunk))
 
     def redirect(self, match: Match, to: str) -> None:
         """A ``307`` to the same path at ``to`` (``http://127.0.0.2:PORT``)."""
@@ -137,8 +138,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(response.status, kept, data)
             return
         self._send(response.status, kept, b"", length=len(data))
-        for byte in range(len(data)):  # a trickle
-            self.wfile.write(data[byte : byte + 1])
+        for start in range(0, len(data), fault.chunk):  # a trickle
+            self.wfile.write(data[start : start + fault.chunk])
             self.wfile.flush()
             if proxy.released.wait(fault.interval):
                 return

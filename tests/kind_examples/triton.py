@@ -1,18 +1,21 @@
 import base64
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from helpers import hook_piece
 
 
-def write(folder: Path, number: int) -> str:
-    """A Triton key folder: the kernel's files and its ``__grp__`` manifest, which names them."""
+def write(folder: Path, number: int, size: int = 0) -> str:
+    """A Triton key folder: the kernel's files and its ``__grp__`` manifest, which names them;
+    with ``size``, a cubin of that many random bytes (a large entry)."""
     key = base64.b32encode(hashlib.sha256(b"triton %d" % number).digest()).decode()[:52]
     group = folder / key
     group.mkdir(parents=True)
     children = {}
-    files = (("kern.json", b'{"name": "kern"}'), ("kern.cubin", b"\x7fELF cubin %d " % number * 500),
+    cubin = os.urandom(size) if size else b"\x7fELF cubin %d " % number * 500
+    files = (("kern.json", b'{"name": "kern"}'), ("kern.cubin", cubin),
              ("kern.ptx", b"// ptx %d\n" % number * 200))
     for name, data in files:
         (group / name).write_bytes(data)

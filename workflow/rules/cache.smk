@@ -56,7 +56,8 @@ rule warm_cache:
     # The jobs' own software, where the GPU type names it: the runner needs only Python.
     container:
         gpu_cache_container
-    # The type's runs (shapes) compile side by side: Triton's compiles use one core each.
+    # The type's runs (shapes) compile side by side, as many as fit its memory: Triton's
+    # compiles use one core each.
     threads: gpu_cache_warm_threads
     # Runs on a node of its GPU type, with the type's SLURM resources (config gpu_types).
     resources:
@@ -70,6 +71,7 @@ rule warm_cache:
 
 rule check_cache:
     input:
+        preflight=rules.preflight_cache.output.report,
         warm=rules.warm_cache.output.report,
     output:
         passes="results/gpu-cache/check/{gpu_type}.json",
@@ -87,7 +89,7 @@ rule check_cache:
         **gpu_cache_resources("check"),
     params:
         runner=gpu_cache_runner,
-        plans=gpu_cache_plans("cold", "validate"),
+        plans=gpu_cache_plans("cold", "validate", confirm_warm=True),
     shell:
         "{params.runner} {params.plans} --output {output.passes} --log {log}"
 
@@ -95,11 +97,14 @@ rule check_cache:
 rule validate_cache:
     input:
         passes=rules.check_cache.output.passes,
+        warm=rules.warm_cache.output.report,
+        preflight=rules.preflight_cache.output.report,
     output:
         report="results/gpu-cache/validate/{gpu_type}.json",
     log:
         "logs/gpu-cache/validate/{gpu_type}.log",
-    # Cheap bookkeeping: judges what check_cache measured, where Snakemake runs.
+    # Cheap bookkeeping: judges what check_cache measured, where Snakemake runs (and asks SLURM
+    # why, when a job did not run on a node of its type).
     localrule: True
     conda:
         "../envs/gpu-cache.yaml"
@@ -108,7 +113,8 @@ rule validate_cache:
         config=gpu_cache_config,
     shell:
         "{params.cli} validate --gpu-type {wildcards.gpu_type} --config-json {params.config:q}"
-        " --phases {input.passes} --output {output.report} 2> {log}"
+        " --phases {input.passes} --warm {input.warm} --preflight {input.preflight}"
+        " --output {output.report} 2> {log}"
 
 
 rule publish_cache:

@@ -1,5 +1,6 @@
 # Config validation, the cache environment, and the helpers the rules use.
 
+import dataclasses
 import json
 import os
 import re
@@ -26,10 +27,14 @@ if str(GPU_CACHE_SCRIPTS) not in sys.path:
 
 from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
+from gpu_cache.core.shown import shown as gpu_cache_shown
+from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_file
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
 from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
+from gpu_cache.config import host_join as gpu_cache_host_join
 from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
+from gpu_cache.config import cluster as gpu_cache_cluster
 from gpu_cache.config import targets as gpu_cache_targets
 from gpu_cache.config.workloads import plan_phase as gpu_cache_plan_phase
 from gpu_cache.config.workloads import cold_pass as gpu_cache_cold_pass
@@ -38,8 +43,30 @@ from gpu_cache.oci import references as gpu_cache_registry_references
 
 def gpu_cache_stop(error):
     """Stop Snakemake with gpu-cache's one line (Snakemake's own config check printed the
-    whole schema; an exception adds its file and a traceback line)."""
-    sys.exit(f"gpu-cache: config: {error}")
+    whole schema; an exception adds its file and a traceback line), what the user wrote in it
+    escaped (a newline would split it, ESC or CR drive the terminal)."""
+    sys.exit(gpu_cache_shown(f"gpu-cache: config: {error}"))
+
+
+# The working directory's config/config.yaml, else the embedded default beside this workflow
+# (so `snakemake --snakefile <checkout>/workflow/Snakefile` runs from any folder). gpu-cache
+# reads it before Snakemake merges it: that merge copies every mapping a YAML alias repeats (a
+# 1 KB file held it for minutes) and recurses without end into one that contains itself. (As
+# a module given the host's config, Snakemake skips this file; files given with --configfile
+# it reads before this workflow starts.)
+GPU_CACHE_CONFIGFILE = (
+    "config/config.yaml"
+    if os.path.exists("config/config.yaml")
+    else str(GPU_CACHE_SCRIPTS.parent / "config" / "config.yaml")
+)
+if not workflow.modifier.skip_configfile:
+    try:
+        gpu_cache_read_config_file(GPU_CACHE_CONFIGFILE)
+    except GpuCacheUsageError as error:
+        gpu_cache_stop(error)
+
+
+configfile: GPU_CACHE_CONFIGFILE
 
 
 # The schema check of gpu-cache's package (the CLI's): one line naming the key. As a module
@@ -56,11 +83,11 @@ except GpuCacheUsageError as error:
 if not gpu_cache_planning_only():
     gpu_cache_env.export(GPU_CACHE_SETTINGS)
 
-# A type no partition offers and this machine is not fails its validation: say so before the
-# run (dry run included), once, where Snakemake plans (not in each job's own parse).
+# A type no node can take as a node of its type, and this machine is not, fails its validation:
+# say so before the run (dry run included), once, where Snakemake plans (not in each job's parse).
 if workflow.is_main_process:
-    for line in gpu_cache_targets.unreachable_here(GPU_CACHE_SETTINGS):
-        print(f"gpu-cache: warning: {line}", file=sys.stderr)
+    for line in gpu_cache_cluster.unreachable_here(GPU_CACHE_SETTINGS):
+        print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
 
 # As a module, this workflow must not become the host's default target: Snakemake makes the
 # first rule it sees (or one marked default_target) the default. The Snakefile puts the
@@ -122,34 +149,79 @@ def gpu_cache_runner(wildcards):
     return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.core.runner"
 
 
-def gpu_cache_warm_threads(wildcards):
-    """Threads of a warm job: one per run of the type (its shapes run side by side), or
-    warm.parallel; Snakemake lowers it to --cores."""
+def gpu_cache_planned(wildcards, input):
+    """How this type's warm and check jobs are planned (gpu_cache.config.placement.planned): as
+    the preflight wrote it once it has run, so that Snakemake and the job's own process agree;
+    before (a dry run), planned here once per type."""
+    preflight = getattr(input, "preflight", None)
+    if preflight and os.path.isfile(preflight):
+        return gpu_cache_placement.planned_in(preflight, GPU_CACHE_SETTINGS, wildcards.gpu_type)
+    if wildcards.gpu_type not in GPU_CACHE_PLANNED_HERE:
+        GPU_CACHE_PLANNED_HERE[wildcards.gpu_type] = gpu_cache_placement.planned(
+            GPU_CACHE_SETTINGS, wildcards.gpu_type
+        )
+    return GPU_CACHE_PLANNED_HERE[wildcards.gpu_type]
+
+
+#: The plans made in this process before the preflight had run (by GPU type).
+GPU_CACHE_PLANNED_HERE = {}
+
+
+def gpu_cache_warm_threads(wildcards, input, attempt):
+    """Threads of a warm job: the runs it makes at once (those that fit its memory, at most
+    warm.parallel; else one per run: its shapes side by side), one when it runs no workload;
+    Snakemake lowers it to --cores."""
+    planned = gpu_cache_planned(wildcards, input)
+    if planned["skip"] or gpu_cache_skip(wildcards.gpu_type, input, attempt):
+        return 1
     plan = gpu_cache_plan_phase(GPU_CACHE_SETTINGS, wildcards.gpu_type, "warm")
-    return plan.parallel or max(1, len(plan.commands))
+    return planned["warm_parallel"] or max(1, len(plan.commands))
 
 
-def gpu_cache_plans(*phases):
-    """The runner's --plan-json arguments for these passes of a GPU type (the cold pass
-    only when validate.measure_cold), and --unscheduled
-    when an optional type's job runs no workload (gpu_cache_skip)."""
+def gpu_cache_plans(*phases, confirm_warm=False):
+    """The runner's --plan-json arguments for these passes of a GPU type (the cold pass only when
+    validate.measure_cold), and --unscheduled or --skip when
+    the job runs no workload (gpu_cache_skip; a warm planned to run none). ``confirm_warm``: a
+    check whose warm was planned to run none warms first, one run at a time, where the passed
+    verdict that planned it does not hold on its node (other software or device)."""
 
     def plans(wildcards, input, resources):
-        in_software = gpu_cache_in_job_software(wildcards.gpu_type)
+        gpu_type = wildcards.gpu_type
         attempt = getattr(resources, "gpu_cache_attempt", 1)
-        skip = gpu_cache_skip(wildcards.gpu_type, input, attempt)
-        cold = gpu_cache_cold_pass(GPU_CACHE_SETTINGS, wildcards.gpu_type)
-        chosen = [p for p in phases if p != "cold" or cold]
-        made = [
-            gpu_cache_plan_phase(
-                GPU_CACHE_SETTINGS, wildcards.gpu_type, p, record=p != "cold", in_job_software=in_software
+        skip = gpu_cache_skip(gpu_type, input, attempt)
+        planned = gpu_cache_planned(wildcards, input)
+        chosen = [p for p in phases if p != "cold" or gpu_cache_cold_pass(GPU_CACHE_SETTINGS, gpu_type)]
+        if confirm_warm and gpu_cache_warm_was_skipped(input):
+            chosen.insert(0, "warm")
+        made = []
+        for phase in chosen:
+            plan = gpu_cache_plan_phase(
+                GPU_CACHE_SETTINGS,
+                gpu_type,
+                phase,
+                record=phase != "cold",
+                in_job_software=gpu_cache_in_job_software(gpu_type),
             )
-            for p in chosen
-        ]
+            if phase == "warm":  # those that fit its memory at once (checks: one at a time)
+                plan = dataclasses.replace(plan, parallel=1 if confirm_warm else planned["warm_parallel"])
+            made.append(plan)
         args = [f"--plan-json {shlex.quote(json.dumps(plan.as_dict()))}" for plan in made]
-        return " ".join(args + ([f"--unscheduled {shlex.quote(skip)}"] if skip else []))
+        if skip:
+            args.append(f"--unscheduled {shlex.quote(skip)}")
+        elif phases == ("warm",) and planned["skip"]:
+            args.append(f"--skip {shlex.quote(planned['skip'])}")
+        return " ".join(args)
 
     return plans
+
+
+def gpu_cache_warm_was_skipped(input):
+    """Whether this check's warm job ran no workload because the host planned it so."""
+    try:
+        with open(input.warm) as stream:
+            return bool(json.load(stream).get("skipped"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def gpu_cache_config(wildcards=None):
@@ -181,7 +253,18 @@ def gpu_cache_join_host():
                 f"config key host_rules: the host has no rule {name} above gpu-cache's module "
                 "block; put the block at the end of the Snakefile, after every rule"
             )
-        gpu_cache_add_input(workflow.get_rule(name), gpu_cache=gpu_cache_validations())
+        host_rule = workflow.get_rule(name)
+        gpu_cache_add_input(host_rule, gpu_cache=gpu_cache_validations())
+        # Its own --jax_compilation_cache_dir, where it passes one, is gpu-cache's folder.
+        gpu_cache_host_join.point_rule_params(host_rule.params)
+    if workflow.is_main_process:  # an older README's settings in the host's own config file
+        for path in [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]:
+            try:
+                line = gpu_cache_host_join.pasted_settings(str(path), gpu_cache_read_config_file(path))
+            except GpuCacheUsageError:
+                line = None
+            if line:
+                print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
     if GPU_CACHE_HOST_TARGET is None:
         return  # included above the host's rules: the host wires prune and summary itself
     target = workflow.get_rule(GPU_CACHE_HOST_TARGET)
@@ -216,8 +299,9 @@ def gpu_cache_skip(gpu_type, input, attempt):
 def gpu_cache_resources(phase):
     """Per-GPU-type SLURM resources of the warm or check jobs (``phase``), one function per
     resource name (gpu_cache.config.placement): an optional type's jobs carry a --deadline
-    where the type sets its runtime, ask for no GPU when they run no workload
-    (gpu_cache_skip), and get the memory of the runs they make at once where it is known."""
+    where the type sets its runtime, ask for no GPU and little memory when they run no workload
+    (gpu_cache_skip, a planned skip of the warm), and get the memory of the runs they make at
+    once where it is known."""
     try:
         types = gpu_cache_placement.sized(GPU_CACHE_SETTINGS, GPU_CACHE_TYPES, phase)
         names = gpu_cache_placement.resource_names(types)
@@ -226,8 +310,16 @@ def gpu_cache_resources(phase):
 
     def resource(name):
         def value(wildcards, input, attempt):
-            skipped = lambda: gpu_cache_skip(wildcards.gpu_type, input, attempt) is not None
-            return gpu_cache_placement.resource(name, types[wildcards.gpu_type], skipped)
+            def skipped():
+                if phase == "warm" and gpu_cache_planned(wildcards, input)["skip"]:
+                    return True
+                return gpu_cache_skip(wildcards.gpu_type, input, attempt) is not None
+
+            spec = types[wildcards.gpu_type]
+            planned = gpu_cache_planned(wildcards, input)[f"{phase}_mb"] if name == "mem_mb" else None
+            if planned and "mem_mb" not in GPU_CACHE_TYPES[wildcards.gpu_type].resources:
+                spec = dataclasses.replace(spec, resources={**spec.resources, "mem_mb": planned})
+            return gpu_cache_placement.resource(name, spec, skipped)
 
         return value
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_cache.commands import common
 from gpu_cache.commands.stats import outside_root
-from gpu_cache.config import targets
+from gpu_cache.config import cluster, host_join, placement, targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
 from gpu_cache.core import device, kinds
@@ -38,15 +38,15 @@ def slurm_source() -> str | None:
     ``scontrol`` does not tell."""
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=targets.SINFO_TIMEOUT, check=True).stdout
+                             timeout=cluster.TIMEOUT, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     found = {name.strip(): value.strip() for name, value in found.items()}
-    cluster, conf = found.get("ClusterName"), found.get("SLURM_CONF")
-    if not cluster and not conf:
+    name, conf = found.get("ClusterName"), found.get("SLURM_CONF")
+    if not name and not conf:
         return None
-    return f"cluster {cluster or '?'} (config {conf or '?'})"
+    return f"cluster {name or '?'} (config {conf or '?'})"
 
 
 def preflight(settings: Settings) -> dict[str, Any]:
@@ -81,12 +81,15 @@ def preflight(settings: Settings) -> dict[str, Any]:
     report["warnings"] += report["outside_root"]  # those that still hold (stats lists them all)
     here, types = device.detect(), targets.gpu_types(settings)
     report["device"] = here.as_dict()
-    offered, silent = targets.query_sinfo()
-    report["gres"] = targets.gres_mapping(types, offered) if offered is not None else \
-        ([silent] if silent else None)
+    offers, silent = cluster.query()
+    report["gres"] = targets.gres_mapping(types, cluster.gres_by_partition(offers)) \
+        if offers is not None else ([silent] if silent else None)
     report["slurm"] = slurm_source() if report["gres"] is not None else None
-    # Types no partition offers and this machine is not: their validation would fail.
-    report["warnings"] += targets.unreachable(types, here, offered)
+    # Types no node can take as their type's and this machine is not: their validation would fail.
+    report["warnings"] += cluster.unreachable(types, here, offers)
+    # What each type's warm and check jobs will ask for (the workflow's jobs read it here).
+    report["placement"] = {name: placement.planned(settings, name, offers or ()) for name in types}
+    report["warnings"] += [line for found in report["placement"].values() for line in found["problems"]]
     for kind in kinds.ALL:  # what a kind says beyond its folder (ptxas: which one jobs run)
         part = kind.doctor_report(exports.values)
         if part is not None:
@@ -133,6 +136,8 @@ def render(report: dict[str, Any]) -> str:
         source = report.get("slurm") or "a cluster scontrol does not name"
         lines.append(f"    slurm: sinfo answered for {source}")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
+    lines += [f"placement: {line}" for name, found in (report.get("placement") or {}).items()
+              for line in placement_lines(name, found)]
     lines += [line for kind in kinds.ALL if isinstance(report.get(kind.name), dict)
               for line in kind.doctor_lines(report[kind.name])]
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
@@ -143,6 +148,21 @@ def render(report: dict[str, Any]) -> str:
                      f"repaired {fixed['repaired']}")
     lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
     return shown_lines(lines)
+
+
+def placement_lines(gpu_type: str, found: dict[str, Any]) -> list[str]:
+    """What a type's warm and check jobs ask for (``placement.planned``), where gpu-cache sizes
+    them or plans its warm to run nothing."""
+    lines = []
+    if found.get("skip"):
+        lines.append(f"{gpu_type}: its warm job runs no workload and asks for no GPU: {found['skip']}")
+    if found.get("warm_mb"):
+        runs = len(found.get("runs_mb") or ())
+        budget = f" of {format_size(found['budget_mb'] << 20)}" if found.get("budget_mb") else ""
+        lines.append(f"{gpu_type}: warm runs {found['warm_parallel']} of its {runs} runs at once in "
+                     f"{format_size(found['warm_mb'] << 20)}{budget}; check one at a time in "
+                     f"{format_size(found['check_mb'] << 20)}")
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
         return explain_misses(settings, args)
     with nullcontext() if args.fix else fs.diagnosis():  # a diagnosis changes nothing on disk
         report = preflight(settings)
+    key = getattr(args, "config_key", None) or "gpu_cache"
+    unjoined = host_join.unjoined(args.config, key) if getattr(args, "config", None) else None
+    report["warnings"] += [unjoined] if unjoined else []  # gpu-cache's settings, no module block
     if args.fix and settings.cache_root is not None and settings.cache_root.is_dir():
         from gpu_cache.commands.prune import repair
 

@@ -321,7 +321,8 @@ def software_mismatches(root: Path, loaded: list[dict[str, Any]] | None = None,
 
 
 def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Usage]]:
-    """Hits, misses, seconds saved and processes per rule (``by_rule``), per GPU type
+    """Hits, misses, seconds saved, seconds waited on other processes' compiles and seconds
+    compiled itself (:func:`flight_seconds`), and processes per rule (``by_rule``), per GPU type
     (``by_gpu_type``: the type a job was planned for, ``-`` when its partition may give it
     any) and per device it really computed on (``by_device``), from the stats hook's records
     under ``root`` (or those ``loaded`` from there already)."""
@@ -340,7 +341,36 @@ def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, d
                     bucket.hits[kind.name] = bucket.hits.get(kind.name, 0) + hits
                     bucket.misses[kind.name] = bucket.misses.get(kind.name, 0) + misses
                     bucket.saved_seconds += hook_records.seconds(section.get("saved_seconds"))
+            waited, compiled = flight_seconds(record)
+            bucket.waited_seconds += waited
+            bucket.compiled_seconds += compiled
     return {axis: dict(by) for axis, by in groups.items()}
+
+
+def flight_seconds(record: dict[str, Any]) -> tuple[float, float]:
+    """What single-flight saved a recorded process and what it cost it: the seconds it waited
+    for other processes' compiles (each kind's ``single_flight.wait_seconds``) and the seconds it
+    compiled entries itself (each kind's :attr:`~gpu_cache.core.kinds.Kind.own_compile_field`)."""
+    waited = compiled = 0.0
+    for kind in kinds.ALL:
+        section = kind.section(record) if kind.observed else None
+        if section is None:
+            continue
+        flight = section.get("single_flight")
+        if isinstance(flight, dict):
+            waited += hook_records.seconds(flight.get("wait_seconds"))
+        if kind.own_compile_field:
+            compiled += hook_records.seconds(section.get(kind.own_compile_field))
+    return waited, compiled
+
+
+def flight_text(u: Usage) -> str:
+    """``; 12.3 s waiting on other jobs' compiles, 40.1 s compiling their own`` where the
+    processes waited or compiled (records of a hook that measured neither: nothing)."""
+    if not (u.waited_seconds or u.compiled_seconds):
+        return ""
+    return (f"; {u.waited_seconds:.1f} s waiting on other jobs' compiles, "
+            f"{u.compiled_seconds:.1f} s compiling their own")
 
 
 def saved_text(u: Usage) -> str:
@@ -390,7 +420,7 @@ def render(stats: dict[str, Any]) -> str:
                 u = Usage.from_dict(counts)
                 rate = f"{100 * u.hit_rate:.0f}%" if u.hit_rate is not None else "-"
                 lines.append(f"  {name}: {u.total_hits} hits, {u.total_misses} misses ({rate} hit "
-                             f"rate){saved_text(u)}, {u.processes} processes")
+                             f"rate){saved_text(u)}, {u.processes} processes{flight_text(u)}")
     lines += [f"software mismatch: {line}" for line in stats.get("software_mismatches", [])]
     lines += [f"outside the cache root: {line}" for line in stats.get("outside_root", [])]
     if stats.get("runs"):

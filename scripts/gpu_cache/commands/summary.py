@@ -31,8 +31,9 @@ def load_prune(path: Path) -> PruneReport:
 
 
 def errors(validations: list[Path]) -> list[str]:
-    """One line per GPU type whose workloads could not even start (verdict status
-    ``error``): the run must not end as if the cache had been warmed.
+    """One line per GPU type whose workloads could not even start (verdict status ``error``)
+    or that was not warmed for a cause the user can fix (``not_warmed``): the run must not end
+    as if the cache had been warmed.
 
     Raises:
         UsageError: a file cannot be read as a verdict.
@@ -42,6 +43,8 @@ def errors(validations: list[Path]) -> list[str]:
         v = load_verdict(path)
         if v.outcome == "error":
             found.append(f"GPU type {v.gpu_type}: {v.problems[0] if v.problems else 'no workload ran'}")
+        elif v.not_warmed:  # SLURM refused its job for a cause the config fixes (issue 49)
+            found.append(f"GPU type {v.gpu_type}: not warmed: {v.not_warmed}")
     return found
 
 
@@ -57,6 +60,10 @@ def render(validations: list[Path], prune: Path | None) -> str:
         if v.outcome == "unscheduled":
             lines.append(f"  {v.gpu_type}: UNSCHEDULED (optional type)")
             lines += [f"    note: {p}" for p in v.problems]
+            continue
+        if v.not_warmed:  # no job of it ran on its node: no figures to show
+            lines.append(f"  {v.gpu_type}: FAILED: not warmed")
+            lines += [f"    problem: {p}" for p in v.problems]
             continue
         cold = f"{v.cold_seconds:.1f} s" if v.cold_seconds is not None else "not measured"
         speedup = f" ({v.speedup:.1f}x)" if v.speedup else ""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpu_cache.commands import common, outputs_proof
+from gpu_cache.config import cluster, placement
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import device_problems, gpu_types
 from gpu_cache.config.workloads import cold_pass, plan_phase, workloads_of
@@ -132,26 +133,55 @@ def not_started(phase: PhaseResult, ran_with: Mapping[str, Any] | None = None) -
             "python), or fix the workload's command")
 
 
-def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports) -> Verdict:
-    """The verdict of an optional type whose jobs found no node of it."""
+def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports,
+                        refused: cluster.Refusal | None = None) -> Verdict:
+    """The verdict of a type whose jobs did not run on a node of it: ``unscheduled`` where no
+    node offers the type (an optional type then holds nothing back), else failed, with why SLURM
+    refused it and the key that fixes it (``refused``: :func:`why_not_run`)."""
+    if refused is not None and not refused.unscheduled:
+        problems = [f"not warmed: {refused.reason}; jobs that land on a {gpu_type} compile for themselves"]
+    else:
+        why = f"{phase.unscheduled} ({refused.reason})" if refused else phase.unscheduled
+        problems = [f"not validated: {why}; jobs that land on a {gpu_type} compile for themselves "
+                    "(and fill the cache)"]
+    failed = refused is not None and not refused.unscheduled
     return Verdict(
         gpu_type=gpu_type, device=phase.device, passed=False, cold_seconds=None, warm_seconds=0.0,
-        problems=[f"not validated: {phase.unscheduled}; jobs that land on a {gpu_type} compile for "
-                  "themselves (and fill the cache)"],
-        kinds={kind: KindCounts() for kind in kinds.OBSERVED}, cache_warnings=exports.messages(),
-        job=phase.job, software=phase.software, status="unscheduled",
-        cache_root=phase.cache_root)
+        problems=problems, kinds={kind: KindCounts() for kind in kinds.OBSERVED},
+        cache_warnings=exports.messages(), job=phase.job, software=phase.software,
+        status="failed" if failed else "unscheduled", cache_root=phase.cache_root,
+        not_warmed=refused.reason if failed else None)
+
+
+def why_not_run(settings: Settings, gpu_type: str, warm_report: str | None,
+                preflight: str | None) -> cluster.Refusal:
+    """Why ``gpu_type``'s warm job (when its report says it was unscheduled), else its check
+    job, did not run on a node of it: the request it made (as planned in the preflight) against
+    what the cluster offers now."""
+    warm_unscheduled = False
+    if warm_report:
+        try:
+            warm_unscheduled = bool(PhaseResult.from_dict(safe_io.load_json(Path(warm_report))).unscheduled)
+        except UsageError:
+            warm_unscheduled = False
+    phase = "warm" if warm_unscheduled else "check"
+    planned_jobs = placement.planned_in(preflight, settings, gpu_type)
+    request = placement.first_request(settings, gpu_type, phase, planned_jobs)
+    spec = gpu_types(settings)[gpu_type]
+    return cluster.refusal(gpu_type, spec, phase, request, cluster.query()[0],
+                           placement.refusal_keys(settings, gpu_type, phase))
 
 
 def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseResult | None],
-                 exports: env.Exports) -> Verdict:
-    """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`)."""
+                 exports: env.Exports, refused: cluster.Refusal | None = None) -> Verdict:
+    """The verdict on ``gpu_type`` from its validation passes (:func:`run_phases`); ``refused``:
+    why its jobs did not run on a node of it, where they did not (:func:`why_not_run`)."""
     cold, warm = phases.get("cold"), phases["validate"]
     if not settings.validate.measure_cold:
         cold = None  # it ran as the outputs proof's reference alone (outputs_proof)
     assert warm is not None
     if warm.unscheduled:
-        return unscheduled_verdict(gpu_type, warm, exports)
+        return unscheduled_verdict(gpu_type, warm, exports, refused)
     expected = gpu_types(settings).get(gpu_type)
     ran_with = dict(warm.software)
     if expected is not None and expected.container and ran_with.get("image"):
@@ -185,6 +215,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         "hits were not observed: the workloads ran no Python process with the stats hook "
         "(misses still count from new cache entries)"]
     notes += unremembered(warm, counts) if not problems else []
+    notes += confirmed_warm(phases.get("warm"))
     notes += [w.note for w in workloads_of(settings, gpu_type) if w.note] if expected is not None else []
     return Verdict(
         gpu_type=gpu_type,
@@ -205,6 +236,19 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         software=ran_with,
         status="error" if broken else ("failed" if problems else "passed"),
     )
+
+
+def confirmed_warm(warm: PhaseResult | None) -> list[str]:
+    """A note on the warm pass a check job ran first because its warm job was planned to run no
+    workload (the host found a passed verdict of the same plan): held on the node, or not."""
+    if warm is None:
+        return []
+    if warm.skipped:
+        return ["its warm job was planned to run no workload and asked for no GPU (a passed verdict "
+                "of the same workloads and shapes), and the check job confirmed that verdict on its node"]
+    return ["its warm job was planned to run no workload, but on the check job's node the last "
+            "verdict did not hold (other software or device): the check job warmed first, one run "
+            f"at a time ({sum(warm.new_entries.values())} new entries)"]
 
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
@@ -237,14 +281,16 @@ def unremembered(phase: PhaseResult, counts: Mapping[str, KindCounts]) -> list[s
 
 
 def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
-    """Keep a passed verdict's inputs (the validate pass's fingerprint) so that the next warm
-    step of the same inputs only re-checks; forget them when the verdict failed."""
+    """Keep a passed verdict's inputs (the validate pass's fingerprint, and its plan's key, by
+    which the host plans the next warm job without a GPU: runner.planned_skip) so that the next
+    warm step of the same inputs only re-checks; forget them when the verdict failed."""
     marker = runner.state_file(settings.cache_root, "passed", phase.fingerprint or "")
     if marker is None or not phase.fingerprint:
         return
     keys = {kind: totals.hit_keys for kind, totals in phase.recorded.items() if totals.hit_keys}
     if verdict.passed and keys:  # what the next warm step checks is still there
-        runner.save_state(marker, {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys})
+        runner.save_state(marker, {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys,
+                                   "plan": phase.plan_key})
     else:
         try:
             marker.unlink()
@@ -257,6 +303,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", metavar="FILE",
                         help="judge the passes the workload runner ran in the jobs' software "
                              "(the workflow's check_cache output) instead of running them here")
+    parser.add_argument("--warm", metavar="FILE", help="with --phases: the warm job's report")
+    parser.add_argument("--preflight", metavar="FILE",
+                        help="with --phases: the preflight's report (what the jobs were planned to ask)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,11 +320,15 @@ def run(args: argparse.Namespace) -> int:
         env.warn_once(exports)
         with common.log_stream(args.log) as output:
             phases = run_phases(settings, gpu_type, output, env.job_environ(exports))
-    verdict = judge_phases(settings, gpu_type, phases, exports)
+    refused = why_not_run(settings, gpu_type, args.warm, args.preflight) \
+        if phases["validate"] is not None and phases["validate"].unscheduled else None
+    verdict = judge_phases(settings, gpu_type, phases, exports, refused)
     outputs_proof.apply(settings, verdict, phases)
     remember(settings, verdict, phases["validate"])
     common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)
-    if verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
+    if verdict.not_warmed:  # fixable, and the run fails for it at its end (summary)
+        print(shown(f"gpu-cache: {gpu_type} {verdict.problems[0]}"), file=sys.stderr)
+    elif verdict.outcome == "unscheduled":  # an optional type: not a failure, also when strict
         for problem in verdict.problems:
             print(shown(f"gpu-cache: {gpu_type} {problem}"), file=sys.stderr)
     elif not verdict.passed:

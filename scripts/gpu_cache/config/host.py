@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_cache.config import expansion
 from gpu_cache.config.settings import DEFAULT_CONFIG, read_config_file, validate_config
 from gpu_cache.core.errors import UsageError
 
@@ -22,7 +23,9 @@ REFERENCE = "host"
 
 def resolve(value: Any, host: Mapping[str, Any] | None, where: str) -> Any:
     """``value`` with each ``{host: KEY}`` in it replaced by the host config's value of KEY
-    (taken as it is: the host's value, as the host's own rules read it).
+    (taken as it is: the host's value, as the host's own rules read it). What is returned is
+    a copy of all that ``value`` expands to (:func:`block` measures it first, ``expansion``);
+    a host's value keeps its aliases shared (``deepcopy``), and is measured with the rest.
 
     Raises:
         UsageError: a reference without a host config, or to a key the host does not have.
@@ -60,11 +63,15 @@ def block(data: Mapping[str, Any] | None, key: str | None, source: str) -> tuple
     found = (data or {}).get(wanted)
     if key is None and not isinstance(found, dict):  # gpu-cache's own config
         # (keys that are not gpu-cache's: the schema check names the first, a clearer line)
-        return (resolve(data, None, "") if set(data or {}) <= set(DEFAULT_CONFIG) else data), source
+        if not set(data or {}) <= set(DEFAULT_CONFIG):
+            return data, source
+        expansion.measure(data, source)  # resolve copies what aliases repeat: measured first
+        return resolve(data, None, ""), source
     if not isinstance(found, dict):
         keys = ", ".join(sorted(map(str, data or {}))[:12]) or "none"
         raise UsageError(f"{source} has no {wanted}: block of gpu-cache's keys (its top-level "
                          f"keys: {keys}); --config-key names the key that holds it")
+    expansion.measure(found, source, wanted)
     return resolve(found, data, wanted), f"{source}, block {wanted}"
 
 

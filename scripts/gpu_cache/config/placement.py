@@ -9,15 +9,18 @@ wires these into its rules; the logic is here, so that it is tested without Snak
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from gpu_cache.config import cluster, targets
 from gpu_cache.config.settings import PLACEMENT_RESOURCES, GpuType, Settings
-from gpu_cache.config.workloads import workloads_of
+from gpu_cache.config.units import format_size
+from gpu_cache.config.workloads import plan_phase
+from gpu_cache.core import runner
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.runner import Command
 
 #: The resource an optional type's deadline goes into (with the type's own, if any).
 DEADLINE_RESOURCE = "slurm_extra"
@@ -27,38 +30,93 @@ SKIPPED_MEM_MB = 1000
 SIZED_RESOURCES = ("mem_mb", "runtime")
 
 
-#: Host memory (MB) of one run of a built-in workload at a shape, where it is known. An
-#: AlphaFold 3 fold of N tokens: AlphaPulldownSnakemake's sizing of its structure_inference jobs,
-#: mem_safety_factor x (base + per_token_sq x N^2), with its AlphaFold 3 defaults (1.25, 8000 MB,
-#: 0.0045 MB): 15 899 MB for 1024 tokens.
-RUN_MEMORY_MB: dict[str, Callable[[int], int]] = {
-    "alphafold3": lambda tokens: math.ceil(1.25 * (8000 + 0.0045 * tokens**2)),
-}
+@dataclass(frozen=True)
+class JobSizes:
+    """What a GPU type's warm and check jobs ask for where its runs' memory is known
+    (:mod:`gpu_cache.config.memory`: one process of a built-in workload at its shape, measured):
+    the warm job runs ``warm_parallel`` at once, as many of the largest as fit ``budget_mb`` (the
+    type's own ``mem_mb``, else the largest node that can take the type, as ``sinfo`` says) and
+    ``warm.parallel``, and asks for their sum; the check job runs one at a time and asks for the
+    largest. ``problems``: a run larger than the budget (its job would be refused)."""
+
+    runs_mb: tuple[int, ...] | None = None
+    budget_mb: int | None = None
+    warm_parallel: int = 0
+    warm_mb: int | None = None
+    check_mb: int | None = None
+    problems: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def memory_mb(settings: Settings, gpu_type: str, phase: str) -> int | None:
-    """The mem_mb a warm or check job (``phase``) of ``gpu_type`` needs where every run of it
-    has a known size (:data:`RUN_MEMORY_MB`): the runs a job makes at once, added up (warm:
-    ``warm.parallel`` of them, by default all its shapes side by side; check: one at a time,
-    so its largest). None: not known (the executor's default applies)."""
-    runs = []
-    for workload in workloads_of(settings, gpu_type):
-        size = RUN_MEMORY_MB.get(workload.name) if workload.builtin else None
-        if size is None:
-            return None
-        runs += [size(int(shape)) for shape in workload.shapes]
-    at_once = (settings.warm.parallel or len(runs)) if phase == "warm" else 1
-    return sum(sorted(runs, reverse=True)[:at_once]) or None
+def job_sizes(settings: Settings, gpu_type: str,
+              offers: tuple[cluster.Offer, ...] | None = None) -> JobSizes:
+    """The sizes of ``gpu_type``'s warm and check jobs (:class:`JobSizes`); without a known size
+    of every run, only ``warm.parallel`` (0: as many as the job's threads). ``offers``: what the
+    cluster offers (``()``: no cluster; None: ask ``sinfo``, only where it matters)."""
+    spec = targets.gpu_types(settings)[gpu_type]
+    plan = plan_phase(settings, gpu_type, "warm")
+    sizes = [c.memory_mb for c in plan.commands]
+    if not sizes or any(size is None for size in sizes):
+        return JobSizes(warm_parallel=settings.warm.parallel or 0)
+    own = spec.resources.get("mem_mb")
+    budget = own or cluster.largest_memory(spec, cluster.query()[0] if offers is None else offers)
+    ordered = sorted(sizes, reverse=True)
+    at_once = min(settings.warm.parallel or len(ordered), len(ordered))
+    while budget is not None and at_once > 1 and sum(ordered[:at_once]) > budget:
+        at_once -= 1
+    problems = tuple(_too_large(gpu_type, c, budget, bool(own)) for c in plan.commands
+                     if budget is not None and c.memory_mb > budget)
+    return JobSizes(tuple(sizes), budget, at_once, own or sum(ordered[:at_once]), own or ordered[0], problems)
 
 
-def sized(settings: Settings, types: Mapping[str, GpuType], phase: str) -> dict[str, GpuType]:
+def _too_large(gpu_type: str, command: Command, budget: int, own: bool) -> str:
+    """A line for a run whose memory is over a type's budget (:func:`job_sizes`)."""
+    where = "its resources.mem_mb" if own else "the largest node that can take it"
+    also = "" if own else f", or give gpu_types.{gpu_type} a partition of larger nodes"
+    return (f"GPU type {gpu_type}: one run of {command.workload} at shape {command.shape} needs "
+            f"{format_size(command.memory_mb << 20)}, more than {where} has "
+            f"({format_size(budget << 20)}): its jobs would be refused; drop {command.shape} from "
+            f"workloads.{command.workload}.shapes{also}")
+
+
+def sized(settings: Settings, types: Mapping[str, GpuType], phase: str,
+          offers: tuple[cluster.Offer, ...] | None = None) -> dict[str, GpuType]:
     """``types`` with ``mem_mb`` in their resources where they leave it out and
-    :func:`memory_mb` knows it for ``phase`` (a type's own value wins)."""
+    :func:`job_sizes` knows it for ``phase`` (a type's own value wins)."""
     out = {}
     for name, spec in types.items():
-        mem = None if "mem_mb" in spec.resources else memory_mb(settings, name, phase)
+        sizes = job_sizes(settings, name, offers) if "mem_mb" not in spec.resources else JobSizes()
+        mem = sizes.warm_mb if phase == "warm" else sizes.check_mb
         out[name] = replace(spec, resources={**spec.resources, "mem_mb": mem}) if mem else spec
     return out
+
+
+def planned(settings: Settings, gpu_type: str, offers: tuple[cluster.Offer, ...] | None = None
+            ) -> dict[str, Any]:
+    """How ``gpu_type``'s warm and check jobs are planned: their sizes (:func:`job_sizes`) and
+    ``skip``, why its warm job runs no workload and asks for no GPU (a passed verdict of the same
+    plan holds: ``runner.planned_skip``; None: it warms). The preflight (``gpu-cache doctor``)
+    writes it once per run, so that every evaluation of a job's resources, in Snakemake and in
+    the job's own process, agrees."""
+    plan = plan_phase(settings, gpu_type, "warm")
+    return {**job_sizes(settings, gpu_type, offers).as_dict(),
+            "skip": runner.planned_skip(settings.cache_root, plan)}
+
+
+def planned_in(report: str | None, settings: Settings, gpu_type: str) -> dict[str, Any]:
+    """:func:`planned` as the preflight report ``report`` has it, once it exists (its section
+    ``placement``); planned here before (a dry run, whose jobs never run)."""
+    if report and os.path.isfile(report):
+        try:
+            with open(report) as stream:
+                found = json.load(stream)["placement"][gpu_type]
+            if isinstance(found, dict):
+                return found
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return planned(settings, gpu_type)
 
 
 def optional_types(types: Mapping[str, GpuType]) -> list[str]:
@@ -135,3 +193,36 @@ def resource(name: str, spec: GpuType, skipped: Callable[[], bool]) -> Any:
     if due:
         return " ".join(filter(None, [spec.resources.get(name), due]))
     return spec.resources.get(name)
+
+
+def first_request(settings: Settings, gpu_type: str, phase: str, planned_jobs: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+    """The resources the first attempt of ``gpu_type``'s ``phase`` job (warm, check) asked SLURM
+    for, as the workflow asks them (its memory as planned, the deadline, its threads)."""
+    spec = targets.gpu_types(settings)[gpu_type]
+    mem = spec.resources.get("mem_mb") or planned_jobs.get(f"{phase}_mb")
+    if mem:
+        spec = replace(spec, resources={**spec.resources, "mem_mb": mem})
+    names = [*spec.resources, DEADLINE_RESOURCE]
+    found = {name: resource(name, spec, lambda: False) for name in names}
+    runs = len(plan_phase(settings, gpu_type, "warm").commands)
+    found["threads"] = (planned_jobs.get("warm_parallel") or runs) if phase == "warm" else 1
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def refusal_keys(settings: Settings, gpu_type: str, phase: str) -> dict[str, str]:
+    """What the user sets to fix a refused ``phase`` job of ``gpu_type``: for its memory, its CPUs."""
+    spec = targets.gpu_types(settings)[gpu_type]
+    if "mem_mb" in spec.resources:
+        memory = f"lower gpu_types.{gpu_type}.resources.mem_mb to what such a node has"
+    else:
+        memory = (f"gpu-cache sized it from the largest run; drop the largest shapes from the "
+                  f"type's workloads (workloads.<name>.shapes) or set gpu_types.{gpu_type}.resources.mem_mb")
+    if "cpus_per_task" in spec.resources:
+        cpus = f"lower gpu_types.{gpu_type}.resources.cpus_per_task"
+    elif phase == "warm":
+        cpus = (f"set warm.parallel (a warm job asks for a CPU per run it makes at once) or "
+                f"gpu_types.{gpu_type}.resources.cpus_per_task")
+    else:
+        cpus = f"set gpu_types.{gpu_type}.resources.cpus_per_task"
+    return {"mem_mb": memory, "cpus": cpus}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_cache.config import expansion
 from gpu_cache.config.units import parse_age, parse_size
 from gpu_cache.core import names, owners, safe_io
 from gpu_cache.core.errors import UsageError
@@ -112,9 +113,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if not config:
         return copy.deepcopy(DEFAULT_CONFIG)  # the schema's defaults, checked by a test
 
-    if _too_big(config):
-        raise UsageError(f"the config expands to more than {MAX_CONFIG_NODES} values "
-                         "(YAML aliases nested too deep?)")
+    expansion.measure(config, "the config")  # before anything walks it: the schema check would hang
     config = named_as_text(config)
     schema = load_schema()
     validator = _validator_class()(schema)
@@ -177,28 +176,6 @@ def _validator_class() -> Any:
     return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": whole_pattern})
 
 
-#: A config holds a few hundred values; more means a YAML alias bomb (a few hundred bytes
-#: whose aliases expand to billions of nodes), which would hang the schema check.
-MAX_CONFIG_NODES = 100_000
-
-
-def _too_big(value: Any, budget: int = MAX_CONFIG_NODES) -> bool:
-    """Whether ``value`` has more than ``budget`` nodes, counting a shared (aliased) node
-    each time it is reached; stops counting as soon as the budget is spent."""
-    stack = [value]
-    while stack:
-        budget -= 1
-        if budget < 0:
-            return True
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The mapping a YAML or JSON config file holds (a symbolic link to one is followed), not
     yet validated: gpu-cache's own config or a host pipeline's (``gpu_cache.config.host``).
@@ -227,8 +204,13 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level
+        raise UsageError(f"config file {path} nests deeper than YAML can be read") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    # Aliases load shared: a few bytes may expand to billions of values (or contain themselves)
+    # in the merge and the checks after this.
+    expansion.measure(data, f"config file {path}", budget=expansion.MAX_FILE_NODES)
     return data
 
 

@@ -4,8 +4,6 @@ cluster's own names for its GPUs (its GRES types)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 from gpu_cache.config.settings import GpuType, Settings
 from gpu_cache.core import device
@@ -61,23 +59,6 @@ def gres_names(spec: GpuType) -> set[str]:
     return found
 
 
-def parse_sinfo_gres(text: str) -> dict[str, set[str]]:
-    """The GPU GRES type names per partition in ``sinfo -h -o "%P %G"`` output (lines such
-    as ``gpu* gpu:3090:4(S:0-1),gpu:a100:2``; ``(null)`` for a partition without GRES)."""
-    found: dict[str, set[str]] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            continue
-        partition = fields[0].rstrip("*")
-        names = found.setdefault(partition, set())
-        for item in re.sub(r"\([^)]*\)", "", fields[1]).split(","):
-            parts = item.split(":")
-            if parts[0] == "gpu" and len(parts) >= 3:
-                names.add(parts[1])
-    return found
-
-
 def yaml_text(name: str) -> str:
     """``name`` as YAML must spell it to read it back as that text: quoted where YAML would
     read a number, a truth value or null (``3090``, ``on``)."""
@@ -92,8 +73,9 @@ def yaml_text(name: str) -> str:
 
 def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> list[str]:
     """One line per GRES type name the cluster offers (``offered``: by partition, from
-    :func:`parse_sinfo_gres`) saying which configured GPU types ask for it (or that none
-    does), then one per configured type that asks for a name no partition offers."""
+    :func:`gpu_cache.config.cluster.gres_by_partition`) saying which configured GPU types ask
+    for it (or that none does), then one per configured type that asks for a name no partition
+    offers."""
     asked = {name: gres_names(spec) for name, spec in types.items()}
     lines = []
     partitions: dict[str, list[str]] = {}
@@ -116,47 +98,3 @@ def gres_mapping(types: dict[str, GpuType], offered: dict[str, set[str]]) -> lis
                     else "its warm job fails and no job that waits for its verdict runs")
             lines.append(f"GPU type {gpu_type} asks for gpu:{name}, which no partition offers: {then}")
     return lines
-
-
-#: Seconds ``sinfo`` may take (a configured client whose controller is down waits long).
-SINFO_TIMEOUT = 5
-
-
-def query_sinfo() -> tuple[dict[str, set[str]] | None, str | None]:
-    """The GPU GRES type names per partition where ``sinfo`` answers (:func:`parse_sinfo_gres`),
-    and None; where it does not answer in time, None and a line that says so; where there is
-    no cluster here (``sinfo`` missing or failing), None and None."""
-    if shutil.which("sinfo") is None:
-        return None, None
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True,
-                             timeout=SINFO_TIMEOUT, check=True).stdout
-    except subprocess.TimeoutExpired:
-        return None, f"sinfo did not answer within {SINFO_TIMEOUT} s"
-    except (OSError, subprocess.CalledProcessError):  # a client without a cluster
-        return None, None
-    return parse_sinfo_gres(out), None
-
-
-def unreachable(types: dict[str, GpuType], here: device.Device,
-                offered: dict[str, set[str]] | None) -> list[str]:
-    """The GPU types that no partition offers and this machine's device is not, whose
-    validation therefore fails: where a cluster answered (``offered``), the lines of
-    :func:`gres_mapping` for the GRES no partition offers; where none did, a line for each
-    type whose device is not this machine's (its warm and check jobs run here)."""
-    if offered is not None:
-        return [line for line in gres_mapping(types, offered) if "no partition offers" in line]
-    return [f"GPU type {name}: no SLURM cluster answers here (sinfo) and this machine's device is "
-            f"{here.gpu_type}, not {spec.expected_device}: its warm and check jobs would run here "
-            "and its validation fail (name the GPU types the jobs get; `gpu-cache doctor` on a "
-            "node prints its device)"
-            for name, spec in types.items() if not device_matches(spec, here)]
-
-
-def unreachable_here(settings: Settings) -> list[str]:
-    """:func:`unreachable` for the configured types on this machine; asks ``sinfo`` only when
-    a type's device is not this machine's."""
-    types, here = gpu_types(settings), device.detect()
-    if all(device_matches(spec, here) for spec in types.values()):
-        return []
-    return unreachable(types, here, query_sinfo()[0])

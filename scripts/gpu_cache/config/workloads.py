@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_cache.config.memory import run_memory_mb
 from gpu_cache.config.settings import Settings, WorkloadConfig
 from gpu_cache.config.targets import gpu_types
 from gpu_cache.config.units import parse_age
@@ -180,7 +181,8 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     for workload in workloads_of(settings, gpu_type):
         workload.commands(settings.python or "python3", gpu_type)  # checks the template
         commands += [Command(workload.name, shape, workload.command, workload.timeout_seconds,
-                             workload.builtin, workload.expects, workload.outputs)
+                             workload.builtin, workload.expects, workload.outputs,
+                             run_memory_mb(workload.name, workload.builtin, shape))
                      for shape in workload.shapes]
     environ = {names.GPU_TYPE_VAR: gpu_type, names.RULE_VAR: names.own_rule(phase),
                names.TRITON_TARGETS_VAR: ",".join(settings.triton_targets)}

@@ -19,15 +19,27 @@ _VARIANT = re.compile(r"\d+gb?|hbm\d*e?|gddr\d*x?|sxm\d*|pcie|nvl|sff|maxq|serve
 
 @dataclass(frozen=True)
 class Device:
-    """``name`` as the driver reports it (``NVIDIA H200``), ``gpu_type`` (``h200``), ``count`` visible."""
+    """``name`` as the driver reports it (``NVIDIA H200``), ``gpu_type`` (``h200``), ``count``
+    visible, their ``compute_capability`` (``9.0``) and ``driver`` version where ``nvidia-smi``
+    says them, and which ones the job was given (``visible_devices``: CUDA_VISIBLE_DEVICES)."""
 
     name: str
     gpu_type: str
     count: int
     visible_devices: str | None = None
+    compute_capability: str | None = None
+    driver: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def identity(seen: Mapping[str, object]) -> dict[str, object]:
+    """What makes a device (``Device.as_dict()``, or a report's copy of it) the same device for
+    a cache: its model, compute capability, driver and how many are visible (JAX keys count
+    them), never which ones (``visible_devices``): two GPUs of one model share entries and
+    verdicts, whichever index SLURM gives a job."""
+    return {name: value for name, value in seen.items() if name != "visible_devices"}
 
 
 def gpu_type_of(product_name: str) -> str:
@@ -86,22 +98,37 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
     """
     environ = os.environ if environ is None else environ
     visible = _visible_indices(environ)
-    names: list[str] = []
+    found: list[tuple[str, str | None, str | None]] = []  # (name, compute capability, driver)
     if shutil.which("nvidia-smi") and visible != []:
         try:
-            out = _nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader")
-            rows = [[c.strip() for c in line.split(",", 2)] for line in out.splitlines() if line.strip()]
+            rows = _gpu_rows()
             if visible is None:
-                names = [row[2] for row in rows]
+                found = [row[2:] for row in rows]
             else:
-                by_id = {row[0]: row[2] for row in rows} | {row[1]: row[2] for row in rows}
+                by_id = {row[0]: row[2:] for row in rows} | {row[1]: row[2:] for row in rows}
                 if any(v.strip().startswith("MIG-") for v in visible):
-                    by_id |= mig_names(_nvidia_smi("-L"))
-                names = [by_id[v.strip()] for v in visible if v.strip() in by_id]
+                    parents = {row[2]: row[3:] for row in rows}
+                    by_id |= {uuid: (name, *parents.get(name.split(" MIG ")[0], (None, None)))
+                              for uuid, name in mig_names(_nvidia_smi("-L")).items()}
+                found = [by_id[v.strip()] for v in visible if v.strip() in by_id]
         except (OSError, subprocess.SubprocessError, IndexError):
-            names = []
+            found = []
     visible_text = environ.get("CUDA_VISIBLE_DEVICES")
-    if not names:
+    if not found:
         return Device(name="cpu", gpu_type="cpu", count=0, visible_devices=visible_text)
-    return Device(name=names[0], gpu_type=gpu_type_of(names[0]), count=len(names),
-                  visible_devices=visible_text)
+    name, capability, driver = found[0]
+    return Device(name=name, gpu_type=gpu_type_of(name), count=len(found), visible_devices=visible_text,
+                  compute_capability=capability, driver=driver)
+
+
+def _gpu_rows() -> list[tuple[str, str, str, str | None, str | None]]:
+    """``(index, uuid, name, compute capability, driver)`` of each GPU ``nvidia-smi`` lists; a
+    driver too old to report ``compute_cap`` gives None for both (the name is still known)."""
+    try:
+        out = _nvidia_smi("--query-gpu=index,uuid,compute_cap,driver_version,name", "--format=csv,noheader")
+        rows = [[c.strip() for c in line.split(",", 4)] for line in out.splitlines() if line.strip()]
+        return [(row[0], row[1], row[4], row[2] or None, row[3] or None) for row in rows]
+    except subprocess.CalledProcessError:
+        out = _nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader")
+        rows = [[c.strip() for c in line.split(",", 2)] for line in out.splitlines() if line.strip()]
+        return [(row[0], row[1], row[2], None, None) for row in rows]

@@ -65,8 +65,10 @@ def folder_of(root: Path | None, fingerprint: str | None, environ: Mapping[str, 
     computes (``XLA_FLAGS``, ``TRITON_DEFAULT_FP_FUSION``, ...)."""
     if root is None or not fingerprint:
         return None
+    # Where the cache is, and which of the node's GPUs the job got, change nothing computed
+    # (the fingerprint holds the device's model and how many are visible).
     compute = sorted((name, environ.get(name)) for name in kinds.KEY_ENVIRONMENT
-                     if name != names.JAX_CACHE_DIR_VAR)  # where the cache is changes nothing computed
+                     if name not in (names.JAX_CACHE_DIR_VAR, "CUDA_VISIBLE_DEVICES"))
     tail = hashlib.sha256(repr(compute).encode()).hexdigest()[:12]
     return state_files.folder(root) / f"{PREFIX}{fingerprint}-{tail}"
 

@@ -138,6 +138,10 @@ class PhaseResult:
     expects: list[str] = field(default_factory=list)
     #: What the pass depends on (runner.fingerprint): measurements and verdicts are reused by it.
     fingerprint: str | None = None
+    #: The plan's own part of it (runner.plan_key: the type, its runs, its image), which the
+    #: host can tell before a job runs: a passed verdict kept under it lets the next warm job be
+    #: planned without a GPU (the check job then confirms it on the node).
+    plan_key: str | None = None
     #: Why the pass did not run (a warm pass whose inputs' last validation passed).
     skipped: str | None = None
     #: The stored pass this one reuses (a cold measurement of the same inputs).
@@ -191,6 +195,7 @@ class PhaseResult:
             cache_problems=[str(p) for p in data.get("cache_problems") or [] if isinstance(p, str)],
             expects=[str(k) for k in data.get("expects") or [] if isinstance(k, str)],
             fingerprint=text_or_none(data.get("fingerprint")),
+            plan_key=text_or_none(data.get("plan_key")),
             skipped=text_or_none(data.get("skipped")),
             reused=text_or_none(data.get("reused")),
             unscheduled=text_or_none(data.get("unscheduled")),

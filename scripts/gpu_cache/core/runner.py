@@ -13,6 +13,7 @@ builds its plan and judges its result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from gpu_cache.core import (
 )
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
+from gpu_cache.core.shown import shown
 
 log = logging.getLogger(__name__)
 _OUTPUT_LOCK = threading.Lock()  # one run's output at a time into the log
@@ -63,6 +65,9 @@ class Command:
     builtin: bool = False
     expects: tuple[str, ...] = ()  # the cache kinds it compiles for
     outputs: str | None = None
+    #: Peak host memory of the run in MB, where it is known (a built-in workload's, measured):
+    #: runs side by side start only while their sum fits the job's memory (:func:`memory_budget`).
+    memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def run_command(command: Command, line: str, environ: Mapping[str, str], output:
         # Appended to the value as written: an empty entry is the working folder (#21).
         before = env.get("PYTHONPATH")
         env["PYTHONPATH"] = f"{before}{os.pathsep}{PACKAGE_PARENT}" if before else str(PACKAGE_PARENT)
-    output.write(f"$ {line}\n")
+    output.write(f"$ {shown(line)}\n")  # a shape from the config may hold a newline or ESC
     output.flush()
     started = time.perf_counter()
     process = subprocess.Popen(["bash", "-c", line], env=env, stdout=output, stderr=subprocess.STDOUT,
@@ -158,20 +163,25 @@ def tier_of(environ: Mapping[str, str]) -> Path | None:
     return Path(tier) if tier and os.path.isabs(tier) else None
 
 
-def unscheduled_result(plan: Plan, why: str, environ: Mapping[str, str] | None = None) -> PhaseResult:
+def unscheduled_result(plan: Plan, why: str | None, environ: Mapping[str, str] | None = None,
+                       skipped: str | None = None) -> PhaseResult:
     """The result of a pass that ran no workload because its job could not run on a node
-    of its GPU type (``why``), as the workflow asks on a later attempt of an optional type."""
+    of its GPU type (``why``), as the workflow asks on a later attempt of an optional type, or
+    because the host planned it so (``skipped``: :func:`planned_skip`)."""
     environ = dict(os.environ if environ is None else environ)
     root = cache_root_of(environ)
-    return PhaseResult(plan.phase, plan.gpu_type, f"{plan.phase}-{plan.gpu_type}-unscheduled",
+    run_id = f"{plan.phase}-{plan.gpu_type}-{'unscheduled' if why else 'skipped'}"
+    return PhaseResult(plan.phase, plan.gpu_type, run_id,
                        device=device.detect(environ).as_dict(), software=software.identity(environ),
                        job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
-                       cache_root=str(root) if root else None, unscheduled=why)
+                       cache_root=str(root) if root else None, unscheduled=why or None,
+                       skipped=skipped, plan_key=plan_key(plan))
 
 
 def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[str, Any]) -> str:
     """What a measurement or a verdict depends on: the GPU type, its runs (workload, shape,
-    command), the software and the device. Passes of one type share it, whatever the phase.
+    command), the software and the device (:func:`device.identity`: its model, not which of
+    the node's GPUs the job got). Passes of one type share it, whatever the phase.
     The image counts by the name the config gives it: Snakemake pulls it to a file in each
     working folder's ``.snakemake/singularity`` (unless ``--apptainer-prefix`` is shared), and
     a run in another folder must find the same verdict (its software is in it besides)."""
@@ -182,8 +192,37 @@ def fingerprint(plan: Plan, software_identity: Mapping[str, Any], seen: Mapping[
         software_identity["image"] = plan.container
     inputs = {"gpu_type": plan.gpu_type, "python": plan.python,
               "runs": [[c.workload, str(c.shape), c.template] for c in plan.commands],
-              "software": software_identity, "device": dict(seen)}
+              "software": software_identity, "device": device.identity(seen)}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def plan_key(plan: Plan) -> str:
+    """The part of :func:`fingerprint` that the plan alone decides (the GPU type, its runs, its
+    image as the config names it), which the host knows before any job runs."""
+    import hashlib
+
+    inputs = {"gpu_type": plan.gpu_type, "container": plan.container,
+              "runs": [[c.workload, str(c.shape), c.template] for c in plan.commands]}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def planned_skip(root: Path | None, plan: Plan) -> str | None:
+    """Why a warm job of ``plan`` may be planned to run no workload, and so to ask for no GPU:
+    a passed verdict of the same plan (:func:`plan_key`) whose hit entries are all still in the
+    cache root. Its software and device are those of a job, so the check job confirms it on its
+    node (it warms first where they differ). None: warm as usual."""
+    if root is None or not plan.reuse:
+        return None
+    key = plan_key(plan)
+    for marker in sorted((root / names.STATE_FOLDER).glob("passed-*.json")):
+        try:
+            document = json.loads(safe_io.read_bounded(marker, 16 << 20))
+        except (OSError, ValueError):
+            continue
+        if isinstance(document, dict) and document.get("plan") == key and still_valid(root, marker):
+            return ("the last validation of the same workloads and shapes on this cache root passed, "
+                    "and every entry it hit is still there; the check job confirms it on its node")
+    return None
 
 
 def state_file(root: Path | None, what: str, key: str) -> Path | None:
@@ -236,8 +275,70 @@ def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO,
         return [one(n, c) for n, c in enumerate(plan.commands, 1)]
     from concurrent.futures import ThreadPoolExecutor
 
+    gate = _MemoryGate(memory_budget(env))
+
+    def fitting(number: int, command: Command) -> RunResult:
+        with gate.held(command.memory_mb or 0):
+            return one(number, command)
+
     with ThreadPoolExecutor(max_workers=min(plan.parallel, total)) as pool:
-        return list(pool.map(one, range(1, total + 1), plan.commands))
+        return list(pool.map(fitting, range(1, total + 1), plan.commands))
+
+
+def memory_budget(environ: Mapping[str, str]) -> int | None:
+    """The memory (MB) the runs of a job may use at once: the job's own (SLURM's
+    ``SLURM_MEM_PER_NODE``, its cgroup's ``memory.max``), at most what the machine has available
+    (``MemAvailable``: a desktop runs several buckets too). None: not known."""
+    slurm = str(environ.get("SLURM_MEM_PER_NODE", ""))
+    found = [int(slurm)] if slurm.isdigit() else []
+    found += [mb for mb in (_cgroup_limit_mb(), _available_mb()) if mb is not None]
+    return min(found) if found else None
+
+
+def _cgroup_limit_mb() -> int | None:
+    """This process's cgroup (v2) memory limit in MB; None: none, or no cgroup v2."""
+    try:
+        with open("/proc/self/cgroup") as lines:  # cgroup v2: the one line "0::<path>"
+            path = next((line.strip()[3:] for line in lines if line.startswith("0::")), None)
+        if path is None:
+            return None
+        with open(f"/sys/fs/cgroup{path}/memory.max") as limit:
+            text = limit.read().strip()
+    except OSError:
+        return None
+    return int(text) >> 20 if text.isdigit() else None  # "max": no limit
+
+
+def _available_mb() -> int | None:
+    """The machine's available memory in MB (Linux's ``MemAvailable``)."""
+    try:
+        with open("/proc/meminfo") as info:
+            found = next((line.split()[1] for line in info if line.startswith("MemAvailable:")), "")
+    except OSError:
+        return None
+    return int(found) >> 10 if found.isdigit() else None
+
+
+class _MemoryGate:
+    """Lets runs start while the memory they hold together fits ``budget`` (MB); a run larger
+    than the whole budget still runs, alone. Without a budget every run starts at once."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget, self.held_mb = budget, 0
+        self.changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, need: int):
+        with self.changed:
+            while self.budget is not None and self.held_mb and self.held_mb + need > self.budget:
+                self.changed.wait()
+            self.held_mb += need
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.held_mb -= need
+                self.changed.notify_all()
 
 
 def last_line(stream: TextIO, tail: int = 4096) -> str | None:
@@ -270,7 +371,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
                          job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
                          cache_root=str(root) if root else None,
                          expects=sorted({kind for c in plan.commands for kind in c.expects}),
-                         fingerprint=key)
+                         fingerprint=key, plan_key=plan_key(plan))
     if plan.phase == "cold":
         earlier = _reused(plan, state_file(root, "cold", key), result, kept)
         if earlier is not None:
@@ -364,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the job's threads: runs at once where a plan leaves it open")
     parser.add_argument("--unscheduled", metavar="WHY",
                         help="run no workload: write each plan's result as unscheduled, for WHY")
+    parser.add_argument("--skip", metavar="WHY",
+                        help="run no workload: write each plan's result as skipped, for WHY (a warm "
+                             "job the host planned without a GPU: planned_skip)")
     args = parser.parse_args(argv)
     try:
         plans = [with_threads(Plan.from_dict(json.loads(text)), args.threads) for text in args.plan_json]
@@ -374,9 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = {}
         for plan in plans:
-            if args.unscheduled:
-                output.write(f"# {plan.phase} [{plan.gpu_type}]: no workload run: {args.unscheduled}\n")
-                results[plan.phase] = unscheduled_result(plan, args.unscheduled).as_dict()
+            if args.unscheduled or args.skip:
+                why = args.unscheduled or f"skipped: {args.skip}"
+                output.write(f"# {plan.phase} [{plan.gpu_type}]: no workload run: {why}\n")
+                results[plan.phase] = unscheduled_result(plan, args.unscheduled, skipped=args.skip).as_dict()
                 continue
             environ = None
             if plan.phase == "cold":

@@ -92,18 +92,16 @@ def _user_set(name: str, environ: Mapping[str, str]) -> bool:
 def check_kind(settings: Settings, kind: Kind) -> FolderCheck:
     """Probe one kind's folder under the (set) cache root, as the settings ask: created
     group-shared in shared-group mode, trusted from the root down, with enough free space;
-    and the folders the tool writes into below it (:attr:`Kind.inner_folders`) that exist,
-    each trusted like the kind's folder."""
+    and the folders the tool writes into below it (:meth:`Kind.inner`) that exist, each
+    trusted like the kind's folder."""
     assert settings.cache_root is not None
     folder = kind.folder(settings.cache_root)
     check = check_folder(folder, shared_group=settings.shared_group, min_free=settings.min_free_space,
-                         trusted_above=settings.cache_root)
-    for pattern in kind.inner_folders if check.problem is None else ():
-        for inner in sorted(folder.glob(pattern)):  # shallow first: a refused folder ends it
-            why = trust.distrust(inner, settings.shared_group, settings.cache_root) \
-                if is_folder(inner) else None
-            if why:
-                return replace(check, problem=why)
+                         trusted_above=settings.cache_root, entries=kind.name)
+    for inner in kind.inner(folder) if check.problem is None else ():  # a refused folder ends it
+        why = trust.distrust(inner, settings.shared_group, settings.cache_root) if is_folder(inner) else None
+        if why:
+            return replace(check, problem=why)
     return check
 
 

@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpu_cache.config.units import format_size
 from gpu_cache.core import names, safe_io
 from gpu_cache.core.errors import UsageError
 from gpu_cache.jobenv import trust
@@ -217,6 +218,25 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _uncreatable(path: Path) -> str | None:
+    """Why ``path``, which does not exist, could not be created, asked without creating it: the
+    nearest folder above it that exists is on a read-only filesystem, not writable for this
+    user, or on a filesystem of no size at all (``/proc``, ``/sys``: a cache root there is a
+    mistake that a :func:`diagnosis` would otherwise call merely missing). None: it could be."""
+    above = _existing_ancestor(path)
+    try:
+        info = os.statvfs(above)
+    except OSError:
+        return None
+    kind = fs_type(above)
+    if info.f_blocks == 0 and family(kind) == "local":
+        return (f"cannot create {path}: {above} is on {kind}, a filesystem that holds no files; "
+                "choose another cache root")
+    code = errno.EROFS if info.f_flag & os.ST_RDONLY else \
+        (None if os.access(above, os.W_OK | os.X_OK) else errno.EACCES)
+    return f"cannot create {path}: {why_not(OSError(code, os.strerror(code)))}" if code else None
+
+
 def _probe_write(path: Path) -> tuple[str, int | None] | None:
     """Write a file and atomically rename it, as the caches do; why that failed (and the
     errno), or None."""
@@ -253,7 +273,7 @@ def _probe_access(path: Path) -> tuple[str, int | None] | None:
 
 
 def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
-              min_free: int) -> FolderCheck:
+              min_free: int, entries: str) -> FolderCheck:
     """The check of ``path`` (what the probe found) with what the folder, or the nearest one
     above it that exists, is on: its owner, mode, free space, filesystem, and the warnings."""
     where = _existing_ancestor(path)
@@ -272,8 +292,9 @@ def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
     if read_only:
         warnings.append(f"{path} is read-only: it serves hits but takes no new entries")
     if problem is None and free is not None and free < min_free:
-        warnings.append(f"{path} has only {free} bytes free (less than {min_free}); a full disk "
-                        "leaves empty or truncated JAX entries (`gpu-cache doctor --fix` removes them)")
+        warnings.append(f"{path} has only {format_size(free)} free (less than {format_size(min_free)}); "
+                        f"a full disk leaves empty or truncated {entries} entries (`gpu-cache doctor "
+                        "--fix` removes the broken entries it finds)")
     if kind in NETWORK_FS:  # measured on sshfs: a lock through one mount does not stop a second
         may = "" if fam == "sshfs" else "may "  # elsewhere it depends on the filesystem and mount
         warnings.append(f"{path} is on {kind}: file locks there {may}lock only within one machine, "
@@ -288,11 +309,12 @@ def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
 
 def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
                  min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
-                 probe: bool = True, private: bool = False) -> FolderCheck:
+                 probe: bool = True, private: bool = False, entries: str = "cache") -> FolderCheck:
     """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
     set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
     it (unless ``probe`` is False), and measure it. ``private``: folders it creates outside
-    shared-group mode get mode 0700. Where it may not write (:func:`may_write`: a
+    shared-group mode get mode 0700. ``entries``: whose entries a full disk would break (the
+    kind's name, in the low-space warning). Where it may not write (:func:`may_write`: a
     :func:`diagnosis`, or a folder that leads out of ``trusted_above``), it creates and changes
     nothing, says a missing folder is ``missing`` (judging what is there: the folders above it),
     and asks ``access(2)`` instead of writing a probe.
@@ -327,7 +349,8 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
                 problem = f"cannot create {path}: {why_not(exc)}"
         elif create and info is None:  # what would be made: judge the folders above it
             missing = True
-            problem = trust.distrust(path, shared_group, trusted_above, missing_ok=True)
+            problem = _uncreatable(path) or trust.distrust(path, shared_group, trusted_above,
+                                                            missing_ok=True)
     is_dir = is_folder(path)
     if problem is None and is_dir and not os.access(path, os.X_OK):
         problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
@@ -342,7 +365,7 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
             read_only = True
         elif failed:
             problem = failed[0]
-    return _measured(path, problem, read_only, missing, min_free)
+    return _measured(path, problem, read_only, missing, min_free, entries)
 
 
 def node_local_fallback(kind: str) -> Path:

@@ -118,6 +118,7 @@ def jax_part(hook):
     if part is None:
         part = hook.parts["jax"] = {
             "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
+            "own_compile_seconds": 0.0, "load_seconds": 0.0,
             "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
             "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
     return part

@@ -28,6 +28,7 @@ class _Inductor(Kind):
     watched_module = "torch._inductor.codecache"
     own_check = sealed = carried = tiered = True
     read_is_use = True
+    own_compile_field = None  # compile_seconds: Dynamo's backend calls, waits and hits included
     last_use = ("the newest modification or access time of the entry's files (Inductor marks no "
                 "hit; a hit reads them, which moves the access time where the mount keeps it, at "
                 "most daily with relatime)")

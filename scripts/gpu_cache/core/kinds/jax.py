@@ -26,6 +26,7 @@ class _Jax(Kind):
     watched_module = "jax"
     own_check = carried = tiered = True
     records_folder = True
+    own_compile_field = "own_compile_seconds"  # its compile_seconds has hits and waits in it
     last_use = ("the time in JAX's -atime record where a size cap made JAX keep one: it "
                 "wins over file times, which a copy without times sets to 'now' (they "
                 "count too only where the -atime file's own mtime agrees with it); "

@@ -78,7 +78,8 @@ class Kind:
     watch (ptxas: the shim's calls). ``needs_hook``: its variable set, jobs need the startup
     hook (it is the hook that serves the kind). ``inner_folders``: glob patterns, below the
     kind's folder, of the folders the tool itself makes and writes into; env and doctor judge
-    each that exists as a kind folder (whoever may add to one plants what the tool loads).
+    each that exists as a kind folder (whoever may add to one plants what the tool loads);
+    :meth:`inner` lists them.
     Integrity (docs/kinds.md): ``own_check``: its inventory checks entries with the kind's own
     format check, keeping what it verified in the folder's verification record
     (:mod:`gpu_cache.core.verified`); ``sealed``: a verifying scan seals each whole entry's
@@ -115,6 +116,10 @@ class Kind:
     records_folder: bool = False
     #: The field of its record section that counts hits.
     hits_field: str = "hits"
+    #: The field of its record section holding the seconds the process spent compiling entries
+    #: itself (not waiting for another process's compile, not loading hits); None where the
+    #: hook cannot tell them apart.
+    own_compile_field: str | None = "compile_seconds"
 
     def __repr__(self) -> str:
         return f"<cache kind {self.name}>"
@@ -128,6 +133,11 @@ class Kind:
     def enabled(self, settings: object) -> bool:
         """Whether ``settings`` (a :class:`gpu_cache.config.settings.Settings`) export this kind."""
         return self.exported and (self.enabled_by is None or bool(getattr(settings, self.enabled_by)))
+
+    def inner(self, folder: Path) -> list[Path]:
+        """The names below ``folder`` (its kind folder) that env and doctor judge as kind
+        folders: those :attr:`inner_folders` matches, shallow first."""
+        return [inner for pattern in self.inner_folders for inner in sorted(folder.glob(pattern))]
 
     @property
     def verifies(self) -> bool:

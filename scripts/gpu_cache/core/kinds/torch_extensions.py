@@ -1,11 +1,12 @@
 """torch's JIT-built C++/CUDA extensions as a kind (``TORCH_EXTENSIONS_DIR``, issue 38):
 ``torch.utils.cpp_extension.load()`` and ``load_inline()`` build with ninja into
 ``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook/kinds/torch_extensions.py``)
-keys each build as torch does (the extension's name, the sources' contents, the flags, torch's
-build, the compiler, Python's ABI and CUDA's targets), builds it in a temporary folder with
-single-flight, and renames it into place whole as ``<folder>/<name>-<key>``: the library, the
-ninja file and the manifest (:data:`MANIFEST`, written last) that names its key parts, the
-library's size and digest, and the headers it included.
+keys each build by what changes the code it makes (the extension's name, the sources' contents,
+the flags, torch's build, the compiler and its search paths, Python's ABI and CUDA's targets),
+builds it with single-flight in a temporary folder only the job's user can write (never torch's
+own ``<folder>/<name>``), and renames it into place whole as ``<folder>/<name>-<key>``: the
+library, the ninja file and the manifest (:data:`MANIFEST`, written last) that names its key
+parts, the library's size and digest, and the headers it included.
 
 One entry per name at the top of the folder: a keyed build (whole when its manifest names its
 key and its library is there at the size built), a folder torch made itself (``load_inline``'s
@@ -49,7 +50,9 @@ PART_HINTS = {
     "flags": "its flags or options changed (extra_cflags, extra_ldflags, include paths, with_cuda)",
     "torch": "another torch build loaded it",
     "compiler": "another C++ compiler builds it (CXX, PATH, or the compiler's release)",
-    "python": "another Python ABI loaded it",
+    "paths": "the compiler searches other folders (CPATH, CPLUS_INCLUDE_PATH, LIBRARY_PATH, ...: another "
+             "version of a library it includes or links)",
+    "python": "another Python ABI, or another machine, loaded it",
     "cuda": "other CUDA targets (TORCH_CUDA_ARCH_LIST, the GPUs visible, CUDA_HOME, CC)",
 }
 
@@ -84,6 +87,14 @@ class _TorchExtensions(Kind):
             else:
                 out.append(self._entry(name, "(other)", path, info, None))
         return out
+
+    def inner(self, folder: Path) -> list[Path]:
+        """torch's own folders of a name at its top, judged as kind folders: a job without the
+        startup hook builds there (``load_inline`` writes its sources there, so whoever may add
+        to one decides what it compiles). Not the keyed builds (the hook checks each before it
+        loads it, and env runs at every job's start), nor gpu-cache's temporary and trash folders."""
+        return [path for path in sorted(folder.glob("*")) if not KEYED.fullmatch(path.name)
+                and not path.name.startswith((names.TEMP_PREFIX, safe_io.TRASH_DIR_NAME))]
 
     def _entry(self, key: str, name: str, path: str, info: os.stat_result, problem: str | None) -> Entry:
         if not stat.S_ISDIR(info.st_mode):

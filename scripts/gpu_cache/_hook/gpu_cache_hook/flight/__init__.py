@@ -73,11 +73,32 @@ ABANDONED = b"abandoned\n"
 MAX_POLL = 0.02
 #: Errors of flock that mean "held by another process" (everything else: locks do not work).
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+#: The record keeps this many of a kind's waits, the longest, each with its key.
+MAX_WAITS = 10
 
 
 def _stat_fields():
     return {"state": "on", "mode": NODE, "led": 0, "waited": 0, "hits_after_wait": 0,
-            "gave_up": 0, "abandoned": 0, "wait_seconds": 0.0, "leases_passed": 0, "replaced": 0}
+            "gave_up": 0, "abandoned": 0, "wait_seconds": 0.0, "leases_passed": 0, "replaced": 0,
+            "waits": []}
+
+
+class Waiting:
+    """One ``lead`` call's wait: whether it waited, and when its latest look at the cache began.
+    The look that finds the entry is loading it, not waiting: a wait ends where that look begins."""
+
+    __slots__ = ("looked", "on")
+
+    def __init__(self):
+        self.on, self.looked = False, None
+
+    def begin(self, stats):
+        if not self.on:
+            self.on = True
+            stats["waited"] += 1
+
+    def look(self):
+        self.looked = time.monotonic()
 
 
 class _Flight:
@@ -93,6 +114,7 @@ class _Flight:
         self.leases = set()  # leases.Lease objects this process holds (the beat thread's work)
         self.beat = None  # the beat thread
         self.warn = None
+        self.local = threading.local()  # seconds each thread waited, per kind
         folder = environ.get(LOCKS_VAR) or ""
         self.folder = os.path.normpath(folder) if os.path.isabs(folder) else None
         if self.folder is None:
@@ -178,7 +200,9 @@ def stats(kind):
     or "off: <why>"; ``mode`` "node" or "cluster" (or "node: <why leases are off>"); counts of
     keys it compiled as leader (``led``), waited for, found after the wait, gave up on after the
     timeout, leaders' abandoned compiles it saw, stale leases it passed over, and lock or lease
-    files not made by the lock rules that it replaced."""
+    files not made by the lock rules that it replaced; ``wait_seconds`` (each wait ends where the
+    look that found the entry began: loading it is not waiting) and ``waits``, the longest
+    MAX_WAITS waits with their keys, seconds and outcome."""
     flight = _flight()
     out = dict(flight.kind_stats(kind))
     why = flight.reason(kind)
@@ -187,8 +211,33 @@ def stats(kind):
     if flight.cluster:
         out["mode"] = f"{NODE}: {flight.no_leases[kind]}" if kind in flight.no_leases else CLUSTER
     out["wait_seconds"] = round(out["wait_seconds"], 3)
+    out["waits"] = [dict(w) for w in out["waits"]]
     out["timeout"] = flight.timeout
     return out
+
+
+def thread_wait_seconds(kind):
+    """Seconds this thread has waited so far for other processes' compiles of ``kind``: a
+    caller that times a compile step subtracts the part of it that was waiting."""
+    return getattr(_flight().local, "waits", {}).get(kind, 0.0)
+
+
+def _count_wait(flight, kind, key, seconds, outcome, stats):
+    """Add one wait to the kind's totals, to this thread's, and to the longest waits kept
+    (``outcome``: "hit", the entry was loaded; "led", this process compiles it under the lock;
+    "unlocked", it compiles without one: a timeout, an abandoned compile, locks that fail)."""
+    local = flight.local
+    waits = getattr(local, "waits", None)
+    if waits is None:
+        waits = local.waits = {}
+    waits[kind] = waits.get(kind, 0.0) + seconds
+    with flight.mutex:
+        stats["wait_seconds"] += seconds
+        kept = stats["waits"]
+        if len(kept) < MAX_WAITS or seconds > kept[-1]["seconds"]:
+            kept.append({"key": str(key)[:200], "seconds": round(seconds, 3), "outcome": outcome})
+            kept.sort(key=lambda w: -w["seconds"])
+            del kept[MAX_WAITS:]
 
 
 def lock_name(key, where):
@@ -413,7 +462,8 @@ def lead(kind, key, where, read, peek=None):
     stats = flight.kind_stats(kind)
     start = time.monotonic()
     deadline = start + flight.timeout
-    waiting = [False]
+    waiting = Waiting()
+    found = lock = None
     try:
         found, lock = _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting)
         if lock is None or not flight.leasing(kind):
@@ -427,12 +477,14 @@ def lead(kind, key, where, read, peek=None):
             raise
         if found is not None or not go_on:
             lock.release(wrote=True)
+            lock = None
             return found, None
         stats["led"] += 1
         return None, lock
     finally:
-        if waiting[0]:
-            stats["wait_seconds"] += time.monotonic() - start
+        if waiting.on:
+            outcome = "hit" if found is not None else "led" if lock is not None else "unlocked"
+            _count_wait(flight, kind, key, (waiting.looked or time.monotonic()) - start, outcome, stats)
 
 
 def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting):
@@ -448,9 +500,8 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
             return None, None
         try:
             while not got:
-                if not waiting[0]:
-                    waiting[0] = True
-                    stats["waited"] += 1
+                waiting.begin(stats)
+                waiting.look()
                 found = peek() if peek is not None else None
                 if found is not None:
                     stats["hits_after_wait"] += 1
@@ -458,6 +509,7 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
                 now = time.monotonic()
                 if now >= deadline:
                     stats["gave_up"] += 1
+                    waiting.look()
                     return read(), None
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 1.5, MAX_POLL)
@@ -467,9 +519,10 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
                     return None, None
             stale = lock_files.stale(fd, path)
             marker = os.pread(fd, len(ABANDONED), 0) if stale else b""
+            waiting.look()
             found = read()
             if found is not None:
-                if waiting[0]:
+                if waiting.on:
                     stats["hits_after_wait"] += 1
                 return found, None
             if not stale:

@@ -111,9 +111,9 @@ def beat_loop(flight):
 
 def wait_or_take(flight, kind, lock, folder, read, peek, deadline, stats, waiting):
     """Holding the node's lock of a key: take the key's lease across nodes, or wait for the
-    node that holds it. Returns ``(entry, go_on)``: the entry when it appeared (or was written
-    meanwhile); else ``go_on`` True (this process compiles; ``lock.lease`` is set when it won
-    the lease)."""
+    node that holds it (``waiting``: the call's ``Waiting``). Returns ``(entry, go_on)``: the
+    entry when it appeared (or was written meanwhile); else ``go_on`` True (this process
+    compiles; ``lock.lease`` is set when it won the lease)."""
     n = 0
     seen = None  # (number, content, since) of the lease watched
     missing = 0
@@ -123,6 +123,7 @@ def wait_or_take(flight, kind, lock, folder, read, peek, deadline, stats, waitin
         lease = take(flight, path, folder[1])
         if lease is not None:
             lock.lease = lease
+            waiting.look()
             found = read()
             return found, True
         looked = lock_files.read_small(path)
@@ -146,9 +147,7 @@ def wait_or_take(flight, kind, lock, folder, read, peek, deadline, stats, waitin
         now = time.monotonic()
         if seen is None or seen[0] != n or seen[1] != content:
             seen = (n, content, now)
-        if not waiting[0]:
-            waiting[0] = True
-            stats["waited"] += 1
+        waiting.begin(stats)
         if lock_files.holder_dead(lock_files.parse(content)) or now - seen[2] >= LEASE_STALE:
             stats["leases_passed"] += 1
             n += 1
@@ -158,6 +157,7 @@ def wait_or_take(flight, kind, lock, folder, read, peek, deadline, stats, waitin
             n += 1
             delay = 0.01
             continue
+        waiting.look()
         found = peek() if peek is not None else None
         if found is not None:
             stats["hits_after_wait"] += 1

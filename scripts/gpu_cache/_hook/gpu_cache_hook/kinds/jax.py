@@ -10,6 +10,7 @@ Standard library only, Python 3.9+.
 
 import os
 import stat
+import threading
 import time
 
 from sitecustomize import JAX_CACHE_DIR_VAR
@@ -35,28 +36,39 @@ def on_import(jax_module, hook):
         _jax_listeners(hook, stats)
 
 
+#: JAX's monitoring events the split of its compile seconds follows.
+_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
+_HIT = "/jax/compilation_cache/cache_hits"
+_COMPILE = "/jax/core/compile/backend_compile_duration"
+#: The cached compile this thread is in (JAX sends each call's events from its thread): a hit,
+#: the miss it named, the thread's single-flight wait seconds at the previous compile's end.
+_CALL = threading.local()
+
+
 def _jax_listeners(hook, stats):
     from jax import monitoring
 
-    counters = {
-        "/jax/compilation_cache/compile_requests_use_cache": "requests",
-        "/jax/compilation_cache/cache_hits": "hits",
-        "/jax/compilation_cache/cache_misses": "writes",  # counts write attempts, not misses
-    }
-    durations = {
-        "/jax/core/compile/backend_compile_duration": "compile_seconds",
-        "/jax/compilation_cache/compile_time_saved_sec": "saved_seconds",
-    }
+    counters = {_REQUEST: "requests", _HIT: "hits",
+                "/jax/compilation_cache/cache_misses": "writes"}  # counts write attempts, not misses
+    durations = {_COMPILE: "compile_seconds",
+                 "/jax/compilation_cache/compile_time_saved_sec": "saved_seconds"}
+    flight = common.flight(hook) if hook.flight else None
 
     def on_event(event, **_kwargs):
         name = counters.get(event)
         if name:
             stats[name] += 1
+        if event == _REQUEST:
+            _CALL.hit, _CALL.missed = False, None
+        elif event == _HIT:
+            _CALL.hit = True
 
     def on_duration(event, duration_secs, **_kwargs):
         name = durations.get(event)
         if name:
             stats[name] += float(duration_secs)
+        if event == _COMPILE:
+            _split_compile(stats, float(duration_secs), flight.thread_wait_seconds("jax") if flight else 0.0)
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)
@@ -65,6 +77,24 @@ def _jax_listeners(hook, stats):
         _wrap_jax_cache_key(hook, stats)
     except Exception as exc:  # private module: explain loses its input, nothing else
         hook.warn("jax cache key parts", exc)
+
+
+def _split_compile(stats, seconds, waited):
+    """One compile step's seconds (JAX's ``backend_compile_duration``: the key, the cache read,
+    any single-flight wait, the compile and the write) split into the wait and the rest: a hit's
+    rest is loading the entry (``load_seconds``), a miss's is this process compiling it
+    (``own_compile_seconds``, kept with the missed computation too)."""
+    wait = max(0.0, waited - getattr(_CALL, "waited", 0.0))
+    _CALL.waited = waited
+    rest = max(0.0, seconds - wait)
+    if getattr(_CALL, "hit", False):
+        stats["load_seconds"] += rest
+    else:
+        stats["own_compile_seconds"] += rest
+        missed = getattr(_CALL, "missed", None)
+        if missed is not None:
+            missed["seconds"] = round(rest, 3)
+    _CALL.hit, _CALL.missed = False, None
 
 
 #: Characters of each key component's sha256 kept in records (64 bits: plenty to compare).
@@ -125,7 +155,6 @@ def _wrap_jax_cache_key(hook, stats):
     A tee hasher given to ``get`` also hashes each part on its own, so nothing is hashed twice.
     """
     import hashlib
-    import threading
 
     from jax._src import cache_key
 
@@ -229,7 +258,9 @@ def _named_hit(hook, stats, cache_key):
 
 def _named_miss(hook, stats, module_name, cache_key):
     try:
-        keep(stats, "missed", {"name": text(module_name), "key": text(cache_key)})
+        missed = {"name": text(module_name), "key": text(cache_key)}
+        keep(stats, "missed", missed)
+        _CALL.missed = missed
     except Exception as exc:
         hook.warn("jax miss", exc)
 
@@ -305,7 +336,8 @@ def _wrap_jax_cache(hook, tier):
     another node finds it as soon as it is told to look). With single-flight, on a miss the
     wrapped read takes the key's lock (``flight.lead``) and reads again under it: a
     hit is returned as JAX's own hit, a miss leaves this process the key's leader; its peeks
-    look at the SHARED tier where the tier is on. ``_cache_write`` releases the lock once the
+    look at its own folder (the local tier: this node's leader's entry, whole before its
+    promotion ends) and at the SHARED tier where the tier is on. ``_cache_write`` releases the lock once the
     entry is written (or was not: waiters then compile side by side), and a ``finally`` around
     ``compile_or_get_cached`` releases whatever this call still holds (a failed compile).
     Computations of several processes of one ``jax.distributed`` run are left alone by
@@ -343,8 +375,6 @@ class _JaxCache:
     says; ``state``: JAX's distributed state (a run of several processes is left alone)."""
 
     def __init__(self, hook, flight, tier, compiler, state):
-        import threading
-
         self.hook, self.flight, self.tier, self.state = hook, flight, tier, state
         self.original_read = compiler._cache_read
         self.original_write = compiler._cache_write
@@ -405,10 +435,12 @@ class _JaxCache:
             return again if again[0] is not None else None
 
         def peek():
-            now = self.tiered()
-            if now is not None:  # another node's promoted entry is whole the moment it shows
-                return read() if _has(now.shared_folder("jax"), cache_key) else None
-            return read() if jax_entry(self.folder(), cache_key) == "whole" else None
+            # The entry this node's leader wrote is whole in the local folder before its
+            # promotion ends (a copy to the shared tier): a waiter on this node loads it then.
+            if jax_entry(self.folder(), cache_key) == "whole":
+                return read()
+            now = self.tiered()  # another node's promoted entry is whole the moment it shows
+            return read() if now is not None and _has(now.shared_folder("jax"), cache_key) else None
 
         now = self.tiered()
         where = now.shared_folder("jax") if now is not None else self.folder()

@@ -9,15 +9,22 @@ mid-way leaves the file, and every later job waits on it for ever. With this pie
 into gpu-cache's folder (the folder the job got as ``$TORCH_EXTENSIONS_DIR``) goes through
 ``_jit_compile``'s wrapper instead:
 
+- **a build folder only this user can write**: ``_get_build_directory`` hands torch a new
+  folder (``.gpu-cache-tmp.build.*``, 0700) in gpu-cache's folder, never torch's own
+  ``<folder>/<name>``, which another account may own and swap the sources in as they compile
+  (``load_inline`` writes its sources into the folder it is handed). A kind folder another
+  account may write is not built in: the build goes to a private folder of the process;
 - **keyed whole-folder entries**: ``<folder>/<name>-<key>``, the key a digest of what torch
-  builds from: the extension's name (with torch's in-process version suffix), the sources'
-  contents, every flag and option, torch's build, the compiler, Python's ABI and, for CUDA, the
-  CUDA root and target architectures. A build runs in a temporary folder (``.gpu-cache-tmp.``)
-  and is renamed into place whole with its manifest (:data:`MANIFEST`: the key parts, the
-  library's size and SHA-256, and the size, mtime and SHA-256 of each header it included outside
-  torch). An entry is served only whole: its folder and library this user's (or root's, or the
-  team's) and written by nobody else, the library's digest as built, every header as built;
-  else the process builds (a changed header: a new entry replaces the stale one);
+  builds from and of what its own hash leaves out: the extension's name (with torch's
+  in-process version suffix), the sources' contents, every flag and option, torch's build, the
+  compiler and its search paths (:data:`COMPILER_VARS`), Python's ABI and the machine and, for
+  CUDA, the CUDA root and target architectures. A build runs in the folder handed out and is
+  renamed into place whole with its manifest (:data:`MANIFEST`: the key parts, the library's
+  size and SHA-256, and the size, mtime and SHA-256 of each header it included outside torch);
+  a build that read a file changed since its key was taken is not kept. An entry is served
+  only whole: its folder and library this user's (or root's, or the team's) and written by
+  nobody else, the library's digest as built, every header as built; else the process builds
+  (a changed header: a new entry replaces the stale one);
 - **single-flight with leases** (``flight``, kind ``torch_extensions``): one process
   builds a key, the others wait for its entry; a dead builder's lock frees them at once (the
   kernel drops a ``flock``), its lease across nodes once stale. No ``FileBaton`` is taken;
@@ -59,19 +66,31 @@ API = {
         "name", "sources", "extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags",
         "extra_include_paths", "build_directory", "verbose", "with_cuda", "with_sycl", "is_standalone"),
     "_import_module_from_library": ("module_name", "path", "is_python_module"),
+    "_get_build_directory": ("name", "verbose"),
     "_get_exec_path": ("module_name", "path"),
     "_get_cuda_arch_flags": ("cflags",),
     "get_cxx_compiler": (),
     "_is_cuda_file": ("path",),
     "_is_sycl_file": ("path",),
 }
-#: Variables that change what a CUDA build makes besides its flags.
-CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST")
+#: Variables the compiler reads that change what it builds and that torch's own hash leaves out:
+#: where it finds headers, libraries and its own parts (libfoo 2's headers in another
+#: CPLUS_INCLUDE_PATH make another library).
+COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "COMPILER_PATH",
+                 "GCC_EXEC_PREFIX", "LD_RUN_PATH")
+#: Variables that change what a CUDA build makes besides its flags (nvcc's host compiler, extra
+#: flags and include paths).
+CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+             "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH")
+#: How far a file's time may lag ``time.time_ns()``: the kernel stamps files from its coarse
+#: clock, a tick behind.
+CLOCK_SLACK_NS = 50_000_000
 #: Longest a compiler may take to say its version.
 VERSION_TIMEOUT = 60.0
 
 _MUTEX = threading.Lock()
 _COMPILERS = {}  # compiler command -> what names it in a key
+_HANDED = {}  # a build folder handed to torch -> the team of the kind folder it is in
 
 
 def part(hook):
@@ -86,7 +105,7 @@ def part(hook):
 
 def on_import(module, hook):
     """Right after ``torch.utils.cpp_extension`` is imported: judge a node-local folder, check
-    the functions the piece calls, then wrap ``_jit_compile``."""
+    the functions the piece calls, then wrap ``_get_build_directory`` and ``_jit_compile``."""
     stats = part(hook)
     folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
     if os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}":
@@ -98,7 +117,16 @@ def on_import(module, hook):
     if why:
         stats["state"] = text(f"off: {why}", 300)
         return
-    original = module._jit_compile
+    original, handed_out = module._jit_compile, module._get_build_directory
+
+    def _get_build_directory(name, verbose):
+        folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
+        if os.path.isabs(folder):
+            try:
+                return _hand_out(os.path.normpath(folder), name, hook)
+            except Exception as exc:  # the hook's own fault (no private folder): torch's folder
+                hook.warn("torch extensions", exc)
+        return handed_out(name, verbose)
 
     def _jit_compile(*args, **kwargs):
         build = None
@@ -110,8 +138,33 @@ def on_import(module, hook):
             return original(*args, **kwargs)
         return build.serve()
 
-    _jit_compile.__wrapped__ = original
-    module._jit_compile = _jit_compile
+    _jit_compile.__wrapped__, _get_build_directory.__wrapped__ = original, handed_out
+    module._jit_compile, module._get_build_directory = _jit_compile, _get_build_directory
+
+
+def _hand_out(folder, name, hook):
+    """A new folder for one build, that only this user can write, where torch's
+    ``load_inline`` writes its sources and the build runs: in the kind's folder ``folder`` where
+    nobody else may write that (else a private folder of this process, no cache)."""
+    import tempfile
+
+    try:
+        common.make_folders(folder)
+        info = os.stat(folder)
+        team = common.team_gid(info)
+        if team is not None and team != os.getegid() and team not in os.getgroups():
+            team = None  # a group this user is not in is no team of theirs
+        why = common.owner_problem(info, team) if stat.S_ISDIR(info.st_mode) else "not a folder"
+        if why is None:
+            temp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}build.", dir=folder)
+            _HANDED[temp] = team
+            return temp
+    except OSError as exc:
+        why = f"unusable ({exc.strerror})"
+    why = text(f"{folder} is {why}", 500)
+    part(hook)["refused"] = why
+    hook.warn("torch extensions", PermissionError(errno.EPERM, f"{why}: built in a private folder"), off=True)
+    return hook.piece("trust")._private(os.path.join(KIND, name))
 
 
 def _stderr(line):
@@ -190,26 +243,32 @@ def _torch():
             f"cuda {getattr(version, 'cuda', None)})")
 
 
+class _Changed(Exception):
+    """A file the build read changed since its key was taken."""
+
+
 class _Build:
     """One ``_jit_compile`` call into gpu-cache's folder: its key, and how it is served."""
 
     @classmethod
     def of(cls, module, original, args, kwargs, hook):
-        """The build of one call, or None where it is not one of gpu-cache's folder (a
-        ``build_directory`` of the caller's own, or no ``$TORCH_EXTENSIONS_DIR``)."""
+        """The build of one call, or None where its folder is not one this piece handed out
+        (a ``build_directory`` of the caller's own)."""
         import inspect
 
         call = inspect.signature(original).bind(*args, **kwargs)
         call.apply_defaults()
         given = call.arguments
-        folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
-        build_directory = os.path.normpath(str(given["build_directory"]))
-        if not os.path.isabs(folder) or os.path.dirname(build_directory) != os.path.normpath(folder):
+        temp = os.path.normpath(str(given["build_directory"]))
+        if temp not in _HANDED:
             return None
-        return cls(module, given, os.path.normpath(folder), hook)
+        return cls(module, given, temp, _HANDED.pop(temp), hook)
 
-    def __init__(self, module, given, folder, hook):
-        self.module, self.given, self.folder, self.hook = module, given, folder, hook
+    def __init__(self, module, given, temp, team, hook):
+        self.module, self.given, self.temp, self.team, self.hook = module, given, temp, team, hook
+        self.folder = os.path.dirname(temp)
+        # a file the build reads changed from here on was not what the key saw (_kept)
+        self.since = time.time_ns() - CLOCK_SLACK_NS
         sources = [str(s) for s in given["sources"]]
         with_cuda, with_sycl = given["with_cuda"], given["with_sycl"]
         if with_cuda is None:
@@ -220,9 +279,11 @@ class _Build:
         parts = self._parts()  # (what may fail comes before torch's versioner counts this call)
         flags = [given["extra_cflags"], given["extra_cuda_cflags"], given["extra_ldflags"],
                  given["extra_include_paths"]]
-        # torch's own version of the name in this process (a second build of one name: <name>_v1)
+        # torch's own version of the name in this process (a second build of one name: <name>_v1),
+        # asked with torch's folder of the name (a new folder for each call is a new version)
         version = module.JIT_EXTENSION_VERSIONER.bump_version_if_changed(
-            given["name"], sources, build_arguments=flags, build_directory=given["build_directory"],
+            given["name"], sources, build_arguments=flags,
+            build_directory=os.path.join(self.folder, given["name"]),
             with_cuda=with_cuda, with_sycl=with_sycl, is_python_module=given["is_python_module"],
             is_standalone=given["is_standalone"])
         self.name = given["name"] if version == 0 else f"{given['name']}_v{version}"
@@ -249,17 +310,20 @@ class _Build:
             arch = self.module._get_cuda_arch_flags(given["extra_cuda_cflags"])
             cuda = " ".join([str(self.module.CUDA_HOME), *map(str, arch),
                              *(f"{n}={os.environ.get(n, '')}" for n in CUDA_VARS)])
+        paths = {n: os.environ[n] for n in COMPILER_VARS if n in os.environ}  # (unset is not empty)
+        python = f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')} {os.uname().machine}"
         return {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options),
                 "torch": _torch(), "compiler": _compiler(self.module),
-                "python": f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}", "cuda": cuda}
+                "paths": json.dumps(paths, sort_keys=True),
+                "python": python, "cuda": cuda}
 
     # --- whole entries -----------------------------------------------------------------------
 
     def whole(self):
         """The entry's manifest where the entry is whole and this user's, else (None, why)."""
+        team = self.team
         try:
             info = os.lstat(self.entry)
-            team = common.team_gid(os.stat(self.folder))
         except FileNotFoundError:
             return None, "no entry"
         except OSError as exc:
@@ -332,6 +396,7 @@ class _Build:
         stats["saved_seconds"] += saved if isinstance(saved, (int, float)) else 0.0
         keep(stats, "hit_keys", text(self.entry_name))
         common.touch(self.entry)  # its last use
+        _remove(self.temp)  # (what load_inline wrote there)
         return loaded
 
     def _load(self, where):
@@ -342,25 +407,13 @@ class _Build:
     # --- a build -------------------------------------------------------------------------------
 
     def _build(self, stats, why):
-        """Build into a temporary folder beside the entry, then rename it into place whole; the
-        folder the library is in. Where gpu-cache cannot keep it, the build is loaded from
-        where it was made (torch's own folder, as without the hook, where no temporary one can
-        be made). A failed build raises as torch's."""
-        import secrets
-
+        """Build in the folder handed out, then rename it into place whole; the folder the
+        library is in. Where gpu-cache cannot keep it, or the build read a file changed since
+        the key was taken, the build is loaded from where it was made. A failed build raises as
+        torch's."""
         stats["misses"] += 1
-        keep(stats, "missed", {"name": text(self.name), "key": text(self.entry_name),
-                               "parts": self.parts, "why": why})
-        team = None
-        temp = os.path.join(self.folder,
-                            f"{TEMP_PREFIX}{self.entry_name}.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
-            team = common.team_gid(os.stat(self.folder))
-            os.mkdir(temp, 0o700)
-            os.chmod(temp, common.safe_mode(team, folder=True))
-        except OSError as exc:
-            self.hook.warn("torch extensions: no temporary folder, built as without gpu-cache", exc)
-            temp = None
+        missed = {"name": text(self.name), "key": text(self.entry_name), "parts": self.parts, "why": why}
+        keep(stats, "missed", missed)
         began = time.monotonic()
         given = self.given
         try:
@@ -370,38 +423,44 @@ class _Build:
                 extra_sycl_cflags=given["extra_sycl_cflags"] or [],
                 extra_ldflags=given["extra_ldflags"] or [],
                 extra_include_paths=given["extra_include_paths"] or [],
-                build_directory=temp or given["build_directory"], verbose=given["verbose"],
+                build_directory=self.temp, verbose=given["verbose"],
                 with_cuda=self.with_cuda, with_sycl=self.with_sycl, is_standalone=given["is_standalone"])
         except BaseException:
-            if temp is not None:
-                _remove(temp)
+            _remove(self.temp)
             raise
         seconds = time.monotonic() - began
         stats["compile_seconds"] += seconds
-        if temp is None:
-            return given["build_directory"]
         try:
-            self._seal(temp, team, seconds)
-            self._place(temp)
+            self._seal(seconds)
+            self._place(self.temp)
+        except _Changed as exc:  # what it compiled may not be what its key names
+            missed["not_kept"] = text(str(exc), 300)
+            return self.temp
         except Exception as exc:  # loaded from where it is; prune removes it later
             self.hook.warn("torch extensions: a build not kept", exc)
-            return temp
+            return self.temp
         return self.entry
 
-    def _seal(self, temp, team, seconds):
+    def _seal(self, seconds):
         """Keep the library and the ninja file alone (made unwritable by others whatever the
-        umask), then write the manifest."""
+        umask), then write the manifest. Raises _Changed where a source or header the build
+        read changed since the key was taken (its mtime, as ninja judges)."""
+        temp, team = self.temp, self.team
         if self.given["is_standalone"]:
             library = os.path.basename(self.module._get_exec_path(self.name, temp))
         else:
             library = f"{self.name}{self.module.LIB_EXT}"
-        headers = _headers(temp, self.sources)
+        for path in self.sources:  # (load_inline's, in the folder handed out, nobody else writes)
+            if os.path.dirname(os.path.abspath(path)) != temp and os.stat(path).st_mtime_ns >= self.since:
+                raise _Changed(f"{path} changed while it was built")
+        headers = _headers(temp, self.sources, self.since)
         for name in os.listdir(temp):
             path = os.path.join(temp, name)
             if name not in (library, "build.ninja"):
                 _remove(path)
             else:
                 os.chmod(path, os.lstat(path).st_mode & (0o7775 if team is not None else 0o7755))
+        os.chmod(temp, common.safe_mode(team, folder=True))
         info, digest = _file_digest(os.path.join(temp, library))
         manifest = {"format": FORMAT, "key": self.key, "name": self.name, "parts": self.parts,
                     "library": library, "size": info.st_size, "sha256": digest, "headers": headers,
@@ -465,10 +524,11 @@ def _shown(value):
     return f"{value[:400]}... (sha256 {_digest(value.encode('utf-8', 'surrogateescape'))[:16]})"
 
 
-def _headers(temp, sources):
+def _headers(temp, sources, since):
     """``{path: [size, mtime_ns, sha256]}`` of each file the build included (ninja's record of
     the compilers' dependencies) outside torch's installation (its version is in the key) and
-    besides the sources (their contents are)."""
+    besides the sources (their contents are). Raises _Changed for one changed at ``since`` or
+    later: the build may have read it before."""
     import subprocess
 
     done = subprocess.run(["ninja", "-t", "deps"], cwd=temp, capture_output=True,
@@ -483,6 +543,8 @@ def _headers(temp, sources):
         if path in out or path in skip or path.startswith(torch_root):
             continue
         info, digest = _file_digest(path)
+        if info.st_mtime_ns >= since:
+            raise _Changed(f"{path} changed while it was built")
         out[path] = [info.st_size, info.st_mtime_ns, digest]
     return out
 

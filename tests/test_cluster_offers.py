@@ -1,0 +1,117 @@
+"""What a SLURM cluster offers and what it means for a GPU type's jobs (issue 49): real ``sinfo``
+output read, which nodes can take a type, the largest memory among them, a type no node can take
+as a node of its type whatever its resources say, and why SLURM refused a job, with the key that
+fixes it. Pure functions over sinfo's text, with no ``sbatch`` on PATH (``sbatch --test-only``
+is asked on the real cluster: tests/test_slurm_not_cold.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_cache.config import cluster
+from gpu_cache.config.settings import GpuType
+from gpu_cache.core.device import Device
+
+#: ``sinfo -h -e -o "%P|%m|%c|%G|%f|%l"`` of a site with two GPU partitions and nodes of 48 GB.
+SINFO = """\
+gpu*|48000|16|gpu:3090:2(S:0-1)|(null)|2-00:00:00
+gpu*|256000|64|gpu:a100:4(S:0-1)|nvlink,a100|2-00:00:00
+training|512000|96|gpu:h200:8(S:0-1)|(null)|infinite
+htc|256000|128|(null)|(null)|30:00
+"""
+OFFERS = tuple(cluster.parse(SINFO))
+CPU = Device("cpu", "cpu", 0)
+
+
+def gpu_type(name: str, **resources) -> GpuType:
+    return GpuType(name, ("alphafold3",), resources=resources, device=None)
+
+
+def test_sinfo_lines_are_read_with_memory_cpus_gres_features_and_time_limit():
+    first, a100, h200, htc = OFFERS
+    assert (first.partition, first.default, first.memory_mb, first.cpus, first.gres) == (
+        "gpu", True, 48000, 16, {"3090": 2})
+    assert a100.features == frozenset({"nvlink", "a100"}) and a100.time_limit_minutes == 2880
+    assert h200.time_limit_minutes is None and h200.default is False
+    assert htc.gres == {} and htc.time_limit_minutes == 30
+    assert cluster.parse("gpu|48000+|16|gpu:4|(null)|1:30:00\n")[0].gres == {"": 4}
+    assert cluster.parse("not sinfo output\ngpu|x|16|(null)|(null)|infinite\n") == []
+
+
+def test_the_largest_node_that_can_take_a_type_is_in_its_partition_with_its_gres():
+    assert cluster.largest_memory(gpu_type("3090", gpu=1, gpu_model="3090"), OFFERS) == 48000
+    assert cluster.largest_memory(gpu_type("a100", gres="gpu:a100:1", constraint="nvlink"), OFFERS) == 256000
+    assert cluster.largest_memory(gpu_type("a100", gres="gpu:a100:1", constraint="pcie"), OFFERS) is None
+    # No partition named: SLURM's default partition (gpu), not the training one.
+    assert cluster.largest_memory(gpu_type("h200", gpu=1, gpu_model="h200"), OFFERS) is None
+    placed = gpu_type("h200", slurm_partition="gpu,training", gpu=1, gpu_model="h200")
+    assert cluster.largest_memory(placed, OFFERS) == 512000
+
+
+@pytest.mark.parametrize("resources, said", [
+    ({}, "GPU type h100 asks SLURM for no GPU of a type (its resources name neither a gpu_model nor "
+         "a typed gres): its warm and check jobs may run on a node without a h100"),
+    ({"gpu": 1}, "GPU type h100 asks SLURM for any GPU of a type"),
+    ({"gpu": 1, "gpu_model": "h100"}, "GPU type h100 asks for gpu:h100, which no partition offers: its jobs "
+                                      "end unscheduled and hold nothing back"),
+])
+def test_a_type_no_node_can_take_as_its_own_is_named_whatever_its_resources_say(resources, said):
+    (line,) = cluster.unreachable({"h100": gpu_type("h100", **resources)}, CPU, OFFERS)
+    assert line.startswith(said), line
+
+
+def test_a_type_offered_only_outside_its_partition_names_the_partition_that_has_it():
+    (line,) = cluster.unreachable({"h200": gpu_type("h200", gpu=1, gpu_model="h200")}, CPU, OFFERS)
+    assert "(partition training has it): set gpu_types.h200.resources.slurm_partition" in line
+
+
+def test_a_type_asking_for_a_gres_no_node_offers_is_named_though_this_machine_is_its_device():
+    """The tests' types say device: cpu (this machine) and still ask SLURM for a GPU type."""
+    here = GpuType("h100", ("w",), resources={"gpu": 1, "gpu_model": "h100"}, device="cpu")
+    (line,) = cluster.unreachable({"h100": here}, CPU, OFFERS)
+    assert line.startswith("GPU type h100 asks for gpu:h100, which no partition offers")
+
+
+def test_types_a_node_can_take_and_this_machines_own_are_not_named():
+    types = {"3090": gpu_type("3090", slurm_partition="gpu", gpu=1, gpu_model="3090"),
+             "cpu": GpuType("cpu", ("jax-transformer",))}
+    assert cluster.unreachable(types, CPU, OFFERS) == []
+
+
+KEYS = {"mem_mb": "set gpu_types.3090.resources.mem_mb", "cpus": "lower warm.parallel"}
+THE_3090 = gpu_type("3090", slurm_partition="gpu", gpu=1, gpu_model="3090", runtime=60)
+
+
+@pytest.mark.parametrize("request_, said", [
+    ({"mem_mb": 61154, "threads": 5}, "SLURM refused its warm job: it asked for 59.7 GiB of memory, and "
+                                      "the nodes of partition gpu that offer gpu:3090 have at most 46.9 GiB; "
+                                      "set gpu_types.3090.resources.mem_mb"),
+    ({"mem_mb": 20000, "threads": 32}, "SLURM refused its warm job: it asked for 32 CPUs, and the nodes "
+                                       "of partition gpu that offer gpu:3090 have at most 16; lower "
+                                       "warm.parallel"),
+    ({"mem_mb": 20000, "threads": 1, "gpu": 4}, "SLURM refused its warm job: it asked for 4 GPUs"),
+    ({"mem_mb": 20000, "threads": 1, "runtime": 5000}, "SLURM refused its warm job: it asked for 5000 "
+                                                       "minutes, and the partition allows 2880"),
+    ({"mem_mb": 20000, "threads": 1}, "its warm job did not finish on a 3090 node, though SLURM would take "
+                                      "it: it did not start within gpu_types.3090.queue_wait"),
+])
+def test_a_refused_job_is_a_failure_with_its_cause_and_key(request_, said, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = cluster.refusal("3090", THE_3090, "warm", request_, OFFERS, KEYS)
+    assert not found.unscheduled and found.reason.startswith(said), found.reason
+
+
+def test_a_type_no_node_offers_is_unscheduled_and_without_a_cluster_the_log_is_named(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    h100 = gpu_type("h100", gpu=1, gpu_model="h100")
+    found = cluster.refusal("h100", h100, "warm", {"mem_mb": 1000}, OFFERS, KEYS)
+    assert found.unscheduled and found.reason == "no partition offers gpu:h100"
+    alone = cluster.refusal("h100", h100, "check", {"mem_mb": 1000}, None, KEYS)
+    assert not alone.unscheduled and "no SLURM cluster answers here to say why" in alone.reason
+
+
+def test_the_sbatch_flags_of_a_request_are_the_plugins():
+    assert cluster.sbatch_flags({"mem_mb": 1000, "runtime": 10, "slurm_partition": "gpu", "gpu": 1,
+                                 "gpu_model": "3090", "threads": 2, "slurm_extra": "--deadline=now+600"}) == [
+        "--mem", "1000", "-t", "10", "-p", "gpu", "--gpus=3090:1", "--cpus-per-task=2",
+        "--deadline=now+600"]
