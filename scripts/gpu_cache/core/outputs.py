@@ -33,8 +33,6 @@ MAX_BYTES = 256 << 20
 MAX_HEADER = 1 << 16
 #: The second run's file: ``outputs.npz`` -> ``outputs.again.npz``.
 AGAIN = ".again"
-#: A reference's folder in the root's state folder: ``outputs-<fingerprint>-<environment>``.
-REFERENCE_PREFIX = "outputs-"
 MAGIC = b"\x93NUMPY"
 #: numpy's type codes (without the byte order) and the ``struct`` format of one value.
 CODES = {"f2": "e", "f4": "f", "f8": "d", "i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i",
