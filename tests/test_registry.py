@@ -137,7 +137,7 @@ def test_publish_names_what_was_validated(published: dict[str, Any], registry_se
     # ... and what its outputs were proven to be (issue 40), in the artifact's annotations.
     raw, _ = oci.Session(oci.parse_reference(published["ref"])).manifest(report["manifest"])
     proof = json.loads(json.loads(raw)["annotations"]["io.gpu-cache.outputs"])
-    assert proof["mode"] == "tolerant" and proof["identical"] == 1 and proof["outputs differ"] == 0, proof
+    assert proof["mode"] == "identical" and proof["identical"] == 1 and proof["outputs differ"] == 0, proof
 
 
 def test_fetched_elsewhere_validation_hits_everything(published: dict[str, Any], tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def test_off_words_turn_caching_off(word):
 def test_defaults_are_filled_for_every_key():
     config = validate_config({})
     assert config["prune"] == {"max_size": "10G", "max_age": "30d", "dry_run": False}
-    assert config["validate"] == {"measure_cold": True, "strict": False, "outputs": "tolerant",
+    assert config["validate"] == {"measure_cold": True, "strict": False, "outputs": "identical",
                                   "outputs_tolerance": 0.01}
     assert config["xla_caches"] == "none" and config["default_workloads"] == ["jax-transformer"]
     with_workload = validate_config({"workloads": {"mine": {"command": "true"}}})

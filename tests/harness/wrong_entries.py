@@ -21,6 +21,32 @@ HUNDRED = ("import jax, jax.numpy as jnp\n"
            "def hundred(x):\n"
            "    return x * 0 + 100\n"
            "print(jax.jit(hundred)(jnp.ones(3, jnp.float32)))\n")
+#: A dense layer, ``tanh(x @ w + b)``, its outputs written to the first argument; its bias is
+#: half a percent of the outputs' magnitude, so the same layer without it is wrong by under 1%
+#: (issue 47: such an entry passed a 1% tolerance). Its inputs are numpy's, so the layer is
+#: the one program it compiles.
+DENSE = ("import sys, jax, jax.numpy as jnp, numpy as np\n"
+         "def dense(x, w, b):\n"
+         "    return jnp.tanh(x @ w + b)\n"
+         "x = np.sin(np.arange(16 * 64, dtype=np.float32)).reshape(16, 64)\n"
+         "w = np.cos(np.arange(64 * 32, dtype=np.float32)).reshape(64, 32) * np.float32(0.5)\n"
+         "b = np.full(32, 0.005, np.float32)\n"
+         "np.save(sys.argv[1], np.asarray(jax.jit(dense)(x, w, b)))\n")
+#: The same layer's signature without its bias (``keep_unused``: its executable still takes ``b``).
+DENSE_WITHOUT_BIAS = ("import jax, jax.numpy as jnp, numpy as np\n"
+                      "def dense_without_bias(x, w, b):\n"
+                      "    return jnp.tanh(x @ w)\n"
+                      "x, w, b = (np.ones(s, np.float32) for s in ((16, 64), (64, 32), 32))\n"
+                      "print(jax.jit(dense_without_bias, keep_unused=True)(x, w, b).shape)\n")
+#: The dense layer itself compiled with another ``jax_default_matmul_precision`` (full FP32
+#: where the default lets a GPU use TF32): its entry planted under the default's key is what a
+#: key that misses that flag serves. XLA on the CPU computes the same bits for every precision.
+DENSE_HIGHEST = ("import jax, jax.numpy as jnp, numpy as np\n"
+                 "jax.config.update('jax_default_matmul_precision', 'highest')\n"
+                 "def dense(x, w, b):\n"
+                 "    return jnp.tanh(x @ w + b)\n"
+                 "x, w, b = (np.ones(s, np.float32) for s in ((16, 64), (64, 32), 32))\n"
+                 "print(jax.jit(dense)(x, w, b).shape)\n")
 #: Two graphs of one signature under torch.compile; the outputs are both results.
 TWO_GRAPHS = ("import sys, torch, numpy as np\n"
               "def plus_one(x):\n"

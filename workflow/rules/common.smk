@@ -180,7 +180,7 @@ def gpu_cache_warm_threads(wildcards, input, attempt):
 
 def gpu_cache_plans(*phases, confirm_warm=False):
     """The runner's --plan-json arguments for these passes of a GPU type (the cold pass only when
-    validate.measure_cold or as the outputs proof's reference), and --unscheduled or --skip when
+    validate.measure_cold), and --unscheduled or --skip when
     the job runs no workload (gpu_cache_skip; a warm planned to run none). ``confirm_warm``: a
     check whose warm was planned to run none warms first, one run at a time, where the passed
     verdict that planned it does not hold on its node (other software or device)."""

@@ -6,7 +6,6 @@ its own bound."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -18,10 +17,9 @@ from pathlib import Path
 from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
-from gpu_cache.core import kinds, names, outputs, runner, safe_io, safe_locks, verified
+from gpu_cache.core import kinds, names, references, safe_io, safe_locks, verified
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Entry, Kind
-from gpu_cache.core.reports import PhaseResult
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
@@ -174,32 +172,29 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
 def prune_references(root: Path, max_age: float, dry_run: bool, now: float | None = None,
                      grace_seconds: float = 3600.0) -> KindPruneReport:
     """Prune the outputs proof's references (``state/outputs-*``, docs/outputs.md); the caller
-    holds the prune lock. One used within ``grace_seconds`` (a validation may be comparing with
-    it now) and the one last used of each GPU type (its latest validation's) are kept whatever
-    their age; the others go when no kept cold measurement has their inputs, when a later one
-    of the same GPU type, workloads and shapes has other inputs (other software or device), or
-    when unused longer than ``max_age``."""
+    holds the prune lock. One used within ``grace_seconds`` (a pass may be keeping or comparing
+    with it now) and the one last used of each GPU type are kept whatever their age; the others
+    go when they hold no reference gpu-cache may read (an older gpu-cache's cold outputs alone,
+    or another account's), when a later one of the same GPU type, workloads and shapes has
+    other inputs (other software or device), or when unused longer than ``max_age``."""
     now = time.time() if now is None else now
     state = root / names.STATE_FOLDER
-    found = outputs.references(state)
+    found = references.listed(root)
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(r.size for r in found),
                              dry_run=dry_run)
     report.bytes_after = report.bytes_before
-    inputs = {ref.fingerprint: _measured(root, ref.fingerprint) for ref in found}
-    by_type: dict[str, outputs.Reference] = {}  # the one last used of each GPU type
-    by_runs: dict[tuple[str, tuple[tuple[str, str], ...]], outputs.Reference] = {}  # ... and its runs
+    by_type: dict[str, references.Reference] = {}  # the one last used of each GPU type
+    by_runs: dict[tuple[str, tuple[tuple[str, str], ...]], references.Reference] = {}  # ... and its runs
     for ref in sorted(found, key=attrgetter("last_use")):
-        measured = inputs[ref.fingerprint]
-        if measured is not None:
-            by_type[measured[0]] = by_runs[measured] = ref
+        if ref.inputs is not None:
+            by_type[ref.inputs[0]] = by_runs[ref.inputs] = ref
     for ref in found:
-        measured = inputs[ref.fingerprint]
-        if now - ref.last_use < grace_seconds or (measured is not None and by_type[measured[0]] is ref):
+        if now - ref.last_use < grace_seconds or (ref.inputs is not None and by_type[ref.inputs[0]] is ref):
             continue
-        if measured is None:
-            reason = "no kept cold measurement has its inputs (no validation compares with it again)"
-        elif by_runs[measured].fingerprint != ref.fingerprint:
-            reason = (f"superseded: {measured[0]}'s workloads and shapes were validated since with "
+        if ref.inputs is None:
+            reason = "it holds no reference gpu-cache may read (an older gpu-cache's, or another account's)"
+        elif by_runs[ref.inputs].fingerprint != ref.fingerprint:
+            reason = (f"superseded: {ref.inputs[0]}'s workloads and shapes were warmed since with "
                       "other software or another device")
         elif now - ref.last_use > max_age:
             reason = "unused longer than max_age"
@@ -214,18 +209,8 @@ def prune_references(root: Path, max_age: float, dry_run: bool, now: float | Non
             except OSError as exc:
                 report.errors.append(f"{ref.name}: {exc.strerror or exc}")
                 continue
-        report.count_removed(ref.name, measured[0] if measured else "-", ref.size, ref.last_use, reason)
+        report.count_removed(ref.name, ref.inputs[0] if ref.inputs else "-", ref.size, ref.last_use, reason)
     return report
-
-
-def _measured(root: Path, fingerprint: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-    """The GPU type, workloads and shapes of the cold measurement kept for ``fingerprint``."""
-    path = runner.state_file(root, "cold", fingerprint)
-    try:
-        kept = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
-    except (OSError, ValueError, UsageError):
-        return None
-    return kept.gpu_type, tuple(sorted((run.workload, str(run.shape)) for run in kept.runs))
 
 
 def repair(settings: Settings) -> PruneReport:

@@ -74,8 +74,10 @@ def render(validations: list[Path], prune: Path | None) -> str:
                      f"{v.misses} misses, {v.new_entries} new entries; cold {cold}, "
                      f"warm {v.warm_seconds:.1f} s{speedup}{what}")
         proof = outputs_proof.described(v.outputs)
-        if proof:  # issue 40: what the warm cache was proven to compute
-            lines.append(f"    {proof} ({v.outputs.get('mode')}; reference: {v.outputs.get('reference')})")
+        if proof:  # issues 40, 47: what the cache was proven to compute
+            fresh = outputs_proof.fresh_text(v.outputs)
+            lines.append(f"    {proof} ({v.outputs.get('mode')}; reference: {v.outputs.get('reference')}"
+                         f"{'; ' + fresh if fresh else ''})")
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)

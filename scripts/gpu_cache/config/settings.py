@@ -46,7 +46,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "gpu_types": {},
     "host_rules": [],
     "warm": {"parallel": None, "skip_when_valid": True},
-    "validate": {"measure_cold": True, "strict": False, "outputs": "tolerant", "outputs_tolerance": 0.01},
+    "validate": {"measure_cold": True, "strict": False, "outputs": "identical", "outputs_tolerance": 0.01},
     "prune": {"max_size": "10G", "max_age": "30d", "dry_run": False},
     "local_tier": {"mode": "auto", "folder": "", "max_size": "20G"},
     "registry": {"fetch": None, "publish": None},
@@ -332,8 +332,8 @@ class ValidateConfig:
 
     measure_cold: bool | str = True  # True: once per set of inputs; "always"; False
     strict: bool = False
-    outputs: str = "tolerant"  # the outputs proof (issue 40): "identical", "tolerant", "off"
-    outputs_tolerance: float = 0.01  # the relative difference "tolerant" allows beyond the noise
+    outputs: str = "identical"  # the outputs proof (issues 40, 47): "identical", "tolerant", "off"
+    outputs_tolerance: float = 0.01  # with "tolerant": a float array's relative difference beyond its noise
 
 
 @dataclass(frozen=True)

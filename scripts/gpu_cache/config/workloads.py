@@ -208,23 +208,15 @@ def plan_phase(settings: Settings, gpu_type: str, phase: str, record: bool = Tru
     # Warm runs its shapes side by side (0: as many as the job's threads, which the runner is
     # told); validation runs them one after another, as the jobs start them.
     parallel = (settings.warm.parallel or 0) if phase == "warm" else 1
-    # The cold pass is measured again each time only with measure_cold: always; run for the
-    # outputs' reference alone (measure_cold: false), it is kept too.
+    # The cold pass is measured again each time only with measure_cold: always.
     reuse = settings.warm.skip_when_valid if phase == "warm" else settings.validate.measure_cold != "always"
+    # The warm pass keeps the writers' outputs (the proof's references), the validate pass
+    # compares with them, the cold pass keeps a fresh compile's for a figure (issue 47).
     return Plan(phase, gpu_type, tuple(commands), environ, record, python, parallel, reuse,
-                gpu_types(settings)[gpu_type].container,
-                outputs=phase in ("cold", "validate") and settings.validate.outputs != "off")
+                gpu_types(settings)[gpu_type].container, outputs=settings.validate.outputs != "off")
 
 
 def cold_pass(settings: Settings, gpu_type: str) -> bool:
     """Whether validation runs the cold pass (every cache off): for its time
-    (``validate.measure_cold``), or as the reference of the outputs proof (issue 40) where a
-    workload of the type reports outputs (once per set of inputs: it is kept).
-
-    Raises:
-        UsageError: the GPU type or one of its workloads is unknown.
-    """
-    if settings.validate.measure_cold:
-        return True
-    return settings.validate.outputs != "off" and any(
-        w.reports_outputs for w in workloads_of(settings, gpu_type))
+    (``validate.measure_cold``); its outputs are the outputs proof's fresh-compile figure."""
+    return bool(settings.validate.measure_cold)

@@ -6,6 +6,7 @@ Standard library only: the Triton replay runs it inside job images.
 
 from __future__ import annotations
 
+import errno
 import functools
 import grp
 import os
@@ -13,6 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from gpu_cache._hook.gpu_cache_hook import owners
+from gpu_cache.core import safe_io
 from gpu_cache.core.errors import UsageError
 
 
@@ -62,3 +64,32 @@ def written_by_others(info: os.stat_result, team: int | None = None) -> str | No
     if info.st_mode & stat.S_IWGRP and not in_team and not private_group(info.st_uid, info.st_gid):
         return f"writable by group {info.st_gid}"
     return None
+
+
+class Untrusted(OSError):
+    """A file of gpu-cache's own (a record, a list, a reference) that another user may have
+    written: never acted on. ``what``: which file or folder and why, as in "PATH is owned by
+    uid 1001"."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(errno.EPERM, what)
+
+    def __str__(self) -> str:
+        return f"{self.strerror} (another user may have written it): not trusted"
+
+
+def read_trusted(path: str | os.PathLike[str], limit: int, team: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``) where the trust rule lets
+    gpu-cache act on it: :func:`written_by_others` of the file as opened (``team``: the group of
+    a team's folder, :func:`team_of`), the rule an entry is read by.
+
+    Raises:
+        Untrusted: another user may have written it.
+        OSError: as :func:`gpu_cache.core.safe_io.read_bounded` raises.
+    """
+    def judge(info: os.stat_result) -> None:
+        why = written_by_others(info, team)
+        if why is not None:
+            raise Untrusted(f"{path} is {why}")
+
+    return safe_io.read_bounded(path, limit, judge=judge)

@@ -39,8 +39,8 @@ def json_number(value: Any, what: str, key: str) -> float:
 class RunResult:
     """One run of one workload command: wall seconds and exit code (``None``: timed out);
     ``error``: the last line a failed run printed (usually why, e.g. ``No module named 'jax'``);
-    ``outputs``: what its outputs were and how they compare with the cold pass's, and the
-    entries the cache served it (:mod:`gpu_cache.core.outputs`; None: not collected)."""
+    ``outputs``: what its outputs were, the entries the cache served it, and how they compare
+    with its shape's reference (:mod:`gpu_cache.core.references`; None: not collected)."""
 
     workload: str
     shape: Any
@@ -148,6 +148,8 @@ class PhaseResult:
     reused: str | None = None
     #: Why this pass ran no workload: its job could not run on a node of its (optional) type.
     unscheduled: str | None = None
+    #: Seconds the outputs proof took after the runs (keeping or comparing the references).
+    proof_seconds: float = 0.0
 
     WHAT = "a workload runner's result"
 
@@ -197,6 +199,7 @@ class PhaseResult:
             skipped=text_or_none(data.get("skipped")),
             reused=text_or_none(data.get("reused")),
             unscheduled=text_or_none(data.get("unscheduled")),
+            proof_seconds=float(json_number(data.get("proof_seconds", 0.0), cls.WHAT, "proof_seconds")),
         )
 
 

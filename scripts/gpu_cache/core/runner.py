@@ -31,7 +31,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import PACKAGE_PARENT, device, hook_records, kinds, names, outputs, safe_io, software
+from gpu_cache.core import (
+    PACKAGE_PARENT,
+    device,
+    hook_records,
+    kinds,
+    names,
+    output_runs,
+    references,
+    safe_io,
+    software,
+    state_files,
+)
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.core.shown import shown
@@ -226,27 +237,28 @@ def _reused(plan: Plan, path: Path | None, result: PhaseResult, kept: Path | Non
     if not plan.reuse or path is None:
         return None
     try:
-        earlier = PhaseResult.from_dict(json.loads(safe_io.read_bounded(path, 16 << 20)))
-    except (OSError, ValueError, UsageError):
+        earlier = PhaseResult.from_dict(json.loads(state_files.read(path, path.parent.parent, 16 << 20)))
+    except (OSError, ValueError, UsageError):  # none kept, or none gpu-cache may act on
         return None
-    if plan.outputs and not outputs.kept(kept, earlier.runs):
-        return None  # its outputs, the proof's reference, are not kept for these inputs
+    if plan.outputs and not references.cold_kept(kept, earlier.runs):
+        return None  # its outputs, the fresh compile's figure, are not kept for these inputs
     earlier.run_id, earlier.reused = result.run_id, str(path)
     return earlier
 
 
 def _run_all(plan: Plan, python: str, env: Mapping[str, str], output: TextIO,
-             kept: Path | None = None) -> list[RunResult]:
+             scratch: Path | None = None) -> list[RunResult]:
     """The plan's runs, ``plan.parallel`` at a time, each one's output kept apart and appended
-    to ``output`` in order when it ends; ``kept``: where the cold pass's outputs are kept."""
+    to ``output`` in order when it ends; ``scratch``: where their outputs are kept until the
+    pass settles them (:func:`gpu_cache.core.references.settle`; None: not collected)."""
     total = len(plan.commands)
 
     def one(number: int, command: Command) -> RunResult:
         where = f"{plan.phase} [{plan.gpu_type}] {number}/{total}: {command.workload} shape={command.shape}"
         log.info("%s ...", where)
-        with tempfile.TemporaryFile("w+", errors="replace") as own, outputs.collected(
-                command.workload, command.shape, command.builtin, command.outputs, env, plan.phase, kept,
-                plan.gpu_type, plan.outputs) as collect:
+        with tempfile.TemporaryFile("w+", errors="replace") as own, output_runs.collected(
+                command.workload, command.shape, command.builtin, command.outputs, env, plan.phase, scratch,
+                plan.gpu_type) as collect:
             run = run_command(command, shell_command(command, python, plan.gpu_type), collect.environ, own)
             if not run.ok:
                 run = replace(run, error=last_line(own))
@@ -354,7 +366,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     python = plan.python or sys.executable
     identity, seen = software.identity(environ), device.detect(environ).as_dict()
     key = fingerprint(plan, identity, seen)
-    kept = outputs.reference_folder(root, key, child_env)
+    kept = references.folder_of(root, key, child_env)
     result = PhaseResult(plan.phase, plan.gpu_type, run_id, device=seen, software=identity,
                          job={"host": socket.gethostname(), "slurm_job_id": environ.get("SLURM_JOB_ID")},
                          cache_root=str(root) if root else None,
@@ -377,17 +389,21 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     steps = warm_steps(child_env) if plan.phase == "warm" else ()
     if steps:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
-    result.runs += _run_all(plan, python, child_env, output, kept)
-    result.seconds = time.perf_counter() - started
-    after = kinds.snapshot(root, tier)
-    result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
-    if plan.record and root is not None and names.RECORDS_VAR in child_env:
-        found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
-        result.recorded = kinds.record_totals(found)
-        observed = kinds.names_of(kinds.OBSERVED)
-        result.runs = [run if run.outputs is None else replace(run, outputs={
-            **run.outputs, "served": outputs.served(found, run.workload, run.shape, observed)})
-            for run in result.runs]
+    with tempfile.TemporaryDirectory(prefix="gpu-cache-outputs-") as scratch:
+        proof = references.Pass(plan.phase, plan.gpu_type, root, tier, kept, Path(scratch)) \
+            if plan.outputs and root is not None and kept is not None else None
+        result.runs += _run_all(plan, python, child_env, output, proof and proof.scratch)
+        result.seconds = time.perf_counter() - started
+        after = kinds.snapshot(root, tier)
+        result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
+        found = []
+        if plan.record and root is not None and names.RECORDS_VAR in child_env:
+            found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
+            result.recorded = kinds.record_totals(found)
+        if proof is not None:
+            started = time.perf_counter()
+            result.runs = references.settle(proof, result.runs, found)
+            result.proof_seconds = round(time.perf_counter() - started, 3)
     if plan.phase == "warm":
         # Let the last writes of the kinds that are on age past their grace period.
         time.sleep(max((kind.write_grace for kind in kinds.ALL
@@ -416,7 +432,7 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
     if root is None or marker is None:
         return False
     try:
-        keys = json.loads(safe_io.read_bounded(marker, 16 << 20))["keys"]
+        keys = json.loads(state_files.read(marker, root, 16 << 20))["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return isinstance(keys, dict) and bool(keys) and all(
@@ -430,9 +446,9 @@ def save_state(path: Path | None, document: Mapping[str, Any]) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(exist_ok=True)
+        state_files.make(path.parent.parent)
         safe_io.replace_file(path, (json.dumps(document, default=str) + "\n").encode())
-    except OSError as exc:  # an unusable root, which the cache environment has reported
+    except OSError as exc:  # an unusable root (reported by the cache environment), or another's state
         log.debug("cannot keep %s (%s): the next run measures again", path, exc.strerror or exc)
 
 

@@ -131,8 +131,11 @@ def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> Ite
         os.close(fd)
 
 
-def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None) -> bytes:
-    """The contents of the regular file at ``path``, at most ``limit`` bytes.
+def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
+                 judge: Callable[[os.stat_result], None] | None = None) -> bytes:
+    """The contents of the regular file at ``path``, at most ``limit`` bytes; ``judge`` is
+    given the opened file's ``fstat`` first (it raises to refuse the file: the trust rule of
+    :func:`gpu_cache.core.owners.read_trusted`).
 
     Raises:
         NotRegularFile: ``path`` is not a regular file.
@@ -142,8 +145,11 @@ def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = 
     with open_regular(path, dir_fd) as fd:
         chunks: list[bytes] = []
         total = 0
+        info = os.fstat(fd)
+        if judge is not None:
+            judge(info)
         # os.read allocates what it is asked for: ask for the file's size (and a byte) first.
-        want = os.fstat(fd).st_size + 1
+        want = info.st_size + 1
         while total <= limit:
             chunk = os.read(fd, min(CHUNK, limit + 1 - total, max(want - total, 1 << 12)))
             if not chunk:

@@ -17,12 +17,15 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from gpu_cache.core import names, safe_io, safe_locks
+from gpu_cache.core import names, safe_io, safe_locks, state_files
 from gpu_cache.core.kinds import Kind
 
 #: The largest list the startup hook reads (``gpu_cache_hook.tier.set_aside.LIMIT``).
 LIST_LIMIT = 16 << 20
+#: The size a list is kept within (:func:`trimmed`): half of what the hook reads.
+LIST_BOUND = LIST_LIMIT // 2
 #: How long a validation waits for another one that adds to the lists.
 LOCK_SECONDS = 60.0
 
@@ -67,23 +70,56 @@ def list_path(cache_root: Path, kind: str) -> Path:
 def tell_tiers(cache_root: Path, kind: str, keys: Iterable[str]) -> None:
     """Add a record of ``keys`` (with an id of its own, which each node's tier marks applied)
     to the list of ``kind``, replaced whole under a lock: a node reads it old or new, never
-    half. Records are kept: a node whose tier has not run a job since still holds the copies.
+    half. The list is kept within :data:`LIST_BOUND` (:func:`trimmed`) without losing a key a
+    node has not applied yet, but in the oldest records of a list that outgrew it.
 
     Raises:
-        OSError: the list cannot be locked, read or written.
+        OSError: the list cannot be locked, read or written (state_files.Untrusted: the state
+            folder is another account's).
         ValueError: it is not a list gpu-cache wrote.
     """
     path = list_path(cache_root, kind)
-    path.parent.mkdir(exist_ok=True)
+    state_files.make(cache_root)
     with safe_locks.exclusive_lock(path.with_name(f".{path.name}.lock"), timeout=LOCK_SECONDS):
         try:
-            records = json.loads(safe_io.read_bounded(path, LIST_LIMIT))["records"]
-        except FileNotFoundError:
-            records = []
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            records = kept_records(json.loads(state_files.read(path, cache_root, LIST_LIMIT)))
+        except (FileNotFoundError, state_files.Untrusted):
+            records = []  # none yet, or one no node acts on (the hook's trust rule): ours replaces it
+        except json.JSONDecodeError as exc:
             raise ValueError(f"not a list of entries set aside ({exc})") from None
-        if not isinstance(records, list):
-            raise ValueError("not a list of entries set aside")
-        records.append({"id": uuid.uuid4().hex, "keys": sorted(keys), "time": time.time(),
+        records.append({"id": uuid.uuid4().hex, "keys": sorted(set(keys)), "time": time.time(),
                         "host": socket.gethostname()})
-        safe_io.replace_file(path, (json.dumps({"records": records}) + "\n").encode())
+        safe_io.replace_file(path, (json.dumps({"records": trimmed(records)}) + "\n").encode())
+
+
+def kept_records(found: object) -> list[dict[str, Any]]:
+    """The records of a list as read (each an ``id`` and its ``keys``, text).
+
+    Raises:
+        ValueError: it is not a list gpu-cache wrote.
+    """
+    records = found.get("records") if isinstance(found, dict) else None
+    if not isinstance(records, list):
+        raise ValueError("not a list of entries set aside")
+    return [{**r, "keys": [k for k in r["keys"] if isinstance(k, str)]} for r in records
+            if isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("keys"), list)]
+
+
+def trimmed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` (oldest first) within :data:`LIST_BOUND`. A key set aside again later leaves
+    the earlier records: every node that has not applied an earlier record has not applied the
+    later one either, and drops it then. Records left empty go. A list still over the bound
+    (about 100,000 distinct keys) loses its oldest records: only a node that ran no job while
+    that many other entries were set aside keeps its copies of those."""
+    seen: set[str] = set()
+    kept = []
+    for record in reversed(records):
+        keys = [key for key in record["keys"] if key not in seen]
+        seen.update(keys)
+        if keys:
+            kept.append({**record, "keys": keys})
+    kept.reverse()
+    size = len(json.dumps({"records": kept}))
+    while size > LIST_BOUND and len(kept) > 1:
+        size -= len(json.dumps(kept.pop(0))) + 2
+    return kept

@@ -26,7 +26,11 @@ Writing the record is not a change to the cache (JAX, Triton and Inductor never 
 so dry runs and ``stats`` keep it up to date too. It is an optimisation only: a record that is
 missing, unreadable, of another version or not a regular file counts as empty; one that
 cannot be written is skipped. The cache is trusted (whoever can write it can run code in the
-jobs), so a planted record can at worst hide a broken entry from a check, never do harm.
+jobs), so a record the cache's owners wrote can at worst hide a broken entry from a check.
+One that another user may have written (:func:`gpu_cache.core.owners.written_by_others`, the
+rule an entry of the folder is read by) counts as empty: a leftover record of another account
+that called 20 whole entries damaged made prune remove all 20 (the startup hook's seal reader
+ignores such a record too).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from itertools import chain
 from typing import Any
 
 from gpu_cache._hook.gpu_cache_hook.seals import MAGIC, MAX_BYTES, NAME
-from gpu_cache.core import safe_io
+from gpu_cache.core import owners, safe_io
 
 # The record's name, its first bytes (a record without them, an older gpu-cache's empty stamp,
 # is empty) and the size past which it is not read (a million entries take 16 MB) are the
@@ -100,9 +104,9 @@ class Record:
         """The record in ``folder``; an empty one when there is none (or none usable).
         ``complete``, ``recheck_all``: see the class."""
         record = cls(folder, complete=complete, recheck_all=recheck_all)
-        try:
-            data = safe_io.read_bounded(record.path, MAX_BYTES)
-        except OSError:
+        try:  # read by the rule its folder's entries are read by (kinds' _judge)
+            data = owners.read_trusted(record.path, MAX_BYTES, owners.team_of(os.stat(folder)))
+        except OSError:  # none, unreadable, or another user's (owners.Untrusted)
             return record
         body = memoryview(data)[len(MAGIC):]
         if not data.startswith((MAGIC, _UNORDERED)) or len(body) % 16 != 8:

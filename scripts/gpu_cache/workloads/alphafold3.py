@@ -146,8 +146,8 @@ def random_weights(folder: str) -> tuple[int, str | None]:
 
     env = dict(os.environ)
     env.pop(names.RECORDS_VAR, None)  # it compiles nothing: no process of the workload's counts
-    # Runs whose outputs the proof compares (issue 40) run on the same values; the others draw
-    # their own, so a warm pass and its validation share no weights, only the programs.
+    # Runs whose outputs the proof keeps or compares (issue 47: the warm writer's, validate's,
+    # the cold figure's) run on the same values; a run that reports none draws its own.
     seed = str(OUTPUTS_SEED if outputs.wanted() else int.from_bytes(os.urandom(4), "little"))
     done = subprocess.run([sys.executable, "-m", "gpu_cache.workloads.alphafold3_weights", folder,
                            "--seed", seed], env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,

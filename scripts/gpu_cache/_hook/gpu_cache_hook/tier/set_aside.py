@@ -18,8 +18,10 @@ is every file or folder, at any depth of the kind folder, named the key or ``<ke
 (JAX's ``<key>-cache`` and ``-atime``, a Triton key folder, an Inductor graph's folder below
 ``fxgraph/<shard>/``, a jax-triton kernel file). A folder is renamed away first (a reader sees
 a miss, never part of it), then deleted. Nothing is followed through a link, and nothing but
-the tier's own copies is removed: a list someone else wrote can only make this node compile
-again. Standard library only, Python 3.9+.
+the tier's own copies is removed. A list, or a state folder, that another account may have
+written (the trust rule of an entry in the shared root) is not read: one warning line, and
+nothing dropped (it would make every node drop what that account chose). Standard library
+only, Python 3.9+.
 """
 
 import errno
@@ -29,6 +31,7 @@ import stat
 
 from sitecustomize import SET_ASIDE_PREFIX, SET_ASIDE_SEEN, STATE_FOLDER, TEMP_PREFIX
 
+from gpu_cache_hook.owners import owner_problem
 from gpu_cache_hook.tier import files
 
 #: A list or mark larger than this is none gpu-cache wrote.
@@ -52,7 +55,7 @@ def check(tier, kind):
     mark = f"{SET_ASIDE_SEEN}{kind}.{info.st_size}-{info.st_mtime_ns}-{info.st_ino}"
     if os.path.lexists(os.path.join(tier.local.root, mark)):
         return 0  # applied on this node already
-    records = _records(list_path(tier.shared.root, kind))
+    records = _records(list_path(tier.shared.root, kind), tier.shared.team_gid)
     root = os.open(tier.local.root, files.DIR)
     try:
         marks = [n for n in os.listdir(root) if n.startswith(f"{SET_ASIDE_SEEN}{kind}.")]
@@ -73,12 +76,17 @@ def check(tier, kind):
     return removed
 
 
-def _read(path, dir_fd=None):
+def _read(path, dir_fd=None, team=False):
+    """The JSON of the regular file ``path``; ``team`` (not False): it is the shared root's, read
+    by the trust rule of an entry there (``team``: the group of a team's root, or None)."""
     fd = os.open(path, files.READ, dir_fd=dir_fd)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{path} is not a regular file")
+        why = None if team is False else owner_problem(info, team)
+        if why:  # another account's list would steer which copies every node drops
+            raise ValueError(f"{path} is {why}: not read (another user may have written it)")
         if info.st_size > LIMIT:
             raise ValueError(f"{path} is over {LIMIT} bytes")
         return json.loads(files.read_all(fd, info.st_size, LIMIT))
@@ -86,9 +94,14 @@ def _read(path, dir_fd=None):
         os.close(fd)
 
 
-def _records(path):
-    """The list's records: each an ``id`` and the ``keys`` it set aside (plain names only)."""
-    found = _read(path)
+def _records(path, team):
+    """The list's records: each an ``id`` and the ``keys`` it set aside (plain names only); the
+    list and its folder must pass the trust rule (``team``: the group of a team's root)."""
+    info = os.stat(os.path.dirname(path), follow_symlinks=False)
+    why = "not a folder" if not stat.S_ISDIR(info.st_mode) else owner_problem(info, team)
+    if why:
+        raise ValueError(f"{os.path.dirname(path)} is {why}: its lists are not read")
+    found = _read(path, team=team)
     records = found.get("records") if isinstance(found, dict) else None
     if not isinstance(records, list):
         raise ValueError(f"{path} holds no records")
