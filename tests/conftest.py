@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,11 +74,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return min(len(os.sched_getaffinity(0)), MOST_WORKERS)
 
 
-# A wrapper: its part before the yield runs before every implementation of the hook, where
-# tryfirst does not put it before pytest-xdist's, which reads the groups (with pytest 9.2 it
-# came after it, and two SLURM clusters ran at once).
-@pytest.hookimpl(wrapper=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None]:
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and ``-m`` the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES` (the tests that take
     more than 2 s without one carry the mark themselves), and put the tests that share a fixture
     in one ``xdist_group`` (:func:`xdist_group`)."""
@@ -88,7 +85,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    return (yield)
 
 
 @pytest.fixture
