@@ -77,7 +77,8 @@ def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None
                python, *module, *args]
     if binds:
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; exec "$@"',
+                   'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; '
+                   'shift; exec "$@"',
                    "sh", *binds, "--", *command]
     return subprocess.run(command, capture_output=True, text=True, cwd=base, timeout=300)
 
