@@ -223,7 +223,7 @@ def test_a_passed_verdict_still_holds_while_its_ptxas_entries_are_there(tmp_path
     (root / "ptxas").mkdir(parents=True)
     key = "5" * 64
     _entry(root / "ptxas", key, ("k", "v", "d", "o", "i"))
-    marker = tmp_path / "passed.json"
+    marker = runner.state_file(root, "passed", "plan")  # where the runner keeps it: read under the trust rule
     runner.save_state(marker, {"gpu_type": "h200", "run_id": "r", "keys": {"ptxas": [key]}})
     assert runner.still_valid(root, marker)  # the next warm step only re-checks
     (root / "ptxas" / f"{key}.ptxas").unlink()  # pruned since: it warms again

@@ -20,6 +20,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,8 @@ def one_config(folder: Path, config: dict) -> Path:
 def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None,
             module: tuple[str, ...] = ("-m", "gpu_cache")) -> subprocess.CompletedProcess[str]:
     """``python -m gpu_cache ARGS`` as ``user`` (with runuser). This interpreter and checkout
-    may live where the user cannot reach (here /root/.pyenv): then both are bind-mounted
-    into ``base`` in a private mount namespace for the one command."""
+    may live where the user cannot reach (here /root/.pyenv; CI's checkout and its venv): then
+    they are bind-mounted into ``base`` in a private mount namespace for the one command."""
     environ = {k: v for k, v in (env or clean_environ()).items() if k != "PYTHONPATH"}
     tmp = base / f"tmp-{user}"
     tmp.mkdir(exist_ok=True)
@@ -57,25 +58,28 @@ def as_user(user: str, base: Path, *args: str, env: dict[str, str] | None = None
     reachable = subprocess.run(["runuser", "-u", user, "--", "test", "-x", python, "-a", "-r",
                                 str(scripts / "gpu_cache" / "config.schema.yaml")]).returncode == 0
     binds: list[str] = []
+    path = [str(scripts)]
     if not reachable:
+        # The base interpreter, the checkout and (in a venv) the venv, each bound into base: a
+        # venv's own python would look for its home where the user cannot reach it again.
+        binds = [sys.base_prefix, str(base / "py"), str(REPO), str(base / "repo")]
+        real = Path(os.path.realpath(sys.executable)).relative_to(os.path.realpath(sys.base_prefix))
+        python = str(base / "py" / real)
+        path = [str(base / "repo" / "scripts")]
         if sys.prefix != sys.base_prefix:
-            message = f"{user} cannot reach this virtual environment's interpreter ({sys.executable})"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-        (base / "py").mkdir(exist_ok=True)
-        (base / "repo").mkdir(exist_ok=True)
-        binds = [sys.prefix, str(base / "py"), str(REPO), str(base / "repo")]
-        python = str(base / "py" / Path(sys.executable).relative_to(sys.prefix))
-        scripts = base / "repo" / "scripts"
+            binds += [sys.prefix, str(base / "env")]
+            path.append(str(base / "env" / Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)))
+        for target in binds[1::2]:
+            Path(target).mkdir(exist_ok=True)
         environ["LD_LIBRARY_PATH"] = str(base / "py" / "lib")  # its libpython, not the system's
-    environ["PYTHONPATH"] = str(scripts)
+    environ["PYTHONPATH"] = os.pathsep.join(path)
     command = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in environ.items()),
                python, *module, *args]
     if binds:
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"',
-                   "sh", *binds, *command]
+                   'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; '
+                   'shift; exec "$@"',
+                   "sh", *binds, "--", *command]
     return subprocess.run(command, capture_output=True, text=True, cwd=base, timeout=300)
 
 

@@ -214,9 +214,14 @@ def planned_skip(root: Path | None, plan: Plan) -> str | None:
     if root is None or not plan.reuse:
         return None
     key = plan_key(plan)
-    for marker in sorted((root / names.STATE_FOLDER).glob("passed-*.json")):
+    try:  # a state folder another account may fill is never listed, nor one that cannot be
+        markers = [] if state_files.distrust(state_files.folder(root), root) else sorted(
+            state_files.folder(root).glob("passed-*.json"))
+    except OSError:  # an unusable root: the cache environment reports it
+        return None
+    for marker in markers:
         try:
-            document = json.loads(safe_io.read_bounded(marker, 16 << 20))
+            document = json.loads(state_files.read(marker, root, 16 << 20))
         except (OSError, ValueError):
             continue
         if isinstance(document, dict) and document.get("plan") == key and still_valid(root, marker):
