@@ -23,7 +23,7 @@ import pytest
 from gpu_cache.commands.stats import cache_stats
 from gpu_cache.commands.validate import kind_problems as autotuning_problems
 from gpu_cache.config.settings import settings_from
-from gpu_cache.core import hook_records, kinds
+from gpu_cache.core import kinds
 from gpu_cache.core.kinds import autotune_format as autotune_cache
 from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.core.reports import PhaseResult
@@ -79,7 +79,7 @@ def test_a_job_on_a_cold_root_counts_its_misses_and_validation_fails(tmp_path):
     assert stderr.count("Autotuning cache miss") == 2  # tokamax's log is left as it was
     tuning = tuning_of(root)
     assert tuning["misses"] == 2 and tuning["missed"][0]["name"] == "PallasTritonGatedLinearUnit"
-    phase = PhaseResult("validate", "cpu", "run", recorded=hook_records.totals(records_of(root)))
+    phase = PhaseResult("validate", "cpu", "run", recorded=kinds.record_totals(records_of(root)))
     (problem,) = autotuning_problems(phase)
     assert problem.startswith("autotune: 2 tokamax autotuning lookup(s) missed in a fresh process")
     assert "PallasTritonGatedLinearUnit" in problem
@@ -95,7 +95,7 @@ def test_the_warm_root_passes_the_autotuning_check(tmp_path):
     for record in (root / "records").glob("*.json"):
         record.unlink()
     run(JOB_PROGRAM, gpu_cache_env(root))
-    phase = PhaseResult("validate", "cpu", "run", recorded=hook_records.totals(records_of(root)))
+    phase = PhaseResult("validate", "cpu", "run", recorded=kinds.record_totals(records_of(root)))
     assert phase.recorded["autotune"].hits == 1 and autotuning_problems(phase) == []
 
 

@@ -47,7 +47,7 @@ TRITON_KEY = "A" * 52
 
 def per_kind(**counts: int) -> dict[str, int]:
     """A report's count for every carried kind: ``counts``, and 0 for the others."""
-    return {kind: counts.get(kind, 0) for kind in carry.CARRIED}
+    return {kind: counts.get(kind, 0) for kind in kinds.names_of(carry.CARRIED)}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_manifest_says_what_warmed_it(warmed: Path, archive: Path) -> None:
     assert manifest["device"]["gpu_type"] == "cpu"
     assert manifest["device"]["jax"]["platforms"] == ["cpu"]
     assert manifest["device"]["triton"]["targets"] == ["sm_90"]
-    for kind in carry.CARRIED:
+    for kind in kinds.names_of(carry.CARRIED):
         packed = {e["key"]: e for e in manifest["kinds"][kind]["entries"]}
         assert set(packed) == set(scan(warmed, kind)), kind
         for key, entry in scan(warmed, kind).items():
@@ -128,7 +128,7 @@ def test_unpacked_elsewhere_validation_hits_everything(warmed: Path, archive: Pa
     assert result.returncode == 0, result.stderr
     unpack_seconds = time.perf_counter() - started
     assert "jax: 6 new, 0 replaced, 0 kept" in result.stdout and "triton: 5 new" in result.stdout
-    for kind in carry.CARRIED:
+    for kind in kinds.names_of(carry.CARRIED):
         old, new = scan(warmed, kind), scan(root, kind)
         assert set(new) == set(old)
         for key, entry in new.items():
@@ -176,7 +176,7 @@ def test_last_use_and_atime_survive(warmed: Path, tmp_path: Path) -> None:
     root = tmp_path / "new"
     result = unpack(path, root)
     assert result.returncode == 0, result.stderr
-    for kind in carry.CARRIED:
+    for kind in kinds.names_of(carry.CARRIED):
         old, new = scan(source, kind), scan(root, kind)
         assert {k: e.last_use for k, e in new.items()} == {k: e.last_use for k, e in old.items()}
     for key, entry in scan(source, "jax").items():
@@ -548,7 +548,7 @@ def test_damage_in_transit_never_replaces_a_good_entry(warmed: Path, tmp_path: P
     assert unpack(tar_path, root).returncode == 0
     age(root, 30 * 86400)  # the archive's entries are newer: unpack would replace every one
     entries = manifest_of(tar_path)["kinds"]
-    damaged = {kind: entries[kind]["entries"][::2] for kind in carry.CARRIED}
+    damaged = {kind: entries[kind]["entries"][::2] for kind in kinds.names_of(carry.CARRIED)}
     flip_in_place(tar_path, {f"jax/{name}" for e in damaged["jax"] for name in e["files"]}
                   | {f"triton/{e['key']}/{name}" for e in damaged["triton"] for name in e["files"]
                      if not name.startswith("__grp__")})  # (a group file is checked on its own)
@@ -564,7 +564,7 @@ def test_damage_in_transit_never_replaces_a_good_entry(warmed: Path, tmp_path: P
             sorted(e["key"] for items in damaged.values() for e in items)
         assert report["replaced"] == {k: len(entries[k]["entries"]) - len(damaged[k]) for k in damaged}
     after = contents(root)
-    for kind in carry.CARRIED:
+    for kind in kinds.names_of(carry.CARRIED):
         for entry in entries[kind]["entries"]:
             mine = of_entry(after, kind, entry["key"])
             if entry in damaged[kind]:  # the good entry here stays, byte for byte and time for time

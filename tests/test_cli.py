@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SMALL, read_json, run_cli, write_config
+from helpers import SMALL, clean_environ, read_json, run_cli, write_config
 
 # A program that bakes a fresh random constant into what it compiles: its key changes every run.
 RANDOM_CONSTANT = (
@@ -210,3 +210,26 @@ def test_doctor_without_fix_changes_nothing_on_disk(tmp_path):
         assert run_cli(*command, "--cache-root", str(root)).returncode == 0
         assert disk_state(outside) == {k: v for k, v in before.items() if k == str(outside)}
     assert (root / "jax").is_dir()
+
+
+def test_warm_asks_nvidia_smi_once_before_its_workload_starts(cache_root, tmp_path):
+    """With no ``gpu_types`` configured, the GPU type is this machine's: ``warm`` looks the GPU
+    up once, not at each use of the table (the type's name, the plan, the runner's device; an
+    ``nvidia-smi`` start costs about 50 ms, more on a busy node). A fake ``nvidia-smi`` first on
+    PATH logs its calls; the workload copies the log when it starts. Guard: device.detect's one
+    look per process and visible set (without it: 6 calls)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    log, seen = tmp_path / "smi.log", tmp_path / "seen.log"
+    smi = folder / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho "0, GPU-0123, 9.0, 550.54.15, NVIDIA H200"\n')
+    smi.chmod(0o755)
+    config = write_config(tmp_path / "c.yaml", {"workloads": {"probe": {"command": f"cp {log} {seen}"}},
+                                                "default_workloads": ["probe"]})
+    done = run_cli("warm", "--config", str(config), "--cache-root", str(cache_root),
+                   "--output", str(tmp_path / "w.json"), "--log", str(tmp_path / "log"),
+                   env=clean_environ(PATH=f"{folder}{os.pathsep}{os.environ['PATH']}"))
+    assert done.returncode == 0, done.stderr
+    assert read_json(tmp_path / "w.json")["gpu_type"] == "h200"
+    assert seen.read_text().splitlines() == ["--query-gpu=index,uuid,compute_cap,driver_version,name "
+                                             "--format=csv,noheader"]

@@ -76,7 +76,7 @@ def test_doctor_names_a_gpu_type_no_partition_offers_and_no_device_here_is(tmp_p
 def test_summary_prints_the_verdicts_of_a_run_in_this_folder(tmp_path):
     results = tmp_path / "results" / "gpu-cache"
     (results / "validate").mkdir(parents=True)
-    counts = {kind: KindCounts(hits=3) for kind in kinds.OBSERVED}
+    counts = {kind.name: KindCounts(hits=3) for kind in kinds.OBSERVED}
     verdict = Verdict(gpu_type="cpu", device={"name": "cpu"}, passed=True, cold_seconds=4.0,
                       warm_seconds=1.0, problems=[], kinds=counts, status="passed")
     (results / "validate" / "cpu.json").write_text(json.dumps(verdict.as_dict()))

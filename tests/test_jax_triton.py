@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_cache._hook.gpu_cache_hook import digest
 from gpu_cache.config.settings import settings_from
-from gpu_cache.core import digest
 from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 from gpu_cache.jobenv import env
 from helpers import HOOK, REPO, SCRIPTS, clean_environ, read_json, records, run_cli, unavailable

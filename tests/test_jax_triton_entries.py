@@ -78,7 +78,7 @@ def _flip(path: Path) -> None:
 
 def test_the_inventory_reads_what_the_hook_writes_and_finds_a_flipped_byte():
     """The hook writes an entry framed with its sha256 (``gpu_cache_hook.kinds.jax_triton.store.sealed``);
-    stats, prune and pack read it with the package's copy of the frame (``core/digest.py``)."""
+    stats, prune and pack read it with the hook's frame (``_hook/gpu_cache_hook/digest.py``)."""
     store = hook_piece("kinds.jax_triton.store")
     key = "a" * 64
     entry = {"format": kernel_cache.FORMAT, "key": key, "kernel": "k\u00e9\udcff", "module": "m",

@@ -376,6 +376,30 @@ def test_the_tier_promotes_whole_entries_and_never_over_one_there(kind, tmp_path
     assert prune(root, kind.name)[kind.name]["entries_removed"] == 0
 
 
+@pytest.mark.parametrize("kind", TIERED)
+def test_the_tiers_bound_trims_whole_entries_least_recently_used_first(kind, tmp_path):
+    """Three entries in a job's node-local tier, used 3, 2 and 1 days ago, and a bound that holds
+    two: the hook's bound at exit removes the oldest whole (none of its files left) and keeps
+    the others whole. On a node where ``gpu-cache prune`` never runs, this bound is the only
+    one. Guard: the kind's tier layout that its hook piece declares (gpu_cache_hook.tier.bound)."""
+    root, local = tmp_path / "root", tmp_path / "tier"
+    keys = written(local, kind, count=3)
+    keys.sort(reverse=True)  # (the least recently used is not the first by key)
+    files = {}
+    for days, key in zip((3, 2, 1), keys, strict=True):
+        tops = kind.files(entry_of(local, kind, key))
+        files[key] = [p for top in tops for p, _info in integrity.files_of(top)]
+        for path in [*tops, *files[key]]:
+            os.utime(path, (time.time() - days * DAY,) * 2, follow_symlinks=False)
+    bound = sum(os.lstat(p).st_size for key in keys[1:] for p in files[key])
+    layouts = hook_piece("tier").layouts(hook_piece("sitecustomize").pieces())
+    tier = hook_piece("tier").Tier(str(local), str(root), bound, None, layouts)
+    assert tier.trim() == 1
+    assert not any(os.path.lexists(p) for p in files[keys[0]]), "the oldest entry goes whole"
+    assert all(stat.S_ISREG(os.lstat(p).st_mode) for key in keys[1:] for p in files[key])
+    assert sorted(whole(local, kind)) == sorted(keys[1:])
+
+
 CARRIED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.carried]
 
 

@@ -18,38 +18,56 @@ from helpers import SCRIPTS, clean_environ, hook_piece, hook_source
 HOOK = SCRIPTS / "gpu_cache" / "_hook"
 
 
-def _hook_constant(module: str, name: str) -> tuple[str, ...]:
-    """A tuple constant of a module of the startup hook, read without running it."""
-    path = hook_source(module)
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise AssertionError(f"{path} defines no {name}")
+def test_the_hooks_pieces_declare_what_the_registry_says_of_each_kind():
+    """Each kind's hook piece declares, in its first lines, the module the registry says the
+    hook watches, and a tier layout the bound knows exactly where the registry says the kind is
+    tiered; the distributions whose versions a record keeps are theirs, which the host reads."""
+    pieces = {piece.kind: piece for piece in hook_piece("sitecustomize").pieces()}
+    for kind in kinds.ALL:
+        piece = pieces.get(kind.name)
+        if kind.watched_module:
+            assert piece is not None and kind.watched_module in piece.watches, kind.name
+        assert bool(piece and piece.tier) == kind.tiered, kind.name
+    layouts = hook_piece("tier.bound").LAYOUTS
+    assert all(words[0] in layouts for piece in pieces.values() for words in piece.tier)
+    assert [name for piece in pieces.values() for name in piece.software] == list(software.key_packages())
+    assert software.IMAGE_VARIABLES == hook_piece("sitecustomize").IMAGE_VARIABLES
 
 
-def test_the_hooks_copies_match_the_registry():
-    watched = {**hook_piece("sitecustomize")._WATCHED, **hook_piece("sitecustomize")._found()}
-    assert watched == {kind.watched_module: kind.name for kind in kinds.ALL if kind.watched_module}
-    assert _hook_constant("sitecustomize", "_TIERED") == kinds.TIERED
-    assert _hook_constant("records", "_KEY_ENV") == kinds.KEY_ENVIRONMENT
-    assert _hook_constant("records", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("kinds.bytecode", "_IMAGE_VARS") == software.IMAGE_VARIABLES
-    assert _hook_constant("records", "_KEY_PACKAGES") == software.KEY_PACKAGES
+def test_no_shared_module_of_the_hook_names_a_kind():
+    """The hook's shared code (sitecustomize, records, the tier and its bound, trust, flight...)
+    loops over the pieces' declared facts: no string in it (docstrings aside) is a kind's name
+    or a piece's module, and no piece is imported by a name built from a kind's. (The records
+    kind aside: the hook writes records itself, and "records" is a word of several formats.)"""
+    names = {kind.name for kind in kinds.ALL} | {piece.kind for piece in hook_piece("sitecustomize").pieces()}
+    names.discard("records")
+    found = []
+    for path in sorted(HOOK.rglob("*.py")):
+        if "kinds" in path.relative_to(HOOK).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value.strip(".")
+                if text in names or text.startswith("kinds.") or text.split(".", 1)[0] in names:
+                    found.append(f"{path.relative_to(HOOK)}:{node.lineno}: {node.value!r}")
+    assert found == []
 
 
 def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
-    """``_hook/gpu_cache_hook/tier/seals.py`` keeps copies of the record's format and of the seals' key:
-    a seal prune records is found by the hook, with its value, in a record of many; a record
-    another user may have written seals nothing."""
+    """The record's format and the seals' key have one home, the hook's seal reader
+    (``_hook/gpu_cache_hook/seals.py``), which the host imports: a seal prune records is found by
+    the hook, with its value, in a record of many; a record another user may have written seals
+    nothing."""
     from gpu_cache.core import verified
     from gpu_cache.core.kinds import integrity
     from helpers import hook_piece
 
-    seals = hook_piece("tier.seals")
-    assert (seals.NAME, seals.MAGIC, seals.MAX_BYTES) == (verified.NAME, verified.MAGIC, verified.MAX_BYTES)
-    names = ["a-cache", "KEY/__grp__k.json", "fxgraph/ab/fab\udcff/x", "n\u00e9"]
-    for relative in names:
-        assert seals.seal_key(relative, 12345, 678) == integrity.seal_key(relative, 12345, 678)
+    seals = hook_piece("seals")
+    assert sys.modules[integrity.seal_key.__module__].__file__ == seals.__file__
     record = verified.Record(tmp_path)
     for number in range(1000):
         record.put(integrity.seal_key(f"{number}", number, number), number)
@@ -84,7 +102,7 @@ def test_the_jax_triton_pieces_agree_with_the_registry_and_the_inventory():
 
 def test_every_kind_gets_its_variable_and_folder(tmp_path):
     exports = env.resolve(settings_from({"bytecode_cache": True}, cache_root=str(tmp_path)), {})
-    for kind in (kinds.KINDS[name] for name in kinds.EXPORTED):
+    for kind in kinds.EXPORTED:
         assert exports.values[kind.env_var] == str(tmp_path / kind.name)
         assert (tmp_path / kind.name).is_dir()
 
@@ -92,10 +110,12 @@ def test_every_kind_gets_its_variable_and_folder(tmp_path):
 def test_inventoried_kinds_are_the_prunable_and_observed_ones():
     listed = ("jax", "triton", "inductor", "vllm", "bytecode", "cuda", "autotune", "jax_triton", "ptxas",
               "records")
-    assert kinds.PRUNABLE[:len(listed)] == listed  # in the listed order; the kinds found follow
+    # in the listed order; the kinds found follow
+    assert tuple(kinds.names_of(kinds.PRUNABLE))[:len(listed)] == listed
     # ptxas: recorded from the shim's calls
-    assert [n for n in kinds.OBSERVED if n in listed] == ["jax", "triton", "inductor", "jax_triton", "ptxas"]
-    assert all(kinds.KINDS[name].last_use for name in kinds.PRUNABLE)
+    observed = [name for name in kinds.names_of(kinds.OBSERVED) if name in listed]
+    assert observed == ["jax", "triton", "inductor", "jax_triton", "ptxas"]
+    assert all(kind.last_use for kind in kinds.PRUNABLE)
 
 
 def test_a_workload_may_expect_every_observed_kind_and_no_other():
@@ -104,7 +124,7 @@ def test_a_workload_may_expect_every_observed_kind_and_no_other():
     from gpu_cache.config.settings import load_schema
 
     workload = load_schema()["properties"]["workloads"]["additionalProperties"]["properties"]
-    assert workload["expects"]["items"]["enum"] == list(kinds.OBSERVED)
+    assert workload["expects"]["items"]["enum"] == kinds.names_of(kinds.OBSERVED)
 
 
 def test_every_kind_module_is_registered_once():
@@ -134,8 +154,10 @@ class _Dropped(SingleFile):
 
 KIND = _Dropped()
 '''
-DROPPED_PIECE = '''# gpu-cache hook piece watching colorsys
+DROPPED_PIECE = '''# gpu-cache hook piece
+# watches colorsys
 def on_import(module, hook):
+    hook.observed("dropped_in")
     hook.parts["dropped_in"] = {"hits": 1, "misses": 0, "module": module.__name__}
 
 
@@ -150,7 +172,7 @@ def test_a_kind_added_as_its_modules_alone_is_registered_watched_and_recorded(tm
     kinds (so env, stats, prune and the contract suite take it) and leaves its part to be
     loaded on use (imported as a kind, the part has no KIND: every command would fail), and
     the startup hook watches the module its piece names and records the kind's part.
-    Guards: the registry's ``_found`` and the hook's ``_found``."""
+    Guards: the registry's ``_found`` and the hook's ``pieces``."""
     package = tmp_path / "scripts" / "gpu_cache"
     shutil.copytree(SCRIPTS / "gpu_cache", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "core" / "kinds" / "dropped_in.py").write_text(DROPPED_KIND)

@@ -47,12 +47,42 @@ def stdlib(module: str) -> bool:
     return module.split(".")[0] in sys.stdlib_module_names
 
 
-def test_core_imports_only_the_standard_library_and_core():
+def test_core_imports_only_the_standard_library_core_and_the_hook():
+    """Core imports the standard library, core, and the startup hook's rules (the hook is the
+    lowest layer: standard library only, it imports nothing of the package)."""
     wrong = [f"{path.relative_to(SCRIPTS)}:{line}: {module}"
              for path in sorted(CORE.rglob("*.py"))
              for line, module, optional in imports(path)
-             if not (stdlib(module) or module == "gpu_cache.core" or module.startswith("gpu_cache.core.")
-                     or optional)]
+             if not (stdlib(module) or optional
+                     or module.split(".")[:2] in (["gpu_cache", "core"], ["gpu_cache", "_hook"]))]
+    assert wrong == []
+
+
+def module_imports(path: Path) -> list[tuple[str, int]]:
+    """(module, level) of each import at the top level of ``path`` (what importing it runs)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level))
+    return found
+
+
+def test_what_the_host_imports_of_the_hook_imports_only_the_standard_library():
+    """A hook module the host side imports (its one home of a rule: the names, the digest frame,
+    the owner and lock rules, the seal reader) runs under the package's name, where neither
+    ``sitecustomize`` nor ``gpu_cache_hook`` is the hook's: it imports the standard library and,
+    relatively, such modules alone."""
+    used = {module for path in PACKAGE.rglob("*.py") if HOOK not in path.parents
+            for _line, module, _optional in imports(path) if module.startswith("gpu_cache._hook.")}
+    assert used, "the host imports nothing of the hook"
+    wrong = []
+    for module in sorted(used):
+        path = SCRIPTS.joinpath(*module.split(".")).with_suffix(".py")
+        if not path.is_file():  # a package: importing it runs its __init__
+            path = path.with_suffix("") / "__init__.py"
+        wrong += [f"{module}: {name}" for name, level in module_imports(path) if not (stdlib(name) or level)]
     assert wrong == []
 
 
@@ -103,26 +133,109 @@ def oldest_python() -> str | None:
     return candidates[-1] if candidates else shutil.which(f"python{OLDEST_PYTHON}")
 
 
-def test_the_job_side_runs_on_the_oldest_python_we_support():
+def the_oldest_python() -> str:
     python = oldest_python()
     if python is None:
         message = f"no Python {OLDEST_PYTHON} here (pyenv has one on this kind of machine)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return python
+
+
+def job_side_files(scripts: Path) -> list[Path]:
+    """Every Python file the job side runs: core, the whole hook package (not only its top
+    folder: its pieces are nested) and the workloads."""
+    package = scripts / "gpu_cache"
+    return sorted(p for folder in ("core", "_hook", "workloads") for p in (package / folder).rglob("*.py"))
+
+
+def not_compiled_by(python: str, files: list[Path]) -> list[str]:
+    """The lines ``python`` prints for each of ``files`` whose source it cannot compile."""
+    program = ("import sys\n"
+               "for path in sys.argv[1:]:\n"
+               "    try:\n"
+               "        with open(path) as source:\n"
+               "            compile(source.read(), path, 'exec')\n"
+               "    except SyntaxError as exc:\n"
+               "        print(f'{path}:{exc.lineno}: {exc.msg}')\n")
+    done = subprocess.run([python, "-c", program, *map(str, files)], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_job_side_runs_on_the_oldest_python_we_support():
+    python = the_oldest_python()
+    assert not_compiled_by(python, job_side_files(SCRIPTS)) == []
     core = sorted(".".join(p.relative_to(SCRIPTS).with_suffix("").parts) for p in CORE.rglob("*.py"))
     program = ("import importlib\n"
                f"for name in {[m.removesuffix('.__init__') for m in core]!r}:\n"
-               "    importlib.import_module(name)\n"
-               f"for path in {[str(p) for p in [*HOOK.glob('*.py'), *WORKLOADS.glob('*.py')]]!r}:\n"
-               "    with open(path) as source:\n"
-               "        compile(source.read(), path, 'exec')\n")
+               "    importlib.import_module(name)\n")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SCRIPTS), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([python, "-c", program], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     runner = subprocess.run([python, "-m", "gpu_cache.core.runner", "--help"], env=env,
                             capture_output=True, text=True)
     assert runner.returncode == 0 and "usage" in runner.stdout, runner.stderr
+
+
+def test_the_oldest_python_check_finds_a_newer_line_in_any_hook_module(tmp_path):
+    """A copy of the package where one hook module deep in the package has a ``match``
+    statement (Python 3.10): the check names that module. Guard: job_side_files walks the
+    whole hook package."""
+    python = the_oldest_python()
+    copy = tmp_path / "scripts"
+    shutil.copytree(SCRIPTS / "gpu_cache", copy / "gpu_cache", ignore=shutil.ignore_patterns("__pycache__"))
+    deep = copy / "gpu_cache" / "_hook" / "gpu_cache_hook" / "tier" / "bound.py"
+    deep.write_text(deep.read_text() + "\n\ndef newer(value):\n    match value:\n        case _:\n"
+                    "            return value\n")
+    assert [line.partition(":")[0] for line in not_compiled_by(python, job_side_files(copy))] == [str(deep)]
+
+
+def core_import_graph() -> dict[str, set[str]]:
+    """Which modules of core each module of core imports, wherever in it (a deferred import in
+    a function counts: it is a circle all the same, worked around), except under
+    ``if TYPE_CHECKING:`` (annotations only). A submodule's own package is not counted as an
+    import of it (a registry's ``__init__`` that imports its modules is no circle)."""
+    modules = {".".join(p.relative_to(SCRIPTS).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                       for stmt in node.body for n in ast.walk(stmt)}
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                subs = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+                found |= subs if subs else {node.module}
+                found |= {node.module} if len(subs) < len(node.names) else set()
+        graph[name] = found - {name}
+    return graph
+
+
+def test_core_has_no_import_circle():
+    """No module of core imports, however late, a module that imports it back (the record
+    readers are a leaf; a kind's logic is in its kind)."""
+    graph = core_import_graph()
+    circles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            here, path = stack.pop()
+            for nxt in graph[here]:
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []
 
 
 #: The host side's layers, lowest first: each imports only from the layers below it (and

@@ -409,35 +409,28 @@ def test_prune_and_unpack_never_wait_on_a_lock_another_user_holds(base):
     assert again.held == 0
 
 
-def test_the_hook_judges_lock_files_as_gpu_cache_does(tmp_path):
-    """The hook's copy of the lock-file rule (it may not import gpu_cache) agrees with
-    core.safe_locks on real files: modes, another user's file, a link, a FIFO."""
-    hook = hook_piece("locks")
+def test_the_lock_file_rule_has_one_home(tmp_path):
+    """gpu-cache's own locks (core.safe_locks) judge lock files by the hook's rule, the module
+    single-flight runs in jobs, on real files: modes, another user's file, a link, a FIFO."""
     from gpu_cache.core import safe_locks
 
-    cases = []
+    hook = hook_piece("locks")
+    assert sys.modules[safe_locks.lock_file_problem.__module__].__file__ == hook.__file__
+    cases = {}
     for mode in (0o600, 0o640, 0o644, 0o660, 0o666, 0o604):
-        path = tmp_path / f"mode-{mode:o}.lock"
+        cases[f"mode-{mode:o}"] = path = tmp_path / f"mode-{mode:o}.lock"
         path.write_bytes(b"")
         path.chmod(mode)
-        cases.append(path)
-    theirs = tmp_path / "theirs.lock"
+    cases["theirs"] = theirs = tmp_path / "theirs.lock"
     theirs.write_bytes(b"")
     theirs.chmod(0o600)
     os.chown(theirs, 65534, 65534)
-    link = tmp_path / "link.lock"
-    link.symlink_to(cases[0])
-    fifo = tmp_path / "fifo.lock"
+    cases["link"] = link = tmp_path / "link.lock"
+    link.symlink_to(cases["mode-600"])
+    cases["fifo"] = fifo = tmp_path / "fifo.lock"
     os.mkfifo(fifo)
-    cases += [theirs, link, fifo]
     gid = os.getegid()
-    for group_bits in (0, 0o060):
-        for path in cases:
-            info = os.lstat(path)
-            core = safe_locks.lock_file_problem(info, group_bits, gid)
-            mirrored = hook.private(info, (str(tmp_path), group_bits, gid))
-            assert (core is None) == (mirrored is None), (path.name, group_bits, core, mirrored)
-    # and the rule is not empty: 0600 of ours passes, 0644 and another user's file do not
-    assert hook.private(os.lstat(cases[0]), (str(tmp_path), 0, gid)) is None
-    assert hook.private(os.lstat(cases[2]), (str(tmp_path), 0, gid)) is not None
-    assert hook.private(os.lstat(theirs), (str(tmp_path), 0, gid)) is not None
+    passed = {group_bits: [name for name, path in cases.items()
+                           if safe_locks.lock_file_problem(os.lstat(path), group_bits, gid) is None]
+              for group_bits in (0, 0o060)}
+    assert passed == {0: ["mode-600"], 0o060: ["mode-600", "mode-640", "mode-660"]}

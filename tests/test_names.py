@@ -1,6 +1,7 @@
-"""The job environment's names have one home (#33): ``gpu_cache.core.names`` on gpu-cache's
-side, and one copy in the startup hook's ``sitecustomize.py`` (the hook cannot import the
-package), which must agree with it name by name."""
+"""The job environment's names have one home each (#33, #48): the names the startup hook uses
+live in its ``sitecustomize.py`` (the hook cannot import the package), and
+``gpu_cache.core.names`` imports them from there beside the host's own; the rest of the package
+takes every name from ``core.names``."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def constants(path: Path) -> dict[str, object]:
     return found
 
 
-def test_the_hooks_copy_of_each_name_is_the_one_in_core_names():
+def test_core_names_holds_each_of_the_hooks_names():
     hooks = constants(HOOK_NAMES)
     assert hooks, f"{HOOK_NAMES} holds no names"
     differ = {name: (value, getattr(names, name, "(not in core.names)")) for name, value in hooks.items()
@@ -40,9 +41,9 @@ def test_the_hooks_copy_of_each_name_is_the_one_in_core_names():
     assert differ == {}
 
 
-def test_the_hooks_pieces_take_their_names_from_the_hooks_copy():
+def test_the_hooks_pieces_take_their_names_from_sitecustomize():
     hooks = constants(HOOK_NAMES)
-    missing = [f"{path.name}: {alias.name}" for path in sorted(HOOK.glob("gpu_cache_*.py"))
+    missing = [f"{path.name}: {alias.name}" for path in sorted(HOOK.rglob("*.py"))
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.ImportFrom) and node.module == "sitecustomize"
                for alias in node.names if alias.name not in hooks]

@@ -68,7 +68,7 @@ def test_stats_shows_both_tiers(tmp_path, twelve_entries):
     assert tier["kinds"]["jax"]["entries"] == 6 + 1  # and the stale temporary
     assert tier["kinds"]["jax"]["broken"] == 1
     assert tier["kinds"]["jax"]["broken_entries"][0]["key"] == stale.name
-    assert set(tier["kinds"]) == set(kinds.TIERED)  # every kind the tier holds, empty or not
+    assert set(tier["kinds"]) == set(kinds.names_of(kinds.TIERED))  # every kind the tier holds, empty or not
     text = run_cli("stats", "--config", str(config), "--cache-root", str(root)).stdout
     assert f"local tier (this node): {local}, " in text and "of 20.0 GiB" in text
     # No tier on this node: the section is empty.

@@ -128,7 +128,7 @@ def corrupt_in_place(path: Path) -> None:
 def dry_run_here(root: Path) -> dict:
     """A dry run of the JAX kind in this process (so a test can set the recheck budget)."""
     report = prune(settings_from({}, cache_root=str(root)), max_size=1 << 40, max_age=1e9,
-                   dry_run=True, only=("jax",))
+                   dry_run=True, only=(kinds.named("jax"),))
     return report.kinds["jax"].as_dict()
 
 
@@ -278,7 +278,7 @@ def test_the_benchmark_runs_on_a_small_root(tmp_path):
     result = json.loads(out.read_text())
     (size,) = result["sizes"]
     assert size["broken_entries_found"] == 0 and size["prune_problems"] == []
-    assert set(size["entries_by_kind"]) == set(kinds.PRUNABLE)  # a root with every kind
+    assert set(size["entries_by_kind"]) == set(kinds.names_of(kinds.PRUNABLE))  # a root with every kind
     assert all(size["entries_by_kind"].values())
     assert size["prune_removed"] == size["dry_run_would_remove"] > 0
     timed = {"stats", "stats_json", "prune_dry_run", "prune_dry_run_first", "prune"}
@@ -291,5 +291,5 @@ def test_the_docs_say_where_each_kind_reads_last_use():
     from gpu_cache.core import kinds
 
     docs = (REPO / "docs" / "observe.md").read_text()
-    for name in kinds.PRUNABLE:
+    for name in kinds.names_of(kinds.PRUNABLE):
         assert f"| `{name}` | {kinds.KINDS[name].last_use} |" in docs, name

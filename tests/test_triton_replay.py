@@ -214,7 +214,7 @@ def test_odd_descriptions_are_passed_over() -> None:
 
 def test_a_warm_pass_replays_the_recorded_kernels_first(recorded: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    records = hook_records.records_dir(root)
+    records = kinds.records_dir(root)
     shutil.copytree(recorded, records)
     triton_dir = kinds.KINDS["triton"].folder(root)
     plan = runner.Plan("warm", "h200", (), parallel=1)

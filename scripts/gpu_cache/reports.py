@@ -122,8 +122,8 @@ class Verdict:
             cold_seconds=None if cold is None else float(json_number(cold, cls.WHAT, "cold_seconds")),
             warm_seconds=float(json_number(data["warm_seconds"], cls.WHAT, "warm_seconds")),
             problems=[str(p) for p in lists["problems"]],
-            kinds={name: KindCounts.from_dict(data[name]) for name in kinds.OBSERVED
-                   if isinstance(data.get(name), dict)},
+            kinds={kind.name: KindCounts.from_dict(data[kind.name]) for kind in kinds.OBSERVED
+                   if isinstance(data.get(kind.name), dict)},
             notes=[str(n) for n in lists["notes"]],
             cache_warnings=[str(w) for w in lists["cache_warnings"]],
             explain=[e for e in lists["explain"] if isinstance(e, dict)],
@@ -265,7 +265,7 @@ class Usage:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"processes": self.processes}
-        for name in kinds.OBSERVED:
+        for name in kinds.names_of(kinds.OBSERVED):
             out[f"{name}_hits"] = self.hits.get(name, 0)
             out[f"{name}_misses"] = self.misses.get(name, 0)
         out["saved_seconds"] = round(self.saved_seconds, 3)
@@ -280,6 +280,6 @@ class Usage:
         count = lambda key: int(json_number(data.get(key, 0), "usage counts", key))  # noqa: E731
         number = lambda key: float(json_number(data.get(key, 0.0), "usage counts", key))  # noqa: E731
         return cls(count("processes"),
-                   {name: count(f"{name}_hits") for name in kinds.OBSERVED},
-                   {name: count(f"{name}_misses") for name in kinds.OBSERVED},
+                   {name: count(f"{name}_hits") for name in kinds.names_of(kinds.OBSERVED)},
+                   {name: count(f"{name}_misses") for name in kinds.names_of(kinds.OBSERVED)},
                    number("saved_seconds"), number("waited_seconds"), number("compiled_seconds"))

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_cache.commands.doctor import KEY_PACKAGES, installed_version  # noqa: E402
 from gpu_cache.config.settings import settings_from  # noqa: E402
-from gpu_cache.core import device, hook_records  # noqa: E402
+from gpu_cache.core import device, hook_records, kinds  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
 
 FLA = [sys.executable, str(REPO / "tests" / "benchmarks" / "fla_workload.py")]
@@ -90,7 +90,7 @@ def run_one(command: list[str], environ: dict[str, str], cwd: Path | None = None
 
 def recorded(folder: Path, run_id: str) -> dict[str, Any]:
     """The records of one run, per kind: counts and compile seconds (names left out)."""
-    totals = hook_records.totals(list(hook_records.read(folder, run_id)))
+    totals = kinds.record_totals(list(hook_records.read(folder, run_id)))
     return {kind: {"processes": t.processes, "hits": t.hits, "misses": t.misses,
                    "compile_seconds": t.compile_seconds, "saved_seconds": t.saved_seconds}
             for kind, t in totals.items()}
@@ -228,7 +228,7 @@ def copy_records(records: Path, into: Path, older: bool) -> int:
 def replay_run(root: Path, scratch: Path, jobs: int) -> dict[str, Any]:
     """The replay step alone on ``root`` (its records, its entries)."""
     environ = cache_environ(root, scratch)
-    return run_one([*REPLAY, "--records", str(hook_records.records_dir(root)), "--jobs", str(jobs)], environ)
+    return run_one([*REPLAY, "--records", str(kinds.records_dir(root)), "--jobs", str(jobs)], environ)
 
 
 def section_replay_fla(scratch: Path, quick: bool, workers: int = 8) -> dict[str, Any]:
@@ -249,8 +249,8 @@ def section_replay_fla(scratch: Path, quick: bool, workers: int = 8) -> dict[str
     flight = run_many(command, [cache_environ(scratch / "flight", scratch) for _ in range(workers)])
     # The replay case gets the records as an older Triton's (the case after an upgrade); the warm
     # step, as they are (the same software: Triton's own compile call, each key checked).
-    described = {case: copy_records(hook_records.records_dir(scratch / "flight"),
-                                    hook_records.records_dir(scratch / case), older=case == "replay")
+    described = {case: copy_records(kinds.records_dir(scratch / "flight"),
+                                    kinds.records_dir(scratch / case), older=case == "replay")
                  for case in ("replay", "warm", "serial", "parallel")}
     # replay: the replay step starts with the fan-out, on the same root
     run_id = uuid.uuid4().hex

@@ -10,7 +10,7 @@ What the job side checks before it serves an entry, read from the startup hook
 
 * the node-local tier's fetch (JAX, Triton, Inductor, jax-triton; only where the local tier
   lacks the entry: a new node): the kind folders' and each file's owner and mode, the CRC-32 of
-  the bytes it copies and the seal a verifying prune left for it (``gpu_cache_hook.tier.seals``), once per
+  the bytes it copies and the seal a verifying prune left for it (``gpu_cache_hook.seals``), once per
   kind the list of entries validation set aside; for JAX also the fetched entry's zstd frame read
   whole through its block headers (``gpu_cache_hook.kinds.jax._whole``);
 * JAX with single-flight (the default): before each read, an entry younger than 60 s is checked
@@ -150,7 +150,7 @@ def process(command: list[str], environ: dict[str, str], scratch: Path, kind: st
     found = ast.literal_eval(out.read_text())
     calls = [ast.literal_eval(line) for line in log.read_text().splitlines()] if log.exists() else []
     records = list(hook_records.read(Path(environ["GPU_CACHE_RECORDS"]), tag))
-    totals = {name: (t.hits, t.misses) for name, t in hook_records.totals(records).items() if t.processes}
+    totals = {name: (t.hits, t.misses) for name, t in kinds.record_totals(records).items() if t.processes}
     hits, misses = totals.get(kind, (None, None))
     return {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 2), **found, "hits": hits,
             "misses": misses, "recorded": totals,

@@ -6,8 +6,8 @@
 
 Runs in a job process that has gpu-cache's startup hook (``PYTHONPATH`` as ``gpu-cache env``
 exports it). Before the program runs, it wraps each check of :data:`CHECKS` with a timer: the
-hook's modules are got by name through the running hook (``sitecustomize._piece``), never by a
-file's path. At exit it writes to OUT each check's calls, seconds and truthy results, and the
+hook's modules are got by name from the package the running hook loaded (``sitecustomize.package``),
+never by a file's path. At exit it writes to OUT each check's calls, seconds and truthy results, and the
 seconds spent inside any of them (a check nested in another counted once), in wall time and in
 the calling thread's CPU time (a sha256 of more than 2 KiB lets go of the GIL, and another thread
 of the job may then hold it for its 5 ms turn: wall time the check waited, not spent). Then the program
@@ -39,8 +39,8 @@ CHECKS = (
     ("tier", "owner_problem", "tier trust"),
     ("tier.files", "zlib.crc32", "crc32"),
     ("tier", "zlib.crc32", "crc32"),
-    ("tier.seals", "Seals.damaged", "seal"),
-    ("tier.seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
+    ("seals", "Seals.damaged", "seal"),
+    ("seals", "Seals.sealed", "seal found"),  # (inside "seal": its truthy, the seals found)
     ("tier.set_aside", "check", "set-aside list"),
     # JAX: a fetched entry's zstd frame whole; with single-flight, no entry read half-written
     ("kinds.jax", "_whole", "zstd frame whole"),
@@ -215,6 +215,14 @@ def shim():
     shim_module.main()
 
 
+def hook_module(hook, name):
+    """The hook's module ``gpu_cache_hook.<name>``, from the package the running hook loads."""
+    import importlib
+
+    hook.package()
+    return importlib.import_module(f"gpu_cache_hook.{name}")
+
+
 def ptxas_calls(folder, hook):
     """jaxlib's ptxas calls, for a machine without a GPU (where jaxlib assembles nothing): each
     ``*.ptx`` in ``folder`` is marked as the hook's wrapper of jaxlib's ``TritonKernel`` marks
@@ -224,8 +232,8 @@ def ptxas_calls(folder, hook):
     import subprocess
     import tempfile
 
-    marks = hook._piece("kinds.ptxas.piece")
-    kernels = hook._HOOK.ptxas_kernels
+    marks = hook_module(hook, "kinds.ptxas.piece")
+    kernels = marks.kernels_folder()
     if not kernels:
         raise SystemExit(f"the hook did not put the ptxas shim on PATH: {hook._HOOK.parts.get('ptxas')}")
     names = sorted(n for n in os.listdir(folder) if n.endswith(".ptx"))
@@ -249,11 +257,11 @@ def ptxas_calls(folder, hook):
 def main(argv):
     out, mode, rest = argv[0], argv[1], argv[2:]
     hook = sys.modules.get("sitecustomize")
-    if getattr(sys, "_gpu_cache_startup_hook", None) is None or not hasattr(hook, "_piece"):
+    if getattr(sys, "_gpu_cache_startup_hook", None) is None or not hasattr(hook, "package"):
         raise SystemExit("integrity_timer: gpu-cache's startup hook does not run in this process")
     timer = Timer()
-    timer.install(CHECKS, hook._piece)
-    timer.mark_fetches(hook._piece)
+    timer.install(CHECKS, lambda name: hook_module(hook, name))
+    timer.mark_fetches(lambda name: hook_module(hook, name))
     wrapper = os.environ.get(SHIM_VAR)
     if wrapper and os.environ.get(hook.PTXAS_PYTHON_VAR):  # the hook put the shim on PATH
         os.environ[hook.PTXAS_PYTHON_VAR] = wrapper

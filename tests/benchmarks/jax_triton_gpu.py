@@ -167,7 +167,7 @@ def _with_records(run: dict[str, Any], environ: dict[str, str]) -> dict[str, Any
 
 def recorded(folder: Path, run_id: str) -> dict[str, Any]:
     """What the hook's records of one run say, per kind."""
-    totals = hook_records.totals(list(hook_records.read(folder, run_id)))
+    totals = kinds.record_totals(list(hook_records.read(folder, run_id)))
     return {kind: {"processes": t.processes, "hits": t.hits, "misses": t.misses,
                    "compile_seconds": t.compile_seconds} for kind, t in totals.items()}
 

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from gpu_cache.config.settings import settings_from  # noqa: E402
-from gpu_cache.core import device, hook_records, names  # noqa: E402
+from gpu_cache.core import device, hook_records, kinds, names  # noqa: E402
 from gpu_cache.core.kinds import ptxas_lookup  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
 
@@ -267,7 +267,7 @@ def job_run(root: Path, command: list[str], extra: str, shim: bool) -> dict[str,
     environ["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
     environ["GPU_CACHE_RUN_ID"] = run_id = os.urandom(8).hex()
     run = run_process(command, environ)
-    found = list(hook_records.read(hook_records.records_dir(root), run_id))
+    found = list(hook_records.read(kinds.records_dir(root), run_id))
     part = next((r.get("ptxas") for r in found if r.get("ptxas")), None)
     run["ptxas"] = {k: part.get(k) for k in ("state", "real", "jaxlib_kernels", "hits", "misses", "passed",
                                              "compile_seconds", "saved_seconds")} if part else None

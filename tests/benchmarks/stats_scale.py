@@ -123,7 +123,7 @@ def real_library(scratch: Path) -> bytes:
 
 
 def _framed(payload: bytes) -> bytes:
-    """An entry framed with its sha256, as core/digest.py's ``framed`` writes it (ptxas, jax-triton)."""
+    """An entry framed with its sha256, as the hook's digest.py's ``framed`` writes it (ptxas, jax-triton)."""
     return b"gpu-cache sha256 " + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
 
 

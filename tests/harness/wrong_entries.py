@@ -89,8 +89,8 @@ def tear_triton(group: Path, donor: Path) -> str:
 
 
 def _payload(path: Path) -> bytes:
-    """An entry's bytes without the digest frame the hook writes around it (core/digest.py)."""
-    from gpu_cache.core import digest
+    """An entry's bytes without the digest frame the hook writes around it (the hook's digest.py)."""
+    from gpu_cache._hook.gpu_cache_hook import digest
 
     data = path.read_bytes()
     return digest.opened(data) or data
@@ -105,7 +105,7 @@ def entries_of(folder: Path, kernel: str) -> list[Path]:
 def swap_jax_triton_ptx(entry: Path, donor: Path) -> str:
     """Give a jax-triton entry ``donor``'s PTX (a torn write: the key and the rest its own), its
     digest made anew as a writer that wrote it so would. Its key."""
-    from gpu_cache.core import digest
+    from gpu_cache._hook.gpu_cache_hook import digest
 
     found, other = json.loads(_payload(entry)), json.loads(_payload(donor))
     found["result"]["binary"] = other["result"]["binary"]
@@ -116,7 +116,7 @@ def swap_jax_triton_ptx(entry: Path, donor: Path) -> str:
 def swap_ptxas_output(entry: Path, donor: Path) -> str:
     """Give a ptxas shim entry ``donor``'s cubin, its header (key, sizes) and digest made whole
     for it. Its key."""
-    from gpu_cache.core import digest
+    from gpu_cache._hook.gpu_cache_hook import digest
 
     magic, own = _payload(entry).split(b"\n", 1)
     key, sizes, meta, rest = own.split(b"\n", 3)

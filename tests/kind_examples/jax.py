@@ -18,11 +18,11 @@ def fetch(tier, key: str) -> None:
     """As the JAX piece fetches an entry before JAX reads it (its own check: whole frames)."""
     from helpers import hook_piece
 
-    tier.fetch("jax", f"{key}-cache", check=hook_piece("kinds.jax")._whole)
+    tier.fetch("jax", f"{key}-cache", check=hook_piece("kinds.jax.cache").whole)
 
 
 def promote(tier, key: str) -> None:
     """As the JAX piece promotes an entry JAX just wrote."""
     from helpers import hook_piece
 
-    tier.promote("jax", f"{key}-cache", check=hook_piece("kinds.jax")._whole)
+    tier.promote("jax", f"{key}-cache", check=hook_piece("kinds.jax.cache").whole)

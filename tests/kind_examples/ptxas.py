@@ -1,7 +1,7 @@
 import hashlib
 from pathlib import Path
 
-from gpu_cache.core import digest
+from gpu_cache._hook.gpu_cache_hook import digest
 from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
 

@@ -1,46 +1,23 @@
 """gpu-cache's startup hook: per-process cache statistics, without touching user code.
 
 gpu-cache puts this folder first on ``PYTHONPATH`` when ``stats_hook`` or ``single_flight``
-is on. This file is what every Python process loads: it installs an import watcher (a few
-microseconds) and nothing else. The rest of the hook is in pieces next to it, each loaded
-only when needed (issue 19), from the package ``gpu_cache_hook`` beside it, whose
-docstring is the map: a piece per kind in ``gpu_cache_hook/kinds/``, and the shared concerns
-(``tier``, ``flight`` and ``locks``, ``records``, ``trust``, ``digest``, ``common``) at its top.
-
-- ``kinds.jax`` when the process imports ``jax``: its cache listeners, the key parts for
-  ``gpu-cache doctor --explain``, and JAX single-flight (all the coupling to ``jax._src``);
-- ``kinds.triton`` when it imports ``triton``: Triton's listener and cache manager;
-- ``kinds.inductor`` when it imports ``torch._inductor.codecache`` (and the two modules it
-  also wraps): Inductor's hits and misses and single-flight (issue 31), never in Inductor's
-  compile workers;
-- ``kinds.tokamax`` when it imports ``tokamax._src.ops.op``: makes tokamax 0.0.12's JAX
-  context before the first trace, which saves the second compile (issue 20; switched off with
-  ``GPU_CACHE_TOKAMAX_FIX=0``); again when it has imported the ``tokamax`` package, with
-  ``$GPU_CACHE_AUTOTUNE``: the autotuning results kept for this GPU type (issue 24);
-- ``kinds.jax_triton`` when it imports ``jax_triton.triton_lib`` (with
-  ``$GPU_CACHE_JAX_TRITON``, records or not): jax-triton's kernels kept across processes, and
-  the ``TRITON_CACHE_DIR`` it clears put back (issue 34);
-- ``kinds.<kind>``, the piece of any other kind found in ``kinds/``, when it imports the
-  module the piece's first line names (``_found``); its ``section(hook)`` is the kind's part
-  of the record;
-- ``kinds.ptxas.piece`` at start, with ``$GPU_CACHE_PTXAS``: puts the ptxas shim first on the
-  process's ``PATH`` where jax_triton is installed, so jaxlib's ptxas runs of Triton kernels
-  are cached (issue 34);
-- ``kinds.bytecode`` at start, with ``$GPU_CACHE_BYTECODE``;
-- ``trust`` at start where a folder the job was given is node-local or cannot be created;
-- ``records`` at exit: the JSON record of a process that imported a watched module, written
-  into ``$GPU_CACHE_RECORDS``; ``flight`` (single-flight, with ``$GPU_CACHE_LOCKS``) and
-  ``tier`` (the node-local tier, with ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED``: issue
-  23) through the pieces; the tier also when the process imports ``torch._inductor``.
+is on. This file is what every Python process loads: it reads the facts the kinds' pieces
+declare in their first lines (``_Piece``: the modules they watch, what starts at start, the
+folders made or judged for them, their tier layout, their software), acts on them, installs an
+import watcher, and nothing else; it, the record and the tier loop over those facts and never
+name a kind. The rest of the hook is the package ``gpu_cache_hook`` beside it (its docstring is
+the map), loaded only where needed (issue 19). Its names below are the job environment's, the
+host's too (``gpu_cache.core.names`` imports them; imported so, this file starts nothing).
 
 Rules it keeps:
 
-- standard library only, and nothing but the watcher in a process without jax or triton
-  (and, where the ptxas cache is exported, the shim's set-up: about 1 ms);
+- standard library only, and nothing but the watcher in a process that imports no module a
+  piece watches (and, where a piece starts at start, its start: the ptxas shim's set-up,
+  about 1 ms);
 - never breaks a job: any error is swallowed with at most one warning line on stderr (none
   when stderr is closed), and the job's exit code and output stay as without the hook;
-- records nothing without an absolute ``$GPU_CACHE_RECORDS``, and installs nothing without
-  it, an absolute ``$GPU_CACHE_LOCKS``, the tier or the tokamax fix;
+- records nothing without an absolute ``$GPU_CACHE_RECORDS``, and a piece installs nothing
+  without it, an absolute ``$GPU_CACHE_LOCKS``, the tier or its own variable;
 - one per process: several copies of this file on ``sys.path`` (two checkouts, or one reached
   through a symlink) act as one. The first copy that runs marks the process (an attribute of
   ``sys``); any later copy that still gets run does nothing; the copies, and older versions of
@@ -65,78 +42,93 @@ _LEGACY_WATCHER = "_ImportWatcher"
 #: The attribute of ``sys`` that says that a copy of the hook already runs in this process.
 _SYS_MARK = "_gpu_cache_startup_hook"
 
-# The job environment's names: the hook's one copy of those of gpu_cache.core.names that it
-# uses (it cannot import the package, and loads nothing more in every process). The pieces
-# import them from here; tests/test_names.py fails when one differs from gpu_cache.core.names.
+# The job environment's names that the hook uses, in their one home: the pieces import them from
+# here, and so does gpu_cache.core.names, which holds the host's own beside them.
+#: The folder of the startup hook's per-process records (unset, empty or relative: none).
 RECORDS_VAR = "GPU_CACHE_RECORDS"
+#: Single-flight: the lock folder (empty: off), how long a waiter waits (seconds), its mode.
 LOCKS_VAR = "GPU_CACHE_LOCKS"
 LOCK_TIMEOUT_VAR = "GPU_CACHE_LOCK_TIMEOUT"
 LOCK_MODE_VAR = "GPU_CACHE_LOCK_MODE"
+#: The node-local tier (issue 23): this root's local folder (empty: no tier in this process),
+#: the cache root behind it, and the local tier's bound in bytes.
 TIER_VAR = "GPU_CACHE_TIER"
 SHARED_VAR = "GPU_CACHE_SHARED"
 TIER_MAX_BYTES_VAR = "GPU_CACHE_TIER_MAX_BYTES"
+#: Tests only: an absolute path a promotion creates, then sleeps, before it links its entry.
 TIER_TEST_PAUSE_VAR = "GPU_CACHE_TIER_TEST_PAUSE"
+#: A read-only root's Triton cache, read under the node-local one (the seed manager).
 TRITON_SEED_VAR = "GPU_CACHE_TRITON_SEED"
+#: The bytecode cache's folder (``bytecode_cache: true``).
 BYTECODE_VAR = "GPU_CACHE_BYTECODE"
+#: tokamax's autotuning results (issue 24), and ``1``: a warm process saves what it autotunes.
 AUTOTUNE_VAR = "GPU_CACHE_AUTOTUNE"
 AUTOTUNE_SAVE_VAR = "GPU_CACHE_AUTOTUNE_SAVE"
+#: jax-triton's kernel cache (issue 34), and the ptxas shim's (its results for jaxlib).
 JAX_TRITON_VAR = "GPU_CACHE_JAX_TRITON"
 PTXAS_VAR = "GPU_CACHE_PTXAS"
+#: The ptxas shim's own (the hook sets them for it): the real ptxas, the Python the shim runs
+#: with, its tally of calls (read into the record), the mark of a call from the real ptxas, and
+#: ``<pid>:<folder>``, the kernels jaxlib's Triton path made in process <pid> (issue 37).
 PTXAS_REAL_VAR = "GPU_CACHE_PTXAS_REAL"
 PTXAS_PYTHON_VAR = "GPU_CACHE_PTXAS_PYTHON"
 PTXAS_TALLY_VAR = "GPU_CACHE_PTXAS_TALLY"
 PTXAS_NESTED_VAR = "GPU_CACHE_PTXAS_NESTED"
 PTXAS_KERNELS_VAR = "GPU_CACHE_PTXAS_KERNELS"
+#: ``1``: Triton may import torch for its specialisation (the hook spares it otherwise).
 TRITON_TORCH_VAR = "GPU_CACHE_TRITON_TORCH"
+#: ``0``, ``off``, ``false`` or ``no`` switches the hook's tokamax fix off (issue 20).
 TOKAMAX_FIX_VAR = "GPU_CACHE_TOKAMAX_FIX"
+#: What a record names the job by: its rule, wildcards, GPU type, and the pass's run id.
 RULE_VAR = "GPU_CACHE_RULE"
 WILDCARDS_VAR = "GPU_CACHE_WILDCARDS"
 GPU_TYPE_VAR = "GPU_CACHE_GPU_TYPE"
 RUN_ID_VAR = "GPU_CACHE_RUN_ID"
+# The tools' variables that gpu-cache sets.
 JAX_CACHE_DIR_VAR = "JAX_COMPILATION_CACHE_DIR"
 TRITON_CACHE_DIR_VAR = "TRITON_CACHE_DIR"
 TRITON_MANAGER_VAR = "TRITON_CACHE_MANAGER"
 INDUCTOR_CACHE_DIR_VAR = "TORCHINDUCTOR_CACHE_DIR"
 TORCH_EXTENSIONS_DIR_VAR = "TORCH_EXTENSIONS_DIR"
 CUDA_CACHE_PATH_VAR = "CUDA_CACHE_PATH"
+#: Environment variables that change cache keys or where a cache is: kept in each record,
+#: shown by doctor, compared by explain.
+KEY_ENVIRONMENT = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
+                   "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
+                   "TRITON_DISABLE_LINE_INFO")
+#: Variables that name the container image a process runs in.
+IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+#: Single-flight's lock modes: ``flock`` alone, or ``flock`` within a node and a lease per key
+#: across the nodes that share the lock folder.
 NODE = "node"
 CLUSTER = "cluster"
+#: XLA's per-fusion autotune results, the value of JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES that
+#: keeps only them (and their folder in JAX's cache folder).
 XLA_AUTOTUNE_CACHE = "xla_gpu_per_fusion_autotune_cache_dir"
+#: The per-user folder of node-local fallbacks and tiers: ``<tmp>/gpu-cache-<uid>``.
 NODE_LOCAL_PREFIX = "gpu-cache-"
+#: A copy or promotion's temporary file: ``.gpu-cache-tmp.<host>.<pid>.<random>``.
 TEMP_PREFIX = ".gpu-cache-tmp."
+#: The local tier's trim stamp, and the lock that lets one process trim at a time.
 TRIM_STAMP = ".gpu-cache-trim"
 TRIM_LOCK = ".gpu-cache-trim.lock"
+#: Small state files under the cache root (measurements, verdicts; not a cache kind).
 STATE_FOLDER = "state"
+#: The entries of a tiered kind that validation set aside (issue 40), which every node's
+#: local tier drops: ``<root>/<STATE_FOLDER>/set-aside-<kind>.json``.
 SET_ASIDE_PREFIX = "set-aside-"
+#: A local tier's mark of the set-aside list it applied: ``.gpu-cache-set-aside.<kind>.<state>``.
 SET_ASIDE_SEEN = ".gpu-cache-set-aside."
 
-#: The modules whose caches this hook observes, each with its kind, whose piece is
-#: ``kinds.<kind>``: with the pieces found in ``kinds/`` (``_found``), a copy of
-#: gpu_cache.core.kinds.WATCHED_MODULES (a test fails when they drift).
-_WATCHED = {"jax": "jax", "triton": "triton", "torch._inductor.codecache": "inductor",
-            "jax_triton.triton_lib": "jax_triton"}
-#: The kinds' pieces that watch no module of their own: no need to look in them.
-_NOT_FOUND = ("tokamax", "ptxas", "bytecode")
-#: The first line of the piece of a kind beyond ``_WATCHED``, with the module it watches after it.
-_WATCHES = b"# gpu-cache hook piece watching "
+#: The first line of a kind's piece (``gpu_cache_hook/kinds/<kind>.py`` or ``<kind>/__init__.py``),
+#: whose facts follow; read without importing it (importing every piece costs about 1 ms).
+_PIECE_LINE = b"# gpu-cache hook piece\n"
 #: The package of the pieces, beside this file.
 _PACKAGE = "gpu_cache_hook"
-#: The other modules the Inductor piece needs before it wraps anything (issue 31).
-_INDUCTOR_TOO = ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.compile_fx")
-#: jax-triton's module whose kernels its piece keeps (issue 34), where JAX_TRITON_VAR is set.
-_JAX_TRITON_MODULE = "jax_triton.triton_lib"
-#: The import after which the tokamax fix runs (TOKAMAX_FIX_VAR switches it off).
-_TOKAMAX_MODULE = "tokamax._src.ops.op"
-#: The import after which the ptxas piece marks jaxlib's Triton kernels for the shim (issue 37).
-_PTXAS_MODULE = "jax_triton"
-#: The import after which the tier copies Inductor's shared files in (issue 23).
-_INDUCTOR_MODULE = "torch._inductor"
-#: The tiered kinds (a copy of gpu_cache.core.kinds.TIERED) and the variables of the kinds'
-#: node-local fallback folders that ``_guard`` judges here (Triton's and the locks' are judged
-#: where they are used: ``_usable_triton_folder``, ``_install``); a test fails when they drift.
-_TIERED = ("jax", "triton", "inductor", "jax_triton")
-_NODE_LOCAL_VARS = (INDUCTOR_CACHE_DIR_VAR, BYTECODE_VAR, CUDA_CACHE_PATH_VAR, RECORDS_VAR, JAX_TRITON_VAR)
-_OFF = ("0", "off", "false", "no")
+#: The hook's own folder that may be node-local, with the name the record's ``fallbacks`` gives
+#: it (the kinds' folders are the pieces' ``node-local`` facts; the locks' is judged where it is
+#: used, in ``_install``).
+_OWN_NODE_LOCAL = ((RECORDS_VAR, RECORDS_VAR),)
 
 _HERE = globals().get("__file__")
 
@@ -161,13 +153,18 @@ class _Hook:
         self.folder = None  # the records folder; None: no records
         self.flight = False  # single-flight wanted ($GPU_CACHE_LOCKS)
         self.tier = False  # the node-local tier wanted ($GPU_CACHE_TIER, $GPU_CACHE_SHARED)
-        self.libraries = set()  # the watched libraries this process imported
-        self.parts = {}  # what goes into the record: "jax", "triton", "tokamax", "fallbacks"
-        self.tokamax_fix = True  # not switched off
-        self.triton_cache_dir = None  # TRITON_CACHE_DIR at start (jax-triton clears it)
-        self.ptxas_tally = None  # the file the ptxas shim's calls are counted in (issue 34)
-        self.ptxas_kernels = None  # the folder of jaxlib's Triton kernel names for the shim (issue 37)
+        self.pieces = ()  # the kinds' pieces beside this file (_Piece)
+        self.loaded = []  # the pieces whose module this process loaded, in that order
+        self.libraries = set()  # the kinds whose library this process imported (``observed``)
+        self.parts = {}  # what goes into the record beside the pieces' sections: "fallbacks"
+        self.started = {}  # the folders the hook makes, as they were once it had started
         self._exit = False
+
+    @property
+    def watching(self):
+        """Whether the hook records, single-flights or tiers in this process: what the pieces
+        of the kinds whose library a job imports do."""
+        return bool(self.folder or self.flight or self.tier)
 
     def warn(self, what, exc, off=False):
         """One warning line per process at most; never raises. ``off``: the problem turned a
@@ -196,14 +193,14 @@ class _Hook:
             self.warned = True
             _stderr(held)
 
-    def piece(self, name):
-        """The hook's module ``name`` (see ``_piece``)."""
-        return _piece(name)
+    @staticmethod
+    def compile_worker():
+        return _compile_worker()
 
-    def observed(self, name):
-        """A watched library was imported: the record is written at exit (the exit handler is
-        registered only now, so a process without jax or triton loads nothing for it)."""
-        self.libraries.add(name)
+    def observed(self, kind):
+        """The library of ``kind`` was imported: the record is written at exit (the exit handler
+        is registered only now, so a process without such a library loads nothing for it)."""
+        self.libraries.add(kind)
         if self.folder and not self._exit and not _compile_worker():  # (its parent writes one)
             import atexit
 
@@ -212,7 +209,10 @@ class _Hook:
 
     def _write_record(self):
         try:
-            _piece("records").write(self)
+            package()
+            from gpu_cache_hook import records
+
+            records.write(self)
         except Exception as exc:
             self.warn("writing the record", exc)
 
@@ -235,28 +235,99 @@ def _machinery():
     return path_finder, module_from_spec
 
 
-def _piece(name):
-    """The hook's module ``gpu_cache_hook.<name>``, from this file's folder: the package is
-    loaded from there, not from whatever ``sys.path`` finds first (the job may have changed it
-    by exit), never another checkout's of another version; its modules then come from it."""
-    full = f"{_PACKAGE}.{name}"
-    module = sys.modules.get(full)
-    if module is not None:
-        return module
-    if _PACKAGE not in sys.modules:
-        path_finder, module_from_spec = _machinery()
-        spec = path_finder.find_spec(_PACKAGE, [os.path.dirname(_HERE or "")])
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{_PACKAGE} is missing beside {_HERE}", name=_PACKAGE)
-        package = module_from_spec(spec)
-        sys.modules[_PACKAGE] = package
+def package():
+    """Load the package of the pieces from this file's folder, not from whatever ``sys.path``
+    finds first (the job may have changed it by exit), never another checkout's of another
+    version: its modules then come from it, by plain imports. The pieces import the job
+    environment's names from ``sitecustomize``: where an older copy of the hook (one before the
+    marker) runs under that name and ran this one, these names are registered under it first."""
+    if _PACKAGE in sys.modules:
+        return
+    if getattr(sys.modules.get("sitecustomize"), "__dict__", None) is not globals():
+        names = type(sys)("sitecustomize")
+        names.__dict__.update(globals())
+        sys.modules["sitecustomize"] = names
+    path_finder, module_from_spec = _machinery()
+    spec = path_finder.find_spec(_PACKAGE, [os.path.dirname(_HERE or "")])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{_PACKAGE} is missing beside {_HERE}", name=_PACKAGE)
+    package = module_from_spec(spec)
+    sys.modules[_PACKAGE] = package
+    try:
+        spec.loader.exec_module(package)
+    except BaseException:
+        sys.modules.pop(_PACKAGE, None)
+        raise
+
+
+class _Piece:
+    """A kind's piece of the hook, as the comment lines after its first line declare it, one
+    fact a line (``gpu_cache_hook/kinds/__init__.py`` says what each means); its module is
+    loaded on first use."""
+
+    def __init__(self, kind, lines):
+        self.kind, self._module = kind, None
+        self.watches, self.watches_with, self.watches_always, self.start_with = [], [], [], []
+        self.makes, self.node_local, self.tier, self.software = [], [], [], []
+        for line in lines:
+            if line[:2] != b"# ":
+                break
+            word, *values = line[2:].decode("ascii").split()
+            if word == "tier":
+                self.tier.append(tuple(values))
+            elif word == "watches-with":
+                self.watches_with += [(values[0], module) for module in values[1:]]
+            elif word in _FACTS:
+                getattr(self, _FACTS[word]).extend(values)
+            else:
+                raise ValueError(f"the hook piece of {kind} declares {word!r}, which is no fact")
+
+    def watched(self, hook, environ):
+        """The modules after whose import the piece runs in this process."""
+        found = self.watches_always + (self.watches if hook.watching else [])
+        return found + [module for name, module in self.watches_with if os.path.isabs(environ.get(name, ""))]
+
+    @property
+    def module(self):
+        """The piece's module, loaded on first use (from this file's folder: ``package``)."""
+        if self._module is None:
+            package()
+            name = f"{_PACKAGE}.kinds.{self.kind}"
+            __import__(name)
+            self._module = sys.modules[name]
+            _HOOK.loaded.append(self)
+        return self._module
+
+
+#: The facts of one or more plain words, and the attribute of ``_Piece`` that holds them.
+_FACTS = {"watches": "watches", "watches-always": "watches_always", "start-with": "start_with",
+          "makes": "makes", "node-local": "node_local", "software": "software"}
+
+
+def pieces(here=None):
+    """The pieces in ``gpu_cache_hook/kinds/`` beside this file (or in the hook folder
+    ``here``), by kind: one listing, then one read of the head of each. A new kind's piece
+    needs no line elsewhere."""
+    folder = os.path.join(here or os.path.dirname(_HERE or ""), _PACKAGE, "kinds")
+    found = []
+    for name in sorted(os.listdir(folder)):
+        kind = name[:-3] if name.endswith(".py") else name
+        if kind[:1] == "_" or not kind.isidentifier():
+            continue
         try:
-            spec.loader.exec_module(package)
-        except BaseException:
-            sys.modules.pop(_PACKAGE, None)
-            raise
-    __import__(full)
-    return sys.modules[full]
+            fd = os.open(f"{folder}/{name}" if kind != name else f"{folder}/{name}/__init__.py",
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # not a piece (a folder without one)
+            continue
+        try:
+            head = os.read(fd, 1024)
+        except OSError:  # a folder named like a module, a FIFO
+            continue
+        finally:
+            os.close(fd)
+        if head.startswith(_PIECE_LINE):
+            found.append(_Piece(kind, head.split(b"\n", 16)[1:]))
+    return found
 
 
 def _compile_worker():
@@ -269,59 +340,12 @@ def _compile_worker():
     return os.path.basename(os.path.dirname(str(argv[0]))) == "compile_worker"
 
 
-def _found():
-    """``{module: kind}`` of each piece in ``kinds/`` of a kind beyond ``_WATCHED``
-    (``kinds/<kind>.py``, or ``kinds/<kind>/__init__.py``, whose first line says the module it
-    watches): a new kind's piece needs no line here. One listing of ``kinds/``, then a read of
-    the head of each new piece."""
-    folder = os.path.join(os.path.dirname(_HERE or ""), _PACKAGE, "kinds")
-    known = set(_WATCHED.values()).union(_NOT_FOUND)
-    found = {}
-    for name in os.listdir(folder):
-        kind = name[:-3] if name.endswith(".py") else name
-        if kind in known or kind.startswith("_") or not kind.isidentifier():
-            continue
-        path = os.path.join(folder, name)
-        if not name.endswith(".py"):
-            path = os.path.join(path, "__init__.py")
-        try:
-            head = _read_small(path, 200).split(b"\n", 1)[0]
-        except OSError:  # not a piece (a folder without one, a cache folder)
-            continue
-        if head.startswith(_WATCHES):
-            found[head[len(_WATCHES):].decode("ascii").strip()] = kind
-    return found
-
-
-def _observe(library):
+def _on_import(watching):
     def handler(module):
-        if library == "inductor" and _compile_worker():
-            return
-        _HOOK.observed(library)
-        _piece(f"kinds.{library}").on_import(module, _HOOK)
+        for piece in watching:
+            piece.module.on_import(module, _HOOK)
 
     return handler
-
-
-def _inductor(module):
-    if _compile_worker():
-        return
-    tier = _piece("common").tier(_HOOK)
-    if tier is not None:
-        _HOOK.parts.setdefault("inductor", {})
-        tier.fetch_tree("inductor")
-
-
-def _ptxas_kernels(module):
-    _piece("kinds.ptxas.piece").on_jax_triton(module, _HOOK)
-
-
-def _tokamax(module):
-    _piece("kinds.tokamax").on_import(module, _HOOK)
-
-
-def _tokamax_package(module):
-    _piece("kinds.tokamax").on_package(module, _HOOK)
 
 
 class _Watcher:
@@ -458,16 +482,11 @@ def _node_local(folder):
     return os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}"
 
 
-def _usable_triton_folder():
-    """Point Triton at another folder when the exported one cannot be created: Triton creates
-    it at start and raises in a read-only container image where the cache root is not bound.
-    Costs one stat where the folder exists; the fallback (a trusted node-local folder, else a
-    private one) is in ``trust``, as is the check of a node-local folder
-    that ``gpu-cache env`` exported."""
-    folder = os.environ.get(TRITON_CACHE_DIR_VAR)
-    if folder and _node_local(folder):
-        _piece("trust").triton_node_local(folder, _HOOK, _stderr)
-        return
+def _made(piece, name):
+    """The folder ``$name``, which the kind's tool makes at start and fails where it cannot
+    (Triton, in a read-only image where the cache root is not bound): made here, else ``$name``
+    is pointed at a folder the process can use (``trust.unmade``). One stat where it exists."""
+    folder = os.environ.get(name)
     if not folder or os.path.isdir(folder):
         return
     try:
@@ -475,49 +494,61 @@ def _usable_triton_folder():
         return
     except OSError as exc:
         why = exc.strerror or repr(exc)
-    _piece("trust").triton(folder, why, _HOOK, _stderr)
+    package()
+    from gpu_cache_hook import trust
+
+    trust.unmade(piece.kind, name, folder, why, _HOOK, _stderr)
 
 
-def _bytecode_cache():
-    """With gpu-cache's bytecode cache on, this process's bytecode goes to a folder of its
-    interpreter and image (``kinds.bytecode``)."""
-    folder = os.environ.get(BYTECODE_VAR)
-    if folder and os.path.isabs(folder):
-        _piece("kinds.bytecode").install(folder)
-
-
-def _guard():
+def _guard(found):
     """A node-local tier or fallback folder this job was given is judged on this node before
     any tool reads it: ``gpu-cache env`` checked it where it ran, but another user may have
-    made it here first (``trust.guard``). Costs a few string tests when the
-    job has none."""
+    made it here first (``trust.guard``). Costs a few string tests when the job has none."""
     tier = os.environ.get(TIER_VAR, "")
     tier = os.path.normpath(tier) if os.path.isabs(tier) and os.path.isabs(
         os.environ.get(SHARED_VAR, "")) else ""
-    names = [n for n in _NODE_LOCAL_VARS if _node_local(os.environ.get(n) or "")
-             and not (tier and os.environ[n].startswith(tier + os.sep))]
-    if tier or names:
-        _piece("trust").guard(tier, _TIERED, names, _HOOK, _stderr)
+    declared = [(piece.kind, name) for piece in found for name in piece.node_local] + list(_OWN_NODE_LOCAL)
+    folders = [(what, name) for what, name in declared if _node_local(os.environ.get(name) or "")
+               and not (tier and os.environ[name].startswith(tier + os.sep))]
+    if tier or folders:
+        package()
+        from gpu_cache_hook import trust
+
+        trust.guard(tier, [piece.kind for piece in found if piece.tier], folders, _HOOK, _stderr)
+
+
+def _start(found):
+    """What the pieces do at start, before the job's code runs: judge the node-local folders,
+    make the folders their tools need, then each piece's own start."""
+    try:
+        _guard(found)
+    except Exception as exc:  # the tier is not used then: nothing unjudged is read
+        os.environ[TIER_VAR] = ""
+        _HOOK.warn("judging the node-local folders", exc)
+    for piece in found:
+        for name in piece.makes:
+            try:
+                _made(piece, name)
+            except Exception as exc:  # that cache is off; the rest of the hook still works
+                _HOOK.warn(f"{piece.kind} folder", exc, off=True)
 
 
 def _install():
     try:
-        _guard()
-    except Exception as exc:  # the tier is not used then: nothing unjudged is read
-        os.environ[TIER_VAR] = ""
-        _HOOK.warn("judging the node-local folders", exc)
-    for name, step in (("triton fallback", _usable_triton_folder), ("bytecode cache", _bytecode_cache)):
-        try:
-            step()
-        except Exception as exc:  # that cache is off; the rest of the hook still works
-            _HOOK.warn(name, exc, off=True)
-    _HOOK.triton_cache_dir = os.environ.get(TRITON_CACHE_DIR_VAR)
+        found = _HOOK.pieces = tuple(pieces())
+    except Exception as exc:  # no kind's piece then; the records of the hook's own still work
+        found = ()
+        _HOOK.warn("finding the kinds' pieces", exc)
+    _start(found)
     folder = os.environ.get(RECORDS_VAR) or None
     locks = os.environ.get(LOCKS_VAR)
     _HOOK.flight = bool(locks) and os.path.isabs(locks)
     if _HOOK.flight and _node_local(locks):
         try:
-            _HOOK.flight = _piece("trust").locks_node_local(locks, _HOOK, _stderr)
+            package()
+            from gpu_cache_hook import trust
+
+            _HOOK.flight = trust.locks_node_local(locks, _HOOK, _stderr)
         except Exception as exc:
             _HOOK.flight = False
             _HOOK.warn("single-flight's node-local folder", exc)
@@ -526,35 +557,21 @@ def _install():
     if folder and any(type(finder).__name__ == _LEGACY_WATCHER for finder in sys.meta_path):
         folder = None
     _HOOK.folder = folder
-    if os.path.isabs(os.environ.get(PTXAS_VAR, "")):  # issue 34: before jaxlib loads
-        try:
-            _piece("kinds.ptxas.piece").install(_HOOK)
-        except Exception as exc:
-            _HOOK.warn("ptxas cache", exc, off=True)
     tier, shared = os.environ.get(TIER_VAR, ""), os.environ.get(SHARED_VAR, "")
     _HOOK.tier = os.path.isabs(tier) and os.path.isabs(shared)
-    watch = folder or _HOOK.flight or _HOOK.tier
-    handlers = {}
-    if watch:
-        try:
-            watched = {**_WATCHED, **_found()}
-        except Exception as exc:  # the kinds listed here are still watched
-            watched = _WATCHED
-            _HOOK.warn("finding the pieces of other kinds", exc)
-        handlers = {name: _observe(kind) for name, kind in watched.items()}
-        handlers.update((name, _observe("inductor")) for name in _INDUCTOR_TOO)
-    if os.path.isabs(os.environ.get(JAX_TRITON_VAR, "")):  # its kernel cache, records or not
-        handlers[_JAX_TRITON_MODULE] = _observe("jax_triton")
-    if _HOOK.ptxas_kernels:  # the shim is on: it caches jaxlib's kernels, not XLA's
-        handlers[_PTXAS_MODULE] = _ptxas_kernels
-    if _HOOK.tier:  # issue 23: Inductor's files through the tier too
-        handlers[_INDUCTOR_MODULE] = _inductor
-    _HOOK.tokamax_fix = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
-    if _HOOK.tokamax_fix or folder:  # switched off, the record says so
-        handlers[_TOKAMAX_MODULE] = _tokamax
-    if os.path.isabs(os.environ.get(AUTOTUNE_VAR, "")):  # issue 24
-        handlers["tokamax"] = _tokamax_package
-    sys.meta_path.insert(0, _Watcher(handlers))
+    for piece in found:
+        if any(os.path.isabs(os.environ.get(name, "")) for name in piece.start_with):
+            try:
+                piece.module.start(_HOOK)
+            except Exception as exc:
+                _HOOK.warn(f"{piece.kind} at start", exc, off=True)
+    _HOOK.started = {name: os.environ.get(name) for piece in found for name in piece.makes}
+    watching = {}
+    for piece in found:
+        for name in piece.watched(_HOOK, os.environ):
+            if piece not in watching.setdefault(name, []):
+                watching[name].append(piece)
+    sys.meta_path.insert(0, _Watcher({name: _on_import(them) for name, them in watching.items()}))
 
 
 def _main():

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import hook_records, names, software
+from gpu_cache.core import hook_records, kinds, names, software
 from gpu_cache.core.kinds import Kind
 from gpu_cache.core.kinds.carrying import ManifestEntry
 
@@ -49,7 +49,7 @@ def workload_matcher(settings: Any, name: str) -> Callable[[Any], bool]:
 
     workload = resolve_workload(settings, name)
     if workload.builtin:
-        module = BUILTINS[name][0]
+        module = BUILTINS[name].module
         suffix = "/" + module.replace(".", "/") + ".py"
         return lambda argv: bool(argv) and isinstance(argv, list) and isinstance(argv[0], str) \
             and argv[0].endswith(suffix)
@@ -78,7 +78,7 @@ def own_records(root: Path, gpu_type: str | None,
                 matcher: Callable[[Any], bool] | None) -> list[dict[str, Any]]:
     """The records of warm and validate passes (of one GPU type, of one workload), oldest first."""
     found = []
-    for record in hook_records.read(hook_records.records_dir(root)):
+    for record in hook_records.read(kinds.records_dir(root)):
         if record.get("rule") not in names.OWN_RULES:
             continue
         if gpu_type is not None and record.get("gpu_type") != gpu_type:

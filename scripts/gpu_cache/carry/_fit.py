@@ -42,7 +42,8 @@ def _identity_code() -> str:
     """Python source that prints the identity of whatever interpreter runs it (gpu_cache's
     software module is standard library only and Python 3.9 compatible)."""
     source = Path(software.__file__).read_text()
-    return source + "\nimport json as _json\nprint(_json.dumps(identity()))\n"
+    packages = software.key_packages()  # (the hook's, which that interpreter may not have)
+    return source + f"\nimport json as _json\nprint(_json.dumps(identity(packages={packages!r})))\n"
 
 
 def target_software(python: str | None = None, image: str | None = None) -> tuple[dict[str, Any] | None, str]:

@@ -55,7 +55,7 @@ SCHEMA: dict[str, Any] = {
         "format_version": {"const": FORMAT_VERSION},
         "kinds": {
             "type": "object",
-            "propertyNames": {"enum": list(kinds.CARRIED)},
+            "propertyNames": {"enum": kinds.names_of(kinds.CARRIED)},
             "additionalProperties": {"type": "object", "required": ["entries"],
                                      "properties": {"entries": {"type": "array", "items": _ENTRY},
                                                     "path_in_key": {"type": ["boolean", "null"]}}},
@@ -63,7 +63,7 @@ SCHEMA: dict[str, Any] = {
         "software_by_kind": {"type": "object", "additionalProperties": {"type": "array",
                                                                          "items": {"type": "object"}}},
         "device": {"type": "object", "properties": {
-            kind: {"type": "object", "properties": {"gpu_types": _TEXTS, "targets": _TEXTS}}
+            kind.name: {"type": "object", "properties": {"gpu_types": _TEXTS, "targets": _TEXTS}}
             for kind in kinds.CARRIED}},
         "source_root": {"type": "string"},
         # a stable pack (#32) keeps no times: each entry's last use is its arrival

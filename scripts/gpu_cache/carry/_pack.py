@@ -105,9 +105,10 @@ def check_kinds(asked: Iterable[str]) -> tuple[Kind, ...]:
         UsageError: a kind that is not carried.
     """
     chosen = tuple(dict.fromkeys(asked))
+    carried = kinds.names_of(CARRIED)
     for name in chosen:
-        if name not in CARRIED:
-            raise UsageError(f"cannot carry cache kind {shown(name)}; kinds: {', '.join(CARRIED)}")
+        if name not in carried:
+            raise UsageError(f"cannot carry cache kind {shown(name)}; kinds: {', '.join(carried)}")
     return tuple(map(kinds.named, chosen))
 
 
@@ -124,7 +125,7 @@ def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
                                          {n: entry.sha256[n] for n in names}, 0.0, entry.name,
                                          entry.fields),
                            {n: item.paths[n] for n in names}))
-    order = {kind: number for number, kind in enumerate(CARRIED)}
+    order = {kind.name: number for number, kind in enumerate(CARRIED)}
     return sorted(out, key=lambda p: (order[p.entry.kind.name], p.entry.key))
 
 
@@ -219,7 +220,7 @@ def _chosen(chosen_kinds: tuple[Kind, ...], root: Path, tier: Path | None, used:
 
 def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_type: str | None = None,
          workload: str | None = None, matcher: Callable[[Any], bool] | None = None,
-         tier: Path | None = None, stable: bool = False, shared_group: str | None = None) -> PackReport:
+         tier: Path | None = None, stable: bool = False, team: owners.Team | None = None) -> PackReport:
     """Write the entries of ``kinds`` (default: every carried kind) under ``root`` into
     ``archive``, with a manifest; with ``tier`` (this node's local tier of the root, issue 23),
     also its entries of tiered kinds that the root lacks (not promoted yet, or a read-only root).
@@ -235,13 +236,13 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
 
     Raises:
         UsageError: an unknown kind, no cache at ``root``, no record of the selection, a bad
-            archive name, an unknown ``shared_group``.
+            archive name.
         OSError: the cache changed while it was packed, or the archive cannot be written.
     """
     from gpu_cache.jobenv.fs import require_folder_or_missing
 
-    chosen_kinds = check_kinds(CARRIED if kinds is None else kinds)
-    team = owners.group_id(shared_group) if shared_group is not None else None
+    chosen_kinds = CARRIED if kinds is None else check_kinds(kinds)
+    team_gid = team.gid if team is not None else None
     mode = _archive_mode(archive)
     target = _archive_target(archive)
     require_folder_or_missing(root)
@@ -256,7 +257,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
                          "hook records them; a `python -c` workload cannot be told apart); pack "
                          "without that option to take every entry")
     chosen, skipped, untrusted, missing = _chosen(chosen_kinds, root, tier, used if selective else None,
-                                                  team)
+                                                  team_gid)
     chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)

@@ -35,6 +35,7 @@ from gpu_cache.core.kinds.carrying import (
     sha256,
     shown,
 )
+from gpu_cache.core.owners import Team
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import trust
 
@@ -130,7 +131,7 @@ def _free_space(path: Path) -> int | None:
             return None
 
 
-def _kind_folder_fd(root: Path, kind: Kind, shared_group: str | None) -> int:
+def _kind_folder_fd(root: Path, kind: Kind, team: Team | None) -> int:
     """A descriptor of the kind's folder under ``root``, made when missing: a real folder,
     never a symbolic link (which would lead the writes outside the root), and trusted.
 
@@ -138,8 +139,8 @@ def _kind_folder_fd(root: Path, kind: Kind, shared_group: str | None) -> int:
         Refused: it is a link, not a folder, or not trusted.
     """
     folder = kind.folder(root)
-    trust.make_folder(folder, shared_group)
-    why = trust.distrust(folder, shared_group, trusted_above=root)
+    trust.make_folder(folder, team)
+    why = trust.distrust(folder, team, trusted_above=root)
     if why:
         raise Refused(why)
     try:
@@ -196,7 +197,7 @@ def _damage(opened: Archive, root: Path, todo: set[tuple[str, str]],
 
 def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = None,
            gpu_type: str | None = None, python: str | None = None, image: str | None = None,
-           force: bool = False, dry_run: bool = False, shared_group: str | None = None) -> UnpackReport:
+           force: bool = False, dry_run: bool = False, team: Team | None = None) -> UnpackReport:
     """Check ``archive`` against the target and write its entries (of ``kinds``; default: all
     in it) under ``root``. Entries found damaged are not written (``report.damaged``).
 
@@ -253,7 +254,7 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
                 fds = {}
                 for kind in chosen:
                     if any(ident[0] == kind.name for ident in todo):
-                        fds[kind.name] = _kind_folder_fd(root, kind, shared_group)
+                        fds[kind.name] = _kind_folder_fd(root, kind, team)
                         stack.callback(os.close, fds[kind.name])
                 # a stable pack's entries (#32) are as new as their arrival here
                 arrival = time.time() if opened.manifest.get("times_normalised") is True else None

@@ -125,7 +125,8 @@ def render(report: dict[str, Any]) -> str:
         free = f", {format_size(tier['free_bytes'])} free" if tier.get("free_bytes") is not None else ""
         lines.append(f"local tier: on in {tier['local']} ({tier.get('fs_type', '?')}{free}, bound "
                      f"{format_size(int(tier['max_bytes']))}; {tier['why']}): jobs' "
-                     f"{', '.join(kinds.TIERED)} caches work there, fed from and promoted to the root")
+                     f"{', '.join(kinds.names_of(kinds.TIERED))} caches work there, fed from and promoted "
+                     "to the root")
     elif tier:
         state = f"PROBLEM: {tier['problem']}" if tier.get("problem") else tier.get("why")
         lines.append(f"local tier: off ({state})")
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         from gpu_cache.commands.prune import repair
 
         fixed = repair(settings)
-        report["fixed"] = {kind: vars(fixed.kinds[kind]) for kind in kinds.PRUNABLE}
+        report["fixed"] = {kind.name: vars(fixed.kinds[kind.name]) for kind in kinds.PRUNABLE}
         report["warnings"] += fixed.problems
     if args.output:
         common.emit(report, args.output, to_stdout=False)

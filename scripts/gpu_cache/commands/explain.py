@@ -44,17 +44,8 @@ def _misses(kind: kinds.Kind, record: dict[str, Any]) -> bool:
         and bool(kind.explain_record(record, []))
 
 
-def explain_cache(cache_root: Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    """:func:`explain_records` over the records under ``cache_root``.
-
-    Raises:
-        UsageError: ``run_id`` names no recorded run (the message lists the latest ones).
-    """
-    return explain_records(_records(cache_root, run_id), run_id)
-
-
 def _records(cache_root: Path, run_id: str | None) -> list[dict[str, Any]]:
-    found = list(hook_records.read(hook_records.records_dir(cache_root)))
+    found = list(hook_records.read(kinds.records_dir(cache_root)))
     if run_id is not None and not any(r.get("run_id") == run_id for r in found):
         latest = [run["run_id"] for run in hook_records.runs(found)[:5]]
         raise UsageError(f"no records of run {run_id!r} under {cache_root}; latest runs: "

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kind",
         action="append",
         metavar="KIND",
-        help=f"fetch only this kind ({', '.join(kinds.CARRIED)}); repeatable",
+        help=f"fetch only this kind ({', '.join(kinds.names_of(kinds.CARRIED))}); repeatable",
     )
     parser.add_argument("--list", action="store_true", help="list what the repository holds instead")
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report here")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             python=args.python,
             image=args.image,
             kinds=args.kind,
-            shared_group=settings.shared_group,
+            team=settings.team,
         )
     except (oci.RegistryError, UsageError, OSError) as exc:  # the workflow's run goes on: --no-fail
         if not args.no_fail:

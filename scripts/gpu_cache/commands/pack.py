@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("archive", metavar="ARCHIVE", help="the archive to write: .tar, .tar.gz/.tgz, "
                                                            ".tar.xz/.txz or .tar.bz2/.tbz2")
     parser.add_argument("--kind", action="append", metavar="KIND",
-                        help=f"pack this kind ({', '.join(kinds.CARRIED)}); repeatable (default: all)")
+                        help=f"pack this kind ({', '.join(kinds.names_of(kinds.CARRIED))}); repeatable "
+                             "(default: all)")
     parser.add_argument("--gpu-type", help="only the entries this GPU type's warm and validate passes "
                                            "used (from the records)")
     parser.add_argument("--workload", help="only the entries this workload's warm and validate passes "
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     matcher = carry.workload_matcher(settings, args.workload) if args.workload else None
     report = carry.pack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
                         gpu_type=args.gpu_type, workload=args.workload, matcher=matcher,
-                        tier=_trusted_tier(settings), shared_group=settings.shared_group)
+                        tier=_trusted_tier(settings), team=settings.team)
     sys.stdout.write(common.dumps(report.as_dict()) if args.json else carry.render_pack(report))
     return 0
 

@@ -76,7 +76,7 @@ def prune_kind(kind: Kind, folder: Path, max_size: int, max_age: float, dry_run:
     size."""
     now = time.time() if now is None else now
     found, report = _survey(kind, folder, dry_run, grace_seconds, verify_all)
-    _remove(plan(found, max_size, max_age, now), {kind.name: folder}, {kind.name: report}, dry_run)
+    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind.name: report}, dry_run)
     return report
 
 
@@ -96,15 +96,15 @@ def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
     return found, report
 
 
-def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
+def _remove(doomed: list[tuple[Entry, str]], folders: dict[Kind, Path],
             reports: dict[str, KindPruneReport], dry_run: bool) -> None:
     """Remove the planned entries (each from its kind's folder; none in a dry run) and count
     them in their kind's report."""
     for entry, reason in doomed:
-        report = reports[entry.kind]
+        report = reports[entry.kind.name]
         if not dry_run:
             try:
-                kinds.named(entry.kind).remove(folders[entry.kind], entry)
+                entry.kind.remove(folders[entry.kind], entry)
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
@@ -112,7 +112,7 @@ def _remove(doomed: list[tuple[Entry, str]], folders: dict[str, Path],
 
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
-               only: tuple[str, ...] = kinds.TIERED, lock_timeout: float = 600.0,
+               only: tuple[Kind, ...] = kinds.TIERED, lock_timeout: float = 600.0,
                verify_all: bool = False, max_size: int | None = None) -> None:
     """Prune this node's local tier of the cache root (issue 23) into ``result``: its tiered
     kinds together to ``max_size`` (default ``local_tier.max_size``; least recently used whole
@@ -121,7 +121,7 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
     is left alone; one that is not trusted is not touched (the problem says why)."""
     from gpu_cache.jobenv import tier
 
-    wanted = [kinds.named(name) for name in only if kinds.named(name).tiered]
+    wanted = [kind for kind in only if kind.tiered]
     here = tier.on_this_node(settings) if wanted else None
     if here is None:
         return
@@ -144,13 +144,12 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                 result.problems.append(f"local tier: cannot lock {local / LOCK_NAME} "
                                        f"({exc.strerror or exc}); nothing pruned there")
                 return
-        folders: dict[str, Path] = {}
+        folders: dict[Kind, Path] = {}
         found: list[Entry] = []
         for kind in wanted:
             try:
-                folders[kind.name] = safe_io.within(kind.folder(local), local)
-                entries, result.tier[kind.name] = _survey(kind, folders[kind.name], dry_run, 3600.0,
-                                                          verify_all)
+                folders[kind] = safe_io.within(kind.folder(local), local)
+                entries, result.tier[kind.name] = _survey(kind, folders[kind], dry_run, 3600.0, verify_all)
             except safe_io.Outside as exc:
                 result.problems.append(f"local tier: {kind.name}: {exc.filename} is a link to {exc.real}, "
                                        "outside the tier; not pruned")
@@ -226,7 +225,7 @@ def repair(settings: Settings) -> PruneReport:
 
 
 def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
-          only: tuple[str, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
+          only: tuple[Kind, ...] = kinds.PRUNABLE, lock_timeout: float = 600.0,
           verify_all: bool = False, strict_root: bool = True,
           tier_max_size: int | None = None, references: bool = True) -> PruneReport:
     """Prune every kind (or the kinds in ``only``) under the cache root and return the report.
@@ -242,14 +241,10 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
     ``references``: prune the outputs proof's references too (:func:`prune_references`).
 
     Raises:
-        UsageError: an unknown kind was asked for, or (``strict_root``) the root is a file
-            or a broken link.
+        UsageError: (``strict_root``) the root is a file or a broken link.
     """
-    for kind in only:
-        if kind not in kinds.PRUNABLE:
-            raise UsageError(f"cannot prune kind {kind!r}; prunable kinds: {', '.join(kinds.PRUNABLE)}")
     result = PruneReport(str(settings.cache_root), dry_run, max_size, max_age,
-                         kinds={kind: KindPruneReport(dry_run=dry_run) for kind in only})
+                         kinds={kind.name: KindPruneReport(dry_run=dry_run) for kind in only})
     root = settings.cache_root
     if root is None:
         result.problems = ["caching is turned off; nothing to prune"]
@@ -274,7 +269,7 @@ def prune(settings: Settings, max_size: int, max_age: float, dry_run: bool,
 
 
 def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float, dry_run: bool,
-                  only: tuple[str, ...], lock_timeout: float, verify_all: bool, references: bool) -> None:
+                  only: tuple[Kind, ...], lock_timeout: float, verify_all: bool, references: bool) -> None:
     """Prune the kinds in ``only`` (and the ``references``) under the cache root into ``result``,
     under its prune lock."""
     with ExitStack() as held:
@@ -292,7 +287,7 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
                 result.problems = [f"cannot lock {root / LOCK_NAME} ({exc.strerror or exc}); "
                                    "nothing pruned"]
                 return
-        for kind in map(kinds.named, only):
+        for kind in only:
             try:
                 folder = safe_io.within(kind.folder(root), root)
             except safe_io.Outside as exc:  # a link to the user's own files (#21): never followed
@@ -318,11 +313,27 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
             result.problems += [f"outputs reference: cannot remove {e}" for e in result.references.errors]
 
 
+def _kinds(asked: list[str] | None) -> tuple[Kind, ...]:
+    """The kinds ``--kind`` names (none: every prunable kind).
+
+    Raises:
+        UsageError: a name that is no prunable kind.
+    """
+    if not asked:
+        return kinds.PRUNABLE
+    unknown = [name for name in asked if name not in kinds.names_of(kinds.PRUNABLE)]
+    if unknown:
+        raise UsageError(f"cannot prune kind {unknown[0]!r}; prunable kinds: "
+                         f"{', '.join(kinds.names_of(kinds.PRUNABLE))}")
+    return tuple(kinds.named(name) for name in dict.fromkeys(asked))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-size", help="largest size per kind, like 10G (default: config, 10G)")
     parser.add_argument("--max-age", help="remove entries unused for longer, like 30d (default: config, 30d)")
     parser.add_argument("--kind", action="append", metavar="KIND",
-                        help=f"prune only this kind ({', '.join(kinds.PRUNABLE)}); repeatable")
+                        help=f"prune only this kind ({', '.join(kinds.names_of(kinds.PRUNABLE))}); "
+                        "repeatable")
     parser.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--output", metavar="FILE", help="also write the JSON report here")
@@ -344,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--max-age: {exc}") from None
         report = prune(settings, max_size=max_size, max_age=max_age,
                        dry_run=args.dry_run or settings.prune.dry_run,
-                       only=tuple(args.kind or kinds.PRUNABLE), strict_root=not args.no_fail,
+                       only=_kinds(args.kind), strict_root=not args.no_fail,
                        references=not args.kind)
         common.emit(report.as_dict(), args.output, to_stdout=args.json, compact=True)
     if not args.json:

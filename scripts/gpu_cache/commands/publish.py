@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if gpu_type is not None and verdict["gpu_type"] != gpu_type:
             raise UsageError(f"{path} is the verdict of {verdict['gpu_type']}, not --gpu-type {gpu_type}")
         report = oci.publish(root=settings.cache_root, reference=reference, verdict=verdict,
-                             shared_group=settings.shared_group)
+                             team=settings.team)
     except (oci.RegistryError, UsageError, OSError) as exc:  # the workflow's run goes on: --no-fail
         if not args.no_fail:
             if not isinstance(exc, oci.RegistryError):

@@ -49,7 +49,7 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
         out["kinds"][kind.name] = {**summarise(found, now), "path": str(folder),
                                    "last_use_from": kind.last_use, **kind.stats_extra(found)}
     out["tier"] = tier_stats(settings, now)
-    found_records = list(hook_records.read(hook_records.records_dir(root)))  # read once, for both
+    found_records = list(hook_records.read(kinds.records_dir(root)))  # read once, for both
     out["usage"] = {axis: {name: u.as_dict() for name, u in groups.items()}
                     for axis, groups in usage(root, found_records).items()}
     # Findings that no longer hold are shown too, with when they were last seen (#25).
@@ -180,7 +180,7 @@ def outside_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
     hits and the fix (gpu-cache neither warms nor prunes such a folder); and whether it still
     holds: it no longer does once later processes of the rule used the cache root (the line then
     says when it was last seen)."""
-    loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
+    loaded = list(hook_records.read(kinds.records_dir(root))) if loaded is None else loaded
     now = time.time() if now is None else now
     tally = _Tally()
     watched = [kind for kind in kinds.ALL if kind.records_folder]
@@ -283,7 +283,7 @@ def mismatch_findings(root: Path, loaded: list[dict[str, Any]] | None = None,
     jobs miss, since cache keys hold the jax/jaxlib and triton versions and the Python ABI.
     And whether it still holds: it no longer does once later processes of the rule ran the
     software that warmed their type (the line then says when it was last seen)."""
-    loaded = list(hook_records.read(hook_records.records_dir(root))) if loaded is None else loaded
+    loaded = list(hook_records.read(kinds.records_dir(root))) if loaded is None else loaded
     now = time.time() if now is None else now
     warmed, warmed_on = warmed_software(loaded)
     tally = _Tally()
@@ -329,7 +329,7 @@ def usage(root: Path, loaded: list[dict[str, Any]] | None = None) -> dict[str, d
     groups: dict[str, dict[str, Usage]] = {"by_rule": defaultdict(Usage),
                                            "by_gpu_type": defaultdict(Usage),
                                            "by_device": defaultdict(Usage)}
-    for record in hook_records.read(hook_records.records_dir(root)) if loaded is None else loaded:
+    for record in hook_records.read(kinds.records_dir(root)) if loaded is None else loaded:
         for axis, value in (("by_rule", record.get("rule")), ("by_gpu_type", record.get("gpu_type")),
                             ("by_device", device_seen(record))):
             bucket = groups[axis][f"{value or '-'}"]

@@ -14,8 +14,8 @@ from gpu_cache.core import kinds
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("archive", metavar="ARCHIVE", help="an archive written by `gpu-cache pack`")
     parser.add_argument("--kind", action="append", metavar="KIND",
-                        help=f"unpack only this kind ({', '.join(kinds.CARRIED)}); repeatable "
-                             "(default: all in it)")
+                        help=f"unpack only this kind ({', '.join(kinds.names_of(kinds.CARRIED))}); "
+                             "repeatable (default: all in it)")
     parser.add_argument("--gpu-type", help="the GPU type the entries are for: JAX entries must have been "
                                            "compiled on it, Triton ones for its compute capability")
     target = parser.add_mutually_exclusive_group()
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = carry.unpack(root=settings.cache_root, archive=Path(args.archive), kinds=args.kind,
                               gpu_type=args.gpu_type, python=args.python, image=args.image,
-                              force=args.force, dry_run=args.dry_run, shared_group=settings.shared_group)
+                              force=args.force, dry_run=args.dry_run, team=settings.team)
     except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
         print(f"gpu-cache: error: {exc}", file=sys.stderr)
         return 1

@@ -147,7 +147,7 @@ def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports,
     failed = refused is not None and not refused.unscheduled
     return Verdict(
         gpu_type=gpu_type, device=phase.device, passed=False, cold_seconds=None, warm_seconds=0.0,
-        problems=problems, kinds={kind: KindCounts() for kind in kinds.OBSERVED},
+        problems=problems, kinds={kind.name: KindCounts() for kind in kinds.OBSERVED},
         cache_warnings=exports.messages(), job=phase.job, software=phase.software,
         status="failed" if failed else "unscheduled", cache_root=phase.cache_root,
         not_warmed=refused.reason if failed else None)
@@ -191,7 +191,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
     # its misses show); "all": caching is off.
     cache_problems = [f"{name}: {why}" for name, why in exports.problems.items()
                       if name not in kinds.KINDS or (name in exports.off and kinds.named(name).observed)]
-    observed = [kind for kind in kinds.ALL if kind.observed]
+    observed = kinds.OBSERVED
     counts = {kind.name: kind_counts(warm, kind) for kind in observed}
     missed = [m for kind in observed for m in missed_in(warm, kind)]
     seen = Device(str(warm.device.get("name", "?")), str(warm.device.get("gpu_type", "?")),
@@ -200,7 +200,7 @@ def judge_phases(settings: Settings, gpu_type: str, phases: Mapping[str, PhaseRe
         cache_problems += device_problems(expected, seen)
     if broken:  # nothing was measured: what other jobs wrote meanwhile is no miss of this type
         problems = [broken, *warm.failures(), *cache_problems]
-        counts = {kind: KindCounts() for kind in kinds.OBSERVED}
+        counts = {kind.name: KindCounts() for kind in kinds.OBSERVED}
         missed = []
     else:
         problems = judge(counts, missed, warm.failures(), cache_problems) + unobserved(warm) \
@@ -263,7 +263,7 @@ def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, 
     for kind in kinds.ALL:
         if kind.observed and counts[kind.name].misses:
             if records is None:  # read once, for every kind
-                records = list(hook_records.read(hook_records.records_dir(settings.cache_root)))
+                records = list(hook_records.read(kinds.records_dir(settings.cache_root)))
             found, lines = kind.explain_run(settings.cache_root, records, phase.run_id)
             explanations += found
             problems += lines[:NAMED_MISSES]

@@ -388,6 +388,8 @@ class Settings:
     bytecode_cache: bool = False
     ptxas_cache: bool = True
     shared_group: str | None = None
+    #: ``shared_group``'s name and id, looked up once (None: a cache of one's own).
+    team: owners.Team | None = None
     min_free_space: int = 1 << 30
     python: str | None = None
     triton_targets: tuple[str, ...] = ("sm_90",)
@@ -416,8 +418,7 @@ def settings_from(
             does not exist here.
     """
     filled = validate_config(config)
-    if filled["shared_group"] is not None:
-        owners.group_id(filled["shared_group"])
+    team = owners.team_named(filled["shared_group"]) if filled["shared_group"] is not None else None
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
     defaults = tuple(filled["default_workloads"])
     return Settings(
@@ -427,6 +428,7 @@ def settings_from(
         bytecode_cache=filled["bytecode_cache"],
         ptxas_cache=filled["ptxas_cache"],
         shared_group=filled["shared_group"],
+        team=team,
         min_free_space=parse_size(filled["min_free_space"]),
         python=filled["python"],
         triton_targets=tuple(filled["triton_targets"]),

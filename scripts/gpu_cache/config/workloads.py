@@ -14,36 +14,78 @@ from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.runner import Command, Plan
 
-#: Built-in workloads: name -> (module, default shapes, what it is, the kinds it compiles for).
-BUILTINS: dict[str, tuple[str, list[Any], str, tuple[str, ...]]] = {
-    "jax-transformer": (
-        "gpu_cache.workloads.jax_transformer", [32, 64, 128],
-        "4 pre-norm transformer layers, value_and_grad, per sequence length", ("jax",),
-    ),
-    "triton-kernels": (
-        # 1000 and 4096 specialise differently (divisibility by 16): 10 distinct kernels.
-        "gpu_cache.workloads.triton_kernels", [1000, 4096],
-        "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
-        ("triton",),
-    ),
-    "torch-compile": (
-        "gpu_cache.workloads.torch_compile", [32, 64],
-        "4 pre-norm transformer blocks under torch.compile (Inductor), forward and backward, per "
-        "sequence length", ("inductor",),
-    ),
-    "jax-triton": (
-        # sequence lengths (multiples of 128): the kernels are specialised on them.
-        "gpu_cache.workloads.jax_triton_kernels", [256, 512],
-        "an attention block of jax-triton kernels (5 tiled matmuls, flash attention); run on a "
-        "GPU, lowered for triton_targets without one", ("jax_triton",),
-    ),
-    "alphafold3": (
-        # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
-        "gpu_cache.workloads.alphafold3", [256, 512, 768, 1024],
-        "the image's run_alphafold.py, data pipeline off, one poly-glycine chain per token "
-        "bucket, on model_dir's weights or, without it, on random ones", ("jax",),
-    ),
-}
+
+@dataclass(frozen=True)
+class Builtin:
+    """A workload gpu-cache ships: its module (run as ``python -m <module> --shape S``), its
+    default shapes, what it is, and the kinds it compiles for. One object each in
+    :data:`BUILTINS`; what one does beyond that (its own arguments, a note for the verdict) is
+    its own methods, never a test of its name."""
+
+    name: str
+    module: str
+    shapes: tuple[Any, ...]
+    about: str
+    expects: tuple[str, ...]
+
+    def options(self, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
+        """Its own arguments after ``--shape``, from its config ``entry`` (none by default)."""
+        return ""
+
+    def note(self, entry: WorkloadConfig | None) -> str | None:
+        """What the verdict says about its runs (None: nothing)."""
+        return None
+
+
+def _template(words: list[str]) -> str:
+    """``words`` quoted for a shell, with braces doubled (the command is a template)."""
+    return " " + " ".join(shlex.quote(w) for w in words).replace("{", "{{").replace("}", "}}")
+
+
+class _TorchCompile(Builtin):
+    def options(self, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
+        """``args``: the model's sizes."""
+        return _template(list(entry.args)) if entry is not None and entry.args else ""
+
+
+class _AlphaFold3(Builtin):
+    def options(self, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
+        """Every bucket, the weights, the script, and ``args`` for run_alphafold.py."""
+        words = ["--buckets", ",".join(str(s) for s in shapes)]
+        if entry is not None:
+            words += ["--model-dir", entry.model_dir] if entry.model_dir else []
+            words += ["--script", entry.script] if entry.script else []
+            words += ["--", *entry.args] if entry.args else []
+        return _template(words)
+
+    def note(self, entry: WorkloadConfig | None) -> str | None:
+        if entry is None or not entry.model_dir:
+            return ("alphafold3: no weights were used: each run's image wrote random parameters of the "
+                    "shapes its AlphaFold 3 expects into a private temporary folder and deleted them "
+                    "after the run (workloads.alphafold3.model_dir gives real ones)")
+        return None
+
+
+#: The built-in workloads, by name.
+BUILTINS: dict[str, Builtin] = {workload.name: workload for workload in (
+    Builtin("jax-transformer", "gpu_cache.workloads.jax_transformer", (32, 64, 128),
+            "4 pre-norm transformer layers, value_and_grad, per sequence length", ("jax",)),
+    # 1000 and 4096 specialise differently (divisibility by 16): 10 distinct kernels.
+    Builtin("triton-kernels", "gpu_cache.workloads.triton_kernels", (1000, 4096),
+            "vector add, row softmax, tiled matmul x3; ahead of time for triton_targets without a GPU",
+            ("triton",)),
+    _TorchCompile("torch-compile", "gpu_cache.workloads.torch_compile", (32, 64),
+                  "4 pre-norm transformer blocks under torch.compile (Inductor), forward and backward, "
+                  "per sequence length", ("inductor",)),
+    # sequence lengths (multiples of 128): the kernels are specialised on them.
+    Builtin("jax-triton", "gpu_cache.workloads.jax_triton_kernels", (256, 512),
+            "an attention block of jax-triton kernels (5 tiled matmuls, flash attention); run on a "
+            "GPU, lowered for triton_targets without one", ("jax_triton",)),
+    # AlphaFold 3's default buckets up to 1024 tokens; give the jobs' own (--buckets).
+    _AlphaFold3("alphafold3", "gpu_cache.workloads.alphafold3", (256, 512, 768, 1024),
+                "the image's run_alphafold.py, data pipeline off, one poly-glycine chain per token "
+                "bucket, on model_dir's weights or, without it, on random ones", ("jax",)),
+)}
 
 
 @dataclass(frozen=True)
@@ -105,12 +147,12 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
             _check_outputs(name, entry.outputs)
         return Workload(name, entry.command, shapes, timeout, builtin=False, expects=entry.expects,
                         outputs=entry.outputs)
-    if name in BUILTINS:
-        module, shapes, _about, expects = BUILTINS[name]
-        shapes = (entry.shapes if entry else ()) or tuple(shapes)
-        command = f"{{python}} -m {module} --shape {{shape}}" + _options(name, entry, shapes)
+    builtin = BUILTINS.get(name)
+    if builtin is not None:
+        shapes = (entry.shapes if entry else ()) or builtin.shapes
+        command = f"{{python}} -m {builtin.module} --shape {{shape}}" + builtin.options(entry, shapes)
         return Workload(name, command, shapes, timeout, builtin=True,
-                        expects=(entry.expects if entry else ()) or expects, note=_note(name, entry))
+                        expects=(entry.expects if entry else ()) or builtin.expects, note=builtin.note(entry))
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
         f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
@@ -126,32 +168,6 @@ def _check_outputs(name: str, template: str) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
                          "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
-
-
-def _options(name: str, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
-    """The alphafold3 workload's own arguments: every bucket, the weights, the script, and
-    ``args`` for run_alphafold.py; the torch-compile workload's ``args`` (its model flags).
-    Braces doubled: the command is a template.
-    """
-    if name == "torch-compile" and entry is not None and entry.args:  # the model's sizes
-        return " " + " ".join(shlex.quote(w) for w in entry.args).replace("{", "{{").replace("}", "}}")
-    if name != "alphafold3":
-        return ""
-    words = ["--buckets", ",".join(str(s) for s in shapes)]
-    if entry is not None:
-        words += ["--model-dir", entry.model_dir] if entry.model_dir else []
-        words += ["--script", entry.script] if entry.script else []
-        words += ["--", *entry.args] if entry.args else []
-    quoted = " ".join(shlex.quote(w) for w in words)
-    return " " + quoted.replace("{", "{{").replace("}", "}}")
-
-
-def _note(name: str, entry: WorkloadConfig | None) -> str | None:
-    if name == "alphafold3" and (entry is None or not entry.model_dir):
-        return ("alphafold3: no weights were used: each run's image wrote random parameters of the "
-                "shapes its AlphaFold 3 expects into a private temporary folder and deleted them "
-                "after the run (workloads.alphafold3.model_dir gives real ones)")
-    return None
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:

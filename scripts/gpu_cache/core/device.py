@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -93,13 +94,20 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
     """The device this process would compute on: its first visible NVIDIA GPU, else the CPU.
 
     Asks ``nvidia-smi`` (which ignores CUDA_VISIBLE_DEVICES, so the visible set is applied
-    here; a MIG slice, visible as ``MIG-<uuid>``, is named as CUDA names it). Never raises:
-    without a working ``nvidia-smi`` the device is ``cpu``.
+    here; a MIG slice, visible as ``MIG-<uuid>``, is named as CUDA names it), once per
+    process, visible set and ``nvidia-smi`` found: the GPUs do not change while a command
+    runs, and one command looks several times (the GPU types, the plan, the runner). Never
+    raises: without a working ``nvidia-smi`` the device is ``cpu``.
     """
     environ = os.environ if environ is None else environ
-    visible = _visible_indices(environ)
+    return _detect(environ.get("CUDA_VISIBLE_DEVICES"), shutil.which("nvidia-smi"))
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(visible_text: str | None, smi: str | None) -> Device:
+    visible = _visible_indices({} if visible_text is None else {"CUDA_VISIBLE_DEVICES": visible_text})
     found: list[tuple[str, str | None, str | None]] = []  # (name, compute capability, driver)
-    if shutil.which("nvidia-smi") and visible != []:
+    if smi and visible != []:
         try:
             rows = _gpu_rows()
             if visible is None:
@@ -113,7 +121,6 @@ def detect(environ: Mapping[str, str] | None = None) -> Device:
                 found = [by_id[v.strip()] for v in visible if v.strip() in by_id]
         except (OSError, subprocess.SubprocessError, IndexError):
             found = []
-    visible_text = environ.get("CUDA_VISIBLE_DEVICES")
     if not found:
         return Device(name="cpu", gpu_type="cpu", count=0, visible_devices=visible_text)
     name, capability, driver = found[0]

@@ -1,7 +1,9 @@
-"""Per-process records written by the startup hook (``_hook/sitecustomize.py``).
+"""Per-process records written by the startup hook (``_hook/gpu_cache_hook/records.py``): how
+they are read, and the fields every reader relies on.
 
-A record is whatever a process left in the records folder, so every field is checked as
-it is read: a value of the wrong type counts as absent.
+A record is whatever a process left in the records folder, so every field is checked as it is
+read: a value of the wrong type counts as absent. A leaf: it reads records for the kinds
+(``core/kinds``), which say what their sections mean, and imports none of them.
 """
 
 from __future__ import annotations
@@ -13,24 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import kinds, owners, safe_io
-from gpu_cache.core.kinds import records  # (this module reads that kind's entries)
-from gpu_cache.core.reports import KindTotals, Missed
+from gpu_cache.core import owners, safe_io
+from gpu_cache.core.reports import Missed
 
 #: A record larger than this is not one the hook wrote.
 MAX_RECORD_BYTES = 16 << 20
 #: Top-level fields that must be text (or absent) for a record to be read as one.
 _TEXT_FIELDS = ("host", "rule", "wildcards", "gpu_type", "run_id", "slurm_job_id")
-
-
-def records_dir(cache_root: Path) -> Path | None:
-    """Where the hook writes its records under a cache root (links resolved); None when that
-    leads out of the root: the hook refuses such a folder, so what is there is not its records
-    (a link to a folder of the user's own files, #21)."""
-    try:
-        return safe_io.within(records.KIND.folder(cache_root), cache_root)
-    except safe_io.Outside:
-        return None
+#: The record's own top-level fields beside those: any other is a kind's section, a mapping.
+_OWN_FIELDS = ("version", "time", "pid", "argv", "env", "libraries", "device", "software", "fallbacks")
 
 
 def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
@@ -77,9 +70,9 @@ def clean(record: Any) -> dict[str, Any] | None:
     for name in _TEXT_FIELDS:
         if not isinstance(record.get(name), (str, type(None))):
             record[name] = None
-    for kind in kinds.OBSERVED:
-        if kind in record and not isinstance(record[kind], dict):
-            del record[kind]  # (a kind's section, by the name the hook writes it under)
+    for name in [name for name in record if name not in _TEXT_FIELDS + _OWN_FIELDS]:
+        if not isinstance(record[name], dict):
+            del record[name]  # (a kind's section, by the name the hook writes it under)
     for name in ("env", "device"):
         if not isinstance(record.get(name), dict):
             record[name] = {}
@@ -121,35 +114,6 @@ def missed_of(section: dict[str, Any], kind: str) -> list[Missed]:
         return []
     return [Missed(kind, str(m.get("name", "?")), str(m.get("key", "")))
             for m in missed if isinstance(m, dict)]
-
-
-def totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
-    """Hits, misses and compile seconds per kind summed over records, with missed names: for
-    every observed kind, and for any other whose section some record holds (autotune: what
-    tokamax's piece says)."""
-    out: dict[str, KindTotals] = {}
-    for kind in kinds.ALL:
-        sections = [s for s in (kind.section(r) for r in found) if s is not None]
-        if not (kind.observed or sections):
-            continue
-        out[kind.name] = KindTotals(
-            processes=len(sections),
-            hits=sum(count(s.get(kind.hits_field)) for s in sections),
-            misses=sum(count(s.get("misses")) for s in sections),
-            compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
-            saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
-            missed=[m for s in sections for m in missed_of(s, kind.name)],
-            hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
-        )
-    return out
-
-
-def autotuning_of(record: dict[str, Any]) -> dict[str, Any] | None:
-    """What the hook's tokamax piece says about autotuning in a record (issue 24): results
-    entered (``entries``: config sets, counted as hits) and lookups that missed."""
-    tokamax = part(record, "tokamax")
-    tuning = tokamax.get("autotuning") if tokamax else None
-    return tuning if isinstance(tuning, dict) else None
 
 
 def runs(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """Who could have written a file: the part of the trust rule (gpu_cache.jobenv.trust) that judges
-one file a job or a reader takes in, such as a record the startup hook left. Standard library
-only: the Triton replay runs it inside job images.
+one file a job or a reader takes in, such as a record the startup hook left. Its rules are the
+startup hook's (``_hook/gpu_cache_hook/owners.py``, standard library only), imported from there.
+Standard library only: the Triton replay runs it inside job images.
 """
 
 from __future__ import annotations
@@ -9,61 +10,52 @@ import errno
 import functools
 import grp
 import os
-import pwd
 import stat
+from dataclasses import dataclass
 
+from gpu_cache._hook.gpu_cache_hook import owners
 from gpu_cache.core import safe_io
 from gpu_cache.core.errors import UsageError
 
 
-def group_id(name: str) -> int:
-    """The id of group ``name`` (a name or a number).
+@dataclass(frozen=True)
+class Team:
+    """The ``shared_group`` of a team's cache: its name (what messages say) and id (what the
+    rules compare), looked up once, when the settings are read (:func:`team_named`)."""
+
+    name: str
+    gid: int
+
+
+def team_named(name: str) -> Team:
+    """The team of the group ``name`` (a name or a number).
 
     Raises:
         UsageError: no such group on this machine.
     """
     try:
-        return grp.getgrnam(name).gr_gid
+        return Team(name, grp.getgrnam(name).gr_gid)
     except KeyError:
         if name.isdigit():
-            return int(name)
+            return Team(name, int(name))
         raise UsageError(f"config key shared_group: no group {name!r} on this machine "
                          "(see `getent group`)") from None
 
 
-@functools.lru_cache(maxsize=64)
-def private_group(uid: int, gid: int) -> bool:
-    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
-    primary group, with no other member listed and no other user's primary group. Group 0
-    never is (container platforms run arbitrary user ids in group 0)."""
-    if gid == 0:
-        return False
-    try:
-        user = pwd.getpwuid(uid)
-        group = grp.getgrgid(gid)
-    except KeyError:
-        return False
-    if group.gr_name != user.pw_name or user.pw_gid != gid:
-        return False
-    if any(member != user.pw_name for member in group.gr_mem):
-        return False
-    try:
-        return not any(entry.pw_gid == gid and entry.pw_uid != uid for entry in pwd.getpwall())
-    except OSError:
-        return False
-
-
-def team_of(folder: os.stat_result) -> int | None:
-    """The group of a team's folder (group-writable, never world-writable: how gpu-cache makes
-    the folders of a shared-group cache), or None."""
-    mode = folder.st_mode
-    return folder.st_gid if mode & stat.S_IWGRP and not mode & stat.S_IWOTH else None
+#: Whether ``gid`` is the user-private group of ``uid`` (the hook's rule, looked up once per pair
+#: here: it may read the whole user database).
+private_group = functools.lru_cache(maxsize=64)(owners.private_group)
+#: The group of a team's folder (group-writable, never world-writable: how gpu-cache makes the
+#: folders of a shared-group cache), or None.
+team_of = owners.team_gid
 
 
 def written_by_others(info: os.stat_result, team: int | None = None) -> str | None:
     """Why another user may have written the file ``info`` (its lstat), or None: it must be
     yours or root's (or, in a team's folder, of the ``team`` group), and nobody else may write
-    it (a group only where it is the team or the owner's private group)."""
+    it (a group only where it is the team or the owner's private group). Not the hook's
+    ``owner_problem``: that one refuses a private group's file too (it judges every file a job
+    serves, and the look-up may read the whole user database)."""
     in_team = team is not None and info.st_gid == team
     if info.st_uid not in (os.geteuid(), 0) and not in_team:
         return f"owned by uid {info.st_uid}"

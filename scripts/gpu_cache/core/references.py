@@ -205,7 +205,7 @@ def settle(where: Pass, runs: list[RunResult], records: list[dict[str, Any]]) ->
     if where.phase == "cold":
         return [replace(run, outputs={**run.outputs, "kept": _keep_cold(where, run)})
                 if _reported(run) else run for run in runs]
-    uses = {i: output_runs.used(records, run.workload, run.shape, kinds.OBSERVED)
+    uses = {i: output_runs.used(records, run.workload, run.shape, kinds.names_of(kinds.OBSERVED))
             for i, run in enumerate(runs) if _reported(run)}
     wanted: dict[str, set[str]] = {}
     for found in uses.values():

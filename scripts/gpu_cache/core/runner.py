@@ -404,7 +404,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
         found = []
         if plan.record and root is not None and names.RECORDS_VAR in child_env:
             found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
-            result.recorded = hook_records.totals(found)
+            result.recorded = kinds.record_totals(found)
         if proof is not None:
             started = time.perf_counter()
             result.runs = references.settle(proof, result.runs, found)

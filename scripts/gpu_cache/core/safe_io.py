@@ -15,9 +15,6 @@ a huge file. The rules, for every module that touches the root:
 * **Folders by descriptor** (:func:`open_dir`, :func:`move_to_trash`): an entry is removed by
   renaming it, in one atomic step between descriptors of real folders, into
   :data:`TRASH_DIR_NAME`, then deleting it there; a symlink swapped in by name is never followed.
-* **Stamps** (:func:`touch_stamp`): a name that should be a regular file but is a symlink,
-  FIFO, socket or device is unlinked (it lies inside a folder we own; unlinking never follows
-  it) and a regular file is made in its place.
 
 And for what the user names (``--output``, ``--outdir``), :func:`write_output`: a regular file
 or a new path is replaced through a temporary file beside it; a symlink is followed and its
@@ -444,76 +441,17 @@ def tree_size(path: str | os.PathLike[str], access_times: bool = False) -> tuple
     newest = 0.0
     pending = [os.fspath(path)]
     while pending:
-        try:
-            listing = os.scandir(pending.pop())
-        except OSError:
-            continue  # removed while we walked
-        with listing:
-            for item in listing:
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    pending.append(item.path)
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    count += 1
-                    if access_times:
-                        newest = max(newest, st.st_atime)
-                newest = max(newest, st.st_mtime)
-    return total, count, newest
-
-
-def _clear_non_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> bool:
-    """Unlink whatever non-regular file sits at ``path`` (a symlink, FIFO, socket, device, or
-    a regular file with other hard links) so that a regular file can be made there; True when
-    something was removed.
-
-    Raises:
-        NotRegularFile: ``path`` is a folder (it is left alone).
-    """
-    try:
-        info = os.lstat(path, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-        return False
-    if stat.S_ISDIR(info.st_mode):
-        raise NotRegularFile(path, "a folder")
-    try:
-        os.unlink(path, dir_fd=dir_fd)  # never follows a symlink
-    except FileNotFoundError:
-        pass
-    return True
-
-
-def touch_stamp(path: str | os.PathLike[str], when: float) -> None:
-    """Make ``path`` a regular file with mtime ``when``, never touching what a symlink or a
-    hard link at ``path`` leads to (such a name is replaced).
-
-    Raises:
-        NotRegularFile: ``path`` is a folder, or stays something else after two tries.
-        OSError: the stamp cannot be written.
-    """
-    for _attempt in range(3):
-        _clear_non_regular(path)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_CLOEXEC | os.O_NOCTTY, 0o666)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink or FIFO swapped in
+        for _name, child, st in listing(pending.pop()):  # (a folder removed while we walk: none)
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(child)
                 continue
-            raise
-        try:
-            info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-                os.utime(fd, (when, when))
-                return
-        finally:
-            os.close(fd)
-    raise NotRegularFile(path, "keeps being replaced by something else")
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                count += 1
+                if access_times:
+                    newest = max(newest, st.st_atime)
+            newest = max(newest, st.st_mtime)
+    return total, count, newest
 
 
 # --- what the user names as an output -----------------------------------------------------

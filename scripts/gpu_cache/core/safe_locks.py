@@ -3,8 +3,9 @@ layer's locks (the files and folders are in :mod:`gpu_cache.core.safe_io`).
 
 They follow the lock rules of docs/guarantees.md: nobody but you (and the team, in a
 group-writable folder) can open a lock file, so nobody else can hold it; one that others could
-open is replaced, never waited on. The startup hook applies the same rules to single-flight's locks
-(``_hook/gpu_cache_hook/locks.py``; it cannot import this package).
+open is replaced, never waited on. The rules, and how a lock file is made and set aside, are
+the startup hook's, which its single-flight applies too (``_hook/gpu_cache_hook/locks.py``, a
+standard-library module this imports).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpu_cache.core.safe_io import NotRegularFile, describe, temp_name
+from gpu_cache._hook.gpu_cache_hook import locks as lock_rules
+from gpu_cache.core.safe_io import NotRegularFile
 
 
 class LockTimeout(OSError):
@@ -35,70 +37,13 @@ class NotPrivate(OSError):
         super().__init__(errno.EPERM, f"a lock file others could hold ({why})", str(path))
 
 
-_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_LOCK_FLAGS = os.O_RDWR | lock_rules.OPEN
 
 
-def lock_file_problem(info: os.stat_result, group_bits: int, gid: int) -> str | None:
-    """Why the file ``info`` breaks the lock rules, or None: a regular file of yours (or, in a
-    team's folder, whose ``group_bits`` are 0o060, of a member, in the folder's group ``gid``)
-    that nobody else can open. The startup hook applies the same rules
-    (``_hook/gpu_cache_hook/locks.py``; it cannot import this package)."""
-    if not stat.S_ISREG(info.st_mode):
-        return describe(info.st_mode)
-    if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):
-        return f"owned by uid {info.st_uid}"
-    if stat.S_IMODE(info.st_mode) & ~(0o600 | group_bits):
-        return f"mode {stat.S_IMODE(info.st_mode):04o}, which others may open"
-    return None
-
-
-def _new_lock_file(path: Path, group_bits: int, flags: int = _LOCK_FLAGS) -> int:
-    """Create ``path`` exclusively, mode 0600 (0660 in a team's folder) whatever the umask.
-
-    Raises:
-        FileExistsError: it exists (also where sshfs said EPERM for it).
-        NotPrivate: the new file is not yours (a filesystem that maps owners).
-    """
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-    except PermissionError:
-        # sshfs answers an exclusive create of a name another node just made with EPERM, not
-        # EEXIST (#22); the hook's lock files do the same
-        if os.path.lexists(path):
-            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
-        raise
-    try:
-        os.fchmod(fd, 0o600 | group_bits)
-        owner = os.fstat(fd).st_uid
-        if owner != os.geteuid():
-            raise NotPrivate(path, f"files made here belong to uid {owner}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _set_aside(path: Path, judged: os.stat_result) -> None:
-    """Remove what ``path`` names, found to break the lock rules (``judged``: its lstat), so
-    that an exclusive create makes the lock file anew: one creator wins, however many
-    processes replace the name at once. It is renamed aside first, and put back when it turned
-    out to be a lock file another process made meanwhile. Never follows a link.
-
-    Raises:
-        OSError: it cannot be renamed (a sticky folder and another user's file).
-    """
-    aside = path.with_name(temp_name(path.name))
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    moved = os.lstat(aside)
-    if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
-        try:
-            os.link(aside, path)  # a fresh lock file of another process: back in place
-        except OSError:
-            pass
-    os.unlink(aside)
+#: Why the file ``info`` breaks the lock rules, or None: ``lock_file_problem(info, group_bits,
+#: gid)``, a regular file of yours (or, in a team's folder, whose ``group_bits`` are 0o060, of a
+#: member, in the folder's group ``gid``) that nobody else can open.
+lock_file_problem = lock_rules.private
 
 
 def _open_lock(path: Path, create: bool, replace: bool) -> int | None:
@@ -121,32 +66,20 @@ def _open_lock(path: Path, create: bool, replace: bool) -> int | None:
             if not (create or replaced):
                 return None
             try:
-                return _new_lock_file(path, group_bits)
+                return lock_rules.create(str(path), group_bits)
             except FileExistsError:
                 continue
         if stat.S_ISDIR(info.st_mode):
             raise NotRegularFile(path, "a folder")
-        why = None if stat.S_ISREG(info.st_mode) else describe(info.st_mode)  # a device is never opened
-        if why is None:
-            try:
-                fd = os.open(path, _LOCK_FLAGS)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:  # another user's file, or a link or FIFO swapped in
-                why = exc.strerror or str(exc)
-            else:
-                held = os.fstat(fd)
-                if (held.st_dev, held.st_ino) != (info.st_dev, info.st_ino):
-                    os.close(fd)  # replaced meanwhile: look again
-                    continue
-                why = lock_file_problem(held, group_bits, folder.st_gid)
-                if why is None:
-                    return fd
-                os.close(fd)
+        fd, why = lock_rules.open_named(str(path), info, group_bits, folder.st_gid)
+        if fd is not None:
+            return fd
+        if why is None:  # replaced meanwhile: look again
+            continue
         if not replace:
             raise NotPrivate(path, why)
         try:
-            _set_aside(path, info)
+            lock_rules.set_aside(str(path), info)
         except OSError as exc:
             raise NotPrivate(path, f"{why}; cannot replace it: {exc.strerror or exc}") from None
         replaced = True

@@ -8,6 +8,7 @@ Standard library only, and Python 3.9 compatible: it runs inside the jobs' own s
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -15,9 +16,9 @@ import sys
 from collections.abc import Mapping
 from importlib import metadata
 
-#: Distributions whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
-#: Variables that name the container image a process runs in (Apptainer, Singularity).
+#: Variables that name the container image a process runs in (Apptainer, Singularity): a copy of
+#: sitecustomize.py's, which tests/test_kinds.py keeps equal (carry runs this file's source alone
+#: in another interpreter, an image's, where nothing of gpu-cache can be imported).
 IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 #: The identity fields whose difference makes a warmed cache useless to a job.
 KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch", "jax-triton")
@@ -30,15 +31,27 @@ def _version(package: str) -> str | None:
         return None
 
 
-def identity(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    """This interpreter's software: Python version and executable, the key packages'
-    versions (None when absent), and the image and conda environment it runs in."""
+@functools.lru_cache(maxsize=1)
+def key_packages() -> tuple[str, ...]:
+    """Distributions whose versions are part of cache keys or decide whether a cache works:
+    those the kinds' hook pieces declare (``software``), which the hook's records keep too.
+    (Imported here, not at the top: carry runs this file's source alone, and passes them.)"""
+    from gpu_cache._hook import sitecustomize as hook
+
+    return tuple(name for piece in hook.pieces() for name in piece.software)
+
+
+def identity(environ: Mapping[str, str] | None = None,
+             packages: tuple[str, ...] | None = None) -> dict[str, str | None]:
+    """This interpreter's software: Python version and executable, the versions of the key
+    ``packages`` (default :func:`key_packages`; None where absent), and the image and conda
+    environment it runs in."""
     environ = os.environ if environ is None else environ
     out: dict[str, str | None] = {
         "python": platform.python_version(),
         "executable": sys.executable,
     }
-    out.update({name: _version(name) for name in KEY_PACKAGES})
+    out.update({name: _version(name) for name in (key_packages() if packages is None else packages)})
     out["image"] = next((environ[v] for v in IMAGE_VARIABLES if environ.get(v)), None)
     out["conda_env"] = environ.get("CONDA_PREFIX") or None
     return out

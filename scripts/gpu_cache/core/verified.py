@@ -44,16 +44,14 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
+from gpu_cache._hook.gpu_cache_hook.seals import MAGIC, MAX_BYTES, NAME
 from gpu_cache.core import owners, safe_io
 
-NAME = ".gpu-cache-verified"
-#: The record's first bytes; a record without them (an older gpu-cache's empty stamp) is empty.
-#: Version 4 keeps its digests in order, so that the startup hook looks a seal up without
-#: reading the whole record (``_hook/gpu_cache_hook/tier/seals.py``); version 3 (unordered) is read too.
-MAGIC = b"gpu-cache verified v4\n"
+# The record's name, its first bytes (a record without them, an older gpu-cache's empty stamp,
+# is empty) and the size past which it is not read (a million entries take 16 MB) are the
+# startup hook's seal reader's, which looks a seal up without reading the whole record (version 4
+# keeps its digests in order); version 3 (unordered) is read too.
 _UNORDERED = b"gpu-cache verified v3\n"
-#: A record larger than this is not read (a million entries take 16 MB).
-MAX_BYTES = 1 << 30
 #: A verifying scan spends at most this share of its own time reading entries recorded whole
 #: again (JAX: one read each), and reads at least RECHECK_AT_LEAST of them whatever it takes.
 RECHECK_SHARE = 0.1

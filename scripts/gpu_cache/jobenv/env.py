@@ -96,10 +96,10 @@ def check_kind(settings: Settings, kind: Kind) -> FolderCheck:
     trusted like the kind's folder."""
     assert settings.cache_root is not None
     folder = kind.folder(settings.cache_root)
-    check = check_folder(folder, shared_group=settings.shared_group, min_free=settings.min_free_space,
+    check = check_folder(folder, team=settings.team, min_free=settings.min_free_space,
                          trusted_above=settings.cache_root, entries=kind.name)
     for inner in kind.inner(folder) if check.problem is None else ():  # a refused folder ends it
-        why = trust.distrust(inner, settings.shared_group, settings.cache_root) if is_folder(inner) else None
+        why = trust.distrust(inner, settings.team, settings.cache_root) if is_folder(inner) else None
         if why:
             return replace(check, problem=why)
     return check
@@ -220,7 +220,7 @@ def _resolve_root(settings: Settings, root: Path, environ: Mapping[str, str], no
     """The exports of a cache root, before the user's own values are kept: the plans of the
     tier and the locks, each kind's place, and the variables wanted."""
     # A root that cannot be made or trusted fails every kind alike.
-    root_check = check_folder(root, shared_group=settings.shared_group, min_free=0,
+    root_check = check_folder(root, team=settings.team, min_free=0,
                               trusted_above=root, probe=False)
     user_off = _user_set(names.TIER_VAR, environ) and not environ[names.TIER_VAR]
     tier_plan = tier.plan(settings, root_check, user_off, no_hook)

@@ -16,6 +16,7 @@ from pathlib import Path
 from gpu_cache.config.units import format_size
 from gpu_cache.core import names, safe_io
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.owners import Team
 from gpu_cache.jobenv import trust
 
 #: Filesystem types (as /proc/mounts names them) shared over the network, by family.
@@ -307,14 +308,15 @@ def _measured(path: Path, problem: str | None, read_only: bool, missing: bool,
                        problem, read_only, warnings, missing)
 
 
-def check_folder(path: Path, create: bool = True, shared_group: str | None = None,
+def check_folder(path: Path, create: bool = True, team: Team | None = None,
                  min_free: int = DEFAULT_MIN_FREE, trusted_above: Path | None = None,
                  probe: bool = True, private: bool = False, entries: str = "cache") -> FolderCheck:
-    """Probe ``path`` as a cache folder: create it (group-shared when ``shared_group`` is
-    set), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file, rename it, delete
-    it (unless ``probe`` is False), and measure it. ``private``: folders it creates outside
-    shared-group mode get mode 0700. ``entries``: whose entries a full disk would break (the
-    kind's name, in the low-space warning). Where it may not write (:func:`may_write`: a
+    """Probe ``path`` as a cache folder: create it (group-shared for a ``team``: the
+    shared_group), check that it is trusted (:mod:`gpu_cache.jobenv.trust`), write a file,
+    rename it, delete it (unless ``probe`` is False), and measure it. ``private``: folders it
+    creates outside shared-group mode get mode 0700. ``entries``: whose entries a full disk
+    would break (the kind's name, in the low-space warning). Where it may not write
+    (:func:`may_write`: a
     :func:`diagnosis`, or a folder that leads out of ``trusted_above``), it creates and changes
     nothing, says a missing folder is ``missing`` (judging what is there: the folders above it),
     and asks ``access(2)`` instead of writing a probe.
@@ -344,19 +346,18 @@ def check_folder(path: Path, create: bool = True, shared_group: str | None = Non
             problem = f"{path} exists and is not a folder"
         elif create and writes:
             try:
-                trust.make_folder(path, shared_group, private)
+                trust.make_folder(path, team, private)
             except OSError as exc:
                 problem = f"cannot create {path}: {why_not(exc)}"
         elif create and info is None:  # what would be made: judge the folders above it
             missing = True
-            problem = _uncreatable(path) or trust.distrust(path, shared_group, trusted_above,
-                                                            missing_ok=True)
+            problem = _uncreatable(path) or trust.distrust(path, team, trusted_above, missing_ok=True)
     is_dir = is_folder(path)
     if problem is None and is_dir and not os.access(path, os.X_OK):
         problem = (f"cannot enter {path}: permission denied (it is not yours to search); "
                    "choose a cache root you own")
     if problem is None and is_dir:
-        problem = trust.distrust(path, shared_group, trusted_above)
+        problem = trust.distrust(path, team, trusted_above)
     if problem is None and is_dir and probe:
         failed = _probe_write(path) if writes else _probe_access(path)
         # A read-only mount or another user's folder can still serve hits.

@@ -62,10 +62,10 @@ def plan(settings: Settings, root: Path, root_problem: str | None) -> LockPlan:
     fallback = node_local_fallback(names.LOCKS_FOLDER)
     places = [(fallback, fallback.parent, None)]
     if root_problem is None:
-        places.insert(0, (root / names.LOCKS_FOLDER, root, settings.shared_group))
+        places.insert(0, (root / names.LOCKS_FOLDER, root, settings.team))
     problems: list[str] = []
     for folder, above, group in places:
-        check = check_folder(folder, shared_group=group, min_free=0, trusted_above=above, probe=False)
+        check = check_folder(folder, team=group, min_free=0, trusted_above=above, probe=False)
         probes = may_write(folder, above)  # a diagnosis writes nothing: it asks without a probe file
         problem = check.problem or (flock_problem(folder) if probes else flock_refused(folder, above))
         if problem:

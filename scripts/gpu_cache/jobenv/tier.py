@@ -60,7 +60,7 @@ def on_this_node(settings: Settings) -> NodeTier | None:
     where = location(settings)
     if where is None or not where.folder.is_dir():
         return None
-    return NodeTier(where.folder, trust.distrust(where.folder, settings.shared_group, where.trusted_above))
+    return NodeTier(where.folder, trust.distrust(where.folder, settings.team, where.trusted_above))
 
 
 @dataclass(frozen=True)
@@ -142,15 +142,15 @@ def _check_folders(settings: Settings, where: Location) -> tuple[str | None, Fol
     """Why the tier's folders cannot be used (None: they can), and the probe of the tier's own
     folder (None where the folder that holds it failed: nothing is made in one not trusted)."""
     local = where.folder
-    above = check_folder(local.parent, create=False, shared_group=settings.shared_group, min_free=0,
+    above = check_folder(local.parent, create=False, team=settings.team, min_free=0,
                          probe=False, trusted_above=where.trusted_above)
     if above.problem:
         return above.problem, None
-    check = check_folder(local, shared_group=settings.shared_group, min_free=settings.min_free_space,
+    check = check_folder(local, team=settings.team, min_free=settings.min_free_space,
                          trusted_above=where.trusted_above, private=True)
     problem = check.problem or (f"{local} is read-only" if check.read_only else None)
     for kind in (k for k in kinds.ALL if k.tiered) if problem is None else ():
-        problem = check_folder(kind.folder(local), shared_group=settings.shared_group,
+        problem = check_folder(kind.folder(local), team=settings.team,
                                min_free=0, trusted_above=local, probe=False, private=True).problem
         if problem:
             break

@@ -29,7 +29,11 @@ the members of ``shared_group`` can add files to it:
   theirs in its place after ``env`` checked it, so every folder above the root (along the path
   as written and along where its links lead) must be owned by you or root (or be in the
   ``shared_group``) and writable by nobody else, unless its sticky bit protects the entry of
-  yours below it, as ssh's StrictModes judges a home: :func:`may_swap` (#21).
+  yours below it, as ssh's StrictModes judges a home (#21).
+
+The rules that judge one folder by its owner, mode and ACL, and the folders above it, are the
+startup hook's (``_hook/gpu_cache_hook/owners.py``, which this imports): the hook judges each
+node's node-local folders by them. What is here says, for each refusal, how to fix it.
 
 Every refusal is one sentence that says what is wrong and how to fix it (``chmod o-w,g-w``,
 ``setfacl -b``, or ``shared_group: GROUP``). :func:`distrust` never raises for filesystem
@@ -38,31 +42,19 @@ trouble; :func:`make_folder` raises OSError, which :func:`gpu_cache.jobenv.fs.ch
 
 from __future__ import annotations
 
-import errno
 import grp
 import os
 import pwd
 import shlex
 import stat
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache.core.owners import group_id, private_group
+from gpu_cache._hook.gpu_cache_hook import owners
+from gpu_cache._hook.gpu_cache_hook.owners import ACL_ACCESS, ACL_DEFAULT
+from gpu_cache.core.owners import Team, private_group
 
 #: Mode of a folder gpu-cache creates for a shared group: group-writable, setgid, no others.
 SHARED_MODE = 0o2770
-
-#: Extended attributes of a POSIX ACL (Linux's binary format, see acl/include/acl_ea.h).
-ACL_ACCESS = "system.posix_acl_access"
-ACL_DEFAULT = "system.posix_acl_default"
-_ACL_VERSION = 2
-_ACL_HEADER = struct.Struct("<I")
-_ACL_ENTRY = struct.Struct("<HHI")
-ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-ACL_WRITE = 0x02
-#: errno values of getxattr that mean "no ACL here" (none set, or a filesystem without ACLs).
-_NO_ACL = {errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def group_name(gid: int) -> str:
@@ -80,80 +72,18 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _group_may_write(gid: int, owner: int, shared_gid: int | None) -> bool:
-    """Whether members of group ``gid`` may add files to a folder of ``owner``."""
-    return gid == shared_gid or private_group(owner, gid)
+def _acl_writers(entries: list[tuple[int, int, int]], owner: int, gid: int,
+                 shared_gid: int | None) -> list[str]:
+    """Who besides the owner and root gets write through the ACL ``entries`` and must not: e.g.
+    ``["user nobody", "group staff"]`` (the rule: ``owners.acl_writers``)."""
+    names = {owners.ACL_USER: lambda who: f"user {_user_name(who)}",
+             owners.ACL_GROUP: lambda who: f"group {group_name(who)}",
+             owners.ACL_GROUP_OBJ: lambda who: f"group {group_name(who)} (its owning group)",
+             owners.ACL_OTHER: lambda _who: "everyone (other)"}
+    return [names[tag](who) for tag, who in owners.acl_writers(entries, owner, gid, shared_gid)]
 
 
-@dataclass(frozen=True)
-class AclEntry:
-    """One entry of a POSIX ACL: its tag (ACL_USER, ...), permission bits and id."""
-
-    tag: int
-    perm: int
-    id: int
-
-
-def parse_acl(data: bytes) -> list[AclEntry]:
-    """The entries of an ACL in Linux's extended-attribute format (little-endian: a u32
-    version 2, then 8-byte entries of u16 tag, u16 perm, u32 id).
-
-    Raises:
-        ValueError: not that format.
-    """
-    if len(data) < _ACL_HEADER.size or (len(data) - _ACL_HEADER.size) % _ACL_ENTRY.size:
-        raise ValueError(f"an ACL of {len(data)} bytes")
-    (version,) = _ACL_HEADER.unpack_from(data)
-    if version != _ACL_VERSION:
-        raise ValueError(f"ACL version {version}")
-    return [AclEntry(*_ACL_ENTRY.unpack_from(data, offset))
-            for offset in range(_ACL_HEADER.size, len(data), _ACL_ENTRY.size)]
-
-
-def read_acl(folder: Path, name: str = ACL_ACCESS) -> list[AclEntry] | None:
-    """The ACL ``name`` of ``folder``, or None when it has none (or the filesystem has no ACLs).
-
-    Raises:
-        OSError: it cannot be read.
-        ValueError: it is not in the format :func:`parse_acl` knows.
-    """
-    try:
-        data = os.getxattr(folder, name)
-    except OSError as exc:
-        if exc.errno in _NO_ACL:
-            return None
-        raise
-    return parse_acl(data)
-
-
-def acl_writers(entries: list[AclEntry], owner: int, gid: int,
-                shared_gid: int | None) -> list[str]:
-    """Who besides the owner and root gets write through ``entries`` and must not: e.g.
-    ``["user nobody", "group staff"]``. Named entries and the owning group are limited by the
-    mask entry (when there is one); "other" is judged as world-writable."""
-    mask = next((e.perm for e in entries if e.tag == ACL_MASK), 0o7)
-    writers = []
-    for entry in entries:
-        if entry.tag == ACL_OTHER:
-            writers += ["everyone (other)"] if entry.perm & ACL_WRITE else []
-            continue
-        if not entry.perm & mask & ACL_WRITE:
-            continue
-        if entry.tag == ACL_USER and entry.id not in (owner, 0):
-            writers.append(f"user {_user_name(entry.id)}")
-        elif entry.tag == ACL_GROUP and not _group_may_write(entry.id, owner, shared_gid):
-            writers.append(f"group {group_name(entry.id)}")
-        elif entry.tag == ACL_GROUP_OBJ and not _group_may_write(gid, owner, shared_gid):
-            writers.append(f"group {group_name(gid)} (its owning group)")
-    return writers
-
-
-def _acl_group_obj_writes(entries: list[AclEntry]) -> bool:
-    mask = next((e.perm for e in entries if e.tag == ACL_MASK), 0o7)
-    return any(e.tag == ACL_GROUP_OBJ and e.perm & mask & ACL_WRITE for e in entries)
-
-
-def make_folder(path: Path, shared_group: str | None, private: bool = False) -> None:
+def make_folder(path: Path, team: Team | None, private: bool = False) -> None:
     """Create ``path`` and its missing parents; in shared-group mode give each folder that
     this call creates, or that the user owns, the group and :data:`SHARED_MODE`. Otherwise
     the folders it creates are never group- or world-writable, whatever the umask (with
@@ -179,9 +109,9 @@ def make_folder(path: Path, shared_group: str | None, private: bool = False) -> 
             pass  # made meanwhile by another process: judged like any existing folder
     if not missing:
         path.mkdir(exist_ok=True)  # exists: raises only when it is not a folder
-    if shared_group is None:
+    if team is None:
         return
-    gid = group_id(shared_group)
+    gid = team.gid
     for folder in [*missing, path]:
         info = folder.stat()
         if info.st_uid != os.geteuid():
@@ -192,17 +122,17 @@ def make_folder(path: Path, shared_group: str | None, private: bool = False) -> 
             os.chmod(folder, stat.S_IMODE(info.st_mode) | SHARED_MODE)
 
 
-def _share_hint(shared_group: str | None) -> str:
-    if shared_group is not None:
+def _share_hint(team: Team | None) -> str:
+    if team is not None:
         return ""
     return ", or, for a team cache, set `shared_group: GROUP` in the config"
 
 
-def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
+def _distrust_one(folder: Path, team: Team | None) -> str | None:
     info = folder.stat()
     me = os.geteuid()
     quoted = shlex.quote(str(folder))  # in the commands a user copies
-    shared_gid = group_id(shared_group) if shared_group is not None else None
+    shared_gid = team.gid if team is not None else None
     mode = stat.S_IMODE(info.st_mode)
     owner = _user_name(info.st_uid)
     if info.st_uid not in (me, 0) and (shared_gid is None or info.st_gid != shared_gid):
@@ -213,14 +143,14 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
                     f"for a team cache, `chgrp -R GROUP {quoted} && chmod -R g+ws {quoted}` and "
                     "set `shared_group: GROUP` in the config")
         return (f"{folder} is owned by {owner} and its group is {group_name(info.st_gid)}, not "
-                f"the shared_group {shared_group}, so it is refused; fix: `chgrp -R "
-                f"{shared_group} {quoted} && chmod -R g+ws {quoted}`")
-    acls = {name: read_acl(folder, name) for name in (ACL_ACCESS, ACL_DEFAULT)}
+                f"the shared_group {team.name}, so it is refused; fix: `chgrp -R "
+                f"{shlex.quote(team.name)} {quoted} && chmod -R g+ws {quoted}`")
+    acls = {name: owners.read_acl(folder, name) for name in (ACL_ACCESS, ACL_DEFAULT)}
     group_writes = bool(mode & stat.S_IWGRP)
     if acls[ACL_ACCESS]:  # with an ACL the mode's group bits are its mask: ask the entries
-        group_writes = _acl_group_obj_writes(acls[ACL_ACCESS])
+        group_writes = owners.group_obj_writes(acls[ACL_ACCESS])
     world = bool(mode & stat.S_IWOTH)
-    bad_group = group_writes and not _group_may_write(info.st_gid, info.st_uid, shared_gid)
+    bad_group = group_writes and info.st_gid != shared_gid and not private_group(info.st_uid, info.st_gid)
     if world or bad_group:
         what = "world-writable" if world else f"writable by group {group_name(info.st_gid)}"
         if world and mode & stat.S_ISVTX:
@@ -230,76 +160,35 @@ def _distrust_one(folder: Path, shared_group: str | None) -> str | None:
         bits = ",".join(bit for bit, on in (("o-w", world), ("g-w", bad_group)) if on)
         return (f"{folder} is {what}, so others could plant compiled code that your jobs "
                 f"would run, and it is refused; fix: `chmod {bits} {quoted}`"
-                f"{_share_hint(shared_group) if bad_group else ''}")
+                f"{_share_hint(team) if bad_group else ''}")
     for name, entries in acls.items():
-        writers = acl_writers(entries or [], info.st_uid, info.st_gid, shared_gid)
+        writers = _acl_writers(entries, info.st_uid, info.st_gid, shared_gid)
         if writers:
             which = "an ACL" if name == ACL_ACCESS else "a default ACL (inherited by new folders)"
             flag = "-b" if name == ACL_ACCESS else "-k"
             return (f"{folder} has {which} that lets {', '.join(writers)} write, so others could "
                     f"plant compiled code that your jobs would run, and it is refused; fix: "
                     f"`setfacl {flag} {quoted}`"
-                    f"{_share_hint(shared_group) if any(w.startswith('group') for w in writers) else ''}")
+                    f"{_share_hint(team) if any(w.startswith('group') for w in writers) else ''}")
     return None
 
 
-def may_swap(mode: int, owner: int, gid: int, below_owner: int, me: int, shared_gid: int | None,
-             private: bool) -> str | None:
-    """Who besides you and root can rename the entry below a folder above the cache root, and
-    so put a cache of theirs in its place (#21): ``"owner"``, ``"group"``, ``"others"``, or None
-    when nobody can. The rule of ssh's StrictModes, with the cache folders' group rule:
-
-    - the folder is owned by you (``me``) or root, or, in shared-group mode, its group is
-      ``shared_gid`` (another member's folder); else ``"owner"``;
-    - with the sticky bit, only an entry's owner, the folder's owner and root may rename it: a
-      sticky folder anyone may write (``/tmp``) is safe when the entry below is yours or root's;
-    - else world-writable is ``"others"``, and group-writable is ``"group"`` unless the group
-      is ``shared_gid`` or the owner's user-private group (``private``: see
-      :func:`private_group`).
-
-    Pure (the caller stats the folder and the entry below it, ``lstat``, and looks up
-    ``private``), so the startup hook can mirror it."""
-    shared = shared_gid is not None and gid == shared_gid
-    if owner not in (me, 0) and not shared:
-        return "owner"
-    if mode & stat.S_ISVTX and below_owner in (me, 0):
-        return None
-    if mode & stat.S_IWOTH:
-        return "others"
-    if mode & stat.S_IWGRP and not (shared or private):
-        return "group"
-    return None
-
-
-def _ancestors(top: Path) -> list[tuple[str, str]]:
-    """(folder, entry) for every folder above ``top``, from ``/`` down, with its entry on the
-    way down: along the path as written (the folders that hold any symbolic link on it) and
-    along the path the links lead to. (Strings: this runs for every folder env checks.)"""
-    pairs: dict[tuple[str, str], None] = {}
-    for start in (os.path.abspath(top), os.path.realpath(top)):
-        entry, folder = start, os.path.dirname(start)
-        while entry != folder:
-            pairs[folder, entry] = None
-            entry, folder = folder, os.path.dirname(folder)
-    return sorted(pairs, key=lambda pair: len(pair[1]))
-
-
-def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = False) -> str | None:
-    """Why a folder above ``top`` lets another user swap it (see :func:`may_swap`), or None.
+def _distrust_above(top: Path, team: Team | None, missing_ok: bool = False) -> str | None:
+    """Why a folder above ``top`` lets another user swap it (``owners.may_swap``), or None.
     ``missing_ok``: a folder on the way that does not exist is one this user would make.
 
     Raises:
         OSError, ValueError: a folder cannot be inspected.
     """
     me = os.geteuid()
-    shared_gid = group_id(shared_group) if shared_group is not None else None
-    for folder, entry in _ancestors(top):
+    shared_gid = team.gid if team is not None else None
+    for folder, entry in owners.ancestors(top):
         if missing_ok and not os.path.lexists(folder):
             continue
         info = os.stat(folder)
         below = os.lstat(entry).st_uid if not missing_ok or os.path.lexists(entry) else me
         private = bool(info.st_mode & 0o022) and private_group(info.st_uid, info.st_gid)
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, shared_gid, private)
+        who = owners.may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, shared_gid, private)
         if who is None:
             continue
         quoted = shlex.quote(folder)
@@ -314,23 +203,23 @@ def _distrust_above(top: Path, shared_group: str | None, missing_ok: bool = Fals
         if who != "owner" and below in (me, 0):
             bit = "o-w" if who == "others" else "g-w"
             fix = (f"`chmod +t {quoted}` (then only an entry's owner can rename it) or `chmod {bit} "
-                   f"{quoted}`{_share_hint(shared_group) if who == 'group' else ''}, or {fix}")
+                   f"{quoted}`{_share_hint(team) if who == 'group' else ''}, or {fix}")
         return (f"{folder}, above the cache root, is {what}, so another user could rename {entry} "
                 f"away and put a cache of theirs in its place, which your jobs would run; it is "
                 f"refused; fix: {fix}")
     return None
 
 
-def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = None,
+def distrust(path: Path, team: Team | None, trusted_above: Path | None = None,
              missing_ok: bool = False) -> str | None:
     """Why ``path`` (and every folder from ``trusted_above`` down to it) must not be used as a
     cache, or None when it may. With ``trusted_above`` (the cache root), the folders above it
-    must not let another user swap it either (:func:`may_swap`). ``missing_ok``: the folders
+    must not let another user swap it either (``owners.may_swap``). ``missing_ok``: the folders
     that do not exist yet are judged as this user would make them (a diagnosis that creates
     nothing); those that exist as they are. Never raises for filesystem trouble."""
     if trusted_above is not None:
         try:
-            why = _distrust_above(trusted_above, shared_group, missing_ok)
+            why = _distrust_above(trusted_above, team, missing_ok)
         except OSError as exc:
             return f"cannot inspect the folders above {trusted_above} (so it is not trusted): " \
                    f"{exc.strerror or exc}"
@@ -350,7 +239,7 @@ def distrust(path: Path, shared_group: str | None, trusted_above: Path | None = 
         if missing_ok and not os.path.lexists(folder):
             continue
         try:
-            why = _distrust_one(folder, shared_group)
+            why = _distrust_one(folder, team)
         except OSError as exc:
             return f"cannot inspect {folder} (so it is not trusted): {exc.strerror or exc}"
         except ValueError as exc:  # an ACL in an unknown format, a NUL in the path

@@ -14,7 +14,8 @@ from typing import Any
 
 from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import CARRIED, named
+from gpu_cache.core.kinds import CARRIED, named, names_of
+from gpu_cache.core.owners import Team
 
 from ._client import DIGEST_RE, INDEX_TYPE, MANIFEST_TYPE, Reference, Session
 from ._common import (
@@ -186,7 +187,7 @@ def _layers(
         kind = annotations.get(KIND_KEY) if isinstance(annotations, dict) else None
         if not isinstance(kind, str) or kind in chosen:
             raise Refused(f"layer {number} of {reference} names no kind, or one another layer has")
-        if kind not in CARRIED:  # a newer gpu-cache's kind: its entries are not read here
+        if kind not in names_of(CARRIED):  # a newer gpu-cache's kind: its entries are not read here
             notes.append(f"layer of kind {kind!r} left out: this gpu-cache does not carry it")
         elif kinds is None or kind in kinds:
             chosen[kind] = descriptor
@@ -201,7 +202,7 @@ def fetch(
     python: str | None = None,
     image: str | None = None,
     kinds: Iterable[str] | None = None,
-    shared_group: str | None = None,
+    team: Team | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> FetchReport:
     """Fetch ``gpu_type``'s pack from ``reference`` (a tag or digest) into ``root``.
@@ -240,7 +241,7 @@ def fetch(
             "gpu_type": gpu_type,
             "python": python,
             "image": image,
-            "shared_group": shared_group,
+            "team": team,
         }
         for kind in layers:  # every layer checked whole before the first entry is written
             checked = _unpack_layer(folder / f"{kind}.tar.gz", kind, reference, options, dry_run=True)

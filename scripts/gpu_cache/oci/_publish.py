@@ -17,7 +17,8 @@ from typing import Any
 
 from gpu_cache import __version__
 from gpu_cache.core import safe_io, software
-from gpu_cache.core.kinds import CARRIED
+from gpu_cache.core.kinds import CARRIED, names_of
+from gpu_cache.core.owners import Team
 from gpu_cache.core.shown import shown_lines
 
 from ._client import INDEX_TYPE, MANIFEST_TYPE, Reference, Session, sha256_digest
@@ -143,7 +144,7 @@ def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[
     }
 
 
-def _packs(root: Path, gpu_type: str, folder: Path, shared_group: str | None,
+def _packs(root: Path, gpu_type: str, folder: Path, team: Team | None,
            untrusted: list[dict[str, str]]) -> dict[str, tuple[Path, dict[str, Any]]]:
     """A stable pack per carried kind that has entries of ``gpu_type``: its file and manifest;
     the entries left out as another user's go to ``untrusted``."""
@@ -154,10 +155,10 @@ def _packs(root: Path, gpu_type: str, folder: Path, shared_group: str | None,
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        for kind in CARRIED:
+        for kind in names_of(CARRIED):
             path = folder / f"{kind}.tar.gz"
             report = carry.pack(root=root, archive=path, kinds=[kind], gpu_type=gpu_type, stable=True,
-                                shared_group=shared_group)
+                                team=team)
             untrusted += report.untrusted
             if report.entries.get(kind):
                 with carry.open_archive(path) as opened:
@@ -232,10 +233,10 @@ def _upload_layers(
 
 def publish(
     *, root: Path, reference: Reference, verdict: Mapping[str, Any], environ: Mapping[str, str] | None = None,
-    shared_group: str | None = None,
+    team: Team | None = None,
 ) -> PublishReport:
     """Publish the entries that ``verdict``'s passes used under ``root`` to ``reference`` (a tag):
-    those gpu-cache would itself read (``carry.pack``'s rule, with ``shared_group``).
+    those gpu-cache would itself read (``carry.pack``'s rule, with ``team``: the shared_group).
 
     Raises:
         RegistryError: the registry cannot be reached or refused a request, nothing to publish,
@@ -249,7 +250,7 @@ def publish(
     session.request("HEAD", f"manifests/{reference.tag}", ok=(200, 404))  # the login, before packing
     with tempfile.TemporaryDirectory(prefix="gpu-cache-publish-") as temp:
         report = PublishReport(str(reference), "", gpu_type, "")
-        packs = _packs(root, gpu_type, Path(temp), shared_group, report.untrusted)
+        packs = _packs(root, gpu_type, Path(temp), team, report.untrusted)
         layers = _upload_layers(session, packs, report)
         total = sum(x["size"] for x in report.layers.values())
         annotations = _annotations(gpu_type, verdict, total)

@@ -1,12 +1,9 @@
 """What the pieces of gpu-cache's startup hook share (the package's docstring says which piece
-does what): text and list limits, the owner rules, marking a hit entry used, the record's parts
-for jax and triton, and the ways to single-flight and the tier. Standard library only, Python
-3.9+."""
+does what): text and list limits, the owner rules, marking a hit entry used, and the ways to
+single-flight and the tier. Standard library only, Python 3.9+."""
 
 import errno
 import os
-import stat
-import sys
 
 from sitecustomize import LOCKS_VAR
 
@@ -28,27 +25,6 @@ def keep(stats, field, item):
         items.append(item)
     else:
         stats["dropped"][field] += 1
-
-
-def team_gid(info):
-    """The group of a team's folder (``info``: its stat), or None: gpu-cache makes the folders of
-    a shared-group cache group-writable and never world-writable (mode 2770)."""
-    mode = info.st_mode
-    return info.st_gid if mode & stat.S_IWGRP and not mode & stat.S_IWOTH else None
-
-
-def owner_problem(info, team):
-    """Why the file or folder ``info`` (its stat) may hold what another user put there, or None:
-    it must be this user's or root's (or, in the team's folder ``team``, of the team's group),
-    and nobody else may write it (gpu_cache.jobenv.trust's rule, for one file)."""
-    in_team = team is not None and info.st_gid == team
-    if info.st_uid not in (os.geteuid(), 0) and not in_team:
-        return f"owned by uid {info.st_uid}"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by everyone"
-    if info.st_mode & stat.S_IWGRP and not in_team:
-        return f"writable by group {info.st_gid}"
-    return None
 
 
 def safe_mode(team, folder=False):
@@ -85,18 +61,25 @@ def replace_whole(folder_fd, temp, name, data, mode):
         raise
 
 
-def make_folders(path):
-    """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
-    of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
-    under umask 000)."""
+def missing_folders(path):
+    """``path`` and the folders above it that do not exist, outermost first."""
     missing = []
-    while not os.path.isdir(path):
+    while not os.path.lexists(path):
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
             break
         path = parent
-    for folder in reversed(missing):
+    return missing[::-1]
+
+
+def make_folders(path):
+    """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
+    of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
+    under umask 000)."""
+    from gpu_cache_hook.owners import team_gid  # (with the record, at exit: not with every piece)
+
+    for folder in missing_folders(path):
         try:
             os.mkdir(folder, safe_mode(team_gid(os.stat(os.path.dirname(folder))), folder=True))
         except FileExistsError:
@@ -112,42 +95,26 @@ def touch(path):
         pass
 
 
-def jax_part(hook):
-    """The record's ``jax`` part of this process, made on first use."""
-    part = hook.parts.get("jax")
-    if part is None:
-        part = hook.parts["jax"] = {
-            "requests": 0, "hits": 0, "writes": 0, "compile_seconds": 0.0, "saved_seconds": 0.0,
-            "own_compile_seconds": 0.0, "load_seconds": 0.0,
-            "hit_keys": [], "missed": [], "key_parts": {}, "key_context": {},
-            "dropped": {"hit_keys": 0, "missed": 0, "key_parts": 0}}
-    return part
+def part(hook, kind, fields):
+    """The record's part of ``kind`` in this process, made of ``fields`` on first use."""
+    found = hook.parts.get(kind)
+    if found is None:
+        found = hook.parts[kind] = fields
+    return found
 
 
-def triton_part(hook):
-    """The record's ``triton`` part of this process, made on first use."""
-    part = hook.parts.get("triton")
-    if part is None:
-        part = hook.parts["triton"] = {
-            "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
-            "kernels": [], "autotuned": [], "unrecorded": [],
-            "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}}
-    return part
-
-
-def jax_cache_dir():
-    """The cache folder this process's JAX really used: a program may set its own with
-    ``jax.config.update("jax_compilation_cache_dir", ...)`` over the exported one."""
-    try:
-        folder = sys.modules["jax"].config.jax_compilation_cache_dir
-    except Exception:
+def section(hook, kind):
+    """The record's part of ``kind`` at exit, with single-flight's and the tier's; None where
+    its library was not imported, or nothing was counted."""
+    if kind not in hook.libraries or kind not in hook.parts:
         return None
-    return text(str(folder)) if folder else None
+    return {**hook.parts[kind], "single_flight": flight_stats(hook, kind), "tier": tier_stats(hook, kind)}
 
 
 def flight(hook):
     """gpu-cache's single-flight module (``flight``), told how this hook warns."""
-    module = hook.piece("flight")
+    from gpu_cache_hook import flight as module
+
     module.configure(hook.warn)
     return module
 
@@ -174,7 +141,9 @@ def tier(hook):
     """This process's node-local tier (``tier``), or None where it is off."""
     if not hook.tier:
         return None
-    return hook.piece("tier").get(hook.warn)
+    from gpu_cache_hook import tier as module
+
+    return module.get(hook.warn, hook.pieces)
 
 
 def tier_stats(hook, kind):

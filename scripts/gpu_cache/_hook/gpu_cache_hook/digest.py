@@ -5,8 +5,8 @@ store's (``kinds.jax_triton.store``).
 A framed entry is one line, ``gpu-cache sha256 <64 hex digits>``, then the payload whose
 sha256 that is. The digest is written with the entry and checked on every read, so damage that
 keeps the size and the times (bit rot, a write in place, one flipped bit) is found before the
-entry is served. The host side's copy of the format is ``gpu_cache.core.digest`` (a test keeps
-the two one). Standard library only, Python 3.9+.
+entry is served. Its one home: the host side (stats, prune, doctor --fix, pack) imports this
+module too, so it imports nothing but the standard library. Standard library only, Python 3.9+.
 """
 
 try:  # the bare module: hashlib would add its OpenSSL binding to every ptxas call's start

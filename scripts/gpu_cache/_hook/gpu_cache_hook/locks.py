@@ -1,7 +1,7 @@
 """The lock rules for single-flight's files and folders, and who holds a lease: the parts of
-single-flight (flight) that keep no state. The rules are docs/guarantees.md's
-"Locks"; gpu_cache.core.safe_locks applies the same ones to gpu-cache's own locks (this hook may
-not import the package). Standard library only, Python 3.9+.
+single-flight (flight) that keep no state. The rules are docs/guarantees.md's "Locks", and this
+is their one home: gpu_cache.core.safe_locks imports it for gpu-cache's own locks, so it imports
+nothing but the standard library. Python 3.9+.
 """
 
 import errno
@@ -36,10 +36,10 @@ def describe(mode):
     return "a regular file"
 
 
-def private(info, folder):
-    """Why the file ``info`` in lock folder ``folder`` breaks the lock rules, or None: a
-    regular file of ours (or of the team, in its group) that nobody else can open."""
-    _, group_bits, gid = folder
+def private(info, group_bits, gid):
+    """Why the file ``info`` breaks the lock rules, or None: a regular file of ours (or, in a
+    team's folder, whose ``group_bits`` are 0o060, of a member, in the folder's group ``gid``)
+    that nobody else can open."""
     if not stat.S_ISREG(info.st_mode):
         return describe(info.st_mode)
     if info.st_uid != os.geteuid() and not (group_bits and info.st_gid == gid):
@@ -47,6 +47,28 @@ def private(info, folder):
     if stat.S_IMODE(info.st_mode) & ~(0o600 | group_bits):
         return f"mode {stat.S_IMODE(info.st_mode):04o}, which others may open"
     return None
+
+
+def open_named(path, named, group_bits, gid):
+    """Open the lock file ``path``, which ``named`` (its lstat) says is there, by the lock rules
+    (``private``): ``(fd, None)``; ``(None, why)`` where it breaks them (a folder, link or device
+    is never opened); ``(None, None)`` where it was removed or replaced meanwhile: look again."""
+    if not stat.S_ISREG(named.st_mode):
+        return None, describe(named.st_mode)
+    try:
+        fd = os.open(path, os.O_RDWR | OPEN)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:  # another user's file, or swapped for a link or FIFO
+        return None, exc.strerror or str(exc)
+    info = os.fstat(fd)
+    why = None  # (replaced meanwhile)
+    if (info.st_dev, info.st_ino) == (named.st_dev, named.st_ino):
+        why = private(info, group_bits, gid)
+        if why is None:
+            return fd, None
+    os.close(fd)
+    return None, why
 
 
 def create(path, group_bits):

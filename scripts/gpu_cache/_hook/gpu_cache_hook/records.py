@@ -1,9 +1,11 @@
-"""gpu-cache's startup hook, the record: loaded at exit in a process that imported jax,
-triton, Inductor's code cache or another watched module, and only then.
+"""gpu-cache's startup hook, the record: loaded at exit in a process that imported a module a
+kind's piece watches, and only then.
 
 One JSON record per process into ``$GPU_CACHE_RECORDS``: the host, the job (its rule and
 wildcards, from ``$GPU_CACHE_RULE`` or the ``snakemake --target-jobs`` that runs it), the
-variables that change cache keys, the software, and what the other pieces counted. Records are
+variables that change cache keys, the software, and the part of each kind whose piece this
+process loaded (the piece's ``section(hook)``; the record's ``device``, from the first piece
+loaded that says what the process compiled for). Records are
 small (at most ``MAX_ITEMS`` names per list, the rest counted in ``dropped``) and written
 without following symlinks: a records folder that is a symlink is refused, and the record is
 created under a unique temporary name (``.<name>-<random>.json.tmp``, which prune removes
@@ -14,20 +16,20 @@ Python 3.9+.
 import os
 import sys
 
-from sitecustomize import GPU_TYPE_VAR, RECORDS_VAR, RULE_VAR, RUN_ID_VAR, WILDCARDS_VAR
+from sitecustomize import (
+    GPU_TYPE_VAR,
+    IMAGE_VARIABLES,
+    KEY_ENVIRONMENT,
+    RECORDS_VAR,
+    RULE_VAR,
+    RUN_ID_VAR,
+    WILDCARDS_VAR,
+)
 
-from gpu_cache_hook import common
+from gpu_cache_hook import common, owners
 from gpu_cache_hook.common import text
 
 _RECORD_VERSION = 1
-
-
-#: Environment variables that change cache keys or where a cache is; kept in records.
-#: A copy of gpu_cache.core.kinds.KEY_ENVIRONMENT (this hook may not import gpu_cache); a test
-#: fails when the two drift apart.
-_KEY_ENV = ("XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
-            "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
-            "TRITON_DISABLE_LINE_INFO")
 
 
 def _proc(path, limit):
@@ -76,7 +78,7 @@ def _job_info(hook):
         "wildcards": wildcards,
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "run_id": env.get(RUN_ID_VAR),
-        "env": {name: env.get(name) for name in _KEY_ENV},
+        "env": {name: env.get(name) for name in KEY_ENVIRONMENT},
     }
 
 
@@ -86,68 +88,36 @@ def _record(hook, time, socket):
               "pid": os.getpid(),
               "argv": [text(a) for a in argv[:3]] if isinstance(argv, (list, tuple)) else [],
               **_job_info(hook), "libraries": sorted(hook.libraries)}
-    if "jax" in hook.libraries:
-        jax_stats = dict(common.jax_part(hook))
-        jax_stats["misses"] = max(0, jax_stats["requests"] - jax_stats["hits"])
-        jax_stats["cache_dir"] = common.jax_cache_dir()
-        jax_stats["single_flight"] = common.flight_stats(hook, "jax")
-        jax_stats["tier"] = common.tier_stats(hook, "jax")
-        record["jax"] = jax_stats
-        context = jax_stats["key_context"]
-        if context:
-            record["device"] = {"platform": context.get("platform"),
-                                "kinds": context.get("device_kinds"),
-                                "count": context.get("device_count")}
-    if "triton" in hook.libraries:
-        record["triton"] = dict(common.triton_part(hook))
-        record["triton"]["single_flight"] = common.flight_stats(hook, "triton")
-        record["triton"]["tier"] = common.tier_stats(hook, "triton")
-    if "jax_triton" in hook.libraries and "jax_triton" in hook.parts:
-        record["jax_triton"] = dict(hook.parts["jax_triton"])
-        record["jax_triton"]["single_flight"] = common.flight_stats(hook, "jax_triton")
-        record["jax_triton"]["tier"] = common.tier_stats(hook, "jax_triton")
-    if "inductor" in hook.libraries:
-        record["inductor"] = section = hook.piece("kinds.inductor").section(hook)
-        if "device" not in record:  # what it compiled for, where no jax said
-            name = section.get("device")
-            record["device"] = {"platform": "gpu" if name else "cpu", "kinds": [name or "cpu"],
-                                "count": section.get("device_count") or (0 if name else 1)}
-    elif "inductor" in hook.parts:  # only the tier's copy-in ran (Inductor compiled nothing)
-        record["inductor"] = {"tier": common.tier_stats(hook, "inductor")}
-    if "ptxas" in hook.parts:  # issue 34: the shim's calls, counted from its tally
-        record["ptxas"] = hook.piece("kinds.ptxas.piece").part(hook)
-    for library in sorted(hook.libraries.difference(record)):  # another kind's piece: its own part
-        section = getattr(hook.piece(f"kinds.{library}"), "section", None)
-        if section is not None:
-            record[library] = section(hook)
-    for name in ("tokamax", "fallbacks"):
-        if name in hook.parts:
-            record[name] = hook.parts[name]
-    record["software"] = _software()
+    for piece in list(hook.loaded):  # each kind's part, from the pieces this process loaded
+        section = getattr(piece.module, "section", None)
+        part = section(hook) if section is not None else None
+        if part is not None:
+            record[piece.kind] = part
+        device = getattr(piece.module, "device", None)
+        if "device" not in record and device is not None:  # the first library imported that says
+            found = device(hook)
+            if found is not None:
+                record["device"] = found
+    if "fallbacks" in hook.parts:  # the hook's own: the folders it refused or made
+        record["fallbacks"] = hook.parts["fallbacks"]
+    record["software"] = _software(hook)
     return record
 
 
-#: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
-_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
-#: Distributions whose versions decide whether a cache serves this process: a copy of
-#: gpu_cache.core.software.KEY_PACKAGES.
-_KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "tokamax", "jax-triton")
-
-
-def _software():
+def _software(hook):
     """This process's software, as gpu_cache.core.software.identity() names it (the record of a
-    job is compared with the software that warmed its GPU type's cache)."""
+    job is compared with the software that warmed its GPU type's cache): the distributions the
+    pieces declare."""
     import platform
     from importlib import metadata
 
     out = {"python": platform.python_version(), "executable": text(sys.executable)}
-    for name in _KEY_PACKAGES:
+    for name in (name for piece in hook.pieces for name in piece.software):
         try:
             out[name] = metadata.version(name)
         except Exception:
             out[name] = None
-    out["image"] = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), None)
+    out["image"] = next((os.environ[v] for v in IMAGE_VARIABLES if os.environ.get(v)), None)
     out["conda_env"] = os.environ.get("CONDA_PREFIX") or None
     return out
 
@@ -168,8 +138,8 @@ def _save(folder, name, data):
         raise
     try:
         info = os.fstat(folder_fd)
-        team = common.team_gid(info)
-        why = common.owner_problem(info, team)
+        team = owners.team_gid(info)
+        why = owners.owner_problem(info, team)
         if why is not None:  # its readers would take another user's records for this user's
             raise OSError(errno.EPERM, f"the records folder is {why}: refused", folder)
         temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"
@@ -180,7 +150,7 @@ def _save(folder, name, data):
 
 
 def write(hook):
-    """At exit: one record for a process that imported jax or triton. Raises on failure (the
+    """At exit: one record for a process that imported a watched module. Raises on failure (the
     caller warns once)."""
     import json
     import socket

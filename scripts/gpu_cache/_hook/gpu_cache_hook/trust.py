@@ -1,10 +1,11 @@
-"""gpu-cache's startup hook, the node-local folders: loaded only when the Triton cache folder a
-job was given cannot be created (a cache root not bound into a container), or when a folder it
-was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``, exported by ``gpu-cache env`` for
-a read-only or unusable root, and made on each node by whoever comes first).
+"""gpu-cache's startup hook, the node-local folders: loaded only when a folder a kind's tool
+makes at start cannot be created (a cache root not bound into a container: the piece's
+``makes``), or when a folder the job was given is node-local (``$TMPDIR/gpu-cache-<uid>/<kind>``,
+exported by ``gpu-cache env`` for a read-only or unusable root, and made on each node by whoever
+comes first: the piece's ``node-local``).
 
-Triton creates its cache folder at start and raises where it cannot. The process then uses
-``$TMPDIR/gpu-cache-<uid>/triton``, the folder ``gpu-cache env`` falls back to. A node-local
+A tool that creates its cache folder at start raises where it cannot (Triton). The process
+then uses ``$TMPDIR/gpu-cache-<uid>/<kind>``, the folder ``gpu-cache env`` falls back to. A node-local
 folder is used only when it and ``gpu-cache-<uid>`` pass the trust rule ``gpu-cache env``
 applies (``gpu_cache.jobenv.trust``, for a cache of one's own): owned by the user or root, and
 nobody else can add a file to it (not others; not a group unless it is the owner's user-private
@@ -19,74 +20,16 @@ single-flight's lock folder, runs without single-flight. Its record says why.
 Python 3.9+.
 """
 
-import errno
 import os
 import stat
-import struct
 
-from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR, TRITON_CACHE_DIR_VAR
+from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR
 
-ACL_ACCESS = "system.posix_acl_access"
-ACL_DEFAULT = "system.posix_acl_default"
-_USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x02, 0x04, 0x08, 0x10, 0x20
-_WRITE = 0x02
-_NO_ACL = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+from gpu_cache_hook import common, owners
+from gpu_cache_hook.owners import ACL_ACCESS, ACL_DEFAULT, private_group
 
-
-def private_group(uid, gid):
-    """Whether ``gid`` is the user-private group of ``uid``: named like the user, the user's
-    primary group, with no other member and no other user's primary group. Group 0 never is."""
-    if gid == 0:
-        return False
-    import grp
-    import pwd
-
-    try:
-        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
-    except KeyError:
-        return False
-    if group.gr_name != user.pw_name or user.pw_gid != gid:
-        return False
-    if any(member != user.pw_name for member in group.gr_mem):
-        return False
-    try:
-        return not any(entry.pw_gid == gid and entry.pw_uid != uid for entry in pwd.getpwall())
-    except OSError:
-        return False
-
-
-def _acl(path, name):
-    """The ``(tag, perm, id)`` entries of the ACL ``name`` of ``path``; [] without one."""
-    try:
-        data = os.getxattr(path, name)
-    except OSError as exc:
-        if exc.errno in _NO_ACL:
-            return []
-        raise
-    if len(data) < 4 or (len(data) - 4) % 8 or struct.unpack_from("<I", data)[0] != 2:
-        raise ValueError(f"an ACL in a format this hook does not know ({len(data)} bytes)")
-    return [struct.unpack_from("<HHI", data, offset) for offset in range(4, len(data), 8)]
-
-
-def _mask(entries):
-    return next((perm for tag, perm, _who in entries if tag == _MASK), 0o7)
-
-
-def _acl_writers(entries, owner, gid):
-    """Who besides the owner and root may write through ``entries`` and must not."""
-    mask, writers = _mask(entries), []
-    for tag, perm, who in entries:
-        if tag == _OTHER:
-            if perm & _WRITE:
-                writers.append("everyone (other)")
-        elif perm & mask & _WRITE:
-            if tag == _USER and who not in (owner, 0):
-                writers.append(f"user {who}")
-            elif tag == _GROUP and not private_group(owner, who):
-                writers.append(f"group {who}")
-            elif tag == _GROUP_OBJ and not private_group(owner, gid):
-                writers.append(f"group {gid} (its owning group)")
-    return writers
+_WRITERS = {owners.ACL_USER: "user {}", owners.ACL_GROUP: "group {}",
+            owners.ACL_GROUP_OBJ: "group {} (its owning group)", owners.ACL_OTHER: "everyone (other)"}
 
 
 def _distrust_one(path):
@@ -96,54 +39,30 @@ def _distrust_one(path):
     if info.st_uid not in (os.geteuid(), 0):
         return f"{path} is owned by user {info.st_uid}, not by you"
     mode = stat.S_IMODE(info.st_mode)
-    acls = ((ACL_ACCESS, _acl(path, ACL_ACCESS)), (ACL_DEFAULT, _acl(path, ACL_DEFAULT)))
+    acls = [(name, owners.read_acl(path, name)) for name in (ACL_ACCESS, ACL_DEFAULT)]
     access = acls[0][1]
-    group_writes = bool(mode & stat.S_IWGRP)
-    if access:  # with an ACL the mode's group bits are its mask: ask the entries
-        group_writes = any(tag == _GROUP_OBJ and perm & _mask(access) & _WRITE for tag, perm, _ in access)
+    group_writes = owners.group_obj_writes(access) if access else bool(mode & stat.S_IWGRP)
     if mode & stat.S_IWOTH:
         return f"{path} is world-writable"
     if group_writes and not private_group(info.st_uid, info.st_gid):
         return f"{path} is writable by group {info.st_gid}"
     for name, entries in acls:
-        writers = _acl_writers(entries, info.st_uid, info.st_gid)
+        found = owners.acl_writers(entries, info.st_uid, info.st_gid)
+        writers = [_WRITERS[tag].format(who) for tag, who in found]
         if writers:
             which = "an ACL" if name == ACL_ACCESS else "a default ACL"
             return f"{path} has {which} that lets {', '.join(writers)} write"
     return None
 
 
-def may_swap(mode, owner, gid, below_owner, me, team=None):
-    """Who besides this user and root can rename the entry below a folder above a cache, and so
-    put theirs in its place: "owner", "group", "others", or None (gpu_cache.jobenv.trust's
-    rule; ``team``: the group of a team's cache, its ``shared_group``). "group" is also the
-    answer for the owner's user-private group, which the caller then lets pass."""
-    shared = team is not None and gid == team
-    if owner not in (me, 0) and not shared:
-        return "owner"
-    if mode & stat.S_ISVTX and below_owner in (me, 0):
-        return None
-    if mode & stat.S_IWOTH:
-        return "others"
-    if mode & stat.S_IWGRP and not shared:
-        return "group"
-    return None
-
-
 def distrust_above(top, team=None):
-    """Why a folder above ``top`` lets another user swap it, or None (``team``: see may_swap).
-    Raises OSError or ValueError where a folder cannot be inspected."""
-    pairs = {}
-    for start in (os.path.abspath(top), os.path.realpath(top)):
-        entry, folder = start, os.path.dirname(start)
-        while entry != folder:
-            pairs[folder, entry] = None
-            entry, folder = folder, os.path.dirname(folder)
+    """Why a folder above ``top`` lets another user swap it, or None (``team``: see
+    ``owners.may_swap``). Raises OSError or ValueError where a folder cannot be inspected."""
     me = os.geteuid()
-    for folder, entry in sorted(pairs, key=lambda pair: len(pair[1])):
+    for folder, entry in owners.ancestors(top):
         info = os.stat(folder)
         below = os.lstat(entry).st_uid
-        who = may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, team)
+        who = owners.may_swap(info.st_mode, info.st_uid, info.st_gid, below, me, team)
         if who == "group" and private_group(info.st_uid, info.st_gid):
             who = None  # looked up only here: it may read the whole user database
         if who is not None and info.st_mode & stat.S_ISVTX and who != "owner":
@@ -203,7 +122,7 @@ def _remove_at_exit(folder):
 _PRIVATE = []
 
 
-def _private(name):
+def private_folder(name):
     """``<a private folder of this process>/<name>`` (new, 0700, removed at exit), made."""
     import tempfile
 
@@ -215,23 +134,11 @@ def _private(name):
     return folder
 
 
-def _chain(folder):
-    """``folder`` and the folders above it that are missing, outermost first."""
-    missing = []
-    while not os.path.lexists(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return list(reversed(missing)) or [folder]
-
-
 def _tier_refused(tier, kinds):
     """Why the node-local tier ``tier`` may not be used on this node, or None: it, every folder
     above it and each of its ``kinds`` folders that exists pass the trust rule (made 0700 where
     missing, each checked before it is entered)."""
-    why = _trusted_folders(_chain(tier), mode=0o700) or distrust(tier)
+    why = _trusted_folders(common.missing_folders(tier) or [tier], mode=0o700) or distrust(tier)
     if why:
         return why
     for kind in kinds:
@@ -252,14 +159,15 @@ def _tier_refused(tier, kinds):
     return None
 
 
-def guard(tier, kinds, names, hook, stderr):
+def guard(tier, kinds, folders, hook, stderr):
     """Before any tool reads them: the node-local tier ``tier`` (with its ``kinds`` folders) and
-    the node-local folders the variables ``names`` point at (``$TMPDIR/gpu-cache-<uid>/<kind>``)
-    may have been made on this node by another user, who would then decide what the job loads
-    (and, through links and dates in them, what the tier's bound deletes). One that fails the
-    trust rule is neither read nor written by any tool: every variable that points into it is
-    pointed at a private folder of this process instead (records: none), with one warning line.
-    Returns whether the tier may be used."""
+    the node-local folders the variables of ``folders`` (``(what, variable)``: the kind, or the
+    hook's own part) point at (``$TMPDIR/gpu-cache-<uid>/<kind>``) may have been made on this
+    node by another user, who would then decide what the job loads (and, through links and
+    dates in them, what the tier's bound deletes). One that fails the trust rule is neither read
+    nor written by any tool: every variable that points into it is pointed at a private folder
+    of this process instead (records: none), with one warning line, and the record's
+    ``fallbacks.<what>`` says why. Returns whether the tier may be used."""
     refused = []
     if tier:
         why = _tier_refused(tier, kinds)
@@ -268,19 +176,19 @@ def guard(tier, kinds, names, hook, stderr):
                 if name == TIER_VAR:
                     os.environ[name] = ""  # the tier is off, in this process and its children
                 elif value == tier or value.startswith(tier + os.sep):
-                    os.environ[name] = _private("tier") + value[len(tier):]
+                    os.environ[name] = private_folder("tier") + value[len(tier):]
                     os.makedirs(os.environ[name], 0o700, exist_ok=True)
             refused.append(("tier", tier, why))
             _record(hook, "tier", wanted=tier[:500], problem=None, used=_PRIVATE[0], refused=why[:500])
-    for name in names:
+    for what, name in folders:
         folder = (os.environ.get(name) or "").rstrip(os.sep)
         if not folder:
             continue
         why = _trusted_folders([os.path.dirname(folder), folder])
         if why:
-            os.environ[name] = "" if name == RECORDS_VAR else _private(os.path.basename(folder))
+            os.environ[name] = "" if name == RECORDS_VAR else private_folder(os.path.basename(folder))
             refused.append((name, folder, why))
-            _record(hook, name, wanted=folder[:500], problem=None, used=os.environ[name] or None,
+            _record(hook, what, wanted=folder[:500], problem=None, used=os.environ[name] or None,
                     refused=why[:500])
     if refused:
         what, folder, why = refused[0]
@@ -292,50 +200,31 @@ def guard(tier, kinds, names, hook, stderr):
     return not (tier and refused and refused[0][0] == "tier")
 
 
-def _record(hook, kind, **fields):
-    hook.parts.setdefault("fallbacks", {})[kind] = fields
+def _record(hook, what, **fields):
+    hook.parts.setdefault("fallbacks", {})[what] = fields
 
 
-def _private_triton():
-    import tempfile
-
-    used = tempfile.mkdtemp(prefix=f"{NODE_LOCAL_PREFIX}triton-")
-    _remove_at_exit(used)
-    os.environ[TRITON_CACHE_DIR_VAR] = used
-    return used
-
-
-def triton(wanted, why, hook, stderr):
-    """Point Triton at a usable folder when ``wanted`` cannot be created: the node-local one
-    when it is trusted, else a private one."""
+def unmade(kind, name, wanted, why, hook, stderr):
+    """The folder ``wanted`` of ``$name``, which the tool of ``kind`` makes at start and fails
+    where it cannot (a cache root not bound into a container), cannot be created: ``$name`` is
+    pointed at the node-local folder ``gpu-cache env`` falls back to,
+    ``$TMPDIR/gpu-cache-<uid>/<kind>``, when it is trusted, else at a private one."""
     import tempfile
 
     base = os.path.join(tempfile.gettempdir(), f"{NODE_LOCAL_PREFIX}{os.getuid()}")
-    local = os.path.join(base, "triton")
+    local = os.path.join(base, kind)
     refused = _trusted_folders([base, local])
     if refused is None:
         used, what = local, f"this process uses {local}"
-        os.environ[TRITON_CACHE_DIR_VAR] = used
     else:
-        used = _private_triton()
+        used = private_folder(kind)
         what = (f"its node-local fallback is refused ({refused}), so this process uses a private "
                 f"folder {used}, without a cache across processes")
-    _record(hook, "triton", wanted=wanted[:500], problem=why, used=used, refused=refused)
+    os.environ[name] = used
+    _record(hook, kind, wanted=wanted[:500], problem=why, used=used, refused=refused)
     shown = wanted if len(wanted) <= 500 else wanted[:500] + "..."
-    stderr(f"gpu-cache: warning: Triton's cache folder {shown} cannot be created ({why}); {what}. "
-           "Is the cache root bound into the container?\n")
-
-
-def triton_node_local(folder, hook, stderr):
-    """Triton's exported node-local folder: used when trusted, else a private one."""
-    folder = folder.rstrip(os.sep)
-    refused = _trusted_folders([os.path.dirname(folder), folder])
-    if refused is None:
-        return
-    used = _private_triton()
-    _record(hook, "triton", wanted=folder[:500], problem=None, used=used, refused=refused)
-    stderr(f"gpu-cache: warning: Triton's node-local cache folder is refused ({refused[:500]}); this "
-           f"process uses a private folder {used}, without a cache across processes\n")
+    stderr(f"gpu-cache: warning: the {kind} cache folder {shown} ({name}) cannot be created ({why}); "
+           f"{what}. Is the cache root bound into the container?\n")
 
 
 def locks_node_local(folder, hook, stderr):

@@ -7,10 +7,10 @@ listed here; env exports its variable, doctor probes its folder, stats counts it
 prune bounds it, warm and validate diff it, the report plots it, and the contract suite
 (tests/test_kind_contract.py) runs its faults and attacks on it. Generic code iterates
 :data:`ALL` and calls the objects; it never names a kind. A name becomes a kind only where a
-name comes from outside (an argument, a key of a report or record): :func:`named`. The startup
-hook (``_hook/``, standard library only) keeps its own copy of :data:`WATCHED_MODULES` (its
-table, and the pieces it finds beside it), :data:`TIERED` and :data:`KEY_ENVIRONMENT`; a test
-fails when they drift.
+name comes from outside (an argument, a key of a report or record): :func:`named`. Each kind's
+piece of the startup hook (``_hook/gpu_cache_hook/kinds/``, standard library only) declares the
+job side's facts of the kind (the module it watches, its tier layout); tests/test_kinds.py fails
+where they and the kind's ``watched_module`` and ``tiered`` disagree.
 
 A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
 methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
@@ -19,11 +19,12 @@ of the inventories.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 from pathlib import Path
+from typing import Any
 
+from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds import (
     autotune,
     bytecode,
@@ -36,9 +37,20 @@ from gpu_cache.core.kinds import (
     triton,
     vllm,
 )
-from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen, no_cyclic_gc
+from gpu_cache.core.kinds.kind import (
+    Entry,
+    Exported,
+    Kind,
+    ReadOnlyUse,
+    Seen,
+    in_tier,
+    no_cyclic_gc,
+    tier_name,
+)
+from gpu_cache.core.reports import KindTotals
 
-__all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "named", "no_cyclic_gc"]
+__all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "named", "no_cyclic_gc",
+           "tier_name"]
 
 #: The kinds in the order reports list them (the kinds found beside them follow, by name).
 _LISTED: tuple[Kind, ...] = (jax.KIND, triton.KIND, inductor.KIND, vllm.KIND, bytecode.KIND, cuda.KIND,
@@ -67,26 +79,19 @@ def _found(listed: tuple[Kind, ...]) -> tuple[Kind, ...]:
 ALL: tuple[Kind, ...] = _LISTED + _found(_LISTED)
 #: The kinds by name: for names that come from outside (arguments, reports, records).
 KINDS: dict[str, Kind] = {kind.name: kind for kind in ALL}
-#: The names of the kinds whose folder env exports and doctor probes.
-EXPORTED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.exported)
-#: The names of the kinds whose entries gpu-cache lists and prunes (every kind has an inventory).
-PRUNABLE: tuple[str, ...] = tuple(kind.name for kind in ALL)
-#: The names of the kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
-CARRIED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.carried)
-#: The names of the kinds that work in the node-local tier when it is on (issue 23).
-TIERED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.tiered)
-#: The names of the kinds whose hits and misses the startup hook records (and validation counts).
-OBSERVED: tuple[str, ...] = tuple(kind.name for kind in ALL if kind.observed)
-#: Modules the startup hook watches (for Inductor its code cache: a process that imports torch
-#: without compiling loads nothing of the hook).
-WATCHED_MODULES: tuple[str, ...] = tuple(kind.watched_module for kind in ALL if kind.watched_module)
+#: The kinds whose folder env exports and doctor probes.
+EXPORTED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.exported)
+#: The kinds whose entries gpu-cache lists and prunes (every kind has an inventory).
+PRUNABLE: tuple[Kind, ...] = ALL
+#: The kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
+CARRIED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.carried)
+#: The kinds that work in the node-local tier when it is on (issue 23).
+TIERED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.tiered)
+#: The kinds whose hits and misses the startup hook records (and validation counts).
+OBSERVED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.observed)
 #: Environment variables that change cache keys or where a cache is: kept in each record,
-#: shown by doctor, compared by explain.
-KEY_ENVIRONMENT: tuple[str, ...] = (
-    "XLA_FLAGS", "JAX_ENABLE_X64", "CUDA_VISIBLE_DEVICES", "JAX_COMPILATION_CACHE_DIR",
-    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES", "LIBTPU_INIT_ARGS", "TRITON_DEFAULT_FP_FUSION",
-    "TRITON_DISABLE_LINE_INFO",
-)
+#: shown by doctor, compared by explain (the hook's name, as the records keep them).
+KEY_ENVIRONMENT: tuple[str, ...] = names.KEY_ENVIRONMENT
 
 
 def named(name: str) -> Kind:
@@ -98,16 +103,31 @@ def named(name: str) -> Kind:
     return KINDS[name]
 
 
-def tier_name(root: Path | str) -> str:
-    """The name of the cache root ``root``'s folder in any node-local tier base."""
-    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
+def names_of(found: tuple[Kind, ...]) -> list[str]:
+    """The names of the kinds ``found`` (a view), as reports, schemas and help texts list them."""
+    return [kind.name for kind in found]
+
+
+def records_dir(cache_root: Path) -> Path | None:
+    """Where the hook writes its records under a cache root (the records kind's folder, links
+    resolved); None when that leads out of the root: the hook refuses such a folder, so what is
+    there is not its records (a link to a folder of the user's own files, #21)."""
+    try:
+        return safe_io.within(records.KIND.folder(cache_root), cache_root)
+    except safe_io.Outside:
+        return None
+
+
+def record_totals(found: list[dict[str, Any]]) -> dict[str, KindTotals]:
+    """Hits, misses and compile seconds per kind summed over the records ``found``: for every
+    observed kind, and any other whose section some record holds (:meth:`Kind.totals`)."""
+    return {kind.name: totals for kind in ALL if (totals := kind.totals(found)) is not None}
 
 
 def in_tier_of(folder: str, root: Path | str) -> bool:
-    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``
-    (``<any tier base>/<tier_name(root)>/<kind>``): a job's cache folder that is the root's."""
-    path = Path(os.path.normpath(folder))
-    return path.name in TIERED and path.parent.name == tier_name(root)
+    """Whether ``folder`` is a tiered kind's folder in a node-local tier of ``root``: a job's
+    cache folder that is the root's."""
+    return any(in_tier(folder, root, kind.name) for kind in TIERED)
 
 
 def snapshot(cache_root: Path | None, tier: Path | None = None) -> dict[str, set[str]]:

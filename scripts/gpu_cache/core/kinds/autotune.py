@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache.core import names
+from gpu_cache.core import hook_records, names
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, texts
 from gpu_cache.core.verified import Record
 
@@ -31,7 +31,7 @@ class _Autotune(Kind):
                  record: Record | None) -> list[Entry]:
         from gpu_cache.core.kinds import autotune_format as autotune_cache
 
-        return [Entry(self.name, e.key, e.device_kind, e.size, e.last_use, e.problem, e, path=e.path)
+        return [Entry(self, e.key, e.device_kind, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in autotune_cache.scan(folder, grace_seconds)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
@@ -42,10 +42,10 @@ class _Autotune(Kind):
 
     def section(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """What the hook's tokamax piece says about autotuning (issue 24): results entered
-        (``entries``) and lookups that missed."""
-        from gpu_cache.core import hook_records  # (it reads the registry this module is part of)
-
-        return hook_records.autotuning_of(record)
+        (``entries``: config sets, counted as hits) and lookups that missed."""
+        tokamax = hook_records.part(record, "tokamax")
+        tuning = tokamax.get("autotuning") if tokamax else None
+        return tuning if isinstance(tuning, dict) else None
 
     def validation_problems(self, totals: Any) -> list[str]:
         """A process that missed tokamax's autotuning cache used heuristic configs (other

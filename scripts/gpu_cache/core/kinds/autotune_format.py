@@ -101,23 +101,15 @@ def scan(folder: Path, grace_seconds: float = 3600.0) -> list[AutotuneEntry]:
             out.append(AutotuneEntry(pair.name, pair.path, pair_info.st_size, pair_info.st_mtime, "?",
                                      "not a version folder"))
             continue
-        try:
-            files = list(os.scandir(pair.path))
-        except OSError:
-            continue
-        for item in files:
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            key = f"{pair.name}/{item.name}"
-            if item.name.startswith(".") and item.name.endswith(".tmp"):
+        for name, path, info in safe_io.listing(pair.path):
+            key = f"{pair.name}/{name}"
+            if name.startswith(".") and name.endswith(".tmp"):
                 if now - info.st_mtime >= grace_seconds:
-                    out.append(AutotuneEntry(key, item.path, info.st_size, info.st_mtime, "?",
+                    out.append(AutotuneEntry(key, path, info.st_size, info.st_mtime, "?",
                                              "half-written result of a killed warm process"))
                 continue
-            device, problem = _describe(item.path, info, pair.name)
-            out.append(AutotuneEntry(key, item.path, info.st_size, info.st_mtime, device, problem))
+            device, problem = _describe(path, info, pair.name)
+            out.append(AutotuneEntry(key, path, info.st_size, info.st_mtime, device, problem))
     return out
 
 

@@ -8,7 +8,7 @@ import stat
 import time
 from pathlib import Path
 
-from gpu_cache.core import names
+from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds.kind import Entry, ReadOnlyUse
 from gpu_cache.core.kinds.layouts import SingleFile
 from gpu_cache.core.verified import Record
@@ -33,27 +33,17 @@ class _Bytecode(SingleFile):
         skip = len(base) + 1
         pending = [base]
         while pending:
-            try:
-                listing = os.scandir(pending.pop())
-            except OSError:
-                continue
-            with listing:
-                for item in listing:
-                    try:
-                        info = item.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stat.S_ISDIR(info.st_mode):
-                        pending.append(item.path)  # (a link to a folder is an entry: never followed)
-                        continue
-                    found = self._file(item, info, now, grace_seconds, skip)
-                    if found is not None:
-                        out.append(found)
+            for name, path, info in safe_io.listing(pending.pop()):
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(path)  # (a link to a folder is an entry: never followed)
+                    continue
+                found = self._file(name, path, info, now, grace_seconds, skip)
+                if found is not None:
+                    out.append(found)
         return out
 
-    def _file(self, item: os.DirEntry[str], info: os.stat_result, now: float, grace_seconds: float,
+    def _file(self, name: str, path: str, info: os.stat_result, now: float, grace_seconds: float,
               skip: int) -> Entry | None:
-        name = item.name
         temporary = not name.endswith(".pyc")
         if temporary and now - info.st_mtime < grace_seconds:
             return None  # an interpreter may be writing it
@@ -62,8 +52,8 @@ class _Bytecode(SingleFile):
             problem = "not a regular file"
         elif temporary:
             problem = "temporary file of an interpreter that was killed"
-        return Entry(self.name, item.path[skip:], name.split(".", 1)[0], info.st_size, info.st_mtime,
-                     problem, item.path, path=item.path)
+        return Entry(self, path[skip:], name.split(".", 1)[0], info.st_size, info.st_mtime,
+                     problem, path, path=path)
 
 
 KIND = _Bytecode()

@@ -28,7 +28,7 @@ class _Cuda(Kind):
             return []
         name = cuda_cache.LAYOUT if found.recognised else \
             f"(layout not recognised: {found.why_not}; counted, never pruned)"
-        return [Entry(self.name, cuda_cache.LAYOUT, name, found.size, found.last_use, None, found,
+        return [Entry(self, cuda_cache.LAYOUT, name, found.size, found.last_use, None, found,
                       removable=found.recognised, path=str(folder))]
 
     def _remove(self, folder: Path, entry: Entry) -> None:

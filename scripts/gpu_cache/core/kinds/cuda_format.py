@@ -79,25 +79,17 @@ def scan(folder: str | os.PathLike[str]) -> CudaCache | None:
         size, files, newest = _add(info, size, files, newest)
     while pending:
         path, depth = pending.pop()
-        try:
-            listing = list(os.scandir(path))
-        except OSError:
-            continue
-        for item in listing:
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
-                continue
+        for name, child, info in safe_io.listing(path):
             if stat.S_ISDIR(info.st_mode):
-                if depth == 1 and FOLDER_RE.fullmatch(item.name):
-                    pending.append((item.path, 2))
+                if depth == 1 and FOLDER_RE.fullmatch(name):
+                    pending.append((child, 2))
                 else:
-                    why_not = why_not or f"unexpected folder {item.path[len(root) + 1:]!r}"
-                    pending.append((item.path, 3))
+                    why_not = why_not or f"unexpected folder {child[len(root) + 1:]!r}"
+                    pending.append((child, 3))
                 continue
-            if why_not is None and (depth != 2 or not FILE_RE.fullmatch(item.name)
-                                    or not stat.S_ISREG(info.st_mode)):
-                why_not = f"unexpected {item.path[len(root) + 1:]!r}"
+            expected = depth == 2 and FILE_RE.fullmatch(name) and stat.S_ISREG(info.st_mode)
+            if why_not is None and not expected:
+                why_not = f"unexpected {child[len(root) + 1:]!r}"
             size, files, newest = _add(info, size, files, newest)
     if not names:
         return None

@@ -39,7 +39,7 @@ class _Inductor(Kind):
         state, by ``record``)."""
         from gpu_cache.core.kinds import inductor_format as inductor_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.paths[0] if e.paths else None)
                 for e in inductor_cache.scan(folder, grace_seconds, verify_after is not None, record)]
 

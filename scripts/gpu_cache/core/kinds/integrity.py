@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpu_cache._hook.gpu_cache_hook import seals
 from gpu_cache.core import safe_io, verified
 
 if TYPE_CHECKING:
@@ -32,16 +33,12 @@ if TYPE_CHECKING:
 DAMAGED = ("its bytes changed after gpu-cache sealed it whole, its size kept (damaged in place: a "
            "storage fault, or a write with the old mtime put back)")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
-#: The verification record's scheme number for seals (:func:`gpu_cache.core.verified.digest`).
-_SCHEME = 8
-
-
-def seal_key(relative: str, ino: int, size: int) -> int:
-    """The record's key of the seal of the file ``relative`` (its path in the kind folder) of
-    inode ``ino`` and ``size`` bytes; its value is the CRC-32 of the file's bytes. The startup
-    hook looks seals up with its copy (``_hook/gpu_cache_hook/tier/seals.py``) before the node-local tier
-    serves a file of the shared one; JAX's own check records its entries' CRCs so too."""
-    return verified.digest(_SCHEME, verified.text(relative), ino, size)
+#: The record's key of the seal of the file ``relative`` (its path in the kind folder) of inode
+#: ``ino`` and ``size`` bytes: ``seal_key(relative, ino, size)``; its value is the CRC-32 of the
+#: file's bytes. The startup hook's, which looks seals up before the node-local tier serves a
+#: file of the shared one (``_hook/gpu_cache_hook/seals.py``); JAX's own check records its
+#: entries' CRCs so too.
+seal_key = seals.seal_key
 
 
 def files_of(path: str) -> Iterable[tuple[str, os.stat_result]]:

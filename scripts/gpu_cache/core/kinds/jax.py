@@ -46,7 +46,7 @@ class _Jax(Kind):
         ``grace_seconds`` come as broken entries."""
         from gpu_cache.core.kinds import jax_format as jax_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=e.cache_file or e.atime_file)
                 for e in jax_cache.scan(folder, verify_after, temp_grace=grace_seconds, record=record)]
 
@@ -85,7 +85,7 @@ class _Jax(Kind):
         them); entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` may be mid-write."""
         from gpu_cache.core.kinds import jax_format as jax_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e)
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e)
                 for e in jax_cache.scan(folder, since - 1.0) if e.problem]
 
     def exports(self, folder: Path, settings: Any, network_fs: str | None, tier: bool) -> Exported:

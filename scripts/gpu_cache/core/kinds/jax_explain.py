@@ -16,8 +16,7 @@ import os
 from typing import Any
 
 from gpu_cache.core import hook_records
-from gpu_cache.core.kinds import in_tier_of
-from gpu_cache.core.kinds.kind import Seen
+from gpu_cache.core.kinds.kind import Seen, in_tier
 
 KIND = "jax"  # the section of a record this module reads
 
@@ -113,7 +112,7 @@ def _same_cache(here: str, there: str) -> bool:
     here, there = os.path.normpath(here), os.path.normpath(there)
     if here == there:
         return True
-    return any(in_tier_of(a, os.path.dirname(b)) for a, b in ((here, there), (there, here)))
+    return any(in_tier(a, os.path.dirname(b), KIND) for a, b in ((here, there), (there, here)))
 
 
 def _who(record: dict[str, Any]) -> dict[str, Any]:

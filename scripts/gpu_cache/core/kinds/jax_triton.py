@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache.core import names
+from gpu_cache.core import hook_records, names
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -30,7 +30,7 @@ class _JaxTriton(Kind):
         """One entry per file, named by its kernel."""
         from gpu_cache.core.kinds import jax_triton_format as kernel_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in kernel_cache.scan(folder, grace_seconds, verify_after)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:
@@ -90,7 +90,6 @@ class _JaxTriton(Kind):
     missed_words = "jax-triton kernels compiled in the process (one by one below)"
 
     def explain_record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from gpu_cache.core import hook_records  # (host only; it reads this registry)
         from gpu_cache.core.kinds import jax_triton_explain
 
         return [jax_triton_explain.explain_kernel(miss.key, record, earlier)

@@ -10,7 +10,7 @@ process lowers at once. Layout:
   everything that changes the compiler's output). Its content is JSON (:data:`FORMAT`): the
   key, the kernel's Python name and module, the jax-triton and Triton versions, the target,
   the key's parts (for ``gpu-cache doctor --explain``), jax-triton's ``CompilationResult``
-  fields (the PTX among them) and the TTIR, framed with its sha256 (:mod:`gpu_cache.core.digest`:
+  fields (the PTX among them) and the TTIR, framed with its sha256 (the hook's ``digest``:
   a first line ``gpu-cache sha256 <hex>``), so that damage that keeps the size is found.
   ``kernel`` comes first, so that a scan reads a small head of each file to name it.
 * ``<folder>/.triton-keys/<32 hex>``: Triton's own key of one Triton installation (a hash of
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import digest, names, safe_io, verified
+from gpu_cache._hook.gpu_cache_hook import digest
+from gpu_cache.core import names, safe_io, verified
 
 #: The entry format the startup hook writes (its copy: ``gpu_cache_hook.kinds.jax_triton.store.FORMAT``).
 FORMAT = 3

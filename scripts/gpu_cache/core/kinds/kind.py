@@ -10,6 +10,7 @@ default. Generic code calls only the public methods: :meth:`Kind.scan` applies t
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import stat
 from collections.abc import Callable, Collection, Iterator
@@ -19,8 +20,9 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache.core import owners, safe_io, verified
+from gpu_cache.core import hook_records, owners, safe_io, verified
 from gpu_cache.core.kinds import integrity
+from gpu_cache.core.reports import KindTotals
 
 if TYPE_CHECKING:
     from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
@@ -319,6 +321,24 @@ class Kind:
         section = record.get(self.name)
         return section if isinstance(section, dict) else None
 
+    def totals(self, found: list[dict[str, Any]]) -> KindTotals | None:
+        """Hits, misses and compile seconds of this kind summed over the records ``found``, with
+        the computations they name as missed; None where the kind is not observed and no record
+        holds a section of it."""
+        sections = [s for s in (self.section(r) for r in found) if s is not None]
+        if not (self.observed or sections):
+            return None
+        count, seconds = hook_records.count, hook_records.seconds
+        return KindTotals(
+            processes=len(sections),
+            hits=sum(count(s.get(self.hits_field)) for s in sections),
+            misses=sum(count(s.get("misses")) for s in sections),
+            compile_seconds=round(sum(seconds(s.get("compile_seconds")) for s in sections), 3),
+            saved_seconds=round(sum(seconds(s.get("saved_seconds")) for s in sections), 3),
+            missed=[m for s in sections for m in hook_records.missed_of(s, self.name)],
+            hit_keys=sorted({k for s in sections for k in s.get("hit_keys") or [] if isinstance(k, str)}),
+        )
+
     def compiled(self, keys: list[str]) -> list[str]:
         """Of new entries' keys, those that are each one compile (validate counts them as misses)."""
         return keys
@@ -378,8 +398,6 @@ class Kind:
         """A process's ``misses`` of this kind explained computation by computation (``doctor
         --explain``): (cause, how many, at most ``room`` explanations in all). ``seen``: what the
         processes before it computed."""
-        from gpu_cache.core import hook_records  # (host only; it reads this registry)
-
         named = hook_records.missed_of(section, self.name)[:misses]
         keys = [self.explain_missed(m, record, seen) for m in named[:room]]
         out = [(self.missed_words, len(named), keys)]
@@ -400,6 +418,18 @@ class Kind:
 
     def seen(self, record: dict[str, Any], seen: Seen) -> None:
         """Add what a record's process computed to ``seen``, for the later processes' misses."""
+
+
+def tier_name(root: Path | str) -> str:
+    """The name of the cache root ``root``'s folder in any node-local tier base."""
+    return hashlib.sha256(os.fsencode(os.path.normpath(root))).hexdigest()[:16]
+
+
+def in_tier(folder: str, root: Path | str, name: str) -> bool:
+    """Whether ``folder`` is the folder of the kind ``name`` in a node-local tier of ``root``
+    (``<any tier base>/<tier_name(root)>/<name>``): a job's cache folder that is the root's."""
+    path = Path(os.path.normpath(folder))
+    return path.name == name and path.parent.name == tier_name(root)
 
 
 def texts(value: Any) -> list[str]:

@@ -31,7 +31,7 @@ class _Ptxas(SingleFile):
         that time."""
         from gpu_cache.core.kinds import ptxas_format as ptxas_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e,
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e,
                       path=os.path.join(folder, e.key))
                 for e in ptxas_cache.scan(folder, grace_seconds, verify_after)]
 

@@ -3,7 +3,7 @@
 
 Pure standard library. Every file is one entry, written whole (a temporary file, then a link):
 
-* ``<64 hex>.ptxas``: one ptxas result, framed with its sha256 (:mod:`gpu_cache.core.digest`:
+* ``<64 hex>.ptxas``: one ptxas result, framed with its sha256 (the hook's ``digest``:
   a first line ``gpu-cache sha256 <hex>``, so that damage that keeps the size is found):
   ``gpu-cache ptxas entry 2``, its key, the sizes of its stdout, stderr and output and the real
   run's seconds, the key parts (kernel name, ptxas version, ptxas digest, options, input
@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_cache.core import digest, safe_io
+from gpu_cache._hook.gpu_cache_hook import digest
+from gpu_cache.core import safe_io
 
 ENTRY_MAGIC = b"gpu-cache ptxas entry 2\n"
 IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"

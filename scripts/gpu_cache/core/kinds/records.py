@@ -6,12 +6,11 @@ used turns records off (no node-local fallback: validate and stats read them und
 
 from __future__ import annotations
 
-import os
 import stat
 import time
 from pathlib import Path
 
-from gpu_cache.core import names
+from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds.kind import Entry, ReadOnlyUse
 from gpu_cache.core.kinds.layouts import SingleFile
 from gpu_cache.core.verified import Record
@@ -33,19 +32,11 @@ class _Records(SingleFile):
         """Each ``*.json`` file is one entry (last use: when it was written); a half-written
         ``.*.json.tmp`` older than the grace period, or anything that is not a regular file,
         is broken."""
-        try:
-            listing = list(os.scandir(folder))
-        except OSError:
-            return []
         now = time.time()
         out = []
-        for item in listing:
-            temporary = item.name.startswith(".") and item.name.endswith(".tmp")
-            if not (item.name.endswith(".json") or temporary):
-                continue
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
+        for name, path, info in safe_io.listing(folder):
+            temporary = name.startswith(".") and name.endswith(".tmp")
+            if not (name.endswith(".json") or temporary):
                 continue
             problem = None
             if not stat.S_ISREG(info.st_mode):
@@ -54,8 +45,7 @@ class _Records(SingleFile):
                 if now - info.st_mtime < grace_seconds:
                     continue  # a process may be writing it right now
                 problem = "half-written record of a process that was killed or ran out of space"
-            out.append(Entry(self.name, item.name, "record", info.st_size, info.st_mtime, problem,
-                             item.path, path=item.path))
+            out.append(Entry(self, name, "record", info.st_size, info.st_mtime, problem, path, path=path))
         return out
 
 

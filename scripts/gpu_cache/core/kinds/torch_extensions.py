@@ -98,9 +98,9 @@ class _TorchExtensions(Kind):
 
     def _entry(self, key: str, name: str, path: str, info: os.stat_result, problem: str | None) -> Entry:
         if not stat.S_ISDIR(info.st_mode):
-            return Entry(self.name, key, name, info.st_size, info.st_mtime, problem, None, path=path)
+            return Entry(self, key, name, info.st_size, info.st_mtime, problem, None, path=path)
         size, _files, newest = safe_io.tree_size(path)
-        return Entry(self.name, key, name, size, max(newest, info.st_mtime), problem, None, path=path)
+        return Entry(self, key, name, size, max(newest, info.st_mtime), problem, None, path=path)
 
     def _remove(self, folder: Path, entry: Entry) -> None:
         """A folder renamed into the trash first (a process that loaded its library keeps what

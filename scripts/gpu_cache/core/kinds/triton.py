@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache.core import names, safe_io
+from gpu_cache.core import hook_records, names, safe_io
 from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
 from gpu_cache.core.verified import Record
 
@@ -48,11 +48,11 @@ class _Triton(Kind):
                 if now - item.mtime < grace_seconds:
                     continue
                 problem = "; ".join(item.problems) or "incomplete group"
-            out.append(Entry(self.name, item.key, item.kernel or item.kind, item.bytes, item.mtime,
+            out.append(Entry(self, item.key, item.kernel or item.kind, item.bytes, item.mtime,
                              problem, item, path=item.folder))
         for temp in inventory.temp_dirs:
             if temp.age_seconds >= grace_seconds:
-                out.append(Entry(self.name, f"{temp.key}/{temp.path.name}", "(temporary)", temp.bytes,
+                out.append(Entry(self, f"{temp.key}/{temp.path.name}", "(temporary)", temp.bytes,
                                  now - temp.age_seconds, "stale temporary folder of a killed writer", temp))
         for other in inventory.others:
             found = self._other(other, now, grace_seconds)
@@ -63,7 +63,7 @@ class _Triton(Kind):
     def _other(self, other: Any, now: float, grace_seconds: float) -> Entry | None:
         """A top-level name that is no key folder, as a broken entry (or None: not one)."""
         if other.kind == "trash":
-            return Entry(self.name, other.path.name, "(trash)", other.bytes, 0.0,
+            return Entry(self, other.path.name, "(trash)", other.bytes, 0.0,
                          "left over from an interrupted removal", other)
         if other.kind == "file":
             try:
@@ -72,16 +72,16 @@ class _Triton(Kind):
                 return None
             if not stat.S_ISREG(info.st_mode):  # Triton reads only its key folders: never opened
                 what = safe_io.describe(info.st_mode)
-                return Entry(self.name, other.path.name, f"({what})", 0, info.st_mtime,
+                return Entry(self, other.path.name, f"({what})", 0, info.st_mtime,
                              f"{what} in the cache folder (never opened; prune removes it itself)", other,
                              path=str(other.path))
             if not other.path.name.startswith(names.TEMP_PREFIX) or now - info.st_mtime < grace_seconds:
                 return None  # a stray file Triton never reads; a younger temporary may be mid-promotion
-            return Entry(self.name, other.path.name, "(temporary)", other.bytes, info.st_mtime,
+            return Entry(self, other.path.name, "(temporary)", other.bytes, info.st_mtime,
                          "stale temporary file of an interrupted promotion from a node-local tier", other)
         if other.kind == "symlink":
             # Triton writes real folders only; a link would make it load (or write) elsewhere.
-            return Entry(self.name, other.path.name, "(symbolic link)", 0, 0.0,
+            return Entry(self, other.path.name, "(symbolic link)", 0, 0.0,
                          "a symbolic link in the cache folder (never followed; prune removes "
                          "the link itself)", other, path=str(other.path))
         return None
@@ -194,8 +194,6 @@ class _Triton(Kind):
 
     def seen(self, record: dict[str, Any], seen: Seen) -> None:
         """The keys of the kernels the process used or compiled."""
-        from gpu_cache.core import hook_records  # (host only; it reads this registry)
-
         section = self.section(record)
         if section is not None:
             keys = seen.by_kind.setdefault(self.name, set())

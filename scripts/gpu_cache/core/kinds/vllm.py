@@ -27,7 +27,7 @@ class _Vllm(Kind):
                  record: Record | None) -> list[Entry]:
         from gpu_cache.core.kinds import vllm_format as vllm_cache
 
-        return [Entry(self.name, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
+        return [Entry(self, e.key, e.name, e.size, e.last_use, e.problem, e, path=e.path)
                 for e in vllm_cache.scan(folder)]
 
     def _remove(self, folder: Path, entry: Entry) -> None:

@@ -318,23 +318,11 @@ def _open(flight, kind, path, folder):
         except OSError as exc:
             return _give_up_on_locks(flight, kind, path, exc)
         # a folder, link or device is never opened: set aside like a lock file of someone else's
-        why = None if stat.S_ISREG(named.st_mode) else lock_files.describe(named.st_mode)
-        if why is None:
-            try:
-                fd = os.open(path, os.O_RDWR | lock_files.OPEN)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:  # another user's file, or swapped for a link or FIFO
-                why = exc.strerror or str(exc)
-            else:
-                info = os.fstat(fd)
-                if (info.st_dev, info.st_ino) != (named.st_dev, named.st_ino):
-                    os.close(fd)  # replaced meanwhile: look again
-                    continue
-                why = lock_files.private(info, folder)
-                if why is None:
-                    return fd
-                os.close(fd)
+        fd, why = lock_files.open_named(path, named, folder[1], folder[2])
+        if fd is not None:
+            return fd
+        if why is None:  # replaced meanwhile: look again
+            continue
         try:
             lock_files.set_aside(path, named)
             stats["replaced"] += 1

@@ -135,7 +135,7 @@ def wait_or_take(flight, kind, lock, folder, read, peek, deadline, stats, waitin
             time.sleep(0.01)
             continue
         content, info = looked  # empty until its maker's first beat: judged by its beat alone
-        why = lock_files.private(info, folder)
+        why = lock_files.private(info, folder[1], folder[2])
         if why is not None:
             try:
                 lock_files.set_aside(path, info)  # not a lease of ours: never waited on

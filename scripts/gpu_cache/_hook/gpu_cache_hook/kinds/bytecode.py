@@ -1,3 +1,6 @@
+# gpu-cache hook piece
+# start-with GPU_CACHE_BYTECODE
+# node-local GPU_CACHE_BYTECODE
 """gpu-cache's startup hook, the bytecode cache: loaded at start only where it is on
 (``bytecode_cache: true`` exports ``$GPU_CACHE_BYTECODE``).
 
@@ -22,9 +25,8 @@ Standard library only, Python 3.9+.
 import os
 import sys
 
-#: Variables that name the container image a process runs in; a copy of
-#: gpu_cache.core.software.IMAGE_VARIABLES (this hook may not import gpu_cache).
-_IMAGE_VARS = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+from sitecustomize import BYTECODE_VAR, IMAGE_VARIABLES
+
 #: PEP 552's flags of a checked hash-based .pyc.
 _CHECKED = (0b11).to_bytes(4, "little")
 
@@ -34,7 +36,7 @@ def tag():
     import zlib
 
     executable = os.path.realpath(sys.executable or "")
-    image = next((os.environ[v] for v in _IMAGE_VARS if os.environ.get(v)), "")
+    image = next((os.environ[v] for v in IMAGE_VARIABLES if os.environ.get(v)), "")
     parts = [executable, sys.version, image]
     mine = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))  # the job's, not the image's
     for path in [executable, *(p for p in sys.path if p and p not in mine and os.path.isabs(p))]:
@@ -67,6 +69,12 @@ def _checked_source_loaders(external):
     loaders = [(CheckedSourceFileLoader if cls is external.SourceFileLoader else cls, suffixes)
                for cls, suffixes in external._get_supported_file_loaders()]
     return external.FileFinder.path_hook(*loaders)
+
+
+def start(hook):
+    """At start, with ``$GPU_CACHE_BYTECODE``: this process's bytecode goes to a folder of its
+    interpreter and image."""
+    install(os.environ[BYTECODE_VAR])
 
 
 def install(folder):

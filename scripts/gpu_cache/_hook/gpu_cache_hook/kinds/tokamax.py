@@ -1,3 +1,7 @@
+# gpu-cache hook piece
+# watches-always tokamax._src.ops.op
+# watches-with GPU_CACHE_AUTOTUNE tokamax
+# software tokamax
 """gpu-cache's startup hook for tokamax: the second-compile fix (issue 20), loaded when the
 process imports ``tokamax._src.ops.op``, and the autotuning results kept per GPU type (issue
 24), when the ``tokamax`` package has been imported.
@@ -41,8 +45,16 @@ import threading
 
 from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
 
-from gpu_cache_hook.common import owner_problem, replace_whole, safe_mode, team_gid, text
+from gpu_cache_hook.common import replace_whole, safe_mode, text
+from gpu_cache_hook.owners import owner_problem, team_gid
 
+KIND = "tokamax"
+#: The module after whose import the fix runs, and the package after whose import the results
+#: are entered.
+OP_MODULE = "tokamax._src.ops.op"
+PACKAGE = "tokamax"
+#: What switches the fix off.
+_OFF = ("0", "off", "false", "no")
 FUNCTION = "get_autotuning_cache_overlay_state"
 #: A copy of gpu_cache.core.kinds.autotune_format's names (a test fails when they drift).
 FORMAT = 1
@@ -54,10 +66,27 @@ FALLBACK_FLAG = "tokamax_autotuning_cache_miss_fallback"
 NAMED = 20
 
 
-def on_import(op_module, hook):
-    """Run right after ``tokamax._src.ops.op`` is imported, in the importing thread."""
-    part = hook.parts.setdefault("tokamax", {})
-    if not hook.tokamax_fix:
+def on_import(module, hook):
+    """Run right after ``tokamax._src.ops.op`` or the ``tokamax`` package is imported, in the
+    importing thread."""
+    if module.__name__ == PACKAGE:
+        on_package(module, hook)
+    elif module.__name__ == OP_MODULE:
+        fix(module, hook)
+
+
+def section(hook):
+    """The record's ``tokamax`` part: what the fix did, and the autotuning results."""
+    return hook.parts.get(KIND)
+
+
+def fix(op_module, hook):
+    """Make tokamax 0.0.12's JAX context now, before the first trace."""
+    fix_on = os.environ.get(TOKAMAX_FIX_VAR, "").strip().lower() not in _OFF
+    if not (fix_on or hook.folder):  # switched off, the record says so
+        return
+    part = hook.parts.setdefault(KIND, {})
+    if not fix_on:
         part["fix"] = f"off: {TOKAMAX_FIX_VAR} switches it off"
         return
     make = getattr(op_module, FUNCTION, None)
@@ -92,7 +121,7 @@ def on_package(tokamax, hook):
     versions = (str(getattr(tokamax, "__version__", "?")), str(getattr(jax, "__version__", "?")))
     tuning = {"versions": list(versions), "loaded": [], "refused": [], "entries": 0,
               "misses": 0, "missed": []}
-    hook.parts.setdefault("tokamax", {})["autotuning"] = tuning
+    hook.parts.setdefault(KIND, {})["autotuning"] = tuning
     logging.getLogger("absl").addFilter(_MissCounter(tuning))
     here = os.path.join(folder, version_folder(*versions))
     why = _distrust(folder, here)

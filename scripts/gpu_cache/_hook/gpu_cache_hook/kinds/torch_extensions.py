@@ -1,4 +1,6 @@
-# gpu-cache hook piece watching torch.utils.cpp_extension
+# gpu-cache hook piece
+# watches torch.utils.cpp_extension
+# node-local TORCH_EXTENSIONS_DIR
 """gpu-cache's startup hook, the piece of the ``torch_extensions`` kind: loaded when a process
 imports ``torch.utils.cpp_extension``, whose ``load()`` and ``load_inline()`` build C++/CUDA
 extensions with ninja into ``$TORCH_EXTENSIONS_DIR/<name>``.
@@ -44,9 +46,9 @@ import sys
 import threading
 import time
 
-from sitecustomize import NODE_LOCAL_PREFIX, TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
+from sitecustomize import TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
 
-from gpu_cache_hook import common
+from gpu_cache_hook import common, owners
 from gpu_cache_hook.common import keep, text
 
 KIND = "torch_extensions"
@@ -104,13 +106,11 @@ def part(hook):
 
 
 def on_import(module, hook):
-    """Right after ``torch.utils.cpp_extension`` is imported: judge a node-local folder, check
-    the functions the piece calls, then wrap ``_get_build_directory`` and ``_jit_compile``."""
+    """Right after ``torch.utils.cpp_extension`` is imported: check the functions the piece
+    calls, then wrap ``_get_build_directory`` and ``_jit_compile`` (a node-local folder was
+    judged at start: ``node-local``)."""
+    hook.observed(KIND)
     stats = part(hook)
-    folder = os.environ.get(TORCH_EXTENSIONS_DIR_VAR) or ""
-    if os.path.basename(os.path.dirname(folder.rstrip(os.sep))) == f"{NODE_LOCAL_PREFIX}{os.getuid()}":
-        # made on this node by whoever came first: judged here before torch reads it
-        hook.piece("trust").guard("", (), [TORCH_EXTENSIONS_DIR_VAR], hook, _stderr)
     why = _mismatch(module)
     if why is None and module.__dict__.get("IS_HIP_EXTENSION") is not False:
         why = "a ROCm torch (its builds are hipified first), or one that does not say"
@@ -151,10 +151,10 @@ def _hand_out(folder, name, hook):
     try:
         common.make_folders(folder)
         info = os.stat(folder)
-        team = common.team_gid(info)
+        team = owners.team_gid(info)
         if team is not None and team != os.getegid() and team not in os.getgroups():
             team = None  # a group this user is not in is no team of theirs
-        why = common.owner_problem(info, team) if stat.S_ISDIR(info.st_mode) else "not a folder"
+        why = owners.owner_problem(info, team) if stat.S_ISDIR(info.st_mode) else "not a folder"
         if why is None:
             temp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}build.", dir=folder)
             _HANDED[temp] = team
@@ -164,14 +164,9 @@ def _hand_out(folder, name, hook):
     why = text(f"{folder} is {why}", 500)
     part(hook)["refused"] = why
     hook.warn("torch extensions", PermissionError(errno.EPERM, f"{why}: built in a private folder"), off=True)
-    return hook.piece("trust")._private(os.path.join(KIND, name))
+    from gpu_cache_hook import trust
 
-
-def _stderr(line):
-    try:
-        sys.stderr.write(line)
-    except Exception:
-        pass
+    return trust.private_folder(os.path.join(KIND, name))
 
 
 def _mismatch(module):
@@ -330,7 +325,7 @@ class _Build:
             return None, text(f"unreadable ({exc})", 300)
         if not stat.S_ISDIR(info.st_mode):
             return None, "not a folder where the entry should be"
-        why = common.owner_problem(info, team)
+        why = owners.owner_problem(info, team)
         if why:
             return None, f"the entry's folder is not trusted ({why})"
         try:
@@ -341,7 +336,7 @@ class _Build:
             found, digest = _file_digest(os.path.join(self.entry, library))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return None, text(f"not whole ({exc.__class__.__name__}: {exc})", 300)
-        why = common.owner_problem(found, team)
+        why = owners.owner_problem(found, team)
         if why or found.st_size != manifest.get("size") or digest != manifest.get("sha256"):
             return None, f"its library is {why or 'not as built'}"
         changed = _changed_header(manifest.get("headers"))
@@ -579,6 +574,8 @@ def _remove(path):
 
 def section(hook):
     """The record's ``torch_extensions`` part at exit, with single-flight's."""
+    if KIND not in hook.libraries:
+        return None
     stats = dict(part(hook))
     stats["compile_seconds"] = round(stats["compile_seconds"], 3)
     stats["saved_seconds"] = round(stats["saved_seconds"], 3)

@@ -1,26 +1,29 @@
-"""gpu-cache's startup hook, the node-local tier (issue 23): loaded when the process imports jax,
-triton or torch._inductor and ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED`` are absolute folders.
+"""gpu-cache's startup hook, the node-local tier (issue 23): loaded when a tiered kind's piece
+asks for it (its library imported) and ``$GPU_CACHE_TIER`` and ``$GPU_CACHE_SHARED`` are
+absolute folders.
 
-The job's JAX, Triton and Inductor caches work in ``$GPU_CACHE_TIER/<kind>`` (the local tier,
-on the node's own disk); ``$GPU_CACHE_SHARED/<kind>`` (the cache root, often on a network
-filesystem) is the shared tier. This module moves whole entries between them:
+The caches of the tiered kinds (those whose piece declares a ``tier`` layout) work in
+``$GPU_CACHE_TIER/<kind>`` (the local tier, on the node's own disk); ``$GPU_CACHE_SHARED/<kind>``
+(the cache root, often on a network filesystem) is the shared tier. The kinds' pieces move
+whole entries between them through this module:
 
 - **fetch**: an entry missing locally that the shared tier has is copied into a temporary file
   in the local kind folder, then linked to its name (never over an entry that is there);
   temporary files of both tiers are thus always ``<kind folder>/.gpu-cache-tmp.*``. A file
   another user may have written (the trust rule, for each file) is never fetched, and nor is
-  one whose bytes are not those prune sealed it with (``tier.seals``: same-size damage),
+  one whose bytes are not those prune sealed it with (``seals``: same-size damage),
   which is set aside in the shared tier: the tool compiles it anew, and the record's ``tier``
   part counts it (``damaged``, ``untrusted``);
 - **promote**: an entry this process just wrote locally is copied into a temporary file
   ``.gpu-cache-tmp.<host>.<pid>.<random>`` in the shared kind folder, then ``os.link``-ed to
   its name, which never replaces an existing entry and is atomic; where the filesystem has no
-  hard links, ``os.rename`` only when the name is free. A Triton group's child files go first,
-  its ``__grp__`` file last (Triton counts a group only when the group file and every child
-  exist). A kill -9 at any point thus leaves at most a temporary file (prune removes old ones),
-  never a partial entry, and loses no complete one.
+  hard links, ``os.rename`` only when the name is free. An entry of several files is promoted
+  in the order its piece gives (the file that makes it whole last). A kill -9 at any point thus
+  leaves at most a temporary file (prune removes old ones), never a partial entry, and loses no
+  complete one.
+- **trees**: a tree a piece fetched whole (``fetch_tree``) is promoted again at exit;
 - **bound**: at exit, the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently
-  used whole entries first (``tier.bound``).
+  used whole entries first, as each tiered kind's piece declares its layout (``tier.bound``).
 - **set aside**: before the tier serves anything of a kind, once per process, its local copies
   of entries that validation set aside in the shared root are dropped
   (``tier.set_aside``).
@@ -40,18 +43,12 @@ import threading
 import time
 import zlib
 
-from sitecustomize import (
-    SHARED_VAR,
-    TEMP_PREFIX,
-    TIER_MAX_BYTES_VAR,
-    TIER_TEST_PAUSE_VAR,
-    TIER_VAR,
-    XLA_AUTOTUNE_CACHE,
-)
+from sitecustomize import SHARED_VAR, TEMP_PREFIX, TIER_MAX_BYTES_VAR, TIER_TEST_PAUSE_VAR, TIER_VAR
 
 from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook.common import owner_problem
-from gpu_cache_hook.tier import bound, files, seals, set_aside
+from gpu_cache_hook import seals
+from gpu_cache_hook.owners import owner_problem
+from gpu_cache_hook.tier import bound, files, set_aside
 
 
 def _counts():
@@ -60,19 +57,19 @@ def _counts():
 
 
 class Tier:
-    """The tier of this process: where the two tiers are, what it moved, what is off."""
+    """The tier of this process: where the two tiers are, what it moved, what is off.
+    ``layouts``: ``(kind, its layouts' words)`` of each tiered kind, for the bound."""
 
-    XLA_AUTOTUNE = XLA_AUTOTUNE_CACHE
-
-    def __init__(self, local, shared, max_bytes, warn):
+    def __init__(self, local, shared, max_bytes, warn, layouts=()):
         self.local = files.Side(local, create=True)
         self.shared = files.Side(shared, create=False)
         self.max_bytes = max_bytes
         self.warn = warn
+        self.layouts = tuple(layouts)
         self.stats = {}
         self.off = {}  # kind -> why the tier is off for it
         self.known = {}  # tree kind folder -> names known to be in the shared tier
-        self.seals = {}  # kind -> the shared kind folder's seals (tier.seals)
+        self.seals = {}  # kind -> the shared kind folder's seals (seals)
         self.mutex = threading.Lock()
         self.checked = set()  # kinds whose set-aside entries are gone from the local tier
         self.checking = threading.Lock()
@@ -277,7 +274,7 @@ class Tier:
     def promoting(self, kind):
         return kind not in self.off and f"{kind}:promote" not in self.off
 
-    # --- trees: XLA's autotune folder, Inductor --------------------------------------------
+    # --- trees: the files below a kind folder, copied as they are ----------------------------
 
     def fetch_tree(self, kind, sub=""):
         """Copy the files of the shared ``<kind>/<sub>`` tree missing locally (at most
@@ -357,15 +354,13 @@ class Tier:
         if not self.max_bytes or self.max_bytes <= 0:
             return None
         try:
-            return bound.trim(self.local.root, self.max_bytes, now)
+            return bound.trim(self.local.root, self.max_bytes, self.layouts, now)
         except Exception as exc:
             self.failed("trimming the local tier", exc)
             return None
 
-
     def at_exit(self):
-        """Promote what is left of the trees this process fetched (XLA's autotune files,
-        Inductor's), then the bound."""
+        """Promote what is left of the trees this process fetched, then the bound."""
         if os.getpid() != self.pid:  # a forked child: its parent does this
             return
         for kind, sub in list(self.known):
@@ -404,8 +399,14 @@ def configured(environ):
     return os.path.normpath(local), os.path.normpath(shared), max_bytes
 
 
-def get(warn=None):
-    """This process's tier (made on first use, its exit work registered then), or None."""
+def layouts(pieces):
+    """``(kind, its layouts' words)`` of each of the ``pieces`` that declares a tier layout."""
+    return [(piece.kind, piece.tier) for piece in pieces if piece.tier]
+
+
+def get(warn=None, pieces=()):
+    """This process's tier (made on first use, its exit work registered then), or None;
+    ``pieces``: the kinds' pieces, whose tier layouts its bound trims by."""
     global _TIER
     if _TIER is None:
         with _INIT:
@@ -415,6 +416,6 @@ def get(warn=None):
                     return None
                 import atexit
 
-                _TIER = Tier(*found, warn)
+                _TIER = Tier(*found, warn, layouts(pieces))
                 atexit.register(_TIER.at_exit)
     return _TIER

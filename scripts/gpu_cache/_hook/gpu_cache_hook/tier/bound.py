@@ -2,10 +2,9 @@
 exit, at most once per ``TRIM_EVERY`` seconds per node (the stamp file's mtime in the local
 tier) and only where nobody else trims now (a non-blocking ``flock``; someone else trims: this
 process skips), the local tier is cut to ``$GPU_CACHE_TIER_MAX_BYTES``, least recently used
-whole entries first: a JAX entry (its ``-cache`` and ``-atime`` files), a Triton key folder
-(its group files removed first: a reader sees a miss, never a group without its children), a
-file of XLA's autotune folder or of Inductor's tree. An entry used within ``IN_USE`` seconds
-is kept (a process may be reading it). Standard library only, Python 3.9+.
+whole entries first. Each tiered kind's piece declares how its whole entries are found, as one
+of the layouts of :data:`LAYOUTS` (``tier <layout> <word> ...``); an entry used within
+``IN_USE`` seconds is kept (a process may be reading it). Standard library only, Python 3.9+.
 """
 
 import errno
@@ -13,21 +12,23 @@ import os
 import stat
 import time
 
-from sitecustomize import TEMP_PREFIX, TRIM_LOCK, TRIM_STAMP, XLA_AUTOTUNE_CACHE
+from sitecustomize import TEMP_PREFIX, TRIM_LOCK, TRIM_STAMP
 
 TRIM_EVERY = 600.0
 #: Entries used within this many seconds are in use now: never trimmed.
 IN_USE = 60.0
 #: A temporary file of the local tier older than this was left by a killed process.
 STALE_TMP = 3600.0
-#: At most this many files of a tree kind (Inductor, XLA's autotune folder) are looked at once.
+#: At most this many files of a ``files`` layout are looked at once.
 MAX_TREE_FILES = 20000
 
 
-def trim(root, max_bytes, now=None):
-    """Cut the local tier ``root`` to ``max_bytes``. Returns the entries removed (None: not
+def trim(root, max_bytes, layouts, now=None):
+    """Cut the local tier ``root`` to ``max_bytes``, its entries found by ``layouts`` (``(kind,
+    words of its layouts)``, as the pieces declare them). Returns the entries removed (None: not
     this time). Every name is reached from the tier's own descriptor, one folder at a time and
-    never through a link, so nothing outside the tier is ever removed. Raises OSError."""
+    never through a link, so nothing outside the tier is ever removed. Raises OSError,
+    ValueError (a layout that is none of :data:`LAYOUTS`)."""
     import fcntl
 
     now = time.time() if now is None else now
@@ -46,7 +47,7 @@ def trim(root, max_bytes, now=None):
                 raise
             if _recent(root_fd, now):
                 return None  # it just did
-            return _cut(root_fd, max_bytes, now)
+            return _cut(root_fd, max_bytes, layouts, now)
         finally:
             os.close(fd)
     finally:
@@ -63,14 +64,17 @@ def _recent(root_fd, now):
     return 0 <= now - when < TRIM_EVERY
 
 
-def _cut(root_fd, max_bytes, now):
+def _cut(root_fd, max_bytes, layouts, now):
     try:
         os.close(os.open(TRIM_STAMP, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          0o600, dir_fd=root_fd))
     except FileExistsError:
         pass
     os.utime(TRIM_STAMP, (now, now), dir_fd=root_fd, follow_symlinks=False)
-    entries = _local_entries(root_fd, now)
+    entries = []
+    for kind, words in layouts:
+        for layout in words:
+            entries += _layout(kind, layout).entries(root_fd, now)
     total = sum(size for _used, size, _remove in entries)
     removed = 0
     for used, size, remove in sorted(entries, key=lambda entry: entry[0]):
@@ -112,49 +116,86 @@ def tree_files(root):
     return out
 
 
-
-def _local_entries(root_fd, now):
-    """``(last used, bytes, remove)`` for each whole entry of the local tier (``root_fd``): a
-    JAX entry (its ``-cache`` and ``-atime`` files), a Triton key folder, a file of XLA's
-    autotune folder or of Inductor's tree. Temporary files of the tier left by a killed process
-    are removed here. A time in the future (beyond IN_USE: a clock set wrong, or a date someone
-    planted) counts as the oldest, never as in use."""
-    entries = []
-    with _Folder(root_fd, ("jax",)) as jax:
-        for name, info in jax.files():
-            if name.startswith(TEMP_PREFIX):
-                if now - info.st_mtime > STALE_TMP:
-                    jax.unlink(name)
-            elif name.endswith("-cache"):
-                atime = name[:-len("-cache")] + "-atime"
-                extra = jax.lstat(atime)
-                used = _when(max(info.st_mtime, extra.st_mtime if extra else 0), now)
-                entries.append((used, info.st_size + (extra.st_size if extra else 0),
-                                _remover(root_fd, ("jax",), [name, atime])))
-    for parts in (("jax", XLA_AUTOTUNE_CACHE), ("inductor",)):
-        for folder, name, info in _tree(root_fd, parts):
-            entries.append((_when(info.st_mtime, now), info.st_size, _remover(root_fd, folder, [name])))
-    with _Folder(root_fd, ("triton",)) as triton:
-        for name, info in triton.items():
-            if name.startswith(TEMP_PREFIX):
-                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TMP:
-                    triton.unlink(name)
-            elif stat.S_ISDIR(info.st_mode):
-                entries.append(_key_entry(root_fd, name, info, now))
-    return entries
+def _layout(kind, words):
+    try:
+        return LAYOUTS[words[0]](kind, *words[1:])
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"the tier layout of {kind} is none of {', '.join(LAYOUTS)}: {words}") from None
 
 
-def _key_entry(root_fd, key, info, now):
-    """The entry of the Triton key folder ``key``: its newest time, its files' bytes, and how to
-    remove it (group files first: a reader then sees a miss, never a group without its
-    children)."""
-    used, size, files = info.st_mtime, 0, []
-    with _Folder(root_fd, ("triton", key)) as folder:
-        for name, child in folder.files():
-            used, size = max(used, child.st_mtime), size + child.st_size
-            files.append(name)
-    files.sort(key=lambda name: not name.startswith("__grp__"))
-    return _when(used, now), size, _remover(root_fd, ("triton", key), files, rmdir=True)
+class _Pairs:
+    """``pairs <suffix> <companion>``: an entry is a file ``<key><suffix>`` of the kind folder
+    with its ``<key><companion>`` beside it (JAX's ``-cache`` and ``-atime``). Temporary files
+    of the tier there left by a killed process are removed."""
+
+    def __init__(self, kind, suffix, companion):
+        self.kind, self.suffix, self.companion = kind, suffix, companion
+
+    def entries(self, root_fd, now):
+        found = []
+        with _Folder(root_fd, (self.kind,)) as folder:
+            for name, info in folder.files():
+                if name.startswith(TEMP_PREFIX):
+                    if now - info.st_mtime > STALE_TMP:
+                        folder.unlink(name)
+                elif name.endswith(self.suffix):
+                    other = name[:-len(self.suffix)] + self.companion
+                    extra = folder.lstat(other)
+                    used = _when(max(info.st_mtime, extra.st_mtime if extra else 0), now)
+                    found.append((used, info.st_size + (extra.st_size if extra else 0),
+                                  _remover(root_fd, (self.kind,), [name, other])))
+        return found
+
+
+class _Files:
+    """``files [<folder>]``: every regular file below the kind folder (or its ``<folder>``) is an
+    entry; no hidden, temporary or lock file, at most MAX_TREE_FILES (XLA's autotune results,
+    Inductor's tree, jax-triton's kernels)."""
+
+    def __init__(self, kind, *below):
+        self.parts = (kind, *below)
+
+    def entries(self, root_fd, now):
+        return [(_when(info.st_mtime, now), info.st_size, _remover(root_fd, folder, [name]))
+                for folder, name, info in _tree(root_fd, self.parts)]
+
+
+class _KeyFolders:
+    """``folders <prefix>``: every folder of the kind folder is an entry, its files whose names
+    start with ``<prefix>`` removed first (a Triton key folder: its group files first, so that a
+    reader sees a miss, never a group without its children). Temporary files of the tier there
+    left by a killed process are removed."""
+
+    def __init__(self, kind, first):
+        self.kind, self.first = kind, first
+
+    def entries(self, root_fd, now):
+        found = []
+        with _Folder(root_fd, (self.kind,)) as folder:
+            for name, info in folder.items():
+                if name.startswith(TEMP_PREFIX):
+                    if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TMP:
+                        folder.unlink(name)
+                elif stat.S_ISDIR(info.st_mode):
+                    found.append(self._entry(root_fd, name, info, now))
+        return found
+
+    def _entry(self, root_fd, key, info, now):
+        """The entry of the key folder ``key``: its newest time, its files' bytes, how to remove it."""
+        used, size, files = info.st_mtime, 0, []
+        with _Folder(root_fd, (self.kind, key)) as folder:
+            for name, child in folder.files():
+                used, size = max(used, child.st_mtime), size + child.st_size
+                files.append(name)
+        files.sort(key=lambda name: not name.startswith(self.first))
+        return _when(used, now), size, _remover(root_fd, (self.kind, key), files, rmdir=True)
+
+
+#: The layouts a tiered kind's piece may declare (``tier <layout> <word> ...``), each a class
+#: whose ``entries(root_fd, now)`` are the kind's whole entries in the local tier: ``(last used,
+#: bytes, remove)``. A time in the future (beyond IN_USE: a clock set wrong, or a date someone
+#: planted) counts as the oldest, never as in use.
+LAYOUTS = {"pairs": _Pairs, "files": _Files, "folders": _KeyFolders}
 
 
 def _when(used, now):

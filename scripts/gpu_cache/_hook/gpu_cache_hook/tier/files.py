@@ -13,6 +13,8 @@ import zlib
 
 from sitecustomize import TEMP_PREFIX
 
+from gpu_cache_hook.owners import owner_problem
+
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -32,17 +34,9 @@ def plain(name):
 
 
 def folder_problem(info, team_gid):
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a folder"
-    ours = info.st_uid in (os.geteuid(), 0)
-    team = team_gid is not None and info.st_gid == team_gid
-    if not ours and not team:
-        return f"owned by uid {info.st_uid}"
-    if info.st_mode & stat.S_IWOTH:
-        return "writable by everyone"
-    if info.st_mode & stat.S_IWGRP and not team:
-        return f"writable by group {info.st_gid}"
-    return None
+    """Why the folder ``info`` may hold what another user put there (``owners.owner_problem``),
+    or that it is no folder; None."""
+    return owner_problem(info, team_gid) if stat.S_ISDIR(info.st_mode) else "not a folder"
 
 
 class Side:
@@ -60,7 +54,7 @@ class Side:
                 self.team_gid = info.st_gid  # a team's root (shared_group mode)
         except OSError:
             pass
-        # the mode of the folders it makes (a Triton key, a tree's folders): as the tools
+        # the mode of the folders it makes (an entry's folder, a tree's folders): as the tools
         # make them under a usual umask, never writable by others (the rules would refuse it)
         self.dir_mode = 0o700 if create else 0o775 if self.team_gid is not None else 0o755
 
@@ -100,7 +94,7 @@ class Side:
         return fd
 
     def sub(self, kind, name, make):
-        """The descriptor of the folder ``<root>/<kind>/<name>`` (a Triton key), checked like a
+        """The descriptor of the folder ``<root>/<kind>/<name>`` (an entry's), checked like a
         kind folder; the caller closes it. Raises Refused or OSError (FileNotFoundError)."""
         parent = self.folder(kind)
         if make:
@@ -156,9 +150,9 @@ def write_all(fd, chunks):
 
 
 def read_all(fd, size, limit=1 << 20):
-    """The content of a small file (a Triton group file)."""
+    """The content of a small file (an entry's manifest), at most ``limit`` bytes."""
     if size > limit:
-        raise OSError(errno.EFBIG, "a Triton group file over 1 MiB")
+        raise OSError(errno.EFBIG, f"a manifest over {limit} bytes")
     chunks = []
     while True:
         chunk = os.read(fd, limit)
@@ -223,41 +217,3 @@ def open_below(side, kind, rel, make):
     except BaseException:
         os.close(fd)
         raise
-
-
-def group_children(folder_fd, group_name):
-    """The child file names a Triton group file lists (each must be a plain name), or None."""
-    import json
-
-    try:
-        fd = os.open(group_name, READ, dir_fd=folder_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        children = json.loads(read_all(fd, info.st_size)).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    finally:
-        os.close(fd)
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    names = [os.path.basename(p) for p in children.values()]
-    return names if all(plain(n) for n in names) else None
-
-
-def rewrite_group(data, folder):
-    """A Triton group file's content with each child path moved into ``folder`` (Triton lists
-    children by absolute path: a group copied elsewhere must name the copies)."""
-    import json
-
-    try:
-        children = json.loads(data).get("child_paths")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
-        return None
-    moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
-    return json.dumps({"child_paths": moved}).encode()

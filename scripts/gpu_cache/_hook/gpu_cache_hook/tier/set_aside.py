@@ -31,7 +31,7 @@ import stat
 
 from sitecustomize import SET_ASIDE_PREFIX, SET_ASIDE_SEEN, STATE_FOLDER, TEMP_PREFIX
 
-from gpu_cache_hook.common import owner_problem
+from gpu_cache_hook.owners import owner_problem
 from gpu_cache_hook.tier import files
 
 #: A list or mark larger than this is none gpu-cache wrote.

@@ -1,8 +1,14 @@
+# gpu-cache hook piece
+# watches torch._inductor torch._inductor.codecache torch._inductor.compile_fx
+# watches torch._functorch._aot_autograd.autograd_cache
+# node-local TORCHINDUCTOR_CACHE_DIR
+# tier files
+# software torch
 """gpu-cache's startup hook, the Inductor piece (issue 31): loaded when the process imports
-``torch._inductor.codecache``, and called again when it imports
-``torch._functorch._aot_autograd.autograd_cache`` and ``torch._inductor.compile_fx``; never
-in Inductor's compile workers (``sitecustomize`` leaves them out), never in a process that
-imports torch without compiling.
+``torch._inductor`` (with the node-local tier: Inductor's shared files copied in, issue 23),
+and called again when it imports ``torch._inductor.codecache``,
+``torch._functorch._aot_autograd.autograd_cache`` and ``torch._inductor.compile_fx``; does
+nothing in Inductor's compile workers, nor in a process that imports torch without compiling.
 
 - The record's ``inductor`` part: FX graph and AOTAutograd hits, misses and bypasses (torch's
   own counters, read at exit), the graphs that missed (``missed``: a name such as ``backward
@@ -27,6 +33,9 @@ import time
 from gpu_cache_hook import common
 from gpu_cache_hook.common import MAX_ITEMS, keep, text
 
+KIND = "inductor"
+#: The package whose import copies Inductor's shared files into the node-local tier (issue 23).
+PACKAGE = "torch._inductor"
 CODECACHE = "torch._inductor.codecache"
 AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 COMPILE_FX = "torch._inductor.compile_fx"
@@ -71,9 +80,9 @@ _MUTEX = threading.Lock()
 
 
 def part(hook):
-    """The record's ``inductor`` part of this process, made on first use (the tier's handler
+    """The record's ``inductor`` part of this process, made on first use (the tier's copy-in
     may have made an empty one already)."""
-    found = hook.parts.setdefault("inductor", {})
+    found = hook.parts.setdefault(KIND, {})
     if "missed" not in found:
         found.update({"state": "not installed: no compile", "compile_seconds": 0.0, "hook_seconds": 0.0,
                       "saved_seconds": 0.0, "hit_keys": [], "missed": [], "key_context": {},
@@ -104,9 +113,18 @@ def mismatch(module, names):
 
 
 def on_import(module, hook):
-    """Run right after one of the three modules is imported; once all three are (Dynamo's
-    backend imports the last one before its first compile), check them all, then wrap all of
-    them or none."""
+    """Run right after ``torch._inductor`` (the tier's copy-in) or one of the three modules is
+    imported; once all three are (Dynamo's backend imports the last one before its first
+    compile), check them all, then wrap all of them or none."""
+    if hook.compile_worker():
+        return
+    if module.__name__ == PACKAGE:
+        tier = common.tier(hook)
+        if tier is not None:
+            hook.parts.setdefault(KIND, {})
+            tier.fetch_tree(KIND)
+        return
+    hook.observed(KIND)
     stats = part(hook)
     with _MUTEX:
         _STATE.setdefault("modules", {})[module.__name__] = module
@@ -117,7 +135,7 @@ def on_import(module, hook):
     if why:
         stats["state"] = text(f"off: torch {_torch_version()} is not one the hook knows ({why})", 300)
         if hook.flight:
-            common.flight_off(hook, "inductor", stats["state"][len("off: "):])
+            common.flight_off(hook, KIND, stats["state"][len("off: "):])
         return
     flight = _flight(hook)
     stats["state"] = "on"
@@ -132,8 +150,9 @@ def _flight(hook):
         if _STATE["flight"] is None:
             tier = common.tier(hook)
             flight = common.flight(hook) if hook.flight else None
-            piece = hook.piece("kinds.inductor.flight")
-            _STATE["flight"] = piece.Flight(hook, flight, tier)
+            from gpu_cache_hook.kinds.inductor.flight import Flight
+
+            _STATE["flight"] = Flight(hook, flight, tier)
         return _STATE["flight"]
 
 
@@ -363,7 +382,9 @@ def _wrap_compile(module, hook, stats, flight):
 def section(hook):
     """The record's ``inductor`` part at exit: torch's counters added, ``hits`` and ``misses``
     of the FX graph cache (each graph a process compiled or loaded), single-flight and the
-    tier."""
+    tier; only the tier's where the tier copied files in but Inductor compiled nothing."""
+    if KIND not in hook.libraries:
+        return {"tier": common.tier_stats(hook, KIND)} if KIND in hook.parts else None
     began = time.perf_counter()
     stats = dict(part(hook))
     counts = {"fxgraph": {"hits": 0, "misses": 0, "bypassed": 0},
@@ -387,10 +408,10 @@ def section(hook):
     stats["device"], stats["device_count"] = _device()
     with _MUTEX:
         flight = _STATE["flight"]
-    stats["single_flight"] = common.flight_stats(hook, "inductor")
+    stats["single_flight"] = common.flight_stats(hook, KIND)
     if flight is not None:
         stats["single_flight"].update(flight.counts())
-    stats["tier"] = common.tier_stats(hook, "inductor")
+    stats["tier"] = common.tier_stats(hook, KIND)
     # What the record costs this process: its key parts and this section (not the JSON write).
     stats["hook_seconds"] = round(stats["hook_seconds"] + time.perf_counter() - began, 4)
     return stats
@@ -401,6 +422,15 @@ def _cache_dir():
         return text(sys.modules["torch._inductor.runtime.cache_dir_utils"].cache_dir())
     except Exception:
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or None
+
+
+def device(hook):
+    """What Inductor compiled for in this process (the GPU, where it used CUDA), or None."""
+    if KIND not in hook.libraries:
+        return None
+    name, count = _device()
+    return {"platform": "gpu" if name else "cpu", "kinds": [name or "cpu"],
+            "count": count or (0 if name else 1)}
 
 
 def _device():

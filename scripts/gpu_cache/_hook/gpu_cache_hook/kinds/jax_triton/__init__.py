@@ -1,3 +1,9 @@
+# gpu-cache hook piece
+# watches jax_triton.triton_lib
+# watches-with GPU_CACHE_JAX_TRITON jax_triton.triton_lib
+# node-local GPU_CACHE_JAX_TRITON
+# tier files
+# software jax-triton
 """gpu-cache's startup hook, the jax-triton piece (issue 34): loaded right after the process
 imports ``jax_triton.triton_lib``.
 
@@ -48,6 +54,7 @@ import threading
 import time
 
 from sitecustomize import JAX_TRITON_VAR as FOLDER_VAR
+from sitecustomize import TRITON_CACHE_DIR_VAR
 
 from gpu_cache_hook import common
 from gpu_cache_hook.common import MAX_ITEMS, keep, text
@@ -63,20 +70,23 @@ _PART_CHARS = 16
 
 def part(hook):
     """The record's ``jax_triton`` part of this process, made on first use."""
-    found = hook.parts.get(KIND)
-    if found is None:
-        found = hook.parts[KIND] = {
-            "version": None, "state": "off: not installed yet", "triton_cache_dir": None,
-            "triton_key": None, "hits": 0, "misses": 0, "not_cached": 0, "compile_seconds": 0.0,
-            "saved_seconds": 0.0, "lookup_seconds": 0.0, "hit_keys": [], "missed": [],
-            "not_cached_kernels": [], "refused": [], "key_parts": {},
-            "dropped": {"hit_keys": 0, "missed": 0, "not_cached_kernels": 0, "refused": 0,
-                        "key_parts": 0}}
-    return found
+    return common.part(hook, KIND, {
+        "version": None, "state": "off: not installed yet", "triton_cache_dir": None,
+        "triton_key": None, "hits": 0, "misses": 0, "not_cached": 0, "compile_seconds": 0.0,
+        "saved_seconds": 0.0, "lookup_seconds": 0.0, "hit_keys": [], "missed": [],
+        "not_cached_kernels": [], "refused": [], "key_parts": {},
+        "dropped": {"hit_keys": 0, "missed": 0, "not_cached_kernels": 0, "refused": 0, "key_parts": 0}})
+
+
+def section(hook):
+    """The record's ``jax_triton`` part at exit, with single-flight's and the tier's."""
+    return common.section(hook, KIND)
 
 
 def on_import(triton_lib, hook):
-    """Run right after ``jax_triton.triton_lib`` is imported."""
+    """Run right after ``jax_triton.triton_lib`` is imported (records or not, where
+    ``$GPU_CACHE_JAX_TRITON`` names its kernels' folder)."""
+    hook.observed(KIND)
     stats = part(hook)
     version = _version()
     stats["version"] = version
@@ -86,7 +96,8 @@ def on_import(triton_lib, hook):
         return
     mismatch, install = _mismatch, _install
     if version in KNOWN_FUNCTIONS:
-        functions = hook.piece("kinds.jax_triton.functions")
+        from gpu_cache_hook.kinds.jax_triton import functions
+
         mismatch, install = functions.mismatch, functions.install
     _restore_triton_cache_dir(hook, stats)
     folder = os.environ.get(FOLDER_VAR, "")
@@ -125,9 +136,9 @@ def _version():
 def _restore_triton_cache_dir(hook, stats):
     """jax-triton set ``TRITON_CACHE_DIR=""`` (0.2, 0.3) or removed it (0.4): put back the
     folder the process started with."""
-    started = getattr(hook, "triton_cache_dir", None)
-    if not os.environ.get("TRITON_CACHE_DIR") and started:
-        os.environ["TRITON_CACHE_DIR"] = started
+    started = hook.started.get(TRITON_CACHE_DIR_VAR)
+    if not os.environ.get(TRITON_CACHE_DIR_VAR) and started:
+        os.environ[TRITON_CACHE_DIR_VAR] = started
         stats["triton_cache_dir"] = text(f"restored {started}")
 
 
@@ -170,7 +181,9 @@ def result_mismatch(triton_lib):
 
 
 def _store(folder, hook):
-    return hook.piece("kinds.jax_triton.store").Store(folder, common.tier(hook))
+    from gpu_cache_hook.kinds.jax_triton.store import Store
+
+    return Store(folder, common.tier(hook))
 
 
 class KeptModule:
@@ -212,7 +225,9 @@ def _install(triton_lib, kernels):
             return original_get(backend_init_func, platform, *args, **kwargs)
         if "torch_import" not in kernels.stats:  # the first kernel of the process
             try:
-                kernels.stats["torch_import"] = kernels.hook.piece("kinds.triton.no_torch").prime()
+                from gpu_cache_hook.kinds.triton import no_torch
+
+                kernels.stats["torch_import"] = no_torch.prime()
             except Exception as exc:  # Triton imports torch as it would have
                 kernels.stats["torch_import"] = text(f"failed: {exc!r}", 300)
         call = local.call = Call(platform, kwargs.get("dump"))
@@ -294,7 +309,9 @@ class _Kernels:
         import dataclasses
 
         self.triton_lib, self.store, self.hook, self.stats = triton_lib, store, hook, stats
-        self.store_module = hook.piece("kinds.jax_triton.store")
+        from gpu_cache_hook.kinds.jax_triton import store
+
+        self.store_module = store
         self.fields = tuple(f.name for f in dataclasses.fields(triton_lib.CompilationResult))
         self.version = stats["version"]
         self.flight = common.flight(hook) if hook.flight else None

@@ -95,6 +95,8 @@ def _prime_torch(kernels):
     """Before the first kernel of the process: Triton imports torch as it would have."""
     if "torch_import" not in kernels.stats:
         try:
-            kernels.stats["torch_import"] = kernels.hook.piece("kinds.triton.no_torch").prime()
+            from gpu_cache_hook.kinds.triton import no_torch
+
+            kernels.stats["torch_import"] = no_torch.prime()
         except Exception as exc:
             kernels.stats["torch_import"] = text(f"failed: {exc!r}", 300)

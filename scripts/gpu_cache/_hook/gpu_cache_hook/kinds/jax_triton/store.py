@@ -36,7 +36,8 @@ from sitecustomize import TEMP_PREFIX
 
 from gpu_cache_hook import digest as frame
 from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook.common import owner_problem, safe_mode
+from gpu_cache_hook.common import safe_mode
+from gpu_cache_hook.owners import owner_problem
 from gpu_cache_hook.tier import files as tier_files
 
 KIND = "jax_triton"

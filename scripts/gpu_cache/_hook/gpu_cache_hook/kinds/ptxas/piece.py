@@ -40,6 +40,7 @@ from sitecustomize import (
 
 from gpu_cache_hook import common
 
+KIND = "ptxas"
 #: The package whose kernels run through jaxlib's ptxas: where it is not installed, no shim.
 JAX_TRITON = "jax_triton"
 #: A tally larger than this is not read (a line per ptxas call: about 300 bytes).
@@ -71,11 +72,21 @@ def _why_off(hook, shim, folder):
     return None
 
 
+#: This process's folder of jaxlib's kernel names and its tally file, once the shim is set up.
+_STATE = {"kernels": None, "tally": None}
+
+
+def kernels_folder():
+    """The folder of jaxlib's kernel names this process marks for the shim (None: no shim)."""
+    return _STATE["kernels"]
+
+
 def install(hook):
     """Put the shim first on this process's PATH, where it can serve; the record says why not."""
-    shim = hook.piece("kinds.ptxas.shim")
+    from gpu_cache_hook.kinds.ptxas import shim
+
     folder = os.environ.get(PTXAS_VAR, "")
-    part = hook.parts["ptxas"] = {"state": "off", "folder": common.text(folder), "real": None,
+    part = hook.parts[KIND] = {"state": "off", "folder": common.text(folder), "real": None,
                                   "found_in": None, **_counts()}
     why = _why_off(hook, shim, folder)
     path_value = os.environ.get("PATH", os.defpath)
@@ -91,7 +102,7 @@ def install(hook):
     if why:
         part["state"] = f"off: {why}"
         return
-    hook.ptxas_kernels = kernels
+    _STATE["kernels"] = kernels
     os.environ[PTXAS_KERNELS_VAR] = f"{os.getpid()}:{kernels}"
     _remove_at_exit(kernels, folder=True)
     os.register_at_fork(after_in_child=lambda: os.environ.__setitem__(
@@ -110,7 +121,7 @@ def install(hook):
             pass
         tally = os.path.join(hook.folder, f".ptxas-{os.uname().nodename[:60]}-{os.getpid()}-"
                                           f"{os.urandom(4).hex()}.tally")
-        os.environ[PTXAS_TALLY_VAR] = hook.ptxas_tally = tally
+        os.environ[PTXAS_TALLY_VAR] = _STATE["tally"] = tally
         _remove_at_exit(tally)
     part.update(state="on", real=common.text(real), found_in=where, jaxlib_kernels=0)
 
@@ -128,17 +139,18 @@ def _kernels_folder():
 def on_jax_triton(module, hook):
     """Run right after ``jax_triton`` is imported: each kernel jaxlib's Triton path is given
     from now on marks its name for the shim (jaxlib runs ptxas on it at its first launch)."""
+    kernels = _STATE["kernels"]
     lib = getattr(sys.modules.get("jax._src.lib"), "gpu_triton", None)
     original = getattr(lib, "TritonKernel", None)
-    if original is None or getattr(original, "__wrapped__", None) is not None:
-        return
-    part = hook.parts["ptxas"]
+    if kernels is None or original is None or getattr(original, "__wrapped__", None) is not None:
+        return  # (no shim in this process: XLA's ptxas runs are left alone)
+    part = hook.parts[KIND]
     names = set()
 
     def TritonKernel(*args, **kwargs):
         kernel = original(*args, **kwargs)
         name = args[0] if args else None
-        if isinstance(name, str) and name not in names and _mark(hook.ptxas_kernels, name):
+        if isinstance(name, str) and name not in names and _mark(kernels, name):
             names.add(name)
             part["jaxlib_kernels"] = len(names)
         return kernel
@@ -223,8 +235,10 @@ def _add(part, fields, separator):
 
 def part(hook):
     """The record's ``ptxas`` part: the install's state, and what the tally counted."""
-    out = dict(hook.parts.get("ptxas") or {})
-    tally = hook.ptxas_tally
+    from gpu_cache_hook.kinds.ptxas.shim import META_SEP
+
+    out = dict(hook.parts.get(KIND) or {})
+    tally = _STATE["tally"]
     if not tally:
         return out
     out.update(_counts())
@@ -237,7 +251,7 @@ def part(hook):
     except OSError:
         data = b""
     for line in data.decode("utf-8", "replace").splitlines():
-        _add(out, line.split("\t"), hook.piece("kinds.ptxas.shim").META_SEP)
+        _add(out, line.split("\t"), META_SEP)
     out["compile_seconds"] = round(out["compile_seconds"], 4)
     out["saved_seconds"] = round(out["saved_seconds"], 4)
     return out

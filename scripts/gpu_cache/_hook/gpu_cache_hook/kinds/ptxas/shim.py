@@ -54,8 +54,8 @@ from sitecustomize import PTXAS_TALLY_VAR as TALLY_VAR
 from sitecustomize import PTXAS_VAR as CACHE_VAR
 
 from gpu_cache_hook import digest as frame
-from gpu_cache_hook.common import owner_problem, team_gid
 from gpu_cache_hook.digest import sha256  # the bare module's, not hashlib's: a call's start is short
+from gpu_cache_hook.owners import owner_problem, team_gid
 from gpu_cache_hook.trust import distrust_above
 
 #: The line in the front script that marks a file as a copy of this shim (never run as real).

@@ -1,3 +1,9 @@
+# gpu-cache hook piece
+# watches triton
+# makes TRITON_CACHE_DIR
+# node-local TRITON_CACHE_DIR
+# tier folders __grp__
+# software triton
 """gpu-cache's startup hook, the Triton piece: loaded when the process imports ``triton``.
 
 Triton's compilation listener counts hits and misses (and marks each hit entry used), and
@@ -9,6 +15,9 @@ which the replay writes back as Triton's own ``*.autotune.json``); with
 (``kinds.triton.seed.FlightCacheManager``), and with the node-local tier the tier's
 (``kinds.triton.tier_manager.TierCacheManager``, single-flight included). Standard library only,
 Python 3.9+.
+
+Triton creates its cache folder at start and raises where it cannot: the hook makes it first,
+or points ``TRITON_CACHE_DIR`` at a folder the process can use (``makes``: ``trust.unmade``).
 """
 
 import hashlib
@@ -21,19 +30,35 @@ from sitecustomize import TRITON_MANAGER_VAR
 from gpu_cache_hook import common
 from gpu_cache_hook.common import keep, text, touch
 
+KIND = "triton"
+
+
+def part(hook):
+    """The record's ``triton`` part of this process, made on first use."""
+    return common.part(hook, KIND, {
+        "hits": 0, "misses": 0, "compile_seconds": 0.0, "hit_keys": [], "missed": [],
+        "kernels": [], "autotuned": [], "unrecorded": [],
+        "dropped": {"hit_keys": 0, "missed": 0, "kernels": 0, "autotuned": 0}})
+
+
+def section(hook):
+    """The record's ``triton`` part at exit, with single-flight's and the tier's."""
+    return common.section(hook, KIND)
+
 
 def on_import(triton_module, hook):
     """Run right after ``import triton``."""
-    stats = common.triton_part(hook)
+    hook.observed(KIND)
+    stats = part(hook)
     tier = common.tier(hook)
     if hook.flight or tier is not None:
         try:
             _flight_triton(triton_module, hook, tier)
         except Exception as exc:
             if hook.flight:
-                common.flight_off(hook, "triton", f"not installed: {exc!r}"[:300])
+                common.flight_off(hook, KIND, f"not installed: {exc!r}"[:300])
             if tier is not None:
-                tier.disable("triton", f"not installed: {exc!r}")
+                tier.disable(KIND, f"not installed: {exc!r}")
             hook.warn("triton cache manager", exc)
     if hook.folder:
         _triton_listener(triton_module, hook, stats)
@@ -283,9 +308,9 @@ def _flight_triton(triton_module, hook, tier):
 
     def off(why):
         if flight is not None:
-            flight.disable("triton", why)
+            flight.disable(KIND, why)
         if tier is not None:
-            tier.disable("triton", why)
+            tier.disable(KIND, why)
 
     cache_knobs = getattr(getattr(triton_module, "knobs", None), "cache", None)
     if cache_knobs is None or not any("manager_class" in vars(k) for k in type(cache_knobs).__mro__):
@@ -296,7 +321,7 @@ def _flight_triton(triton_module, hook, tier):
         if theirs.split(":", 1)[0] != _SEED_MODULE:
             off(text(f"{TRITON_MANAGER_VAR}={theirs} is your own", 300))
         elif tier is not None:  # gpu-cache's seed manager (a read-only root): single-flight in it
-            tier.disable("triton", text(f"{TRITON_MANAGER_VAR}={theirs}", 300))
+            tier.disable(KIND, text(f"{TRITON_MANAGER_VAR}={theirs}", 300))
         return
     if tier is None:
         from gpu_cache_hook.kinds.triton.seed import FlightCacheManager as manager

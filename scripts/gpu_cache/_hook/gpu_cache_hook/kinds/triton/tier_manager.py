@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 
 from gpu_cache_hook import tier as node_tier
@@ -119,7 +120,7 @@ def _fetch_key(tier, key, names=(), group_name=None, local_dir=None):
     try:
         src = tier.shared.sub(KIND, key, make=False)
         if group_name is not None:
-            names = files.group_children(src, group_name)
+            names = group_children(src, group_name)
             if names is None:
                 return False
         dst = tier.local.sub(KIND, key, make=True)
@@ -137,7 +138,7 @@ def _fetch_key(tier, key, names=(), group_name=None, local_dir=None):
             size += placed
         if group_name is not None:
             size += tier.place(src, group_name, tier.local.folder(KIND), dst, group_name,
-                               rewrite=lambda data: files.rewrite_group(data, local_dir),
+                               rewrite=lambda data: rewrite_group(data, local_dir),
                                fetched=(KIND, f"{key}/{group_name}"))
     except FileNotFoundError:
         return False
@@ -173,7 +174,7 @@ def promote_key_files(tier, key, names, group_name=None, shared_dir=None):
             size += placed
         if group_name is not None and files.plain(group_name):
             size += tier.place(src, group_name, shared, dst, group_name, pause=True,
-                               rewrite=lambda data: files.rewrite_group(data, shared_dir))
+                               rewrite=lambda data: rewrite_group(data, shared_dir))
     except Exception as exc:  # never into the job: the entry stays where it is
         tier.refused(KIND, exc)
         tier.counts(KIND)["promote_failed"] += 1
@@ -185,3 +186,36 @@ def promote_key_files(tier, key, names, group_name=None, shared_dir=None):
     tier.promoted(KIND, size, started)
     return True
 
+
+def group_children(folder_fd, group_name):
+    """The child file names a Triton group file lists (each must be a plain name), or None."""
+    try:
+        fd = os.open(group_name, files.READ, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        children = json.loads(files.read_all(fd, info.st_size)).get("child_paths")
+    except (ValueError, AttributeError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
+        return None
+    names = [os.path.basename(p) for p in children.values()]
+    return names if all(files.plain(n) for n in names) else None
+
+
+def rewrite_group(data, folder):
+    """A Triton group file's content with each child path moved into ``folder`` (Triton lists
+    children by absolute path: a group copied elsewhere must name the copies)."""
+    try:
+        children = json.loads(data).get("child_paths")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(children, dict) or not all(isinstance(p, str) for p in children.values()):
+        return None
+    moved = {c: os.path.join(folder, os.path.basename(p)) for c, p in children.items()}
+    return json.dumps({"child_paths": moved}).encode()

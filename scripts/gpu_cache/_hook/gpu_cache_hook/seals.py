@@ -4,8 +4,10 @@ run, ``doctor --fix``) sealed the file with, in the kind folder's verification r
 (``.gpu-cache-verified``, its digests in order since version 4), and refuses a file whose inode
 and size are as sealed but whose bytes are not (same-size damage).
 
-Copies of ``gpu_cache.core.verified``'s record format and of
-``gpu_cache.core.kinds.integrity.seal_key`` (tests/test_kinds.py keeps them one). A record that
+The record's name, magic and bound and the seal's key have their one home here: the host side
+(``gpu_cache.core.verified``, which writes the records, and ``gpu_cache.core.kinds.integrity``)
+imports them, so this imports nothing but the standard library and the hook's ``owners``
+(relatively: the host imports it as ``gpu_cache._hook.gpu_cache_hook.seals``). A record that
 is missing, of another version, too large, not a regular file or one another user may have
 written (it would only make the tier refuse good files) seals nothing, and nor does a
 digest this Python makes otherwise than prune's (it is ``hash`` of whole numbers: the same on
@@ -18,7 +20,7 @@ import stat
 import sys
 import zlib
 
-from gpu_cache_hook.common import owner_problem
+from .owners import owner_problem  # (relative: see above)
 
 NAME = ".gpu-cache-verified"
 MAGIC = b"gpu-cache verified v4\n"
