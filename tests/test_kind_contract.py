@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from gpu_cache.core import kinds
+from gpu_cache.core import kinds, names
 from gpu_cache.core.kinds import Kind, integrity
 from helpers import hook_piece, run_cli_here, unavailable
 
@@ -225,6 +225,24 @@ def test_an_entry_dated_ahead_of_the_clock_counts_as_the_oldest(kind, tmp_path):
     removed = prune(root, kind.name)[kind.name]["removed"]
     assert [r["key"] for r in removed] == [keys[0]], removed
     assert "ahead of the clock" in removed[0]["reason"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_write_probe_of_a_starting_job_is_no_entry(kind, tmp_path):
+    """``gpu-cache env`` writes, renames and removes a probe file in each kind folder as a job
+    starts (jobenv.fs). Caught there by a validation beside it, the probe was a new entry: a
+    false FAILED ("1 compilation(s) missed ... .gpu-cache-probe-..."), seen in CI; a prune then
+    removed it under the starting job. Neither sees one now. Guard: Kind.scan's _fresh_probe."""
+    root = tmp_path / "root"
+    keys = written(root, kind, count=1)
+    before = {e.key for e in kind.scan(kind.folder(root), grace_seconds=0.0)}
+    probes = [kind.folder(root) / f"{names.PROBE_PREFIX}{'ab' * 16}{suffix}" for suffix in ("", ".renamed")]
+    for probe in probes:
+        probe.write_bytes(b"probe")
+    assert {e.key for e in kind.scan(kind.folder(root), grace_seconds=0.0)} == before
+    cli("prune", "--json", "--kind", kind.name, "--cache-root", str(root))
+    assert all(probe.is_file() for probe in probes)
+    assert sorted(whole(root, kind)) == sorted(keys)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -13,6 +13,7 @@ import gc
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache.core import hook_records, owners, safe_io, verified
+from gpu_cache.core import hook_records, names, owners, safe_io, verified
 from gpu_cache.core.kinds import integrity
 from gpu_cache.core.reports import KindTotals
 
@@ -53,6 +54,24 @@ class Entry:
     source: object  # the kind's own record of the entry, for removal
     removable: bool = True
     path: str | None = None
+
+
+#: A write probe of ``gpu-cache env`` older than this was left by a killed process: an entry
+#: then (a broken one, which prune removes).
+PROBE_STALE = 3600.0
+
+
+def _fresh_probe(entry: Entry) -> bool:
+    """Whether ``entry`` is a write probe ``gpu-cache env`` may still be using
+    (:func:`gpu_cache.jobenv.fs`'s ``.gpu-cache-probe-*``, made, renamed and removed at once)."""
+    name = os.path.basename(entry.path) if entry.path else entry.key
+    if not name.startswith(names.PROBE_PREFIX):
+        return False
+    try:
+        written = os.lstat(entry.path).st_mtime if entry.path else entry.last_use
+    except OSError:
+        return True  # gone already: it was one
+    return time.time() - written < PROBE_STALE
 
 
 @dataclass
@@ -166,6 +185,9 @@ class Kind:
             found = self._entries(folder, grace_seconds, verify_after, record)
             if any(entry.key == verified.NAME for entry in found):  # gpu-cache's own, no entry
                 found = [entry for entry in found if entry.key != verified.NAME]
+            # gpu-cache env's write probe lives a moment in each kind folder while a job starts:
+            # a validation beside it counted one as a new entry (a false FAILED).
+            found = [entry for entry in found if not _fresh_probe(entry)]
             if found:
                 _judge(folder, found)
             if found and self.sealed and verify_after is not None and record is not None:
