@@ -223,7 +223,8 @@ def planned_skip(root: Path | None, plan: Plan) -> str | None:
             document = json.loads(state_files.read(marker, root, 16 << 20))
         except (OSError, ValueError):
             continue
-        if isinstance(document, dict) and document.get("plan") == key and still_valid(root, marker):
+        if isinstance(document, dict) and document.get("plan") == key \
+                and _all_present(root, document.get("keys")):
             return ("the last validation of the same workloads and shapes on this cache root passed, "
                     "and every entry it hit is still there; the check job confirms it on its node")
     return None
@@ -439,6 +440,11 @@ def still_valid(root: Path | None, marker: Path | None) -> bool:
         keys = json.loads(state_files.read(marker, root, 16 << 20))["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    return _all_present(root, keys)
+
+
+def _all_present(root: Path, keys: object) -> bool:
+    """Whether ``keys`` (a verdict's hit keys by kind) are all still in the cache root."""
     return isinstance(keys, dict) and bool(keys) and all(
         kind in kinds.KINDS and isinstance(found, list)
         and all(kinds.named(kind).present(kinds.named(kind).folder(root), str(k)) for k in found)
