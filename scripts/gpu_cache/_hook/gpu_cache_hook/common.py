@@ -126,6 +126,16 @@ def flight_off(hook, kind, why):
         pass
 
 
+def wrappers_off(hook, kind, tier, why):
+    """Single-flight and the ``tier`` (None: off) off for ``kind`` in this process, for ``why``:
+    its wrappers could not be installed, and the job runs as without them."""
+    why = str(why)[:300]
+    if hook.flight:
+        flight_off(hook, kind, why)
+    if tier is not None:
+        tier.disable(kind, why)
+
+
 def flight_stats(hook, kind):
     """What single-flight did for ``kind``, for the record."""
     if not hook.flight:

@@ -81,10 +81,7 @@ def on_import(jax_module, hook):
 
             cache.wrap(hook, tier)
         except Exception as exc:  # the job runs as without single-flight and the tier
-            if hook.flight:
-                common.flight_off(hook, KIND, f"not installed: {exc!r}"[:300])
-            if tier is not None:
-                tier.disable(KIND, f"not installed: {exc!r}")
+            common.wrappers_off(hook, KIND, tier, f"not installed: {exc!r}")
             hook.warn("jax cache wrappers", exc)
     if hook.folder:
         _jax_listeners(hook, stats)

@@ -54,11 +54,8 @@ def on_import(triton_module, hook):
     if hook.flight or tier is not None:
         try:
             _flight_triton(triton_module, hook, tier)
-        except Exception as exc:
-            if hook.flight:
-                common.flight_off(hook, KIND, f"not installed: {exc!r}"[:300])
-            if tier is not None:
-                tier.disable(KIND, f"not installed: {exc!r}")
+        except Exception as exc:  # the job runs as without single-flight and the tier
+            common.wrappers_off(hook, KIND, tier, f"not installed: {exc!r}")
             hook.warn("triton cache manager", exc)
     if hook.folder:
         _triton_listener(triton_module, hook, stats)
