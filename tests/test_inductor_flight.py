@@ -48,10 +48,11 @@ sys.exit(torch_compile.main(json.loads(sys.argv[4])))
 '''
 
 
-def start(tmp_path: Path, root: Path, fail: tuple[bool | str, ...], stagger: float = 0.0,
+def start(tmp_path: Path, root: Path, fail: tuple[bool | str, ...], lead_first: bool = False,
           **extra: str) -> list:
-    """One job per entry of ``fail``, started at one instant (the first ``stagger`` seconds
-    before the others); their completed processes."""
+    """One job per entry of ``fail``, started at one instant; with ``lead_first``, the others
+    once the first holds a key's lock (a fixed head start was not enough on CI's two loaded
+    cores: the second job took the key and the first never led). Their completed processes."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     sync = tmp_path / f"sync-{time.monotonic_ns()}"
@@ -71,7 +72,11 @@ def start(tmp_path: Path, root: Path, fail: tuple[bool | str, ...], stagger: flo
             break
         time.sleep(0.01)
     (sync / "go0").touch()
-    time.sleep(stagger)
+    locks = root / "locks" / "inductor"
+    while lead_first and procs[0].poll() is None and time.monotonic() < deadline:
+        if locks.is_dir() and any(locks.iterdir()):
+            break
+        time.sleep(0.01)
     for i in range(1, len(procs)):
         (sync / f"go{i}").touch()
     done = []
@@ -112,7 +117,7 @@ def test_three_processes_miss_the_fx_graph_cache_at_most_once_more_than_one_alon
 @pytest.mark.slow
 def test_a_leader_whose_compile_raises_frees_the_processes_waiting_for_it(tmp_path):
     root = tmp_path / "root"
-    runs = start(tmp_path, root, (True, False, False), stagger=0.5)
+    runs = start(tmp_path, root, (True, False, False), lead_first=True)
     assert runs[0].returncode != 0 and "this compile fails on purpose" in runs[0].stderr
     assert all(r.returncode == 0 for r in runs[1:]), [r.stderr[-3000:] for r in runs[1:]]
     by_pid = {r["pid"]: r for r in (json.loads(p.read_text()) for p in (root / "records").glob("*.json"))}
@@ -133,7 +138,7 @@ def test_a_leader_that_never_runs_its_backward_frees_its_waiters_after_the_bound
     (30 s) after its last compile, not for the 3-minute timeout."""
     root = tmp_path / "root"
     started = time.monotonic()
-    runs = start(tmp_path, root, ("forward-only", False), stagger=1.0, HOLD_SECONDS="70")
+    runs = start(tmp_path, root, ("forward-only", False), lead_first=True, HOLD_SECONDS="70")
     assert all(r.returncode == 0 for r in runs), [r.stderr[-3000:] for r in runs]
     found = [json.loads(p.read_text()) for p in (root / "records").glob("*.json")]
     by_pid = {r["pid"]: r["inductor"] for r in found}
