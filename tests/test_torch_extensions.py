@@ -14,6 +14,7 @@ import ast
 import hashlib
 import json
 import os
+import platform
 import pwd
 import shutil
 import signal
@@ -49,7 +50,8 @@ PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create
 #: One job: ``job.py ANSWER [SYNC] [INCLUDE]``: imports torch's extension loader, says it is
 #: ready and waits for the go file (with SYNC), loads the extension, prints what it answers.
 #: ``load_inline`` of ``$EXT_SOURCE`` (ANSWER replaced), or with ``$EXT_LOAD`` ``load`` of that
-#: file as it is; ``$EXT_LDFLAGS``: its extra link flags; with ``$EXT_AGAIN`` it loads it twice.
+#: file as it is; ``$EXT_CFLAGS`` and ``$EXT_LDFLAGS``: its extra compile and link flags; with
+#: ``$EXT_AGAIN`` it loads it twice.
 JOB = r'''
 import json, os, sys, time
 answer, sync, include = (sys.argv[1:] + ["", ""])[:3]
@@ -58,7 +60,8 @@ if sync:
     open(os.path.join(sync, f"ready{os.getpid()}"), "w").close()
     while not os.path.exists(os.path.join(sync, "go")):
         time.sleep(0.002)
-flags, ldflags = ["-DHEADER"] if include else [], os.environ.get("EXT_LDFLAGS", "").split()
+flags = (["-DHEADER"] if include else []) + os.environ.get("EXT_CFLAGS", "").split()
+ldflags = os.environ.get("EXT_LDFLAGS", "").split()
 for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
     if os.environ.get("EXT_LOAD"):
         module = cpp_extension.load("ext_answer", [os.environ["EXT_LOAD"]], extra_ldflags=ldflags)
@@ -84,6 +87,16 @@ case " $* " in *" -c "*) if [ -e "$ACT_MARK" ]; then
   rm -f "$ACT_MARK"; stat -c '%u %a' . > "$ACT_MARK.cwd"
   sh -c "${ACT_BEFORE:-:}"; g++ "$@"; rc=$?; sh -c "${ACT_AFTER:-:}"; exit $rc
 fi;; esac
+exec g++ "$@"
+'''
+#: g++ on a CPU of the kind ``$HOST_MARCH`` names: a ``-march=native`` build is one for that
+#: CPU (x86-64-v3 has AVX2; x86-64, an older CPU's, not).
+HOST_CXX = '''#!/bin/sh
+for a do
+  shift
+  [ "$a" = -march=native ] && a="-march=$HOST_MARCH"
+  set -- "$@" "$a"
+done
 exec g++ "$@"
 '''
 #: Longest a job may take here (torch's import and a build of SOURCE take a few seconds).
@@ -410,6 +423,33 @@ def test_a_job_built_against_another_library_version_builds_its_own(tmp_path, va
     sections = records(root, KIND.name)
     assert [(s["misses"], s["hits"]) for s in sections] == [(1, 0), (1, 0), (0, 1)]
     assert json.loads(sections[1]["missed"][0]["parts"]["paths"]) == {var: str(two)}
+
+
+@pytest.mark.slow
+def test_a_native_build_for_one_cpu_is_never_served_on_another(tmp_path):
+    """``-march=native`` on a CPU with AVX2 makes code an older CPU cannot run (SIGILL): a job
+    on a CPU without AVX2 builds its own entry (it answers 1, not the AVX2 build's 2), a job on
+    the first kind of CPU loads the first, and ``doctor --explain`` names the part. Guard: the
+    ``native`` key part (the macros the compiler defines with ``-march=native`` here)."""
+    from gpu_cache.commands import explain
+
+    if platform.machine() != "x86_64" or " avx2 " not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("runs x86-64-v3 code (AVX2)")
+    cxx = tmp_path / "host" / "g++"
+    cxx.parent.mkdir()
+    cxx.write_text(HOST_CXX)
+    cxx.chmod(0o755)
+    root = tmp_path / "root"
+    env = environ(tmp_path, root, CXX=str(cxx), EXT_CFLAGS="-O2 -march=native")
+    wide = "#ifdef __AVX2__\n#define WIDE 2\n#else\n#define WIDE 1\n#endif\n"
+    (tmp_path / "ext.cpp").write_text(wide + SOURCE)
+    files = [run(tmp_path, dict(env, HOST_MARCH=cpu), "WIDE") for cpu in ("x86-64-v3", "x86-64", "x86-64-v3")]
+    assert [f["answer"] for f in files] == [2, 1, 2]
+    assert files[0]["file"] == files[2]["file"] != files[1]["file"]
+    assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(1, 0), (1, 0), (0, 1)]
+    causes = [key for group in explain.account_cache(root)["by_rule"] if group["kind"] == KIND.name
+              for cause in group["causes"] for key in cause["keys"]]
+    assert [c["changed"] for c in causes] == [[], ["native"]], causes
 
 
 @pytest.fixture(scope="module")

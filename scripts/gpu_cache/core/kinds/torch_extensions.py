@@ -53,6 +53,7 @@ PART_HINTS = {
     "paths": "the compiler searches other folders (CPATH, CPLUS_INCLUDE_PATH, LIBRARY_PATH, ...: another "
              "version of a library it includes or links)",
     "python": "another Python ABI, or another machine, loaded it",
+    "native": "it is built for the CPU it runs on (-march=native), and this CPU is another kind",
     "cuda": "other CUDA targets (TORCH_CUDA_ARCH_LIST, the GPUs visible, CUDA_HOME, CC)",
 }
 

@@ -19,8 +19,9 @@ into gpu-cache's folder (the folder the job got as ``$TORCH_EXTENSIONS_DIR``) go
 - **keyed whole-folder entries**: ``<folder>/<name>-<key>``, the key a digest of what torch
   builds from and of what its own hash leaves out: the extension's name (with torch's
   in-process version suffix), the sources' contents, every flag and option, torch's build, the
-  compiler and its search paths (:data:`COMPILER_VARS`), Python's ABI and the machine and, for
-  CUDA, the CUDA root and target architectures. A build runs in the folder handed out and is
+  compiler and its search paths (:data:`COMPILER_VARS`), Python's ABI and the machine, what the
+  compiler makes of a ``-march=native`` on this CPU (:data:`NATIVE`) and, for CUDA, the CUDA
+  root and target architectures. A build runs in the folder handed out and is
   renamed into place whole with its manifest (:data:`MANIFEST`: the key parts, the library's
   size and SHA-256, and the size, mtime and SHA-256 of each header it included outside torch);
   a build that read a file changed since its key was taken is not kept. An entry is served
@@ -84,6 +85,9 @@ COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"
 #: flags and include paths).
 CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
              "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH")
+#: Flags that build for the CPU the compiler runs on (also in nvcc's ``-Xcompiler``): the key holds
+#: the macros they define here (AVX2, AVX-512...), or an older CPU would load code it cannot run.
+NATIVE = ("-march=native", "-mcpu=native", "-mtune=native")
 #: How far a file's time may lag ``time.time_ns()``: the kernel stamps files from its coarse
 #: clock, a tick behind.
 CLOCK_SLACK_NS = 50_000_000
@@ -91,7 +95,7 @@ CLOCK_SLACK_NS = 50_000_000
 VERSION_TIMEOUT = 60.0
 
 _MUTEX = threading.Lock()
-_COMPILERS = {}  # compiler command -> what names it in a key
+_ASKED = {}  # (compiler command, arguments) -> what it printed
 _HANDED = {}  # a build folder handed to torch -> the team of the kind folder it is in
 
 
@@ -211,24 +215,29 @@ def _file_digest(path):
         os.close(fd)
 
 
-def _compiler(module):
-    """What names the C++ compiler torch runs in a key: the command, the file it runs and its
-    version (asked once per process, within a deadline)."""
-    import shutil
+def _asked(command, *args):
+    """What compiler ``command`` prints for ``args``, asked once per process within a deadline."""
     import subprocess
 
-    command = module.get_cxx_compiler()
     with _MUTEX:
-        known = _COMPILERS.get(command)
+        known = _ASKED.get((command, args))
     if known is None:
-        path = shutil.which(command)
-        real = os.path.realpath(path) if path else command
-        done = subprocess.run([command, "-dumpfullversion", "-dumpversion"], capture_output=True,
-                              timeout=VERSION_TIMEOUT, check=False)
-        known = f"{command} = {real} {done.stdout.decode('utf-8', 'replace').strip()}"
+        known = subprocess.run([command, *args], capture_output=True, timeout=VERSION_TIMEOUT,
+                               check=False).stdout.decode("utf-8", "replace")
         with _MUTEX:
-            _COMPILERS[command] = known
+            _ASKED[(command, args)] = known
     return known
+
+
+def _compiler(module):
+    """What names the C++ compiler torch runs in a key: the command, the file it runs and its
+    version."""
+    import shutil
+
+    command = module.get_cxx_compiler()
+    path = shutil.which(command)
+    real = os.path.realpath(path) if path else command
+    return f"{command} = {real} {_asked(command, '-dumpfullversion', '-dumpversion').strip()}"
 
 
 def _torch():
@@ -307,10 +316,16 @@ class _Build:
                              *(f"{n}={os.environ.get(n, '')}" for n in CUDA_VARS)])
         paths = {n: os.environ[n] for n in COMPILER_VARS if n in os.environ}  # (unset is not empty)
         python = f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')} {os.uname().machine}"
-        return {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options),
-                "torch": _torch(), "compiler": _compiler(self.module),
-                "paths": json.dumps(paths, sort_keys=True),
-                "python": python, "cuda": cuda}
+        parts = {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options), "torch": _torch(),
+                 "compiler": _compiler(self.module), "paths": json.dumps(paths, sort_keys=True),
+                 "python": python, "cuda": cuda}
+        native = tuple(n for n in NATIVE if any(n in f for f in options[0] + options[1]))
+        if native:  # the macros they define here (a part only where asked: other keys stay)
+            macros = _asked(self.module.get_cxx_compiler(), *native, "-x", "c++", "-E", "-dM", os.devnull)
+            if not macros:
+                raise OSError(errno.EINVAL, f"the compiler says nothing of {' '.join(native)}")
+            parts["native"] = _digest("\n".join(sorted(macros.splitlines())).encode())[:KEY_LENGTH]
+        return parts
 
     # --- whole entries -----------------------------------------------------------------------
 
