@@ -850,6 +850,19 @@ def test_an_autotuning_result_with_an_odd_name_is_refused(archive: Path, tmp_pat
     assert not root.exists() and files_under(tmp_path) == ["hostile.tar"]
 
 
+def test_a_refusal_shows_a_hostile_archive_name_escaped_on_one_line(archive: Path, tmp_path: Path) -> None:
+    """An archive's own name (a download's) with ESC sequences and a newline: the refusal
+    drives no terminal and forges no line."""
+    if not os.access(OTHER_PYTHON, os.X_OK):
+        pytest.skip(f"{OTHER_PYTHON} is missing")
+    hostile = tmp_path / "carry\x1b]0;owned\x07\nforged: PASSED.tar.gz"
+    shutil.copyfile(archive, hostile)
+    result = unpack(hostile, tmp_path / "root", "--python", OTHER_PYTHON)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert "carry\\x1b]0;owned\\x07\\x0aforged: PASSED.tar.gz does not fit" in line, line
+
+
 def test_autotuning_results_of_other_versions_are_refused_unless_forced(archive: Path,
                                                                         tmp_path: Path) -> None:
     if software.identity()["tokamax"] != "0.0.12":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpu_cache.commands import common
 from gpu_cache.core import kinds
+from gpu_cache.core.shown import shown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
                               gpu_type=args.gpu_type, python=args.python, image=args.image,
                               force=args.force, dry_run=args.dry_run, team=settings.team)
     except carry.Refused as exc:  # a mismatch or an unsafe archive: one line, exit 1
-        print(f"gpu-cache: error: {exc}", file=sys.stderr)
+        print(shown(f"gpu-cache: error: {exc}"), file=sys.stderr)  # (the archive's name, its words)
         return 1
     sys.stdout.write(common.dumps(report.as_dict()) if args.json else carry.render_unpack(report))
     for line in report.failures():  # entries damaged in the archive: never a success
-        print(f"gpu-cache: error: {line}", file=sys.stderr)
+        print(shown(f"gpu-cache: error: {line}"), file=sys.stderr)
     return 1 if report.damaged else 0
