@@ -85,8 +85,8 @@ COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"
 #: flags and include paths).
 CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
              "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH")
-#: Flags that build for the CPU the compiler runs on (also in nvcc's ``-Xcompiler``): the key holds
-#: the macros they define here (AVX2, AVX-512...), or an older CPU would load code it cannot run.
+#: Flags that build for the CPU the compiler runs on (in any flag list: nvcc's -Xcompiler, -flto's
+#: link): the key holds the macros they define here (AVX2...), or an older CPU loads code it cannot run.
 NATIVE = ("-march=native", "-mcpu=native", "-mtune=native")
 #: How far a file's time may lag ``time.time_ns()``: the kernel stamps files from its coarse
 #: clock, a tick behind.
@@ -319,7 +319,7 @@ class _Build:
         parts = {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options), "torch": _torch(),
                  "compiler": _compiler(self.module), "paths": json.dumps(paths, sort_keys=True),
                  "python": python, "cuda": cuda}
-        native = tuple(n for n in NATIVE if any(n in f for f in options[0] + options[1]))
+        native = tuple(n for n in NATIVE if any(n in f for f in sum(options[:4], [])))
         if native:  # the macros they define here (a part only where asked: other keys stay)
             macros = _asked(self.module.get_cxx_compiler(), *native, "-x", "c++", "-E", "-dM", os.devnull)
             if not macros:
