@@ -319,7 +319,7 @@ class _Build:
         parts = {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options), "torch": _torch(),
                  "compiler": _compiler(self.module), "paths": json.dumps(paths, sort_keys=True),
                  "python": python, "cuda": cuda}
-        native = tuple(n for n in NATIVE if any(n in f for f in sum(options[:4], [])))
+        native = tuple(n for n in NATIVE if any(n in f for flags in options[:4] for f in flags))
         if native:  # the macros they define here (a part only where asked: other keys stay)
             macros = _asked(self.module.get_cxx_compiler(), *native, "-x", "c++", "-E", "-dM", os.devnull)
             if not macros:
