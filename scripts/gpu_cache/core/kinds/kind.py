@@ -183,11 +183,10 @@ class Kind:
         entries, or finds their damage (:mod:`gpu_cache.core.kinds.integrity`)."""
         with no_cyclic_gc():
             found = self._entries(folder, grace_seconds, verify_after, record)
-            if any(entry.key == verified.NAME for entry in found):  # gpu-cache's own, no entry
-                found = [entry for entry in found if entry.key != verified.NAME]
-            # gpu-cache env's write probe lives a moment in each kind folder while a job starts:
-            # a validation beside it counted one as a new entry (a false FAILED).
-            found = [entry for entry in found if not _fresh_probe(entry)]
+            # gpu-cache's own files, no entries: its record of what was verified, and the write
+            # probe of gpu-cache env while a job starts (a validation beside it counted one as a
+            # new entry: a false FAILED)
+            found = [entry for entry in found if entry.key != verified.NAME and not _fresh_probe(entry)]
             if found:
                 _judge(folder, found)
             if found and self.sealed and verify_after is not None and record is not None:
