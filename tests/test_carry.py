@@ -87,6 +87,14 @@ def unpack(archive: Path, root: Path, *args: str) -> Any:
     return run_cli("unpack", str(archive), "--cache-root", str(root), *args)
 
 
+def need_other_python() -> None:
+    """Skip without OTHER_PYTHON here; in CI, which provides it, fail."""
+    if not os.access(OTHER_PYTHON, os.X_OK):
+        if os.environ.get("CI"):
+            pytest.fail(f"{OTHER_PYTHON} is missing")
+        pytest.skip(f"{OTHER_PYTHON} is missing")
+
+
 def one_line(result: Any) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -227,10 +235,7 @@ def test_existing_newer_entry_is_kept_and_older_one_replaced(archive: Path, tmp_
 
 
 def test_other_python_is_refused_with_one_line_then_forced(archive: Path, tmp_path: Path) -> None:
-    if not os.access(OTHER_PYTHON, os.X_OK):
-        if os.environ.get("CI"):
-            pytest.fail(f"{OTHER_PYTHON} is missing")
-        pytest.skip(f"{OTHER_PYTHON} is missing")
+    need_other_python()
     root = tmp_path / "root"
     result = unpack(archive, root, "--python", OTHER_PYTHON)
     assert result.returncode == 1
@@ -853,8 +858,7 @@ def test_an_autotuning_result_with_an_odd_name_is_refused(archive: Path, tmp_pat
 def test_a_refusal_shows_a_hostile_archive_name_escaped_on_one_line(archive: Path, tmp_path: Path) -> None:
     """An archive's own name (a download's) with ESC sequences and a newline: the refusal
     drives no terminal and forges no line."""
-    if not os.access(OTHER_PYTHON, os.X_OK):
-        pytest.skip(f"{OTHER_PYTHON} is missing")
+    need_other_python()
     hostile = tmp_path / "carry\x1b]0;owned\x07\nforged: PASSED.tar.gz"
     shutil.copyfile(archive, hostile)
     result = unpack(hostile, tmp_path / "root", "--python", OTHER_PYTHON)
