@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -125,22 +127,66 @@ def test_a_reference_whose_entries_are_gone_proves_nothing_and_the_next_warm_kee
     next_warm_and_validation_pass(common, tmp_path)
 
 
+def job(config: Path, cache_root: Path, tmp_path: Path) -> list[float]:
+    """What a job of the pipeline computes: plus_one.py in the cache environment gpu-cache
+    exports (the startup hook in it), outside any warm or validation."""
+    import numpy as np
+
+    exports = json.loads(run_cli("env", "--json", "--config", str(config), "--cache-root",
+                                 str(cache_root)).stdout)["exports"]
+    out = tmp_path / f"job-{time.monotonic_ns()}.npy"
+    done = subprocess.run([sys.executable, str(tmp_path / "plus_one.py"), str(out)],
+                          env=clean_environ(**exports), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out).tolist()
+
+
 @pytest.mark.slow
-def test_a_root_filled_by_processes_that_were_not_a_warm_keeps_no_reference(cache_root, tmp_path):
-    """Entries compiled by a validation (as by jobs, or fetched from a registry) are not the
-    writer's: a warm that only hits them keeps no reference, and validation proves nothing."""
+def test_a_wrong_entry_in_the_root_before_any_warm_is_made_again_by_the_warm_and_proven(cache_root, tmp_path):
+    """A job compiled plus_one before any warm, and another function's executable took its
+    place (a bad promotion, a fetch): the jobs compute [100, 100, 100]. No warm compiled it and
+    no reference names it: validation passes "not proven", and a warm that only hit it proved
+    nothing, run after run. That verdict lets no warm be skipped; the warm sets every entry no
+    warm compiled aside and compiles it again, keeps that compile's outputs as the reference,
+    the jobs compute [2, 2, 2], and validation proves it."""
     config = plus_one_config(tmp_path)
     common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
-    assert run_cli("validate", *common, "--output", str(tmp_path / "v0.json")).returncode == 0  # it compiles
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]  # it compiles plus_one into the root
+    key = plant_jax(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    assert job(config, cache_root, tmp_path) == [100.0, 100.0, 100.0]
+    compiled = sorted(p.name[:-len("-cache")] for p in (cache_root / "jax").glob("*-cache"))
+    assert key in compiled and len(compiled) > 1  # (jnp.ones compiles programs of its own)
+
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v0.json")).returncode == 0
+    verdict = read_json(tmp_path / "v0.json")
+    assert verdict["passed"] is True and verdict["misses"] == 0, verdict["problems"]
+    (shape,) = verdict["outputs"]["shapes"]
+    assert shape["outcome"] == "not proven" and shape["why"].startswith("no warm pass kept"), shape
+
     assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
-    (run,) = read_json(tmp_path / "w.json")["runs"]
-    assert run["outputs"]["reference"]["kept"] is False
-    assert "which no warm pass compiled" in run["outputs"]["reference"]["why"], run["outputs"]
-    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    warm = read_json(tmp_path / "w.json")
+    assert not warm["skipped"], "a root that no warm proved skipped its warm"
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+    assert warm["remade"] == {"jax": compiled}, warm["remade"]  # every entry the jobs compiled
+    (run,) = warm["runs"]
+    reference = run["outputs"]["reference"]
+    assert reference["kept"] is True and reference["remade"] == {"jax": compiled}, reference
+    assert warm["recorded"]["jax"]["misses"] >= 1  # compiled again, by the warm
+
+    done = run_cli("validate", *common, "--warm", str(tmp_path / "w.json"),
+                   "--output", str(tmp_path / "v.json"))
     verdict = read_json(tmp_path / "v.json")
     assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
     (shape,) = verdict["outputs"]["shapes"]
-    assert shape["outcome"] == "not proven" and shape["why"].startswith("no warm pass kept"), shape
+    assert shape["outcome"] == "identical" and shape["entries"] == "same", shape
+    assert verdict["remade"] == {"jax": compiled}
+    summary = run_cli("summary", "--validate", str(tmp_path / "v.json")).stdout
+    n = len(compiled)
+    assert f"\n    re-made {n} entries no warm had compiled (jax {n}): set aside" in summary, summary
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert read_json(tmp_path / "w2.json")["skipped"], "a proven root is warmed again"
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gpu_cache.core import kinds
-from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, require_keys
+from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, keys_by_kind, require_keys
 
 
 @dataclass
@@ -62,6 +62,12 @@ class Verdict:
     #: memory, CPUs, time or GPUs, or it never started), with the key that fixes it: a failed
     #: verdict that fails the run (issue 49).
     not_warmed: str | None = None
+    #: The entries this run's warm passes set aside and compiled again, by kind: they were
+    #: served, and no warm had compiled their bytes (gpu_cache.core.remake).
+    remade: dict[str, list[str]] = field(default_factory=dict)
+    #: What the check job warmed first, where its warm job was planned to run none and the passed
+    #: verdict that planned it did not hold on its node: ``new_entries``, and ``why``.
+    warmed_again: dict[str, Any] | None = None
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
     STATUSES = ("passed", "failed", "error", "unscheduled")
@@ -104,7 +110,8 @@ class Verdict:
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
-            "outputs": self.outputs, "not_warmed": self.not_warmed,
+            "outputs": self.outputs, "not_warmed": self.not_warmed, "remade": self.remade,
+            "warmed_again": self.warmed_again,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -134,6 +141,8 @@ class Verdict:
             outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
             not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
+            remade=keys_by_kind(data.get("remade")),
+            warmed_again=data.get("warmed_again") if isinstance(data.get("warmed_again"), dict) else None,
         )
 
 

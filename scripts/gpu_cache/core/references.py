@@ -262,8 +262,15 @@ def cold_kept(folder: Path | None, runs: Iterable[RunResult]) -> bool:
 
 def _unproven(entries: Entries, known: Mapping[tuple[str, str], set[str]]) -> list[str]:
     """The entries of ``entries`` whose bytes no warm process compiled."""
-    return [f"{kind} {key}" for kind, keys in sorted(entries.items()) for key, value in sorted(keys.items())
-            if value not in known.get((kind, key), ())]
+    return [f"{kind} {key}" for kind, keys in sorted(_unproven_keys(entries, known).items()) for key in keys]
+
+
+def _unproven_keys(entries: Entries, known: Mapping[tuple[str, str], set[str]]) -> dict[str, list[str]]:
+    """The keys of ``entries`` whose bytes no warm process compiled, by kind: what the warm pass
+    re-makes (:mod:`gpu_cache.core.remake`)."""
+    found = {kind: sorted(key for key, value in keys.items() if value not in known.get((kind, key), ()))
+             for kind, keys in entries.items()}
+    return {kind: keys for kind, keys in sorted(found.items()) if keys}
 
 
 def _keep_writer(where: Pass, run: RunResult, used: tuple[dict, dict] | None, now: Entries,
@@ -280,7 +287,8 @@ def _keep_writer(where: Pass, run: RunResult, used: tuple[dict, dict] | None, no
     if unproven:
         more = f" and {len(unproven) - 3} more" if len(unproven) > 3 else ""
         return {"kept": False, "why": f"it was served {', '.join(unproven[:3])}{more}, which no warm pass "
-                                      "compiled: outputs of those prove nothing"}
+                                      "compiled: outputs of those prove nothing",
+                "remake": _unproven_keys(entries, known)}
     name = output_runs.slug(run.workload, run.shape)
     try:
         before = manifest(where.folder, name, where.root)
@@ -367,15 +375,18 @@ def _compare(where: Pass, run: RunResult, used: tuple[dict, dict] | None, now: E
     kept = str(run.outputs["kept"])
     first = _arrays(where.scratch / kept)
     out: dict[str, Any] = {"fresh_compile": _fresh(where, name, kept, first)}
-    if found is None or first is None:
-        return {**out, "entries": "none", "why": "no warm pass kept this shape's outputs from the very "
-                "compile the cache holds (the next warm that compiles its programs keeps them)"}
-    if used is None:
+    if used is None:  # (a warm's runs leave none either: no warm would keep a reference)
         return {**out, "entries": "none",
                 "why": "its processes left no record of the entries they were served"}
+    if first is None:
+        return {**out, "entries": "none", "why": "its outputs cannot be read back"}
+    if found is None:  # the next warm re-makes what no warm compiled, and keeps the reference
+        return {**out, "entries": "none", "next_warm_proves": True,
+                "why": "no warm pass kept this shape's outputs from the very compile the cache holds (the "
+                       "next warm compiles its entries again and keeps them)"}
     state, why, suspects = _entries_state(found["entries"], _pick(now, used[0]), known)
     if why is not None:
-        return {**out, "entries": state, "why": why}
+        return {**out, "entries": state, "why": why, "next_warm_proves": True}
     try:
         reference = outputs.load(str(where.folder / f"{name}{found['file']}"), where.root)[1]
     except state_files.Untrusted as exc:

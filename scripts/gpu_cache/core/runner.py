@@ -26,8 +26,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +40,7 @@ from gpu_cache.core import (
     names,
     output_runs,
     references,
+    remake,
     safe_io,
     software,
     state_files,
@@ -213,21 +215,47 @@ def planned_skip(root: Path | None, plan: Plan) -> str | None:
     node (it warms first where they differ). None: warm as usual."""
     if root is None or not plan.reuse:
         return None
-    key = plan_key(plan)
+    for document in _plan_markers(root, plan_key(plan)):
+        if _all_present(root, document.get("keys")):
+            return ("the last validation of the same workloads and shapes on this cache root passed, "
+                    "and every entry it hit is still there; the check job confirms it on its node")
+    return None
+
+
+def _plan_markers(root: Path, key: str) -> Iterator[dict[str, Any]]:
+    """The passed verdicts' markers of the plan ``key`` (:func:`plan_key`) in the root."""
     try:
         markers = sorted(state_files.folder(root).glob("passed-*.json"))
     except OSError:  # an unusable root (a name too long, another's 0700 folder): env reports it
-        return None
+        return
     for marker in markers:
         try:
             document = json.loads(state_files.read(marker, root, 16 << 20))
         except (OSError, ValueError):
             continue
-        if isinstance(document, dict) and document.get("plan") == key \
-                and _all_present(root, document.get("keys")):
-            return ("the last validation of the same workloads and shapes on this cache root passed, "
-                    "and every entry it hit is still there; the check job confirms it on its node")
-    return None
+        if isinstance(document, dict) and document.get("plan") == key:
+            yield document
+
+
+def why_warmed(root: Path | None, plan: Plan, identity: Mapping[str, Any],
+               seen: Mapping[str, Any]) -> str | None:
+    """Why a warm pass of ``plan`` runs although a validation of the same plan passed on this
+    root (its marker: :func:`gpu_cache.commands.validate.remember`): what differs from that
+    validation's inputs (the software, naming the package, or the device), or its entries gone.
+    None: no validation of the plan passed here."""
+    closest: list[str] | None = None
+    for document in _plan_markers(root, plan_key(plan)) if root is not None else ():
+        before, device_before = document.get("software"), document.get("device")
+        found = ["the software or device it ran with (not recorded)"]
+        if isinstance(before, dict) and isinstance(device_before, dict):
+            found = software.changes(before, identity) + [f"device {change}" for change in software.changes(
+                device.identity(device_before), device.identity(seen))]
+        closest = found if closest is None or len(found) < len(closest) else closest
+    if closest is None:
+        return None
+    if not closest:
+        return "entries the last passed validation of the same plan hit are gone (pruned or set aside)"
+    return f"the last passed validation of the same plan ran with other inputs: {'; '.join(closest)}"
 
 
 def state_file(root: Path | None, what: str, key: str) -> Path | None:
@@ -388,6 +416,10 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
                           "passed, and every entry it hit is still there: validation re-checks")
         output.write(f"# warm [{plan.gpu_type}]: no workload run: skipped: {result.skipped}\n")
         return result
+    if plan.phase == "warm" and plan.reuse:
+        result.why_warmed = why_warmed(root, plan, identity, seen)
+    if result.why_warmed:
+        output.write(f"# warm [{plan.gpu_type}]: warms again: {shown(result.why_warmed)}\n")
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
     started, wall = time.perf_counter(), time.time()
@@ -399,16 +431,19 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
             if plan.outputs and root is not None and kept is not None else None
         result.runs += _run_all(plan, python, child_env, output, proof and proof.scratch)
         result.seconds = time.perf_counter() - started
+        recording = plan.record and root is not None and names.RECORDS_VAR in child_env
+        found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id)) if recording else []
+        if proof is not None:
+            clock = time.perf_counter()
+            result.runs = references.settle(proof, result.runs, found)
+            result.proof_seconds = round(time.perf_counter() - clock, 3)
+            if plan.phase == "warm":  # what no warm compiled, compiled again
+                again = partial(_run_again, plan, python, output, proof.scratch)
+                found += remake.remade(result, plan.gpu_type, plan.commands, proof, child_env, output, again)
         after = kinds.snapshot(root, tier)
         result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
-        found = []
-        if plan.record and root is not None and names.RECORDS_VAR in child_env:
-            found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
+        if recording:
             result.recorded = kinds.record_totals(found)
-        if proof is not None:
-            started = time.perf_counter()
-            result.runs = references.settle(proof, result.runs, found)
-            result.proof_seconds = round(time.perf_counter() - started, 3)
     if plan.phase == "warm":
         # Let the last writes of the kinds that are on age past their grace period.
         time.sleep(max((kind.write_grace for kind in kinds.ALL
@@ -418,6 +453,12 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     if plan.phase == "cold" and not result.failures():
         save_state(state_file(root, "cold", key), result.as_dict())
     return result
+
+
+def _run_again(plan: Plan, python: str, output: TextIO, scratch: Path, commands: tuple[Command, ...],
+               environ: Mapping[str, str]) -> list[RunResult]:
+    """Some runs of ``plan`` again, in ``environ`` (the re-make's: :mod:`gpu_cache.core.remake`)."""
+    return _run_all(replace(plan, commands=commands), python, environ, output, scratch)
 
 
 def warm_steps(environ: Mapping[str, str]) -> tuple[Command, ...]:
