@@ -486,41 +486,59 @@ def test_numpy_files_are_read_by_their_numbers_and_other_files_by_their_bytes(tm
 KEY = "jit_f-" + "0" * 64
 
 
-def proof(tmp_path: Path, writer: dict, reader: dict, *, mode: str = "identical", tolerance: float = 0.01,
-          writer_again: dict | None = None, entry_now: bytes | None = None) -> dict:
-    """One shape's proof through the runner's own code: a warm run that compiled the entry
-    ``KEY`` (as its process's record says) wrote ``writer`` (and its second run ``writer_again``)
-    and kept it as the reference (``references.settle``); a validate run served that entry (its
-    bytes then ``entry_now``, where given) wrote ``reader``; the host judges it in ``mode``."""
+def settled(tmp_path: Path, phase: str, root: Path, folder: Path, arrays: dict, section: dict | None, *,
+            again: dict | None = None, tier: Path | None = None):
+    """One run of workload ``w`` shape 8 through the runner's own code: it wrote ``arrays`` (and
+    its second run ``again``), its process's record says ``section`` of the JAX cache (None: no
+    record), and the pass ``phase`` settles it (``references.settle``: the warm keeps its
+    reference in ``folder``, the validate pass compares with it). Its report."""
     import numpy as np
 
-    from gpu_cache.commands import outputs_proof
     from gpu_cache.core import output_runs, references
     from gpu_cache.core.reports import RunResult
 
+    scratch = tmp_path / f"{phase}-{time.monotonic_ns()}"
+    scratch.mkdir(parents=True)
+    np.savez(scratch / "out.npz", **arrays)
+    if again is not None:
+        np.savez(scratch / "out.again.npz", **again)
+    name = output_runs.slug("w", 8)
+    report = output_runs.Run({}, str(scratch / "out.npz"), None, scratch, name).report(True)
+    records = [] if section is None else [{"wildcards": output_runs.wildcards("w", 8), "jax": section}]
+    where = references.Pass(phase, "cpu", root, tier, folder, scratch)
+    (run,) = references.settle(where, [RunResult("w", 8, 1.0, 0, outputs=report)], records)
+    return run
+
+
+def a_root(tmp_path: Path, *entries: str) -> Path:
+    """A cache root holding the JAX entries ``entries`` (each its own bytes)."""
     root = tmp_path / "root"
     (root / "jax").mkdir(parents=True)
-    (root / "jax" / f"{KEY}-cache").write_bytes(b"the executable the writer compiled")
+    for key in entries:
+        (root / "jax" / f"{key}-cache").write_bytes(f"the executable the writer compiled for {key}".encode())
+    return root
+
+
+def proof(tmp_path: Path, writer: dict, reader: dict, *, mode: str = "identical", tolerance: float = 0.01,
+          writer_again: dict | None = None, reader_again: dict | None = None,
+          entry_now: bytes | None = None) -> dict:
+    """One shape's proof through the runner's own code: a warm run that compiled the entry
+    ``KEY`` (as its process's record says) wrote ``writer`` (and its second run ``writer_again``)
+    and kept it as the reference (``references.settle``); a validate run served that entry (its
+    bytes then ``entry_now``, where given) wrote ``reader`` (and ``reader_again``); the host
+    judges it in ``mode``."""
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
     folder = references.folder_of(root, "f" * 24, {})
-    name = output_runs.slug("w", 8)
-
-    def settled(phase: str, arrays: dict, again: dict | None, section: dict) -> RunResult:
-        scratch = tmp_path / phase
-        scratch.mkdir()
-        np.savez(tmp_path / f"{phase}.npz", **arrays)
-        if again is not None:
-            np.savez(tmp_path / f"{phase}.again.npz", **again)
-        report = output_runs.Run({}, str(tmp_path / f"{phase}.npz"), None, scratch, name).report(True)
-        record = {"wildcards": output_runs.wildcards("w", 8), "jax": section}
-        where = references.Pass(phase, "cpu", root, None, folder, scratch)
-        (run,) = references.settle(where, [RunResult("w", 8, 1.0, 0, outputs=report)], [record])
-        return run
-
-    warm = settled("warm", writer, writer_again, {"hit_keys": [], "missed": [{"key": KEY}]})
+    warm = settled(tmp_path, "warm", root, folder, writer, {"hit_keys": [], "missed": [{"key": KEY}]},
+                   again=writer_again)
     assert warm.outputs["reference"]["kept"] is True, warm.outputs
     if entry_now is not None:
         (root / "jax" / f"{KEY}-cache").write_bytes(entry_now)
-    run = settled("validate", reader, None, {"hit_keys": [KEY], "missed": []})
+    run = settled(tmp_path, "validate", root, folder, reader, {"hit_keys": [KEY], "missed": []},
+                  again=reader_again)
     return outputs_proof.outcome(run, mode, tolerance)
 
 
@@ -602,6 +620,162 @@ def test_an_entry_whose_bytes_no_warm_compiled_is_compared_and_alone_set_aside(t
                            "than the warm process that compiled its entries"), line
     assert f"jax {KEY}: set aside" in line, line
     assert "not what any warm process compiled" in line
+
+
+def test_each_array_is_allowed_its_own_noise_not_the_largest_of_any(tmp_path):
+    """A noisy array beside an exact one: the exact one may not differ by the other's noise."""
+    import numpy as np
+
+    x, y = np.linspace(0, 1, 8), np.linspace(1, 2, 8)
+    found = proof(tmp_path, {"noisy": x, "exact": y}, {"noisy": x, "exact": y + 1e-6},
+                  writer_again={"noisy": x + 1e-3, "exact": y})
+    assert found["outcome"] == "outputs differ" and found["noise"] == 0.001, found
+
+
+def test_the_larger_of_the_writers_and_the_readers_own_noise_is_allowed(tmp_path):
+    """The writer's two runs lie 5e-7 apart, the reader's 1e-7: a reader 3e-7 off is within the
+    writer's noise (both are the same executable's), whichever of the two spreads comes last."""
+    import numpy as np
+
+    from gpu_cache.core import outputs
+
+    assert outputs.noise_of({"y": 5e-7}, {"y": 1e-7}) == {"y": 5e-7}
+    assert outputs.noise_of({"y": 1e-7}, {"y": 5e-7}) == {"y": 5e-7}
+    y = np.linspace(0, 1, 8)
+    found = proof(tmp_path, {"y": y}, {"y": y + 3e-7}, writer_again={"y": y + 5e-7},
+                  reader_again={"y": y + 4e-7})
+    assert found["outcome"] == "within run-to-run noise" and found["noise"] == 5e-07, found
+
+
+def test_an_entry_a_later_warm_compiled_again_is_no_suspect_and_proves_nothing(tmp_path):
+    """A later warm of other inputs compiled KEY again (its reference names the new bytes):
+    served the new bytes, a validation of the first inputs compares nothing ("not proven": the
+    outputs of another compile are no evidence) and sets nothing aside."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
+    first, later = (references.folder_of(root, f * 24, {}) for f in "ab")
+    compiled, served = {"hit_keys": [], "missed": [{"key": KEY}]}, {"hit_keys": [KEY], "missed": []}
+    two, three = {"y": np.float32([2])}, {"y": np.float32([3])}
+    assert settled(tmp_path, "warm", root, first, two, compiled).outputs["reference"]["kept"]
+    (root / "jax" / f"{KEY}-cache").write_bytes(b"the same program compiled again, other bytes")
+    assert settled(tmp_path, "warm", root, later, three, compiled).outputs["reference"]["kept"]
+    run = settled(tmp_path, "validate", root, first, three, served)
+    found = outputs_proof.outcome(run, "identical")
+    assert found["outcome"] == "not proven" and found["entries"] == "gone", found
+    assert "were compiled again since" in found["why"] and "suspects" not in found, found
+
+
+def test_the_digest_is_of_the_node_local_tiers_copy_the_run_was_served(tmp_path):
+    """With the tier on, a process is served the tier's copy: where it holds another executable
+    than the root's (fetched before the root's was replaced, or torn on the node), that copy is
+    the suspect, set aside alone; the root's copy of the shape's other entry is the writer's."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    other = "jit_g-" + "1" * 64
+    root, tier = a_root(tmp_path, KEY, other), tmp_path / "tier"
+    shutil.copytree(root / "jax", tier / "jax")
+    folder = references.folder_of(root, "f" * 24, {})
+    compiled = {"hit_keys": [], "missed": [{"key": KEY}, {"key": other}]}
+    warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled, tier=tier)
+    assert warm.outputs["reference"]["kept"] is True, warm.outputs
+    (tier / "jax" / f"{KEY}-cache").write_bytes(b"another function's executable")
+    served = {"hit_keys": [KEY, other], "missed": []}
+    run = settled(tmp_path, "validate", root, folder, {"y": np.float32([100])}, served, tier=tier)
+    found = outputs_proof.outcome(run, "identical")
+    assert found["outcome"] == "outputs differ" and found["entries"] == "changed", found
+    assert found["suspects"] == {"jax": [KEY]}, found
+
+
+def test_a_record_that_dropped_keys_keeps_no_reference(tmp_path):
+    """A record over the hook's bound names too few entries: a reference kept from it would
+    vouch for entries it never named."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs, references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    for dropped in ("hit_keys", "missed"):
+        section = {"hit_keys": [], "missed": [{"key": KEY}], "dropped": {dropped: 3}}
+        warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, section)
+        assert warm.outputs["reference"]["kept"] is False, warm.outputs
+        assert "more entries than a record keeps" in warm.outputs["reference"]["why"]
+        assert not (folder / f"{output_runs.slug('w', 8)}.json").exists()
+
+
+def test_a_reference_kept_again_without_a_second_run_keeps_no_stale_one(tmp_path):
+    """The writer's second run (its noise) is its own: a later warm that ran once leaves none of
+    an earlier warm's beside its reference."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs, references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    again = folder / f"{output_runs.slug('w', 8)}.again.npz"
+    compiled = {"hit_keys": [], "missed": [{"key": KEY}]}
+    settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled, again={"y": np.float32([2.5])})
+    assert again.is_file()
+    (root / "jax" / f"{KEY}-cache").write_bytes(b"compiled again")
+    warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled)
+    assert warm.outputs["reference"]["kept"] is True and not again.exists(), warm.outputs
+
+
+def test_a_users_outputs_and_their_second_run_are_removed_before_each_run(tmp_path):
+    """A run that writes no second run this time is not credited with an earlier run's: its
+    noise would be the stale file's distance."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs
+
+    np.save(tmp_path / "out-8.npy", np.float32([1]))
+    np.save(tmp_path / "out-8.again.npy", np.float32([9]))
+    with output_runs.collected("w", 8, False, str(tmp_path / "out-{shape}.npy"), {}, "warm",
+                               tmp_path, "cpu") as run:
+        assert not (tmp_path / "out-8.npy").exists() and not (tmp_path / "out-8.again.npy").exists()
+        np.save(tmp_path / "out-8.npy", np.float32([1]))
+        report = run.report(True)
+    assert report["spread"] is None, report
+
+
+def test_references_are_kept_apart_by_what_changes_the_program_not_by_the_gpu_index_or_folder(tmp_path):
+    """A warm on GPU 0 and a validation on GPU 3 of one model share a reference (the fingerprint
+    holds the model and the count), as do two cache folders; XLA_FLAGS computes otherwise."""
+    from gpu_cache.core import references
+
+    def folder(**environ: str) -> Path | None:
+        return references.folder_of(tmp_path, "f" * 24, environ)
+
+    one = folder(CUDA_VISIBLE_DEVICES="0", JAX_COMPILATION_CACHE_DIR="/a")
+    assert one == folder(CUDA_VISIBLE_DEVICES="3", JAX_COMPILATION_CACHE_DIR="/b")
+    assert one != folder(CUDA_VISIBLE_DEVICES="0", XLA_FLAGS="--xla_cpu_enable_fast_math=true")
+
+
+def test_a_run_that_left_no_record_asks_no_warm_to_prove_it(tmp_path):
+    """Without the startup hook in a workload's processes no warm can keep a reference either:
+    such a "not proven" must not make every run warm again (it is not one the next warm settles),
+    while a shape with no reference whose processes did record asks for the warm."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    two = {"y": np.float32([2])}
+    unrecorded = outputs_proof.outcome(settled(tmp_path, "validate", root, folder, two, None), "identical")
+    assert unrecorded["outcome"] == "not proven" and "left no record" in unrecorded["why"], unrecorded
+    assert "next_warm_proves" not in unrecorded
+    recorded = outputs_proof.outcome(settled(tmp_path, "validate", root, folder, two,
+                                             {"hit_keys": [KEY], "missed": []}), "identical")
+    assert recorded["outcome"] == "not proven" and recorded["next_warm_proves"] is True, recorded
 
 
 def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_root):
