@@ -228,6 +228,35 @@ def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_s
     assert {s["outcome"] for s in verdict["outputs"]["shapes"]} == {"identical"}
 
 
+@pytest.mark.slow
+def test_a_node_local_tier_brings_no_proof_and_the_warm_makes_its_wrong_entry_again(tmp_path):
+    """A tier brought to a node (copied there, baked into an image) holds entries no reference
+    of the root names, here another function's executable under plus_one's key: the warm on
+    that node is served it, sets it aside in the tier too, compiles it again, and the jobs there
+    compute [2, 2, 2]."""
+    from gpu_cache.core.kinds import tier_name as digest
+
+    root = tmp_path / "root"
+    config = plus_one_config(tmp_path, local_tier={"mode": "on", "folder": str(tmp_path / "tier")})
+    local = tmp_path / "tier" / digest(root) / "jax"
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+    assert job(config, root, tmp_path) == [2.0, 2.0, 2.0]  # compiled into this node's tier
+    shutil.rmtree(root / "jax")  # the tier's entries are not the root's: it came from elsewhere
+    key = plant_jax(local, "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch", clean_environ())
+    assert job(config, root, tmp_path) == [100.0, 100.0, 100.0]
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    warm = read_json(tmp_path / "w.json")
+    assert key in warm["remade"]["jax"], warm["remade"]
+    assert warm["runs"][0]["outputs"]["reference"]["kept"] is True, warm["runs"][0]["outputs"]
+    assert job(config, root, tmp_path) == [2.0, 2.0, 2.0]
+    assert (root / "jax" / f"{key}-cache").read_bytes() == (local / f"{key}-cache").read_bytes()
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    verdict = read_json(tmp_path / "v.json")
+    assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical", verdict["outputs"]
+
+
 def aged(folder: Path, days: float) -> None:
     """Make ``folder`` and its files last used ``days`` ago."""
     when = time.time() - days * 86400

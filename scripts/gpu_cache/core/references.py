@@ -21,6 +21,10 @@ deterministic run to run, which two runs in one process show). So:
   set aside, compiled again by a later warm, which keeps a reference of its own), the proof
   says so ("not proven") and compares nothing: outputs of other executables are no evidence.
   The next warm that compiles them keeps a new reference.
+- **Carried entries bring their proof.** A pack marks each entry whose bytes a reference
+  names; unpack keeps those marks as a reference without outputs (:func:`keep_carried`), so a
+  warm there compiles none of them again. An entry hit that no warm compiled and no reference
+  names is re-made by the warm (:mod:`gpu_cache.core.remake`).
 - **The cold pass is a figure.** Where validation runs it (``validate.measure_cold``), its
   outputs (every cache off) are kept beside the reference (``<slug>.cold.npz``) and each
   validate run is compared with them: "the cached program matches a fresh compile within X",
@@ -52,6 +56,8 @@ from gpu_cache.core.reports import RunResult
 PREFIX = "outputs-"
 #: The cold pass's outputs beside a reference: ``<slug>.cold.npz``.
 COLD = ".cold"
+#: The environment part of the folder that keeps an unpacked archive's proof (:func:`keep_carried`).
+CARRIED = "carried"
 #: A manifest larger than this is none gpu-cache wrote.
 MANIFEST_LIMIT = 16 << 20
 VERSION = 1
@@ -168,6 +174,45 @@ def proven(root: Path) -> dict[tuple[str, str], set[str]]:
             for key, value in keys.items():
                 out.setdefault((kind, key), set()).add(value)
     return out
+
+
+def compiled_by_warm(known: Mapping[tuple[str, str], set[str]], kind: str, key: str,
+                     digest: str | None) -> bool:
+    """Whether ``digest``, of the entry ``key`` of ``kind``, is bytes a warm process compiled, as
+    the references ``known`` (:func:`proven`) name them: by the key, or its last part (as the
+    records name Inductor's graphs)."""
+    return digest is not None and any(digest in known.get((kind, name), ()) for name in _names(key))
+
+
+def _names(key: str) -> set[str]:
+    return {key, key.rsplit("/", 1)[-1]}
+
+
+def keep_carried(root: Path, source: str, name: str, entries: Entries) -> None:
+    """Keep what an unpacked archive says of the entries it wrote here (``entries``: their
+    digests here): a warm process compiled their bytes, as the packed root's references named
+    them. A reference without outputs, ``state/outputs-<source>-carried/carried.json``
+    (``source``: 24 hex digits that name the archive, whose ``name`` it keeps), to which a later
+    unpack of the same archive adds: a warm that hits them compiles none again and keeps its own
+    reference (docs/outputs.md); prune takes it as any reference, once unused longer than
+    ``max_age``.
+
+    Raises:
+        OSError: it cannot be kept (state_files.Untrusted: another account's state folder).
+    """
+    folder = state_files.make(root, f"{PREFIX}{source}-{CARRIED}")
+    try:
+        before = manifest(folder, CARRIED, root) or {}
+    except state_files.Untrusted:
+        before = {}
+    named = {kind: dict(keys) for kind, keys in before.get("entries", {}).items()}
+    for kind, keys in entries.items():
+        for key, value in keys.items():
+            named.setdefault(kind, {}).update(dict.fromkeys(_names(key), value))
+    document = {"version": VERSION, "workload": f"(carried) {name}", "shape": source, "gpu_type": "(carried)",
+                "file": "", "digest": "", "spreads": {}, "entries": _nonempty(named), "time": time.time(),
+                "host": socket.gethostname()}
+    safe_io.replace_file(folder / f"{CARRIED}.json", (json.dumps(document, sort_keys=True) + "\n").encode())
 
 
 def _arrays(path: Path, root: Path | None = None) -> dict[str, outputs.Array] | None:
