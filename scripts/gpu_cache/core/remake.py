@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import hook_records, kinds, names, references
+from gpu_cache.core import hook_records, kinds, names, references, state_files
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.core.set_aside import set_aside
 
@@ -36,7 +36,11 @@ def remade(result: PhaseResult, gpu_type: str, commands: Sequence[Any], proof: r
     if not wanted:
         return []
     entries = merged(wanted.values())
-    failed = set_aside_all(proof.root, entries)
+    try:  # where no reference can be kept, a compile again would prove nothing either
+        state_files.make(proof.root, proof.folder.name)
+        failed = set_aside_all(proof.root, entries)
+    except OSError as exc:  # (state_files.Untrusted: another account's state folder)
+        failed = [f"no reference can be kept in this cache root: {exc}"]
     if failed:  # they would be served again: nothing is run for nothing
         for number in wanted:
             result.runs[first + number] = told(result.runs[first + number], None, "; ".join(failed))
