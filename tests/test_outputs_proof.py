@@ -229,6 +229,51 @@ def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_s
 
 
 @pytest.mark.slow
+def test_an_entry_another_warm_wrote_while_it_still_runs_is_left_to_that_warm(cache_root, tmp_path):
+    """Two GPU types of one architecture share Triton's kernels, and their warm jobs run side by
+    side: what the other compiled, it keeps the reference of once its runs end. Set aside before
+    that, the entry would be missing from under that type's validation. So a warm leaves what
+    was written since another warm of the root started, and a later warm re-makes it if no
+    reference names it by then."""
+    from gpu_cache.core import state_files
+
+    config = plus_one_config(tmp_path)
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    cache_root.mkdir(parents=True, exist_ok=True)
+    mark = state_files.make(cache_root) / "warming-warm-other-123456789abc.json"
+    mark.write_text(json.dumps({"time": time.time(), "host": "elsewhere"}))  # it runs, since now
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+    key = plant_jax(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    entries = {p.name: p.read_bytes() for p in (cache_root / "jax").glob("*-cache")}
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w1.json")).returncode == 0
+    warm = read_json(tmp_path / "w1.json")
+    assert {p.name: p.read_bytes() for p in (cache_root / "jax").glob("*-cache")} == entries
+    assert warm["remade"] == {}, warm["remade"]
+    assert "another warm pass that still runs wrote them" in warm["runs"][0]["outputs"]["reference"]["why"]
+    assert not list((cache_root / "state").glob("warming-warm-cpu-*"))  # its own mark is gone
+
+    mark.unlink()  # the other warm ended (and kept no reference of these)
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert key in read_json(tmp_path / "w2.json")["remade"]["jax"]
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+
+
+def test_a_killed_warms_mark_defers_nothing_for_more_than_a_day(tmp_path):
+    """A warm job that was killed leaves its mark: after a day it counts no more, and goes."""
+    from gpu_cache.core import remake, state_files
+
+    state = state_files.make(tmp_path)
+    (state / "warming-warm-cpu-killed.json").write_text(json.dumps({"time": time.time() - 25 * 3600}))
+    started = time.time() - 600
+    (state / "warming-warm-cpu-running.json").write_text(json.dumps({"time": started}))
+    assert remake.others_since(tmp_path, "warm-cpu-mine") == started
+    assert not (state / "warming-warm-cpu-killed.json").exists()
+    assert remake.others_since(tmp_path, "warm-cpu-running") is None  # (its own mark)
+
+
+@pytest.mark.slow
 def test_a_node_local_tier_brings_no_proof_and_the_warm_makes_its_wrong_entry_again(tmp_path):
     """A tier brought to a node (copied there, baked into an image) holds entries no reference
     of the root names, here another function's executable under plus_one's key: the warm on

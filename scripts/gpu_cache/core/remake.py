@@ -6,20 +6,37 @@ after. So the pass sets those entries aside (:func:`gpu_cache.core.set_aside.set
 the root, and from every node's tier before it serves them again), runs those runs again, which
 compile them, and keeps the outputs of that compile as the reference.
 
+An entry another warm pass of this root compiled while it still runs is left for now: that
+pass keeps its reference when its runs end (two GPU types of one architecture share Triton's
+kernels), and setting it aside meanwhile would make that type's validation miss it. Each warm
+pass says it runs (``state/warming-<run id>.json``, removed when it ends); an entry written
+since the earliest other one started is re-made by a later warm, if no reference names it by
+then.
+
 Standard library only: the workload runner does it in the jobs' software.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_cache.core import hook_records, kinds, names, references, state_files
+from gpu_cache.core import hook_records, kinds, names, references, safe_io, state_files
+from gpu_cache.core.kinds.integrity import files_of
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.core.set_aside import set_aside
+
+#: A warm pass's mark that it runs: ``state/warming-<run id>.json`` (:func:`running`).
+WARMING = "warming-"
+#: How long a mark counts: a warm pass's job that was killed left it.
+RUNNING_SECONDS = 24 * 3600.0
 
 
 def remade(result: PhaseResult, gpu_type: str, commands: Sequence[Any], proof: references.Pass,
@@ -33,6 +50,9 @@ def remade(result: PhaseResult, gpu_type: str, commands: Sequence[Any], proof: r
     again (none where none ran)."""
     first = len(result.runs) - len(commands)  # (the warm steps' runs come first)
     wanted = asked(result.runs[first:])
+    if not wanted:
+        return []
+    wanted = _not_since(proof, wanted, others_since(proof.root, result.run_id), result.runs, first)
     if not wanted:
         return []
     entries = merged(wanted.values())
@@ -59,6 +79,92 @@ def remade(result: PhaseResult, gpu_type: str, commands: Sequence[Any], proof: r
         result.runs[first + number] = told(run, wanted[number])
     result.remade = entries
     return records
+
+
+@contextmanager
+def running(root: Path | None, run_id: str) -> Iterator[None]:
+    """Say, for as long as it runs, that the warm pass ``run_id`` runs on ``root``
+    (``state/warming-<run id>.json``, with when it started): another warm pass re-makes
+    nothing it may have compiled meanwhile. A root that cannot take it only loses that."""
+    path = None
+    if root is not None:
+        try:
+            path = state_files.make(root) / f"{WARMING}{run_id}.json"
+            mark = {"time": time.time(), "host": socket.gethostname()}
+            safe_io.replace_file(path, json.dumps(mark).encode())
+        except OSError:
+            path = None
+    try:
+        yield
+    finally:
+        if path is not None:
+            with suppress(OSError):
+                os.unlink(path)
+
+
+def others_since(root: Path, run_id: str) -> float | None:
+    """When the earliest other warm pass that still runs on ``root`` started (None: none).
+    A mark another account may have written is passed over, and so is one older than
+    :data:`RUNNING_SECONDS` (its job was killed), which is removed."""
+    earliest = None
+    for name, path, _info in safe_io.listing(state_files.folder(root)):
+        if not name.startswith(WARMING) or name == f"{WARMING}{run_id}.json":
+            continue
+        try:
+            started = json.loads(state_files.read(Path(path), root, 4096))["time"]
+            started = float(started)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if time.time() - started > RUNNING_SECONDS:
+            with suppress(OSError):
+                os.unlink(path)
+        else:
+            earliest = started if earliest is None else min(earliest, started)
+    return earliest
+
+
+def _not_since(proof: references.Pass, wanted: dict[int, dict[str, list[str]]], since: float | None,
+               runs: list[RunResult], first: int) -> dict[int, dict[str, list[str]]]:
+    """``wanted`` without the entries written since ``since`` (another warm pass may have
+    compiled them: its reference will name them); each run left with none is told why."""
+    if since is None:
+        return wanted
+    recent = {kind: _written_since(kinds.KINDS.get(kind), proof, keys, since)
+              for kind, keys in merged(wanted.values()).items()}
+    out = {}
+    for number, keys in wanted.items():
+        left = {kind: [k for k in found if k not in recent.get(kind, set())] for kind, found in keys.items()}
+        left = {kind: found for kind, found in left.items() if found}
+        if left:
+            out[number] = left
+        else:
+            runs[first + number] = told(runs[first + number], None, "another warm pass that still runs "
+                                        "wrote them: its reference names them once its runs end")
+    return out
+
+
+def _written_since(kind: kinds.Kind | None, proof: references.Pass, keys: list[str],
+                   since: float) -> set[str]:
+    """Which of ``keys`` (of ``kind``) were written since ``since``: a file of the root's copy
+    changed then (of this node's tier's where the root has none: a tier's copy is as new as its
+    fetch), files the tool rewrites on each use left out."""
+    if kind is None:
+        return set()
+    wanted, seen, out = set(keys), set(), set()
+    for top in (proof.root, proof.tier) if proof.tier is not None and kind.tiered else (proof.root,):
+        try:
+            entries = kind.scan(kind.folder(top), grace_seconds=0.0)
+        except (OSError, ValueError):
+            continue
+        for entry in entries:
+            key = entry.key if entry.key in wanted else entry.key.rsplit("/", 1)[-1]
+            if key not in wanted or key in seen:
+                continue
+            seen.add(key)
+            if any(info.st_ctime >= since for each in kind.files(entry) for path, info in files_of(each)
+                   if not kind.carry_volatile(os.path.basename(path))):
+                out.add(key)
+    return out
 
 
 def asked(runs: Iterable[RunResult]) -> dict[int, dict[str, list[str]]]:

@@ -426,7 +426,8 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     steps = warm_steps(child_env) if plan.phase == "warm" else ()
     if steps:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
-    with tempfile.TemporaryDirectory(prefix="gpu-cache-outputs-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="gpu-cache-outputs-") as scratch, \
+            remake.running(root if plan.phase == "warm" and plan.outputs else None, run_id):
         proof = references.Pass(plan.phase, plan.gpu_type, root, tier, kept, Path(scratch)) \
             if plan.outputs and root is not None and kept is not None else None
         result.runs += _run_all(plan, python, child_env, output, proof and proof.scratch)
