@@ -1,0 +1,185 @@
+"""gpu-cache as its users install it (docs/module.md, README): one version; an sdist and a wheel
+that carry the workflow; the main job from the wheel alone in an empty folder; a module by tag,
+served from git objects, that imports the installed package, and says in one line what to
+install when that package is missing or of another version.
+
+The wheel is built from this checkout and installed into fresh venvs (harness/release.py); the
+module by tag is a git repository of this checkout's files with the tag, as Snakemake's
+``gitfile(...)`` serves it (the same mechanism as ``github(...)``, offline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_cache import __version__
+from helpers import REPO, SMALL, clean_environ, read_json, run_cli, run_snakemake
+from release import TAG, VERSION, build, fresh_venv, install, released_repo
+
+pytestmark = pytest.mark.slow  # builds, venvs and Snakemake runs
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path]:
+    """The sdist and the wheel of this checkout, built once for this module."""
+    return build(tmp_path_factory.mktemp("dist"))
+
+
+def test_one_version_is_the_packages_the_clis_and_the_changelogs(tmp_path):
+    assert __version__ == VERSION
+    assert run_cli("--version").stdout.strip() == f"gpu-cache {VERSION}"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert re.search(r"^## (\S+)", changelog, re.MULTILINE).group(1) == VERSION  # the latest entry
+    assert f'tag="{TAG}"' in (REPO / "README.md").read_text()  # the tag the README deploys
+
+
+def test_the_wheel_carries_the_workflow_the_profiles_and_the_hook_and_twine_passes_both(built):
+    sdist, wheel = built
+    assert wheel.name == f"gpu_cache-{VERSION}-py3-none-any.whl"
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    with zipfile.ZipFile(wheel) as archive:
+        members = {info.filename: info for info in archive.infolist()}
+    package = "gpu-cache/gpu_cache/"
+    # The package in a folder of its own, found through the .pth; nothing else at the top.
+    assert {name.split("/")[0] for name in members} == {"gpu-cache", "gpu-cache.pth",
+                                                        f"gpu_cache-{VERSION}.dist-info"}
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("gpu-cache.pth").decode().strip() == "gpu-cache"
+    # Every file of the workflow, the profiles and the hook, and the embedded default config.
+    wanted = {f"{package}{top}/{p.relative_to(REPO / top)}" for top in ("workflow", "profiles")
+              for p in (REPO / top).rglob("*") if p.is_file()}
+    hook = REPO / "scripts" / "gpu_cache" / "_hook"
+    wanted |= {f"{package}_hook/{p.relative_to(hook)}" for p in hook.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    wanted.add(f"{package}config/config.yaml")
+    assert sorted(wanted - set(members)) == []
+    assert members[f"{package}workflow/VERSION"].file_size == len(f"{VERSION}\n")
+    shim = members[f"{package}_hook/gpu_cache_hook/kinds/ptxas/bin/ptxas"]
+    assert shim.external_attr >> 16 & 0o111 == 0o111  # executable, as pip installs it
+
+
+def test_the_main_job_runs_from_the_wheel_alone_in_an_empty_folder(built, tmp_path):
+    """The README's commands for a release, in a fresh venv that holds the wheel and no checkout:
+    install-profile, deploy, snakemake --profile gpu-cache: PASSED, with the version recorded."""
+    python = fresh_venv(tmp_path / "venv")
+    install(python, built[1])
+    bin_dir = python.parent
+    env = {k: v for k, v in clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache")).items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config-home")  # install-profile's default place
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def run(*command: str, cwd: Path = empty) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+    assert run("gpu-cache", "--version").stdout.strip() == f"gpu-cache {VERSION}"
+    site = Path(run(str(python), "-c", "import gpu_cache; print(gpu_cache.__file__)").stdout.strip())
+    assert site.parts[-4:] == ("site-packages", "gpu-cache", "gpu_cache", "__init__.py"), site
+    assert run("gpu-cache", "install-profile").returncode == 0
+    deployed = run("gpu-cache", "deploy", "gpu-cache-run")
+    assert deployed.returncode == 0, deployed.stderr
+    work = empty / "gpu-cache-run"
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) == [
+        "config/config.yaml", "workflow/Snakefile"]
+    assert str(site.parent) not in (work / "workflow" / "Snakefile").read_text()  # no path to outlive
+    # The tests' small workload (the embedded default, smaller), as a user edits config.yaml.
+    config = yaml.safe_load((work / "config" / "config.yaml").read_text()) | SMALL
+    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    result = run(str(python), "-m", "snakemake", "--profile", "gpu-cache", "--cores", "2", cwd=work)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"gpu-cache {VERSION} summary" in result.stderr and "cpu on cpu: PASSED" in result.stderr
+    verdict = read_json(work / "results" / "gpu-cache" / "validate" / "cpu.json")
+    assert verdict["passed"] and verdict["gpu_cache_version"] == VERSION
+    # The jobs' path and their images' binds hold the package's own folder, never site-packages.
+    exports = json.loads(run("gpu-cache", "env", "--json").stdout)["exports"]
+    assert exports["PYTHONPATH"].split(os.pathsep)[0] == str(site.parent / "_hook")
+    binds = exports["APPTAINER_BIND"].split(",")
+    assert str(site.parent.parent) in binds and str(site.parent.parent.parent) not in binds
+
+
+def host_snakefile(snakefile: str) -> str:
+    """A host whose only content is gpu-cache as a module (its own config), ``snakefile`` its
+    snakefile: declaration."""
+    return ("configfile: \"config/config.yaml\"\n\n\n"
+            f"module gpu_cache:\n    snakefile:\n        {snakefile}\n    config:\n        config\n\n\n"
+            "use rule * from gpu_cache as gpu_cache_*\n")
+
+
+def by_tag(tmp_path: Path) -> tuple[Path, str]:
+    """A host folder with gpu-cache as a module by tag (a git repository of this checkout)."""
+    repo = released_repo(tmp_path)
+    host = tmp_path / "host"
+    (host / "config").mkdir(parents=True)
+    (host / "config" / "config.yaml").write_text(yaml.safe_dump(SMALL))
+    declaration = f'gitfile("{repo}", path="workflow/Snakefile", tag="{TAG}")'
+    (host / "Snakefile").write_text(host_snakefile(declaration))
+    return host, str(repo)
+
+
+def test_a_module_by_tag_runs_from_git_with_the_installed_package(tmp_path):
+    """No file of the workflow lies on disk (a clone without a working tree): the module finds
+    its code in the package Snakemake's Python imports, and its jobs run it."""
+    host, repo = by_tag(tmp_path)
+    assert [p.name for p in Path(repo).iterdir()] == [".git"]
+    env = clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache"))
+    result = run_snakemake(host, "--cores", "2", "gpu_cache_warm", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    verdict = read_json(host / "results" / "gpu-cache" / "validate" / "cpu.json")
+    assert verdict["passed"], verdict["problems"]
+    assert verdict["gpu_cache_version"] == VERSION
+
+
+def another_version(tmp_path: Path, version: str) -> Path:
+    """gpu-cache's package as another release has it: its files, its workflow/VERSION
+    ``version``; the folder that holds it."""
+    folder = tmp_path / f"gpu-cache-{version}"
+    shutil.copytree(REPO / "scripts" / "gpu_cache", folder / "gpu_cache", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "workflow"))
+    shutil.copytree(REPO / "workflow", folder / "gpu_cache" / "workflow")
+    (folder / "gpu_cache" / "workflow" / "VERSION").write_text(f"{version}\n")
+    return folder
+
+
+@pytest.mark.parametrize("installed", [None, "0.1.9"])
+def test_a_module_by_tag_without_its_package_stops_before_any_job_in_one_line(installed, tmp_path):
+    host, repo = by_tag(tmp_path)
+    paths = [another_version(tmp_path, installed)] if installed else []
+    python = fresh_venv(tmp_path / "venv", *paths)
+    env = {k: v for k, v in clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache")).items() if k != "PYTHONPATH"}
+    result = subprocess.run([str(python), "-m", "snakemake", "--cores", "1", "-n"], cwd=host, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    found = f"{installed} (in {paths[0] / 'gpu_cache'})" if installed else "none"
+    assert result.stderr.strip().splitlines() == [
+        f"gpu-cache: this workflow is gpu-cache {VERSION} and needs its package of that version in "
+        f"Snakemake's Python ({python}), which has {found}: pip install \"git+file://{repo}@{TAG}\""]
+    assert not (host / "results").exists() and not (tmp_path / "cache").exists()
+
+
+def test_deploy_writes_the_same_again_and_refuses_an_edited_file(tmp_path):
+    first = run_cli("deploy", str(tmp_path / "run"))
+    assert first.returncode == 0, first.stderr
+    snakefile = (tmp_path / "run" / "workflow" / "Snakefile").read_text()
+    assert "include: gpu_cache.snakefile()" in snakefile and VERSION not in snakefile
+    assert run_cli("deploy", str(tmp_path / "run")).returncode == 0  # the same files: kept
+    config = tmp_path / "run" / "config" / "config.yaml"
+    config.write_text(config.read_text() + "cache_root: /elsewhere\n")
+    again = run_cli("deploy", str(tmp_path / "run"))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+    assert "config.yaml exists and differs from what deploy writes (edited?)" in again.stderr
+    assert "/elsewhere" in config.read_text()
+    assert run_cli("deploy", "--force", str(tmp_path / "run")).returncode == 0
+    assert "/elsewhere" not in config.read_text()
