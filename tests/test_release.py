@@ -29,6 +29,11 @@ from release import TAG, VERSION, build, fresh_venv, install, released_repo
 pytestmark = pytest.mark.slow  # builds, venvs and Snakemake runs
 
 
+def without_pythonpath(**extra: str) -> dict[str, str]:
+    """A clean environment without the checkout's package on PYTHONPATH."""
+    return {k: v for k, v in clean_environ(**extra).items() if k != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, Path]:
     """The sdist and the wheel of this checkout, built once for this module."""
@@ -76,7 +81,7 @@ def test_the_main_job_runs_from_the_wheel_alone_in_an_empty_folder(built, tmp_pa
     python = fresh_venv(tmp_path / "venv")
     install(python, built[1])
     bin_dir = python.parent
-    env = {k: v for k, v in clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache")).items() if k != "PYTHONPATH"}
+    env = without_pythonpath(GPU_CACHE_ROOT=str(tmp_path / "cache"))
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config-home")  # install-profile's default place
     empty = tmp_path / "empty"
@@ -158,7 +163,7 @@ def test_a_module_by_tag_without_its_package_stops_before_any_job_in_one_line(in
     host, repo = by_tag(tmp_path)
     paths = [another_version(tmp_path, installed)] if installed else []
     python = fresh_venv(tmp_path / "venv", *paths)
-    env = {k: v for k, v in clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache")).items() if k != "PYTHONPATH"}
+    env = without_pythonpath(GPU_CACHE_ROOT=str(tmp_path / "cache"))
     result = subprocess.run([str(python), "-m", "snakemake", "--cores", "1", "-n"], cwd=host, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1

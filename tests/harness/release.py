@@ -38,8 +38,8 @@ def git(*args: str, cwd: Path) -> str:
 def build(outdir: Path) -> tuple[Path, Path]:
     """``python -m build`` of this checkout (sdist, then the wheel from the sdist, as a release
     is made), offline: the sdist and the wheel."""
-    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(outdir), str(REPO)],
-                          capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(outdir), str(REPO)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (sdist,) = outdir.glob("*.tar.gz")
     (wheel,) = outdir.glob("*.whl")
@@ -51,8 +51,8 @@ def fresh_venv(folder: Path, *paths: Path) -> Path:
     own, and no gpu-cache: its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     python = folder / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    asked = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    site = Path(subprocess.run(asked, check=True, capture_output=True, text=True).stdout.strip())
     # "zz": after the wheel's gpu-cache.pth, whose folder then comes first on the path.
     lines = [*map(str, paths), sysconfig.get_paths()["purelib"]]
     (site / "zz-test-dependencies.pth").write_text("".join(f"{line}\n" for line in lines))
@@ -62,7 +62,8 @@ def fresh_venv(folder: Path, *paths: Path) -> Path:
 def install(python: Path, wheel: Path) -> None:
     """pip install of ``wheel`` (non-editable, its dependencies the test venv's) into ``python``'s venv."""
     done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-                           "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+                           "--no-deps", "--no-index", str(wheel)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

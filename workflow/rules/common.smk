@@ -43,9 +43,12 @@ def gpu_cache_stop(error):
 # (package.smk) is what its jobs run, also with another Python than Snakemake's. PYTHONPATH
 # splits at every ':' (#21): say so now, not in a rule.
 if os.pathsep in str(GPU_CACHE_PACKAGE_PARENT):
-    gpu_cache_stop(
-        f"gpu-cache is installed under {GPU_CACHE_PACKAGE_PARENT}, whose path holds {os.pathsep!r}, "
-        f"which PYTHONPATH cannot hold, so its rules could not import it; install it under a path without it"
+    sys.exit(
+        gpu_cache_shown(
+            f"gpu-cache: it is installed under {GPU_CACHE_PACKAGE_PARENT}, whose path holds {os.pathsep!r}, "
+            "which PYTHONPATH cannot hold, so its rules could not import it; install it under a path "
+            f"without {os.pathsep!r}"
+        )
     )
 
 

@@ -22,6 +22,14 @@ import gpu_cache
 
 
 include: gpu_cache.snakefile()
+
+
+# What a plain `snakemake` builds here: the workflow's own target (Snakemake does not make an
+# included file's default target the includer's).
+rule deployed:
+    default_target: True
+    input:
+        rules.all.input,
 '''
 
 
