@@ -45,7 +45,9 @@ def test_one_version_is_the_packages_the_clis_and_the_changelogs(tmp_path):
     assert run_cli("--version").stdout.strip() == f"gpu-cache {VERSION}"
     changelog = (REPO / "CHANGELOG.md").read_text()
     assert re.search(r"^## (\S+)", changelog, re.MULTILINE).group(1) == VERSION  # the latest entry
-    assert f'tag="{TAG}"' in (REPO / "README.md").read_text()  # the tag the README deploys
+    readme = (REPO / "README.md").read_text()
+    assert f'tag="{TAG}"' in readme and f"gpu-cache@{TAG}" in readme  # the tag the README deploys
+    assert f"pip install ./gpu_cache-{VERSION}-py3-none-any.whl" in readme  # the wheel it installs
 
 
 def test_the_wheel_carries_the_workflow_the_profiles_and_the_hook_and_twine_passes_both(built):
@@ -188,3 +190,34 @@ def test_deploy_writes_the_same_again_and_refuses_an_edited_file(tmp_path):
     assert "/elsewhere" in config.read_text()
     assert run_cli("deploy", "--force", str(tmp_path / "run")).returncode == 0
     assert "/elsewhere" not in config.read_text()
+
+
+#: What a job in an image reports: its jax, the runner module it imports, whether Snakemake's
+#: site-packages (the venv's jax) is there, and whether gpu-cache's startup hook loaded.
+IN_IMAGE = ("import os, sys, jax, gpu_cache.core.runner as runner\n"
+            "print(jax.__version__, runner.__file__, os.path.exists(sys.argv[1]),\n"
+            "      'sitecustomize' in sys.modules)\n")
+
+
+def test_a_job_in_an_image_runs_the_installed_package_with_the_images_own_jax(built, container_root,
+                                                                             unbound_dir):
+    """The wheel's package in a job's image, as the rules start the runner there: its folder on
+    PYTHONPATH and bound at its own path (the venv lies where the image sees nothing unbound),
+    never the venv's site-packages, whose jax would shadow the image's."""
+    python = fresh_venv(unbound_dir / "venv")
+    install(python, built[1])
+    env = without_pythonpath(GPU_CACHE_ROOT=str(unbound_dir / "cache"))
+    done = subprocess.run([str(python), "-m", "gpu_cache", "env", "--json"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    exports = json.loads(done.stdout)["exports"]
+    package = Path(exports["APPTAINER_BIND"].split(",")[-1])
+    assert package.name == "gpu-cache" and package.parent.name == "site-packages"
+    job_env = container_root.environ(env, **exports)
+    job_env["PYTHONPATH"] = f"{package}{os.pathsep}{exports['PYTHONPATH']}"  # gpu_cache_runner's prefix
+    job = container_root.exec("python3", "-c", IN_IMAGE, str(package.parent / "jax"), env=job_env)
+    assert job.returncode == 0, job.stderr[-2000:]
+    jax_version, runner, site_packages_seen, hook = job.stdout.split()
+    assert jax_version == container_root.jax_version != __import__("jax").__version__
+    assert runner.startswith(f"{package}/gpu_cache/") and hook == "True"
+    assert site_packages_seen == "False"

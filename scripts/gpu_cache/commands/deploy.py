@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", metavar="DIR", help="the folder to write (made where it does not exist)")
     parser.add_argument("--force", action="store_true",
                         help="replace a workflow/Snakefile or config/config.yaml that differs")
+    parser.add_argument("--cache-root", help=argparse.SUPPRESS)  # every command takes it; no cache here
 
 
 def run(args: argparse.Namespace) -> int:
