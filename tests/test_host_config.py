@@ -105,7 +105,8 @@ def test_doctor_says_when_the_hosts_snakefile_lacks_the_module_block(tmp_path):
     (host / "workflow").mkdir()
     pipeline = 'github("KosinskiLab/AlphaPulldownSnakemake", path="workflow/Snakefile", tag="2.6.2")'
     generated = ('configfile: "config/config.yaml"\n\n\nmodule AlphaPulldownSnakemake:\n    snakefile:\n'
-                 f"        {pipeline}\n    config:\n        config\n\n\nuse rule * from AlphaPulldownSnakemake\n")
+                 f"        {pipeline}\n    config:\n        config\n\n\n"
+                 "use rule * from AlphaPulldownSnakemake\n")
     (host / "workflow" / "Snakefile").write_text(generated + "\n\n" + block)
     files = ("--config", str(host / "config" / "config.yaml"),
              "--config", str(host / "config" / "gpu-cache.yaml"))
