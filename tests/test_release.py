@@ -18,6 +18,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -77,44 +78,79 @@ def test_the_wheel_carries_the_workflow_the_profiles_and_the_hook_and_twine_pass
     assert shim.external_attr >> 16 & 0o111 == 0o111  # executable, as pip installs it
 
 
-def test_the_main_job_runs_from_the_wheel_alone_in_an_empty_folder(built, tmp_path):
-    """The README's commands for a release, in a fresh venv that holds the wheel and no checkout:
-    install-profile, deploy, snakemake --profile gpu-cache: PASSED, with the version recorded."""
-    python = fresh_venv(tmp_path / "venv")
+class WheelRun(NamedTuple):
+    """A fresh venv holding the wheel alone, the main job run in an empty folder with it."""
+
+    python: Path
+    env: dict[str, str]
+    work: Path
+    result: subprocess.CompletedProcess[str]
+
+    def run(self, *command: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(command), cwd=cwd or self.work, env=self.env, capture_output=True,
+                              text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def wheel_run(built, tmp_path_factory) -> WheelRun:
+    """The README's commands for a release, in a fresh venv that holds the wheel and no
+    checkout, in an empty folder: install-profile, deploy, snakemake --profile gpu-cache."""
+    folder = tmp_path_factory.mktemp("wheel")
+    python = fresh_venv(folder / "venv")
     install(python, built[1])
-    bin_dir = python.parent
-    env = without_pythonpath(GPU_CACHE_ROOT=str(tmp_path / "cache"))
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "config-home")  # install-profile's default place
-    empty = tmp_path / "empty"
+    env = without_pythonpath(GPU_CACHE_ROOT=str(folder / "cache"))
+    env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"
+    env["XDG_CONFIG_HOME"] = str(folder / "config-home")  # install-profile's default place
+    empty = folder / "empty"
     empty.mkdir()
-
-    def run(*command: str, cwd: Path = empty) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-
-    assert run("gpu-cache", "--version").stdout.strip() == f"gpu-cache {VERSION}"
-    site = Path(run(str(python), "-c", "import gpu_cache; print(gpu_cache.__file__)").stdout.strip())
-    assert site.parts[-4:] == ("site-packages", "gpu-cache", "gpu_cache", "__init__.py"), site
-    assert run("gpu-cache", "install-profile").returncode == 0
-    deployed = run("gpu-cache", "deploy", "gpu-cache-run")
+    run = WheelRun(python, env, empty / "gpu-cache-run", subprocess.CompletedProcess([], 1))
+    assert run.run("gpu-cache", "install-profile", cwd=empty).returncode == 0
+    deployed = run.run("gpu-cache", "deploy", "gpu-cache-run", cwd=empty)
     assert deployed.returncode == 0, deployed.stderr
-    work = empty / "gpu-cache-run"
-    assert sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) == [
-        "config/config.yaml", "workflow/Snakefile"]
-    assert str(site.parent) not in (work / "workflow" / "Snakefile").read_text()  # no path to outlive
     # The tests' small workload (the embedded default, smaller), as a user edits config.yaml.
-    config = yaml.safe_load((work / "config" / "config.yaml").read_text()) | SMALL
-    (work / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    result = run(str(python), "-m", "snakemake", "--profile", "gpu-cache", "--cores", "2", cwd=work)
+    config_file = run.work / "config" / "config.yaml"
+    config_file.write_text(yaml.safe_dump(yaml.safe_load(config_file.read_text()) | SMALL))
+    result = run.run(str(python), "-m", "snakemake", "--profile", "gpu-cache", "--cores", "2")
+    return run._replace(result=result)
+
+
+def test_the_main_job_runs_from_the_wheel_alone_in_an_empty_folder(wheel_run):
+    """PASSED, with the version recorded; the folder deploy wrote names no path to outlive."""
+    assert wheel_run.run("gpu-cache", "--version").stdout.strip() == f"gpu-cache {VERSION}"
+    site = Path(wheel_run.run(str(wheel_run.python), "-c", "import gpu_cache; print(gpu_cache.__file__)")
+                .stdout.strip())
+    assert site.parts[-4:] == ("site-packages", "gpu-cache", "gpu_cache", "__init__.py"), site
+    work = wheel_run.work
+    assert sorted(str(p.relative_to(work)) for p in (work / "workflow").rglob("*") if p.is_file()) == [
+        "workflow/Snakefile"]
+    assert str(site.parent) not in (work / "workflow" / "Snakefile").read_text()
+    result = wheel_run.result
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"gpu-cache {VERSION} summary" in result.stderr and "cpu on cpu: PASSED" in result.stderr
     verdict = read_json(work / "results" / "gpu-cache" / "validate" / "cpu.json")
     assert verdict["passed"] and verdict["gpu_cache_version"] == VERSION
     # The jobs' path and their images' binds hold the package's own folder, never site-packages.
-    exports = json.loads(run("gpu-cache", "env", "--json").stdout)["exports"]
+    exports = json.loads(wheel_run.run("gpu-cache", "env", "--json").stdout)["exports"]
     assert exports["PYTHONPATH"].split(os.pathsep)[0] == str(site.parent / "_hook")
     binds = exports["APPTAINER_BIND"].split(",")
     assert str(site.parent.parent) in binds and str(site.parent.parent.parent) not in binds
+
+
+def test_carry_from_the_wheel_packs_and_runs_the_image_to_check_its_software(wheel_run, container_root):
+    """pack and unpack from the installed package: unpack runs the image (its Python, with the
+    installed package's software probe) and refuses the host's entries for the image's jax."""
+    assert wheel_run.result.returncode == 0, wheel_run.result.stderr[-3000:]
+    archive = wheel_run.work / "cpu.tar.gz"
+    packed = wheel_run.run("gpu-cache", "pack", str(archive), "--gpu-type", "cpu")
+    assert packed.returncode == 0, packed.stderr
+    env = container_root.environ(wheel_run.env)
+    command = ["gpu-cache", "unpack", str(archive), "--cache-root", str(wheel_run.work / "other"),
+               "--image", container_root.image]
+    unpacked = subprocess.run(command, cwd=wheel_run.work, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert unpacked.returncode == 1, unpacked.stderr
+    assert f"jax {container_root.jax_version}" in unpacked.stderr, unpacked.stderr
+    assert not (wheel_run.work / "other").exists()
 
 
 def host_snakefile(snakefile: str) -> str:
