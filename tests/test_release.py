@@ -185,6 +185,18 @@ def test_a_module_by_tag_runs_from_git_with_the_installed_package(tmp_path):
     assert verdict["gpu_cache_version"] == VERSION
 
 
+def test_a_module_from_the_installed_package_plans_gpu_caches_jobs(tmp_path):
+    """The README's module without git: the installed package's own workflow."""
+    host = tmp_path / "host"
+    (host / "config").mkdir(parents=True)
+    (host / "config" / "config.yaml").write_text(yaml.safe_dump(SMALL))
+    (host / "Snakefile").write_text("import gpu_cache\n\n\n" + host_snakefile("gpu_cache.snakefile()"))
+    result = run_snakemake(host, "--cores", "1", "-n", "gpu_cache_all",
+                           env=clean_environ(GPU_CACHE_ROOT=str(tmp_path / "cache")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^gpu_cache_validate_cache\s+1$", result.stdout, re.MULTILINE), result.stdout
+
+
 def another_version(tmp_path: Path, version: str) -> Path:
     """gpu-cache's package as another release has it: its files, its workflow/VERSION
     ``version``; the folder that holds it."""
