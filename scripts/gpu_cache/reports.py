@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gpu_cache import __version__
 from gpu_cache.core import kinds
 from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, require_keys
 
@@ -62,6 +63,8 @@ class Verdict:
     #: memory, CPUs, time or GPUs, or it never started), with the key that fixes it: a failed
     #: verdict that fails the run (issue 49).
     not_warmed: str | None = None
+    #: The gpu-cache release that made it (as a pack records it); "" in a verdict made before.
+    gpu_cache_version: str = __version__
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
     STATUSES = ("passed", "failed", "error", "unscheduled")
@@ -105,6 +108,7 @@ class Verdict:
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
             "outputs": self.outputs, "not_warmed": self.not_warmed,
+            "gpu_cache_version": self.gpu_cache_version,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -134,6 +138,7 @@ class Verdict:
             outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
             not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
+            gpu_cache_version=str(data.get("gpu_cache_version") or ""),
         )
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpu_cache import __version__
 from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
@@ -54,7 +55,7 @@ def render(validations: list[Path], prune: Path | None) -> str:
     Raises:
         UsageError: a file cannot be read as JSON.
     """
-    lines = ["gpu-cache summary"]
+    lines = [f"gpu-cache {__version__} summary"]
     for path in validations:
         v = load_verdict(path)
         if v.outcome == "unscheduled":
