@@ -104,24 +104,38 @@ def test_same_size_damage_is_found_and_removed(kind, command, tmp_path):
     assert whole(root, kind) == keys[1:]
 
 
+def entry_parts(kind: Kind, entry: kinds.Entry) -> list[str]:
+    """What a job reads of an entry: its path and every regular file of it (a numba index and
+    its data files, the files of a Triton key folder), each once."""
+    files = [path for top in kind.files(entry) for path, _info in integrity.files_of(top)]
+    return list(dict.fromkeys([entry.path, *files] if entry.path else files))
+
+
 @pytest.mark.parametrize("how", ["owned by nobody", "mode 0666"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_entry_another_user_may_have_written_is_never_taken_whole(kind, how, tmp_path):
-    """An entry owned by another user, or that everyone may write: broken (stats says why),
-    and prune removes it; the others stay. Guard: the trust rule in Kind.scan."""
-    root = tmp_path / "root"
-    keys = written(root, kind)
-    path = entry_of(root, kind, keys[0]).path or str(kind.folder(root))
-    if how == "owned by nobody":
-        os.chown(path, pwd.getpwnam("nobody").pw_uid, -1, follow_symlinks=False)
-    else:
-        os.chmod(path, 0o666)
-    stats = cli("stats", "--json", "--cache-root", str(root))["kinds"][kind.name]
-    (broken,) = stats["broken_entries"]
-    assert broken["key"] == keys[0] and "not trusted" in broken["problem"], broken
-    removed = prune(root, kind.name)[kind.name]["removed"]
-    assert [r["key"] for r in removed] == [keys[0]]
-    assert whole(root, kind) == keys[1:]
+    """An entry one of whose files (or its folder) is owned by another user, or that everyone
+    may write, each file in turn: broken (stats says why), and prune removes it; the others
+    stay. Guard: the trust rule in Kind.scan, over every file of an entry (with only the file
+    its path names judged, a numba data file of another user's was taken whole: M33)."""
+    layout = written(tmp_path / "layout", kind)
+    parts = [os.path.relpath(p, kind.folder(tmp_path / "layout"))
+             for p in entry_parts(kind, entry_of(tmp_path / "layout", kind, layout[0]))]
+    for number, part in enumerate(parts):
+        root = tmp_path / f"root{number}"
+        keys = written(root, kind)
+        path = kind.folder(root) / part
+        assert path.exists(), (part, keys)
+        if how == "owned by nobody":
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1, follow_symlinks=False)
+        else:
+            os.chmod(path, 0o666)
+        stats = cli("stats", "--json", "--cache-root", str(root))["kinds"][kind.name]
+        (broken,) = stats["broken_entries"]
+        assert broken["key"] == keys[0] and "not trusted" in broken["problem"], (part, broken)
+        removed = prune(root, kind.name)[kind.name]["removed"]
+        assert [r["key"] for r in removed] == [keys[0]], part
+        assert whole(root, kind) == keys[1:]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -495,9 +495,23 @@ def _judge(folder: Path, found: list[Entry]) -> None:
             continue
         if entry.problem is not None:
             continue
-        why = owners.written_by_others(info, team)
+        why = owners.written_by_others(info, team) or _file_written_by_others(entry, info, team)
         if why is not None:
             entry.problem = f"not trusted: {why} (another user may have written it)"
+
+
+def _file_written_by_others(entry: Entry, info: os.stat_result, team: int | None) -> str | None:
+    """Why another user may have written a file of ``entry`` besides its own (``info``: of its
+    path), or None: every file of an entry is read (a numba data file is a pickle, a file in a
+    Triton key folder is loaded), not only the one its path names."""
+    for top in entry.kind.files(entry):
+        if top == entry.path and not stat.S_ISDIR(info.st_mode):
+            continue  # judged already
+        for path, file_info in integrity.files_of(top):
+            why = owners.written_by_others(file_info, team)
+            if why is not None:
+                return f"{os.path.basename(path)} is {why}"
+    return None
 
 
 @contextmanager
