@@ -246,6 +246,31 @@ def test_the_write_probe_of_a_starting_job_is_no_entry(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_probe_name_dated_an_hour_away_either_way_is_an_entry(kind, tmp_path):
+    """A file named as env's write probe counts as one only within an hour of now, on both
+    sides: one dated two hours back (a killed process's) and one dated a year ahead (a network
+    filesystem's clock, or by hand) are entries, which prune bounds. Before, one dated ahead was
+    never counted nor pruned: 601 of 801 MB of them stayed under a 1 KB bound. Guard: Kind.scan's
+    _fresh_probe, its window on both sides of now."""
+    root = tmp_path / "root"
+    written(root, kind, count=1)
+    probes = []
+    for label, when in (("past", time.time() - 2 * 3600), ("ahead", time.time() + 365 * DAY)):
+        probe = kind.folder(root) / f"{names.PROBE_PREFIX}{label}{'ab' * 16}"
+        probe.write_bytes(b"x" * 4096)
+        os.utime(probe, (when, when))
+        probes.append(probe)
+    listed = [e.key for e in kind.scan(kind.folder(root), grace_seconds=0.0)]
+    found = [any(probe.name in key for key in listed) for probe in probes]
+    if not found[0]:
+        pytest.skip(f"{kind.name} takes no such name for an entry of its own")
+    assert found == [True, True], listed
+    removed = prune(root, kind.name, "--max-size", "1K")[kind.name]["removed"]
+    assert all(any(probe.name in r["key"] for r in removed) for probe in probes), removed
+    assert not any(os.path.lexists(probe) for probe in probes)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_gpu_caches_own_reads_are_no_use(kind, tmp_path):
     """Entries unused for 40 days: a dry run (which reads and seals every entry) is no use of
     them, where a kind's last use is its files' access time too (a hit only reads them), so the
