@@ -19,7 +19,7 @@ from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
 from gpu_cache.core import kinds, names, references, safe_io, safe_locks, verified
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import Entry, Kind
+from gpu_cache.core.kinds import Entry, Kind, integrity
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
@@ -75,15 +75,17 @@ def prune_kind(kind: Kind, folder: Path, max_size: int, max_age: float, dry_run:
     verified already; it only reads some entries again, in turn, for damage that keeps their
     size."""
     now = time.time() if now is None else now
-    found, report = _survey(kind, folder, dry_run, grace_seconds, verify_all)
-    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind.name: report}, dry_run)
+    found, report, record = _survey(kind, folder, dry_run, grace_seconds, verify_all)
+    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind.name: report}, dry_run,
+            {kind: record})
     return report
 
 
 def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
-            verify_all: bool) -> tuple[list[Entry], KindPruneReport]:
+            verify_all: bool) -> tuple[list[Entry], KindPruneReport, verified.Record | None]:
     """Scan (and verify) one kind's folder, and repair what needs no removal
-    (:meth:`Kind.repair`) unless ``dry_run``: its entries and its report so far."""
+    (:meth:`Kind.repair`) unless ``dry_run``: its entries, its report so far and its
+    verification record (saved now: a removal drops seals and saves it again)."""
     record = verified.Record.load(folder, recheck_all=verify_all) if kind.verifies else None
     found = kind.scan(folder, grace_seconds, 0.0, record)
     if record is not None:
@@ -93,22 +95,31 @@ def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
     report.bytes_after = report.bytes_before
     if not dry_run:
         report.repaired, report.errors = kind.repair(folder, found)
-    return found, report
+    return found, report, record
 
 
 def _remove(doomed: list[tuple[Entry, str]], folders: dict[Kind, Path],
-            reports: dict[str, KindPruneReport], dry_run: bool) -> None:
+            reports: dict[str, KindPruneReport], dry_run: bool,
+            records: dict[Kind, verified.Record | None]) -> None:
     """Remove the planned entries (each from its kind's folder; none in a dry run) and count
-    them in their kind's report."""
+    them in their kind's report. The seals of what is removed leave its kind's record: where
+    the filesystem keeps no inode generation, a later file given an inode of theirs had the
+    path, inode and size of a DAMAGED seal (integrity.forget)."""
     for entry, reason in doomed:
         report = reports[entry.kind.name]
         if not dry_run:
+            record = records.get(entry.kind)
+            if record is not None:
+                integrity.forget(record, folders[entry.kind], entry.kind.files(entry))
             try:
                 entry.kind.remove(folders[entry.kind], entry)
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
         report.count_removed(entry.key, entry.name, entry.size, entry.last_use, reason)
+    for record in records.values() if not dry_run else ():
+        if record is not None:
+            record.save()
 
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
@@ -145,11 +156,13 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                                        f"({exc.strerror or exc}); nothing pruned there")
                 return
         folders: dict[Kind, Path] = {}
+        records: dict[Kind, verified.Record | None] = {}
         found: list[Entry] = []
         for kind in wanted:
             try:
                 folders[kind] = safe_io.within(kind.folder(local), local)
-                entries, result.tier[kind.name] = _survey(kind, folders[kind], dry_run, 3600.0, verify_all)
+                entries, result.tier[kind.name], records[kind] = _survey(kind, folders[kind], dry_run, 3600.0,
+                                                                         verify_all)
             except safe_io.Outside as exc:
                 result.problems.append(f"local tier: {kind.name}: {exc.filename} is a link to {exc.real}, "
                                        "outside the tier; not pruned")
@@ -159,8 +172,7 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                                        f"{exc.strerror or exc}")
                 continue
             found += entries
-        _remove(plan(found, max_size, max_age, time.time()), folders,
-                result.tier, dry_run)
+        _remove(plan(found, max_size, max_age, time.time()), folders, result.tier, dry_run, records)
     for kind, report in result.tier.items():
         log.info("prune: local tier %s: %s %d of %d entries, %s of %s", kind,
                  "would remove" if dry_run else "removed", report.entries_removed,
