@@ -46,15 +46,18 @@ _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NO_GENERATION: set[int] = set()
 
 
-def seal_of(record: verified.Record, relative: str, path: str, info: os.stat_result) -> int | None:
+def seal_of(record: verified.Record, relative: str, path: str, info: os.stat_result,
+            ask: bool = True) -> int | None:
     """The record's key of the seal of the file ``relative`` (its path in the kind folder; at
     ``path``, ``info`` its ``lstat``): :func:`seals.seal_key` of its inode's number, generation
     and size, as the startup hook keys it before the node-local tier serves a file of the shared
     one; JAX's own check records its entries' CRCs so too. The generation is the one kept under
-    the file's change time, else asked of the file (kept for the next scan). None: the file
-    cannot be opened (another user's, or gone)."""
+    the file's change time, else asked of the file (kept for the next scan) where ``ask``. None:
+    not asked, or the file cannot be opened (another user's, or gone)."""
     stamp = seals.stamp_key(relative, info.st_ino, info.st_size, info.st_ctime_ns)
     generation = record.get(stamp)
+    if generation is None and not ask:
+        return None
     if generation is None:
         generation = generation_of(path, info)
         if generation is None:
@@ -176,9 +179,9 @@ def _damaged(relative: str, path: str, info: os.stat_result, record: verified.Re
              settled: float) -> bool:
     """Whether one file of an entry is damaged: its seal (:func:`seal_of`) holds another CRC. A
     file not sealed yet is sealed once it is settled."""
-    digest = seal_of(record, relative, path, info)
+    digest = seal_of(record, relative, path, info, ask=info.st_mtime <= settled)
     if digest is None:
-        return False  # cannot be opened: left to its owner's prune
+        return False  # may still be being written (sealed by a later scan), or another user's
     known = record.get(digest)
     if known == verified.DAMAGED:
         return True
