@@ -67,18 +67,18 @@ def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
     from helpers import hook_piece
 
     seals = hook_piece("seals")
-    assert sys.modules[integrity.seal_key.__module__].__file__ == seals.__file__
+    assert integrity.seals.__file__ == seals.__file__
     record = verified.Record(tmp_path)
     for number in range(1000):
-        record.put(integrity.seal_key(f"{number}", number, number), number)
+        record.put(seals.seal_key(f"{number}", number, number, number), number)
     record.save()
     folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         found = seals.Seals(folder)
-        assert all(found.sealed(integrity.seal_key(f"{n}", n, n)) == n for n in range(1000))
-        assert found.sealed(integrity.seal_key("1000", 1000, 1000)) is None
+        assert all(found.sealed(seals.seal_key(f"{n}", n, n, n)) == n for n in range(1000))
+        assert found.sealed(seals.seal_key("1000", 1000, 1000, 1000)) is None
         os.chmod(tmp_path / verified.NAME, 0o666)  # another user may have written it: no seals
-        assert seals.Seals(folder).sealed(integrity.seal_key("1", 1, 1)) is None
+        assert seals.Seals(folder).sealed(seals.seal_key("1", 1, 1, 1)) is None
     finally:
         os.close(folder)
 

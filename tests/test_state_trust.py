@@ -91,6 +91,22 @@ def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_a
     assert len(warnings) == 1 and f"{root / 'state'} is owned by uid " in warnings[0], done.stderr
 
 
+@pytest.mark.slow
+def test_nothing_is_kept_in_a_state_folder_another_account_owns(base, private_user, tmp_path):
+    """The root's state folder is another account's (made first, or left over): a warm and a
+    validation still pass, and gpu-cache keeps nothing there (no reference, no marker of the
+    passed verdict, no measurement), since that account could rewrite whatever it kept and so
+    steer the next runs. Guard: state_files.make's trust check."""
+    common = plus_one(base, tmp_path)
+    state = base / "root" / "state"
+    state.mkdir(parents=True)
+    give(state, private_user)
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    assert done.returncode == 0 and read_json(tmp_path / "v.json")["passed"] is True, done.stderr[-3000:]
+    assert list(state.iterdir()) == []
+
+
 #: ``jit(plus_one)`` over ones of the shape given (its outputs file is the first argument).
 PLUS_ONE_SHAPED = PLUS_ONE.replace("jnp.ones(3, ", "jnp.ones(int(sys.argv[2]), ")
 #: Another function of plus_one's signature at shape 3 whose executable computes NaN.

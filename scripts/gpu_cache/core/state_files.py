@@ -71,17 +71,16 @@ def make(root: Path, *parts: str) -> Path:
             keeps nothing there (it would never read it back).
         OSError: a folder cannot be made.
     """
-    target = folder(root).joinpath(*parts)
     for depth in range(len(parts) + 1):
         current = folder(root).joinpath(*parts[:depth])
         try:
             safe_io.new_folder(current)
         except FileExistsError:
-            pass  # made before (or meanwhile): judged below
-    why = distrust(target, root)
-    if why is not None:
-        raise Untrusted(why)
-    return target
+            pass  # made before (or meanwhile): judged now
+        why = distrust(current, root)  # before anything is made in it
+        if why is not None:
+            raise Untrusted(why)
+    return folder(root).joinpath(*parts)
 
 
 def read(path: Path, root: Path, limit: int) -> bytes:

@@ -175,7 +175,7 @@ class Tier:
                     os.close(out)
                 if chunks is None and size != info.st_size:
                     raise OSError(errno.EIO, f"{src_name} changed while it was copied")
-                if fetched is not None and self._seals(fetched[0]).damaged(fetched[1], info, crc):
+                if fetched is not None and self._seals(fetched[0]).damaged(fetched[1], fd, info, crc):
                     self._damaged(fetched[0], src_fd, src_name, info)
                     return 0
                 if pause:

@@ -137,9 +137,11 @@ class Guard:
             fd, info = self._opened(folder_fd, name, path, team)
             try:
                 data = _read_all(fd, info.st_size)
+                unsealed = self._unsealed(os.path.dirname(folder), f"{os.path.basename(folder)}/{name}",
+                                          fd, info, data)
             finally:
                 os.close(fd)
-            if self._unsealed(os.path.dirname(folder), f"{os.path.basename(folder)}/{name}", info, data):
+            if unsealed:
                 self._damaged(folder_fd, name, info, f"{path}: its bytes are not those prune sealed")
             try:
                 found = parse(data)
@@ -174,7 +176,7 @@ class Guard:
             raise Refused(errno.EPERM, f"{path} is {why}")
         return fd, info
 
-    def _unsealed(self, kind_folder, relative, info, data):
+    def _unsealed(self, kind_folder, relative, fd, info, data):
         """Whether a verifying scan sealed the file with other bytes (``seals``)."""
         if kind_folder not in self.seals:
             try:
@@ -182,7 +184,7 @@ class Guard:
             except OSError:
                 self.seals[kind_folder] = None
         found = self.seals[kind_folder]
-        return found is not None and found.damaged(relative, info, zlib.crc32(data))
+        return found is not None and found.damaged(relative, fd, info, zlib.crc32(data))
 
     def _damaged(self, folder_fd, name, info, why):
         self._aside(folder_fd, name, info, "damaged", why)
