@@ -28,7 +28,17 @@ from helpers import (
     run_snakemake,
     unavailable,
 )
-from hook_jobs import FAKE_PROGRAM, fake_jax, records_of, same_as_without_the_hook, warnings_in
+from hook_jobs import (
+    FAKE_PROGRAM,
+    PLANTS,
+    REFUSED,
+    fake_jax,
+    plant_node_local,
+    records_of,
+    same_as_without_the_hook,
+    tree,
+    warnings_in,
+)
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
@@ -420,35 +430,6 @@ def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     trust.private_group.cache_clear()
     mine = (user.pw_uid, user.pw_gid)
     assert hook.private_group(*mine) is trust.private_group(*mine) is False
-
-
-def plant_node_local(base: Path, plant: str, kind: str) -> tuple[Path, Path]:
-    """A $TMPDIR (1777) in which user nobody made gpu-cache-<uid>/<kind> first, with a file in
-    it: 0777, or 0755 of nobody's, or inside a 0777 gpu-cache-<uid> of ours. Returns the
-    $TMPDIR and gpu-cache-<uid>."""
-    tmp = base / "tmp"
-    tmp.mkdir()
-    tmp.chmod(0o1777)
-    planted = tmp / f"gpu-cache-{os.getuid()}"
-    if plant.startswith("ours"):
-        planted.mkdir()
-        planted.chmod(0o777)
-    mode = "0755" if plant == "nobody's 0755" else "0777"
-    script = f"mkdir -p -m {mode} {planted}/{kind} && echo evil > {planted}/{kind}/planted"
-    subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], check=True)
-    return tmp, planted
-
-
-def tree(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
-
-
-PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
-#: Why each is refused, naming the real cause: /tmp's sticky bit protects only an entry of one's
-#: own (as ssh's StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
-REFUSED = {"nobody's 0777": f"is owned by user {NOBODY}, not by you: another user made it in",
-           "nobody's 0755": f"is owned by user {NOBODY}, not by you: another user made it in",
-           "ours 0777, nobody's triton": "world-writable"}
 
 
 @pytest.mark.slow

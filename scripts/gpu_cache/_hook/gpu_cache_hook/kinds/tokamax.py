@@ -1,6 +1,7 @@
 # gpu-cache hook piece
 # watches-always tokamax._src.ops.op
 # watches-with GPU_CACHE_AUTOTUNE tokamax
+# node-local GPU_CACHE_AUTOTUNE
 # software tokamax
 """gpu-cache's startup hook for tokamax: the second-compile fix (issue 20), loaded when the
 process imports ``tokamax._src.ops.op``, and the autotuning results kept per GPU type (issue
