@@ -19,14 +19,17 @@ import pytest
 
 from helpers import HOOK, SCRIPTS, clean_environ, unavailable
 from hook_jobs import (
+    FAKE_PROGRAM,
     OURS_IN_0777,
     PLANTS,
     REFUSED,
     WARM_PROGRAM,
+    fake_jax,
     gpu_cache_env,
     plant_node_local,
     real_tokamax,
     run,
+    same_as_without_the_hook,
     tree,
     warnings_in,
 )
@@ -123,3 +126,21 @@ def test_an_autotune_folder_another_account_made_first_on_a_node_is_never_read(b
     assert REASONS[plant] in record["fallbacks"]["tokamax"]["refused"]
     assert tree(planted) == before
     refused_once(done.stderr, "GPU_CACHE_AUTOTUNE", plant)
+
+
+@pytest.mark.parametrize("plant", NODE_PLANTS)
+def test_a_records_folder_another_account_may_write_on_a_node_gets_no_record(base, tmp_path, plant):
+    """``GPU_CACHE_RECORDS`` exported node-local (a records folder of a root that cannot be
+    used), where another account made it first on this node, or may swap ours: the job runs as
+    without the hook and writes no record there (whoever may write it decides what stats and
+    the replay read of this user's jobs). Guard: the start-up guard's own ``GPU_CACHE_RECORDS``
+    (skipped: the record went into the folder of ours in the 0777 ``gpu-cache-<uid>``)."""
+    tmp, planted = plant_node_local(base, plant, "records")
+    before = tree(planted)
+    fake = fake_jax(tmp_path)
+    environ = job_environ(tmp, planted / "records")
+    environ["PYTHONPATH"] = os.pathsep.join([str(HOOK), str(fake), str(SCRIPTS)])
+    done = same_as_without_the_hook(FAKE_PROGRAM, environ, fake)
+    assert tree(planted) == before
+    (warning,) = warnings_in(done.stderr)
+    assert "node-local folder of GPU_CACHE_RECORDS" in warning and REASONS[plant] in warning, warning
