@@ -90,10 +90,11 @@ fi;; esac
 exec g++ "$@"
 '''
 #: g++ on a CPU of the kind ``$HOST_MARCH`` names: a ``-march=native`` build is one for that
-#: CPU (x86-64-v3 has AVX2; x86-64, an older CPU's, not).
+#: CPU (x86-64-v3 has AVX2; x86-64, an older CPU's, not), also where a response file holds it.
 HOST_CXX = '''#!/bin/sh
 for a do
   shift
+  case "$a" in @*) set -- "$@" $(sed "s/-march=native/-march=$HOST_MARCH/" "${a#@}"); continue;; esac
   [ "$a" = -march=native ] && a="-march=$HOST_MARCH"
   set -- "$@" "$a"
 done
@@ -426,13 +427,15 @@ def test_a_job_built_against_another_library_version_builds_its_own(tmp_path, va
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["extra_cflags", "extra_ldflags"])
+@pytest.mark.parametrize("where", ["extra_cflags", "extra_ldflags", "a response file"])
 def test_a_native_build_for_one_cpu_is_never_served_on_another(tmp_path, where):
     """``-march=native`` on a CPU with AVX2 makes code an older CPU cannot run (SIGILL): a job
     on a CPU without AVX2 builds its own entry (it answers 1, not the AVX2 build's 2), a job on
     the first kind of CPU loads the first, and ``doctor --explain`` names the part. The same for
-    the flag at link time (``-flto``: the code is made there). Guard: the ``native`` key part (the
-    macros the compiler defines with ``-march=native`` here), from every flag list."""
+    the flag at link time (``-flto``: the code is made there), and in a response file that
+    ``extra_cflags`` names (``@native.rsp``). Guard: the ``native`` key part (the macros the
+    compiler defines with ``-march=native`` here), from every flag list and response file
+    (without the files: the third case answered [2, 2, 2])."""
     from gpu_cache.commands import explain
 
     if platform.machine() != "x86_64" or " avx2 " not in Path("/proc/cpuinfo").read_text():
@@ -442,13 +445,15 @@ def test_a_native_build_for_one_cpu_is_never_served_on_another(tmp_path, where):
     cxx.write_text(HOST_CXX)
     cxx.chmod(0o755)
     root = tmp_path / "root"
-    flags = ({"EXT_CFLAGS": "-O2 -march=native"} if where == "extra_cflags" else
-             {"EXT_CFLAGS": "-O2 -flto", "EXT_LDFLAGS": "-flto -march=native"})
+    (tmp_path / "native.rsp").write_text("-O2\n-march=native\n")
+    flags = {"extra_cflags": {"EXT_CFLAGS": "-O2 -march=native"},
+             "extra_ldflags": {"EXT_CFLAGS": "-O2 -flto", "EXT_LDFLAGS": "-flto -march=native"},
+             "a response file": {"EXT_CFLAGS": f"@{tmp_path / 'native.rsp'}"}}[where]
     env = environ(tmp_path, root, CXX=str(cxx), **flags)
     wide = "#ifdef __AVX2__\n#define WIDE 2\n#else\n#define WIDE 1\n#endif\n"
     (tmp_path / "ext.cpp").write_text(wide + SOURCE)
     files = [run(tmp_path, dict(env, HOST_MARCH=cpu), "WIDE") for cpu in ("x86-64-v3", "x86-64", "x86-64-v3")]
-    if where == "extra_cflags":  # (at link time the macro is not seen: the code is)
+    if where != "extra_ldflags":  # (at link time the macro is not seen: the code is)
         assert [f["answer"] for f in files] == [2, 1, 2]
     assert files[0]["file"] == files[2]["file"] != files[1]["file"]
     assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(1, 0), (1, 0), (0, 1)]
