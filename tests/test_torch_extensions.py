@@ -51,7 +51,7 @@ PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create
 #: ready and waits for the go file (with SYNC), loads the extension, prints what it answers.
 #: ``load_inline`` of ``$EXT_SOURCE`` (ANSWER replaced), or with ``$EXT_LOAD`` ``load`` of that
 #: file as it is; ``$EXT_CFLAGS`` and ``$EXT_LDFLAGS``: its extra compile and link flags; with
-#: ``$EXT_AGAIN`` it loads it twice.
+#: ``$EXT_AGAIN`` it loads it twice; ``$EXT_BUILD_DIR``: its ``build_directory``.
 JOB = r'''
 import json, os, sys, time
 answer, sync, include = (sys.argv[1:] + ["", ""])[:3]
@@ -61,7 +61,7 @@ if sync:
     while not os.path.exists(os.path.join(sync, "go")):
         time.sleep(0.002)
 flags = (["-DHEADER"] if include else []) + os.environ.get("EXT_CFLAGS", "").split()
-ldflags = os.environ.get("EXT_LDFLAGS", "").split()
+ldflags, folder = os.environ.get("EXT_LDFLAGS", "").split(), os.environ.get("EXT_BUILD_DIR")
 for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
     if os.environ.get("EXT_LOAD"):
         module = cpp_extension.load("ext_answer", [os.environ["EXT_LOAD"]], extra_ldflags=ldflags)
@@ -70,7 +70,7 @@ for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
         source = source if include else source.replace("ANSWER", answer)
         module = cpp_extension.load_inline("ext_answer", [source], extra_cflags=flags, extra_ldflags=ldflags,
                                            extra_include_paths=[include] if include else None,
-                                           no_implicit_headers=True)
+                                           no_implicit_headers=True, build_directory=folder)
     print(json.dumps({"answer": module.answer(), "file": module.__file__}))
 '''
 #: A C++ compiler that sleeps before each compile while its mark file exists (saying so in
@@ -351,6 +351,24 @@ def test_one_extension_loaded_twice_in_a_process_is_built_once(tmp_path):
     (section,) = records(root, KIND.name)
     assert (section["misses"], section["hits"]) == (1, 1)
     assert [p.name for p in (root / KIND.name).iterdir()] == [Path(first["file"]).parent.name]
+
+
+@pytest.mark.slow
+def test_a_build_directory_of_the_callers_own_is_built_and_loaded_there_as_without_the_hook(tmp_path):
+    """``load_inline(..., build_directory=<a folder of the caller's>)``: torch builds and loads
+    there, as without the hook (the second job finds it built), the folder stays where it is with
+    the caller's own file in it, and no keyed entry is made of it. Guard: ``_Build.of`` leaves
+    alone a folder it did not hand out (mutation M38, such a folder built as a keyed entry: the
+    caller's folder was emptied and renamed into the cache)."""
+    root, mine = tmp_path / "root", tmp_path / "my build"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    env = environ(tmp_path, root, EXT_BUILD_DIR=str(mine))
+    done = [run(tmp_path, env, "41") for _ in range(2)]
+    assert [d["answer"] for d in done] == [41, 41] and {Path(d["file"]).parent for d in done} == {mine}
+    assert (mine / "notes.txt").read_text() == "mine\n" and (mine / "build.ninja").is_file()
+    assert builds(root) == [] and list((root / KIND.name).iterdir()) == []
+    assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(0, 0), (0, 0)]
 
 
 @pytest.mark.parametrize("what", ["the kind's folder", "a folder of a name"])
