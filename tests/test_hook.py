@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from acls import GROUP, MASK, USER, set_acl
+from gpu_cache.core import software
 from gpu_cache.jobenv import trust
 from helpers import (
     HOOK,
@@ -66,6 +67,9 @@ def test_a_jax_process_writes_one_record_with_hits_misses_and_key_parts(cache_ro
     assert isinstance(warm["jax"]["saved_seconds"], float)  # tiny programs: may be < 0
     parts = next(v for k, v in warm["jax"]["key_parts"].items() if k.startswith("jit__lambda-"))
     assert {"computation", "XLA flags", "compile_options", "accelerator_config", "compression"} <= set(parts)
+    # The software of every piece's distributions, not only those it imported (jax's): what warm
+    # and validate keep of this interpreter, to which stats and explain compare a job's record.
+    assert cold["software"] == warm["software"] == software.identity(env)
 
 
 def test_no_record_and_no_heavy_imports_in_a_process_without_jax_or_triton(cache_root):
