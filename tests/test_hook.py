@@ -4,6 +4,7 @@ sitecustomize, never breaking a job, the rule of a Snakemake job, and last use f
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -277,6 +278,31 @@ def test_a_records_folder_that_links_outside_the_root_is_refused(cache_root, tmp
     done = same_as_without_the_hook(FAKE_PROGRAM, hook_env(cache_root, str(fake)), fake)
     assert "symbolic link" in warnings_in(done.stderr)[0]
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("acl", ["user nobody rwx", "user nobody r-x"])
+def test_a_team_records_folder_an_acl_lets_another_account_write_gets_no_record(cache_root, tmp_path,
+                                                                                team_group, acl):
+    """A team's records folder (``2770``, the team's group) with an ACL entry that lets user
+    nobody, no member, write it too (the mode shows only the mask): the job runs as without the
+    hook, writes no record there, and says why; an entry that only reads is no reason. Guard: the
+    hook's owner rule reads the ACL where the mode lets a group write (``owners.acl_problem``;
+    without it the record was written)."""
+    need_root()
+    records = cache_root / "records"
+    records.mkdir(parents=True)
+    os.chown(records, -1, grp.getgrnam(team_group).gr_gid)
+    records.chmod(0o2770)
+    undefined = 0xFFFFFFFF
+    set_acl(records, (0x01, RWX, undefined), (USER, RWX if "rwx" in acl else R_X, NOBODY),
+            (0x04, RWX, undefined), (MASK, RWX, undefined), (0x20, 0, undefined))
+    fake = fake_jax(tmp_path)
+    done = same_as_without_the_hook(FAKE_PROGRAM, hook_env(cache_root, str(fake)), fake)
+    written = list(records.glob("*.json"))
+    if acl.endswith("r-x"):
+        assert len(written) == 1 and not warnings_in(done.stderr)
+        return
+    assert written == [] and f"writable by user {NOBODY} through an ACL" in warnings_in(done.stderr)[0]
 
 
 @pytest.mark.parametrize("fault", ["a file", "a FIFO", "a dangling symlink", "read-only", "full"])

@@ -495,7 +495,7 @@ def _judge(folder: Path, found: list[Entry]) -> None:
             continue
         if entry.problem is not None:
             continue
-        why = owners.written_by_others(info, team)
+        why = owners.written_by_others(info, team, where=entry.path)
         if why is not None:
             entry.problem = f"not trusted: {why} (another user may have written it)"
 

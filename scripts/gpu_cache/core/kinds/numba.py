@@ -70,7 +70,7 @@ class _Numba(Kind):
                                  path=path))
         for stem, files in sorted(found.items()):
             problem = next((f"{os.path.basename(path)}: {why}" for path, info in files[1:]
-                            if (why := self._data_problem(info, team))), None)
+                            if (why := self._data_problem(path, info, team))), None)
             out.append(Entry(self, f"{source}/{stem}", stem.rsplit("-", 1)[0],
                              sum(info.st_size for _path, info in files),
                              max(max(info.st_mtime, info.st_atime) for _path, info in files), problem,
@@ -78,11 +78,11 @@ class _Numba(Kind):
         return out
 
     @staticmethod
-    def _data_problem(info: os.stat_result, team: int | None) -> str | None:
+    def _data_problem(path: str, info: os.stat_result, team: int | None) -> str | None:
         """Why a data file may not be loaded (its index is judged as every kind's entry is)."""
         if not stat.S_ISREG(info.st_mode):
             return f"{safe_io.describe(info.st_mode)} where a data file should be (never followed nor opened)"
-        why = owners.written_by_others(info, team)
+        why = owners.written_by_others(info, team, where=path)
         return f"not trusted: {why} (another user may have written it)" if why else None
 
     def files(self, entry: Entry) -> list[str]:

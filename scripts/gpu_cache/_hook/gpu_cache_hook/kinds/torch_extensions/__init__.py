@@ -157,7 +157,7 @@ def _hand_out(folder, name, hook):
         team = owners.team_gid(info)
         if team is not None and team != os.getegid() and team not in os.getgroups():
             team = None  # a group this user is not in is no team of theirs
-        why = owners.owner_problem(info, team) if stat.S_ISDIR(info.st_mode) else "not a folder"
+        why = owners.owner_problem(info, team, where=folder) if stat.S_ISDIR(info.st_mode) else "not a folder"
         if why is None:
             temp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}build.", dir=folder)
             _HANDED[temp] = team
@@ -337,7 +337,7 @@ class _Build:
             return None, text(f"unreadable ({exc})", 300)
         if not stat.S_ISDIR(info.st_mode):
             return None, "not a folder where the entry should be"
-        why = owners.owner_problem(info, team)
+        why = owners.owner_problem(info, team, where=self.entry)
         if why:
             return None, f"the entry's folder is not trusted ({why})"
         try:
@@ -348,7 +348,7 @@ class _Build:
             found, digest = _file_digest(os.path.join(self.entry, library))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return None, text(f"not whole ({exc.__class__.__name__}: {exc})", 300)
-        why = owners.owner_problem(found, team)
+        why = owners.owner_problem(found, team, where=os.path.join(self.entry, library))
         if why or found.st_size != manifest.get("size") or digest != manifest.get("sha256"):
             return None, f"its library is {why or 'not as built'}"
         changed = _changed_header(manifest.get("headers"))
