@@ -23,9 +23,9 @@ into gpu-cache's folder (the folder the job got as ``$TORCH_EXTENSIONS_DIR``) go
   (:data:`COMPILER_VARS`), Python's ABI and the machine, what the compiler makes of a
   ``-march=native`` on this CPU (``flags.NATIVE``) and, for CUDA, the CUDA root and target
   architectures. A build runs in the folder handed out and is renamed into place whole with
-  its manifest (:data:`MANIFEST`: the key parts, the library's
-  size and SHA-256, and the size, mtime and SHA-256 of each header it included outside torch);
-  a build that read a file changed since its key was taken is not kept. An entry is served
+  its manifest (:data:`MANIFEST`: the key parts, the library's size and SHA-256, and the size,
+  mtime and SHA-256 of each header it included outside torch); a build that read a file
+  changed since its key was taken is not kept. An entry is served
   only whole: its folder and library this user's (or root's, or the team's) and written by
   nobody else, the library's digest as built, every header as built; else the process builds
   (a changed header: a new entry replaces the stale one);
