@@ -56,7 +56,7 @@ def distrust(path: Path, root: Path) -> str | None:
             return f"{current} cannot be read ({exc.strerror or exc})"
         if not stat.S_ISDIR(info.st_mode):
             return None if current == path else f"{current} is {safe_io.describe(info.st_mode)}, not a folder"
-        why = owners.written_by_others(info, group)
+        why = owners.written_by_others(info, group, where=current)
         if why is not None:
             return f"{current} is {why}"
     return None

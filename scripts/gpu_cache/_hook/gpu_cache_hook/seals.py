@@ -93,7 +93,7 @@ class Seals:
             size = info.st_size
             body = size - len(MAGIC) - 8  # (after the magic, the scan's cursor)
             if not stat.S_ISREG(info.st_mode) or size > MAX_BYTES or body <= 0 or body % 16 \
-                    or owner_problem(info, self.team_gid):
+                    or owner_problem(info, self.team_gid, where=fd):
                 return
             mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         except (OSError, ValueError):

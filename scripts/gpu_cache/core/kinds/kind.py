@@ -498,7 +498,8 @@ def _judge(folder: Path, found: list[Entry]) -> None:
             continue
         if entry.problem is not None:
             continue
-        why = owners.written_by_others(info, team) or _file_written_by_others(entry, info, team)
+        why = owners.written_by_others(info, team, where=entry.path) or _file_written_by_others(
+            entry, info, team)
         if why is not None:
             entry.problem = f"not trusted: {why} (another user may have written it)"
 
@@ -511,7 +512,7 @@ def _file_written_by_others(entry: Entry, info: os.stat_result, team: int | None
         if top == entry.path and not stat.S_ISDIR(info.st_mode):
             continue  # judged already
         for path, file_info in integrity.files_of(top):
-            why = owners.written_by_others(file_info, team)
+            why = owners.written_by_others(file_info, team, where=path)
             if why is not None:
                 return f"{os.path.basename(path)} is {why}"
     return None

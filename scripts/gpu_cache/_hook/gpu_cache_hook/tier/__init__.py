@@ -150,7 +150,7 @@ class Tier:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or (check is not None and not check(fd, info.st_size)):
                 return 0
-            if fetched is not None and owner_problem(info, self.shared.team_gid):
+            if fetched is not None and owner_problem(info, self.shared.team_gid, where=fd):
                 self.counts(fetched[0])["untrusted"] += 1
                 return 0
             crc = None

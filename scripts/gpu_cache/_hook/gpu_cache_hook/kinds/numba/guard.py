@@ -79,20 +79,19 @@ class Guard:
 
     def _writers(self, fd, info, team, folder):
         """Why someone else may have written the file or folder ``fd`` (``info``: its fstat),
-        or None: owner and mode (``owners.owner_problem``), then its ACLs."""
+        or None: owner, mode and ACL (``owners.owner_problem``), then a folder's default ACL (what
+        a new file in it gets)."""
         if folder and info.st_mode & stat.S_IWGRP and not info.st_mode & stat.S_IWOTH \
                 and info.st_uid in (os.geteuid(), 0) and info.st_gid != team \
                 and self._private_group(info.st_uid, info.st_gid):
             team = info.st_gid  # the owner's user-private group: only the owner is in it
-        why = owners.owner_problem(info, team)
-        if why:
+        why = owners.owner_problem(info, team, where=fd)
+        if why or not folder:
             return why
-        names = (owners.ACL_ACCESS, owners.ACL_DEFAULT) if folder else (owners.ACL_ACCESS,)
-        for name in names:
-            writers = owners.acl_writers(owners.read_acl(fd, name), info.st_uid, info.st_gid, team)
-            if writers:
-                who = ", ".join(f"{_WHO[tag]} {'' if who is None else who}".strip() for tag, who in writers)
-                return f"writable through an ACL by {who}"
+        writers = owners.acl_writers(owners.read_acl(fd, owners.ACL_DEFAULT), info.st_uid, info.st_gid, team)
+        if writers:
+            who = ", ".join(f"{_WHO[tag]} {'' if who is None else who}".strip() for tag, who in writers)
+            return f"writable through a default ACL by {who}"
         return None
 
     def _private_group(self, uid, gid):
