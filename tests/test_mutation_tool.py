@@ -100,6 +100,17 @@ def pytest_configure(config):
 '''
 
 
+#: One survivor accepted, matched by its lines, not its line number.
+ACCEPTED = '''\
+[[accepted]]
+file = "scripts/toypkg/toy.py"
+operator = "core/NumberReplacer"
+original = "    return x - 1"
+mutant = "return x - 0"
+reason = "accepted here to see it marked"
+'''
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
                           check=True, capture_output=True, text=True).stdout.strip()
@@ -122,6 +133,8 @@ def toy(tmp_path: Path) -> tuple[Path, str]:
     (repo / MODULE).write_text(AFTER)
     (repo / "tests" / "conftest.py").write_text(CONFTEST)
     (repo / "tests" / "test_toy.py").write_text(TESTS)
+    (repo / "tests" / "mutation").mkdir()
+    (repo / "tests" / "mutation" / "accepted.toml").write_text(ACCEPTED)
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "four functions")
     return repo, base
@@ -164,12 +177,15 @@ def test_changed_lines_are_mutated_and_each_outcome_is_reported(toy, mtime):
                        line_of("    return x + 1"): {"killed"},
                        line_of("    return x - 1"): {"survived"},
                        line_of("    return x < 3"): {"not covered"}}
-    survivors = {(m["line"], m["mutated"].strip()) for m in report["survivors"]}
-    assert (line_of("    return x - 1"), "return x + 1") in survivors
+    survivors = {(m["line"], m["mutated"].strip()): m["accepted"] for m in report["survivors"]}
+    assert survivors[line_of("    return x - 1"), "return x + 1"] is None
+    assert survivors[line_of("    return x - 1"), "return x - 0"] == "accepted here to see it marked"
+    assert report["accepted"] == 1
     assert report["killed"] + report["survived"] == report["mutants"] > 0
     assert f"score: {report['killed']} of {report['mutants']} killed" in result.stdout
     survivor = f"{MODULE}:{line_of('    return x - 1')} core/ReplaceBinaryOperator_Sub_Add (survived)"
     assert survivor in result.stdout
+    assert "core/NumberReplacer (accepted: accepted here to see it marked)" in result.stdout
     assert_pristine(repo, mtime)
     # Resumed, the finished session runs nothing again.
     again = run_tool(repo, base)

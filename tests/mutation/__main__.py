@@ -147,7 +147,8 @@ def run_pending(args: argparse.Namespace, session: Session, found: CoverageMap, 
         made_for = json.loads(session.made_for.read_text())
         made_for["seconds"] = made_for.get("seconds", 0) + time.monotonic() - start
         session.made_for.write_text(json.dumps(made_for, indent=1))
-        report(db, made_for, len(pending) - len(todo), made_for["seconds"], args.session / "report.json")
+        report(db, made_for, len(pending) - len(todo), made_for["seconds"], args.repo,
+               args.session / "report.json")
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,8 @@ from pathlib import Path
 from cosmic_ray.work_db import WorkDB
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
-ACCEPTED = Path(__file__).resolve().parent / "accepted.toml"
+#: Where a repository keeps its accepted survivors.
+ACCEPTED = Path("tests/mutation/accepted.toml")
 #: The first line of a result that ran no test because no test ran the mutated statement.
 NOT_COVERED = "not covered: no test ran this statement"
 TIMEOUT = "timeout:"
@@ -46,7 +47,7 @@ def _outcome(test_outcome: TestOutcome | None, worker: WorkerOutcome, detail: st
     return "could not run"
 
 
-def accepted(path: Path = ACCEPTED) -> dict[tuple[str, str, str, str], str]:
+def accepted(path: Path) -> dict[tuple[str, str, str, str], str]:
     """(file, operator, original line, mutated line) -> why the survivor is accepted."""
     if not path.exists():
         return {}
@@ -83,10 +84,10 @@ def summary(found: list[Mutant], pending: int) -> dict:
             "score": round(killed / len(found), 4) if found else None}
 
 
-def report(db: WorkDB, made_for: dict, pending: int, seconds: float, target: Path) -> dict:
+def report(db: WorkDB, made_for: dict, pending: int, seconds: float, repo: Path, target: Path) -> dict:
     """Print the score and every survivor (the accepted ones with their reason); write it all
     as JSON to ``target``."""
-    found = mutants(db, accepted())
+    found = mutants(db, accepted(repo / ACCEPTED))
     score = summary(found, pending)
     survivors = [m for m in found if m.outcome in ("survived", "not covered")]
     line = (f"score: {score['killed']} of {score['mutants']} killed"
