@@ -256,6 +256,15 @@ def test_an_interrupted_run_puts_the_file_back_and_stops_its_tests(toy, mtime, b
     assert f"toy.py:{line_of('    return x * 2')} " in first
 
 
+def test_a_second_run_on_the_checkout_is_refused_and_touches_nothing(toy, blocked):
+    repo, base = toy
+    mutant = (repo / MODULE).read_text()
+    second = run_tool(repo, base, "--modules", "*toy.py", "--session", str(repo.parent / "other"))
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert second.stderr == f"mutation: another mutation run holds {repo}: wait for it, or stop it\n"
+    assert (repo / MODULE).read_text() == mutant  # the first run's mutant, under its tests
+
+
 def test_a_killed_run_is_undone_by_the_next(toy, mtime, blocked):
     repo, base = toy
     tool, pid = blocked

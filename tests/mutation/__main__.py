@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import fcntl
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ except ImportError as missing:
     sys.exit(f"mutation: {missing.name} is not installed here: pip install -e '.[mutation]'")
 
 from applying import Journal, run_tests  # noqa: E402
-from changes import Refused, changed_lines, every_line, resolve_base  # noqa: E402
+from changes import Refused, changed_lines, every_line, git, resolve_base  # noqa: E402
 from cosmic_ray.mutating import mutate_code  # noqa: E402
 from cosmic_ray.plugins import get_operator  # noqa: E402
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult  # noqa: E402
@@ -59,6 +60,23 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repo", type=Path, default=REPO, help=argparse.SUPPRESS)
     parser.add_argument("--package", default="scripts/gpu_cache", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def in_git_dir(repo: Path, name: str) -> Path:
+    """``name`` in the checkout's own git folder (a worktree's is its own)."""
+    return repo / git(repo, "rev-parse", "--git-path", name).strip()
+
+
+def hold_checkout(repo: Path) -> int:
+    """A lock on the checkout for as long as this process lives: a second run would take the
+    first's mutant for the original (and keep it), or put a file back under the first's tests."""
+    path = in_git_dir(repo, "mutation.lock")
+    held = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise Refused(f"another mutation run holds {repo}: wait for it, or stop it") from None
+    return held
 
 
 def _interrupt(signum: int, _frame) -> None:
@@ -128,9 +146,9 @@ def run_one(args, item, found: CoverageMap, journal: Journal) -> WorkResult:
                       output=f"{detail}\n{run.output}", diff=diff)
 
 
-def run_pending(args: argparse.Namespace, session: Session, found: CoverageMap, start: float) -> None:
+def run_pending(args: argparse.Namespace, session: Session, found: CoverageMap, journal: Journal,
+                start: float) -> None:
     """The mutants not run yet (at most --limit of them), a line each as it ends; then the report."""
-    journal = Journal(args.session)
     with session.open() as db:
         pending = session.pending(db)
         todo = pending[:args.limit] if args.limit is not None else pending
@@ -157,12 +175,14 @@ def main(argv: list[str]) -> int:
     os.chdir(args.repo)  # cosmic-ray's database names the modules relative to it
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
-    for path in Journal(args.session).recover(args.repo):
-        print(f"put back {path}, which a killed run had left mutated")
     session = Session(args.session)
     start = time.monotonic()
     try:
-        run_pending(args, session, prepare(args, session), start)
+        hold_checkout(args.repo)
+        journal = Journal(in_git_dir(args.repo, "mutation-pristine"))
+        for path in journal.recover(args.repo):
+            print(f"put back {path}, which a killed run had left mutated")
+        run_pending(args, session, prepare(args, session), journal, start)
     except Refused as refused:
         print(f"mutation: {refused}", file=sys.stderr)
         return 2

@@ -49,11 +49,12 @@ def _drop_bytecode(path: Path) -> None:
 
 
 class Journal:
-    """The pristine copy of each file while a mutant is on it, in the session's folder: a run
-    killed past every handler (SIGKILL, a lost machine) is undone by the next one, first."""
+    """The pristine copy of each file while a mutant is on it, in ``folder`` (one per checkout,
+    whatever the session): a run killed past every handler (SIGKILL, a lost machine) is undone
+    by the next one on the checkout, first."""
 
     def __init__(self, folder: Path):
-        self.folder = folder / "pristine"
+        self.folder = folder
 
     def recover(self, repo: Path) -> list[str]:
         """Put back every file a killed run left mutated; the paths put back."""
