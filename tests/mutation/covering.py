@@ -32,21 +32,23 @@ disable_warnings = no-data-collected, module-not-imported, module-not-measured
 
 
 def guess_tests(repo: Path, modules: list[str]) -> list[str]:
-    """Test files that name one of ``modules`` (its dotted name, or for a piece of the startup
-    hook the name the hook and tests/harness give it): a first guess that the covering run
-    checks; tests that reach a module only through the CLI or a job are not found by it."""
+    """Test files that name one of ``modules`` (its dotted name; for a piece of the startup hook
+    the name the hook and tests/harness give it; for a subcommand's module, the subcommand
+    given to ``run_cli``): a first guess, which the covering run checks. Tests that reach a
+    module only through another's code, a job or the workflow are not found by it."""
     patterns = []
     for module in modules:
-        dotted = module.removeprefix("scripts/").removesuffix(".py").removesuffix("/__init__")
-        parts = dotted.split(".")[0].split("/")
-        names = [".".join(parts)]
+        parts = module.removeprefix("scripts/").removesuffix(".py").removesuffix("/__init__").split("/")
+        names = [re.escape(".".join(parts))]
         if "gpu_cache_hook" in parts:
             piece = parts[parts.index("gpu_cache_hook") + 1:]
-            names += [".".join(["gpu_cache_hook", *piece]), ".".join(piece)]
-        names = [re.escape(name) for name in names if name]
+            quoted = rf"[\"']{re.escape('.'.join(piece))}[\"']"  # hook_piece("tier.files")
+            names += [re.escape(".".join(["gpu_cache_hook", *piece])), quoted]
         patterns.append(r"(?<![\w.])(" + "|".join(names) + r")(?![\w])")
         parent, stem = ".".join(parts[:-1]), parts[-1]
         patterns.append(rf"from {re.escape(parent)} import [^\n]*\b{re.escape(stem)}\b")
+        if parts[-2:-1] == ["commands"]:
+            patterns.append(rf"run_cli(_here)?\(\s*[\"']({stem}|{stem.replace('_', '-')})[\"']")
     pattern = re.compile("|".join(patterns))
     return sorted(str(path.relative_to(repo)) for path in (repo / "tests").glob("test_*.py")
                   if pattern.search(path.read_text(errors="replace")))
