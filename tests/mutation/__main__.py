@@ -38,10 +38,26 @@ from scoring import NOT_COVERED, report  # noqa: E402
 from session import Session  # noqa: E402
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    return seconds
+
+
 def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python tests/mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="the commit, tag or branch the round started from")
-    parser.add_argument("--hours", type=float, default=24,
+    parser.add_argument("--hours", type=_seconds, default=24,
                         help="without --base: the last commit older than this many hours (default 24)")
     parser.add_argument("--tests", action="append", default=[],
                         help="pytest's test files or node ids to cover the modules with (repeatable; "
@@ -50,9 +66,9 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="only the changed modules that match one of these (scripts/gpu_cache/config/*)")
     parser.add_argument("--every-line", action="store_true",
                         help="every line of the modules --modules names, changed or not")
-    parser.add_argument("--timeout", type=float,
+    parser.add_argument("--timeout", type=_seconds,
                         help="seconds a mutant's tests may run (default: 3x their covering run, +60)")
-    parser.add_argument("--limit", type=int, help="run at most this many mutants now (0: report only)")
+    parser.add_argument("--limit", type=_count, help="run at most this many mutants now (0: report only)")
     parser.add_argument("--all-operators", action="store_true",
                         help="every replacement cosmic-ray has, not only an operator's nearest")
     parser.add_argument("--session", type=Path, default=REPO / ".mutation", help="the session's folder")
@@ -85,24 +101,27 @@ def _interrupt(signum: int, _frame) -> None:
 
 def prepare(args: argparse.Namespace, session: Session) -> CoverageMap:
     """The session (made, or checked for resuming) and its map of which tests ran which lines."""
-    base = resolve_base(args.repo, args.base, args.hours)
     if args.every_line and not args.modules:
         raise Refused("--every-line needs --modules")
     if args.every_line:
-        found = every_line(args.repo, args.package)
+        base, found = "every line", every_line(args.repo, args.package)
     else:
+        base = resolve_base(args.repo, args.base, args.hours)
         found = changed_lines(args.repo, base, args.package)
     changed = {module: lines for module, lines in found.items()
                if not args.modules or any(fnmatch(module, glob) for glob in args.modules)}
     if not changed:
-        raise Refused(f"no module under {args.package} changed since {base[:12]}")
+        since = "" if args.every_line else f" changed since {base[:12]}"
+        matching = " matches --modules" if args.modules else ""
+        raise Refused(f"no module under {args.package}{since}{matching}")
     tests = args.tests or guess_tests(args.repo, list(changed))
     if not tests:
         raise Refused("no test file names a changed module: give --tests")
     wanted = {"base": base, "changed": {m: sorted(lines) for m, lines in changed.items()},
               "tests": tests, "all_operators": args.all_operators}
     lines = sum(len(found) for found in changed.values())
-    print(f"base {base[:12]}: {lines} line(s) to mutate in {len(changed)} module(s): {', '.join(changed)}")
+    label = "every line" if args.every_line else f"base {base[:12]}"
+    print(f"{label}: {lines} line(s) to mutate in {len(changed)} module(s): {', '.join(changed)}")
     if session.exists() and not args.fresh:
         session.check(wanted, args.repo)
         print(f"resuming the session in {session.folder}")
@@ -114,7 +133,10 @@ def prepare(args: argparse.Namespace, session: Session) -> CoverageMap:
     if saved.exists():
         return CoverageMap.load(saved)
     print(f"covering run of {' '.join(tests)}", flush=True)
-    found = record(args.repo, session.folder, args.package, tests, session.folder / "covering.log")
+    log = session.folder / "covering.log"
+    found = record(args.repo, session.folder, args.package, tests, log)
+    if not any(test["outcome"] == "passed" for test in found.tests.values()):
+        raise Refused(f"no test passed in the covering run: {log} says why")
     for test in found.failing():
         print(f"  fails unmutated, left out: {test}")
     found.save(saved)
@@ -178,7 +200,7 @@ def main(argv: list[str]) -> int:
     session = Session(args.session)
     start = time.monotonic()
     try:
-        hold_checkout(args.repo)
+        hold_checkout(args.repo)  # held until this process ends
         journal = Journal(in_git_dir(args.repo, "mutation-pristine"))
         for path in journal.recover(args.repo):
             print(f"put back {path}, which a killed run had left mutated")

@@ -39,6 +39,8 @@ def guess_tests(repo: Path, modules: list[str]) -> list[str]:
     patterns = []
     for module in modules:
         parts = module.removeprefix("scripts/").removesuffix(".py").removesuffix("/__init__").split("/")
+        if len(parts) == 1:  # the package itself: every test names it
+            continue
         names = [re.escape(".".join(parts))]
         if "gpu_cache_hook" in parts:
             piece = parts[parts.index("gpu_cache_hook") + 1:]
@@ -49,6 +51,8 @@ def guess_tests(repo: Path, modules: list[str]) -> list[str]:
         patterns.append(rf"from {re.escape(parent)} import [^\n]*\b{re.escape(stem)}\b")
         if parts[-2:-1] == ["commands"]:
             patterns.append(rf"run_cli(_here)?\(\s*[\"']({stem}|{stem.replace('_', '-')})[\"']")
+    if not patterns:
+        return []
     pattern = re.compile("|".join(patterns))
     return sorted(str(path.relative_to(repo)) for path in (repo / "tests").glob("test_*.py")
                   if pattern.search(path.read_text(errors="replace")))
