@@ -278,6 +278,22 @@ def test_a_killed_run_is_undone_by_the_next(toy, mtime, blocked):
     assert_pristine(repo, mtime)
 
 
+def test_a_mutant_whose_tests_hang_is_killed_by_the_timeout_and_said_so(toy, mtime, tmp_path):
+    repo, base = toy
+    made = run_tool(repo, base, "--modules", "*toy.py", "--limit", "0")
+    assert made.returncode == 0, made.stdout + made.stderr
+    blocker = tmp_path / "blocked"
+    hung = run_tool(repo, base, "--modules", "*toy.py", "--limit", "1", "--timeout", "5",
+                    TOY_BLOCK=str(blocker))
+    assert hung.returncode == 0, hung.stdout + hung.stderr
+    assert "-> timeout: still running after 5 s" in hung.stdout
+    assert not alive(int(blocker.read_text()))  # its process group was stopped
+    report = read_json(repo.parent / "session" / "report.json")
+    assert report["killed"] == report["killed_by_timeout"] == report["mutants"] == 1
+    assert "1 of 1 killed (100.0%); 1 of them by timeout" in hung.stdout
+    assert_pristine(repo, mtime)
+
+
 def test_wrong_arguments_and_a_changed_module_are_one_line(toy):
     repo, base = toy
     wrong = run_tool(repo, "no-such-ref")
