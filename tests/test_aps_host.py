@@ -1,7 +1,11 @@
 """gpu-cache as a module of an AlphaPulldownSnakemake-shaped host (tests/aps_host: HEAD's config
-keys, spellings and defaults, its rules' shape), as the README's module section says: the block
-at the end of the host's Snakefile, and gpu-cache's settings in a file of their own
-(config/gpu-cache.yaml, passed with --configfile) that names the host's values by {host: KEY}.
+keys, spellings and defaults, its rules' shape), deployed as its users deploy it and as the
+README's module section says: the folder `snakedeploy deploy-workflow` makes (the pipeline as a
+module, its config/ copied), gpu-cache as a second module at the end of that folder's
+workflow/Snakefile, and gpu-cache's settings in a file of their own (config/gpu-cache.yaml,
+passed with --configfile) that names the host's values by {host: KEY}. The pipeline's own files
+are not edited. The SLURM test serves both modules by tag from git repositories (gitfile(...),
+the same mechanism as github(...)); the others name the two Snakefiles by path.
 Structure inference runs in a `container:` rule (through tests/bin/apptainer, the stand-in over
 bwrap: Python 3.9 and jax 0.4.30) on any GPU of its partition, binds are set at parse time, no
 --buckets (the jobs pad to AlphaPulldown's own), batches pass their own
@@ -28,6 +32,7 @@ import yaml
 
 from gpu_cache.config.memory import run_memory_mb
 from helpers import REPO, SNAKEFILE, read_json, run_cli, run_snakemake
+from release import TAG, released_repo, tagged_repo
 
 FIXTURE = REPO / "tests" / "aps_host"
 #: The host's config changed for a machine without a GPU (config/test.yaml); then gpu-cache's
@@ -38,25 +43,53 @@ WITH_GPU_CACHE = ("--configfile", "config/test.yaml", "config/gpu-cache.yaml", "
 #: 2.1.8 to 2.6.2): the tests bind the stand-in run_alphafold.py (tests/fixtures) there, so
 #: the image has it where the real ones do.
 IMAGE_AF3 = "/app/AlphaPulldown/alphafold3"
+#: Where the tests put the pipeline's own stand-ins in the image (on its PATH).
+IMAGE_BIN = "/app/AlphaPulldown/bin"
 #: Longest a run of the look-alike through SLURM may take.
 SLURM_TIMEOUT = 600
 #: The host's own jobs (rules), whose every value must stay as the host made it.
 HOST_RULES = ("all", "structure_inference", "analyze_structure", "recursive_report")
 
 
-def aps_copy(tmp_path: Path) -> Path:
-    """A copy of the fixture."""
+#: The pipeline's release its users deploy (AlphaPulldownSnakemake's README).
+APS_TAG = "2.6.2"
+#: How the README's block names gpu-cache's workflow (a module by tag).
+README_MODULE = f'github("OWNER/gpu-cache", path="workflow/Snakefile", tag="{TAG}")'
+
+
+def aps_copy(tmp_path: Path, by_tag: bool = False) -> Path:
+    """The folder `snakedeploy deploy-workflow <pipeline> DEST --tag 2.6.2` makes (written by
+    snakedeploy: config/ copied, workflow/Snakefile with the pipeline as a module), the project's
+    data beside it, and the README's block at the end of its Snakefile. ``by_tag``: both modules
+    by tag from git repositories; else by path (the fixture's Snakefile, the checkout's)."""
     work = tmp_path / "aps"
-    shutil.copytree(FIXTURE, work, ignore=shutil.ignore_patterns(".snakemake", "results", "logs", "output"))
+    deploy = subprocess.run([sys.executable, "-m", "snakedeploy.client", "deploy-workflow", str(FIXTURE),
+                             str(work), "--tag", APS_TAG, "--name", "AlphaPulldownSnakemake"],
+                            capture_output=True, text=True, timeout=300)
+    assert deploy.returncode == 0, deploy.stderr[-2000:]
+    for data in ("data", "weights"):
+        shutil.copytree(FIXTURE / data, work / data)
+    if by_tag:
+        aps = tagged_repo(FIXTURE, tmp_path / "AlphaPulldownSnakemake.git", APS_TAG)
+        pipeline = f'gitfile("{aps}", path="workflow/Snakefile", tag="{APS_TAG}")'
+        ours = f'gitfile("{released_repo(tmp_path)}", path="workflow/Snakefile", tag="{TAG}")'
+    else:
+        pipeline, ours = f'"{FIXTURE / "workflow" / "Snakefile"}"', f'"{SNAKEFILE}"'
+    snakefile = work / "workflow" / "Snakefile"
+    generated = snakefile.read_text()
+    assert '"workflow/Snakefile"' in generated  # snakedeploy's path for a local source
+    (block,) = readme_blocks("python")
+    snakefile.write_text(generated.replace('"workflow/Snakefile"', pipeline) + "\n\n"
+                         + block.replace(README_MODULE, ours))
     return work
 
 
 def profile(work: Path, *settings: str) -> tuple[str, ...]:
     """The look-alike's desktop profile, 2 cores, its images pulled into the copy, ``settings``
-    (default: with gpu-cache) and the checkout's gpu-cache workflow."""
+    (default: with gpu-cache)."""
     images = str(work / "images")
     return ("--profile", "config/profiles/desktop", "--cores", "2", "--apptainer-prefix", images,
-            *(settings or WITH_GPU_CACHE), "--config", f"gpu_cache_workflow={SNAKEFILE}")
+            *(settings or WITH_GPU_CACHE))
 
 
 def write_yaml(path: Path, document: dict) -> None:
@@ -65,8 +98,10 @@ def write_yaml(path: Path, document: dict) -> None:
 
 def aps_environ(container_root, **extra: str) -> dict[str, str]:
     """The environment of a run of the look-alike: the container stand-in first on PATH, and
-    AlphaFold 3's stand-in in the image where AlphaPulldown's images keep it."""
-    return container_root.environ(APPTAINER_BIND=f"{REPO / 'tests' / 'fixtures'}:{IMAGE_AF3}:ro", **extra)
+    AlphaFold 3's stand-in in the image where AlphaPulldown's images keep it, the pipeline's
+    own stand-ins on the image's PATH (run_structure_prediction.py, alphajudge)."""
+    binds = f"{REPO / 'tests' / 'fixtures'}:{IMAGE_AF3}:ro,{FIXTURE / 'workflow' / 'scripts'}:{IMAGE_BIN}:ro"
+    return container_root.environ(APPTAINER_BIND=binds, APPTAINERENV_PREPEND_PATH=IMAGE_BIN, **extra)
 
 
 def records(root: Path, rule: str | None = None) -> list[dict]:
@@ -133,7 +168,7 @@ def test_gpu_cache_changes_no_host_value_and_takes_the_hosts_by_reference(contai
     the host's partition says less (this machine's cluster, if any, has no gpu-el8)."""
     work = aps_copy(tmp_path)
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
-    partition = ("slurm_partition=[gpu-training, gpu-el8]",)
+    partition = ("--config", "slurm_partition=[gpu-training, gpu-el8]")
     alone = run_snakemake(work, *profile(work, *HOST_ONLY), *partition, "-n", env=env)
     assert alone.returncode == 0, alone.stderr[-3000:]
     joined = run_snakemake(work, *profile(work), *partition, "-n", env=env)
@@ -236,7 +271,8 @@ def test_settings_pasted_into_the_hosts_config_say_where_they_go_now(container_r
     host = work / "config" / "config.yaml"
     settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
     flag = {"--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
-    old = {**settings, "structure_inference_arguments": flag}
+    old = {**settings, "gpu_cache_workflow": "/path/to/gpu-cache/workflow/Snakefile",
+           "structure_inference_arguments": flag}
     host.write_text(host.read_text() + "\n" + yaml.safe_dump(old))
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
     tests_own = ("--configfile", "config/test.yaml", "config/test-gpu-cache.yaml")
@@ -268,7 +304,8 @@ def test_a_module_block_above_the_hosts_rules_says_where_it_goes(container_root,
     snakefile = work / "workflow" / "Snakefile"
     text = snakefile.read_text()
     block = text[text.index("# --- gpu-cache"):]
-    snakefile.write_text(text.replace(block, "").replace("rule all:", block + "\n\nrule all:", 1))
+    above = "# declare"  # the generated Snakefile's line above the pipeline's module
+    snakefile.write_text(text.replace(block, "").replace(above, block + "\n\n" + above, 1))
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
     dry = run_snakemake(work, *profile(work), "-n", env=env)
     assert dry.returncode == 1
@@ -289,11 +326,15 @@ def readme_blocks(language: str) -> list[str]:
 
 def test_the_readme_module_section_is_what_the_fixture_uses():
     """The README's settings file is the look-alike's config/gpu-cache.yaml as it is, its
-    Snakefile block is the end of the look-alike's Snakefile, and its command passes the file."""
+    Snakefile block is what the tests add to the deployed folder's Snakefile (aps_copy), and its
+    command passes the file."""
     (settings,) = readme_blocks("yaml")
     assert settings == (FIXTURE / "config" / "gpu-cache.yaml").read_text()
+    # The block names gpu-cache's workflow by tag; the pipeline's own files do not name it.
     (block,) = readme_blocks("python")
-    assert (FIXTURE / "workflow" / "Snakefile").read_text().endswith("\n\n" + block)
+    assert block.count(README_MODULE) == 1
+    assert not [p for p in FIXTURE.rglob("*") if p.is_file() and "gpu_cache" in p.read_text(errors="replace")
+                and p.parent.name != "config"]
     assert "--configfile config/gpu-cache.yaml" in "".join(readme_blocks("bash"))
     # No --buckets: the jobs pad to AlphaPulldown's buckets, and the warm compiles some of them.
     host = yaml.safe_load((FIXTURE / "config" / "config.yaml").read_text())
@@ -493,7 +534,7 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     and the predictions (on any GPU of the partition) run after h100's validation. Neither sets
     mem_mb: their jobs ask for what one process of each bucket needs, fitted to the node."""
     partition = slurm_cluster.partition
-    work = aps_copy(tmp_path)
+    work = aps_copy(tmp_path, by_tag=True)
     write_yaml(work / "config" / "cluster.yaml", {"slurm_partition": partition})
     settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
     settings["gpu_cache"]["gpu_types"] = {
@@ -512,7 +553,6 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     assert readme.endswith(" --configfile config/gpu-cache.yaml"), readme
     command = [sys.executable, "-m", *shlex.split(readme), "config/test.yaml", "config/cluster.yaml",
                "config/test-gpu-cache.yaml", "--apptainer-prefix", str(work / "images"),
-               "--config", f"gpu_cache_workflow={SNAKEFILE}",
                "--slurm-init-seconds-before-status-checks", "1", "--nocolor"]
     started = time.time()
     process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, SCRIPTS, clean_environ, run_cli, run_snakemake
+from release import build, fresh_venv, install
 
 #: 365 bytes of YAML whose aliases expand to 9^9 (387 million) strings.
 ALIAS_BOMB = "".join(
@@ -206,21 +208,17 @@ def test_install_profile_from_a_path_with_yaml_syntax_in_it(tmp_path):
 
 @pytest.mark.slow
 def test_install_profile_from_a_non_editable_install(tmp_path):
-    target = tmp_path / "site"
-    build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                            "--no-build-isolation", "--target", str(target), str(REPO)],
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-2000:]
-    # The startup hook whole: every piece, and the ptxas shim's front still executable.
-    hook, installed = REPO / "scripts" / "gpu_cache" / "_hook", target / "gpu_cache" / "_hook"
-    files = [p.relative_to(hook) for p in hook.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    missing = [str(name) for name in files if not (installed / name).is_file()]
-    assert missing == []
-    assert os.access(installed / "gpu_cache_hook" / "kinds" / "ptxas" / "bin" / "ptxas", os.X_OK)
-    env = clean_environ(PYTHONPATH=str(target))
-    result = run_cli("install-profile", "--target", str(tmp_path / "profile"), env=env)
+    """From the wheel in a fresh venv (tests/test_release.py checks what the wheel holds): the
+    profile points at the installed package's own folder, site-packages/gpu-cache."""
+    python = fresh_venv(tmp_path / "venv")
+    install(python, build(tmp_path / "dist")[1])
+    env = {k: v for k, v in clean_environ().items() if k != "PYTHONPATH"}
+    result = subprocess.run([str(python), "-m", "gpu_cache", "install-profile", "--target",
+                             str(tmp_path / "profile")], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "export_from_profile" in (tmp_path / "profile" / "config.yaml").read_text()
+    profile = (tmp_path / "profile" / "config.yaml").read_text()
+    assert "export_from_profile" in profile
+    assert re.search(r"gpu_cache_scripts = '[^']*/site-packages/gpu-cache'", profile), profile
 
 
 @pytest.mark.parametrize("command", ["warm", "validate"])

@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from gpu_cache import __version__
 from gpu_cache.core import kinds
 from gpu_cache.reports import KindCounts, Verdict
 from helpers import SNAKEFILE, clean_environ, run_cli, run_snakemake, workdir_with_config, write_config
@@ -85,7 +86,7 @@ def test_summary_prints_the_verdicts_of_a_run_in_this_folder(tmp_path):
     done = run_cli("summary", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "gpu-cache summary" and lines[1].startswith("  cpu on cpu: PASSED: ")
+    assert lines[0] == f"gpu-cache {__version__} summary" and lines[1].startswith("  cpu on cpu: PASSED: ")
     assert "  jax cache: 0 B in 0 entries after pruning (removed 0, 0 B)" in lines
     empty = run_cli("summary", cwd=tmp_path / "results")
     assert empty.returncode == 2 and empty.stderr.count("\n") == 1

@@ -13,7 +13,8 @@ from gpu_cache.config.settings import settings_from
 from gpu_cache.core import names
 from gpu_cache.core.runner import Command, run_command, shell_command
 from gpu_cache.jobenv import env, fs
-from helpers import REPO, SCRIPTS, clean_environ, run_cli, run_snakemake
+from helpers import REPO, SCRIPTS, clean_environ, run_cli
+from release import fresh_venv
 
 
 def test_every_kind_gets_an_absolute_folder_under_the_root(cache_root):
@@ -199,16 +200,20 @@ def test_gpu_cache_under_a_folder_with_a_colon_runs_jobs_without_its_hook(tmp_pa
 
 @pytest.mark.slow
 def test_a_workflow_under_a_folder_with_a_colon_refuses_at_once_in_one_line(tmp_path):
-    """Its rules put the checkout on PYTHONPATH, which cannot hold it: Snakemake stops before
-    any job with one line that says so (not a rule failing to import gpu_cache later)."""
+    """Its rules put the package's folder on PYTHONPATH, which cannot hold it: Snakemake stops
+    before any job with one line that says so (not a rule failing to import gpu_cache later).
+    The package is installed there as `pip install -e` of that checkout installs it (a .pth line)."""
     copy = checkout_under_a_colon(tmp_path)
+    python = fresh_venv(tmp_path / "venv", copy / "scripts")
     work = tmp_path / "work"
     work.mkdir()
     environ = {k: v for k, v in clean_environ().items() if k != "PYTHONPATH"}
-    result = run_snakemake(work, "-s", str(copy / "workflow" / "Snakefile"), "--cores", "1", env=environ,
-                           timeout=300)
+    command = [str(python), "-m", "snakemake", "-s", str(copy / "workflow" / "Snakefile"), "--cores", "1"]
+    result = subprocess.run(command, cwd=work, env=environ, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert f"its checkout {copy} has ':' in its path, which PYTHONPATH cannot hold" in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gpu-cache: it is installed under {copy / 'scripts'}, whose path holds ':', which PYTHONPATH "
+        "cannot hold, so its rules could not import it; install it under a path without ':'"]
     assert not (work / "results").exists()
 
 

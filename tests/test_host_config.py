@@ -98,8 +98,16 @@ def test_doctor_takes_the_hosts_config_and_gpu_caches_file(tmp_path):
 def test_doctor_says_when_the_hosts_snakefile_lacks_the_module_block(tmp_path):
     """gpu-cache's settings passed without the block at the end of the host's Snakefile change no
     job: doctor, given the host's config files, says so in one line (and not with the block)."""
-    host = tmp_path / "aps"
-    shutil.copytree(REPO / "tests" / "aps_host", host)
+    host = tmp_path / "aps"  # as snakedeploy deploys the pipeline, with the README's block at the end
+    shutil.copytree(REPO / "tests" / "aps_host" / "config", host / "config")
+    readme = (REPO / "README.md").read_text().split("## Use it inside a pipeline", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    (host / "workflow").mkdir()
+    pipeline = 'github("KosinskiLab/AlphaPulldownSnakemake", path="workflow/Snakefile", tag="2.6.2")'
+    generated = ('configfile: "config/config.yaml"\n\n\nmodule AlphaPulldownSnakemake:\n    snakefile:\n'
+                 f"        {pipeline}\n    config:\n        config\n\n\n"
+                 "use rule * from AlphaPulldownSnakemake\n")
+    (host / "workflow" / "Snakefile").write_text(generated + "\n\n" + block)
     files = ("--config", str(host / "config" / "config.yaml"),
              "--config", str(host / "config" / "gpu-cache.yaml"))
 

@@ -13,8 +13,31 @@ a message holds of the user's config or of the filesystem is escaped there (``co
 
 import logging
 import sys
+from pathlib import Path
 
-__version__ = "0.1.0"
+#: The workflow this package carries (a link to the checkout's workflow/, files in a wheel).
+WORKFLOW = Path(__file__).with_name("workflow")
+#: The embedded default config (a link to the checkout's config/config.yaml, a file in a wheel).
+DEFAULT_CONFIG_FILE = Path(__file__).with_name("config") / "config.yaml"
+
+
+def _version() -> str:
+    """The release, from its one source, workflow/VERSION (which the build and the workflow read
+    too). "unknown" inside a job's image given a checkout's scripts/ alone, where the link to
+    workflow/ leads nowhere; nothing there asks for it."""
+    try:
+        return (WORKFLOW / "VERSION").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+__version__ = _version()
+
+
+def snakefile() -> str:
+    """The path of this package's workflow/Snakefile: for a host's ``module`` (``snakefile:
+    gpu_cache.snakefile()``) and the folder ``gpu-cache deploy`` writes (``include:``)."""
+    return str(WORKFLOW / "Snakefile")
 
 
 class _StderrHandler(logging.Handler):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gpu_cache import __version__
 from gpu_cache.core import kinds
 from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, keys_by_kind, require_keys
 
@@ -62,6 +63,8 @@ class Verdict:
     #: memory, CPUs, time or GPUs, or it never started), with the key that fixes it: a failed
     #: verdict that fails the run (issue 49).
     not_warmed: str | None = None
+    #: The gpu-cache release that made it (as a pack records it); "" in a verdict made before.
+    gpu_cache_version: str = __version__
     #: The entries this run's warm passes set aside and compiled again, by kind: they were
     #: served, and no warm had compiled their bytes (gpu_cache.core.remake).
     remade: dict[str, list[str]] = field(default_factory=dict)
@@ -110,7 +113,8 @@ class Verdict:
             "runs": [r.as_dict() for r in self.runs],
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
-            "outputs": self.outputs, "not_warmed": self.not_warmed, "remade": self.remade,
+            "outputs": self.outputs, "not_warmed": self.not_warmed,
+            "gpu_cache_version": self.gpu_cache_version, "remade": self.remade,
             "warmed_again": self.warmed_again,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
@@ -141,6 +145,7 @@ class Verdict:
             outputs=data.get("outputs") if isinstance(data.get("outputs"), dict) else {},
             status=str(data.get("status") or ""),
             not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
+            gpu_cache_version=str(data.get("gpu_cache_version") or ""),
             remade=keys_by_kind(data.get("remade")),
             warmed_again=data.get("warmed_again") if isinstance(data.get("warmed_again"), dict) else None,
         )
@@ -202,8 +207,11 @@ class PruneReport:
     tier_folder: str | None = None
     tier_max_size: int = 0
     tier: dict[str, KindPruneReport] = field(default_factory=dict)
-    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned).
+    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned),
+    #: bounded by ``max_size`` as a kind is.
     references: KindPruneReport | None = None
+    #: The markers of passed validations there (None: not pruned).
+    markers: KindPruneReport | None = None
 
     WHAT = "a prune report (prune.json)"
 
@@ -214,7 +222,9 @@ class PruneReport:
                 **{name: report.as_dict() for name, report in self.kinds.items()},
                 "tier": {"local": self.tier_folder, "max_size": self.tier_max_size,
                          "kinds": {name: report.as_dict() for name, report in self.tier.items()}},
-                "references": None if self.references is None else self.references.as_dict()}
+                "references": None if self.references is None else {**self.references.as_dict(),
+                                                                    "max_size": self.max_size},
+                "markers": None if self.markers is None else self.markers.as_dict()}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:
@@ -230,8 +240,8 @@ class PruneReport:
                     if isinstance(data.get(name), dict)},
                    [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)],
                    *_tier_part(data.get("tier")),
-                   KindPruneReport.from_dict(data["references"]) if isinstance(data.get("references"), dict)
-                   else None)
+                   *(KindPruneReport.from_dict(data[part]) if isinstance(data.get(part), dict) else None
+                     for part in ("references", "markers")))
 
 
 def _tier_part(data: Any) -> tuple[str | None, int, dict[str, KindPruneReport]]:

@@ -13,18 +13,8 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
-# The package lives in the checkout's scripts/ folder: importable without installation.
-GPU_CACHE_SCRIPTS = Path(workflow.current_basedir).parent.parent / "scripts"
-# The rules put it on PYTHONPATH, which splits at every ':' (#21): say so now, not in a rule.
-if os.pathsep in str(GPU_CACHE_SCRIPTS):
-    raise ValueError(
-        f"gpu-cache: its checkout {GPU_CACHE_SCRIPTS.parent} has {os.pathsep!r} in its path, which "
-        "PYTHONPATH cannot hold, so its rules could not import it; move it to a path without "
-        f"{os.pathsep!r}"
-    )
-if str(GPU_CACHE_SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(GPU_CACHE_SCRIPTS))
-
+from gpu_cache import DEFAULT_CONFIG_FILE as GPU_CACHE_DEFAULT_CONFIG_FILE
+from gpu_cache.core import PACKAGE_PARENT as GPU_CACHE_PACKAGE_PARENT
 from gpu_cache.jobenv import env as gpu_cache_env
 from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.core.shown import shown as gpu_cache_shown
@@ -48,16 +38,28 @@ def gpu_cache_stop(error):
     sys.exit(gpu_cache_shown(f"gpu-cache: config: {error}"))
 
 
-# The working directory's config/config.yaml, else the embedded default beside this workflow
-# (so `snakemake --snakefile <checkout>/workflow/Snakefile` runs from any folder). gpu-cache
+# The package's folder (it holds nothing else: a checkout's scripts/, an installed wheel's
+# site-packages/gpu-cache) goes on the rules' PYTHONPATH: the code this workflow imported
+# (package.smk) is what its jobs run, also with another Python than Snakemake's. PYTHONPATH
+# splits at every ':' (#21): say so now, not in a rule.
+if os.pathsep in str(GPU_CACHE_PACKAGE_PARENT):
+    sys.exit(
+        gpu_cache_shown(
+            f"gpu-cache: it is installed under {GPU_CACHE_PACKAGE_PARENT}, whose path holds {os.pathsep!r}, "
+            "which PYTHONPATH cannot hold, so its rules could not import it; install it under a path "
+            f"without {os.pathsep!r}"
+        )
+    )
+
+
+# The working directory's config/config.yaml, else the embedded default of the package (so
+# `snakemake --snakefile <checkout>/workflow/Snakefile` runs from any folder). gpu-cache
 # reads it before Snakemake merges it: that merge copies every mapping a YAML alias repeats (a
 # 1 KB file held it for minutes) and recurses without end into one that contains itself. (As
 # a module given the host's config, Snakemake skips this file; files given with --configfile
 # it reads before this workflow starts.)
 GPU_CACHE_CONFIGFILE = (
-    "config/config.yaml"
-    if os.path.exists("config/config.yaml")
-    else str(GPU_CACHE_SCRIPTS.parent / "config" / "config.yaml")
+    "config/config.yaml" if os.path.exists("config/config.yaml") else str(GPU_CACHE_DEFAULT_CONFIG_FILE)
 )
 if not workflow.modifier.skip_configfile:
     try:
@@ -82,6 +84,9 @@ except GpuCacheUsageError as error:
 # --lint or a listing runs no job: it exports nothing, so it creates no cache folder.
 if not gpu_cache_planning_only():
     gpu_cache_env.export(GPU_CACHE_SETTINGS)
+elif workflow.is_main_process:  # it exports nothing: it says what env would of an unusable root
+    for line in gpu_cache_env.root_lines(GPU_CACHE_SETTINGS):
+        print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
 
 # A type no node can take as a node of its type, and this machine is not, fails its validation:
 # say so before the run (dry run included), once, where Snakemake plans (not in each job's parse).
@@ -108,8 +113,8 @@ def gpu_cache_cli(wildcards=None):
     Snakemake's own (which has what gpu-cache needs: it brings pyyaml and jsonschema)."""
     methods = workflow.deployment_settings.deployment_method
     python = "python" if DeploymentMethod.CONDA in methods else shlex.quote(sys.executable)
-    scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
-    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache"
+    package = shlex.quote(str(GPU_CACHE_PACKAGE_PARENT))
+    return f"PYTHONPATH={package}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache"
 
 
 def gpu_cache_in_job_software(gpu_type):
@@ -145,8 +150,8 @@ def gpu_cache_runner(wildcards):
         python = "python3"
     else:
         python = shlex.quote(spec.python or GPU_CACHE_SETTINGS.python or sys.executable)
-    scripts = shlex.quote(str(GPU_CACHE_SCRIPTS))
-    return f"PYTHONPATH={scripts}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.core.runner"
+    package = shlex.quote(str(GPU_CACHE_PACKAGE_PARENT))
+    return f"PYTHONPATH={package}${{PYTHONPATH:+:$PYTHONPATH}} {python} -m gpu_cache.core.runner"
 
 
 def gpu_cache_planned(wildcards, input):

@@ -41,4 +41,7 @@ COMMANDS = {
                                                  "refused, nothing written)"),
     "install-profile": Command("gpu_cache.commands.install_profile",
                                "install the Snakemake profile (--profile gpu-cache)", common=False),
+    "deploy": Command("gpu_cache.commands.deploy", "write a folder that runs the installed package's "
+                                                   "workflow (workflow/Snakefile, config/config.yaml)",
+                      common=False),
 }

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpu_cache import __version__
 from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config.units import format_size
 from gpu_cache.core import safe_io, software
@@ -54,7 +55,7 @@ def render(validations: list[Path], prune: Path | None) -> str:
     Raises:
         UsageError: a file cannot be read as JSON.
     """
-    lines = ["gpu-cache summary"]
+    lines = [f"gpu-cache {__version__} summary"]
     for path in validations:
         v = load_verdict(path)
         if v.outcome == "unscheduled":
@@ -96,7 +97,8 @@ def render(validations: list[Path], prune: Path | None) -> str:
         if p.references is not None and p.references.entries_before:  # issue 40: cold passes' outputs
             r = p.references
             lines.append(f"  outputs references: {format_size(r.bytes_after)} in {r.entries_after} after "
-                         f"pruning ({verb} {r.entries_removed}, {format_size(r.bytes_removed)})")
+                         f"pruning, within max_size {format_size(p.max_size)} as each kind ({verb} "
+                         f"{r.entries_removed}, {format_size(r.bytes_removed)})")
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return shown_lines(lines)

@@ -129,9 +129,9 @@ def unjoined(config_files: list[str], key: str = "gpu_cache") -> str | None:
                 text = safe_io.read_bounded(snakefile, 4 << 20).decode("utf-8", "replace")
             except (OSError, ValueError):
                 continue
-            if "gpu_cache_workflow" in text:
+            if re.search(r"^\s*module\s+gpu_cache\s*:", text, re.MULTILINE):
                 return None
             return (f"{snakefile} does not include gpu-cache's module (the block at its end, README: "
-                    "`module gpu_cache: snakefile: config[\"gpu_cache_workflow\"]`): with gpu-cache's "
+                    "`module gpu_cache: snakefile: github(..., tag=...)`): with gpu-cache's "
                     "settings alone, the pipeline runs as before, uncached")
     return None

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -208,54 +208,55 @@ def plan_key(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+#: The markers of passed validations in the state folder: ``passed-<fingerprint>.json``, which
+#: a warm step of those inputs checks (:func:`still_valid`), and ``plan-<plan key>.json``, the
+#: latest of a plan's, which the host's :func:`planned_skip` reads (prune bounds both by age).
+PASSED, PLANNED = "passed", "plan"
+
+
 def planned_skip(root: Path | None, plan: Plan) -> str | None:
     """Why a warm job of ``plan`` may be planned to run no workload, and so to ask for no GPU:
-    a passed verdict of the same plan (:func:`plan_key`) whose hit entries are all still in the
-    cache root. Its software and device are those of a job, so the check job confirms it on its
-    node (it warms first where they differ). None: warm as usual."""
+    the latest passed verdict of the same plan (:func:`plan_key`; its marker alone is read, not
+    a listing: 100,000 markers added 15 s to doctor) whose hit entries are all still in the cache
+    root. Its software and device are those of a job, so the check job confirms it on its node
+    (it warms first where they differ). None: warm as usual."""
     if root is None or not plan.reuse:
         return None
-    for document in _plan_markers(root, plan_key(plan)):
-        if _all_present(root, document.get("keys")):
-            return ("the last validation of the same workloads and shapes on this cache root passed, "
-                    "and every entry it hit is still there; the check job confirms it on its node")
+    document = _plan_marker(root, plan)
+    if document is not None and _all_present(root, document.get("keys")):
+        return ("the last validation of the same workloads and shapes on this cache root passed, "
+                "and every entry it hit is still there; the check job confirms it on its node")
     return None
 
 
-def _plan_markers(root: Path, key: str) -> Iterator[dict[str, Any]]:
-    """The passed verdicts' markers of the plan ``key`` (:func:`plan_key`) in the root."""
+def _plan_marker(root: Path, plan: Plan) -> dict[str, Any] | None:
+    """The marker of the latest passed verdict of ``plan`` (None: none gpu-cache may act on)."""
+    key = plan_key(plan)
+    marker = state_file(root, PLANNED, key)
     try:
-        markers = sorted(state_files.folder(root).glob("passed-*.json"))
-    except OSError:  # an unusable root (a name too long, another's 0700 folder): env reports it
-        return
-    for marker in markers:
-        try:
-            document = json.loads(state_files.read(marker, root, 16 << 20))
-        except (OSError, ValueError):
-            continue
-        if isinstance(document, dict) and document.get("plan") == key:
-            yield document
+        document = json.loads(state_files.read(marker, root, 16 << 20)) if marker is not None else None
+    except (OSError, ValueError, RecursionError):  # none, or none gpu-cache may act on; an unusable
+        return None  # root (a name too long, another's 0700 folder): env reports it
+    return document if isinstance(document, dict) and document.get("plan") == key else None
 
 
 def why_warmed(root: Path | None, plan: Plan, identity: Mapping[str, Any],
                seen: Mapping[str, Any]) -> str | None:
     """Why a warm pass of ``plan`` runs although a validation of the same plan passed on this
-    root (its marker: :func:`gpu_cache.commands.validate.remember`): what differs from that
-    validation's inputs (the software, naming the package, or the device), or its entries gone.
-    None: no validation of the plan passed here."""
-    closest: list[str] | None = None
-    for document in _plan_markers(root, plan_key(plan)) if root is not None else ():
-        before, device_before = document.get("software"), document.get("device")
-        found = ["the software or device it ran with (not recorded)"]
-        if isinstance(before, dict) and isinstance(device_before, dict):
-            found = software.changes(before, identity) + [f"device {change}" for change in software.changes(
-                device.identity(device_before), device.identity(seen))]
-        closest = found if closest is None or len(found) < len(closest) else closest
-    if closest is None:
+    root (the plan's latest marker: :func:`gpu_cache.commands.validate.remember`): what differs
+    from that validation's inputs (the software, naming the package, or the device), or its
+    entries gone. None: no validation of the plan passed here."""
+    document = _plan_marker(root, plan) if root is not None else None
+    if document is None:
         return None
-    if not closest:
+    before, device_before = document.get("software"), document.get("device")
+    found = ["the software or device it ran with (not recorded)"]
+    if isinstance(before, dict) and isinstance(device_before, dict):
+        found = software.changes(before, identity) + [f"device {change}" for change in software.changes(
+            device.identity(device_before), device.identity(seen))]
+    if not found:
         return "entries the last passed validation of the same plan hit are gone (pruned or set aside)"
-    return f"the last passed validation of the same plan ran with other inputs: {'; '.join(closest)}"
+    return f"the last passed validation of the same plan ran with other inputs: {'; '.join(found)}"
 
 
 def state_file(root: Path | None, what: str, key: str) -> Path | None:
@@ -411,7 +412,7 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
             log.info("cold [%s]: reusing the measurement of the same inputs (%s)", plan.gpu_type,
                      earlier.reused)
             return earlier
-    if plan.phase == "warm" and plan.reuse and still_valid(root, state_file(root, "passed", key)):
+    if plan.phase == "warm" and plan.reuse and still_valid(root, state_file(root, PASSED, key)):
         result.skipped = ("the last validation of the same workloads, shapes, software and device "
                           "passed, and every entry it hit is still there: validation re-checks")
         output.write(f"# warm [{plan.gpu_type}]: no workload run: skipped: {result.skipped}\n")

@@ -1,10 +1,11 @@
+#!/usr/bin/env python3
 """A stand-in for AlphaPulldown's run_structure_prediction.py with --fold_backend=alphafold3:
 it pads the fold to a token bucket and runs AlphaFold 3's model on it, as AlphaPulldown does.
 It runs inside the prediction container (Python 3.9 and jax 0.4.30 in the tests), where
 AlphaFold 3 lies where AlphaPulldown's images keep it (/app/AlphaPulldown/alphafold3; in the
 tests a stand-in run_alphafold.py, whose model this calls).
 
-    python3 run_structure_prediction.py --input A+B --output_directory DIR \\
+    run_structure_prediction.py --input A+B --output_directory DIR \\
         --data_directory WEIGHTS --features_directory DATA [--buckets 128,256] \\
         [--jax_compilation_cache_dir DIR] [--fold_backend alphafold3]
 
