@@ -14,6 +14,7 @@ from typing import Any
 from gpu_cache.config import expansion
 from gpu_cache.config.settings import DEFAULT_CONFIG, read_config_file, validate_config
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import clipped
 
 #: The key of a host pipeline's config that holds gpu-cache's.
 HOST_KEY = "gpu_cache"
@@ -31,18 +32,18 @@ def resolve(value: Any, host: Mapping[str, Any] | None, where: str) -> Any:
         UsageError: a reference without a host config, or to a key the host does not have.
     """
     if isinstance(value, dict) and set(value) == {REFERENCE} and isinstance(value[REFERENCE], str):
-        key = value[REFERENCE]
+        key, named = value[REFERENCE], clipped(value[REFERENCE])
         if host is None:
-            raise UsageError(f"config key {where}: {{host: {key}}} names a key of a host pipeline's "
-                             "config, and there is none here (gpu-cache as a module gets it with "
+            raise UsageError(f"config key {clipped(where, 200)}: {{host: {named}}} names a key of a host "
+                             "pipeline's config, and there is none here (gpu-cache as a module gets it with "
                              "`config: config`; the CLI with --config naming the host's file)")
         if key not in host:
             import difflib
 
             near = difflib.get_close_matches(key, [str(k) for k in host], 1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            raise UsageError(f"config key {where}: {{host: {key}}}: the host's config has no key "
-                             f"{key}{hint}")
+            raise UsageError(f"config key {clipped(where, 200)}: {{host: {named}}}: the host's config "
+                             f"has no key {named}{hint}")
         return copy.deepcopy(host[key])
     if isinstance(value, dict):
         return {k: resolve(v, host, f"{where}.{k}" if where else str(k)) for k, v in value.items()}

@@ -17,6 +17,7 @@ from gpu_cache.config import expansion
 from gpu_cache.config.units import parse_age, parse_size
 from gpu_cache.core import names, owners, safe_io
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import clipped, excerpt
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
@@ -150,11 +151,19 @@ def _error_line(error: Any) -> str:
 
         near = difflib.get_close_matches(unknown, known, 1)
         hint = f"; did you mean {near[0]}?" if near else ""
-        return (f"config key {'.'.join([*path, unknown])}: not a key of gpu-cache's config{hint} "
-                "(config/README.md explains each)")
-    where = ".".join(path) or "(top level)"
-    message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
-    return f"config key {where}: {message}"
+        return (f"config key {clipped('.'.join([*path, unknown]), 200)}: not a key of gpu-cache's "
+                f"config{hint} (config/README.md explains each)")
+    where = clipped(".".join(path), 200) or "(top level)"
+    return f"config key {where}: {_message(error)}"
+
+
+def _message(error: Any) -> str:
+    """jsonschema's message with the value it quotes cut (:func:`excerpt`): it opens with the
+    value's ``repr``, whole (the config is bounded before: :mod:`expansion`)."""
+    message, quoted = error.message, repr(error.instance)
+    if message.startswith(quoted):
+        message = excerpt(error.instance) + message[len(quoted):]
+    return message if len(message) <= 300 else f"{message[:300]} ... ({len(message)} characters)"
 
 
 def _validator_class() -> Any:
@@ -171,7 +180,7 @@ def _validator_class() -> Any:
 
     def whole_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
         if validator.is_type(instance, "string") and re.fullmatch(pattern, instance) is None:
-            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+            yield jsonschema.ValidationError(f"{excerpt(instance)} does not match {pattern!r}")
 
     return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": whole_pattern})
 
@@ -206,11 +215,15 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     except RecursionError:  # PyYAML's composer recurses once per level
         raise UsageError(f"config file {path} nests deeper than YAML can be read") from None
+    except ValueError as exc:  # a value its constructors refuse: a date 2024-13-01, 5,000 digits
+        said = str(exc).split(": use sys.")[0].split("; use sys.")[0]
+        raise UsageError(f"config file {path} holds a value YAML cannot read: {clipped(said, 120)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
     # Aliases load shared: a few bytes may expand to billions of values (or contain themselves)
     # in the merge and the checks after this.
-    expansion.measure(data, f"config file {path}", budget=expansion.MAX_FILE_NODES)
+    expansion.measure(data, f"config file {path}", budget=expansion.MAX_FILE_NODES,
+                      text_budget=expansion.MAX_FILE_TEXT)
     return data
 
 

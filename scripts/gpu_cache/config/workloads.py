@@ -13,6 +13,7 @@ from gpu_cache.config.units import parse_age
 from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.runner import Command, Plan
+from gpu_cache.core.shown import excerpt
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,8 @@ class Workload:
                 out.append((shape, self.command.format_map(values)))
             except (KeyError, IndexError, ValueError) as exc:
                 raise UsageError(
-                    f"workload {self.name}: command template {self.command!r} is not valid "
-                    f"({exc!r}); it may use {{shape}}, {{python}} and {{gpu_type}}; "
+                    f"workload {self.name}: command template {excerpt(self.command)} is not valid "
+                    f"({excerpt(exc)}); it may use {{shape}}, {{python}} and {{gpu_type}}; "
                     "write {{ and }} for literal braces"
                 ) from None
         return out
@@ -155,7 +156,7 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
                         expects=(entry.expects if entry else ()) or builtin.expects, note=builtin.note(entry))
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
-        f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
+        f"unknown workload {excerpt(name)}; known workloads: {known}. A workload of your own needs "
         f"workloads.{name}.command in the config"
     )
 
@@ -166,8 +167,8 @@ def _check_outputs(name: str, template: str) -> None:
     try:
         template.format_map({"shape": "", "gpu_type": ""})
     except (KeyError, IndexError, ValueError) as exc:
-        raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
-                         "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
+        raise UsageError(f"workload {name}: outputs {excerpt(template)} is not valid ({excerpt(exc)}); it "
+                         "may use {shape} and {gpu_type}; write {{ and }} for literal braces") from None
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
@@ -178,7 +179,7 @@ def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
     """
     types = gpu_types(settings)
     if gpu_type not in types:
-        raise UsageError(f"unknown GPU type {gpu_type!r}; configured types: {', '.join(types)}")
+        raise UsageError(f"unknown GPU type {excerpt(gpu_type)}; configured types: {', '.join(types)}")
     return [resolve_workload(settings, name) for name in types[gpu_type].workload_names]
 
 
