@@ -88,6 +88,12 @@ if not gpu_cache_planning_only():
 if workflow.is_main_process:
     for line in gpu_cache_cluster.unreachable_here(GPU_CACHE_SETTINGS):
         print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
+    # A mem_mb or a bucket no node can take: its jobs are refused, or the bucket is left out.
+    try:
+        for line in gpu_cache_placement.sizing_problems(GPU_CACHE_SETTINGS):
+            print(gpu_cache_shown(f"gpu-cache: PROBLEM: {line}"), file=sys.stderr)
+    except GpuCacheUsageError as error:
+        gpu_cache_stop(error)
 
 # As a module, this workflow must not become the host's default target: Snakemake makes the
 # first rule it sees (or one marked default_target) the default. The Snakefile puts the
@@ -195,10 +201,11 @@ def gpu_cache_plans(*phases, confirm_warm=False):
             chosen.insert(0, "warm")
         made = []
         for phase in chosen:
-            plan = gpu_cache_plan_phase(
+            plan = gpu_cache_placement.job_plan(
                 GPU_CACHE_SETTINGS,
                 gpu_type,
                 phase,
+                planned,
                 record=phase != "cold",
                 in_job_software=gpu_cache_in_job_software(gpu_type),
             )

@@ -323,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
     refused = why_not_run(settings, gpu_type, args.warm, args.preflight) \
         if phases["validate"] is not None and phases["validate"].unscheduled else None
     verdict = judge_phases(settings, gpu_type, phases, exports, refused)
+    if args.preflight:  # the runs its jobs left out (no node can take them), a mem_mb none has
+        verdict.notes += placement.planned_in(args.preflight, settings, gpu_type).get("problems") or []
     outputs_proof.apply(settings, verdict, phases)
     remember(settings, verdict, phases["validate"])
     common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)

@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_cache.config.memory import run_memory_mb
+from gpu_cache.config.memory import MAX_TOKENS, run_memory_mb, tokens
 from gpu_cache.config.settings import Settings, WorkloadConfig
 from gpu_cache.config.targets import gpu_types
 from gpu_cache.config.units import parse_age
@@ -37,6 +37,9 @@ class Builtin:
         """What the verdict says about its runs (None: nothing)."""
         return None
 
+    def check_shapes(self, shapes: tuple[Any, ...]) -> None:
+        """Raises: UsageError: a shape it cannot run (any, by default)."""
+
 
 def _template(words: list[str]) -> str:
     """``words`` quoted for a shell, with braces doubled (the command is a template)."""
@@ -50,6 +53,13 @@ class _TorchCompile(Builtin):
 
 
 class _AlphaFold3(Builtin):
+    def check_shapes(self, shapes: tuple[Any, ...]) -> None:
+        """Raises: UsageError: a bucket that is not a whole number of tokens in range."""
+        for shape in shapes:
+            if tokens(shape) is None:
+                raise UsageError(f"config key workloads.{self.name}.shapes: {excerpt(shape)} is no bucket: "
+                                 f"a bucket is a whole number of tokens from 1 to {MAX_TOKENS}")
+
     def options(self, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
         """Every bucket, the weights, the script, and ``args`` for run_alphafold.py."""
         words = ["--buckets", ",".join(str(s) for s in shapes)]
@@ -151,6 +161,7 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
     builtin = BUILTINS.get(name)
     if builtin is not None:
         shapes = (entry.shapes if entry else ()) or builtin.shapes
+        builtin.check_shapes(shapes)
         command = f"{{python}} -m {builtin.module} --shape {{shape}}" + builtin.options(entry, shapes)
         return Workload(name, command, shapes, timeout, builtin=True,
                         expects=(entry.expects if entry else ()) or builtin.expects, note=builtin.note(entry))
