@@ -134,7 +134,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"local tier: off ({state})")
     dev = report["device"]
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
-    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
+    known = [f"{what} {dev[name]}" for name, what in (("compute_capability", "compute capability"),
+                                                      ("driver", "driver")) if dev.get(name)]
+    lines.append(f"   device: {where} (gpu_type {', '.join([dev['gpu_type'], *known])})")
     if report.get("gres") is not None:
         source = report.get("slurm") or "a cluster scontrol does not name"
         lines.append(f"    slurm: sinfo answered for {source}")
