@@ -54,7 +54,7 @@ def test_the_largest_node_that_can_take_a_type_is_in_its_partition_with_its_gres
 
 @pytest.mark.parametrize("resources, said", [
     ({}, "GPU type h100 asks SLURM for no GPU of a type (its resources name neither a gpu_model nor "
-         "a typed gres): its warm and check jobs may run on a node without a h100"),
+         "a typed gres): its warm and check jobs may run on a node without an H100"),
     ({"gpu": 1}, "GPU type h100 asks SLURM for any GPU of a type"),
     ({"gpu": 1, "gpu_model": "h100"}, "GPU type h100 asks for gpu:h100, which no partition offers: its jobs "
                                       "end unscheduled and hold nothing back"),

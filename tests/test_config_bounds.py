@@ -259,7 +259,7 @@ def test_what_the_user_wrote_is_printed_escaped_on_one_line(case, tmp_path):
         said = f"{{host: {ESCAPED}}}: the host's config has no key {ESCAPED}"
     elif case == "an unknown key":
         config.write_text(f"gpu_cache:\n  {QUOTED}: 1\n")
-        said = f"config key {ESCAPED}: not a key of gpu-cache's config"
+        said = f"config key gpu_cache.{ESCAPED}: not a key of gpu-cache's config"
     else:
         config.write_text("gpu_cache: {}\n")
         extra = ["--config-key", HOSTILE]

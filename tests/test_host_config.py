@@ -25,7 +25,7 @@ from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.jobenv import env
 from gpu_cache.workloads import alphafold3
-from helpers import REPO, run_cli
+from helpers import REPO, SNAKEFILE, clean_environ, run_cli, run_snakemake
 
 #: The look-alike's config (AlphaPulldownSnakemake's keys) and the file of gpu-cache's settings.
 HOST_CONFIG = REPO / "tests" / "aps_host" / "config" / "config.yaml"
@@ -66,6 +66,33 @@ def test_a_wrong_reference_is_one_line_naming_the_key(config, message):
     with pytest.raises(UsageError) as error:
         workflow_config(config)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+MISSPELT = ("config key gpu_cache.host_rule: not a key of gpu-cache's config; did you mean host_rules? "
+            "(config/README.md explains each)")
+
+
+def test_a_misspelt_key_in_the_block_is_named_by_its_whole_path(tmp_path):
+    """A typo in the gpu_cache: block was named without its gpu_cache. prefix; so were a size
+    or an age that does not parse."""
+    path = tmp_path / "config.yaml"
+    path.write_text("prediction_container: x\ngpu_cache: {host_rule: [structure_inference]}\n")
+    done = run_cli("doctor", "--config", str(path), "--cache-root", str(tmp_path / "c"))
+    assert done.stderr == f"gpu-cache: error: config file {path}: {MISSPELT}\n"
+    with pytest.raises(UsageError, match=r"^config key gpu_cache.prune.max_age: age '3 weeks' is not"):
+        settings_from(workflow_config({"gpu_cache": {"prune": {"max_age": "3 weeks"}}}), where="gpu_cache")
+
+
+@pytest.mark.slow
+def test_a_misspelt_key_in_the_block_is_named_by_its_whole_path_in_the_workflow(tmp_path):
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    (work / "config" / "config.yaml").write_text("prediction_container: x\n"
+                                                 "gpu_cache: {host_rule: [structure_inference]}\n")
+    done = run_snakemake(work, "-s", SNAKEFILE, "-n",
+                         env=clean_environ(GPU_CACHE_ROOT=str(tmp_path / "c")))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [f"gpu-cache: config: {MISSPELT}"], done.stderr
 
 
 def test_another_key_is_named_with_config_key(tmp_path):

@@ -42,7 +42,7 @@ def test_an_optional_types_deadline_is_its_queue_wait_plus_its_runtime():
 def test_a_later_attempt_of_an_optional_type_runs_no_workload_and_says_why():
     assert placement.skip_reason("h200", H200, None, attempt=1) is None
     why = placement.skip_reason("h200", H200, None, attempt=2)
-    assert why.startswith("its job did not finish on a h200 node within gpu_types.h200.queue_wait")
+    assert why.startswith("its job did not finish on an H200 node within gpu_types.h200.queue_wait")
     assert placement.skip_reason("cpu", HERE, None, attempt=2) is None  # not optional: it runs
 
 

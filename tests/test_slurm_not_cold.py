@@ -131,7 +131,7 @@ def test_doctor_and_the_run_name_a_type_no_node_can_take_as_its_own(slurm_cluste
     path.write_text(json.dumps(config))
     env = clean_environ(SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     said = ("GPU type h100 asks SLURM for no GPU of a type (its resources name neither a gpu_model "
-            "nor a typed gres): its warm and check jobs may run on a node without a h100")
+            "nor a typed gres): its warm and check jobs may run on a node without an H100")
     report = json.loads(run_cli("doctor", "--json", "--no-fail", "--config", str(path),
                                 "--cache-root", str(tmp_path / "cache"), env=env).stdout)
     assert [w for w in report["warnings"] if w.startswith("GPU type")] == [

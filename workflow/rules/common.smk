@@ -69,11 +69,13 @@ if not workflow.modifier.skip_configfile:
 configfile: GPU_CACHE_CONFIGFILE
 
 
-# The schema check of gpu-cache's package (the CLI's): one line naming the key. As a module
-# given the host's whole config (`config: config`), its gpu_cache: block, with {host: KEY}
-# values taken from the host's keys.
+# The schema check of gpu-cache's package (the CLI's): one line naming the key (by its whole
+# path, gpu_cache.host_rule). As a module given the host's whole config (`config: config`), its
+# gpu_cache: block, with {host: KEY} values taken from the host's keys.
 try:
-    GPU_CACHE_SETTINGS = gpu_cache_settings_from(gpu_cache_workflow_config(config))
+    from gpu_cache.config.host import workflow_settings as gpu_cache_workflow_settings
+
+    GPU_CACHE_SETTINGS = gpu_cache_workflow_settings(config)
 except GpuCacheUsageError as error:
     gpu_cache_stop(error)
 
@@ -266,6 +268,9 @@ def gpu_cache_join_host():
         gpu_cache_host_join.point_rule_params(host_rule.params)
     if workflow.is_main_process:  # an older README's settings in the host's own config file
         for path in [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]:
+            dropped = gpu_cache_host_join.dropped_arguments(str(path))
+            if dropped:  # every host job would lose arguments: stop before any job
+                gpu_cache_stop(dropped)
             try:
                 line = gpu_cache_host_join.pasted_settings(str(path), gpu_cache_read_config_file(path))
             except GpuCacheUsageError:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_cache.config.settings import GpuType, Settings
-from gpu_cache.config.targets import device_matches, gpu_types, gres_names
+from gpu_cache.config.targets import a_gpu, device_matches, gpu_types, gres_names
 from gpu_cache.config.units import format_size
 from gpu_cache.core import device
 from gpu_cache.core.shown import clipped, excerpt
@@ -243,7 +243,7 @@ def unplaceable(name: str, spec: GpuType, offers: tuple[Offer, ...]) -> str | No
         asks = "any GPU" if spec.resources.get("gpu") or spec.resources.get("gres") else "no GPU"
         return (f"GPU type {name} asks SLURM for {asks} of a type (its resources name neither a "
                 f"gpu_model nor a typed gres): its warm and check jobs may run on a node without "
-                f"a {spec.expected_device}, and its validation fail (give it gpu_model, or gres: "
+                f"{a_gpu(spec.expected_device)}, and its validation fail (give it gpu_model, or gres: "
                 f"gpu:<type>:1; `gpu-cache doctor` lists the cluster's GPU types)")
     offered = {n for o in offers for n in o.gres}
     if not names & offered:
@@ -344,7 +344,7 @@ def refusal(name: str, spec: GpuType, phase: str, request: Mapping[str, Any],
     finish on a node of its type; ``keys``: the config key that sets each of memory and CPUs.
     ``offers``: what ``sinfo`` says (None: no cluster answered)."""
     if offers is None:
-        return Refusal(f"its {phase} job did not finish on a {name} node, and no SLURM cluster "
+        return Refusal(f"its {phase} job did not finish on {a_gpu(name)} node, and no SLURM cluster "
                        "answers here to say why (its SLURM log does)")
     names = gres_names(spec)
     if names and not names & {n for o in offers for n in o.gres}:
@@ -378,6 +378,6 @@ def refusal(name: str, spec: GpuType, phase: str, request: Mapping[str, Any],
                        f"partition allows {max(limits)}{slurm}; lower gpu_types.{name}.resources.runtime")
     if said:
         return Refusal(f"SLURM refused its {phase} job: {said}; check gpu_types.{name}.resources")
-    return Refusal(f"its {phase} job did not finish on a {name} node, though SLURM would take it: it "
+    return Refusal(f"its {phase} job did not finish on {a_gpu(name)} node, though SLURM would take it: it "
                    f"did not start within gpu_types.{name}.queue_wait plus its runtime (the "
                    "partition was busy: raise queue_wait), or it failed there (its SLURM log says why)")

@@ -183,7 +183,7 @@ def skip_reason(gpu_type: str, spec: GpuType, warm_report: str | None, attempt: 
     if not spec.is_optional:
         return None
     if attempt > 1:
-        return (f"its job did not finish on a {gpu_type} node within "
+        return (f"its job did not finish on {targets.a_gpu(gpu_type)} node within "
                 f"gpu_types.{gpu_type}.queue_wait (no such node, rejected by SLURM, or dropped "
                 "at its --deadline; a job that started and failed is in its log)")
     if warm_report and os.path.isfile(warm_report):

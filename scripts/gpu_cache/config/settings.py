@@ -103,8 +103,9 @@ def named_as_text(config: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check ``config`` against the schema and return it with defaults filled in.
+def validate_config(config: Mapping[str, Any] | None, where: str = "") -> dict[str, Any]:
+    """Check ``config`` against the schema and return it with defaults filled in; ``where``: the
+    key that holds it in a host's config (``gpu_cache``), which begins each key a message names.
 
     Raises:
         UsageError: a key is unknown or a value has the wrong type; the message names the key.
@@ -120,7 +121,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        raise UsageError(_error_line(errors[0]))
+        raise UsageError(_error_line(errors[0], where))
     filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
@@ -136,14 +137,15 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         try:
             parse(value)
         except UsageError as exc:
-            raise UsageError(f"config key {key}: {exc}") from None
+            raise UsageError(f"config key {'.'.join(filter(None, [where, key]))}: {exc}") from None
     return filled
 
 
-def _error_line(error: Any) -> str:
-    """One line for a schema error, naming the key; an unknown key (a typo) by its own path,
-    with the known key nearest to it. (Snakemake's own check printed the whole schema.)"""
-    path = [str(part) for part in error.absolute_path]
+def _error_line(error: Any, where: str = "") -> str:
+    """One line for a schema error, naming the key (its path from ``where``); an unknown key (a
+    typo) by its own path, with the known key nearest to it. (Snakemake's own check printed the
+    whole schema.)"""
+    path = [*([where] if where else []), *(str(part) for part in error.absolute_path)]
     known = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
     if error.validator == "additionalProperties" and isinstance(error.instance, dict) and known:
         unknown = next(str(key) for key in error.instance if key not in known)
@@ -423,14 +425,16 @@ def settings_from(
     config: Mapping[str, Any] | None = None,
     cache_root: str | None = None,
     environ: Mapping[str, str] | None = None,
+    where: str = "",
 ) -> Settings:
-    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment.
+    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment;
+    ``where``: the key that holds the config in a host's (:func:`validate_config`).
 
     Raises:
         UsageError: the config does not match the schema, or names a shared_group that
             does not exist here.
     """
-    filled = validate_config(config)
+    filled = validate_config(config, where)
     team = owners.team_named(filled["shared_group"]) if filled["shared_group"] is not None else None
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
     defaults = tuple(filled["default_workloads"])
