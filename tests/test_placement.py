@@ -298,6 +298,16 @@ def test_doctor_names_a_mem_mb_and_a_bucket_no_node_can_take_as_problems(tmp_pat
     assert fine.returncode == 0 and fine.stdout.splitlines()[-1] == "result: ok", fine.stdout[-2000:]
 
 
+def test_a_bucket_is_a_whole_number_of_tokens_from_1_to_100000():
+    settings = af3_settings(workloads={"alphafold3": {"shapes": [1, "100000"]}})
+    sizes = placement.job_sizes(settings, "3090", ())
+    assert sizes.runs_mb == (run_memory_mb("alphafold3", True, 1), run_memory_mb("alphafold3", True, 100000))
+    assert run_memory_mb("alphafold3", True, 1) == 3447 and run_memory_mb("jax-transformer", True, 32) is None
+    for bucket in (100001, "100001", 0, 128.0):
+        with pytest.raises(UsageError, match=r"shapes: .* is no bucket: a bucket is a whole number of "):
+            placement.job_sizes(af3_settings(workloads={"alphafold3": {"shapes": [bucket]}}), "3090", ())
+
+
 @pytest.mark.parametrize("bucket", ["²", 10 ** 3999, 0, "12.5"],
                          ids=["superscript two", "4000 digits", "zero", "a fraction"])
 def test_a_bucket_that_is_no_whole_number_of_tokens_is_one_line(bucket, tmp_path):
