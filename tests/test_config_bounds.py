@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_cache.config import expansion
+from gpu_cache.core.errors import UsageError
 from helpers import SNAKEFILE, clean_environ, run_cli, run_snakemake
 
 #: Text a key or value may hold that no error line may pass on raw.
@@ -40,6 +42,19 @@ def mapping_bomb(levels: int = 9, indent: str = "") -> str:
 
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
+
+
+#: A long value in a config of 0.4 MB, anchored as ``s``: a string, a mapping that holds it (its
+#: text counted into every alias of the mapping), a number of 4,000 digits.
+LONG = {"a string": f"&s '{'x' * 400_000}'", "a mapping holding it": f"&s {{a: {{b: ['{'x' * 400_000}']}}}}",
+        "a number": f"&s {'9' * 4000}"}
+
+
+def long_aliases(value: str, count: int) -> str:
+    """A config of the long ``value`` and ``count`` aliases of it where the schema wants one
+    text: ``count`` values, but ``count`` times the value's text."""
+    return (f"workloads: {{w: {{args: [{value}]}}}}\n"
+            f"gpu_types: {{a100: {{container: [{', '.join(['*s'] * count)}]}}}}\n")
 
 
 #: gpu-cache's own config files, each a few hundred bytes: (the file, what its one line says).
@@ -139,8 +154,7 @@ CONFIGFILES = {
         "loop: &l [*l]\n" + NAMED.format("loop"),
         "gpu-cache: config: the config: config key gpu_types.a100.resources.0 contains itself"),
     "aliases of one long string": (
-        f"workloads: {{w: {{command: &s '{'x' * 400_000}'}}}}\n"
-        f"gpu_types: {{a100: {{container: [{', '.join(['*s'] * 2000)}]}}}}\n",
+        long_aliases(LONG["a string"], 2000),
         "gpu-cache: config: the workflow's config expands to more than 1048576 characters of text"),
     "nested 300 deep": (
         f"gpu_types: {nested(300)}\n",
@@ -164,27 +178,59 @@ def test_a_configfile_that_expands_without_end_is_one_line_before_any_copy(case,
 
 # --- text that aliases repeat, nesting, values too long to quote ------------------------------------
 
-def long_string_aliases(count: int) -> str:
-    """A config (0.4 MB) of one 400 KB string and ``count`` aliases of it where the schema wants
-    one text: ``count`` values, but ``count`` x 400 KB of text."""
-    return (f"workloads: {{w: {{command: &s '{'x' * 400_000}'}}}}\n"
-            f"gpu_types: {{a100: {{container: [{', '.join(['*s'] * count)}]}}}}\n")
-
-
-@pytest.mark.parametrize("count, cap_mb", [(2000, 1024), (8000, 2500)])
-def test_aliases_of_one_long_string_are_one_line_under_a_memory_cap(count, cap_mb, tmp_path):
+@pytest.mark.parametrize("value, count, cap_mb", [("a string", 2000, 1024), ("a string", 8000, 2500),
+                                                  ("a mapping holding it", 2000, 1024),
+                                                  ("a number", 5000, 1024)])
+def test_aliases_of_one_long_value_are_one_line_under_a_memory_cap(value, count, cap_mb, tmp_path):
     """2,000 aliases of one 400 KB string stayed under the bound of values; the schema check's
     message took the repr of their 800 MB (1.55 GB and 6 s), and 8,000 under a 2.5 GB cap
     ended in a MemoryError traceback. The text a config expands to is bounded too: under a
     cap of address space, one line."""
     config = tmp_path / "config.yaml"
-    config.write_text(long_string_aliases(count))
+    config.write_text(long_aliases(LONG[value], count))
     done = subprocess.run(["prlimit", f"--as={cap_mb << 20}", sys.executable, "-m", "gpu_cache", "env",
                            "--config", str(config), "--cache-root", str(tmp_path / "c")],
                           env=clean_environ(), capture_output=True, text=True, timeout=120)
     line = one_line(done, 2)
     assert line == (f"gpu-cache: error: config file {config} expands to more than 16777216 characters "
                     "of text: YAML aliases that repeat a long value; write the values out"), line
+
+
+def test_a_block_that_expands_past_a_configs_text_is_one_line_though_its_file_is_not(tmp_path):
+    """gpu-cache's block of a host's file is bounded as gpu-cache's own config (1 MiB of text),
+    the whole file at 16 MiB: five aliases of a 400 KB string in the block (2 MB)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"prediction_container: x\ngpu_cache:\n  {long_aliases(LONG['a string'], 5)}"
+                      .replace("\ngpu_types:", "\n  gpu_types:"))
+    line = one_line(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "c")), 2)
+    assert line == (f"gpu-cache: error: config file {config} (config key gpu_cache) expands to more than "
+                    "1048576 characters of text: YAML aliases that repeat a long value; write the values out")
+
+
+def test_a_configs_values_and_text_are_counted_to_the_bound():
+    """Each mapping and list counts itself, each of its keys and each value (an alias each time
+    it is reached); text counts the keys' and the values' characters, at every depth."""
+    shared = {"ab": ["xyz", 12]}  # 1 + 1 key + (1 + 2 values) = 5 values; 2 + 3 + 2 = 7 characters
+    config = {"one": shared, "two": [shared, {"c": shared}]}
+    values = 1 + 2 + 5 + (1 + 5 + (1 + 1 + 5))  # 21
+    text = len("one") + len("two") + 7 + 7 + (1 + 7)  # 28
+    expansion.measure(config, "c", budget=values, text_budget=text)
+    with pytest.raises(UsageError, match="expands to more than 20 values"):
+        expansion.measure(config, "c", budget=values - 1, text_budget=text)
+    with pytest.raises(UsageError, match="expands to more than 27 characters"):
+        expansion.measure(config, "c", budget=values, text_budget=text - 1)
+
+
+@pytest.mark.parametrize("depth, shown", [(6, "c: config key k.k.k.k.k.k contains itself"),
+                                          (7, "c: config key k.k.k.k... contains itself")])
+def test_a_key_path_past_six_levels_is_cut(depth, shown):
+    inner: dict = {}
+    config = inner
+    for _ in range(depth - 1):
+        config = {"k": config}
+    inner["k"] = config  # the innermost mapping holds the outermost: a loop at ``depth`` keys
+    with pytest.raises(UsageError, match=shown.replace(".", r"\.")):
+        expansion.measure(config, "c")
 
 
 def nested_json(depth: int) -> str:
