@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -39,6 +40,9 @@ def test_sinfo_lines_are_read_with_memory_cpus_gres_features_and_time_limit():
     assert h200.time_limit_minutes is None and h200.default is False
     assert htc.gres == {} and htc.time_limit_minutes == 30
     assert cluster.parse("gpu|48000+|16|gpu:4|(null)|1:30:00\n")[0].gres == {"": 4}
+    limits = [o.time_limit_minutes for o in cluster.parse("".join(
+        f"gpu|48000|16|(null)|(null)|{limit}\n" for limit in ("1:30:00", "2-12:00:00", "45", "UNLIMITED")))]
+    assert limits == [90, 3600, 45, None]
     assert cluster.parse("not sinfo output\ngpu|x|16|(null)|(null)|infinite\n") == []
 
 
@@ -170,3 +174,12 @@ def test_doctor_reads_at_most_4_mib_of_sinfo(tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert ("  warning: sinfo wrote more than 4194304 bytes: gpu-cache read no more of it, and sizes and "
             "places no job from it") in done.stdout.splitlines(), done.stdout
+
+
+def test_doctor_waits_for_sinfo_5_s_at_most_and_says_so(tmp_path):
+    environ = fake_sinfo(tmp_path / "bin", "echo 'gpu*|48000|16|gpu:a100:2|(null)|infinite'; exec sleep 60")
+    started = time.monotonic()
+    done = run_cli("doctor", "--cache-root", str(tmp_path / "c"), env=environ)
+    assert time.monotonic() - started < 30 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "  warning: sinfo did not answer within 5 s" in done.stdout.splitlines(), done.stdout
+    assert "gres:" not in done.stdout  # nothing read from it

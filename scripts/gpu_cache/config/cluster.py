@@ -76,7 +76,7 @@ def _minutes(text: str) -> int | None:
     parts = [_number(p, "time limit") for p in clock.split(":")]
     if len(parts) > 3:
         raise ValueError(f"time limit {excerpt(text, 40)} is not one sinfo writes")
-    hours, minutes = {3: (parts[0], parts[1]), 2: (0, parts[0]), 1: (0, parts[0])}[len(parts)]
+    hours, minutes = (parts[0], parts[1]) if len(parts) == 3 else (0, parts[0])  # minutes[:seconds]
     return (_number(days, "time limit") if days else 0) * 1440 + hours * 60 + minutes
 
 
@@ -166,7 +166,7 @@ def _read_until(process: subprocess.Popen[bytes], limit: int, deadline: float) -
                 return b"".join(chunks)
             size += len(chunk)
             if size > limit:
-                raise TooMuchOutput(f"{process.args[0]} wrote more than {limit} bytes")
+                raise TooMuchOutput(f"more than {limit} bytes")
             chunks.append(chunk)
 
 
