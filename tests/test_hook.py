@@ -4,6 +4,7 @@ sitecustomize, never breaking a job, the rule of a Snakemake job, and last use f
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from acls import GROUP, MASK, USER, set_acl
+from gpu_cache.core import software
 from gpu_cache.jobenv import trust
 from helpers import (
     HOOK,
@@ -28,7 +30,17 @@ from helpers import (
     run_snakemake,
     unavailable,
 )
-from hook_jobs import FAKE_PROGRAM, fake_jax, records_of, same_as_without_the_hook, warnings_in
+from hook_jobs import (
+    FAKE_PROGRAM,
+    PLANTS,
+    REFUSED,
+    fake_jax,
+    plant_node_local,
+    records_of,
+    same_as_without_the_hook,
+    tree,
+    warnings_in,
+)
 
 JAX_PROGRAM = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)))"
 
@@ -56,6 +68,9 @@ def test_a_jax_process_writes_one_record_with_hits_misses_and_key_parts(cache_ro
     assert isinstance(warm["jax"]["saved_seconds"], float)  # tiny programs: may be < 0
     parts = next(v for k, v in warm["jax"]["key_parts"].items() if k.startswith("jit__lambda-"))
     assert {"computation", "XLA flags", "compile_options", "accelerator_config", "compression"} <= set(parts)
+    # The software of every piece's distributions, not only those it imported (jax's): what warm
+    # and validate keep of this interpreter, to which stats and explain compare a job's record.
+    assert cold["software"] == warm["software"] == software.identity(env)
 
 
 def test_no_record_and_no_heavy_imports_in_a_process_without_jax_or_triton(cache_root):
@@ -265,6 +280,31 @@ def test_a_records_folder_that_links_outside_the_root_is_refused(cache_root, tmp
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.parametrize("acl", ["user nobody rwx", "user nobody r-x"])
+def test_a_team_records_folder_an_acl_lets_another_account_write_gets_no_record(cache_root, tmp_path,
+                                                                                team_group, acl):
+    """A team's records folder (``2770``, the team's group) with an ACL entry that lets user
+    nobody, no member, write it too (the mode shows only the mask): the job runs as without the
+    hook, writes no record there, and says why; an entry that only reads is no reason. Guard: the
+    hook's owner rule reads the ACL where the mode lets a group write (``owners.acl_problem``;
+    without it the record was written)."""
+    need_root()
+    records = cache_root / "records"
+    records.mkdir(parents=True)
+    os.chown(records, -1, grp.getgrnam(team_group).gr_gid)
+    records.chmod(0o2770)
+    undefined = 0xFFFFFFFF
+    set_acl(records, (0x01, RWX, undefined), (USER, RWX if "rwx" in acl else R_X, NOBODY),
+            (0x04, RWX, undefined), (MASK, RWX, undefined), (0x20, 0, undefined))
+    fake = fake_jax(tmp_path)
+    done = same_as_without_the_hook(FAKE_PROGRAM, hook_env(cache_root, str(fake)), fake)
+    written = list(records.glob("*.json"))
+    if acl.endswith("r-x"):
+        assert len(written) == 1 and not warnings_in(done.stderr)
+        return
+    assert written == [] and f"writable by user {NOBODY} through an ACL" in warnings_in(done.stderr)[0]
+
+
 @pytest.mark.parametrize("fault", ["a file", "a FIFO", "a dangling symlink", "read-only", "full"])
 def test_a_records_folder_that_cannot_take_the_record_never_changes_the_job(cache_root, tmp_path, fault):
     fake, records = fake_jax(tmp_path), cache_root / "records"
@@ -420,35 +460,6 @@ def test_the_hooks_trust_rule_agrees_with_gpu_cache_env(base, private_user):
     trust.private_group.cache_clear()
     mine = (user.pw_uid, user.pw_gid)
     assert hook.private_group(*mine) is trust.private_group(*mine) is False
-
-
-def plant_node_local(base: Path, plant: str, kind: str) -> tuple[Path, Path]:
-    """A $TMPDIR (1777) in which user nobody made gpu-cache-<uid>/<kind> first, with a file in
-    it: 0777, or 0755 of nobody's, or inside a 0777 gpu-cache-<uid> of ours. Returns the
-    $TMPDIR and gpu-cache-<uid>."""
-    tmp = base / "tmp"
-    tmp.mkdir()
-    tmp.chmod(0o1777)
-    planted = tmp / f"gpu-cache-{os.getuid()}"
-    if plant.startswith("ours"):
-        planted.mkdir()
-        planted.chmod(0o777)
-    mode = "0755" if plant == "nobody's 0755" else "0777"
-    script = f"mkdir -p -m {mode} {planted}/{kind} && echo evil > {planted}/{kind}/planted"
-    subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], check=True)
-    return tmp, planted
-
-
-def tree(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
-
-
-PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
-#: Why each is refused, naming the real cause: /tmp's sticky bit protects only an entry of one's
-#: own (as ssh's StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
-REFUSED = {"nobody's 0777": f"is owned by user {NOBODY}, not by you: another user made it in",
-           "nobody's 0755": f"is owned by user {NOBODY}, not by you: another user made it in",
-           "ours 0777, nobody's triton": "world-writable"}
 
 
 @pytest.mark.slow

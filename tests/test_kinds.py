@@ -13,7 +13,7 @@ import sys
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import kinds, software
 from gpu_cache.jobenv import env
-from helpers import SCRIPTS, clean_environ, hook_piece, hook_source
+from helpers import SCRIPTS, clean_environ, hook_piece, hook_source, run_cli, write_config
 
 HOOK = SCRIPTS / "gpu_cache" / "_hook"
 
@@ -32,6 +32,32 @@ def test_the_hooks_pieces_declare_what_the_registry_says_of_each_kind():
     assert all(words[0] in layouts for piece in pieces.values() for words in piece.tier)
     assert [name for piece in pieces.values() for name in piece.software] == list(software.key_packages())
     assert software.IMAGE_VARIABLES == hook_piece("sitecustomize").IMAGE_VARIABLES
+
+
+def test_every_folder_env_may_hand_out_as_node_local_is_judged_on_every_node(tmp_path):
+    """``gpu-cache env`` sends a kind it cannot switch off to ``$TMPDIR/gpu-cache-<uid>/<kind>``
+    where the root cannot be used; its exports reach other nodes, where another account may
+    have made that folder first. So each such variable is one the startup hook's guard judges on
+    every node: a piece declares it ``node-local`` (or it is the hook's own: records, locks).
+    Every kind, every opt-in on, through the real command (no kind listed here). Guard: the
+    pieces' ``node-local`` facts (without them: vllm's and autotune's variables failed here)."""
+    site = hook_piece("sitecustomize")
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    config = write_config(tmp_path / "config.yaml", {kind.enabled_by: True for kind in kinds.ALL
+                                                     if kind.enabled_by})
+    done = run_cli("env", "--json", "--config", str(config), "--cache-root", str(blocker / "root"),
+                   env=clean_environ(TMPDIR=str(tmp)))
+    assert done.returncode == 0, done.stderr
+    local = tmp / f"gpu-cache-{os.getuid()}"
+    handed = sorted(name for name, value in json.loads(done.stdout)["exports"].items()
+                    if value.startswith(f"{local}{os.sep}"))
+    judged = {name for piece in site.pieces() for name in piece.node_local}
+    judged |= {name for name, _what in site._OWN_NODE_LOCAL} | {site.LOCKS_VAR}  # (_install's)
+    assert len(handed) >= 8, handed  # (every kind that cannot be switched off)
+    assert [name for name in handed if name not in judged] == []
 
 
 def test_no_shared_module_of_the_hook_names_a_kind():
@@ -67,18 +93,18 @@ def test_the_hooks_seal_reader_reads_the_records_prune_writes(tmp_path):
     from helpers import hook_piece
 
     seals = hook_piece("seals")
-    assert sys.modules[integrity.seal_key.__module__].__file__ == seals.__file__
+    assert integrity.seals.__file__ == seals.__file__
     record = verified.Record(tmp_path)
     for number in range(1000):
-        record.put(integrity.seal_key(f"{number}", number, number), number)
+        record.put(seals.seal_key(f"{number}", number, number, number), number)
     record.save()
     folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         found = seals.Seals(folder)
-        assert all(found.sealed(integrity.seal_key(f"{n}", n, n)) == n for n in range(1000))
-        assert found.sealed(integrity.seal_key("1000", 1000, 1000)) is None
+        assert all(found.sealed(seals.seal_key(f"{n}", n, n, n)) == n for n in range(1000))
+        assert found.sealed(seals.seal_key("1000", 1000, 1000, 1000)) is None
         os.chmod(tmp_path / verified.NAME, 0o666)  # another user may have written it: no seals
-        assert seals.Seals(folder).sealed(integrity.seal_key("1", 1, 1)) is None
+        assert seals.Seals(folder).sealed(seals.seal_key("1", 1, 1, 1)) is None
     finally:
         os.close(folder)
 

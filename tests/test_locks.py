@@ -6,8 +6,10 @@ real JAX compiles and ahead-of-time Triton compiles on CPU, real FIFOs and symli
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from acls import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, set_acl
 from flight_jobs import (
     DRIVER,
     compiles_per_key,
@@ -191,17 +194,28 @@ def test_nothing_planted_at_a_lock_name_makes_jax_jobs_wait_or_spin(base, plante
         assert stat.S_ISREG(info.st_mode) and info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o600
 
 
-@pytest.mark.parametrize("planted", ["symlink", "another user's folder"])
-def test_a_kind_lock_folder_that_is_not_ours_turns_single_flight_off_for_that_kind(base, planted):
-    """``locks/triton`` a symlink to a folder elsewhere, or another user's folder: nothing is made
-    there, the jobs run (as without single-flight for Triton) and the record says why."""
+@pytest.mark.parametrize("planted", ["symlink", "another user's folder", "an ACL in a team's folder"])
+def test_a_kind_lock_folder_that_is_not_ours_turns_single_flight_off_for_that_kind(base, team_group, planted):
+    """``locks/triton`` a symlink to a folder elsewhere, or another user's folder, or in a team's
+    root (``shared_group``) the team's folder with an ACL that lets user nobody, no member, add
+    lock files too: nothing is made there, the jobs run (as without single-flight for Triton)
+    and the record says why. Guards: the lock rules' ``folder_problem`` (for the ACL: its read
+    of it; without, the jobs took locks nobody could hold)."""
     root = base / "cache"
-    environ = job_env(root, {"single_flight": {"timeout": "5m"}})
+    team = {"shared_group": team_group} if planted.startswith("an ACL") else {}
+    environ = job_env(root, {"single_flight": {"timeout": "5m"}, **team})
     elsewhere = base / "elsewhere"
     elsewhere.mkdir()
     folder = root / "locks" / "triton"
     if planted == "symlink":
         folder.symlink_to(elsewhere)
+    elif team:
+        folder.mkdir()
+        os.chown(folder, -1, grp.getgrnam(team_group).gr_gid)
+        folder.chmod(0o2770)
+        undefined, nobody = 0xFFFFFFFF, pwd.getpwnam("nobody").pw_uid
+        set_acl(folder, (USER_OBJ, 7, undefined), (USER, 7, nobody), (GROUP_OBJ, 7, undefined),
+                (MASK, 7, undefined), (OTHER, 0, undefined))
     else:
         folder.mkdir()
         shutil.chown(folder, user="nobody")
@@ -210,7 +224,8 @@ def test_a_kind_lock_folder_that_is_not_ours_turns_single_flight_off_for_that_ki
     assert [json.loads(r.stdout.strip().splitlines()[-1])["kernels"] for r in runs] == [5, 5]
     flights = [s["single_flight"] for s in records(root, "triton")]
     assert all(f["state"].startswith("off: cannot keep lock files private") for f in flights), flights
-    assert all(("symbolic link" if planted == "symlink" else "owned by uid") in f["state"] for f in flights)
+    why = {"symlink": "symbolic link", "another user's folder": "owned by uid"}.get(planted, "through an ACL")
+    assert all(why in f["state"] for f in flights), flights
     assert not any(elsewhere.iterdir()) and not any(folder.iterdir())
     for run in runs:  # one warning line
         assert len([line for line in run.stderr.splitlines() if line.startswith("gpu-cache:")]) == 1

@@ -238,7 +238,8 @@ def test_prune_removes_the_references_no_validation_needs_and_keeps_the_current_
     assert sorted(p.name for p in state.glob("outputs-*")) == sorted([current.name, young.name])
     assert not list(state.glob(".outputs-*"))  # nothing left half removed
     summary = run_cli("summary", "--prune", str(tmp_path / "p.json")).stdout
-    assert "outputs references: " in summary and " in 2 after pruning (removed 3, " in summary, summary
+    assert "outputs references: " in summary, summary
+    assert " in 2 after pruning, within max_size 10.0 GiB as each kind (removed 3, " in summary, summary
 
     # Older than any bound, the reference of the type's latest validation is still kept.
     assert prune("1d") == {young.name: "unused longer than max_age"}
@@ -249,6 +250,40 @@ def test_prune_removes_the_references_no_validation_needs_and_keeps_the_current_
     assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
     assert verdict["outputs"]["shapes"][0]["outcome"] == "identical"
     assert time.time() - current.stat().st_mtime < 600  # that validation marked it used
+
+
+@pytest.mark.slow
+def test_the_references_count_toward_max_size_and_the_least_recently_used_go(cache_root, tmp_path):
+    """References of two other shapes (1 MiB each, used 2 and 3 days ago: neither superseded nor
+    old) beside the one the validation just used, under ``prune --max-size 1536K``: the one used
+    3 days ago goes ("least recently used over max_size"), the others stay; prune.json gives the
+    bound, and the summary says the references were held to it. Before, they were never counted
+    (up to 3 x 256 MiB a shape). Guard: prune._references_doomed's max_size."""
+    config = plus_one_config(tmp_path)
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0
+    state = cache_root / "state"
+    (current,) = state.glob("outputs-*")
+    (manifest,) = current.glob("*.json")
+    earlier = []
+    for days, shape in ((2, "4"), (3, "5")):
+        folder = state / f"outputs-{str(days) * 24}-{current.name.split('-')[2]}"
+        shutil.copytree(current, folder)
+        (folder / manifest.name).write_text(json.dumps({**json.loads(manifest.read_text()), "shape": shape}))
+        (folder / "padding.npy").write_bytes(bytes(1 << 20))
+        aged(folder, days)
+        earlier.append(folder)
+    done = run_cli("prune", "--cache-root", str(cache_root), "--max-size", "1536K", "--json",
+                   "--output", str(tmp_path / "p.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    part = json.loads(done.stdout)["references"]
+    assert [(r["key"], r["reason"]) for r in part["removed"]] == [
+        (earlier[1].name, "least recently used over max_size")]
+    assert part["max_size"] == 1536 << 10 and part["bytes_after"] <= 1536 << 10
+    assert sorted(p.name for p in state.glob("outputs-*")) == sorted([current.name, earlier[0].name])
+    summary = run_cli("summary", "--prune", str(tmp_path / "p.json")).stdout
+    assert " in 2 after pruning, within max_size 1.5 MiB as each kind (removed 1, " in summary, summary
 
 
 #: A program that is not deterministic run to run, as a GPU reduction with atomics is not: each

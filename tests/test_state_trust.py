@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from acls import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, set_acl
 from gpu_cache.commands.prune import prune
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core import verified
@@ -41,33 +42,55 @@ def give(path: Path, user: str) -> None:
         shutil.chown(item, user=user, group=user)
 
 
-def plus_one(base: Path, work: Path) -> tuple[str, ...]:
+def let_write(user: str, root: Path, files: list[Path]) -> None:
+    """A POSIX ACL on each of ``files`` that lets ``user`` write it, and on each folder from
+    ``root`` down to them one that lets it pass (``--x``); their modes stay as they were."""
+    uid, no_id = pwd.getpwnam(user).pw_uid, 0xFFFFFFFF
+    for path in [root, *{f for p in files for f in p.parents if root in f.parents}, *files]:
+        mode = path.stat().st_mode
+        owner, group, other = (mode >> 6) & 7, (mode >> 3) & 7, mode & 7
+        set_acl(path, (USER_OBJ, owner, no_id), (USER, 6 if path in files else 1, uid),
+                (GROUP_OBJ, group, no_id), (MASK, group, no_id), (OTHER, other, no_id))
+
+
+def plus_one(base: Path, work: Path, **config: object) -> tuple[str, ...]:
     """The CLI arguments of a user workload computing ``jit(plus_one)`` over a cache root under
-    ``base`` (a folder another account can reach)."""
+    ``base`` (a folder another account can reach), with ``config``'s keys beside it."""
     (work / "plus_one.py").write_text(PLUS_ONE)
-    config = write_config(work / "c.yaml", {
+    config_file = write_config(work / "c.yaml", {
         "workloads": {"plus": {"command": f"{{python}} {work}/plus_one.py {work}/{{shape}}.npy",
                                "shapes": [3], "outputs": f"{work}/{{shape}}.npy"}},
-        "default_workloads": ["plus"]})
-    return "--config", str(config), "--cache-root", str(base / "root"), "--log", str(work / "log")
+        "default_workloads": ["plus"], **config})
+    return "--config", str(config_file), "--cache-root", str(base / "root"), "--log", str(work / "log")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["left to it", "an ACL in a team's root"])
 def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_aside(
-        base, private_user, tmp_path):
-    common = plus_one(base, tmp_path)
+        base, private_user, team_group, tmp_path, how):
+    """The state folder left to another account, which rewrites the reference; or, in a team's
+    root (``shared_group``), an ACL on the reference's files that lets an account outside the
+    team write them, which their team mode does not show. Validation proves nothing against it,
+    passes on the cache's own checks, sets nothing aside and says why. Guards: the state
+    folder's trust rule (``state_files``); for the ACL, ``owners.written_by_others``'s read of
+    it (without: the rewritten reference failed the verdict, "outputs differ")."""
+    acl = how.startswith("an ACL")
+    common = plus_one(base, tmp_path, **({"shared_group": team_group} if acl else {}))
     root = base / "root"
     assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
     assert run_cli("validate", *common, "--output", str(tmp_path / "v1.json")).returncode == 0
     assert read_json(tmp_path / "v1.json")["outputs"]["shapes"][0]["outcome"] == "identical"
     entries = sorted(p.name for p in (root / "jax").iterdir())
 
-    # The state folder is now another account's (left over), and that account rewrites the
-    # reference: its outputs and its manifest, the digest made anew for them.
-    give(root / "state", private_user)
+    # The other account rewrites the reference: its outputs and its manifest, the digest made
+    # anew for them.
     (reference,) = [p for p in (root / "state").rglob("*.npy")
                     if not p.name.endswith((".again.npy", ".cold.npy"))]
     manifest = reference.with_suffix(".json")
+    if acl:
+        let_write(private_user, root, [reference, manifest])
+    else:
+        give(root / "state", private_user)
     import numpy as np
 
     from gpu_cache.core import outputs
@@ -78,7 +101,8 @@ def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_a
     for name, target in (("seven.npy", reference), ("seven.json", manifest)):
         (base / name).chmod(0o644)
         as_other(private_user, "cp", str(base / name), str(target))
-        assert target.stat().st_uid == pwd.getpwnam(private_user).pw_uid
+        assert target.read_bytes() == (base / name).read_bytes()  # (in place, through the ACL)
+        assert target.stat().st_uid == (0 if acl else pwd.getpwnam(private_user).pw_uid)
 
     done = run_cli("validate", *common, "--output", str(tmp_path / "v2.json"))
     verdict = read_json(tmp_path / "v2.json")
@@ -88,7 +112,25 @@ def test_a_reference_another_account_rewrote_fails_no_verdict_and_sets_nothing_a
     assert "set_aside" not in verdict["outputs"]
     assert sorted(p.name for p in (root / "jax").iterdir()) == entries  # nothing set aside
     warnings = [line for line in done.stderr.splitlines() if "outputs proof" in line]
-    assert len(warnings) == 1 and f"{root / 'state'} is owned by uid " in warnings[0], done.stderr
+    why = (f"is writable by user {pwd.getpwnam(private_user).pw_uid} through an ACL" if acl
+           else f"{root / 'state'} is owned by uid ")
+    assert len(warnings) == 1 and why in warnings[0], done.stderr
+
+
+@pytest.mark.slow
+def test_nothing_is_kept_in_a_state_folder_another_account_owns(base, private_user, tmp_path):
+    """The root's state folder is another account's (made first, or left over): a warm and a
+    validation still pass, and gpu-cache keeps nothing there (no reference, no marker of the
+    passed verdict, no measurement), since that account could rewrite whatever it kept and so
+    steer the next runs. Guard: state_files.make's trust check."""
+    common = plus_one(base, tmp_path)
+    state = base / "root" / "state"
+    state.mkdir(parents=True)
+    give(state, private_user)
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    assert done.returncode == 0 and read_json(tmp_path / "v.json")["passed"] is True, done.stderr[-3000:]
+    assert list(state.iterdir()) == []
 
 
 #: ``jit(plus_one)`` over ones of the shape given (its outputs file is the first argument).

@@ -51,7 +51,7 @@ PyMODINIT_FUNC CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create
 #: ready and waits for the go file (with SYNC), loads the extension, prints what it answers.
 #: ``load_inline`` of ``$EXT_SOURCE`` (ANSWER replaced), or with ``$EXT_LOAD`` ``load`` of that
 #: file as it is; ``$EXT_CFLAGS`` and ``$EXT_LDFLAGS``: its extra compile and link flags; with
-#: ``$EXT_AGAIN`` it loads it twice.
+#: ``$EXT_AGAIN`` it loads it twice; ``$EXT_BUILD_DIR``: its ``build_directory``.
 JOB = r'''
 import json, os, sys, time
 answer, sync, include = (sys.argv[1:] + ["", ""])[:3]
@@ -61,7 +61,7 @@ if sync:
     while not os.path.exists(os.path.join(sync, "go")):
         time.sleep(0.002)
 flags = (["-DHEADER"] if include else []) + os.environ.get("EXT_CFLAGS", "").split()
-ldflags = os.environ.get("EXT_LDFLAGS", "").split()
+ldflags, folder = os.environ.get("EXT_LDFLAGS", "").split(), os.environ.get("EXT_BUILD_DIR")
 for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
     if os.environ.get("EXT_LOAD"):
         module = cpp_extension.load("ext_answer", [os.environ["EXT_LOAD"]], extra_ldflags=ldflags)
@@ -70,7 +70,7 @@ for _ in range(2 if os.environ.get("EXT_AGAIN") else 1):
         source = source if include else source.replace("ANSWER", answer)
         module = cpp_extension.load_inline("ext_answer", [source], extra_cflags=flags, extra_ldflags=ldflags,
                                            extra_include_paths=[include] if include else None,
-                                           no_implicit_headers=True)
+                                           no_implicit_headers=True, build_directory=folder)
     print(json.dumps({"answer": module.answer(), "file": module.__file__}))
 '''
 #: A C++ compiler that sleeps before each compile while its mark file exists (saying so in
@@ -90,10 +90,11 @@ fi;; esac
 exec g++ "$@"
 '''
 #: g++ on a CPU of the kind ``$HOST_MARCH`` names: a ``-march=native`` build is one for that
-#: CPU (x86-64-v3 has AVX2; x86-64, an older CPU's, not).
+#: CPU (x86-64-v3 has AVX2; x86-64, an older CPU's, not), also where a response file holds it.
 HOST_CXX = '''#!/bin/sh
 for a do
   shift
+  case "$a" in @*) set -- "$@" $(sed "s/-march=native/-march=$HOST_MARCH/" "${a#@}"); continue;; esac
   [ "$a" = -march=native ] && a="-march=$HOST_MARCH"
   set -- "$@" "$a"
 done
@@ -352,6 +353,24 @@ def test_one_extension_loaded_twice_in_a_process_is_built_once(tmp_path):
     assert [p.name for p in (root / KIND.name).iterdir()] == [Path(first["file"]).parent.name]
 
 
+@pytest.mark.slow
+def test_a_build_directory_of_the_callers_own_is_built_and_loaded_there_as_without_the_hook(tmp_path):
+    """``load_inline(..., build_directory=<a folder of the caller's>)``: torch builds and loads
+    there, as without the hook (the second job finds it built), the folder stays where it is with
+    the caller's own file in it, and no keyed entry is made of it. Guard: ``_Build.of`` leaves
+    alone a folder it did not hand out (mutation M38, such a folder built as a keyed entry: the
+    caller's folder was emptied and renamed into the cache)."""
+    root, mine = tmp_path / "root", tmp_path / "my build"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    env = environ(tmp_path, root, EXT_BUILD_DIR=str(mine))
+    done = [run(tmp_path, env, "41") for _ in range(2)]
+    assert [d["answer"] for d in done] == [41, 41] and {Path(d["file"]).parent for d in done} == {mine}
+    assert (mine / "notes.txt").read_text() == "mine\n" and (mine / "build.ninja").is_file()
+    assert builds(root) == [] and list((root / KIND.name).iterdir()) == []
+    assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(0, 0), (0, 0)]
+
+
 @pytest.mark.parametrize("what", ["the kind's folder", "a folder of a name"])
 @pytest.mark.parametrize("how", ["another account's", "writable by everyone"])
 def test_a_folder_of_the_kind_another_account_may_write_is_refused(base, private_user, what, how):
@@ -426,13 +445,15 @@ def test_a_job_built_against_another_library_version_builds_its_own(tmp_path, va
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["extra_cflags", "extra_ldflags"])
+@pytest.mark.parametrize("where", ["extra_cflags", "extra_ldflags", "a response file"])
 def test_a_native_build_for_one_cpu_is_never_served_on_another(tmp_path, where):
     """``-march=native`` on a CPU with AVX2 makes code an older CPU cannot run (SIGILL): a job
     on a CPU without AVX2 builds its own entry (it answers 1, not the AVX2 build's 2), a job on
     the first kind of CPU loads the first, and ``doctor --explain`` names the part. The same for
-    the flag at link time (``-flto``: the code is made there). Guard: the ``native`` key part (the
-    macros the compiler defines with ``-march=native`` here), from every flag list."""
+    the flag at link time (``-flto``: the code is made there), and in a response file that
+    ``extra_cflags`` names (``@native.rsp``). Guard: the ``native`` key part (the macros the
+    compiler defines with ``-march=native`` here), from every flag list and response file
+    (without the files: the third case answered [2, 2, 2])."""
     from gpu_cache.commands import explain
 
     if platform.machine() != "x86_64" or " avx2 " not in Path("/proc/cpuinfo").read_text():
@@ -442,13 +463,15 @@ def test_a_native_build_for_one_cpu_is_never_served_on_another(tmp_path, where):
     cxx.write_text(HOST_CXX)
     cxx.chmod(0o755)
     root = tmp_path / "root"
-    flags = ({"EXT_CFLAGS": "-O2 -march=native"} if where == "extra_cflags" else
-             {"EXT_CFLAGS": "-O2 -flto", "EXT_LDFLAGS": "-flto -march=native"})
+    (tmp_path / "native.rsp").write_text("-O2\n-march=native\n")
+    flags = {"extra_cflags": {"EXT_CFLAGS": "-O2 -march=native"},
+             "extra_ldflags": {"EXT_CFLAGS": "-O2 -flto", "EXT_LDFLAGS": "-flto -march=native"},
+             "a response file": {"EXT_CFLAGS": f"@{tmp_path / 'native.rsp'}"}}[where]
     env = environ(tmp_path, root, CXX=str(cxx), **flags)
     wide = "#ifdef __AVX2__\n#define WIDE 2\n#else\n#define WIDE 1\n#endif\n"
     (tmp_path / "ext.cpp").write_text(wide + SOURCE)
     files = [run(tmp_path, dict(env, HOST_MARCH=cpu), "WIDE") for cpu in ("x86-64-v3", "x86-64", "x86-64-v3")]
-    if where == "extra_cflags":  # (at link time the macro is not seen: the code is)
+    if where != "extra_ldflags":  # (at link time the macro is not seen: the code is)
         assert [f["answer"] for f in files] == [2, 1, 2]
     assert files[0]["file"] == files[2]["file"] != files[1]["file"]
     assert [(s["misses"], s["hits"]) for s in records(root, KIND.name)] == [(1, 0), (1, 0), (0, 1)]

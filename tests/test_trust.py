@@ -28,7 +28,7 @@ import pytest
 from acls import GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, set_acl
 from gpu_cache.config.settings import resolve_cache_root
 from gpu_cache.core.errors import UsageError
-from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, write_config
+from helpers import REPO, clean_environ, jax_job_env, read_json, run_cli, run_snakemake, write_config
 
 # Under CI (root there) a test never skips for this: it would fail instead.
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
@@ -527,6 +527,62 @@ def test_a_root_that_cannot_be_used_is_one_line_and_exit_0(base, fault):
     assert exported.returncode == 0, exported.stderr
     no_traceback(exported)
     assert len(warning_lines(exported.stderr)) == 1 and FAULTS[fault] in exported.stderr
+
+
+#: Roots that cannot be used although each is (or would be) a folder, made from ``base``.
+UNUSABLE = ("world-writable", "under another account's folder", "a file")
+
+
+def unusable_root(base: Path, fault: str) -> Path:
+    if fault == "world-writable":
+        (base / "open").mkdir(mode=0o777)
+        (base / "open").chmod(0o777)
+        return base / "open"
+    if fault == "a file":
+        (base / "a-file").write_text("not a cache")
+        return base / "a-file"
+    theirs = base / "theirs"
+    theirs.mkdir()
+    shutil.chown(theirs, user="nobody")
+    return theirs / "cache"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", UNUSABLE)
+def test_stats_env_and_a_dry_run_give_doctors_reason_for_an_unusable_root(base, fault):
+    """A root no job may use: doctor's reason is what ``stats`` reports (its JSON, and a line; a
+    file stops it with that reason, exit 2), what ``env`` warns, and what ``snakemake -n`` warns
+    before any job, creating nothing. Before, stats said nothing (or its own words) and a dry
+    run nothing at all. Guards: fs.root_check, the one place that words it, called by stats
+    (cache_stats, require_folder_or_missing) and by the workflow's dry run (env.root_lines)."""
+    root = unusable_root(base, fault)
+    doctor = run_cli("doctor", "--json", "--no-fail", "--cache-root", str(root))
+    reason = json.loads(doctor.stdout)["kinds"]["jax"]["problem"]
+    assert reason and str(root) in reason, doctor.stdout
+    stats = run_cli("stats", "--json", "--cache-root", str(root))
+    if fault == "a file":
+        assert stats.returncode == 2
+        assert stats.stderr == f"gpu-cache: error: cache root cannot be used: {reason}\n"
+    else:
+        assert stats.returncode == 0 and json.loads(stats.stdout)["problem"] == reason, stats.stderr
+        text = run_cli("stats", "--cache-root", str(root)).stdout
+        assert f"  PROBLEM: {reason} (jobs do not use it" in text, text
+    env = run_cli("env", "--json", "--cache-root", str(root))
+    assert json.loads(env.stdout)["problems"]["jax"].startswith(f"{reason}; jax runs without")
+    work, tmp = base / "work", base / "tmp"  # (Snakemake keeps its own files in work)
+    work.mkdir()
+    tmp.mkdir()
+
+    def made() -> list[Path]:
+        return sorted(p for p in base.rglob("*") if work not in p.parents)
+
+    before = made()
+    dry = run_snakemake(work, "--snakefile", str(REPO / "workflow" / "Snakefile"), "-n", "--config",
+                        f"cache_root={root}", env=clean_environ(TMPDIR=str(tmp)))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    (line,) = [line for line in dry.stderr.splitlines() if line.startswith("gpu-cache: warning:")]
+    assert line.startswith(f"gpu-cache: warning: jax: {reason}; jax runs without its persistent cache; ")
+    assert made() == before  # a dry run makes nothing (no root, no fallback)
 
 
 @pytest.mark.slow

@@ -198,8 +198,11 @@ class PruneReport:
     tier_folder: str | None = None
     tier_max_size: int = 0
     tier: dict[str, KindPruneReport] = field(default_factory=dict)
-    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned).
+    #: The outputs proof's references in the root's state folder (issue 40; None: not pruned),
+    #: bounded by ``max_size`` as a kind is.
     references: KindPruneReport | None = None
+    #: The markers of passed validations there (None: not pruned).
+    markers: KindPruneReport | None = None
 
     WHAT = "a prune report (prune.json)"
 
@@ -210,7 +213,9 @@ class PruneReport:
                 **{name: report.as_dict() for name, report in self.kinds.items()},
                 "tier": {"local": self.tier_folder, "max_size": self.tier_max_size,
                          "kinds": {name: report.as_dict() for name, report in self.tier.items()}},
-                "references": None if self.references is None else self.references.as_dict()}
+                "references": None if self.references is None else {**self.references.as_dict(),
+                                                                    "max_size": self.max_size},
+                "markers": None if self.markers is None else self.markers.as_dict()}
 
     @classmethod
     def from_dict(cls, data: Any) -> PruneReport:
@@ -226,8 +231,8 @@ class PruneReport:
                     if isinstance(data.get(name), dict)},
                    [str(m) for m in data.get("software_mismatches") or [] if isinstance(m, str)],
                    *_tier_part(data.get("tier")),
-                   KindPruneReport.from_dict(data["references"]) if isinstance(data.get("references"), dict)
-                   else None)
+                   *(KindPruneReport.from_dict(data[part]) if isinstance(data.get(part), dict) else None
+                     for part in ("references", "markers")))
 
 
 def _tier_part(data: Any) -> tuple[str | None, int, dict[str, KindPruneReport]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 from importlib import metadata
@@ -87,6 +88,43 @@ def same_as_without_the_hook(code: str, hooked: dict[str, str], fake: Path, *,
     assert others == plain.stderr.splitlines()
     assert len(warnings_in(done.stderr)) <= 1, done.stderr
     return done
+
+
+def plant_node_local(base: Path, plant: str, kind: str) -> tuple[Path, Path]:
+    """A $TMPDIR (1777) in which user nobody made gpu-cache-<uid>/<kind> first, with a file in
+    it: 0777, or 0755 of nobody's, or inside a 0777 gpu-cache-<uid> of ours; or (``ours 0777,
+    ours``) where that 0777 gpu-cache-<uid> holds a <kind> folder of ours, which anyone may rename
+    away and replace with theirs. Returns the $TMPDIR and gpu-cache-<uid>."""
+    tmp = base / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    planted = tmp / f"gpu-cache-{os.getuid()}"
+    if plant.startswith("ours"):
+        planted.mkdir()
+        planted.chmod(0o777)
+    mode = "0755" if plant == "nobody's 0755" else "0777"
+    script = f"mkdir -p -m {mode} {planted}/{kind} && echo evil > {planted}/{kind}/planted"
+    if plant == OURS_IN_0777:
+        (planted / kind).mkdir()
+        (planted / kind / "planted").write_text("evil\n")
+    else:
+        subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], check=True)
+    return tmp, planted
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+PLANTS = ["nobody's 0777", "nobody's 0755", "ours 0777, nobody's triton"]
+#: A folder of ours in a 0777 gpu-cache-<uid> of ours (another user may swap it for theirs).
+OURS_IN_0777 = "ours 0777, ours"
+#: Why each is refused, naming the real cause: /tmp's sticky bit protects only an entry of one's
+#: own (as ssh's StrictModes judges it), so nobody's gpu-cache-0 is refused already above it.
+REFUSED = {"nobody's 0777": f"is owned by user {NOBODY}, not by you: another user made it in",
+           "nobody's 0755": f"is owned by user {NOBODY}, not by you: another user made it in",
+           "ours 0777, nobody's triton": "world-writable", OURS_IN_0777: "world-writable"}
 
 
 def real_tokamax() -> None:

@@ -84,6 +84,9 @@ except GpuCacheUsageError as error:
 # --lint or a listing runs no job: it exports nothing, so it creates no cache folder.
 if not gpu_cache_planning_only():
     gpu_cache_env.export(GPU_CACHE_SETTINGS)
+elif workflow.is_main_process:  # it exports nothing: it says what env would of an unusable root
+    for line in gpu_cache_env.root_lines(GPU_CACHE_SETTINGS):
+        print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
 
 # A type no node can take as a node of its type, and this machine is not, fails its validation:
 # say so before the run (dry run included), once, where Snakemake plans (not in each job's parse).

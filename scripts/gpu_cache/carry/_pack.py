@@ -147,7 +147,7 @@ def _written_by_others(paths: Iterable[Path], team: int | None) -> str | None:
     for path in paths:
         for where in (path, path.parent):
             try:
-                why = owners.written_by_others(os.lstat(where), team)
+                why = owners.written_by_others(os.lstat(where), team, where=where)
             except OSError as exc:
                 why = f"cannot be inspected ({exc.strerror or exc})"
             if why is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 import time
 from contextlib import ExitStack
@@ -17,9 +18,19 @@ from pathlib import Path
 from gpu_cache.commands import common
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_size, parse_age, parse_size
-from gpu_cache.core import kinds, names, references, safe_io, safe_locks, verified
+from gpu_cache.core import (
+    kinds,
+    names,
+    owners,
+    references,
+    runner,
+    safe_io,
+    safe_locks,
+    state_files,
+    verified,
+)
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.kinds import Entry, Kind
+from gpu_cache.core.kinds import Entry, Kind, integrity
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv.fs import require_folder_or_missing
 from gpu_cache.reports import KindPruneReport, PruneReport
@@ -75,15 +86,17 @@ def prune_kind(kind: Kind, folder: Path, max_size: int, max_age: float, dry_run:
     verified already; it only reads some entries again, in turn, for damage that keeps their
     size."""
     now = time.time() if now is None else now
-    found, report = _survey(kind, folder, dry_run, grace_seconds, verify_all)
-    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind.name: report}, dry_run)
+    found, report, record = _survey(kind, folder, dry_run, grace_seconds, verify_all)
+    _remove(plan(found, max_size, max_age, now), {kind: folder}, {kind.name: report}, dry_run,
+            {kind: record})
     return report
 
 
 def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
-            verify_all: bool) -> tuple[list[Entry], KindPruneReport]:
+            verify_all: bool) -> tuple[list[Entry], KindPruneReport, verified.Record | None]:
     """Scan (and verify) one kind's folder, and repair what needs no removal
-    (:meth:`Kind.repair`) unless ``dry_run``: its entries and its report so far."""
+    (:meth:`Kind.repair`) unless ``dry_run``: its entries, its report so far and its
+    verification record (saved now: a removal drops seals and saves it again)."""
     record = verified.Record.load(folder, recheck_all=verify_all) if kind.verifies else None
     found = kind.scan(folder, grace_seconds, 0.0, record)
     if record is not None:
@@ -93,22 +106,31 @@ def _survey(kind: Kind, folder: Path, dry_run: bool, grace_seconds: float,
     report.bytes_after = report.bytes_before
     if not dry_run:
         report.repaired, report.errors = kind.repair(folder, found)
-    return found, report
+    return found, report, record
 
 
 def _remove(doomed: list[tuple[Entry, str]], folders: dict[Kind, Path],
-            reports: dict[str, KindPruneReport], dry_run: bool) -> None:
+            reports: dict[str, KindPruneReport], dry_run: bool,
+            records: dict[Kind, verified.Record | None]) -> None:
     """Remove the planned entries (each from its kind's folder; none in a dry run) and count
-    them in their kind's report."""
+    them in their kind's report. The seals of what is removed leave its kind's record: where
+    the filesystem keeps no inode generation, a later file given an inode of theirs had the
+    path, inode and size of a DAMAGED seal (integrity.forget)."""
     for entry, reason in doomed:
         report = reports[entry.kind.name]
         if not dry_run:
+            record = records.get(entry.kind)
+            if record is not None:
+                integrity.forget(record, folders[entry.kind], entry.kind.files(entry))
             try:
                 entry.kind.remove(folders[entry.kind], entry)
             except OSError as exc:
                 report.errors.append(f"{entry.key}: {exc.strerror or exc}")
                 continue
         report.count_removed(entry.key, entry.name, entry.size, entry.last_use, reason)
+    for record in records.values() if not dry_run else ():
+        if record is not None:
+            record.save()
 
 
 def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneReport,
@@ -145,11 +167,13 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                                        f"({exc.strerror or exc}); nothing pruned there")
                 return
         folders: dict[Kind, Path] = {}
+        records: dict[Kind, verified.Record | None] = {}
         found: list[Entry] = []
         for kind in wanted:
             try:
                 folders[kind] = safe_io.within(kind.folder(local), local)
-                entries, result.tier[kind.name] = _survey(kind, folders[kind], dry_run, 3600.0, verify_all)
+                entries, result.tier[kind.name], records[kind] = _survey(kind, folders[kind], dry_run, 3600.0,
+                                                                         verify_all)
             except safe_io.Outside as exc:
                 result.problems.append(f"local tier: {kind.name}: {exc.filename} is a link to {exc.real}, "
                                        "outside the tier; not pruned")
@@ -159,8 +183,7 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
                                        f"{exc.strerror or exc}")
                 continue
             found += entries
-        _remove(plan(found, max_size, max_age, time.time()), folders,
-                result.tier, dry_run)
+        _remove(plan(found, max_size, max_age, time.time()), folders, result.tier, dry_run, records)
     for kind, report in result.tier.items():
         log.info("prune: local tier %s: %s %d of %d entries, %s of %s", kind,
                  "would remove" if dry_run else "removed", report.entries_removed,
@@ -170,36 +193,22 @@ def prune_tier(settings: Settings, max_age: float, dry_run: bool, result: PruneR
 
 
 def prune_references(root: Path, max_age: float, dry_run: bool, now: float | None = None,
-                     grace_seconds: float = 3600.0) -> KindPruneReport:
+                     grace_seconds: float = 3600.0, max_size: int = sys.maxsize) -> KindPruneReport:
     """Prune the outputs proof's references (``state/outputs-*``, docs/outputs.md); the caller
     holds the prune lock. One used within ``grace_seconds`` (a pass may be keeping or comparing
-    with it now) and the one last used of each GPU type are kept whatever their age; the others
-    go when they hold no reference gpu-cache may read (an older gpu-cache's cold outputs alone,
-    or another account's), when a later one of the same GPU type, workloads and shapes has
-    other inputs (other software or device), or when unused longer than ``max_age``."""
+    with it now) is kept whatever its age, and so is the one last used of each GPU type while
+    they fit ``max_size`` (a kind's bound: up to 3 x 256 MiB a shape were never counted); the
+    others go when they hold no reference gpu-cache may read (an older gpu-cache's cold outputs
+    alone, or another account's), when a later one of the same GPU type, workloads and shapes
+    has other inputs (other software or device), or when unused longer than ``max_age``; then
+    the least recently used while they hold more than ``max_size``."""
     now = time.time() if now is None else now
     state = root / names.STATE_FOLDER
     found = references.listed(root)
     report = KindPruneReport(entries_before=len(found), bytes_before=sum(r.size for r in found),
                              dry_run=dry_run)
     report.bytes_after = report.bytes_before
-    by_type: dict[str, references.Reference] = {}  # the one last used of each GPU type
-    by_runs: dict[tuple[str, tuple[tuple[str, str], ...]], references.Reference] = {}  # ... and its runs
-    for ref in sorted(found, key=attrgetter("last_use")):
-        if ref.inputs is not None:
-            by_type[ref.inputs[0]] = by_runs[ref.inputs] = ref
-    for ref in found:
-        if now - ref.last_use < grace_seconds or (ref.inputs is not None and by_type[ref.inputs[0]] is ref):
-            continue
-        if ref.inputs is None:
-            reason = "it holds no reference gpu-cache may read (an older gpu-cache's, or another account's)"
-        elif by_runs[ref.inputs].fingerprint != ref.fingerprint:
-            reason = (f"superseded: {ref.inputs[0]}'s workloads and shapes were warmed since with "
-                      "other software or another device")
-        elif now - ref.last_use > max_age:
-            reason = "unused longer than max_age"
-        else:
-            continue
+    for ref, reason in _references_doomed(found, max_age, now, grace_seconds, max_size):
         if not dry_run:
             try:
                 with safe_io.open_dir(state) as fd:
@@ -210,6 +219,75 @@ def prune_references(root: Path, max_age: float, dry_run: bool, now: float | Non
                 report.errors.append(f"{ref.name}: {exc.strerror or exc}")
                 continue
         report.count_removed(ref.name, ref.inputs[0] if ref.inputs else "-", ref.size, ref.last_use, reason)
+    return report
+
+
+def _references_doomed(found: list[references.Reference], max_age: float, now: float, grace_seconds: float,
+                       max_size: int) -> list[tuple[references.Reference, str]]:
+    """Which references :func:`prune_references` removes and why, in removal order."""
+    by_type: dict[str, references.Reference] = {}  # the one last used of each GPU type
+    by_runs: dict[tuple[str, tuple[tuple[str, str], ...]], references.Reference] = {}  # ... and its runs
+    for ref in sorted(found, key=attrgetter("last_use")):
+        if ref.inputs is not None:
+            by_type[ref.inputs[0]] = by_runs[ref.inputs] = ref
+    doomed, kept = [], []
+    for ref in found:
+        if now - ref.last_use < grace_seconds or (ref.inputs is not None and by_type[ref.inputs[0]] is ref):
+            kept.append(ref)
+        elif ref.inputs is None:
+            doomed.append((ref, "it holds no reference gpu-cache may read (an older gpu-cache's, or "
+                                "another account's)"))
+        elif by_runs[ref.inputs].fingerprint != ref.fingerprint:
+            doomed.append((ref, f"superseded: {ref.inputs[0]}'s workloads and shapes were warmed since "
+                                "with other software or another device"))
+        elif now - ref.last_use > max_age:
+            doomed.append((ref, "unused longer than max_age"))
+        else:
+            kept.append(ref)
+    total = sum(ref.size for ref in kept)
+    for ref in sorted(kept, key=attrgetter("last_use", "name")):
+        if total <= max_size:
+            break
+        if now - ref.last_use >= grace_seconds:  # (one in use now stays)
+            doomed.append((ref, "least recently used over max_size"))
+            total -= ref.size
+    return doomed
+
+
+def prune_markers(root: Path, max_age: float, dry_run: bool, now: float | None = None,
+                  grace_seconds: float = 3600.0) -> KindPruneReport:
+    """Prune the markers of passed validations (``state/passed-*.json``, ``state/plan-*.json``:
+    what the next warm step of the same inputs checks before it only re-checks; 100,000 of them
+    were never pruned); the caller holds the prune lock. One written within ``grace_seconds`` of
+    now stays; one unused longer than ``max_age`` (a passed validation writes its own anew),
+    dated more than a day ahead of the clock, or that gpu-cache would not read (not a file, or
+    one another account may have written) goes."""
+    now = time.time() if now is None else now
+    prefixes = tuple(f"{what}-" for what in (runner.PASSED, runner.PLANNED))
+    team = state_files.team(root)
+    found = [(name, info) for name, _path, info in safe_io.listing(state_files.folder(root))
+             if name.startswith(prefixes) and name.endswith(".json")]
+    report = KindPruneReport(entries_before=len(found), bytes_before=sum(i.st_size for _n, i in found),
+                             dry_run=dry_run)
+    report.bytes_after = report.bytes_before
+    for name, info in found:
+        age = now - info.st_mtime
+        if not stat.S_ISREG(info.st_mode) or owners.written_by_others(info, team) is not None:
+            reason = "gpu-cache would not read it (not a file of its own)"
+        elif age > max_age:
+            reason = "unused longer than max_age (a passed validation writes it anew)"
+        elif age < -FUTURE_SLACK:
+            reason = "dated ahead of the clock"
+        else:
+            continue
+        if not dry_run:
+            try:
+                with safe_io.open_dir(state_files.folder(root)) as fd:
+                    safe_io.delete_in(fd, name)
+            except OSError as exc:
+                report.errors.append(f"{name}: {exc.strerror or exc}")
+                continue
+        report.count_removed(name, name.split("-", 1)[0], info.st_size, info.st_mtime, reason)
     return report
 
 
@@ -309,8 +387,10 @@ def _prune_shared(result: PruneReport, root: Path, max_size: int, max_age: float
                      format_size(report.bytes_before))
             result.problems += [f"{kind.name}: cannot remove {e}" for e in report.errors]
         if references:
-            result.references = prune_references(root, max_age, dry_run)
+            result.references = prune_references(root, max_age, dry_run, max_size=max_size)
             result.problems += [f"outputs reference: cannot remove {e}" for e in result.references.errors]
+            result.markers = prune_markers(root, max_age, dry_run)
+            result.problems += [f"passed marker: cannot remove {e}" for e in result.markers.errors]
 
 
 def _kinds(asked: list[str] | None) -> tuple[Kind, ...]:
@@ -372,7 +452,8 @@ def removed_lines(report: PruneReport, shown: int = 20) -> str:
     verb = "would remove" if report.dry_run else "removed"
     lines = []
     parts = [*report.kinds.items(), *((f"local tier {kind}", part) for kind, part in report.tier.items()),
-             *((("outputs reference", report.references),) if report.references else ())]
+             *((("outputs reference", report.references),) if report.references else ()),
+             *((("passed marker", report.markers),) if report.markers else ())]
     for kind, part in parts:
         for entry in part.removed[:shown]:
             lines.append(f"{verb} {kind} {entry['key']} ({entry['name']}, "

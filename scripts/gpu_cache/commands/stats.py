@@ -32,10 +32,13 @@ def cache_stats(settings: Settings) -> dict[str, Any]:
     (:mod:`gpu_cache.core.verified`) spares it manifests and ``-atime`` files read before, and
     what it reads now is added to the record (best effort: a read-only cache keeps its own).
     """
+    from gpu_cache.jobenv.env import root_problem
+
     root = settings.cache_root
     out: dict[str, Any] = {"cache_root": str(root) if root else None, "kinds": {}, "usage": {}}
     if root is None:
         return out
+    out["problem"] = root_problem(settings)  # jobs cannot use it: doctor's reason
     now = time.time()
     for kind in kinds.ALL:
         folder = kind.folder(root)
@@ -405,7 +408,10 @@ def render(stats: dict[str, Any]) -> str:
     """The human-readable form of :func:`cache_stats`."""
     if stats["cache_root"] is None:
         return "caching is turned off (cache root 'none')\n"
-    lines = [f"cache root: {stats['cache_root']}", *_kind_lines(stats["kinds"])]
+    lines = [f"cache root: {stats['cache_root']}"]
+    if stats.get("problem"):
+        lines.append(f"  PROBLEM: {stats['problem']} (jobs do not use it; `gpu-cache doctor` says more)")
+    lines += _kind_lines(stats["kinds"])
     tier = stats.get("tier") or {}
     if tier.get("kinds"):
         total = sum(info["bytes"] for info in tier["kinds"].values())

@@ -96,7 +96,8 @@ def render(validations: list[Path], prune: Path | None) -> str:
         if p.references is not None and p.references.entries_before:  # issue 40: cold passes' outputs
             r = p.references
             lines.append(f"  outputs references: {format_size(r.bytes_after)} in {r.entries_after} after "
-                         f"pruning ({verb} {r.entries_removed}, {format_size(r.bytes_removed)})")
+                         f"pruning, within max_size {format_size(p.max_size)} as each kind ({verb} "
+                         f"{r.entries_removed}, {format_size(r.bytes_removed)})")
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return shown_lines(lines)

@@ -282,17 +282,24 @@ def unremembered(phase: PhaseResult, counts: Mapping[str, KindCounts]) -> list[s
 
 
 def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
-    """Keep a passed verdict's inputs (the validate pass's fingerprint, and its plan's key, by
-    which the host plans the next warm job without a GPU: runner.planned_skip) so that the next
-    warm step of the same inputs only re-checks; forget them when the verdict failed."""
-    marker = runner.state_file(settings.cache_root, "passed", phase.fingerprint or "")
-    if marker is None or not phase.fingerprint:
+    """Keep a passed verdict's inputs, so that the next warm step of the same inputs only
+    re-checks: under the validate pass's fingerprint (runner.still_valid), and as its plan's
+    latest (by which the host plans the next warm job without a GPU: runner.planned_skip);
+    forget them when the verdict failed."""
+    root, fingerprint = settings.cache_root, phase.fingerprint or ""
+    markers = [runner.state_file(root, runner.PASSED, fingerprint),
+               runner.state_file(root, runner.PLANNED, phase.plan_key) if phase.plan_key else None]
+    if root is None or not fingerprint:
         return
     keys = {kind: totals.hit_keys for kind, totals in phase.recorded.items() if totals.hit_keys}
-    if verdict.passed and keys:  # what the next warm step checks is still there
-        runner.save_state(marker, {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys,
-                                   "plan": phase.plan_key})
-    else:
+    document = {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys,
+                "plan": phase.plan_key, "fingerprint": fingerprint}
+    for marker in markers:
+        if marker is None:
+            continue
+        if verdict.passed and keys:  # what the next warm step checks is still there
+            runner.save_state(marker, document)
+            continue
         try:
             marker.unlink()
         except OSError:

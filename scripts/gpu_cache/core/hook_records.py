@@ -44,7 +44,7 @@ def read(folder: Path | None, run_id: str | None = None) -> Iterator[dict[str, A
             info = item.stat(follow_symlinks=False)
         except OSError:
             continue
-        if owners.written_by_others(info, team) is not None:
+        if owners.written_by_others(info, team, where=item.path) is not None:
             continue  # another user's word on what your jobs compiled (the replay imports it)
         record = clean(_load(item.path, info))
         if record is not None and (run_id is None or record.get("run_id") == run_id):

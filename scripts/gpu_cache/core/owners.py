@@ -50,10 +50,12 @@ private_group = functools.lru_cache(maxsize=64)(owners.private_group)
 team_of = owners.team_gid
 
 
-def written_by_others(info: os.stat_result, team: int | None = None) -> str | None:
+def written_by_others(info: os.stat_result, team: int | None = None, *, where: str | os.PathLike[str] | int
+                      ) -> str | None:
     """Why another user may have written the file ``info`` (its lstat), or None: it must be
     yours or root's (or, in a team's folder, of the ``team`` group), and nobody else may write
-    it (a group only where it is the team or the owner's private group). Not the hook's
+    it, by its mode or its POSIX ACL (``where``: its path or an open descriptor; a named user, or
+    a group but the team and the owner's private group: ``owners.acl_problem``). Not the hook's
     ``owner_problem``: that one refuses a private group's file too (it judges every file a job
     serves, and the look-up may read the whole user database)."""
     in_team = team is not None and info.st_gid == team
@@ -63,7 +65,7 @@ def written_by_others(info: os.stat_result, team: int | None = None) -> str | No
         return "writable by everyone"
     if info.st_mode & stat.S_IWGRP and not in_team and not private_group(info.st_uid, info.st_gid):
         return f"writable by group {info.st_gid}"
-    return None
+    return owners.acl_problem(where, info, team)
 
 
 class Untrusted(OSError):
@@ -87,8 +89,8 @@ def read_trusted(path: str | os.PathLike[str], limit: int, team: int | None = No
         Untrusted: another user may have written it.
         OSError: as :func:`gpu_cache.core.safe_io.read_bounded` raises.
     """
-    def judge(info: os.stat_result) -> None:
-        why = written_by_others(info, team)
+    def judge(fd: int, info: os.stat_result) -> None:
+        why = written_by_others(info, team, where=fd)
         if why is not None:
             raise Untrusted(f"{path} is {why}")
 

@@ -132,9 +132,9 @@ def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> Ite
 
 
 def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
-                 judge: Callable[[os.stat_result], None] | None = None) -> bytes:
+                 judge: Callable[[int, os.stat_result], None] | None = None) -> bytes:
     """The contents of the regular file at ``path``, at most ``limit`` bytes; ``judge`` is
-    given the opened file's ``fstat`` first (it raises to refuse the file: the trust rule of
+    given the opened file's descriptor and ``fstat`` first (it raises to refuse the file: the trust rule of
     :func:`gpu_cache.core.owners.read_trusted`).
 
     Raises:
@@ -147,7 +147,7 @@ def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = 
         total = 0
         info = os.fstat(fd)
         if judge is not None:
-            judge(info)
+            judge(fd, info)
         # os.read allocates what it is asked for: ask for the file's size (and a byte) first.
         want = info.st_size + 1
         while total <= limit:

@@ -56,7 +56,7 @@ def distrust(path: Path, root: Path) -> str | None:
             return f"{current} cannot be read ({exc.strerror or exc})"
         if not stat.S_ISDIR(info.st_mode):
             return None if current == path else f"{current} is {safe_io.describe(info.st_mode)}, not a folder"
-        why = owners.written_by_others(info, group)
+        why = owners.written_by_others(info, group, where=current)
         if why is not None:
             return f"{current} is {why}"
     return None
@@ -71,17 +71,16 @@ def make(root: Path, *parts: str) -> Path:
             keeps nothing there (it would never read it back).
         OSError: a folder cannot be made.
     """
-    target = folder(root).joinpath(*parts)
     for depth in range(len(parts) + 1):
         current = folder(root).joinpath(*parts[:depth])
         try:
             safe_io.new_folder(current)
         except FileExistsError:
-            pass  # made before (or meanwhile): judged below
-    why = distrust(target, root)
-    if why is not None:
-        raise Untrusted(why)
-    return target
+            pass  # made before (or meanwhile): judged now
+        why = distrust(current, root)  # before anything is made in it
+        if why is not None:
+            raise Untrusted(why)
+    return folder(root).joinpath(*parts)
 
 
 def read(path: Path, root: Path, limit: int) -> bytes:

@@ -7,9 +7,11 @@ folder may hold a record, ``.gpu-cache-verified``: 64-bit digests of what identi
 state, each with a value. A scan looks a file's digest up and reads or checks the file only
 when it is missing, so a digest must change whenever the verdict could:
 
-* a JAX ``-cache`` file: its key, inode and size (JAX writes an entry once and never rewrites
-  it; the startup hook moves its mtime on every hit, so times would re-verify every used
-  entry). The value is the CRC-32 of its bytes when it was verified. Damage that keeps the
+* a JAX ``-cache`` file: its key, inode (number and generation) and size, as any sealed file's
+  (:func:`gpu_cache.core.kinds.integrity.seal_of`, which also keeps the generation under the
+  file's change time; JAX writes an entry once and never rewrites it; the startup hook moves its
+  mtime on every hit, so times would re-verify every used entry). The value is the CRC-32 of its
+  bytes when it was verified. Damage that keeps the
   size (bit rot, a storage fault, a write in place with the old mtime put back) leaves the
   digest as it was, so each verifying scan also reads some of these entries again and
   compares the CRC (:meth:`Record.rechecks`: in digest order from where the last scan
@@ -131,6 +133,17 @@ class Record:
     def previous(self, key: int) -> int | None:
         """The value recorded for ``key`` before this scan, even with ``recheck_all``."""
         return self.known.get(key)
+
+    def current(self, key: int) -> int | None:
+        """The value of ``key`` as this scan left it, or as recorded before it."""
+        value = self.kept.get(key)
+        return self.known.get(key) if value is None else value
+
+    def drop(self, key: int) -> None:
+        """Forget ``key`` (the file it judged is being removed): no later :meth:`save` keeps it."""
+        kept, known = self.kept.pop(key, None), self.known.pop(key, None)
+        if kept is not None or known is not None:
+            self.learned += 1
 
     def candidate(self, key: int, item: Any) -> None:
         """Offer the entry of ``key``, recorded whole, to :meth:`rechecks` (``item``: what

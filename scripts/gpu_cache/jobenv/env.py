@@ -16,7 +16,7 @@ from pathlib import Path
 from gpu_cache.config.settings import Settings
 from gpu_cache.core import HOOK_DIR, PACKAGE_PARENT, kinds, names
 from gpu_cache.core.kinds import Kind, ReadOnlyUse
-from gpu_cache.jobenv import locks, tier, trust
+from gpu_cache.jobenv import fs, locks, tier, trust
 from gpu_cache.jobenv.fs import FolderCheck, check_folder, is_folder, node_local_fallback
 
 #: Folders Apptainer and Singularity bind into every container at the same path: a node-local
@@ -172,6 +172,25 @@ def _place(kind: Kind, root: Path, check: FolderCheck, hook: bool = True) -> _Pl
     return _Placement(problem=f"{problem}; node-local fallback failed too: {local.problem}")
 
 
+def root_problem(settings: Settings) -> str | None:
+    """Why the cache root cannot be used (:func:`gpu_cache.jobenv.fs.root_check`: doctor's
+    words), found without changing anything on disk; None: it can (or caching is off)."""
+    if settings.cache_root is None:
+        return None
+    with fs.diagnosis():
+        return fs.root_check(settings.cache_root, settings.team).problem
+
+
+def root_lines(settings: Settings) -> list[str]:
+    """What :func:`export` would warn of a cache root that cannot be used (its reason, and what
+    each kind does instead), found without changing anything on disk: a dry run exports nothing,
+    and says this instead. None for a usable root."""
+    if root_problem(settings) is None:
+        return []
+    with fs.diagnosis():
+        return resolve(settings).messages()[:1]  # (the root's line: every kind's, in one)
+
+
 def resolve(settings: Settings, environ: Mapping[str, str] | None = None) -> Exports:
     """Work out the exports for ``settings``; probes each cache folder (creates it).
 
@@ -220,8 +239,7 @@ def _resolve_root(settings: Settings, root: Path, environ: Mapping[str, str], no
     """The exports of a cache root, before the user's own values are kept: the plans of the
     tier and the locks, each kind's place, and the variables wanted."""
     # A root that cannot be made or trusted fails every kind alike.
-    root_check = check_folder(root, team=settings.team, min_free=0,
-                              trusted_above=root, probe=False)
+    root_check = fs.root_check(root, settings.team)
     user_off = _user_set(names.TIER_VAR, environ) and not environ[names.TIER_VAR]
     tier_plan = tier.plan(settings, root_check, user_off, no_hook)
     lock_plan = locks.plan(settings, root, root_check.problem)

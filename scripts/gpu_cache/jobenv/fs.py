@@ -155,22 +155,33 @@ def family(kind: str) -> str:
 
 def require_folder_or_missing(path: Path) -> None:
     """For commands that read an existing cache (prune, stats): a root that does not exist
-    is empty, but one that is a file or a broken link is a mistake in the arguments.
+    is empty, but one that is a file or a broken link is a mistake in the arguments, said in
+    the words of :func:`root_check` (doctor's).
 
     Raises:
-        UsageError: ``path`` is a file, a dangling symbolic link or a link loop.
+        UsageError: ``path`` is a file, a dangling symbolic link or a link loop, or cannot be
+            reached.
     """
     try:
         path.stat()
     except FileNotFoundError:
-        if path.is_symlink():
-            raise UsageError(f"cache root {path} is a dangling symbolic link") from None
-        return
-    except OSError as exc:  # ELOOP, ENOTDIR, EACCES
-        raise UsageError(f"cache root {path} cannot be used: {exc.strerror or exc}") from None
-    if not path.is_dir():
-        raise UsageError(f"cache root {path} is a file, not a folder; pass the folder that holds "
-                         "jax/ and triton/ with --cache-root")
+        if not path.is_symlink():
+            return
+    except OSError:  # ELOOP, ENOTDIR, EACCES
+        pass
+    else:
+        if path.is_dir():
+            return
+    with diagnosis():
+        why = root_check(path).problem or f"{path} is not a folder"
+    raise UsageError(f"cache root cannot be used: {why}")
+
+
+def root_check(root: Path, team: Team | None = None) -> FolderCheck:
+    """The check of the cache root itself: whether it can be made (or is there), entered, and
+    trusted (``team``: a shared_group's). Its ``problem`` is the one reason every command gives
+    for a root that cannot be used (env, doctor, stats, a dry run's warning)."""
+    return check_folder(root, team=team, min_free=0, trusted_above=root, probe=False)
 
 
 def _existing_ancestor(path: Path) -> Path:

@@ -9,9 +9,10 @@ says when it is loaded):
   ``no_torch``), ``kinds.inductor`` (``flight``), ``kinds.jax_triton`` (``store``,
   ``functions``), ``kinds.ptxas`` (``piece``; the shim: ``bin/ptxas``, ``shim``, ``identity``, ``run``),
   ``kinds.tokamax`` (the autotune kind and tokamax's fix), ``kinds.bytecode``,
-  ``kinds.torch_extensions``, ``kinds.cuda`` (its first lines only); each piece declares its
-  facts in its first lines, where ``sitecustomize`` finds it (``sitecustomize._Piece``): a new
-  kind's piece needs no line elsewhere.
+  ``kinds.torch_extensions`` (``flags``), ``kinds.numba``; ``kinds.cuda`` and ``kinds.vllm``
+  (their first lines only). Each piece declares its facts in its first lines, where
+  ``sitecustomize`` finds it (``sitecustomize._Piece``): a new kind's piece needs no line
+  elsewhere.
 
 By shared concern:
 

@@ -1,12 +1,14 @@
 """The lock rules for single-flight's files and folders, and who holds a lease: the parts of
 single-flight (flight) that keep no state. The rules are docs/guarantees.md's "Locks", and this
 is their one home: gpu_cache.core.safe_locks imports it for gpu-cache's own locks, so it imports
-nothing but the standard library. Python 3.9+.
+nothing but the standard library and the owner rules beside it. Python 3.9+.
 """
 
 import errno
 import os
 import stat
+
+from .owners import acl_problem  # (relative: the host imports this module as gpu_cache._hook...)
 
 #: Open flags of every lock and lease file: never through a link, never blocking.
 OPEN = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
@@ -16,7 +18,11 @@ MAGIC = b"gpu-cache lease 1\n"
 _SELF = None
 
 
-def folder_problem(info, above, team):
+def folder_problem(info, above, team, where):
+    """Why the lock folder ``where`` (``info``: its lstat; ``above``: its parent's stat) breaks
+    the lock rules, or None: a folder of ours that only we, or in a team's folder (``team``) its
+    group, may reach, by its mode and its ACL (another account that may add lock files there
+    could hold the locks a job waits on)."""
     if not stat.S_ISDIR(info.st_mode):
         return f"is {describe(info.st_mode)}, not a folder"
     if info.st_uid != os.geteuid() and not (team and info.st_gid == above.st_gid):
@@ -24,7 +30,8 @@ def folder_problem(info, above, team):
     allowed = 0o2770 if team and info.st_gid == above.st_gid else 0o700
     if stat.S_IMODE(info.st_mode) & ~allowed & 0o777:
         return f"has mode {stat.S_IMODE(info.st_mode):04o}: others could reach its lock files"
-    return None
+    why = acl_problem(where, info, above.st_gid if allowed & 0o070 else None)
+    return f"is {why}" if why else None
 
 
 def describe(mode):

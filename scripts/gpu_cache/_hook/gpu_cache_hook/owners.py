@@ -32,10 +32,11 @@ def team_gid(info):
     return info.st_gid if mode & stat.S_IWGRP and not mode & stat.S_IWOTH else None
 
 
-def owner_problem(info, team):
+def owner_problem(info, team, *, where):
     """Why the file or folder ``info`` (its stat) may hold what another user put there, or None:
     it must be this user's or root's (or, in the team's folder ``team``, of the team's group),
-    and nobody else may write it. (A group-writable one of the owner's user-private group is
+    and nobody else may write it, by its mode or its ACL (``where``: its path or an open
+    descriptor, :func:`acl_problem`). (A group-writable one of the owner's user-private group is
     refused here too: looking that group up may read the whole user database, too slow for each
     file a job serves; the host's rule for a file it reads once allows it.)"""
     in_team = team is not None and info.st_gid == team
@@ -45,7 +46,33 @@ def owner_problem(info, team):
         return "writable by everyone"
     if info.st_mode & stat.S_IWGRP and not in_team:
         return f"writable by group {info.st_gid}"
-    return None
+    return acl_problem(where, info, team)
+
+
+def acl_problem(where, info, team=None):
+    """Why the POSIX ACL of the file or folder ``where`` (a path, whose link is followed as
+    ``os.stat`` follows it, or an open descriptor; ``info``: its stat) lets someone write whom
+    the owner rule accepts by its mode, or None: a named user other than the owner and root, a
+    named group other than ``team`` and the owner's user-private group. With an ACL the mode's
+    group bits are its mask, and no named entry writes beyond the mask: so it is read only where
+    the mode lets a group write (a team's file, a user-private group's), and costs nothing
+    elsewhere. One that cannot be read is refused."""
+    if not info.st_mode & stat.S_IWGRP:
+        return None
+    try:
+        entries = acl_entries(os.getxattr(where, ACL_ACCESS))  # (its callers judged what is there)
+    except OSError as exc:
+        if exc.errno in NO_ACL:
+            return None
+        return f"guarded by an ACL that cannot be read ({exc.strerror})"
+    except ValueError as exc:
+        return f"guarded by an ACL that cannot be judged ({exc})"
+    found = [(tag, who) for tag, who in acl_writers(entries, info.st_uid, info.st_gid, team)
+             if tag in (ACL_USER, ACL_GROUP)]  # (others and the owning group: the mode said)
+    if not found:
+        return None
+    tag, who = found[0]
+    return f"writable by {'user' if tag == ACL_USER else 'group'} {who} through an ACL"
 
 
 def private_group(uid, gid):

@@ -139,7 +139,7 @@ def _save(folder, name, data):
     try:
         info = os.fstat(folder_fd)
         team = owners.team_gid(info)
-        why = owners.owner_problem(info, team)
+        why = owners.owner_problem(info, team, where=folder_fd)
         if why is not None:  # its readers would take another user's records for this user's
             raise OSError(errno.EPERM, f"the records folder is {why}: refused", folder)
         temp = f".{name[:-len('.json')]}-{os.urandom(6).hex()}.json.tmp"

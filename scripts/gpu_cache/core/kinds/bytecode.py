@@ -45,8 +45,8 @@ class _Bytecode(SingleFile):
     def _file(self, name: str, path: str, info: os.stat_result, now: float, grace_seconds: float,
               skip: int) -> Entry | None:
         temporary = not name.endswith(".pyc")
-        if temporary and now - info.st_mtime < grace_seconds:
-            return None  # an interpreter may be writing it
+        if temporary and abs(now - info.st_mtime) < grace_seconds:
+            return None  # an interpreter may be writing it (one dated far ahead is not: a clock's)
         problem = None
         if not stat.S_ISREG(info.st_mode):
             problem = "not a regular file"

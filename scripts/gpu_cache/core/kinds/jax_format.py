@@ -317,12 +317,12 @@ CHANGED = ("-cache file's bytes changed after it was verified whole (damaged in 
 
 def _verify(key: str, path: str, info: os.stat_result, record: verified.Record | None) -> str | None:
     """:func:`jax_frames.undecompressable`, remembered in ``record``: an entry verified whole
-    before (same name, inode and size) is not decompressed again, only offered to be read again
+    before (the same file: name, inode and size) is not decompressed again, only offered to be read again
     (:func:`_recheck`); with ``recheck_all`` every entry is verified again, and the CRC-32 of
     its bytes must still be the one recorded."""
-    if record is None:
+    digest = None if record is None else integrity.seal_of(record, os.path.basename(path), path, info)
+    if record is None or digest is None:  # (keyed as a seal, which the hook looks up too)
         return frames.undecompressable(path)
-    digest = integrity.seal_key(os.path.basename(path), info.st_ino, info.st_size)  # (the hook checks it)
     known = record.get(digest)
     if known is not None:
         if known == verified.DAMAGED:

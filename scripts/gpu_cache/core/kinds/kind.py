@@ -56,14 +56,17 @@ class Entry:
     path: str | None = None
 
 
-#: A write probe of ``gpu-cache env`` older than this was left by a killed process: an entry
-#: then (a broken one, which prune removes).
+#: A write probe of ``gpu-cache env`` dated further than this from now, either way, is an entry
+#: like any other (prune bounds it): one older was left by a killed process, and one dated ahead
+#: is none that env is making (a network filesystem's clock, or by hand; never counted nor
+#: pruned, 601 of 801 MB of them stayed under a 1 KB bound).
 PROBE_STALE = 3600.0
 
 
 def _fresh_probe(entry: Entry) -> bool:
     """Whether ``entry`` is a write probe ``gpu-cache env`` may still be using
-    (:func:`gpu_cache.jobenv.fs`'s ``.gpu-cache-probe-*``, made, renamed and removed at once)."""
+    (:func:`gpu_cache.jobenv.fs`'s ``.gpu-cache-probe-*``, made, renamed and removed at once):
+    its name, and a date within :data:`PROBE_STALE` of now."""
     name = os.path.basename(entry.path) if entry.path else entry.key
     if not name.startswith(names.PROBE_PREFIX):
         return False
@@ -71,7 +74,7 @@ def _fresh_probe(entry: Entry) -> bool:
         written = os.lstat(entry.path).st_mtime if entry.path else entry.last_use
     except OSError:
         return True  # gone already: it was one
-    return time.time() - written < PROBE_STALE
+    return abs(time.time() - written) < PROBE_STALE
 
 
 @dataclass
@@ -365,9 +368,24 @@ def _judge(folder: Path, found: list[Entry]) -> None:
             continue
         if entry.problem is not None:
             continue
-        why = owners.written_by_others(info, team)
+        why = owners.written_by_others(info, team, where=entry.path) or _file_written_by_others(
+            entry, info, team)
         if why is not None:
             entry.problem = f"not trusted: {why} (another user may have written it)"
+
+
+def _file_written_by_others(entry: Entry, info: os.stat_result, team: int | None) -> str | None:
+    """Why another user may have written a file of ``entry`` besides its own (``info``: of its
+    path), or None: every file of an entry is read (a numba data file is a pickle, a file in a
+    Triton key folder is loaded), not only the one its path names."""
+    for top in entry.kind.files(entry):
+        if top == entry.path and not stat.S_ISDIR(info.st_mode):
+            continue  # judged already
+        for path, file_info in integrity.files_of(top):
+            why = owners.written_by_others(file_info, team, where=path)
+            if why is not None:
+                return f"{os.path.basename(path)} is {why}"
+    return None
 
 
 @contextmanager

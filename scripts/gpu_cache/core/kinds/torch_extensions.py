@@ -1,12 +1,13 @@
 """torch's JIT-built C++/CUDA extensions as a kind (``TORCH_EXTENSIONS_DIR``, issue 38):
 ``torch.utils.cpp_extension.load()`` and ``load_inline()`` build with ninja into
-``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook/kinds/torch_extensions.py``)
+``<folder>/<name>``. The startup hook's piece (``_hook/gpu_cache_hook/kinds/torch_extensions/``)
 keys each build by what changes the code it makes (the extension's name, the sources' contents,
-the flags, torch's build, the compiler and its search paths, Python's ABI and CUDA's targets),
-builds it with single-flight in a temporary folder only the job's user can write (never torch's
-own ``<folder>/<name>``), and renames it into place whole as ``<folder>/<name>-<key>``: the
-library, the ninja file and the manifest (:data:`MANIFEST`, written last) that names its key
-parts, the library's size and digest, and the headers it included.
+the flags and the response files they name, torch's build, the compiler and its search paths,
+Python's ABI and CUDA's targets), builds it with single-flight in a temporary folder only the
+job's user can write (never torch's own ``<folder>/<name>``), and renames it into place whole as
+``<folder>/<name>-<key>``: the library, the ninja file and the manifest (:data:`MANIFEST`,
+written last) that names its key parts, the library's size and digest, and the headers it
+included.
 
 One entry per name at the top of the folder: a keyed build (whole when its manifest names its
 key and its library is there at the size built), a folder torch made itself (``load_inline``'s
@@ -47,6 +48,7 @@ MANIFEST_LIMIT = 16 << 20
 PART_HINTS = {
     "sources": "its sources changed (another version of the code, or of what load_inline is given)",
     "flags": "its flags or options changed (extra_cflags, extra_ldflags, include paths, with_cuda)",
+    "responses": "a response file its flags name changed (@file, nvcc's --options-file)",
     "torch": "another torch build loaded it",
     "compiler": "another C++ compiler builds it (CXX, PATH, or the compiler's release)",
     "paths": "the compiler searches other folders (CPATH, CPLUS_INCLUDE_PATH, LIBRARY_PATH, ...: another "

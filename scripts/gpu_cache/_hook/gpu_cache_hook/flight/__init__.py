@@ -286,11 +286,11 @@ def _kind_folder(flight, kind):
         except FileExistsError:
             pass
         info = os.lstat(folder)
-        why = lock_files.folder_problem(info, above, team)
+        why = lock_files.folder_problem(info, above, team, folder)
         if why and info.st_uid == os.geteuid() and stat.S_ISDIR(info.st_mode):
             os.chmod(folder, mode)  # ours, made by an older gpu-cache or under another umask
             info = os.lstat(folder)
-            why = lock_files.folder_problem(info, above, team)
+            why = lock_files.folder_problem(info, above, team, folder)
         if why:
             raise OSError(errno.EPERM, why)
     except OSError as exc:

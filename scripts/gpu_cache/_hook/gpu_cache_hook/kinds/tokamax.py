@@ -1,6 +1,7 @@
 # gpu-cache hook piece
 # watches-always tokamax._src.ops.op
 # watches-with GPU_CACHE_AUTOTUNE tokamax
+# node-local GPU_CACHE_AUTOTUNE
 # software tokamax
 """gpu-cache's startup hook for tokamax: the second-compile fix (issue 20), loaded when the
 process imports ``tokamax._src.ops.op``, and the autotuning results kept per GPU type (issue
@@ -159,7 +160,7 @@ def _distrust(folder, here):
             return f"cannot inspect {path}: {exc.strerror}"
         if not stat.S_ISDIR(info.st_mode):
             return f"{path} is not a folder (a link?)"
-        why = owner_problem(info, team_gid(os.lstat(folder)))
+        why = owner_problem(info, team_gid(os.lstat(folder)), where=path)
         if why is not None:
             return f"{path} is {why}"
     return None
@@ -179,7 +180,7 @@ def _read(path):
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
-        why = owner_problem(info, team_gid(os.stat(os.path.dirname(os.path.dirname(path)))))
+        why = owner_problem(info, team_gid(os.stat(os.path.dirname(os.path.dirname(path)))), where=fd)
         if why is not None:
             raise ValueError(f"{why}: another user could have written it")
         data = os.read(fd, RESULT_LIMIT + 1)

@@ -150,7 +150,7 @@ class Tier:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or (check is not None and not check(fd, info.st_size)):
                 return 0
-            if fetched is not None and owner_problem(info, self.shared.team_gid):
+            if fetched is not None and owner_problem(info, self.shared.team_gid, where=fd):
                 self.counts(fetched[0])["untrusted"] += 1
                 return 0
             crc = None
@@ -175,7 +175,7 @@ class Tier:
                     os.close(out)
                 if chunks is None and size != info.st_size:
                     raise OSError(errno.EIO, f"{src_name} changed while it was copied")
-                if fetched is not None and self._seals(fetched[0]).damaged(fetched[1], info, crc):
+                if fetched is not None and self._seals(fetched[0]).damaged(fetched[1], fd, info, crc):
                     self._damaged(fetched[0], src_fd, src_name, info)
                     return 0
                 if pause:

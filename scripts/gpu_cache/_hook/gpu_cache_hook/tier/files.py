@@ -33,10 +33,11 @@ def plain(name):
             and name not in (".", "..") and not name.startswith(TEMP_PREFIX))
 
 
-def folder_problem(info, team_gid):
-    """Why the folder ``info`` may hold what another user put there (``owners.owner_problem``),
-    or that it is no folder; None."""
-    return owner_problem(info, team_gid) if stat.S_ISDIR(info.st_mode) else "not a folder"
+def folder_problem(fd, team_gid):
+    """Why the folder open at ``fd`` may hold what another user put there
+    (``owners.owner_problem``), or that it is no folder; None."""
+    info = os.fstat(fd)
+    return owner_problem(info, team_gid, where=fd) if stat.S_ISDIR(info.st_mode) else "not a folder"
 
 
 class Side:
@@ -84,7 +85,7 @@ class Side:
             if isinstance(exc, Refused):
                 self.fds[kind] = exc
             raise exc from None
-        why = folder_problem(os.fstat(fd), self.team_gid)
+        why = folder_problem(fd, self.team_gid)
         if why:
             os.close(fd)
             refused = Refused(errno.EPERM, f"{path} is {why}")
@@ -108,7 +109,7 @@ class Side:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise Refused(exc.errno, f"{kind}/{name} is a link or not a folder") from None
             raise
-        why = folder_problem(os.fstat(fd), self.team_gid)
+        why = folder_problem(fd, self.team_gid)
         if why:
             os.close(fd)
             raise Refused(errno.EPERM, f"{kind}/{name} is {why}")
@@ -210,7 +211,7 @@ def open_below(side, kind, rel, make):
             sub = os.open(name, DIR, dir_fd=fd)
             os.close(fd)
             fd = sub
-            why = folder_problem(os.fstat(fd), side.team_gid)
+            why = folder_problem(fd, side.team_gid)
             if why:
                 raise Refused(errno.EPERM, f"{kind}/{rel} is {why}")
         return fd

@@ -84,7 +84,7 @@ def _read(path, dir_fd=None, team=False):
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError(f"{path} is not a regular file")
-        why = None if team is False else owner_problem(info, team)
+        why = None if team is False else owner_problem(info, team, where=fd)
         if why:  # another account's list would steer which copies every node drops
             raise ValueError(f"{path} is {why}: not read (another user may have written it)")
         if info.st_size > LIMIT:
@@ -97,10 +97,11 @@ def _read(path, dir_fd=None, team=False):
 def _records(path, team):
     """The list's records: each an ``id`` and the ``keys`` it set aside (plain names only); the
     list and its folder must pass the trust rule (``team``: the group of a team's root)."""
-    info = os.stat(os.path.dirname(path), follow_symlinks=False)
-    why = "not a folder" if not stat.S_ISDIR(info.st_mode) else owner_problem(info, team)
+    folder = os.path.dirname(path)
+    info = os.stat(folder, follow_symlinks=False)
+    why = "not a folder" if not stat.S_ISDIR(info.st_mode) else owner_problem(info, team, where=folder)
     if why:
-        raise ValueError(f"{os.path.dirname(path)} is {why}: its lists are not read")
+        raise ValueError(f"{folder} is {why}: its lists are not read")
     found = _read(path, team=team)
     records = found.get("records") if isinstance(found, dict) else None
     if not isinstance(records, list):

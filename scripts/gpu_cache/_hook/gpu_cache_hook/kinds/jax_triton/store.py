@@ -117,7 +117,7 @@ class Store:
             try:
                 if made:
                     os.fchmod(fd, safe_mode(team, folder=True))
-                why = owner_problem(os.fstat(fd), team)
+                why = owner_problem(os.fstat(fd), team, where=fd)
                 if why:
                     raise tier_files.Refused(errno.EPERM, f"{MEMO_FOLDER} is {why}")
             except BaseException:
@@ -152,7 +152,7 @@ class Store:
     def _read_open(self, fd, name, limit):
         try:
             info = os.fstat(fd)
-            why = self._problem(info, limit, self._side.team_gid)
+            why = self._problem(fd, info, limit, self._side.team_gid)
             if why:
                 raise Unusable(f"{name} {why}", info)
             data = _read_all(fd, info.st_size, info)
@@ -165,12 +165,12 @@ class Store:
             os.close(fd)
 
     @staticmethod
-    def _problem(info, limit, team):
+    def _problem(fd, info, limit, team):
         if not stat.S_ISREG(info.st_mode):
             return "is not a regular file"
         if info.st_size > limit:
             return f"is larger than {limit} bytes"
-        why = owner_problem(info, team)
+        why = owner_problem(info, team, where=fd)
         return f"is {why}: another user could have written it" if why else None
 
     def load(self, key, judge):
@@ -183,7 +183,7 @@ class Store:
         def whole(fd, size):
             try:
                 info = os.fstat(fd)
-                why = self._problem(info, ENTRY_LIMIT, self.tier.shared.team_gid)
+                why = self._problem(fd, info, ENTRY_LIMIT, self.tier.shared.team_gid)
                 if why:
                     raise Unusable(f"{key} {why}", info)
                 _judged(_pread_all(fd, size), key, judge, info)

@@ -263,16 +263,17 @@ class Folder:
         if why:
             raise OSError(errno.EPERM, why)
         self.fd = os.open(path, _DIR)
-        why = self.problem(os.fstat(self.fd), folder=True)
+        why = self.problem(self.fd, folder=True)
         if why:
             os.close(self.fd)
             raise OSError(errno.EPERM, f"{path} is {why}")
 
-    def problem(self, info, folder=False):
-        """Why a folder or file of the cache breaks the trust rules, or None."""
+    def problem(self, fd, folder=False):
+        """Why the folder or file open at ``fd`` breaks the trust rules, or None."""
+        info = os.fstat(fd)
         if not (stat.S_ISDIR(info.st_mode) if folder else stat.S_ISREG(info.st_mode)):
             return "not a folder" if folder else "not a regular file"
-        return owner_problem(info, self.team)
+        return owner_problem(info, self.team, where=fd)
 
     def read(self, name, magic):
         """The content after ``magic`` of the file ``name``; None where it is missing, breaks
@@ -298,7 +299,7 @@ class Folder:
                 return None
         try:
             info = os.fstat(fd)
-            why = self.problem(info) or (f"over {MAX_BYTES} bytes" if info.st_size > MAX_BYTES else None)
+            why = self.problem(fd) or (f"over {MAX_BYTES} bytes" if info.st_size > MAX_BYTES else None)
             data = b"" if why else read_all(fd)
         finally:
             os.close(fd)

@@ -1,7 +1,7 @@
 # gpu-cache hook piece
 # watches triton
 # makes TRITON_CACHE_DIR
-# node-local TRITON_CACHE_DIR
+# node-local TRITON_CACHE_DIR TRITON_HOME
 # tier folders __grp__
 # software triton
 """gpu-cache's startup hook, the Triton piece: loaded when the process imports ``triton``.

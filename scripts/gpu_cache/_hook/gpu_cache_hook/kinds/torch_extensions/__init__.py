@@ -18,13 +18,14 @@ into gpu-cache's folder (the folder the job got as ``$TORCH_EXTENSIONS_DIR``) go
   account may write is not built in: the build goes to a private folder of the process;
 - **keyed whole-folder entries**: ``<folder>/<name>-<key>``, the key a digest of what torch
   builds from and of what its own hash leaves out: the extension's name (with torch's
-  in-process version suffix), the sources' contents, every flag and option, torch's build, the
-  compiler and its search paths (:data:`COMPILER_VARS`), Python's ABI and the machine, what the
-  compiler makes of a ``-march=native`` on this CPU (:data:`NATIVE`) and, for CUDA, the CUDA
-  root and target architectures. A build runs in the folder handed out and is
-  renamed into place whole with its manifest (:data:`MANIFEST`: the key parts, the library's
-  size and SHA-256, and the size, mtime and SHA-256 of each header it included outside torch);
-  a build that read a file changed since its key was taken is not kept. An entry is served
+  in-process version suffix), the sources' contents, every flag and option and the response
+  files they name (``flags``), torch's build, the compiler and its search paths
+  (:data:`COMPILER_VARS`), Python's ABI and the machine, what the compiler makes of a
+  ``-march=native`` on this CPU (``flags.NATIVE``) and, for CUDA, the CUDA root and target
+  architectures. A build runs in the folder handed out and is renamed into place whole with
+  its manifest (:data:`MANIFEST`: the key parts, the library's size and SHA-256, and the size,
+  mtime and SHA-256 of each header it included outside torch); a build that read a file
+  changed since its key was taken is not kept. An entry is served
   only whole: its folder and library this user's (or root's, or the team's) and written by
   nobody else, the library's digest as built, every header as built; else the process builds
   (a changed header: a new entry replaces the stale one);
@@ -51,6 +52,7 @@ from sitecustomize import TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
 
 from gpu_cache_hook import common, owners
 from gpu_cache_hook.common import keep, text
+from gpu_cache_hook.kinds.torch_extensions import flags
 
 KIND = "torch_extensions"
 #: The file of an entry that says what it is; written last, inside the temporary folder.
@@ -85,9 +87,6 @@ COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"
 #: flags and include paths).
 CUDA_VARS = ("CC", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
              "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH")
-#: Flags that build for the CPU the compiler runs on (in any flag list: nvcc's -Xcompiler, -flto's
-#: link): the key holds the macros they define here (AVX2...), or an older CPU loads code it cannot run.
-NATIVE = ("-march=native", "-mcpu=native", "-mtune=native")
 #: How far a file's time may lag ``time.time_ns()``: the kernel stamps files from its coarse
 #: clock, a tick behind.
 CLOCK_SLACK_NS = 50_000_000
@@ -158,7 +157,7 @@ def _hand_out(folder, name, hook):
         team = owners.team_gid(info)
         if team is not None and team != os.getegid() and team not in os.getgroups():
             team = None  # a group this user is not in is no team of theirs
-        why = owners.owner_problem(info, team) if stat.S_ISDIR(info.st_mode) else "not a folder"
+        why = owners.owner_problem(info, team, where=folder) if stat.S_ISDIR(info.st_mode) else "not a folder"
         if why is None:
             temp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}build.", dir=folder)
             _HANDED[temp] = team
@@ -281,12 +280,12 @@ class _Build:
             with_sycl = any(map(module._is_sycl_file, sources))
         self.sources, self.with_cuda, self.with_sycl = sources, with_cuda, with_sycl
         parts = self._parts()  # (what may fail comes before torch's versioner counts this call)
-        flags = [given["extra_cflags"], given["extra_cuda_cflags"], given["extra_ldflags"],
-                 given["extra_include_paths"]]
+        arguments = [given["extra_cflags"], given["extra_cuda_cflags"], given["extra_ldflags"],
+                     given["extra_include_paths"]]
         # torch's own version of the name in this process (a second build of one name: <name>_v1),
         # asked with torch's folder of the name (a new folder for each call is a new version)
         version = module.JIT_EXTENSION_VERSIONER.bump_version_if_changed(
-            given["name"], sources, build_arguments=flags,
+            given["name"], sources, build_arguments=arguments,
             build_directory=os.path.join(self.folder, given["name"]),
             with_cuda=with_cuda, with_sycl=with_sycl, is_python_module=given["is_python_module"],
             is_standalone=given["is_standalone"])
@@ -319,13 +318,11 @@ class _Build:
         parts = {"sources": sources.hexdigest()[:KEY_LENGTH], "flags": json.dumps(options), "torch": _torch(),
                  "compiler": _compiler(self.module), "paths": json.dumps(paths, sort_keys=True),
                  "python": python, "cuda": cuda}
-        native = tuple(n for n in NATIVE if any(n in f for flags in options[:4] for f in flags))
-        if native:  # the macros they define here (a part only where asked: other keys stay)
-            macros = _asked(self.module.get_cxx_compiler(), *native, "-x", "c++", "-E", "-dM", os.devnull)
-            if not macros:
-                raise OSError(errno.EINVAL, f"the compiler says nothing of {' '.join(native)}")
-            parts["native"] = _digest("\n".join(sorted(macros.splitlines())).encode())[:KEY_LENGTH]
-        return parts
+        def macros(native):  # what the compiler defines with them here
+            return _asked(self.module.get_cxx_compiler(), *native, "-x", "c++", "-E", "-dM", os.devnull)
+
+        found, self.responses = flags.parts(options[:4], self.temp, macros, KEY_LENGTH)  # (run in temp)
+        return {**parts, **found}
 
     # --- whole entries -----------------------------------------------------------------------
 
@@ -340,7 +337,7 @@ class _Build:
             return None, text(f"unreadable ({exc})", 300)
         if not stat.S_ISDIR(info.st_mode):
             return None, "not a folder where the entry should be"
-        why = owners.owner_problem(info, team)
+        why = owners.owner_problem(info, team, where=self.entry)
         if why:
             return None, f"the entry's folder is not trusted ({why})"
         try:
@@ -351,7 +348,7 @@ class _Build:
             found, digest = _file_digest(os.path.join(self.entry, library))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return None, text(f"not whole ({exc.__class__.__name__}: {exc})", 300)
-        why = owners.owner_problem(found, team)
+        why = owners.owner_problem(found, team, where=os.path.join(self.entry, library))
         if why or found.st_size != manifest.get("size") or digest != manifest.get("sha256"):
             return None, f"its library is {why or 'not as built'}"
         changed = _changed_header(manifest.get("headers"))
@@ -460,7 +457,7 @@ class _Build:
             library = os.path.basename(self.module._get_exec_path(self.name, temp))
         else:
             library = f"{self.name}{self.module.LIB_EXT}"
-        for path in self.sources:  # (load_inline's, in the folder handed out, nobody else writes)
+        for path in self.sources + self.responses:  # (load_inline's, in the folder handed out: its own)
             if os.path.dirname(os.path.abspath(path)) != temp and os.stat(path).st_mtime_ns >= self.since:
                 raise _Changed(f"{path} changed while it was built")
         headers = _headers(temp, self.sources, self.since)
