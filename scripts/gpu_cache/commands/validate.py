@@ -254,18 +254,19 @@ def confirmed_warm(warm: PhaseResult | None) -> list[str]:
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
                    ) -> tuple[list[dict], list[str]]:
-    """Why the pass's computations of each kind that missed did (:meth:`Kind.explain_run`):
-    the explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
+    """Why the pass's computations of each kind that missed did (:meth:`Explain.run`, of each kind
+    that explains its misses): the explanations, and a problem line for each of the first
+    NAMED_MISSES of each kind."""
     if settings.cache_root is None:
         return [], []
     explanations: list[dict] = []
     problems: list[str] = []
     records: list[dict[str, Any]] | None = None
     for kind in kinds.ALL:
-        if kind.observed and counts[kind.name].misses:
+        if kind.observed and kind.explain is not None and counts[kind.name].misses:
             if records is None:  # read once, for every kind
                 records = list(hook_records.read(kinds.records_dir(settings.cache_root)))
-            found, lines = kind.explain_run(settings.cache_root, records, phase.run_id)
+            found, lines = kind.explain.run(settings.cache_root, records, phase.run_id)
             explanations += found
             problems += lines[:NAMED_MISSES]
     return explanations, problems
