@@ -162,7 +162,7 @@ def _written_since(kind: kinds.Kind | None, proof: references.Pass, keys: list[s
                 continue
             seen.add(key)
             if any(info.st_ctime >= since for each in kind.files(entry) for path, info in files_of(each)
-                   if not kind.carry_volatile(os.path.basename(path))):
+                   if not kind.volatile(os.path.basename(path))):
                 out.add(key)
     return out
 

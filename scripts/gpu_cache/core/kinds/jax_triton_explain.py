@@ -9,10 +9,14 @@ platform. A miss is explained against the closest earlier key of the same kernel
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import hook_records
+from gpu_cache.core.kinds.explaining import Explain, Seen
 from gpu_cache.core.names import JAX_TRITON_VAR
+
+if TYPE_CHECKING:
+    from gpu_cache.core.reports import Missed
 
 KIND = "jax_triton"
 #: What each key part means when it changed.
@@ -111,3 +115,28 @@ def explain_kernel(key: str, record: dict[str, Any], earlier: list[dict[str, Any
     result["causes"] = _specific(changed, parts, other_parts, record, other) + \
         [f"{p}: {PART_HINTS.get(p, 'this key part changed')}" for p in changed]
     return result
+
+
+class JaxTritonExplain(Explain):
+    """Each missed kernel against the closest earlier key of the kernel of its name."""
+
+    missed_words = "jax-triton kernels compiled in the process (one by one below)"
+
+    def record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        missed = hook_records.missed_of(self.kind.section(record) or {}, self.kind.name)
+        return [explain_kernel(miss.key, record, earlier) for miss in missed if miss.key]
+
+    def problem_line(self, explained: dict[str, Any]) -> str:
+        return f"{self.kind.name}: kernel {explained['name']} missed: {explained['causes'][0]}"
+
+    def missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
+        earlier = seen.by_kind.get(self.kind.name, {}).get(miss.name, [])
+        return explain_kernel(miss.key, record, earlier)
+
+    def seen(self, record: dict[str, Any], seen: Seen) -> None:
+        """The records by the names of the kernels they keep key parts of."""
+        by_kernel = seen.by_kind.setdefault(self.kind.name, {})
+        for parts in key_parts(record).values():
+            named = by_kernel.setdefault(str(parts.get("name")), [])
+            if not named or named[-1] is not record:
+                named.append(record)
