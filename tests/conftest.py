@@ -31,7 +31,7 @@ from sshfs_mount import SshfsMount, missing_requirements
 SLOW_FIXTURES = frozenset({
     "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
     "unbound_dir", "mounts", "private_tmpfs", "registry_server", "published", "carry_root", "warmed",
-    "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
+    "validated", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
 })
 
 
@@ -71,6 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
     again. Best effort: a read-only checkout runs as before."""
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(SCRIPTS / "gpu_cache", quiet=2)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Keep the test modules' bytecode as pytest rewrites their asserts: where the environment
+    sets PYTHONDONTWRITEBYTECODE, every worker of every run rewrote every test module again (5 of
+    the 8 seconds a collection took here). pytest reads what it kept whatever that setting says,
+    and writes a module's file whole or not at all; best effort, as above."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = saved
 
 
 #: Most pytest-xdist workers ``-n auto`` starts: a test may start 8 compiling processes, and more
