@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_cache._hook.gpu_cache_hook.kinds.torch_extensions import KEY_LENGTH, MANIFEST, MANIFEST_LIMIT
 from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds import layouts
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
@@ -36,15 +37,12 @@ from gpu_cache.core.verified import Record
 if TYPE_CHECKING:
     from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
 
-#: The manifest of a keyed build (the hook piece's copy: tests/test_torch_extensions.py checks
-#: that they agree).
-MANIFEST = "gpu-cache-build.json"
-#: A keyed build's folder name: the extension's name (torch's, with ``_v<n>`` for a later
-#: version in one process) and 32 hex digits of its key.
-KEYED = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{32})$")
+#: A keyed build's folder name (the hook's piece, whose manifest, ``MANIFEST``, this imports):
+#: the extension's name (torch's, with ``_v<n>`` for a later version in one process) and the hex
+#: digits of its key.
+KEYED = re.compile(rf"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{{{KEY_LENGTH}}})$")
 #: torch's ``FileBaton`` lock file in a build folder of its own.
 BATON = "lock"
-MANIFEST_LIMIT = 16 << 20
 #: What each key part means, as the first words of a cause (``doctor --explain``).
 PART_HINTS = {
     "sources": "its sources changed (another version of the code, or of what load_inline is given)",

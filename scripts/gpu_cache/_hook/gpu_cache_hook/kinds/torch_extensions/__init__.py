@@ -48,14 +48,14 @@ import sys
 import threading
 import time
 
-from sitecustomize import TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
-
-from gpu_cache_hook import common, owners
-from gpu_cache_hook.common import keep, text
-from gpu_cache_hook.kinds.torch_extensions import flags
+from ... import common, owners
+from ...common import keep, text
+from ...names import TEMP_PREFIX, TORCH_EXTENSIONS_DIR_VAR
+from . import flags
 
 KIND = "torch_extensions"
-#: The file of an entry that says what it is; written last, inside the temporary folder.
+#: The file of an entry that says what it is; written last, inside the temporary folder (the
+#: host's inventory, gpu_cache.core.kinds.torch_extensions, imports it from here).
 MANIFEST = "gpu-cache-build.json"
 FORMAT = 1
 #: Characters of the key (hex digits of a SHA-256) in an entry's folder name.
@@ -167,7 +167,7 @@ def _hand_out(folder, name, hook):
     why = text(f"{folder} is {why}", 500)
     part(hook)["refused"] = why
     hook.warn("torch extensions", PermissionError(errno.EPERM, f"{why}: built in a private folder"), off=True)
-    from gpu_cache_hook import trust
+    from ... import trust
 
     return trust.private_folder(os.path.join(KIND, name))
 
