@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cache._hook.gpu_cache_hook.kinds.torch_extensions import KEY_LENGTH, MANIFEST, MANIFEST_LIMIT
+from gpu_cache._hook.gpu_cache_hook.builds import KEY_LENGTH, MANIFEST, MANIFEST_LIMIT
 from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds import layouts
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
@@ -37,9 +37,9 @@ from gpu_cache.core.verified import Record
 if TYPE_CHECKING:
     from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
 
-#: A keyed build's folder name (the hook's piece, whose manifest, ``MANIFEST``, this imports):
-#: the extension's name (torch's, with ``_v<n>`` for a later version in one process) and the hex
-#: digits of its key.
+#: A keyed build's folder name (the hook's keyed build folders, whose manifest, ``MANIFEST``,
+#: this imports): the extension's name (torch's, with ``_v<n>`` for a later version in one
+#: process) and the hex digits of its key.
 KEYED = re.compile(rf"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{{{KEY_LENGTH}}})$")
 #: torch's ``FileBaton`` lock file in a build folder of its own.
 BATON = "lock"
@@ -62,7 +62,6 @@ class _TorchExtensions(Kind):
     name = "torch_extensions"
     env_var = names.TORCH_EXTENSIONS_DIR_VAR
     read_only = ReadOnlyUse.FALLBACK
-    watched_module = "torch.utils.cpp_extension"
     carried = sealed = True
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")
