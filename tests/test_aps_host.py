@@ -259,29 +259,49 @@ def test_settings_without_the_module_block_change_no_job(container_root, tmp_pat
         joined = run_snakemake(work, *profile(work, "--configfile", *batches, "config/gpu-cache.yaml",
                                               "config/test-gpu-cache.yaml"), "-n", env=env)
         assert joined.returncode == 0, joined.stderr[-3000:]
-        assert planned_jobs(joined.stdout) == planned_jobs(alone.stdout)
+        # (in any order: Snakemake lists the jobs of a rule in an order of its own, run to run)
+        assert {rule: sorted(jobs) for rule, jobs in planned_jobs(joined.stdout).items()} == \
+            {rule: sorted(jobs) for rule, jobs in planned_jobs(alone.stdout).items()}
     assert not (tmp_path / "cache").exists()
 
 
-def test_settings_pasted_into_the_hosts_config_say_where_they_go_now(container_root, tmp_path):
-    """An older README's block pasted into the host's config/config.yaml (gpu-cache's settings and
-    the flag as $JAX_COMPILATION_CACHE_DIR, which replaced the host's structure_inference_arguments):
-    one line names them and says where they go."""
+#: What stops a run whose host config/config.yaml got the older README's block pasted at its end.
+DROPPED = ("gpu-cache: config: config/config.yaml gives structure_inference_arguments twice, the second from "
+           "an older README of gpu-cache, which replaces the first: every job would lose --fold_backend. "
+           "Delete the pasted block; gpu-cache's settings go in a file of their own, passed with "
+           "--configfile (config/gpu-cache.yaml, README)")
+
+
+def test_settings_pasted_into_the_hosts_config_stop_the_run_where_they_drop_its_arguments(
+        container_root, tmp_path):
+    """An older README's block pasted at the end of the host's config/config.yaml (gpu-cache's
+    settings and structure_inference_arguments with the flag as $JAX_COMPILATION_CACHE_DIR) gives
+    that mapping twice: YAML keeps the second, so every job would lose --fold_backend (which picks
+    the structure's backend). A 521-character warning let the run go on; now the dry run and the
+    run stop before any job with one line and the fix. gpu-cache's settings pasted alone drop
+    nothing: one warning says where they go."""
     work = aps_copy(tmp_path)
     host = work / "config" / "config.yaml"
+    original = host.read_text()
     settings = yaml.safe_load((work / "config" / "gpu-cache.yaml").read_text())
     flag = {"--jax_compilation_cache_dir": "$JAX_COMPILATION_CACHE_DIR"}
-    old = {**settings, "gpu_cache_workflow": "/path/to/gpu-cache/workflow/Snakefile",
-           "structure_inference_arguments": flag}
-    host.write_text(host.read_text() + "\n" + yaml.safe_dump(old))
+    # (an older README's block: gpu_cache_workflow named the checkout's Snakefile)
+    old = {**settings, "gpu_cache_workflow": "/path/to/gpu-cache/workflow/Snakefile"}
+    host.write_text(original + "\n" + yaml.safe_dump({**old, "structure_inference_arguments": flag}))
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(tmp_path / "cache"))
     tests_own = ("--configfile", "config/test.yaml", "config/test-gpu-cache.yaml")
+    for dry in (("-n",), ()):
+        done = run_snakemake(work, *profile(work, *tests_own), *dry, env=env)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert [line for line in done.stderr.splitlines() if line.startswith("gpu-cache")] == [DROPPED]
+    assert not (work / "results").exists() and not (work / "output" / "predictions").exists()
+    host.write_text(original + "\n" + yaml.safe_dump(old))
     dry = run_snakemake(work, *profile(work, *tests_own), "-n", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
     (line,) = [line for line in dry.stderr.splitlines() if "holds gpu-cache's settings" in line]
-    assert line.startswith("gpu-cache: warning: config/config.yaml holds gpu-cache's settings (gpu_cache, "
-                           "gpu_cache_workflow, structure_inference_arguments.--jax_compilation_cache_dir)")
-    assert "passed with --configfile (config/gpu-cache.yaml, README)" in line and "--fold_backend" in line
+    assert line == ("gpu-cache: warning: config/config.yaml holds gpu-cache's settings (gpu_cache, "
+                    "gpu_cache_workflow), as an older README had them: move them into a file of their own, "
+                    "passed with --configfile (config/gpu-cache.yaml, README)")
     # The settings file in its place says nothing.
     clean = run_snakemake(work := aps_copy(tmp_path / "clean"), *profile(work), "-n", env=env)
     assert "holds gpu-cache's settings" not in clean.stderr
@@ -494,6 +514,12 @@ def test_a_second_folder_on_the_same_root_only_validates(container_root, unbound
         if name == "two":
             log = (work / "logs" / "gpu-cache" / "warm" / "3090.log").read_text()
             assert log == f"# warm [3090]: no workload run: skipped: {warms['two']['3090']['skipped']}\n"
+            # The preflight's one placement line a type (the skip and the sizes printed two).
+            preflight = (work / "logs" / "gpu-cache" / "preflight.log").read_text().splitlines()
+            placed = [line for line in preflight if line.startswith("placement: ")]
+            assert [line.split(":")[1] for line in placed] == [" 3090", " a100"], placed
+            assert "its warm job runs no workload and asks for no GPU" in placed[0] and "; check one at a " \
+                "time in " in placed[0], placed
     assert not any(w["skipped"] for w in warms["one"].values())
     for warm in warms["two"].values():
         assert warm["skipped"].startswith("the last validation of the same workloads")
@@ -532,7 +558,9 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     the partition has, and h200, which it lacks. Neither says optional: a type with SLURM
     resources is optional by default (#25), so h200's rejected warm job ends unscheduled at once
     and the predictions (on any GPU of the partition) run after h100's validation. Neither sets
-    mem_mb: their jobs ask for what one process of each bucket needs, fitted to the node."""
+    mem_mb: their jobs ask for what one process of each bucket needs, fitted to the node. A bucket
+    larger than the node (1280 tokens: 16.7 GiB) is named before any job and in h100's verdict,
+    and the buckets that fit are warmed (it left the whole type unwarmed)."""
     partition = slurm_cluster.partition
     work = aps_copy(tmp_path, by_tag=True)
     write_yaml(work / "config" / "cluster.yaml", {"slurm_partition": partition})
@@ -544,7 +572,7 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
         for name in ("h100", "h200")}
     write_yaml(work / "config" / "gpu-cache.yaml", settings)
     (work / "config" / "test-gpu-cache.yaml").write_text(
-        "gpu_cache: {workloads: {alphafold3: {shapes: [128, 256]}}, validate: {measure_cold: false}}\n")
+        "gpu_cache: {workloads: {alphafold3: {shapes: [128, 256, 1280]}}, validate: {measure_cold: false}}\n")
     root = unbound_dir / "cache"
     env = aps_environ(container_root, GPU_CACHE_ROOT=str(root), SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     # The README's command as it is, its --configfile list extended with the tests' own files.
@@ -560,7 +588,15 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     log = slurm_cluster.finish(process, SLURM_TIMEOUT)
     assert process.returncode == 0, log[-5000:]
     results = work / "results" / "gpu-cache"
-    assert read_json(results / "validate" / "h100.json")["status"] == "passed"
+    verdict = read_json(results / "validate" / "h100.json")
+    assert verdict["status"] == "passed"
+    assert [run["shape"] for run in verdict["runs"]] == [128, 256]
+    over = ("GPU type h100: one run of alphafold3 at shape 1280 needs 16.7 GiB, more than the largest node "
+            "that can take it has (15.6 GiB): it is left out of the type's warm and check jobs")
+    assert [note for note in verdict["notes"] if note.startswith(over)], verdict["notes"]
+    before = log[:log.index("Building DAG of jobs")]  # said before any job
+    assert [line for line in before.splitlines() if line.startswith("gpu-cache: PROBLEM:")] == [
+        f"gpu-cache: PROBLEM: {note}" for note in verdict["notes"] if note.startswith(over)]
     # h100's warm job asked for its two buckets side by side (they fit the 16000 MB node).
     warm = read_json(results / "warm" / "h100.json")
     one = [run_memory_mb("alphafold3", True, n) for n in (128, 256)]
@@ -570,7 +606,7 @@ def test_on_slurm_a_type_the_partition_lacks_holds_no_prediction_back(slurm_clus
     h200 = results / "validate" / "h200.json"
     assert read_json(h200)["status"] == "unscheduled"
     assert read_json(results / "warm" / "h200.json")["unscheduled"].startswith(
-        "its job did not finish on a h200 node")
+        "its job did not finish on an H200 node")
     # Unscheduled at once (sbatch rejected it), not after its queue_wait (2 h) and runtime.
     assert h200.stat().st_mtime - started < SLURM_TIMEOUT
     done = sorted((work / "output" / "predictions").glob("*/completed_fold.txt"))

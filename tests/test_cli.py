@@ -212,6 +212,25 @@ def test_doctor_without_fix_changes_nothing_on_disk(tmp_path):
     assert (root / "jax").is_dir()
 
 
+def test_doctor_shows_the_gpus_compute_capability_and_driver_each_as_itself(tmp_path):
+    """nvidia-smi answers the columns gpu-cache asks for in that order (index, uuid, compute_cap,
+    driver_version, name): the compute capability and the driver, which make a verdict's device
+    (core.device.identity), are each read from its own column."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "0, GPU-0123, 9.0, 550.54.15, NVIDIA H200"\n')
+    smi.chmod(0o755)
+    environ = clean_environ(PATH=f"{folder}{os.pathsep}{os.environ['PATH']}")
+    environ.pop("CUDA_VISIBLE_DEVICES", None)
+    args = ("doctor", "--no-fail", "--cache-root", str(tmp_path / "c"))
+    device = json.loads(run_cli(*args, "--json", env=environ).stdout)["device"]
+    assert device == {"name": "NVIDIA H200", "gpu_type": "h200", "count": 1, "visible_devices": None,
+                      "compute_capability": "9.0", "driver": "550.54.15"}
+    text = run_cli(*args, env=environ).stdout.splitlines()
+    assert "   device: 1 x NVIDIA H200 (gpu_type h200, compute capability 9.0, driver 550.54.15)" in text
+
+
 def test_warm_asks_nvidia_smi_once_before_its_workload_starts(cache_root, tmp_path):
     """With no ``gpu_types`` configured, the GPU type is this machine's: ``warm`` looks the GPU
     up once, not at each use of the table (the type's name, the plan, the runner's device; an

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from gpu_cache.config import expansion
+from gpu_cache.core.errors import UsageError
 from helpers import SNAKEFILE, clean_environ, run_cli, run_snakemake
 
 #: Text a key or value may hold that no error line may pass on raw.
@@ -41,6 +44,19 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+#: A long value in a config of 0.4 MB, anchored as ``s``: a string, a mapping that holds it (its
+#: text counted into every alias of the mapping), a number of 4,000 digits.
+LONG = {"a string": f"&s '{'x' * 400_000}'", "a mapping holding it": f"&s {{a: {{b: ['{'x' * 400_000}']}}}}",
+        "a number": f"&s {'9' * 4000}"}
+
+
+def long_aliases(value: str, count: int) -> str:
+    """A config of the long ``value`` and ``count`` aliases of it where the schema wants one
+    text: ``count`` values, but ``count`` times the value's text."""
+    return (f"workloads: {{w: {{args: [{value}]}}}}\n"
+            f"gpu_types: {{a100: {{container: [{', '.join(['*s'] * count)}]}}}}\n")
+
+
 #: gpu-cache's own config files, each a few hundred bytes: (the file, what its one line says).
 OWN = {
     "a list bomb in gpu_types": ("gpu_types:\n" + list_bomb(indent="  "),
@@ -51,6 +67,8 @@ OWN = {
                                 "config key gpu_types.a100.more contains itself (a YAML alias inside its "
                                 "own anchor): write the value out"),
     "deeper than YAML reads": (f"gpu_types: {nested(1000)}\n", "nests deeper than YAML can be read"),
+    "deeper than a config": (f"gpu_types: {nested(200)}\n", "config key gpu_types.0.0.0... nests deeper than "
+                             "100 levels of mappings and lists; a config has a few"),
 }
 #: The same inside a host's config: gpu-cache's gpu_cache: block, or a host's key it names.
 HOST = {
@@ -110,7 +128,7 @@ def workflow_run(tmp_path: Path, config: str, *extra: str) -> subprocess.Complet
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["a mapping bomb in gpu_types", "an anchor inside itself",
-                                  "deeper than YAML reads"])
+                                  "deeper than YAML reads", "deeper than a config"])
 def test_the_workflows_config_file_is_read_by_gpu_cache_before_snakemake_merges_it(case, tmp_path):
     """Snakemake's merge of a config file copies every mapping an alias repeats (it held the
     dry run past 30 s) and recurses without end into one that holds itself: gpu-cache reads
@@ -135,6 +153,13 @@ CONFIGFILES = {
     "a host's list that holds itself": (
         "loop: &l [*l]\n" + NAMED.format("loop"),
         "gpu-cache: config: the config: config key gpu_types.a100.resources.0 contains itself"),
+    "aliases of one long string": (
+        long_aliases(LONG["a string"], 2000),
+        "gpu-cache: config: the workflow's config expands to more than 1048576 characters of text"),
+    "nested 300 deep": (
+        f"gpu_types: {nested(300)}\n",
+        "gpu-cache: config: the workflow's config: config key gpu_types.0.0.0... nests deeper than 100 "
+        "levels"),
 }
 
 
@@ -151,6 +176,124 @@ def test_a_configfile_that_expands_without_end_is_one_line_before_any_copy(case,
     assert done.stderr.strip().splitlines()[-1].startswith(said), done.stderr[-2000:]
 
 
+# --- text that aliases repeat, nesting, values too long to quote ------------------------------------
+
+@pytest.mark.parametrize("value, count, cap_mb", [("a string", 2000, 1024), ("a string", 8000, 2500),
+                                                  ("a mapping holding it", 2000, 1024),
+                                                  ("a number", 5000, 1024)])
+def test_aliases_of_one_long_value_are_one_line_under_a_memory_cap(value, count, cap_mb, tmp_path):
+    """2,000 aliases of one 400 KB string stayed under the bound of values; the schema check's
+    message took the repr of their 800 MB (1.55 GB and 6 s), and 8,000 under a 2.5 GB cap
+    ended in a MemoryError traceback. The text a config expands to is bounded too: under a
+    cap of address space, one line."""
+    config = tmp_path / "config.yaml"
+    config.write_text(long_aliases(LONG[value], count))
+    done = subprocess.run(["prlimit", f"--as={cap_mb << 20}", sys.executable, "-m", "gpu_cache", "env",
+                           "--config", str(config), "--cache-root", str(tmp_path / "c")],
+                          env=clean_environ(), capture_output=True, text=True, timeout=120)
+    line = one_line(done, 2)
+    assert line == (f"gpu-cache: error: config file {config} expands to more than 16777216 characters "
+                    "of text: YAML aliases that repeat a long value; write the values out"), line
+
+
+def test_a_block_that_expands_past_a_configs_text_is_one_line_though_its_file_is_not(tmp_path):
+    """gpu-cache's block of a host's file is bounded as gpu-cache's own config (1 MiB of text),
+    the whole file at 16 MiB: five aliases of a 400 KB string in the block (2 MB)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"prediction_container: x\ngpu_cache:\n  {long_aliases(LONG['a string'], 5)}"
+                      .replace("\ngpu_types:", "\n  gpu_types:"))
+    line = one_line(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "c")), 2)
+    assert line == (f"gpu-cache: error: config file {config} (config key gpu_cache) expands to more than "
+                    "1048576 characters of text: YAML aliases that repeat a long value; write the values out")
+
+
+def test_a_configs_values_and_text_are_counted_to_the_bound():
+    """Each mapping and list counts itself, each of its keys and each value (an alias each time
+    it is reached); text counts the keys' and the values' characters, at every depth."""
+    shared = {"ab": ["xyz", 12]}  # 1 + 1 key + (1 + 2 values) = 5 values; 2 + 3 + 2 = 7 characters
+    config = {"one": shared, "two": [shared, {"c": shared}]}
+    values = 1 + 2 + 5 + (1 + 5 + (1 + 1 + 5))  # 21
+    text = len("one") + len("two") + 7 + 7 + (1 + 7)  # 28
+    expansion.measure(config, "c", budget=values, text_budget=text)
+    with pytest.raises(UsageError, match="expands to more than 20 values"):
+        expansion.measure(config, "c", budget=values - 1, text_budget=text)
+    with pytest.raises(UsageError, match="expands to more than 27 characters"):
+        expansion.measure(config, "c", budget=values, text_budget=text - 1)
+
+
+@pytest.mark.parametrize("depth, shown", [(6, "c: config key k.k.k.k.k.k contains itself"),
+                                          (7, "c: config key k.k.k.k... contains itself")])
+def test_a_key_path_past_six_levels_is_cut(depth, shown):
+    inner: dict = {}
+    config = inner
+    for _ in range(depth - 1):
+        config = {"k": config}
+    inner["k"] = config  # the innermost mapping holds the outermost: a loop at ``depth`` keys
+    with pytest.raises(UsageError, match=shown.replace(".", r"\.")):
+        expansion.measure(config, "c")
+
+
+def nested_json(depth: int) -> str:
+    return json.dumps({"gpu_types": json.loads(nested(depth))}) if depth < 500 else \
+        '{"gpu_types": ' + nested(depth) + "}"
+
+
+@pytest.mark.parametrize("depth, said", ids=["990 levels", "200 levels"], argvalues=[
+    (990, "gpu-cache: error: --config-json nests deeper than JSON can be read"),
+    (200, "gpu-cache: error: the config: config key gpu_types.0.0.0... nests deeper than 100 levels"),
+])
+def test_config_json_nested_deep_is_one_line(depth, said, tmp_path):
+    """990 levels were a RecursionError traceback from the JSON decoder; 200 pass it and
+    the schema check, and would recurse in every walk after them."""
+    done = run_cli("env", "--config-json", nested_json(depth), "--cache-root", str(tmp_path / "c"))
+    assert one_line(done, 2).startswith(said)
+
+
+def test_a_config_file_nested_deep_is_one_line(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"gpu_types: {{a100: {{resources: {{x: {nested(200)}}}}}}}\n")
+    line = one_line(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "c")), 2)
+    assert line == (f"gpu-cache: error: config file {config}: config key gpu_types.a100.resources.x... "
+                    "nests deeper than 100 levels of mappings and lists; a config has a few"), line
+
+
+@pytest.mark.parametrize("content, said", ids=["a long string", "a long size", "a long number",
+                                             "a date", "5000 digits"], argvalues=[
+    (f"triton_targets: {'x' * 300_000}\n",
+     "config key triton_targets: 'xxxxxxxx"),
+    (f"prune: {{max_size: {'9' * 400}G}}\n", "config key prune.max_size: size '999"),
+    (f"gpu_types: {{a100: {{resources: {{mem_mb: {'9' * 401}}}}}}}\n",
+     "config key gpu_types.a100.resources.mem_mb: a whole number of 401 digits is greater than "
+     "the maximum of 1073741824"),
+    ("cache_root: 2024-13-01\n", "holds a value YAML cannot read: month must be in 1..12"),
+    (f"a: {'1' * 5000}\n", "holds a value YAML cannot read: Exceeds the limit (4300 digits) for integer "
+                           "string conversion: value has 5000 digits"),
+])
+def test_a_long_value_is_quoted_cut_with_its_length(content, said, tmp_path):
+    """A message quotes at most a short cut of a value, and says how long it was (the schema's
+    message quoted 300 characters of it and stopped, without its end); a value YAML's own
+    constructors refuse is one line too (a traceback before)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(content)
+    line = one_line(run_cli("env", "--config", str(config), "--cache-root", str(tmp_path / "c")), 2)
+    assert said in line and len(line) < 400, line
+    if "x" * 300 in content:
+        assert line.endswith("x' (300000 characters) is not of type 'array'"), line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", [300, 990])
+def test_snakemakes_config_nested_deep_is_one_line(depth, tmp_path):
+    """Snakemake reads ``--config KEY=VALUE`` as YAML where it can (300 levels: lists), else as
+    text (990: deeper than its YAML reads); either is one line."""
+    done = workflow_run(tmp_path, "prune: {dry_run: true}\n", "--config", f"gpu_types={nested(depth)}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpu-cache: config:") and len(last) < 400, last
+    assert ("nests deeper than 100 levels" if depth == 300 else "(1980 characters) is not of type 'object'") \
+        in last, last
+
+
 # --- what the user wrote is printed escaped, on one line ------------------------------------------
 
 @pytest.mark.parametrize("case", ["a {host: KEY} name", "an unknown key", "--config-key"])
@@ -162,7 +305,7 @@ def test_what_the_user_wrote_is_printed_escaped_on_one_line(case, tmp_path):
         said = f"{{host: {ESCAPED}}}: the host's config has no key {ESCAPED}"
     elif case == "an unknown key":
         config.write_text(f"gpu_cache:\n  {QUOTED}: 1\n")
-        said = f"config key {ESCAPED}: not a key of gpu-cache's config"
+        said = f"config key gpu_cache.{ESCAPED}: not a key of gpu-cache's config"
     else:
         config.write_text("gpu_cache: {}\n")
         extra = ["--config-key", HOSTILE]

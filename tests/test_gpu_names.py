@@ -8,7 +8,7 @@ import pytest
 
 from gpu_cache.config.cluster import gres_by_partition, parse
 from gpu_cache.config.settings import GpuType
-from gpu_cache.config.targets import device_problems, gres_mapping, gres_names
+from gpu_cache.config.targets import a_gpu, device_problems, gres_mapping, gres_names
 from gpu_cache.core.device import Device, gpu_type_of, mig_names
 
 #: Product names as nvidia-smi and JAX's device kind write them, and the name of each.
@@ -98,6 +98,14 @@ def test_a_mig_slice_visible_by_uuid_is_named_as_cuda_names_it():
         "MIG-9a8b7c6d-5e4f-4a3b-2c1d-0e9f8a7b6c5d": "NVIDIA RTX PRO 4500 Blackwell MIG 1g.16gb",
     }
     assert gpu_type_of(names["MIG-9a8b7c6d-5e4f-4a3b-2c1d-0e9f8a7b6c5d"]) == "rtxpro4500blackwell-mig1g.16gb"
+
+
+@pytest.mark.parametrize("name, said", [("a100", "an A100"), ("h200", "an H200"), ("rtx4090", "an RTX4090"),
+                                        ("l40s", "an L40S"), ("b200", "a B200"), ("3090", "a 3090"),
+                                        ("8000", "an 8000"), ("a100-mig1g.5gb", "an a100-mig1g.5gb")])
+def test_a_sentence_says_a_gpu_with_its_article(name, said):
+    """A model's code is said letter by letter ("an A100", never "a a100")."""
+    assert a_gpu(name) == said
 
 
 # --- a GPU type named as the cluster names it --------------------------------------------------

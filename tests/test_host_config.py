@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gpu_cache.commands.validate import judge_phases
+from gpu_cache.config import host_join
 from gpu_cache.config.cluster import gres_by_partition, parse
 from gpu_cache.config.host import load_config_files, workflow_config
 from gpu_cache.config.settings import settings_from
@@ -25,7 +26,7 @@ from gpu_cache.core.errors import UsageError
 from gpu_cache.core.reports import PhaseResult, RunResult
 from gpu_cache.jobenv import env
 from gpu_cache.workloads import alphafold3
-from helpers import REPO, run_cli
+from helpers import REPO, SNAKEFILE, clean_environ, run_cli, run_snakemake
 
 #: The look-alike's config (AlphaPulldownSnakemake's keys) and the file of gpu-cache's settings.
 HOST_CONFIG = REPO / "tests" / "aps_host" / "config" / "config.yaml"
@@ -66,6 +67,74 @@ def test_a_wrong_reference_is_one_line_naming_the_key(config, message):
     with pytest.raises(UsageError) as error:
         workflow_config(config)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+#: The older README's mapping, pasted after the host's own.
+PASTED = "structure_inference_arguments:\n  --jax_compilation_cache_dir: {}\n"
+
+
+@pytest.mark.parametrize("host, second, lost", [
+    ("  --fold_backend: alphafold3\n", PASTED.format("$JAX_COMPILATION_CACHE_DIR"), "--fold_backend"),
+    ("  --fold_backend: alphafold3\n  --a: 1\n  --b: 2\n  --c: 3\n",
+     PASTED.format("${JAX_COMPILATION_CACHE_DIR}"), "--fold_backend, --a, --b and more"),
+    ("  --fold_backend: alphafold3\n  --a: 1\n  --b: 2\n", PASTED.format("$JAX_COMPILATION_CACHE_DIR"),
+     "--fold_backend, --a, --b"),
+    # given three times: what the last drops of both before it
+    ("  --fold_backend: alphafold3\nstructure_inference_arguments:\n  --a: 1\n",
+     PASTED.format("$JAX_COMPILATION_CACHE_DIR"), "--fold_backend, --a"),
+    ("  --fold_backend: alphafold3\n", PASTED.format("/scratch/own"), None),  # not gpu-cache's block
+    ("  --jax_compilation_cache_dir: x\n", PASTED.format("$JAX_COMPILATION_CACHE_DIR"), None),  # drops none
+])
+def test_a_pasted_mapping_that_drops_the_hosts_keys_is_named_with_them(host, second, lost, tmp_path):
+    path = tmp_path / "config.yaml"
+    # (another mapping given twice before it, without the flag, is not the pasted block)
+    path.write_text(f"batch_size: 1\nother: {{x: 1}}\nother: {{y: 1}}\nstructure_inference_arguments:\n"
+                    f"{host}\n{second}")
+    line = host_join.dropped_arguments(str(path))
+    if lost is None:
+        assert line is None
+        return
+    assert line == (f"{path} gives structure_inference_arguments twice, the second from an older README of "
+                    f"gpu-cache, which replaces the first: every job would lose {lost}. Delete the pasted "
+                    "block; gpu-cache's settings go in a file of their own, passed with --configfile "
+                    "(config/gpu-cache.yaml, README)")
+    assert yaml.safe_load(path.read_text())["structure_inference_arguments"] == {
+        "--jax_compilation_cache_dir": second.split(": ")[-1].strip()}  # as Snakemake reads it
+
+
+def test_a_pasted_mapping_in_a_file_that_is_no_yaml_mapping_is_not_named(tmp_path):
+    for text in ("- a\n- b\n", "a: [\n", "\xff\n", "", "a: " + "[" * 3000 + "]" * 3000 + "\n"):
+        path = tmp_path / "config.yaml"
+        path.write_bytes(text.encode("latin-1"))
+        assert host_join.dropped_arguments(str(path)) is None
+    assert host_join.dropped_arguments(str(tmp_path / "none.yaml")) is None
+
+
+MISSPELT = ("config key gpu_cache.host_rule: not a key of gpu-cache's config; did you mean host_rules? "
+            "(config/README.md explains each)")
+
+
+def test_a_misspelt_key_in_the_block_is_named_by_its_whole_path(tmp_path):
+    """A typo in the gpu_cache: block was named without its gpu_cache. prefix; so were a size
+    or an age that does not parse."""
+    path = tmp_path / "config.yaml"
+    path.write_text("prediction_container: x\ngpu_cache: {host_rule: [structure_inference]}\n")
+    done = run_cli("doctor", "--config", str(path), "--cache-root", str(tmp_path / "c"))
+    assert done.stderr == f"gpu-cache: error: config file {path}: {MISSPELT}\n"
+    with pytest.raises(UsageError, match=r"^config key gpu_cache.prune.max_age: age '3 weeks' is not"):
+        settings_from(workflow_config({"gpu_cache": {"prune": {"max_age": "3 weeks"}}}), where="gpu_cache")
+
+
+@pytest.mark.slow
+def test_a_misspelt_key_in_the_block_is_named_by_its_whole_path_in_the_workflow(tmp_path):
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    (work / "config" / "config.yaml").write_text("prediction_container: x\n"
+                                                 "gpu_cache: {host_rule: [structure_inference]}\n")
+    done = run_snakemake(work, "-s", SNAKEFILE, "-n",
+                         env=clean_environ(GPU_CACHE_ROOT=str(tmp_path / "c")))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [f"gpu-cache: config: {MISSPELT}"], done.stderr
 
 
 def test_another_key_is_named_with_config_key(tmp_path):

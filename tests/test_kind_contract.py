@@ -622,7 +622,7 @@ def test_the_tiers_bound_trims_whole_entries_least_recently_used_first(kind, tmp
     assert sorted(whole(local, kind)) == sorted(keys[1:])
 
 
-CARRIED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.carried]
+CARRIED = [pytest.param(kind, id=kind.name) for kind in kinds.ALL if kind.carry is not None]
 
 
 def foreign(root: Path, kind: Kind, keys: list[str]) -> None:
@@ -684,7 +684,7 @@ def test_publish_and_fetch_carry_whole_entries_and_leave_foreign_ones_out(kind, 
     record = {"time": time.time(), "run_id": "r", "rule": "validate_cache", "gpu_type": "cpu", "host": "h",
               "pid": 1, "env": {}, "device": {"platform": "cpu", "kinds": ["cpu"], "count": 1},
               "software": {"python": "3.11.7", "image": "lab.sif"}, **used}
-    assert kind.recorded_keys(json.loads(json.dumps(record))) >= set(keys)
+    assert kind.carry.recorded_keys(json.loads(json.dumps(record))) >= set(keys)
     records = kinds.named("records").folder(root)
     records.mkdir(parents=True)
     (records / "h-1-1.json").write_text(json.dumps(record))

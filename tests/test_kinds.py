@@ -187,6 +187,20 @@ def test_every_kind_is_in_each_file_the_recipe_names():
     assert [name for name in named if name not in recipe] == []
 
 
+def test_the_kind_interface_stays_small_and_its_facets_are_objects_of_their_own():
+    """``Kind`` says what a kind is and what every kind does alike: at most 55 members (the
+    names defined on it, ``__x__`` ones aside). What only some kinds do is a facet, an object
+    the kind has (``kind.carry``, ``kind.explain``: None where it has none), made for it; the
+    carried kinds are those with a carry."""
+    members = [name for name in vars(kinds.Kind) if not name.startswith("__")]
+    assert len(members) <= 55, members
+    assert not [name for name in members if name.startswith(("carry_", "explain_"))]
+    for kind in kinds.ALL:
+        assert all(facet is None or facet.kind is kind for facet in (kind.carry, kind.explain)), kind
+    assert tuple(kind for kind in kinds.ALL if kind.carry is not None) == kinds.CARRIED
+    assert kinds.names_of(kinds.CARRIED) and [k for k in kinds.ALL if k.explain is not None]
+
+
 def test_every_kind_module_is_registered_once():
     """Each module of core/kinds that holds a ``KIND`` is in the registry, once (a kind whose
     module the registry's rule took for another kind's part would be left out)."""

@@ -108,7 +108,7 @@ def test_an_optional_type_slurm_cannot_schedule_is_unscheduled_and_holds_nothing
     assert h200["status"] == "unscheduled" and h200["passed"] is False
     assert h200["problems"][0].startswith("not validated: its warm job was not scheduled")
     warm = read_json(results / "warm" / "h200.json")
-    assert warm["unscheduled"].startswith("its job did not finish on a h200 node") and warm["runs"] == []
+    assert warm["unscheduled"].startswith("its job did not finish on an H200 node") and warm["runs"] == []
     check = read_json(results / "check" / "h200.json")
     assert check["unscheduled"].startswith("its warm job was not scheduled")
     rows = slurm_cluster.wait_accounted(check["job"]["slurm_job_id"])

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from gpu_cache.config import cluster, placement
 from gpu_cache.config.memory import run_memory_mb
 from gpu_cache.config.settings import GpuType
+from gpu_cache.config.units import format_size
 from gpu_cache.core.errors import UsageError
+from helpers import REPO, SNAKEFILE, fake_sinfo, run_cli, run_snakemake, workdir_with_config, write_config
 
 
 def gpu(name: str = "h200", **resources: object) -> GpuType:
@@ -39,7 +42,7 @@ def test_an_optional_types_deadline_is_its_queue_wait_plus_its_runtime():
 def test_a_later_attempt_of_an_optional_type_runs_no_workload_and_says_why():
     assert placement.skip_reason("h200", H200, None, attempt=1) is None
     why = placement.skip_reason("h200", H200, None, attempt=2)
-    assert why.startswith("its job did not finish on a h200 node within gpu_types.h200.queue_wait")
+    assert why.startswith("its job did not finish on an H200 node within gpu_types.h200.queue_wait")
     assert placement.skip_reason("cpu", HERE, None, attempt=2) is None  # not optional: it runs
 
 
@@ -123,15 +126,77 @@ def test_warm_and_check_jobs_are_sized_from_one_process_per_bucket_and_fit_the_n
                                            if sum(sorted(one.values(), reverse=True)[:k]) <= 20000))
 
 
-def test_a_run_larger_than_every_node_is_named_with_the_key_that_fixes_it():
+def test_the_buckets_that_fit_are_warmed_and_one_no_node_can_take_is_named():
+    """A bucket larger than every node that can take the type left the whole type unwarmed (its
+    warm job asked for it, and SLURM refused the job): the jobs leave it out (warm, cold and
+    validate passes) and warm the others, and one line names it with the key that fixes it."""
     budget = run_memory_mb("alphafold3", True, 1024) - 1
     small = tuple(cluster.parse(f"gpu*|{budget}|32|gpu:3090:2|(null)|infinite\n"))
-    problems = placement.job_sizes(af3_settings(), "3090", small).problems
-    over = [n for n in BUCKETS if run_memory_mb("alphafold3", True, n) > budget]
-    assert [line.split(" at shape ")[1].split()[0] for line in problems] == [str(n) for n in over]
-    assert problems[-1].startswith("GPU type 3090: one run of alphafold3 at shape 1024 needs ")
-    assert problems[-1].endswith("its jobs would be refused; drop 1024 from workloads.alphafold3.shapes, "
-                                 "or give gpu_types.3090 a partition of larger nodes")
+    settings = af3_settings()
+    sizes = placement.job_sizes(settings, "3090", small)
+    assert sizes.left_out == (("alphafold3", 1024),)
+    assert sizes.runs_mb == tuple(run_memory_mb("alphafold3", True, n) for n in BUCKETS[:-1])
+    assert sizes.check_mb == run_memory_mb("alphafold3", True, 768) and sizes.warm_mb <= budget
+    (problem,) = sizes.problems
+    assert problem == (f"GPU type 3090: one run of alphafold3 at shape 1024 needs 13.6 GiB, more than the "
+                       f"largest node that can take it has ({format_size(budget << 20)}): it is left out of "
+                       "the type's warm and check jobs (its other runs are warmed), and jobs of that shape "
+                       "compile for themselves; drop 1024 from workloads.alphafold3.shapes, or give "
+                       "gpu_types.3090 a partition of larger nodes")
+    planned = json.loads(json.dumps(sizes.as_dict()))  # as the preflight's report has it
+    for phase in ("warm", "cold", "validate"):
+        plan = placement.job_plan(settings, "3090", phase, planned)
+        assert [c.shape for c in plan.commands] == BUCKETS[:-1]
+    # No bucket fits: none is left out (an empty warm would prove nothing); the jobs ask for
+    # what they need, SLURM refuses them and the verdict says why.
+    tiny = tuple(cluster.parse("gpu*|1000|32|gpu:3090:2|(null)|infinite\n"))
+    none = placement.job_sizes(settings, "3090", tiny)
+    assert none.left_out == () and none.check_mb == run_memory_mb("alphafold3", True, 1024)
+    assert len(none.problems) == 5 and all("its jobs would be refused; drop" in p for p in none.problems)
+
+
+def test_a_mem_mb_larger_than_every_node_that_can_take_the_type_is_named():
+    """A type's own mem_mb larger than every node passed doctor ("result: ok") and showed only in
+    the summary, after the pipeline ran cold; whatever its workloads (sizes known or not)."""
+    resources = {"slurm_partition": "gpu", "gpu": 1, "gpu_model": "3090", "mem_mb": 64000}
+    settings = af3_settings(gpu_types={"big": {"workloads": ["alphafold3"], "resources": resources},
+                                       "jax": {"resources": resources}})
+    said = ("GPU type {}: its resources.mem_mb asks for 62.5 GiB, more than the largest node that can take "
+            "it has (46.9 GiB): SLURM refuses its warm and check jobs; lower gpu_types.{}.resources.mem_mb")
+    for name in ("big", "jax"):
+        assert placement.job_sizes(settings, name, NODES_48G).problems[0] == said.format(name, name)
+    assert placement.sizing_problems(settings, NODES_48G) == [said.format(n, n) for n in ("big", "jax")]
+    assert placement.sizing_problems(af3_settings(), NODES_48G) == []
+
+
+#: AlphaPulldown's default --buckets (alphapulldown/scripts/run_structure_prediction.py, 2.6.2).
+ALPHAPULLDOWN_BUCKETS = [128, 256, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 3584, 4096, 4608, 5120]
+
+
+def test_on_48_gb_nodes_alphapulldowns_buckets_from_3584_tokens_are_left_out():
+    """AlphaFold 3's pair stack grows with the square of the tokens: on 48 GB nodes the buckets up
+    to 3072 tokens are warmed, those from 3584 on (55 GB, 66 GB at 4096) are not."""
+    settings = af3_settings(workloads={"alphafold3": {"shapes": ALPHAPULLDOWN_BUCKETS}})
+    sizes = placement.job_sizes(settings, "3090", NODES_48G)
+    assert [shape for _, shape in sizes.left_out] == [3584, 4096, 4608, 5120]
+    assert sizes.check_mb == run_memory_mb("alphafold3", True, 3072) <= 48000
+
+
+def test_a_runs_memory_covers_the_measured_peaks_and_the_pair_representation():
+    """The estimate of one run (gpu_cache.config.memory) against what was measured (the CPU runs of
+    tests/benchmarks/results) and what AlphaFold 3 must hold: its pair representation, tokens x
+    tokens x 128 channels of float32, held at least twice (a block's input and output)."""
+    from gpu_cache.config import memory
+
+    measured = json.loads((REPO / "tests" / "benchmarks" / "results" / "cpu_alphafold3_memory.json")
+                          .read_text())
+    for run in measured["runs"]:
+        estimate = run_memory_mb("alphafold3", True, run["bucket"])
+        assert run["peak_rss_mb"] <= estimate <= 1.3 * run["peak_rss_mb"], run
+    for tokens in (1024, 2048, 4096, 5120):
+        linear = memory.SAFETY * (memory.AF3_BASE_MB + memory.AF3_PER_TOKEN_MB * tokens)
+        pair_mb = tokens * tokens * 128 * 4 / 2**20
+        assert run_memory_mb("alphafold3", True, tokens) - linear >= 2 * pair_mb, tokens
 
 
 def test_a_skipped_job_asks_for_little_memory_and_a_workload_of_unknown_size_for_none():
@@ -189,3 +254,96 @@ def test_the_runner_starts_runs_side_by_side_only_while_they_fit_the_jobs_memory
         runs = run_plan(plan, output, environ).runs
     assert all(run.ok for run in runs)
     assert overlaps(log.read_text()) == at_once
+
+
+# --- what doctor, a dry run and the start of a run say ---------------------------------------
+
+#: A partition of 48 GB nodes with two A100s each.
+SINFO_48G = "echo 'gpu*|48000|16|gpu:a100:2(S:0-1)|(null)|infinite'"
+A100 = {"slurm_partition": "gpu", "gpu": 1, "gpu_model": "a100"}
+
+
+def sizing_config(*buckets: object, mem_mb: int | None = None) -> dict:
+    """An alphafold3 type on the A100s at ``buckets``, and with ``mem_mb`` a type of its own."""
+    types = {"a100": {"workloads": ["alphafold3"], "device": "cpu", "resources": A100}}
+    if mem_mb:
+        types["big"] = {"device": "cpu", "resources": {**A100, "mem_mb": mem_mb}}
+    return {"gpu_types": types, "workloads": {"alphafold3": {"shapes": list(buckets)}}}
+
+
+def test_doctor_names_a_mem_mb_and_a_bucket_no_node_can_take_as_problems(tmp_path):
+    """A mem_mb larger than every node passed doctor ("result: ok"), and an oversized bucket was
+    a warning: both are PROBLEMs (exit 1 without --no-fail), the type's placement one line."""
+    environ = fake_sinfo(tmp_path / "bin", SINFO_48G)
+    config = write_config(tmp_path / "c.yaml", sizing_config(128, 256, 4096, mem_mb=64000))
+    args = ("doctor", "--config", str(config), "--cache-root", str(tmp_path / "c"))
+    done = run_cli(*args, env=environ)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    problems = [line for line in lines if line.startswith("  PROBLEM: ")]
+    assert [p.split(":")[1] for p in problems] == [" GPU type a100", " GPU type big"], problems
+    assert problems[0].startswith("  PROBLEM: GPU type a100: one run of alphafold3 at shape 4096 needs "
+                                  "64.5 GiB, more than the largest node that can take it has (46.9 GiB): "
+                                  "it is left out")
+    assert problems[1].startswith("  PROBLEM: GPU type big: its resources.mem_mb asks for 62.5 GiB")
+    (placed,) = [line for line in lines if line.startswith("placement: ")]
+    assert placed == ("placement: a100: warm runs 2 of its 2 runs at once in 10.1 GiB of 46.9 GiB (1 left "
+                      "out: PROBLEM below); check one at a time in 5.6 GiB")
+    assert lines[-1] == "result: some jobs cannot run as configured (PROBLEM above)"
+    report = json.loads(run_cli(*args, "--json", "--no-fail", env=environ).stdout)
+    assert report["problems"] == [p.removeprefix("  PROBLEM: ") for p in problems] and report["ok"] is False
+    assert report["placement"]["a100"]["left_out"] == [["alphafold3", 4096]]
+    ok = write_config(tmp_path / "ok.yaml", sizing_config(128, 256))
+    fine = run_cli("doctor", "--config", str(ok), "--cache-root", str(tmp_path / "c"), env=environ)
+    assert fine.returncode == 0 and fine.stdout.splitlines()[-1] == "result: ok", fine.stdout[-2000:]
+
+
+def test_a_bucket_is_a_whole_number_of_tokens_from_1_to_100000():
+    settings = af3_settings(workloads={"alphafold3": {"shapes": [1, "100000"]}})
+    sizes = placement.job_sizes(settings, "3090", ())
+    assert sizes.runs_mb == (run_memory_mb("alphafold3", True, 1), run_memory_mb("alphafold3", True, 100000))
+    assert run_memory_mb("alphafold3", True, 1) == 3447 and run_memory_mb("jax-transformer", True, 32) is None
+    for bucket in (100001, "100001", 0, 128.0):
+        with pytest.raises(UsageError, match=r"shapes: .* is no bucket: a bucket is a whole number of "):
+            placement.job_sizes(af3_settings(workloads={"alphafold3": {"shapes": [bucket]}}), "3090", ())
+
+
+@pytest.mark.parametrize("bucket", ["²", 10 ** 3999, 0, "12.5"],
+                         ids=["superscript two", "4000 digits", "zero", "a fraction"])
+def test_a_bucket_that_is_no_whole_number_of_tokens_is_one_line(bucket, tmp_path):
+    """"²" is a digit to str.isdigit and no number to int; 4,000 digits overflowed a float:
+    doctor ended in tracebacks."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(sizing_config(128, bucket)))
+    done = run_cli("doctor", "--config", str(config), "--cache-root", str(tmp_path / "c"),
+                   env=fake_sinfo(tmp_path / "bin", SINFO_48G))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("gpu-cache: error: config key workloads.alphafold3.shapes: ") and line.endswith(
+        " is no bucket: a bucket is a whole number of tokens from 1 to 100000"), line
+    assert len(line) < 200
+
+
+@pytest.mark.slow
+def test_a_dry_run_names_the_problems_and_warms_the_buckets_that_fit(tmp_path):
+    """Before any job (the dry run's parse, as a run's), one PROBLEM line each; the warm and
+    check jobs leave the oversized bucket out and keep the others. A bucket that is no number is
+    one line."""
+    work = workdir_with_config(tmp_path, sizing_config(128, 256, 4096, mem_mb=64000))
+    environ = fake_sinfo(tmp_path / "bin", SINFO_48G)
+    environ["GPU_CACHE_ROOT"] = str(tmp_path / "cache")
+    dry = run_snakemake(work, "-s", SNAKEFILE, "-n", "-p", env=environ)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    said = [line for line in dry.stderr.splitlines() if line.startswith("gpu-cache: PROBLEM: ")]
+    assert [line.split(":")[2] for line in said] == [" GPU type a100", " GPU type big"], said
+    assert "one run of alphafold3 at shape 4096 needs" in said[0] and "mem_mb asks for 62.5 GiB" in said[1]
+    (warm,) = [job for job in dry.stdout.split("\nrule ")
+               if job.startswith("warm_cache:") and "gpu_type=a100" in job]
+    assert '"shape": 128' in warm and '"shape": 256' in warm and '"shape": 4096' not in warm, warm
+    both = run_memory_mb("alphafold3", True, 128) + run_memory_mb("alphafold3", True, 256)
+    assert f"mem_mb={both}," in warm
+    work = workdir_with_config(tmp_path / "bad", sizing_config(128, "²"))
+    bad = run_snakemake(work, "-s", SNAKEFILE, "-n", env=environ)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "gpu-cache: config: config key workloads.alphafold3.shapes: '²' is no bucket: a bucket is a whole "
+        "number of tokens from 1 to 100000"], bad.stderr[-3000:]

@@ -102,14 +102,17 @@ def test_a_second_folder_skips_its_warm_whichever_3090_its_jobs_get(slurm_cluste
 
 
 def test_a_warm_slurm_refuses_for_its_memory_fails_the_run_with_the_key(slurm_cluster, tmp_path):
-    """A type asks for more memory than the 16000 MB node has: SLURM refuses its warm job at
-    once, and the verdict says FAILED (not UNSCHEDULED) with the reason and the key; an h200,
-    which no node offers, stays UNSCHEDULED; the run exits non-zero."""
+    """A type asks for more memory than the 16000 MB node has: named before any job, SLURM
+    refuses its warm job at once, and the verdict says FAILED (not UNSCHEDULED) with the reason
+    and the key; an h200, which no node offers, stays UNSCHEDULED; the run exits non-zero."""
     asks = {"runtime": 10, "mem_mb": 1000}
     gpu_types = {"3090": {"device": "cpu", "resources": {**asks, "gres": "gpu:3090:1", "mem_mb": 20000}},
                  "h200": {"device": "cpu", "resources": {**asks, "gres": "gpu:h200:1"}}}
     run = slurm_workflow(slurm_cluster, tmp_path / "work", tmp_path / "cache", config_of(gpu_types))
     assert run.returncode != 0, run.stdout[-5000:]
+    before = run.stdout[:run.stdout.index("Building DAG of jobs")]
+    assert ("gpu-cache: PROBLEM: GPU type 3090: its resources.mem_mb asks for 19.5 GiB, more than the "
+            "largest node that can take it has (15.6 GiB): SLURM refuses its warm and check jobs") in before
     results = tmp_path / "work" / "results" / "gpu-cache"
     verdict = read_json(results / "validate" / "3090.json")
     assert verdict["status"] == "failed" and verdict["passed"] is False
@@ -131,7 +134,7 @@ def test_doctor_and_the_run_name_a_type_no_node_can_take_as_its_own(slurm_cluste
     path.write_text(json.dumps(config))
     env = clean_environ(SLURM_CONF=slurm_cluster.env["SLURM_CONF"])
     said = ("GPU type h100 asks SLURM for no GPU of a type (its resources name neither a gpu_model "
-            "nor a typed gres): its warm and check jobs may run on a node without a h100")
+            "nor a typed gres): its warm and check jobs may run on a node without an H100")
     report = json.loads(run_cli("doctor", "--json", "--no-fail", "--config", str(path),
                                 "--cache-root", str(tmp_path / "cache"), env=env).stdout)
     assert [w for w in report["warnings"] if w.startswith("GPU type")] == [

@@ -218,7 +218,7 @@ def test_a_builder_killed_in_g_plus_plus_stalls_no_later_job(tmp_path, mode):
 @pytest.mark.slow
 def test_a_job_on_a_root_fed_by_pack_and_unpack_builds_nothing(tmp_path):
     """A build packed on one root and unpacked into an empty one (another node's): a job there
-    loads it, builds nothing. Guard: the kind's carry (``carry_entries``/``carry_writers``), its key
+    loads it, builds nothing. Guard: the kind's carry (``entries``/``writers``), its key
     free of the root's path."""
     first, second = tmp_path / "first", tmp_path / "second"
     assert run(tmp_path, environ(tmp_path, first), "42")["answer"] == 42

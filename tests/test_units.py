@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from gpu_cache.commands.explain import explain_records
+from gpu_cache.commands.explain import account, explain_records
 from gpu_cache.commands.prune import plan
 from gpu_cache.commands.validate import NAMED_MISSES, judge
+from gpu_cache.core import kinds
 from gpu_cache.core.device import gpu_type_of
 from gpu_cache.core.kinds import Entry
 from gpu_cache.core.kinds.jax_explain import explain_key
@@ -192,6 +193,24 @@ def test_explain_records_takes_the_latest_run_with_misses_against_earlier_ones()
     (item,) = explain_records([later_without_misses, second, first])
     assert item["key"] == "jit_f-bbb" and item["compared_with"]["rule"] == "warm"
     assert item["changed"] == ["computation"]
+
+
+def test_explain_accounts_for_each_miss_of_a_kind_that_explains_none(tmp_path):
+    """A kind the startup hook observes that has no explain part: ``doctor --explain`` still
+    accounts for each of its misses, those its record names one by one (their entry was not in
+    the cache), the rest as unnamed. Guard: account's plain explanation of such a kind."""
+    kind = next((k for k in kinds.OBSERVED if k.explain is None), None)
+    if kind is None:
+        pytest.skip("every observed kind explains its misses")
+    section = {"hits": 0, "misses": 3, "missed": [{"name": "f", "key": "k1"}]}
+    (group,) = account([{"time": 1.0, "rule": "job", "env": {}, kind.name: section}], tmp_path)
+    assert (group["kind"], group["misses"]) == (kind.name, 3)
+    unnamed, named = group["causes"]
+    assert unnamed == {"cause": "the process compiled more than its record could name", "misses": 2,
+                       "processes": 1, "keys": []}
+    assert named["misses"] == 1 and named["keys"] == [
+        {"name": "f", "key": "k1", "compared_with": None, "changed": [],
+         "causes": ["its entry was not in the cache"]}]
 
 
 # --- jax.ZstdFrame: is a zstd frame whole, from its headers alone ------------------------------

@@ -78,6 +78,15 @@ def clean_environ(**extra: str) -> dict[str, str]:
     return environ
 
 
+def fake_sinfo(folder: Path, script: str) -> dict[str, str]:
+    """A clean environment whose ``sinfo`` (first on PATH, in ``folder``) is the sh ``script``:
+    what a cluster says, without one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sinfo").write_text(f"#!/bin/sh\n{script}\n")
+    (folder / "sinfo").chmod(0o755)
+    return clean_environ(PATH=f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
 def jax_job_env(jax_dir: Path, *, records: Path | None = None, extra_path: Sequence[str] = (),
                 shared_fs: bool = False, **extra: str) -> dict[str, str]:
     """A clean environment for a JAX process with its persistent cache in ``jax_dir``, writing

@@ -20,9 +20,8 @@ from gpu_cache.core.errors import UsageError as GpuCacheUsageError
 from gpu_cache.core.shown import shown as gpu_cache_shown
 from gpu_cache.config.settings import read_config_file as gpu_cache_read_config_file
 from gpu_cache.jobenv.planning import planning_only as gpu_cache_planning_only
-from gpu_cache.config.host import workflow_config as gpu_cache_workflow_config
+from gpu_cache.config.host import workflow_settings as gpu_cache_workflow_settings
 from gpu_cache.config import host_join as gpu_cache_host_join
-from gpu_cache.config.settings import settings_from as gpu_cache_settings_from
 from gpu_cache.config import placement as gpu_cache_placement
 from gpu_cache.config import cluster as gpu_cache_cluster
 from gpu_cache.config import targets as gpu_cache_targets
@@ -71,11 +70,11 @@ if not workflow.modifier.skip_configfile:
 configfile: GPU_CACHE_CONFIGFILE
 
 
-# The schema check of gpu-cache's package (the CLI's): one line naming the key. As a module
-# given the host's whole config (`config: config`), its gpu_cache: block, with {host: KEY}
-# values taken from the host's keys.
+# The schema check of gpu-cache's package (the CLI's): one line naming the key (by its whole
+# path, gpu_cache.host_rule). As a module given the host's whole config (`config: config`), its
+# gpu_cache: block, with {host: KEY} values taken from the host's keys.
 try:
-    GPU_CACHE_SETTINGS = gpu_cache_settings_from(gpu_cache_workflow_config(config))
+    GPU_CACHE_SETTINGS = gpu_cache_workflow_settings(config)
 except GpuCacheUsageError as error:
     gpu_cache_stop(error)
 
@@ -93,6 +92,12 @@ elif workflow.is_main_process:  # it exports nothing: it says what env would of 
 if workflow.is_main_process:
     for line in gpu_cache_cluster.unreachable_here(GPU_CACHE_SETTINGS):
         print(gpu_cache_shown(f"gpu-cache: warning: {line}"), file=sys.stderr)
+    # A mem_mb or a bucket no node can take: its jobs are refused, or the bucket is left out.
+    try:
+        for line in gpu_cache_placement.sizing_problems(GPU_CACHE_SETTINGS):
+            print(gpu_cache_shown(f"gpu-cache: PROBLEM: {line}"), file=sys.stderr)
+    except GpuCacheUsageError as error:
+        gpu_cache_stop(error)
 
 # As a module, this workflow must not become the host's default target: Snakemake makes the
 # first rule it sees (or one marked default_target) the default. The Snakefile puts the
@@ -200,10 +205,11 @@ def gpu_cache_plans(*phases, confirm_warm=False):
             chosen.insert(0, "warm")
         made = []
         for phase in chosen:
-            plan = gpu_cache_plan_phase(
+            plan = gpu_cache_placement.job_plan(
                 GPU_CACHE_SETTINGS,
                 gpu_type,
                 phase,
+                planned,
                 record=phase != "cold",
                 in_job_software=gpu_cache_in_job_software(gpu_type),
             )
@@ -264,6 +270,9 @@ def gpu_cache_join_host():
         gpu_cache_host_join.point_rule_params(host_rule.params)
     if workflow.is_main_process:  # an older README's settings in the host's own config file
         for path in [f for f in workflow.configfiles if f not in workflow.overwrite_configfiles]:
+            dropped = gpu_cache_host_join.dropped_arguments(str(path))
+            if dropped:  # every host job would lose arguments: stop before any job
+                gpu_cache_stop(dropped)
             try:
                 line = gpu_cache_host_join.pasted_settings(str(path), gpu_cache_read_config_file(path))
             except GpuCacheUsageError:

@@ -104,16 +104,16 @@ def software_section(chosen: list[ManifestEntry],
         packed.setdefault(entry.kind, []).append(entry)
     for kind, entries in packed.items():
         keys = {e.key for e in entries}
-        naming = [r for r in used if kind.recorded_keys(r) & keys]
-        own = kind.entries_software(entries)
+        naming = [r for r in used if kind.carry.recorded_keys(r) & keys]
+        own = kind.carry.entries_software(entries)
         if own is not None:
             by_kind[kind.name], sources[kind.name] = own, "the entries' own versions"
             named_own.add(kind)
         else:
             by_kind[kind.name], sources[kind.name] = _identities(kind, naming)
-            path_in_key[kind.name] = kind.path_in_key(by_kind[kind.name][0], naming)
+            path_in_key[kind.name] = kind.carry.path_in_key(by_kind[kind.name][0], naming)
         device[kind.name] = _device(kind, entries, naming)
-        device_kinds.update(device[kind.name].get("device_kinds", ()) if kind.carry_device else ())
+        device_kinds.update(device[kind.name].get("device_kinds", ()) if kind.carry.device else ())
     newest = next((by_kind[k.name][0] for k in packed if k not in named_own), software.identity())
     soft = {"identity": newest, "by_kind": by_kind, "source": sources, "path_in_key": path_in_key}
     all_types = sorted(set().union(*(d.get("gpu_types", ()) for d in device.values())))
@@ -128,7 +128,7 @@ def _identities(kind: Kind, naming: list[dict[str, Any]]) -> tuple[list[dict[str
     identities: list[dict[str, Any]] = []
     for record in reversed(naming):  # newest first
         identity = record.get("software")
-        if isinstance(identity, dict) and all(kind.software_of(identity) != kind.software_of(i)
+        if isinstance(identity, dict) and all(kind.carry.software_of(identity) != kind.carry.software_of(i)
                                               for i in identities):
             identities.append(identity)
     if identities:
@@ -137,13 +137,13 @@ def _identities(kind: Kind, naming: list[dict[str, Any]]) -> tuple[list[dict[str
 
 
 def _device(kind: Kind, entries: list[ManifestEntry], naming: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the manifest says of the GPU of a kind's entries (:attr:`Kind.carry_device`): the
+    """What the manifest says of the GPU of a kind's entries (:attr:`Carry.device`): the
     GPU types of the passes that wrote them; the device those passes saw, or the targets the
     entries were compiled for; for entries that each name their device kind, those."""
-    if kind.carry_device is None:
+    if kind.carry.device is None:
         return {"device_kinds": sorted({e.name for e in entries if e.name})}
     out: dict[str, Any] = {"gpu_types": sorted({r.get("gpu_type") or "?" for r in naming})}  # text: cleaned
-    if kind.carry_device == "device":
+    if kind.carry.device == "device":
         devices = [r["device"] for r in naming]  # a mapping: cleaned
         out.update(platforms=sorted({p for d in devices if (p := _text(d.get("platform")))}),
                    device_kinds=sorted({k for d in devices for k in _texts(d.get("kinds"))}),

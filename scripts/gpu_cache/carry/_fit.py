@@ -94,11 +94,11 @@ def fit_problems(manifest: Mapping[str, Any], present: Iterable[Kind], target: d
         if not warmed:
             notes.append(f"the archive does not say which software made its {name} entries")
         elif target is not None:
-            if all(kind.software_of(w) != kind.software_of(target) for w in warmed):
-                made, has = kind.software_words(warmed[0]), kind.software_words(target)
+            if all(kind.carry.software_of(w) != kind.carry.software_of(target) for w in warmed):
+                made, has = kind.carry.software_words(warmed[0]), kind.carry.software_words(target)
                 problems.append(printable(f"its {name} entries were made with {made}, {target_words} "
                                           f"has {has}"))
-        elif kind.carry_device is None:  # the entries name only their versions, not an image
+        elif kind.carry.device is None:  # the entries name only their versions, not an image
             notes.append(f"the software of {target_words} cannot be learned here: {name} entries not "
                          "checked (a job uses only those of its own versions)")
         else:  # an image that cannot be run here: compare its name
@@ -107,8 +107,8 @@ def fit_problems(manifest: Mapping[str, Any], present: Iterable[Kind], target: d
                 made_in = ", ".join(sorted(images)) or "no image (the host)"
                 problems.append(printable(f"its {name} entries were made in {made_in}, not {image} (no "
                                           "apptainer here to run the image and compare its software)"))
-        if gpu_type is not None and kind.carry_device is not None:  # (None: each names its device)
-            _gpu_problems(name, kind.carry_device, device.get(name) or {}, gpu_type, problems, notes)
+        if gpu_type is not None and kind.carry.device is not None:  # (None: each names its device)
+            _gpu_problems(name, kind.carry.device, device.get(name) or {}, gpu_type, problems, notes)
     return problems, notes
 
 

@@ -38,7 +38,7 @@ _ENTRY = {
     "properties": {
         "key": {"type": "string", "minLength": 1},
         "name": _TEXT,
-        **{name: _TEXT for kind in kinds.ALL if kind.carried for name in kind.carry_fields},
+        **{name: _TEXT for kind in kinds.CARRIED for name in kind.carry.fields},
         "files": {"type": "object", "minProperties": 1,
                   "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_FILE_BYTES}},
         "last_use": {"type": "number", "minimum": 0, "maximum": LATEST},
@@ -146,12 +146,12 @@ def _entry(name: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
     if set(sha256) != set(files):
         raise UsageError(f"the archive's manifest gives the {name} entry {shown(key)} digests of "
                          "other files than its own; nothing written")
-    if not kind.carry_names(key, files) or not all(plain_name(n) for n in files):
+    if not kind.carry.names_ok(key, files) or not all(plain_name(n) for n in files):
         raise Refused(f"the archive's manifest names an unsafe {name} entry {shown(key)} (a path "
                       "in a file name, or a name an entry of that kind does not have)")
     last_use = min(float(raw.get("last_use", 0.0)), time.time())  # a future one would always win
     entry = ManifestEntry(kind, key, dict(files), dict(sha256), last_use, raw.get("name"),
-                          {field: raw.get(field) for field in kind.carry_fields})
+                          {field: raw.get(field) for field in kind.carry.fields})
     for file in files:
         member = entry.member(file)
         if member in members:

@@ -115,12 +115,12 @@ def check_kinds(asked: Iterable[str]) -> tuple[Kind, ...]:
 def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
     """The entries with nothing that moves when a job hits them (#32: a registry layer of
     unchanged entries must keep its digest): no last use (unpack stamps its arrival), no JAX
-    ``-atime`` file (:meth:`Kind.carry_volatile`), in the order of their kinds and keys, each
+    ``-atime`` file (:meth:`Kind.volatile`), in the order of their kinds and keys, each
     one's files by name."""
     out = []
     for item in chosen:
         entry = item.entry
-        names = sorted(n for n in item.paths if not entry.kind.carry_volatile(n))
+        names = sorted(n for n in item.paths if not entry.kind.volatile(n))
         out.append(_Packed(ManifestEntry(entry.kind, entry.key, {n: entry.files[n] for n in names},
                                          {n: entry.sha256[n] for n in names}, 0.0, entry.name,
                                          entry.fields),
@@ -157,10 +157,10 @@ def _written_by_others(paths: Iterable[Path], team: int | None) -> str | None:
 
 def _candidates(kind: Kind, folder: Path, wanted: set[str] | None, skipped: list[dict[str, str]],
                 untrusted: list[dict[str, str]], team: int | None) -> list[_Packed]:
-    """The entries of ``kind`` in ``folder`` that pack takes (:meth:`Kind.carry_entries`);
+    """The entries of ``kind`` in ``folder`` that pack takes (:meth:`Carry.entries`);
     those another user could have written go to ``untrusted``, the broken ones to ``skipped``."""
     out = []
-    for carried in kind.carry_entries(folder, wanted):
+    for carried in kind.carry.entries(folder, wanted):
         why = _written_by_others(carried.files.values(), team)
         if why is not None:
             untrusted.append({"kind": kind.name, "key": carried.key, "reason": why})
@@ -201,7 +201,7 @@ def _chosen(chosen_kinds: tuple[Kind, ...], root: Path, tier: Path | None, used:
     chosen: list[_Packed] = []
     missing: dict[str, int] = {}
     for kind in chosen_kinds:
-        wanted = set().union(*(kind.recorded_keys(r) for r in used)) if used is not None else None
+        wanted = set().union(*(kind.carry.recorded_keys(r) for r in used)) if used is not None else None
         if used is not None and any(dropped(r, kind) for r in used):
             log.warning("some records list only their first keys: a few %s entries of the "
                         "selection may be left out", kind.name)
@@ -281,9 +281,9 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
         _stable_manifest(manifest)
     for kind in chosen_kinds:
         if soft["path_in_key"].get(kind.name):
+            made = kind.carry.software_words(soft["by_kind"][kind.name][0])
             log.warning("the %s entries were written by %s, whose keys hold the cache folder's path: "
-                        "they hit only at %s", kind.name, kind.software_words(soft["by_kind"][kind.name][0]),
-                        kind.folder(root))
+                        "they hit only at %s", kind.name, made, kind.folder(root))
     total = sum(e.size for e in entries)
     log.info("pack: %d entries, %s, into %s", len(chosen), format_size(total), target)
     _write_archive(target, mode, manifest, chosen, stable)

@@ -3,7 +3,7 @@
 A first pass goes through the whole archive before anything is written: every member safe and
 as the manifest says, every group file Triton's (a dry run also checks every file's digest).
 The second pass writes, each entry through its kind's writer, which checks it (digests, and
-as its kind reads it) before it is put in place (:meth:`Kind.carry_writers`); an entry found
+as its kind reads it) before it is put in place (its kind's :meth:`Carry.writers`); an entry found
 damaged in either pass is not written, and is reported.
 """
 
@@ -155,7 +155,7 @@ def _kind_folder_fd(root: Path, kind: Kind, team: Team | None) -> int:
 def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: ManifestEntry,
                    file_name: str, read_all: bool) -> str | None:
     """Why a member is not what was packed (damaged), or None: a file its kind reads whole
-    always (:meth:`Kind.carry_whole`: a Triton group file, whose paths are rewritten) is read
+    always (:meth:`Carry.whole`: a Triton group file, whose paths are rewritten) is read
     and checked; with ``read_all`` (a dry run, which writes nothing to check as it goes)
     every other file too, as its kind reads it where it says, else its digest in chunks.
 
@@ -164,12 +164,12 @@ def member_problem(reader: MemberReader, member: tarfile.TarInfo, entry: Manifes
             elsewhere), or one over the size it always reads whole.
     """
     kind = entry.kind
-    whole = kind.carry_whole(file_name)
+    whole = kind.carry.whole(file_name)
     if whole is not None and (whole[1] or read_all):
         limit, always = whole
         if member.size <= limit:
             data = reader.read(member.size)
-            return digest_problem(entry, file_name, sha256(data)) or kind.carry_member(entry, file_name, data)
+            return digest_problem(entry, file_name, sha256(data)) or kind.carry.member(entry, file_name, data)
         if always:
             raise Refused(f"{kind.name} entry {shown(entry.key)}: {shown(file_name)} holds {member.size} "
                           f"bytes, more than {kind.name} writes")
@@ -267,7 +267,7 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
 
 def _path_notes(manifest: Mapping[str, Any], present: list[Kind], root: Path) -> list[str]:
     """A note per kind whose entries hold their old folder's path in their keys
-    (:meth:`Kind.path_in_key`: jax <= 0.10 with XLA caches on): they hit only there."""
+    (:meth:`Carry.path_in_key`: jax <= 0.10 with XLA caches on): they hit only there."""
     source_root = manifest.get("source_root")
     notes = []
     for kind in present:
@@ -299,7 +299,7 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                 member.mtime = entry.last_use = arrival
             if writer is None or writer.entry is not entry:
                 if kind not in writers:
-                    writers[kind] = kind.carry_writers(kind.folder(root), fds[kind.name])
+                    writers[kind] = kind.carry.writers(kind.folder(root), fds[kind.name])
                 writer = writers[kind](entry, action == Action.REPLACE)
             counted = report.written if action == Action.WRITE else report.replaced
             try:

@@ -67,6 +67,8 @@ def settings(args: argparse.Namespace) -> Settings:
             config = json.loads(args.config_json)
         except ValueError as exc:
             raise UsageError(f"--config-json is not JSON: {exc}") from None
+        except RecursionError:  # the decoder recurses once per level
+            raise UsageError("--config-json nests deeper than JSON can be read") from None
         if not isinstance(config, dict):
             raise UsageError("--config-json must be a JSON object of config keys")
     found = settings_from(config, cache_root=args.cache_root)
@@ -80,9 +82,10 @@ def settings(args: argparse.Namespace) -> Settings:
 def gpu_type(found: Settings, requested: str | None) -> str:
     """``--gpu-type``, else the first GPU type of the settings."""
     from gpu_cache.config.targets import GPU_TYPE_NAME, gpu_types
+    from gpu_cache.core.shown import excerpt
 
     if requested is not None and not GPU_TYPE_NAME.fullmatch(requested):
-        raise UsageError(f"--gpu-type {requested!r}: a GPU type is letters, digits, '.', '_' and '-'")
+        raise UsageError(f"--gpu-type {excerpt(requested)}: a GPU type is letters, digits, '.', '_' and '-'")
     return requested or next(iter(gpu_types(found)))
 
 

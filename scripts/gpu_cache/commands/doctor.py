@@ -26,8 +26,7 @@ def slurm_source() -> str | None:
     may read that one's configuration, e.g. a configless ``/run/slurm/conf``). None where
     ``scontrol`` does not tell."""
     try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=cluster.TIMEOUT, check=True).stdout
+        out = cluster.bounded_output(["scontrol", "show", "config"])
     except (OSError, subprocess.SubprocessError):
         return None
     found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -71,14 +70,17 @@ def preflight(settings: Settings) -> dict[str, Any]:
     here, types = device.detect(), targets.gpu_types(settings)
     report["device"] = here.as_dict()
     offers, silent = cluster.query()
-    report["gres"] = targets.gres_mapping(types, cluster.gres_by_partition(offers)) \
-        if offers is not None else ([silent] if silent else None)
-    report["slurm"] = slurm_source() if report["gres"] is not None else None
+    offered = cluster.gres_by_partition(offers) if offers is not None else None
+    report["gres"] = targets.gres_mapping(types, offered) if offered is not None else None
+    report["warnings"] += [silent] if silent else []  # sinfo did not answer in time, or left lines unread
+    report["slurm"] = slurm_source() if offers is not None else None
     # Types no node can take as their type's and this machine is not: their validation would fail.
     report["warnings"] += cluster.unreachable(types, here, offers)
     # What each type's warm and check jobs will ask for (the workflow's jobs read it here).
     report["placement"] = {name: placement.planned(settings, name, offers or ()) for name in types}
-    report["warnings"] += [line for found in report["placement"].values() for line in found["problems"]]
+    # A mem_mb or a run no node can take: its jobs are refused, or the run is left out (cold).
+    report["problems"] = [line for found in report["placement"].values() for line in found["problems"]]
+    report["ok"] = report["ok"] and not report["problems"]
     for kind in kinds.ALL:  # what a kind says beyond its folder (ptxas: which one jobs run)
         part = kind.doctor_report(exports.values)
         if part is not None:
@@ -122,38 +124,45 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"local tier: off ({state})")
     dev = report["device"]
     where = f"{dev['count']} x {dev['name']}" if dev["count"] else dev["name"]
-    lines.append(f"   device: {where} (gpu_type {dev['gpu_type']})")
+    known = [f"{what} {dev[name]}" for name, what in (("compute_capability", "compute capability"),
+                                                      ("driver", "driver")) if dev.get(name)]
+    lines.append(f"   device: {where} (gpu_type {', '.join([dev['gpu_type'], *known])})")
     if report.get("gres") is not None:
         source = report.get("slurm") or "a cluster scontrol does not name"
         lines.append(f"    slurm: sinfo answered for {source}")
     lines += [f"     gres: {line}" for line in report.get("gres") or []]
     lines += [f"placement: {line}" for name, found in (report.get("placement") or {}).items()
-              for line in placement_lines(name, found)]
+              if (line := placement_line(name, found))]
     lines += [line for kind in kinds.ALL if isinstance(report.get(kind.name), dict)
               for line in kind.doctor_lines(report[kind.name])]
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     lines.append(f" versions: {versions}")
     lines += [f"  warning: {w}" for w in report["warnings"]]
+    lines += [f"  PROBLEM: {p}" for p in report.get("problems") or []]
     for kind, fixed in report.get("fixed", {}).items():
         lines.append(f"    fixed: {kind}: removed {fixed['entries_removed']} broken entries, "
                      f"repaired {fixed['repaired']}")
-    lines.append("result: " + ("ok" if report["ok"] else "some caches cannot be used (jobs still run)"))
+    failed = [] if all(c["problem"] is None for c in report["kinds"].values()) else \
+        ["some caches cannot be used (jobs still run)"]
+    failed += ["some jobs cannot run as configured (PROBLEM above)"] if report.get("problems") else []
+    lines.append("result: " + ("; ".join(failed) or "ok"))
     return shown_lines(lines)
 
 
-def placement_lines(gpu_type: str, found: dict[str, Any]) -> list[str]:
+def placement_line(gpu_type: str, found: dict[str, Any]) -> str | None:
     """What a type's warm and check jobs ask for (``placement.planned``), where gpu-cache sizes
-    them or plans its warm to run nothing."""
-    lines = []
+    them or plans its warm to run nothing, in one line (None: neither)."""
+    check = f"check one at a time in {format_size(found['check_mb'] << 20)}" if found.get("check_mb") else ""
+    left = f" ({len(found['left_out'])} left out: PROBLEM below)" if found.get("left_out") else ""
     if found.get("skip"):
-        lines.append(f"{gpu_type}: its warm job runs no workload and asks for no GPU: {found['skip']}")
-    if found.get("warm_mb"):
-        runs = len(found.get("runs_mb") or ())
-        budget = f" of {format_size(found['budget_mb'] << 20)}" if found.get("budget_mb") else ""
-        lines.append(f"{gpu_type}: warm runs {found['warm_parallel']} of its {runs} runs at once in "
-                     f"{format_size(found['warm_mb'] << 20)}{budget}; check one at a time in "
-                     f"{format_size(found['check_mb'] << 20)}")
-    return lines
+        return f"{gpu_type}: its warm job runs no workload and asks for no GPU: {found['skip']}" + \
+            (f"; {check}{left}" if check else "")
+    if not found.get("warm_mb"):
+        return None
+    runs = len(found.get("runs_mb") or ())
+    budget = f" of {format_size(found['budget_mb'] << 20)}" if found.get("budget_mb") else ""
+    return (f"{gpu_type}: warm runs {found['warm_parallel']} of its {runs} runs at once in "
+            f"{format_size(found['warm_mb'] << 20)}{budget}{left}; {check}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

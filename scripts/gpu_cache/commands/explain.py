@@ -1,7 +1,8 @@
-"""``gpu-cache doctor --explain``: why did computations miss? Each kind explains its own misses
-(:meth:`gpu_cache.core.kinds.Kind.explain_record`: JAX diffs the cache-key parts of two runs,
-Inductor its graphs' FX key parts, jax-triton its kernels' key parts, ...); this module picks
-the processes to explain and accounts for every miss that ``gpu-cache stats`` counts.
+"""``gpu-cache doctor --explain``: why did computations miss? A kind that explains its misses has
+an explain part (``kind.explain``, :class:`gpu_cache.core.kinds.explaining.Explain`: JAX diffs the
+cache-key parts of two runs, Inductor its graphs' FX key parts, jax-triton its kernels' key parts,
+...); this module picks the processes to explain and accounts for every miss that ``gpu-cache
+stats`` counts, those of a kind that explains none as their records name them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gpu_cache.commands import stats
 from gpu_cache.core import hook_records, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Seen
+from gpu_cache.core.kinds.explaining import Explain
 from gpu_cache.core.shown import shown_lines
 
 
@@ -32,16 +34,16 @@ def explain_records(all_records: list[dict[str, Any]], run_id: str | None = None
         start = float(record.get("time") or 0.0)
         earlier = [r for r in ordered if float(r.get("time") or 0.0) < start and r is not record]
         for kind in kinds.ALL:
-            if len(out) < limit:
-                out += kind.explain_record(record, earlier)[:limit - len(out)]
+            if kind.explain is not None and len(out) < limit:
+                out += kind.explain.record(record, earlier)[:limit - len(out)]
     return out
 
 
 def _misses(kind: kinds.Kind, record: dict[str, Any]) -> bool:
     """Whether the record names or counts misses of ``kind`` that the kind explains."""
-    section = kind.section(record) if kind.observed else None
+    section = kind.section(record) if kind.observed and kind.explain is not None else None
     return bool(section) and bool(section.get("missed") or hook_records.count(section.get("misses"))) \
-        and bool(kind.explain_record(record, []))
+        and bool(kind.explain.record(record, []))
 
 
 def _records(cache_root: Path, run_id: str | None) -> list[dict[str, Any]]:
@@ -65,7 +67,7 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
     ``by_rule``), split by cause: the warm pass's own compiles, a cache folder outside the
     cache root, software other than what warmed the type (both as stats words them, with
     when a finding was last seen once it no longer holds), and otherwise the missed
-    computations one by one (:meth:`Kind.explain_misses`, at most :data:`KEYS_PER_CAUSE` per
+    computations one by one (:meth:`Explain.misses`, at most :data:`KEYS_PER_CAUSE` per
     rule and kind)."""
     ordered = sorted(found, key=lambda r: float(r.get("time") or 0.0))
     findings = {f.key: f.text for f in stats.outside_findings(cache_root, ordered, now)
@@ -96,7 +98,9 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
                 causes = [(findings[rule, ran, software.describe(reference)], misses, [])]
             else:
                 room = KEYS_PER_CAUSE - sum(len(c["keys"]) for c in group["causes"].values())
-                causes = kind.explain_misses(record, section, misses, seen, room)
+                # a kind that explains none: its misses as the record names them
+                explain = kind.explain or Explain(kind)
+                causes = explain.misses(record, section, misses, seen, room)
             for cause, count, keys in causes:
                 entry = group["causes"].setdefault(cause, {"cause": cause, "misses": 0, "processes": 0,
                                                            "keys": []})
@@ -104,7 +108,8 @@ def account(found: list[dict[str, Any]], cache_root: Path, now: float | None = N
                 entry["processes"] += 1
                 entry["keys"] += keys
         for kind in kinds.ALL:
-            kind.seen(record, seen)
+            if kind.explain is not None:
+                kind.explain.seen(record, seen)
     return [{**g, "causes": sorted(g["causes"].values(), key=lambda c: -c["misses"])}
             for _key, g in sorted(groups.items())]
 

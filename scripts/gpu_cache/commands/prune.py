@@ -265,14 +265,14 @@ def prune_markers(root: Path, max_age: float, dry_run: bool, now: float | None =
     now = time.time() if now is None else now
     prefixes = tuple(f"{what}-" for what in (runner.PASSED, runner.PLANNED))
     team = state_files.team(root)
-    found = [(name, info) for name, _path, info in safe_io.listing(state_files.folder(root))
+    found = [(name, path, info) for name, path, info in safe_io.listing(state_files.folder(root))
              if name.startswith(prefixes) and name.endswith(".json")]
-    report = KindPruneReport(entries_before=len(found), bytes_before=sum(i.st_size for _n, i in found),
+    report = KindPruneReport(entries_before=len(found), bytes_before=sum(i.st_size for _n, _p, i in found),
                              dry_run=dry_run)
     report.bytes_after = report.bytes_before
-    for name, info in found:
+    for name, path, info in found:
         age = now - info.st_mtime
-        if not stat.S_ISREG(info.st_mode) or owners.written_by_others(info, team) is not None:
+        if not stat.S_ISREG(info.st_mode) or owners.written_by_others(info, team, where=path) is not None:
             reason = "gpu-cache would not read it (not a file of its own)"
         elif age > max_age:
             reason = "unused longer than max_age (a passed validation writes it anew)"

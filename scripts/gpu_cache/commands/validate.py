@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from gpu_cache.commands import common, outputs_proof
 from gpu_cache.config import cluster, placement
 from gpu_cache.config.settings import Settings
-from gpu_cache.config.targets import device_problems, gpu_types
+from gpu_cache.config.targets import a_gpu, device_problems, gpu_types
 from gpu_cache.config.workloads import cold_pass, plan_phase, workloads_of
 from gpu_cache.core import hook_records, kinds, runner, safe_io, software
 from gpu_cache.core.device import Device
@@ -139,10 +139,11 @@ def unscheduled_verdict(gpu_type: str, phase: PhaseResult, exports: env.Exports,
     node offers the type (an optional type then holds nothing back), else failed, with why SLURM
     refused it and the key that fixes it (``refused``: :func:`why_not_run`)."""
     if refused is not None and not refused.unscheduled:
-        problems = [f"not warmed: {refused.reason}; jobs that land on a {gpu_type} compile for themselves"]
+        problems = [f"not warmed: {refused.reason}; jobs that land on {a_gpu(gpu_type)} compile for "
+                    "themselves"]
     else:
         why = f"{phase.unscheduled} ({refused.reason})" if refused else phase.unscheduled
-        problems = [f"not validated: {why}; jobs that land on a {gpu_type} compile for themselves "
+        problems = [f"not validated: {why}; jobs that land on {a_gpu(gpu_type)} compile for themselves "
                     "(and fill the cache)"]
     failed = refused is not None and not refused.unscheduled
     return Verdict(
@@ -253,18 +254,19 @@ def confirmed_warm(warm: PhaseResult | None) -> list[str]:
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
                    ) -> tuple[list[dict], list[str]]:
-    """Why the pass's computations of each kind that missed did (:meth:`Kind.explain_run`):
-    the explanations, and a problem line for each of the first NAMED_MISSES of each kind."""
+    """Why the pass's computations of each kind that missed did (:meth:`Explain.run`, of each kind
+    that explains its misses): the explanations, and a problem line for each of the first
+    NAMED_MISSES of each kind."""
     if settings.cache_root is None:
         return [], []
     explanations: list[dict] = []
     problems: list[str] = []
     records: list[dict[str, Any]] | None = None
     for kind in kinds.ALL:
-        if kind.observed and counts[kind.name].misses:
+        if kind.observed and kind.explain is not None and counts[kind.name].misses:
             if records is None:  # read once, for every kind
                 records = list(hook_records.read(kinds.records_dir(settings.cache_root)))
-            found, lines = kind.explain_run(settings.cache_root, records, phase.run_id)
+            found, lines = kind.explain.run(settings.cache_root, records, phase.run_id)
             explanations += found
             problems += lines[:NAMED_MISSES]
     return explanations, problems
@@ -330,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
     refused = why_not_run(settings, gpu_type, args.warm, args.preflight) \
         if phases["validate"] is not None and phases["validate"].unscheduled else None
     verdict = judge_phases(settings, gpu_type, phases, exports, refused)
+    if args.preflight:  # the runs its jobs left out (no node can take them), a mem_mb none has
+        verdict.notes += placement.planned_in(args.preflight, settings, gpu_type).get("problems") or []
     outputs_proof.apply(settings, verdict, phases)
     remember(settings, verdict, phases["validate"])
     common.emit(verdict.as_dict(), args.output, to_stdout=args.output is None)

@@ -7,23 +7,34 @@ placed at all, and why SLURM refused a job of it, with the config key that fixes
 from __future__ import annotations
 
 import functools
+import os
 import re
+import selectors
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_cache.config.settings import GpuType, Settings
-from gpu_cache.config.targets import device_matches, gpu_types, gres_names
+from gpu_cache.config.targets import a_gpu, device_matches, gpu_types, gres_names
 from gpu_cache.config.units import format_size
 from gpu_cache.core import device
+from gpu_cache.core.shown import clipped, excerpt
 
 #: Seconds ``sinfo`` or ``sbatch --test-only`` may take (a client whose controller is down waits).
 TIMEOUT = 5
 #: ``sinfo``'s fields, one line per group of nodes alike in each (``--exact``: no "48000+").
 FORMAT = "%P|%m|%c|%G|%f|%l"
+#: The most of ``sinfo``'s output gpu-cache reads (a line per partition and kind of node: a
+#: large site's is a few hundred KB); 50 MB of it was read whole (923 MB peak).
+MAX_OUTPUT = 4 << 20
+#: A number in sinfo's output: ASCII digits ("²" is a digit to ``str.isdigit`` and no number
+#: to ``int``), at most 12 (10^12 MB is more memory than a node has; 401 digits overflowed
+#: the sizes' floats).
+_NUMBER = re.compile(r"[0-9]{1,12}")
 
 
 @dataclass(frozen=True)
@@ -44,63 +55,140 @@ class Offer:
         return sum(self.gres.values())
 
 
+def _number(text: str, what: str) -> int:
+    """Raises: ValueError: ``text`` is not a whole number as :data:`_NUMBER` reads one; the
+    message names ``what`` and quotes a cut of ``text``."""
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"{what} {excerpt(text, 40)} is not a whole number gpu-cache reads")
+    return int(text)
+
+
 def _minutes(text: str) -> int | None:
     """sinfo's time limit (``infinite``, ``1-00:00:00``, ``2:00:00``, ``30:00``, ``30``: days,
-    hours, minutes, seconds) in whole minutes."""
+    hours, minutes, seconds) in whole minutes.
+
+    Raises:
+        ValueError: another form.
+    """
     if text in ("infinite", "UNLIMITED", "n/a", ""):
         return None
     days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    hours, minutes = {3: (parts[0], parts[1]), 2: (0, parts[0]), 1: (0, parts[0])}[len(parts)]
-    return (int(days) if days else 0) * 1440 + hours * 60 + minutes
+    parts = [_number(p, "time limit") for p in clock.split(":")]
+    if len(parts) > 3:
+        raise ValueError(f"time limit {excerpt(text, 40)} is not one sinfo writes")
+    hours, minutes = (parts[0], parts[1]) if len(parts) == 3 else (0, parts[0])  # minutes[:seconds]
+    return (_number(days, "time limit") if days else 0) * 1440 + hours * 60 + minutes
 
 
 def _gres(text: str) -> dict[str, int]:
-    """The GPU GRES of ``gpu:3090:2(S:0-1),gpu:a100:1,gpu:4`` by type name."""
+    """The GPU GRES of ``gpu:3090:2(S:0-1),gpu:a100:1,gpu:4`` by type name.
+
+    Raises:
+        ValueError: a GPU count that is not a number.
+    """
     found: dict[str, int] = {}
     for item in re.sub(r"\([^)]*\)", "", text).split(","):
         parts = item.strip().split(":")
         if parts[0] != "gpu" or len(parts) < 2:
             continue
         name, count = (parts[1], parts[2]) if len(parts) >= 3 else ("", parts[1])
-        if count.isdigit():
-            found[name] = found.get(name, 0) + int(count)
+        found[name] = found.get(name, 0) + _number(count, f"GRES gpu:{name} count")
     return found
 
 
 def parse(text: str) -> list[Offer]:
     """The groups of nodes in ``sinfo -h -e -o FORMAT`` output; lines it cannot read are skipped."""
-    offers = []
+    return read(text)[0]
+
+
+def read(text: str) -> tuple[list[Offer], str | None]:
+    """The groups of nodes in ``sinfo -h -e -o FORMAT`` output, and a line naming the first of
+    its lines whose numbers could not be read (None: none); lines of other forms are skipped."""
+    offers, unread = [], []
     for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) != 6:
             continue
         partition, memory, cpus, gres, features, limit = fields
         try:
-            offers.append(Offer(partition.rstrip("*"), partition.endswith("*"), int(memory.rstrip("+")),
-                                int(cpus.rstrip("+")), _gres(gres),
-                                frozenset(f for f in features.split(",") if f and f != "(null)"),
+            offers.append(Offer(partition.rstrip("*"), partition.endswith("*"),
+                                _number(memory.rstrip("+"), "node memory"), _number(cpus.rstrip("+"), "CPUs"),
+                                _gres(gres), frozenset(f for f in features.split(",") if f and f != "(null)"),
                                 _minutes(limit)))
-        except (ValueError, KeyError):  # not numbers, or a time limit of another form
-            continue
-    return offers
+        except (ValueError, KeyError) as exc:  # not numbers, or a time limit of another form
+            unread.append(f"partition {clipped(partition.rstrip('*'), 40)}: {exc}")
+    if not unread:
+        return offers, None
+    return offers, (f"sinfo: {len(unread)} group(s) of nodes left out, which gpu-cache could not read "
+                    f"(the first: {unread[0]})")
+
+
+class TooMuchOutput(OSError):
+    """A command wrote more than gpu-cache reads of it (:func:`bounded_output`)."""
+
+
+def bounded_output(argv: list[str], limit: int = MAX_OUTPUT, timeout: float = TIMEOUT) -> str:
+    """What ``argv`` writes to its stdout, read as it comes, up to ``limit`` bytes
+    (``subprocess.run`` keeps all of it); its stderr is dropped.
+
+    Raises:
+        TooMuchOutput: it wrote more than ``limit`` bytes (it is killed).
+        subprocess.TimeoutExpired: it did not end within ``timeout`` seconds (it is killed).
+        subprocess.CalledProcessError: it exited with an error.
+        OSError: it cannot be started.
+    """
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL) as process:
+        try:
+            data = _read_until(process, limit, deadline)
+            code = process.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            if process.poll() is None:
+                process.kill()
+    if code:
+        raise subprocess.CalledProcessError(code, argv)
+    return data.decode("utf-8", "replace")
+
+
+def _read_until(process: subprocess.Popen[bytes], limit: int, deadline: float) -> bytes:
+    """``process``'s stdout to its end, in at most ``limit`` bytes, by ``deadline``."""
+    assert process.stdout is not None
+    chunks, size = [], 0
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise subprocess.TimeoutExpired(process.args, TIMEOUT)
+            chunk = os.read(process.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise TooMuchOutput(f"more than {limit} bytes")
+            chunks.append(chunk)
 
 
 @functools.lru_cache(maxsize=1)
 def query() -> tuple[tuple[Offer, ...] | None, str | None]:
-    """What the cluster offers where ``sinfo`` answers (asked once per process), and None; where
-    it does not answer in time, None and a line that says so; where there is no cluster here
-    (``sinfo`` missing or failing), None and None."""
+    """What the cluster offers where ``sinfo`` answers (asked once per process), and a line on
+    the groups of nodes it could not read (None: none); where it does not answer in time or
+    writes more than :data:`MAX_OUTPUT`, None and a line that says so; where there is no
+    cluster here (``sinfo`` missing or failing), None and None."""
     if shutil.which("sinfo") is None:
         return None, None
     try:
-        out = subprocess.run(["sinfo", "-h", "-e", "-o", FORMAT], capture_output=True, text=True,
-                             timeout=TIMEOUT, check=True).stdout
+        out = bounded_output(["sinfo", "-h", "-e", "-o", FORMAT])
     except subprocess.TimeoutExpired:
         return None, f"sinfo did not answer within {TIMEOUT} s"
+    except TooMuchOutput:
+        return None, (f"sinfo wrote more than {MAX_OUTPUT} bytes: gpu-cache read no more of it, and sizes "
+                      "and places no job from it")
     except (OSError, subprocess.CalledProcessError):  # a client without a cluster
         return None, None
-    return tuple(parse(out)), None
+    offers, unread = read(out)
+    return tuple(offers), unread
 
 
 def gres_by_partition(offers: tuple[Offer, ...]) -> dict[str, set[str]]:
@@ -155,7 +243,7 @@ def unplaceable(name: str, spec: GpuType, offers: tuple[Offer, ...]) -> str | No
         asks = "any GPU" if spec.resources.get("gpu") or spec.resources.get("gres") else "no GPU"
         return (f"GPU type {name} asks SLURM for {asks} of a type (its resources name neither a "
                 f"gpu_model nor a typed gres): its warm and check jobs may run on a node without "
-                f"a {spec.expected_device}, and its validation fail (give it gpu_model, or gres: "
+                f"{a_gpu(spec.expected_device)}, and its validation fail (give it gpu_model, or gres: "
                 f"gpu:<type>:1; `gpu-cache doctor` lists the cluster's GPU types)")
     offered = {n for o in offers for n in o.gres}
     if not names & offered:
@@ -256,7 +344,7 @@ def refusal(name: str, spec: GpuType, phase: str, request: Mapping[str, Any],
     finish on a node of its type; ``keys``: the config key that sets each of memory and CPUs.
     ``offers``: what ``sinfo`` says (None: no cluster answered)."""
     if offers is None:
-        return Refusal(f"its {phase} job did not finish on a {name} node, and no SLURM cluster "
+        return Refusal(f"its {phase} job did not finish on {a_gpu(name)} node, and no SLURM cluster "
                        "answers here to say why (its SLURM log does)")
     names = gres_names(spec)
     if names and not names & {n for o in offers for n in o.gres}:
@@ -290,6 +378,6 @@ def refusal(name: str, spec: GpuType, phase: str, request: Mapping[str, Any],
                        f"partition allows {max(limits)}{slurm}; lower gpu_types.{name}.resources.runtime")
     if said:
         return Refusal(f"SLURM refused its {phase} job: {said}; check gpu_types.{name}.resources")
-    return Refusal(f"its {phase} job did not finish on a {name} node, though SLURM would take it: it "
+    return Refusal(f"its {phase} job did not finish on {a_gpu(name)} node, though SLURM would take it: it "
                    f"did not start within gpu_types.{name}.queue_wait plus its runtime (the "
                    "partition was busy: raise queue_wait), or it failed there (its SLURM log says why)")

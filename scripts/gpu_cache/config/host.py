@@ -12,8 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_cache.config import expansion
-from gpu_cache.config.settings import DEFAULT_CONFIG, read_config_file, validate_config
+from gpu_cache.config.settings import (
+    DEFAULT_CONFIG,
+    Settings,
+    read_config_file,
+    settings_from,
+    validate_config,
+)
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import clipped
 
 #: The key of a host pipeline's config that holds gpu-cache's.
 HOST_KEY = "gpu_cache"
@@ -31,18 +38,18 @@ def resolve(value: Any, host: Mapping[str, Any] | None, where: str) -> Any:
         UsageError: a reference without a host config, or to a key the host does not have.
     """
     if isinstance(value, dict) and set(value) == {REFERENCE} and isinstance(value[REFERENCE], str):
-        key = value[REFERENCE]
+        key, named = value[REFERENCE], clipped(value[REFERENCE])
         if host is None:
-            raise UsageError(f"config key {where}: {{host: {key}}} names a key of a host pipeline's "
-                             "config, and there is none here (gpu-cache as a module gets it with "
+            raise UsageError(f"config key {clipped(where, 200)}: {{host: {named}}} names a key of a host "
+                             "pipeline's config, and there is none here (gpu-cache as a module gets it with "
                              "`config: config`; the CLI with --config naming the host's file)")
         if key not in host:
             import difflib
 
             near = difflib.get_close_matches(key, [str(k) for k in host], 1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            raise UsageError(f"config key {where}: {{host: {key}}}: the host's config has no key "
-                             f"{key}{hint}")
+            raise UsageError(f"config key {clipped(where, 200)}: {{host: {named}}}: the host's config "
+                             f"has no key {named}{hint}")
         return copy.deepcopy(host[key])
     if isinstance(value, dict):
         return {k: resolve(v, host, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
@@ -52,9 +59,10 @@ def resolve(value: Any, host: Mapping[str, Any] | None, where: str) -> Any:
 
 
 def block(data: Mapping[str, Any] | None, key: str | None, source: str) -> tuple[Any, str]:
-    """gpu-cache's config in ``data`` and how messages name it: the ``key`` block of a host's
-    config (default :data:`HOST_KEY` where it has one), its references resolved against the
-    host's keys; else all of ``data`` (gpu-cache's own config, where a reference is an error).
+    """gpu-cache's config in ``data`` and the key that holds it (messages name a key by its whole
+    path from there): the ``key`` block of a host's config (default :data:`HOST_KEY` where it has
+    one), its references resolved against the host's keys; else all of ``data`` (gpu-cache's own
+    config, where a reference is an error), and "".
 
     Raises:
         UsageError: ``key`` is given and ``data`` has no such block, or a reference is wrong.
@@ -64,15 +72,15 @@ def block(data: Mapping[str, Any] | None, key: str | None, source: str) -> tuple
     if key is None and not isinstance(found, dict):  # gpu-cache's own config
         # (keys that are not gpu-cache's: the schema check names the first, a clearer line)
         if not set(data or {}) <= set(DEFAULT_CONFIG):
-            return data, source
+            return data, ""
         expansion.measure(data, source)  # resolve copies what aliases repeat: measured first
-        return resolve(data, None, ""), source
+        return resolve(data, None, ""), ""
     if not isinstance(found, dict):
         keys = ", ".join(sorted(map(str, data or {}))[:12]) or "none"
         raise UsageError(f"{source} has no {wanted}: block of gpu-cache's keys (its top-level "
                          f"keys: {keys}); --config-key names the key that holds it")
     expansion.measure(found, source, wanted)
-    return resolve(found, data, wanted), f"{source}, block {wanted}"
+    return resolve(found, data, wanted), wanted
 
 
 def merged(base: Mapping[str, Any] | None, update: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -96,6 +104,17 @@ def workflow_config(config: Mapping[str, Any] | None) -> Any:
     return block(config, None, "the workflow's config")[0]
 
 
+def workflow_settings(config: Mapping[str, Any] | None) -> Settings:
+    """The settings of :func:`workflow_config`, a key named in a message by its whole path
+    (``gpu_cache.host_rule``, where the config is a host's).
+
+    Raises:
+        UsageError: a reference is wrong, or the config does not match the schema.
+    """
+    found, where = block(config, None, "the workflow's config")
+    return settings_from(found, where=where)
+
+
 def load_config_files(paths: Sequence[str | os.PathLike[str]], key: str | None = None) -> dict[str, Any]:
     """Read YAML or JSON config files, merged in order (:func:`merged`), and validate
     gpu-cache's config in them: gpu-cache's own, or a host pipeline's (its config and the
@@ -112,9 +131,9 @@ def load_config_files(paths: Sequence[str | os.PathLike[str]], key: str | None =
         f"config files {', '.join(map(str, paths))}"
     found, where = block(data, key, source)
     try:
-        return validate_config(found)
+        return validate_config(found, where)
     except UsageError as exc:
-        foreign = where == source and not set(data or {}) <= set(DEFAULT_CONFIG)
+        foreign = not where and not set(data or {}) <= set(DEFAULT_CONFIG)
         hint = ("; a host pipeline's config holds gpu-cache's under gpu_cache: (or the key "
                 "--config-key names)") if foreign else ""
-        raise UsageError(f"{where}: {exc}{hint}") from None
+        raise UsageError(f"{source}: {exc}{hint}") from None

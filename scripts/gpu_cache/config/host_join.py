@@ -82,6 +82,11 @@ def point_rule_params(params: Any) -> None:
             setattr(params, name, pointed_param(value))
 
 
+def _is_flag(value: Any) -> bool:
+    """Whether a host's value is the older README's flag value, ``$JAX_COMPILATION_CACHE_DIR``."""
+    return isinstance(value, str) and value.strip() in (f"${JAX_VARIABLE}", f"${{{JAX_VARIABLE}}}")
+
+
 def pasted_settings(path: str, data: Mapping[str, Any] | None) -> str | None:
     """A line when the host's own config file ``path`` (its contents ``data``) holds settings that
     belong in gpu-cache's file now: its ``gpu_cache:`` block or ``gpu_cache_workflow``, or a value
@@ -90,18 +95,42 @@ def pasted_settings(path: str, data: Mapping[str, Any] | None) -> str | None:
         return None
     blocks = [key for key in ("gpu_cache", "gpu_cache_workflow") if key in data]
     flags = [f"{key}.{flag}" for key, value in data.items() if isinstance(value, Mapping)
-             for flag, setting in value.items()
-             if isinstance(setting, str) and setting.strip() in (f"${JAX_VARIABLE}", f"${{{JAX_VARIABLE}}}")]
-    if not blocks and not flags:
+             for flag, setting in value.items() if _is_flag(setting)]
+    held = [f"gpu-cache's settings ({', '.join(map(str, blocks))}), as an older README had them: move "
+            "them into a file of their own, passed with --configfile (config/gpu-cache.yaml, README)"] \
+        if blocks else []
+    held += [f"{', '.join(map(str, flags))}, which gpu-cache's module sets itself now: delete it (where it "
+             "replaced the host's own mapping, put back its keys, such as --fold_backend)"] if flags else []
+    return f"{path} holds " + "; and ".join(held) if held else None
+
+
+def dropped_arguments(path: str) -> str | None:
+    """A line when the host's own config file ``path`` gives a mapping twice, the second with the
+    older README's flag (its block pasted at the end): YAML keeps the second, so every job of the
+    host would lose the first's other keys (``--fold_backend``, which picks the structure's
+    backend). None where it does not (or the file cannot be read: its reader says why)."""
+    import yaml
+
+    try:
+        root = yaml.compose(safe_io.read_bounded(path, 1 << 20).decode("utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):  # ValueError: not UTF-8
         return None
-    line = (f"{path} holds gpu-cache's settings ({', '.join(map(str, blocks + flags))}), as an older "
-            "README had them: delete them there. gpu-cache's settings go into a file of their own, "
-            "passed with --configfile (config/gpu-cache.yaml, README)")
-    if flags:
-        line += (f", and gpu-cache's module points the host's {JAX_FLAG} at its folder itself; the "
-                 f"mapping pasted into {path} replaced the host's own (put back its other keys, such "
-                 "as --fold_backend)")
-    return line
+    given: dict[str, list[Any]] = {}
+    for key, value in root.value if isinstance(root, yaml.MappingNode) else []:
+        if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.MappingNode):
+            given.setdefault(key.value, []).append(value)
+    for name, mappings in given.items():
+        last = {k.value: v for k, v in mappings[-1].value if isinstance(k, yaml.ScalarNode)}
+        if not any(isinstance(v, yaml.ScalarNode) and _is_flag(v.value) for v in last.values()):
+            continue
+        lost = list(dict.fromkeys(k.value for m in mappings[:-1] for k, _ in m.value
+                                  if isinstance(k, yaml.ScalarNode) and k.value not in last))
+        if lost:
+            return (f"{path} gives {name} twice, the second from an older README of gpu-cache, which "
+                    f"replaces the first: every job would lose {', '.join(lost[:3])}"
+                    f"{' and more' if len(lost) > 3 else ''}. Delete the pasted block; gpu-cache's settings "
+                    "go in a file of their own, passed with --configfile (config/gpu-cache.yaml, README)")
+    return None
 
 
 #: Where a host pipeline keeps its Snakefile, from the folder of its config file (Snakemake's

@@ -19,6 +19,7 @@ the GPU runtime's own libraries; tests/benchmarks/alphafold3_memory.py gives the
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 #: AlphaFold 3 at N tokens: ``AF3_BASE_MB + AF3_PER_TOKEN_MB x N + AF3_PER_TOKEN_SQ_MB x N^2``,
@@ -28,12 +29,29 @@ AF3_PER_TOKEN_MB = 6.9
 AF3_PER_TOKEN_SQ_MB = 0.0013
 #: Room over the measured peak, as AlphaPulldownSnakemake leaves over its own (1.25).
 SAFETY = 1.25
+#: The largest AlphaFold 3 bucket gpu-cache sizes (AlphaFold 3's and AlphaPulldown's largest
+#: default is 5120): at 100000 tokens one run would need about 16 TB.
+MAX_TOKENS = 100_000
+_TOKENS = re.compile(r"[0-9]{1,6}")
+
+
+def tokens(shape: Any) -> int | None:
+    """The tokens of an AlphaFold 3 bucket: a whole number from 1 to :data:`MAX_TOKENS`, as a
+    number or as ASCII digits (``"²"`` is a digit to ``str.isdigit`` and no number to ``int``);
+    None for anything else."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        number = shape
+    elif isinstance(shape, str) and _TOKENS.fullmatch(shape):
+        number = int(shape)
+    else:
+        return None
+    return number if 1 <= number <= MAX_TOKENS else None
 
 
 def run_memory_mb(workload: str, builtin: bool, shape: Any) -> int | None:
     """The host memory (MB) one run of ``workload`` at ``shape`` needs, where it is known (None:
-    a user's workload, or a built-in whose size was not measured)."""
-    if builtin and workload == "alphafold3" and str(shape).isdigit():
-        tokens = int(shape)
-        return math.ceil(SAFETY * (AF3_BASE_MB + AF3_PER_TOKEN_MB * tokens + AF3_PER_TOKEN_SQ_MB * tokens**2))
-    return None
+    a user's workload, a built-in whose size was not measured, or a shape that is no bucket)."""
+    count = tokens(shape) if builtin and workload == "alphafold3" else None
+    if count is None:
+        return None
+    return math.ceil(SAFETY * (AF3_BASE_MB + AF3_PER_TOKEN_MB * count + AF3_PER_TOKEN_SQ_MB * count**2))

@@ -20,7 +20,7 @@ from gpu_cache.config.units import format_size
 from gpu_cache.config.workloads import plan_phase
 from gpu_cache.core import runner
 from gpu_cache.core.errors import UsageError
-from gpu_cache.core.runner import Command
+from gpu_cache.core.runner import Command, Plan
 
 #: The resource an optional type's deadline goes into (with the type's own, if any).
 DEADLINE_RESOURCE = "slurm_extra"
@@ -37,7 +37,10 @@ class JobSizes:
     the warm job runs ``warm_parallel`` at once, as many of the largest as fit ``budget_mb`` (the
     type's own ``mem_mb``, else the largest node that can take the type, as ``sinfo`` says) and
     ``warm.parallel``, and asks for their sum; the check job runs one at a time and asks for the
-    largest. ``problems``: a run larger than the budget (its job would be refused)."""
+    largest. ``runs_mb``: the runs the jobs make; ``left_out``: ``(workload, shape)`` of each run
+    larger than the budget, which the jobs leave out where others fit (so that those are warmed);
+    ``problems``: a line for each of those, and for a ``mem_mb`` larger than every node that can
+    take the type (SLURM refuses its jobs)."""
 
     runs_mb: tuple[int, ...] | None = None
     budget_mb: int | None = None
@@ -45,6 +48,7 @@ class JobSizes:
     warm_mb: int | None = None
     check_mb: int | None = None
     problems: tuple[str, ...] = ()
+    left_out: tuple[tuple[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,31 +58,72 @@ def job_sizes(settings: Settings, gpu_type: str,
               offers: tuple[cluster.Offer, ...] | None = None) -> JobSizes:
     """The sizes of ``gpu_type``'s warm and check jobs (:class:`JobSizes`); without a known size
     of every run, only ``warm.parallel`` (0: as many as the job's threads). ``offers``: what the
-    cluster offers (``()``: no cluster; None: ask ``sinfo``, only where it matters)."""
+    cluster offers (``()``: no cluster; None: ask ``sinfo``).
+
+    Raises:
+        UsageError: the type names a workload that is unknown or a shape it cannot run.
+    """
     spec = targets.gpu_types(settings)[gpu_type]
     plan = plan_phase(settings, gpu_type, "warm")
-    sizes = [c.memory_mb for c in plan.commands]
-    if not sizes or any(size is None for size in sizes):
-        return JobSizes(warm_parallel=settings.warm.parallel or 0)
     own = spec.resources.get("mem_mb")
-    budget = own or cluster.largest_memory(spec, cluster.query()[0] if offers is None else offers)
-    ordered = sorted(sizes, reverse=True)
+    largest = cluster.largest_memory(spec, cluster.query()[0] if offers is None else offers)
+    problems = [_over_nodes(gpu_type, own, largest)] if own and largest is not None and own > largest else []
+    if not plan.commands or any(c.memory_mb is None for c in plan.commands):
+        return JobSizes(warm_parallel=settings.warm.parallel or 0, problems=tuple(problems))
+    budget = own or largest
+    over = [c for c in plan.commands if budget is not None and c.memory_mb > budget]
+    # Where no run fits, none is left out: the jobs ask for what they need, SLURM refuses them,
+    # and the verdict fails saying why (an empty warm would pass with nothing proven).
+    runs = [c for c in plan.commands if c not in over] or list(plan.commands)
+    ordered = sorted((c.memory_mb for c in runs), reverse=True)
     at_once = min(settings.warm.parallel or len(ordered), len(ordered))
     while budget is not None and at_once > 1 and sum(ordered[:at_once]) > budget:
         at_once -= 1
-    problems = tuple(_too_large(gpu_type, c, budget, bool(own)) for c in plan.commands
-                     if budget is not None and c.memory_mb > budget)
-    return JobSizes(tuple(sizes), budget, at_once, own or sum(ordered[:at_once]), own or ordered[0], problems)
+    left_out = tuple((c.workload, c.shape) for c in over) if len(runs) < len(plan.commands) else ()
+    problems += [_too_large(gpu_type, c, budget, bool(own), bool(left_out)) for c in over]
+    return JobSizes(tuple(c.memory_mb for c in runs), budget, at_once, own or sum(ordered[:at_once]),
+                    own or ordered[0], tuple(problems), left_out)
 
 
-def _too_large(gpu_type: str, command: Command, budget: int, own: bool) -> str:
-    """A line for a run whose memory is over a type's budget (:func:`job_sizes`)."""
+def _over_nodes(gpu_type: str, own: int, largest: int) -> str:
+    """A line for a type's own ``mem_mb`` that no node that can take it has (:func:`job_sizes`)."""
+    return (f"GPU type {gpu_type}: its resources.mem_mb asks for {format_size(own << 20)}, more than the "
+            f"largest node that can take it has ({format_size(largest << 20)}): SLURM refuses its warm "
+            f"and check jobs; lower gpu_types.{gpu_type}.resources.mem_mb")
+
+
+def _too_large(gpu_type: str, command: Command, budget: int, own: bool, left_out: bool) -> str:
+    """A line for a run whose memory is over a type's budget (:func:`job_sizes`): left out of
+    its jobs where other runs fit, else the reason they are refused."""
     where = "its resources.mem_mb" if own else "the largest node that can take it"
     also = "" if own else f", or give gpu_types.{gpu_type} a partition of larger nodes"
+    then = ("it is left out of the type's warm and check jobs (its other runs are warmed), and jobs "
+            "of that shape compile for themselves" if left_out else "its jobs would be refused")
     return (f"GPU type {gpu_type}: one run of {command.workload} at shape {command.shape} needs "
             f"{format_size(command.memory_mb << 20)}, more than {where} has "
-            f"({format_size(budget << 20)}): its jobs would be refused; drop {command.shape} from "
+            f"({format_size(budget << 20)}): {then}; drop {command.shape} from "
             f"workloads.{command.workload}.shapes{also}")
+
+
+def job_plan(settings: Settings, gpu_type: str, phase: str, planned_jobs: Mapping[str, Any],
+             record: bool = True, in_job_software: bool = False) -> Plan:
+    """:func:`plan_phase` of a warm or check job: without the runs it leaves out (``left_out`` of
+    ``planned_jobs``, :func:`planned`: larger than any node that can take the type)."""
+    plan = plan_phase(settings, gpu_type, phase, record, in_job_software)
+    left_out = [list(run) for run in planned_jobs.get("left_out") or ()]
+    if not left_out:
+        return plan
+    return replace(plan, commands=tuple(c for c in plan.commands if [c.workload, c.shape] not in left_out))
+
+
+def sizing_problems(settings: Settings, offers: tuple[cluster.Offer, ...] | None = None) -> list[str]:
+    """The lines of :func:`job_sizes` of every type: a ``mem_mb`` or a run that no node can take.
+
+    Raises:
+        UsageError: a type names a workload that is unknown or a shape it cannot run.
+    """
+    return [line for name in targets.gpu_types(settings)
+            for line in job_sizes(settings, name, offers).problems]
 
 
 def sized(settings: Settings, types: Mapping[str, GpuType], phase: str,
@@ -100,9 +145,9 @@ def planned(settings: Settings, gpu_type: str, offers: tuple[cluster.Offer, ...]
     plan holds: ``runner.planned_skip``; None: it warms). The preflight (``gpu-cache doctor``)
     writes it once per run, so that every evaluation of a job's resources, in Snakemake and in
     the job's own process, agrees."""
-    plan = plan_phase(settings, gpu_type, "warm")
-    return {**job_sizes(settings, gpu_type, offers).as_dict(),
-            "skip": runner.planned_skip(settings.cache_root, plan)}
+    sizes = job_sizes(settings, gpu_type, offers).as_dict()
+    plan = job_plan(settings, gpu_type, "warm", sizes)
+    return {**sizes, "skip": runner.planned_skip(settings.cache_root, plan)}
 
 
 def planned_in(report: str | None, settings: Settings, gpu_type: str) -> dict[str, Any]:
@@ -138,7 +183,7 @@ def skip_reason(gpu_type: str, spec: GpuType, warm_report: str | None, attempt: 
     if not spec.is_optional:
         return None
     if attempt > 1:
-        return (f"its job did not finish on a {gpu_type} node within "
+        return (f"its job did not finish on {targets.a_gpu(gpu_type)} node within "
                 f"gpu_types.{gpu_type}.queue_wait (no such node, rejected by SLURM, or dropped "
                 "at its --deadline; a job that started and failed is in its log)")
     if warm_report and os.path.isfile(warm_report):
@@ -205,7 +250,7 @@ def first_request(settings: Settings, gpu_type: str, phase: str, planned_jobs: M
         spec = replace(spec, resources={**spec.resources, "mem_mb": mem})
     names = [*spec.resources, DEADLINE_RESOURCE]
     found = {name: resource(name, spec, lambda: False) for name in names}
-    runs = len(plan_phase(settings, gpu_type, "warm").commands)
+    runs = len(job_plan(settings, gpu_type, "warm", planned_jobs).commands)
     found["threads"] = (planned_jobs.get("warm_parallel") or runs) if phase == "warm" else 1
     return {name: value for name, value in found.items() if value is not None}
 

@@ -17,6 +17,7 @@ from gpu_cache.config import expansion
 from gpu_cache.config.units import parse_age, parse_size
 from gpu_cache.core import names, owners, safe_io
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import clipped, excerpt
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 #: Values of a cache root that turn caching off.
@@ -102,8 +103,9 @@ def named_as_text(config: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check ``config`` against the schema and return it with defaults filled in.
+def validate_config(config: Mapping[str, Any] | None, where: str = "") -> dict[str, Any]:
+    """Check ``config`` against the schema and return it with defaults filled in; ``where``: the
+    key that holds it in a host's config (``gpu_cache``), which begins each key a message names.
 
     Raises:
         UsageError: a key is unknown or a value has the wrong type; the message names the key.
@@ -119,7 +121,7 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
-        raise UsageError(_error_line(errors[0]))
+        raise UsageError(_error_line(errors[0], where))
     filled = fill_defaults(schema, config)
     # Values the schema cannot check: sizes and ages must parse.
     checks = [("prune.max_size", parse_size, filled["prune"]["max_size"]),
@@ -135,14 +137,15 @@ def validate_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         try:
             parse(value)
         except UsageError as exc:
-            raise UsageError(f"config key {key}: {exc}") from None
+            raise UsageError(f"config key {'.'.join(filter(None, [where, key]))}: {exc}") from None
     return filled
 
 
-def _error_line(error: Any) -> str:
-    """One line for a schema error, naming the key; an unknown key (a typo) by its own path,
-    with the known key nearest to it. (Snakemake's own check printed the whole schema.)"""
-    path = [str(part) for part in error.absolute_path]
+def _error_line(error: Any, where: str = "") -> str:
+    """One line for a schema error, naming the key (its path from ``where``); an unknown key (a
+    typo) by its own path, with the known key nearest to it. (Snakemake's own check printed the
+    whole schema.)"""
+    path = [*([where] if where else []), *(str(part) for part in error.absolute_path)]
     known = list(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
     if error.validator == "additionalProperties" and isinstance(error.instance, dict) and known:
         unknown = next(str(key) for key in error.instance if key not in known)
@@ -150,11 +153,19 @@ def _error_line(error: Any) -> str:
 
         near = difflib.get_close_matches(unknown, known, 1)
         hint = f"; did you mean {near[0]}?" if near else ""
-        return (f"config key {'.'.join([*path, unknown])}: not a key of gpu-cache's config{hint} "
-                "(config/README.md explains each)")
-    where = ".".join(path) or "(top level)"
-    message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
-    return f"config key {where}: {message}"
+        return (f"config key {clipped('.'.join([*path, unknown]), 200)}: not a key of gpu-cache's "
+                f"config{hint} (config/README.md explains each)")
+    where = clipped(".".join(path), 200) or "(top level)"
+    return f"config key {where}: {_message(error)}"
+
+
+def _message(error: Any) -> str:
+    """jsonschema's message with the value it quotes cut (:func:`excerpt`): it opens with the
+    value's ``repr``, whole (the config is bounded before: :mod:`expansion`)."""
+    message, quoted = error.message, repr(error.instance)
+    if message.startswith(quoted):
+        message = excerpt(error.instance) + message[len(quoted):]
+    return message if len(message) <= 300 else f"{message[:300]} ... ({len(message)} characters)"
 
 
 def _validator_class() -> Any:
@@ -171,7 +182,7 @@ def _validator_class() -> Any:
 
     def whole_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
         if validator.is_type(instance, "string") and re.fullmatch(pattern, instance) is None:
-            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+            yield jsonschema.ValidationError(f"{excerpt(instance)} does not match {pattern!r}")
 
     return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": whole_pattern})
 
@@ -206,11 +217,15 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise UsageError(f"config file {path} is not valid YAML: {_yaml_error(exc, text)}") from None
     except RecursionError:  # PyYAML's composer recurses once per level
         raise UsageError(f"config file {path} nests deeper than YAML can be read") from None
+    except ValueError as exc:  # a value its constructors refuse: a date 2024-13-01, 5,000 digits
+        said = str(exc).split(": use sys.")[0].split("; use sys.")[0]
+        raise UsageError(f"config file {path} holds a value YAML cannot read: {clipped(said, 120)}") from None
     if data is not None and not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
     # Aliases load shared: a few bytes may expand to billions of values (or contain themselves)
     # in the merge and the checks after this.
-    expansion.measure(data, f"config file {path}", budget=expansion.MAX_FILE_NODES)
+    expansion.measure(data, f"config file {path}", budget=expansion.MAX_FILE_NODES,
+                      text_budget=expansion.MAX_FILE_TEXT)
     return data
 
 
@@ -410,14 +425,16 @@ def settings_from(
     config: Mapping[str, Any] | None = None,
     cache_root: str | None = None,
     environ: Mapping[str, str] | None = None,
+    where: str = "",
 ) -> Settings:
-    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment.
+    """Settings from a (validated or raw) config, a ``--cache-root`` flag and the environment;
+    ``where``: the key that holds the config in a host's (:func:`validate_config`).
 
     Raises:
         UsageError: the config does not match the schema, or names a shared_group that
             does not exist here.
     """
-    filled = validate_config(config)
+    filled = validate_config(config, where)
     team = owners.team_named(filled["shared_group"]) if filled["shared_group"] is not None else None
     root = resolve_cache_root(cache_root if cache_root is not None else filled["cache_root"], environ)
     defaults = tuple(filled["default_workloads"])

@@ -21,6 +21,17 @@ def gpu_types(settings: Settings) -> dict[str, GpuType]:
     return {here.gpu_type: GpuType(here.gpu_type, settings.default_workloads, gpus=here.count)}
 
 
+def a_gpu(name: str) -> str:
+    """``name`` after its article, as a sentence says it: a model's code (letters, then a digit)
+    in capitals and spoken letter by letter (``an A100``, ``an H200``, ``an RTX4090``), a number
+    as a number (``a 3090``, ``an 8000``), anything else as written (``an a100-mig1g.5gb``)."""
+    if re.fullmatch(r"[a-z]{1,5}[0-9][a-z0-9]*", name):
+        shown, vowel = name.upper(), name[0] in "aefhilmnorsx"  # the letters' names: "ay", "aitch"
+    else:
+        shown, vowel = name, name[:1].lower() in "aeiou8"
+    return f"{'an' if vowel else 'a'} {shown}"
+
+
 def device_matches(expected: GpuType, seen: device.Device) -> bool:
     """Whether ``seen`` is the device ``expected`` promises: its ``device`` (default: the
     type's name) is gpu-cache's name of it (``rtx3090``) or its exact product name

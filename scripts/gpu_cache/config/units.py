@@ -6,6 +6,7 @@ import math
 import re
 
 from gpu_cache.core.errors import UsageError
+from gpu_cache.core.shown import excerpt
 
 # "10G" and "10GiB" mean 10 GiB, as du -h and SLURM's --mem read them; "10GB" means 10^9
 # bytes, as Snakemake and ccache read it. humanfriendly.parse_size reads "10G" as 10^9, so
@@ -34,7 +35,7 @@ def parse_size(text: str | int) -> int:
     match = _SIZE_RE.match(str(text))
     if not match or len(match.group(1)) > _MAX_DIGITS:
         raise UsageError(
-            f"size {str(text)[:40]!r} is not understood; write a number with one of the units "
+            f"size {excerpt(text, 40)} is not understood; write a number with one of the units "
             "K, M, G, T (binary, also KiB, MiB, ...) or KB, MB, GB, TB (decimal), e.g. 10G or 500M"
         )
     number, prefix, suffix = match.groups()
@@ -60,7 +61,7 @@ def parse_age(text: str | int) -> float:
     match = _AGE_RE.match(str(text))
     if not match or len(match.group(1)) > _MAX_DIGITS:
         raise UsageError(
-            f"age {str(text)[:40]!r} is not understood; write a number with one of the units "
+            f"age {excerpt(text, 40)} is not understood; write a number with one of the units "
             "s, m, h, d, w, e.g. 30d or 12h"
         )
     number, unit = match.groups()

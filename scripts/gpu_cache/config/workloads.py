@@ -6,13 +6,14 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_cache.config.memory import run_memory_mb
+from gpu_cache.config.memory import MAX_TOKENS, run_memory_mb, tokens
 from gpu_cache.config.settings import Settings, WorkloadConfig
 from gpu_cache.config.targets import gpu_types
 from gpu_cache.config.units import parse_age
 from gpu_cache.core import names
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.runner import Command, Plan
+from gpu_cache.core.shown import excerpt
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Builtin:
         """What the verdict says about its runs (None: nothing)."""
         return None
 
+    def check_shapes(self, shapes: tuple[Any, ...]) -> None:
+        """Raises: UsageError: a shape it cannot run (any, by default)."""
+
 
 def _template(words: list[str]) -> str:
     """``words`` quoted for a shell, with braces doubled (the command is a template)."""
@@ -49,6 +53,13 @@ class _TorchCompile(Builtin):
 
 
 class _AlphaFold3(Builtin):
+    def check_shapes(self, shapes: tuple[Any, ...]) -> None:
+        """Raises: UsageError: a bucket that is not a whole number of tokens in range."""
+        for shape in shapes:
+            if tokens(shape) is None:
+                raise UsageError(f"config key workloads.{self.name}.shapes: {excerpt(shape)} is no bucket: "
+                                 f"a bucket is a whole number of tokens from 1 to {MAX_TOKENS}")
+
     def options(self, entry: WorkloadConfig | None, shapes: tuple[Any, ...]) -> str:
         """Every bucket, the weights, the script, and ``args`` for run_alphafold.py."""
         words = ["--buckets", ",".join(str(s) for s in shapes)]
@@ -122,8 +133,8 @@ class Workload:
                 out.append((shape, self.command.format_map(values)))
             except (KeyError, IndexError, ValueError) as exc:
                 raise UsageError(
-                    f"workload {self.name}: command template {self.command!r} is not valid "
-                    f"({exc!r}); it may use {{shape}}, {{python}} and {{gpu_type}}; "
+                    f"workload {self.name}: command template {excerpt(self.command)} is not valid "
+                    f"({excerpt(exc)}); it may use {{shape}}, {{python}} and {{gpu_type}}; "
                     "write {{ and }} for literal braces"
                 ) from None
         return out
@@ -150,12 +161,13 @@ def resolve_workload(settings: Settings, name: str) -> Workload:
     builtin = BUILTINS.get(name)
     if builtin is not None:
         shapes = (entry.shapes if entry else ()) or builtin.shapes
+        builtin.check_shapes(shapes)
         command = f"{{python}} -m {builtin.module} --shape {{shape}}" + builtin.options(entry, shapes)
         return Workload(name, command, shapes, timeout, builtin=True,
                         expects=(entry.expects if entry else ()) or builtin.expects, note=builtin.note(entry))
     known = ", ".join(sorted(set(BUILTINS) | set(settings.workloads)))
     raise UsageError(
-        f"unknown workload {name!r}; known workloads: {known}. A workload of your own needs "
+        f"unknown workload {excerpt(name)}; known workloads: {known}. A workload of your own needs "
         f"workloads.{name}.command in the config"
     )
 
@@ -166,8 +178,8 @@ def _check_outputs(name: str, template: str) -> None:
     try:
         template.format_map({"shape": "", "gpu_type": ""})
     except (KeyError, IndexError, ValueError) as exc:
-        raise UsageError(f"workload {name}: outputs {template!r} is not valid ({exc!r}); it may use "
-                         "{shape} and {gpu_type}; write {{ and }} for literal braces") from None
+        raise UsageError(f"workload {name}: outputs {excerpt(template)} is not valid ({excerpt(exc)}); it "
+                         "may use {shape} and {gpu_type}; write {{ and }} for literal braces") from None
 
 
 def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
@@ -178,7 +190,7 @@ def workloads_of(settings: Settings, gpu_type: str) -> list[Workload]:
     """
     types = gpu_types(settings)
     if gpu_type not in types:
-        raise UsageError(f"unknown GPU type {gpu_type!r}; configured types: {', '.join(types)}")
+        raise UsageError(f"unknown GPU type {excerpt(gpu_type)}; configured types: {', '.join(types)}")
     return [resolve_workload(settings, name) for name in types[gpu_type].workload_names]
 
 

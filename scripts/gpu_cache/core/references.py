@@ -82,7 +82,7 @@ def entry_digest(kind: kinds.Kind, entry: kinds.Entry) -> str:
     total = hashlib.sha256()
     for top in kind.files(entry):
         for path, info in sorted(files_of(top)):
-            if kind.carry_volatile(os.path.basename(path)):
+            if kind.volatile(os.path.basename(path)):
                 continue
             total.update(f"{os.path.relpath(path, top)}\0{info.st_size}\0".encode())
             for chunk in safe_io.iter_chunks(path):

@@ -30,3 +30,32 @@ def shown(text: str) -> str:
 def shown_lines(lines: Iterable[str]) -> str:
     """``lines`` (each one line of a report, as its renderer meant it) as the text to print."""
     return "".join(shown(line) + "\n" for line in lines)
+
+
+def clipped(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was where it is cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """``value`` as a message quotes it: its ``repr`` (what is not printable escaped by
+    :func:`shown` later) cut to about ``limit`` characters, with how long it was where it is
+    cut. Never the ``repr`` of all of a long value: a config's string of 800 MB (YAML aliases
+    of one long string) made a message of 800 MB."""
+    import reprlib
+
+    cut = reprlib.Repr()
+    cut.maxstring = cut.maxother = cut.maxlong = limit
+    cut.maxlist = cut.maxtuple = cut.maxdict = cut.maxset = 4
+    cut.maxlevel = 2
+    if isinstance(value, int) and value.bit_length() > 3 * limit:
+        try:
+            return f"a whole number of {len(str(abs(value)))} digits"
+        except ValueError:  # str() refuses more than 4,300 digits
+            return f"a whole number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = cut.repr(value)
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{text} ({len(value)} characters)"
+    if isinstance(value, (list, tuple, dict)) and len(value) > 4:
+        return f"{text} ({len(value)} values)"
+    return text

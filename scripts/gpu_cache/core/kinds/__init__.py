@@ -13,9 +13,9 @@ job side's facts of the kind (the modules it watches, its tier layout, its folde
 every node, its software, the variables that change its keys), which the kind reads
 (``Kind.piece``) rather than declaring them again.
 
-A kind's module imports its format code (``<kind>_format.py``, ``<kind>_explain.py``) in the
-methods that use it: ``gpu-cache env`` and every Snakemake start read this registry, and need none
-of the inventories.
+A kind's module imports its format code (``<kind>_format.py``) in the methods that use it, and so
+do its facets (``<kind>_carry.py``, ``<kind>_explain.py``, which it imports to make them): ``gpu-cache
+env`` and every Snakemake start read this registry, and need none of the inventories.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from gpu_cache.core.kinds import (
     triton,
     vllm,
 )
+from gpu_cache.core.kinds.explaining import Seen
 from gpu_cache.core.kinds.kind import (
     Entry,
     Exported,
     Kind,
     ReadOnlyUse,
-    Seen,
     in_tier,
     no_cyclic_gc,
     tier_name,
@@ -58,7 +58,7 @@ __all__ = ["ALL", "KINDS", "Entry", "Exported", "Kind", "ReadOnlyUse", "Seen", "
 _LISTED: tuple[Kind, ...] = (jax.KIND, triton.KIND, inductor.KIND, vllm.KIND, bytecode.KIND, cuda.KIND,
                              autotune.KIND, jax_triton.KIND, ptxas.KIND, records.KIND)
 #: The modules here that are no kind: the interface and what kinds share.
-_SHARED = ("kind", "layouts", "integrity", "carrying")
+_SHARED = ("kind", "layouts", "integrity", "carrying", "explaining")
 
 
 def _found(listed: tuple[Kind, ...]) -> tuple[Kind, ...]:
@@ -86,7 +86,7 @@ EXPORTED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.exported)
 #: The kinds whose entries gpu-cache lists and prunes (every kind has an inventory).
 PRUNABLE: tuple[Kind, ...] = ALL
 #: The kinds that ``gpu-cache pack`` and ``unpack`` carry (and pack by default).
-CARRIED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.carried)
+CARRIED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.carry is not None)
 #: The kinds that work in the node-local tier when it is on (issue 23).
 TIERED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.tiered)
 #: The kinds whose hits and misses the startup hook records (and validation counts).

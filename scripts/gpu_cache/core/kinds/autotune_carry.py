@@ -11,13 +11,13 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import safe_io
-from gpu_cache.core.kinds import autotune_format as autotune_cache
+from gpu_cache.core.kinds import carrying
 from gpu_cache.core.kinds.carrying import (
     Carried,
     Damaged,
@@ -28,36 +28,89 @@ from gpu_cache.core.kinds.carrying import (
     new_file,
     shown,
 )
-from gpu_cache.core.kinds.kind import Kind
+from gpu_cache.core.kinds.kind import texts
 
 
-def entries(kind: Kind, folder: Path, wanted: set[str] | None) -> list[Carried]:
-    """Each result, read whole and checked: gpu-cache's wrapper of the versions its key names."""
-    out = []
-    for entry in kind.scan(folder, grace_seconds=3600.0):
-        if wanted is not None and entry.key not in wanted:
-            continue
-        source = entry.source
-        assert isinstance(source, autotune_cache.AutotuneEntry)
-        problem, versions = entry.problem, (None, None)
-        if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
-            problem = "a name gpu-cache does not give a result"
-        if problem is None:
-            try:
-                wrapper = json.loads(safe_io.read_bounded(source.path, autotune_cache.RESULT_LIMIT))
-                problem = autotune_cache.problem_of(wrapper, entry.key)
-                if problem is None:
-                    versions = (str(wrapper["tokamax"]), str(wrapper["jax"]))
-            except (OSError, ValueError, RecursionError) as exc:
-                problem = f"unreadable result ({exc.__class__.__name__})"
-        path = Path(source.path)
-        out.append(Carried(entry.key, entry.name, {path.name: path}, entry.last_use, problem,
-                           {"tokamax": versions[0], "jax": versions[1]}))
-    return out
+class AutotuneCarry(carrying.Carry):
+    """A result in its version folder, read whole as a job reads it (:mod:`.autotune_format`)."""
+
+    fields = ("tokamax", "jax")  # the versions the result names
+    device = None  # each result names its device kind, and only that device reads it
+    keyed_by = ("tokamax", "jax")  # a result loads only in the tokamax and jax that made it
+
+    def entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        """Each result, read whole and checked: gpu-cache's wrapper of the versions its key names."""
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
+
+        out = []
+        for entry in self.kind.scan(folder, grace_seconds=3600.0):
+            if wanted is not None and entry.key not in wanted:
+                continue
+            source = entry.source
+            assert isinstance(source, autotune_cache.AutotuneEntry)
+            problem, versions = entry.problem, (None, None)
+            if problem is None and not autotune_cache.KEY_RE.fullmatch(entry.key):
+                problem = "a name gpu-cache does not give a result"
+            if problem is None:
+                try:
+                    wrapper = json.loads(safe_io.read_bounded(source.path, autotune_cache.RESULT_LIMIT))
+                    problem = autotune_cache.problem_of(wrapper, entry.key)
+                    if problem is None:
+                        versions = (str(wrapper["tokamax"]), str(wrapper["jax"]))
+                except (OSError, ValueError, RecursionError) as exc:
+                    problem = f"unreadable result ({exc.__class__.__name__})"
+            path = Path(source.path)
+            out.append(Carried(entry.key, entry.name, {path.name: path}, entry.last_use, problem,
+                               {"tokamax": versions[0], "jax": versions[1]}))
+        return out
+
+    def folder(self, key: str) -> str:
+        return key.rpartition("/")[0]  # its version folder
+
+    def names_ok(self, key: str, files: Collection[str]) -> bool:
+        """One result file in its version folder, named as the key says."""
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
+
+        return bool(autotune_cache.KEY_RE.fullmatch(key)) and set(files) == {key.rpartition("/")[2]}
+
+    def whole(self, file_name: str) -> tuple[int, bool] | None:
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
+
+        return autotune_cache.RESULT_LIMIT, False  # read as a job reads it, in a dry run
+
+    def member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        return problem_of(data, entry.key)
+
+    def writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        return lambda entry, replace: AutotuneWriter(folder, dir_fd, entry, replace)
+
+    def recorded_keys(self, record: dict[str, Any]) -> set[str]:
+        """The results a record's process loaded, and the one of its device kind where it saved
+        one, in its versions' folder."""
+        from gpu_cache.core.kinds import autotune_format as autotune_cache
+
+        tuning = self.kind.section(record) or {}
+        versions = texts(tuning.get("versions"))
+        if len(versions) != 2:
+            return set()
+        found = set(texts(tuning.get("loaded")))
+        device = record.get("device")
+        if str(tuning.get("save")).startswith("saved ") and isinstance(device, dict):
+            found |= {autotune_cache.file_name(name) for name in texts(device.get("kinds"))}
+        folder = autotune_cache.version_folder(*versions)
+        return {f"{folder}/{name}" for name in found}
+
+    def entries_software(self, entries: list[ManifestEntry]) -> list[dict[str, Any]] | None:
+        """Each result names its own versions: they are what must fit (newest first)."""
+        made = sorted(entries, key=lambda e: -e.last_use)
+        versions = dict.fromkeys((e.fields.get("tokamax"), e.fields.get("jax")) for e in made)
+        return [{"tokamax": t, "jax": j} for t, j in versions if t and j]
 
 
 def problem_of(data: bytes, key: str) -> str | None:
     """Why ``data`` is not a result jobs can read at ``key``, or None."""
+    from gpu_cache.core.kinds import autotune_format as autotune_cache
+
     try:
         return autotune_cache.problem_of(json.loads(data), key)
     except (ValueError, RecursionError) as exc:
@@ -86,10 +139,6 @@ def _lock_folder(fd: int, timeout: float = 60.0) -> None:
             raise
 
 
-def writers(folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
-    return lambda entry, replace: AutotuneWriter(folder, dir_fd, entry, replace)
-
-
 class AutotuneWriter(Writer):
     """An autotuning result into a temporary file in its version folder, checked (its digest,
     then gpu-cache's wrapper of the versions and device kind the key names), then renamed over
@@ -110,15 +159,19 @@ class AutotuneWriter(Writer):
         self.temp = ""
 
     def _problem(self, name: str) -> str | None:
+        from gpu_cache.core.kinds.autotune_format import RESULT_LIMIT
+
         try:
-            data = safe_io.read_bounded(name, autotune_cache.RESULT_LIMIT, dir_fd=self.fd)
+            data = safe_io.read_bounded(name, RESULT_LIMIT, dir_fd=self.fd)
         except OSError as exc:
             return f"it is not a result jobs can read ({type(exc).__name__})"
         return problem_of(data, self.entry.key)
 
     def add(self, file_name: str, source: Any, member: Any) -> None:
+        from gpu_cache.core.kinds.autotune_format import RESULT_LIMIT
+
         self.pending.discard(file_name)
-        if member.size > autotune_cache.RESULT_LIMIT:
+        if member.size > RESULT_LIMIT:
             raise Damaged(f"{shown(file_name)} holds {member.size} bytes, more than jobs read")
         temp = safe_io.temp_name(file_name)
         new_file(temp, self.fd, lambda fd: fill(fd, file_name, source, member, self.entry),

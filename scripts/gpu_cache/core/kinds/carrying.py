@@ -1,8 +1,9 @@
 """What carrying an entry to another machine asks of a kind (``gpu-cache pack``/``unpack``,
-``publish``/``fetch``: :mod:`gpu_cache.carry`, docs/kinds.md): the entries pack takes
-(:class:`Carried`), an entry as an archive's manifest names it (:class:`ManifestEntry`), and the
+``publish``/``fetch``: :mod:`gpu_cache.carry`, docs/kinds.md): a carried kind has a
+:class:`Carry` (``kind.carry``; None: not carried), which says what pack takes (:class:`Carried`),
+what an entry may be as an archive's manifest names it (:class:`ManifestEntry`), and makes the
 writer that puts one in place whole on unpack (:class:`Writer`). ``carry/`` is generic; each
-carried kind's own part is ``<kind>_carry.py`` beside it, which builds on this module.
+carried kind's own :class:`Carry` is in ``<kind>_carry.py`` beside it, which builds on this module.
 
 Every name here comes from an archive, which is untrusted: :func:`shown` escapes it for a
 message, and a writer checks what it wrote before it puts it in place (:class:`Damaged`).
@@ -13,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import safe_io
+from gpu_cache.core.kinds.kind import texts
 
 if TYPE_CHECKING:
     from gpu_cache.core.kinds.kind import Kind
@@ -81,7 +83,7 @@ def regular_files(folder: Path) -> dict[str, Path]:
 @dataclass
 class Carried:
     """One entry as pack would take it: its files (name -> path), its computation's ``name``,
-    what the manifest says of it beyond that (``fields``: the kind's :attr:`Kind.carry_fields`),
+    what the manifest says of it beyond that (``fields``: its kind's :attr:`Carry.fields`),
     or why it is left out (``problem``: broken)."""
 
     key: str
@@ -97,7 +99,7 @@ class ManifestEntry:
     """One entry of an archive as its manifest names it: ``files``: file name -> bytes;
     ``sha256``: file name -> its SHA-256; ``name``: the computation, kernel or device kind;
     ``last_use``: seconds since the epoch; ``fields``: the kind's own (its
-    :attr:`Kind.carry_fields`: Triton's ``kind`` and ``target``, an autotuning result's
+    :attr:`Carry.fields`: Triton's ``kind`` and ``target``, an autotuning result's
     ``tokamax`` and ``jax`` versions)."""
 
     kind: Kind
@@ -124,7 +126,7 @@ class ManifestEntry:
 
     def member(self, file_name: str) -> str:
         """The archive member that holds one of its files: where it lies below the cache root."""
-        return "/".join(p for p in (self.kind.name, self.kind.carry_folder(self.key), file_name) if p)
+        return "/".join(p for p in (self.kind.name, self.kind.carry.folder(self.key), file_name) if p)
 
     def as_json(self) -> dict[str, Any]:
         return {"key": self.key, "name": self.name, "files": self.files, "sha256": self.sha256,
@@ -212,3 +214,104 @@ class Writer:
 
     def abandon(self) -> None:
         """Remove what this writer left behind (nothing once it has finished)."""
+
+
+class Carry:
+    """How one kind's entries are carried: made for its kind (``kind``) as the kind is made, which
+    has it as ``kind.carry``. A carried kind's part implements :meth:`entries`, :meth:`names_ok`
+    and :meth:`writers`, and overrides what differs from the default. It imports the kind's
+    format where it uses it: every command makes the kinds, and most read no entry."""
+
+    #: The fields an archive's manifest keeps of each entry beyond its files (text each).
+    fields: tuple[str, ...] = ()
+    #: What of the GPU its entries hold, which unpack checks against the GPU type it is told:
+    #: ``"device"`` (compiled for the device of the passes that wrote them, named in their
+    #: records), ``"target"`` (compiled for the compute target in their ``target`` field), None
+    #: (nothing: each entry names the device it serves, and only that device reads it).
+    device: str | None = "target"
+    #: The distributions whose versions its keys hold, its own first (in words: ``jax-triton
+    #: 0.3.1 with triton 3.6.0``): entries made with other versions do not serve.
+    keyed_by: tuple[str, ...] = ()
+    #: Whether its keys (or what its entries load) hold Python's minor version too.
+    keyed_by_python: bool = False
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+
+    def entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        """The entries of ``folder`` that pack takes (of the keys ``wanted``, when given), each
+        with its files; a broken one (``problem``) is left out and listed."""
+        raise NotImplementedError
+
+    def folder(self, key: str) -> str:
+        """Where the files of the entry ``key`` lie, relative to the kind's folder ("": in it)."""
+        return ""
+
+    def names_ok(self, key: str, files: Collection[str]) -> bool:
+        """Whether an entry of this kind can have the key ``key`` and the file names ``files``
+        (an archive's manifest: what would be written where)."""
+        raise NotImplementedError
+
+    def whole(self, file_name: str) -> tuple[int, bool] | None:
+        """How unpack's first pass reads a file of this name: (at most this many bytes read
+        whole and checked with :meth:`member`; always, or only in a dry run that reads
+        everything), or None: its digest alone."""
+        return None
+
+    def member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        """Why a file of ``entry`` (read whole, as packed: its digest holds) is not what jobs
+        read, or None.
+
+        Raises:
+            Refused: it is as packed, and unsafe (an archive made to write elsewhere).
+        """
+        return None
+
+    def writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        """What makes the writer of each entry that unpack puts into ``folder`` (``dir_fd``: its
+        descriptor), given the entry and whether it replaces one there; made once per unpack."""
+        raise NotImplementedError
+
+    def recorded_keys(self, record: dict[str, Any]) -> set[str]:
+        """The keys of the kind's entries that a record's process hit or wrote (what pack takes
+        of a validated pass)."""
+        section = self.kind.section(record)
+        if section is None:
+            return set()
+        missed = section.get("missed")
+        return set(texts(section.get("hit_keys"))) | (
+            {m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)}
+            if isinstance(missed, list) else set())
+
+    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
+        """The parts of a software identity (:func:`gpu_cache.core.software.identity`) that the
+        kind's keys depend on (:attr:`keyed_by`): entries made with others do not serve."""
+        from gpu_cache.core import software
+
+        python = (software.minor(identity.get("python")),) if self.keyed_by_python else ()
+        return tuple(identity.get(name) for name in self.keyed_by) + python
+
+    def software_words(self, identity: dict[str, Any]) -> str:
+        """That software in words: ``triton 3.6.0 on Python 3.12``."""
+        from gpu_cache.core import software
+
+        python = identity.get("python") or "?"
+        if not self.keyed_by:
+            return f"Python {python}"
+        own, *others = self.keyed_by
+        if not identity.get(own):
+            return f"no {own} (Python {python})"
+        words = " with ".join([f"{own} {identity[own]}",
+                               *(f"{other} {identity.get(other) or 'none'}" for other in others)])
+        on_python = f" on Python {software.minor(identity.get('python'))}" if self.keyed_by_python else ""
+        return words + on_python
+
+    def entries_software(self, entries: list[ManifestEntry]) -> list[dict[str, Any]] | None:
+        """The software identities the ``entries`` name themselves, newest first, or None: the
+        records of the passes that wrote them tell."""
+        return None
+
+    def path_in_key(self, identity: dict[str, Any], records: list[dict[str, Any]]) -> bool | None:
+        """Whether entries made with ``identity`` by the processes of ``records`` hold their
+        folder's path in their keys (they then hit only there); None: not known."""
+        return False

@@ -10,7 +10,12 @@ named with its values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gpu_cache.core.kinds.explaining import Explain, Seen
+
+if TYPE_CHECKING:
+    from gpu_cache.core.reports import Missed
 
 #: What a changed part means, by the part's family (its name up to ``[``), as a hint.
 FAMILY_HINTS = {
@@ -155,3 +160,26 @@ def explain_key(key: str, record: dict[str, Any], earlier: list[dict[str, Any]])
     result["causes"] = [c for c in causes if c] + [
         f"{family}: {FAMILY_HINTS.get(family, 'this key part changed')}" for family in families]
     return result
+
+
+class InductorExplain(Explain):
+    """Each missed FX graph against the closest earlier key of the graph of its name."""
+
+    missed_words = "graphs the process compiled (one by one below)"
+
+    def record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The FX graphs the process missed."""
+        missed = _section(record).get("missed")
+        keys = [m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)
+                and m["key"]] if isinstance(missed, list) else []
+        return [explain_key(key, record, earlier) for key in keys]
+
+    def missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
+        earlier = seen.by_kind.get(self.kind.name, {}).get(miss.name, [])
+        return explain_key(miss.key, record, earlier)
+
+    def seen(self, record: dict[str, Any], seen: Seen) -> None:
+        """The records by the names of the graphs they keep key parts of."""
+        graphs = seen.by_kind.setdefault(self.kind.name, {})
+        for graph in set(names(record)):
+            graphs.setdefault(graph, []).append(record)

@@ -5,17 +5,14 @@ the one recorded when it was first verified), and the variables that make it saf
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_cache.core import names
-from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
+from gpu_cache.core.kinds.jax_carry import JaxCarry
+from gpu_cache.core.kinds.jax_explain import JaxExplain
+from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
-
-if TYPE_CHECKING:
-    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
-    from gpu_cache.core.reports import Missed
 
 
 class _Jax(Kind):
@@ -23,7 +20,7 @@ class _Jax(Kind):
     env_var = names.JAX_CACHE_DIR_VAR
     read_only = ReadOnlyUse.READ
     switch_off = (names.JAX_ENABLE_CACHE_VAR, "false")
-    own_check = carried = True
+    own_check = True
     records_folder = True
     own_compile_field = "own_compile_seconds"  # its compile_seconds has hits and waits in it
     last_use = ("the time in JAX's -atime record where a size cap made JAX keep one: it "
@@ -79,6 +76,9 @@ class _Jax(Kind):
     def present(self, folder: Path, key: str) -> bool:
         return (folder / f"{key}-cache").is_file() or (folder / key).is_file()  # jax 0.4.30: the key alone
 
+    def volatile(self, file_name: str) -> bool:
+        return file_name.endswith("-atime")  # rewritten on every use of a capped cache
+
     def new_since(self, folder: Path, since: float) -> list[Entry]:
         """Empty or truncated entries (a full disk or a killed writer; JAX itself never repairs
         them); entries younger than :data:`jax_cache.WRITE_GRACE_SECONDS` may be mid-write."""
@@ -111,75 +111,5 @@ class _Jax(Kind):
                     f"jax.config.update): drop that flag or point it at ${self.env_var}")
         return f"its {self.env_var} was set outside gpu-cache: unset it"
 
-    # --- carry (host only: gpu_cache.core.kinds.jax_carry) ---------------------------------------
 
-    carry_device = "device"  # JAX keys hold the device topology
-
-    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
-        from gpu_cache.core.kinds import jax_carry
-
-        return jax_carry.entries(self, folder, wanted)
-
-    def carry_names(self, key: str, files: Collection[str]) -> bool:
-        from gpu_cache.core.kinds import jax_carry
-
-        return jax_carry.names_ok(key, files)
-
-    def carry_volatile(self, file_name: str) -> bool:
-        return file_name.endswith("-atime")  # rewritten on every use of a capped cache
-
-    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
-        from gpu_cache.core.kinds import jax_carry
-
-        return jax_carry.writers(folder, dir_fd, lambda: self.scan(folder))
-
-    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
-        """jaxlib is in the key; the compression (zstandard or zlib) too."""
-        return (identity.get("jax"), identity.get("jaxlib"), bool(identity.get("zstandard")))
-
-    def software_words(self, identity: dict[str, Any]) -> str:
-        if not identity.get("jax"):
-            return f"no jax (Python {identity.get('python') or '?'})"
-        compression = "zstd" if identity.get("zstandard") else "zlib"
-        return f"jax {identity['jax']} (jaxlib {identity.get('jaxlib') or '?'}, {compression})"
-
-    def path_in_key(self, identity: dict[str, Any], records: list[dict[str, Any]]) -> bool | None:
-        """jax <= 0.10 hashes the path of XLA's caches in the cache folder into every key, where
-        they are on; unknown without the records' environments."""
-        from gpu_cache.core import software
-
-        xla_caches = {_text(r["env"].get(names.JAX_XLA_CACHES_VAR)) for r in records}  # (env: a mapping)
-        if not xla_caches:
-            return None
-        version = software.release(identity.get("jax"))
-        return bool(version) and version < (0, 11) and bool(xla_caches - {"none"})
-
-    # --- explain (host only: gpu_cache.core.kinds.jax_explain) ----------------------------------
-
-    def explain_record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from gpu_cache.core.kinds import jax_explain
-
-        return jax_explain.record_misses(record, earlier)
-
-    def explain_missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
-        from gpu_cache.core.kinds import jax_explain
-
-        return jax_explain.known(seen).explain(miss.key, record)
-
-    def unnamed(self, record: dict[str, Any], rest: int, seen: Seen, room: int
-                ) -> tuple[str, int, list[dict[str, Any]]]:
-        from gpu_cache.core.kinds import jax_explain
-
-        return jax_explain.unnamed(record, rest, seen, room)
-
-    def seen(self, record: dict[str, Any], seen: Seen) -> None:
-        from gpu_cache.core.kinds import jax_explain
-
-        jax_explain.known(seen).add(record)
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-KIND = _Jax()
+KIND = _Jax(carry=JaxCarry, explain=JaxExplain)

@@ -13,10 +13,14 @@ with those of the closest earlier key of the same computation name.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import hook_records
-from gpu_cache.core.kinds.kind import Seen, in_tier
+from gpu_cache.core.kinds.explaining import Explain, Seen
+from gpu_cache.core.kinds.kind import in_tier
+
+if TYPE_CHECKING:
+    from gpu_cache.core.reports import Missed
 
 KIND = "jax"  # the section of a record this module reads
 
@@ -212,23 +216,30 @@ def known(seen: Seen) -> Known:
     return seen.by_kind[KIND]
 
 
-def record_misses(record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each computation the record's process missed, explained against ``earlier`` records."""
-    return [{"kind": KIND, **explain_key(key, record, earlier)} for key in _missed_keys(record, earlier)]
+class JaxExplain(Explain):
+    """Each miss against the closest earlier key of the same computation name."""
 
+    def record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"kind": KIND, **explain_key(key, record, earlier)} for key in _missed_keys(record, earlier)]
 
-def unnamed(record: dict[str, Any], rest: int, seen: Seen, room: int
-            ) -> tuple[str, int, list[dict[str, Any]]]:
-    """The cause of ``rest`` misses that the record's jax did not name: explained are those of its
-    keys that no earlier process computed (at most ``room``)."""
-    soft = record.get("software")
-    version = soft.get("jax") if isinstance(soft, dict) else None
-    which = f"jax {version}" if isinstance(version, str) else "this jax"
-    first = [key for key in _key_parts(record) if key not in known(seen).keys]
-    if not first:
-        return (f"{which} does not name the computations that missed, and every key the process "
-                "computed was computed before: their entries were not in its cache folder (not "
-                "written, pruned, or another folder)", rest, [])
-    inferred = [known(seen).explain(key, record) for key in first[:min(rest, room)]]
-    return (f"{which} does not name the computations that missed: explained here are those of "
-            "its keys that no earlier process computed", rest, inferred)
+    def missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
+        return known(seen).explain(miss.key, record)
+
+    def unnamed(self, record: dict[str, Any], rest: int, seen: Seen, room: int
+                ) -> tuple[str, int, list[dict[str, Any]]]:
+        """Explained are those of the process's keys that no earlier process computed (at most
+        ``room``): its jax did not name the computations that missed."""
+        soft = record.get("software")
+        version = soft.get("jax") if isinstance(soft, dict) else None
+        which = f"jax {version}" if isinstance(version, str) else "this jax"
+        first = [key for key in _key_parts(record) if key not in known(seen).keys]
+        if not first:
+            return (f"{which} does not name the computations that missed, and every key the process "
+                    "computed was computed before: their entries were not in its cache folder (not "
+                    "written, pruned, or another folder)", rest, [])
+        inferred = [known(seen).explain(key, record) for key in first[:min(rest, room)]]
+        return (f"{which} does not name the computations that missed: explained here are those of "
+                "its keys that no earlier process computed", rest, inferred)
+
+    def seen(self, record: dict[str, Any], seen: Seen) -> None:
+        known(seen).add(record)

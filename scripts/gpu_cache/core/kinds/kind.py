@@ -15,7 +15,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -28,8 +28,8 @@ from gpu_cache.core.kinds import integrity
 from gpu_cache.core.reports import KindTotals
 
 if TYPE_CHECKING:
-    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
-    from gpu_cache.core.reports import Missed
+    from gpu_cache.core.kinds.carrying import Carry
+    from gpu_cache.core.kinds.explaining import Explain
 
 
 class ReadOnlyUse(Enum):
@@ -95,11 +95,10 @@ class Kind:
     folder cannot be used (None: the tool always writes somewhere, so it gets a node-local
     folder). ``last_use``: where the inventory reads an entry's last use, for the README and
     stats. ``exported``: env points the kind's variable at its folder and doctor probes it.
-    ``enabled_by``: the boolean setting that turns an opt-in kind on. ``carried``: ``gpu-cache
-    pack``/``unpack`` carry its entries to another machine. ``recorded``: the hook records its
-    hits and misses without an import of its own to watch (ptxas: the shim's calls). What the
-    job side does with the kind (the modules the startup hook watches, its layout in the
-    node-local tier, the folders judged on each node, its software) its hook piece declares:
+    ``enabled_by``: the boolean setting that turns an opt-in kind on. ``recorded``: the hook
+    records its hits and misses without an import of its own to watch (ptxas: the shim's calls).
+    What the job side does with the kind (the modules the startup hook watches, its layout in
+    the node-local tier, the folders judged on each node, its software) its hook piece declares:
     :attr:`piece` (``tiered``, ``observed``). ``needs_hook``: its variable set, jobs need the startup
     hook (it is the hook that serves the kind). ``inner_folders``: glob patterns, below the
     kind's folder, of the folders the tool itself makes and writes into; env and doctor judge
@@ -110,6 +109,10 @@ class Kind:
     (:mod:`gpu_cache.core.verified`); ``sealed``: a verifying scan seals each whole entry's
     files there and finds the same-size damage of one sealed before
     (:mod:`gpu_cache.core.kinds.integrity`); neither: ``unsealed_why`` says why not.
+    Facets, objects a kind has where they apply (None where not): ``carry``, how ``gpu-cache
+    pack``/``unpack`` carry its entries to another machine (:mod:`.carrying`); ``explain``, how
+    ``doctor --explain`` and ``validate`` explain its misses (:mod:`.explaining`). A kind makes
+    them as it is made: ``KIND = _Jax(carry=JaxCarry, explain=JaxExplain)``.
     """
 
     name: str = ""
@@ -119,7 +122,6 @@ class Kind:
     last_use: str = ""
     exported: bool = True
     enabled_by: str | None = None
-    carried: bool = False
     recorded: bool = False
     needs_hook: bool = False
     inner_folders: tuple[str, ...] = ()
@@ -143,6 +145,13 @@ class Kind:
     #: itself (not waiting for another process's compile, not loading hits); None where the
     #: hook cannot tell them apart.
     own_compile_field: str | None = "compile_seconds"
+    carry: Carry | None = None
+    explain: Explain | None = None
+
+    def __init__(self, carry: Callable[[Kind], Carry] | None = None,
+                 explain: Callable[[Kind], Explain] | None = None) -> None:
+        self.carry = carry(self) if carry is not None else None
+        self.explain = explain(self) if explain is not None else None
 
     def __repr__(self) -> str:
         return f"<cache kind {self.name}>"
@@ -228,6 +237,11 @@ class Kind:
         """The files or folders that hold an entry's bytes, which its seal covers."""
         return [entry.path] if entry.path is not None else []
 
+    def volatile(self, file_name: str) -> bool:
+        """Whether a file of an entry changes whenever a job uses it (JAX's ``-atime``): a stable
+        pack and an entry's digest leave it out, so the same entries give the same bytes."""
+        return False
+
     def repair(self, folder: Path, found: list[Entry]) -> tuple[int, list[str]]:
         """Repair what needs no removal (prune, not in a dry run): how many things were
         repaired, and a line for each that could not be."""
@@ -248,84 +262,6 @@ class Kind:
         finds right after a pass (a full disk, a killed writer); none for a kind whose tool
         writes entries whole."""
         return []
-
-    # --- carry: pack and unpack, publish and fetch (gpu_cache.carry; carrying.py) ----------
-
-    #: The fields an archive's manifest keeps of each entry beyond its files (text each).
-    carry_fields: tuple[str, ...] = ()
-    #: What of the GPU its entries hold, which unpack checks against the GPU type it is told:
-    #: ``"device"`` (compiled for the device of the passes that wrote them, named in their
-    #: records), ``"target"`` (compiled for the compute target in their ``target`` field), None
-    #: (nothing: each entry names the device it serves, and only that device reads it).
-    carry_device: str | None = "target"
-
-    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
-        """The entries of ``folder`` that pack takes (of the keys ``wanted``, when given), each
-        with its files; a broken one (``problem``) is left out and listed."""
-        raise NotImplementedError(f"{self.name} is not carried")
-
-    def carry_folder(self, key: str) -> str:
-        """Where the files of the entry ``key`` lie, relative to the kind's folder ("": in it)."""
-        return ""
-
-    def carry_names(self, key: str, files: Collection[str]) -> bool:
-        """Whether an entry of this kind can have the key ``key`` and the file names ``files``
-        (an archive's manifest: what would be written where)."""
-        return False
-
-    def carry_volatile(self, file_name: str) -> bool:
-        """Whether a file of an entry changes whenever a job uses it (JAX's ``-atime``): a
-        stable pack leaves it out, so the same entries give the same bytes."""
-        return False
-
-    def carry_whole(self, file_name: str) -> tuple[int, bool] | None:
-        """How unpack's first pass reads a file of this name: (at most this many bytes read
-        whole and checked with :meth:`carry_member`; always, or only in a dry run that reads
-        everything), or None: its digest alone."""
-        return None
-
-    def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
-        """Why a file of ``entry`` (read whole, as packed: its digest holds) is not what jobs
-        read, or None.
-
-        Raises:
-            carrying.Refused: it is as packed, and unsafe (an archive made to write elsewhere).
-        """
-        return None
-
-    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
-        """What makes the writer of each entry that unpack puts into ``folder`` (``dir_fd``: its
-        descriptor), given the entry and whether it replaces one there; made once per unpack."""
-        raise NotImplementedError(f"{self.name} is not carried")
-
-    def recorded_keys(self, record: dict[str, Any]) -> set[str]:
-        """The keys of this kind's entries that a record's process hit or wrote."""
-        section = self.section(record)
-        if section is None:
-            return set()
-        missed = section.get("missed")
-        return set(texts(section.get("hit_keys"))) | (
-            {m["key"] for m in missed if isinstance(m, dict) and isinstance(m.get("key"), str)}
-            if isinstance(missed, list) else set())
-
-    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
-        """The parts of a software identity (:func:`gpu_cache.core.software.identity`) that this
-        kind's keys depend on: entries made with others do not serve."""
-        return ()
-
-    def software_words(self, identity: dict[str, Any]) -> str:
-        """That software in words: ``triton 3.6.0 on Python 3.12``."""
-        return f"Python {identity.get('python') or '?'}"
-
-    def entries_software(self, entries: list[ManifestEntry]) -> list[dict[str, Any]] | None:
-        """The software identities the ``entries`` name themselves, newest first, or None: the
-        records of the passes that wrote them tell."""
-        return None
-
-    def path_in_key(self, identity: dict[str, Any], records: list[dict[str, Any]]) -> bool | None:
-        """Whether entries made with ``identity`` by the processes of ``records`` hold their
-        folder's path in their keys (they then hit only there); None: not known."""
-        return False
 
     # --- doctor ----------------------------------------------------------------------------
 
@@ -405,57 +341,6 @@ class Kind:
         :class:`gpu_cache.core.reports.KindTotals`, or None)."""
         return []
 
-    #: What ``doctor --explain`` calls the misses of this kind that a record names.
-    missed_words: str = "computations the process missed (one by one below)"
-
-    def explain_record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Each computation of this kind that the record's process missed, explained against
-        the ``earlier`` records (none: this kind explains no single process)."""
-        return []
-
-    def explain_run(self, cache_root: Path, records: list[dict[str, Any]], run_id: str | None,
-                    limit: int = 20) -> tuple[list[dict[str, Any]], list[str]]:
-        """Why a run's misses of this kind missed (:meth:`explain_record` of each of its
-        processes, against every record written before it; at most ``limit``), and a problem
-        line for each explained one, for ``validate``."""
-        ordered = sorted(records, key=_time)
-        out: list[dict[str, Any]] = []
-        for record in ordered:
-            if record.get("run_id") == run_id and len(out) < limit:
-                earlier = [r for r in ordered if _time(r) < _time(record) and r is not record]
-                out += self.explain_record(record, earlier)[:limit - len(out)]
-        return out, [self.problem_line(e) for e in out if e["causes"]]
-
-    def problem_line(self, explained: dict[str, Any]) -> str:
-        """The problem line of one explained miss."""
-        return f"{self.name}: {explained['name']} missed: {explained['causes'][0]}"
-
-    def explain_misses(self, record: dict[str, Any], section: dict[str, Any], misses: int,
-                       seen: Seen, room: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
-        """A process's ``misses`` of this kind explained computation by computation (``doctor
-        --explain``): (cause, how many, at most ``room`` explanations in all). ``seen``: what the
-        processes before it computed."""
-        named = hook_records.missed_of(section, self.name)[:misses]
-        keys = [self.explain_missed(m, record, seen) for m in named[:room]]
-        out = [(self.missed_words, len(named), keys)]
-        rest = misses - len(named)
-        if rest:
-            out.append(self.unnamed(record, rest, seen, room - len(keys)))
-        return [cause for cause in out if cause[1]]
-
-    def explain_missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
-        """One miss a record names, explained against what ``seen`` holds."""
-        return {"name": miss.name, "key": miss.key, "compared_with": None, "changed": [],
-                "causes": ["its entry was not in the cache"]}
-
-    def unnamed(self, record: dict[str, Any], rest: int, seen: Seen, room: int
-                ) -> tuple[str, int, list[dict[str, Any]]]:
-        """The cause of ``rest`` misses that the record counts but does not name."""
-        return ("the process compiled more than its record could name", rest, [])
-
-    def seen(self, record: dict[str, Any], seen: Seen) -> None:
-        """Add what a record's process computed to ``seen``, for the later processes' misses."""
-
 
 @functools.lru_cache(maxsize=1)
 def _declared() -> dict[str, Facts]:
@@ -479,21 +364,6 @@ def in_tier(folder: str, root: Path | str, name: str) -> bool:
 def texts(value: Any) -> list[str]:
     """The text items of ``value`` where it is a list (from a record: any JSON)."""
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
-
-
-def _time(record: dict[str, Any]) -> float:
-    return float(record.get("time") or 0.0)
-
-
-class Seen:
-    """What the processes before the one being explained computed, per kind: grown record
-    by record, so accounting for N records reads each once. Each kind keeps what it needs in
-    ``by_kind`` under its own name (:meth:`Kind.seen`); ``cache_root``: where the cache is, for
-    kinds that compare with its entries."""
-
-    def __init__(self, cache_root: Path | None = None) -> None:
-        self.cache_root = cache_root
-        self.by_kind: dict[str, Any] = {}
 
 
 def _judge(folder: Path, found: list[Entry]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core.kinds import ptxas_format as ptxas_cache
+from gpu_cache.core.kinds.explaining import AgainstEntries, compared
 
 #: What each changed key part means, as the first words of a cause.
 PART_HINTS = {
@@ -30,6 +30,8 @@ class Entries:
     """The cache's entries, read once: their keys, and their key parts by input digest."""
 
     def __init__(self, folder: Path | None) -> None:
+        from gpu_cache.core.kinds import ptxas_format as ptxas_cache
+
         self.keys: set[str] = set()
         self.by_input: dict[str, list[dict[str, str]]] = {}
         if folder is None:
@@ -38,6 +40,9 @@ class Entries:
             if entry.problem is None and entry.parts:
                 self.keys.add(entry.key.removesuffix(".ptxas"))
                 self.by_input.setdefault(entry.parts.get("input", ""), []).append(entry.parts)
+
+    def explain(self, item: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        return explain_item(item, self)
 
 
 def explain_item(item: dict[str, Any], entries: Entries) -> dict[str, Any]:
@@ -60,14 +65,13 @@ def explain_item(item: dict[str, Any], entries: Entries) -> dict[str, Any]:
                                 "kernel part of the warm-up workload?); other shapes, block sizes, "
                                 "or another jax-triton or Triton write other PTX")
         return result
-    fields = tuple(PART_HINTS)
-    closest = min(same_input, key=lambda other: sum(other.get(f) != parts.get(f) for f in fields))
-    result["changed"] = [f for f in fields if closest.get(f) != parts.get(f)]
-    result["causes"] += [f"{f}: {PART_HINTS[f]} ({closest.get(f)!r} before, {parts.get(f)!r} now)"
-                         for f in result["changed"]]
+    result["changed"], causes = compared(parts, same_input, PART_HINTS)
+    result["causes"] += causes
     return result
 
 
-def missed_items(section: dict[str, Any]) -> list[dict[str, Any]]:
-    missed = section.get("missed")
-    return [m for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
+class PtxasExplain(AgainstEntries):
+    """Each missed call compared with the cache's entries of the same PTX."""
+
+    missed_words = "ptxas runs of jax-triton kernels in the process (one by one below)"
+    entries = Entries

@@ -26,16 +26,15 @@ import stat
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_cache._hook.gpu_cache_hook.builds import KEY_LENGTH, MANIFEST, MANIFEST_LIMIT
 from gpu_cache.core import names, safe_io
-from gpu_cache.core.kinds import layouts
-from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse, Seen
+from gpu_cache.core.kinds import layouts, triton_carry
+from gpu_cache.core.kinds.carrying import Carried, Carry, ManifestEntry, Writer, plain_name, regular_files
+from gpu_cache.core.kinds.explaining import AgainstEntries, compared
+from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
-
-if TYPE_CHECKING:
-    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
 
 #: A keyed build's folder name (the hook's keyed build folders, whose manifest, ``MANIFEST``,
 #: this imports): the extension's name (torch's, with ``_v<n>`` for a later version in one
@@ -62,10 +61,9 @@ class _TorchExtensions(Kind):
     name = "torch_extensions"
     env_var = names.TORCH_EXTENSIONS_DIR_VAR
     read_only = ReadOnlyUse.FALLBACK
-    carried = sealed = True
+    sealed = True
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")
-    missed_words = "torch extensions built in the process (one by one below)"
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
                  record: Record | None) -> list[Entry]:
@@ -118,55 +116,6 @@ class _TorchExtensions(Kind):
     def missed_name(self, key: str) -> str:
         return key.rpartition("-")[0] or key
 
-    # --- carry: its builds are key folders of plain files, written as Triton's are -------------
-
-    carry_device = None  # the CUDA targets are in the key
-
-    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
-        from gpu_cache.core.kinds.carrying import Carried, regular_files
-
-        def files(path: Path) -> dict[str, Path]:  # listed when broken too: pack's read rule judges them
-            return regular_files(path) if path.is_dir() and not path.is_symlink() else {}
-
-        return [Carried(e.key, e.name, files(Path(e.path)), e.last_use, e.problem)
-                for e in self.scan(folder, grace_seconds=3600.0)
-                if KEYED.fullmatch(e.key) and (wanted is None or e.key in wanted)]
-
-    def carry_folder(self, key: str) -> str:
-        return key
-
-    def carry_names(self, key: str, files: Collection[str]) -> bool:
-        from gpu_cache.core.kinds.carrying import plain_name
-
-        return KEYED.fullmatch(key) is not None and all(plain_name(name) for name in files)
-
-    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.writers(folder, dir_fd)  # a key folder built beside, renamed in
-
-    # --- explain: each missed build against the cache's builds of the same name ----------------
-
-    def explain_run(self, cache_root: Path, records: list[dict[str, Any]], run_id: str | None,
-                    limit: int = 20) -> tuple[list[dict[str, Any]], list[str]]:
-        builds = _Builds(self.folder(cache_root))
-        explained = [builds.explain(item, _ended(record)) for record in records
-                     if run_id is None or record.get("run_id") == run_id
-                     for item in _missed(self.section(record) or {})][:limit]
-        return [], [f"{self.name}: {e['name']} missed: {e['causes'][-1]}" for e in explained if e["causes"]]
-
-    def explain_misses(self, record: dict[str, Any], section: dict[str, Any], misses: int,
-                       seen: Seen, room: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
-        if self.name not in seen.by_kind:  # the cache's builds, read at the first use
-            root = seen.cache_root
-            seen.by_kind[self.name] = _Builds(None if root is None else self.folder(root))
-        items = _missed(section)[:misses]
-        explained = [seen.by_kind[self.name].explain(item, _ended(record)) for item in items[:room]]
-        out = [(self.missed_words, len(items), explained)]
-        if misses - len(items):
-            out.append(self.unnamed(record, misses - len(items), seen, room - len(explained)))
-        return [cause for cause in out if cause[1]]
-
 
 def _manifest(path: str) -> dict[str, Any]:
     data = json.loads(safe_io.read_bounded(os.path.join(path, MANIFEST), MANIFEST_LIMIT))
@@ -213,11 +162,6 @@ def _ended(record: dict[str, Any]) -> float:
     return float(when) if isinstance(when, (int, float)) else float("inf")
 
 
-def _missed(section: dict[str, Any]) -> list[dict[str, Any]]:
-    missed = section.get("missed")
-    return [m for m in missed if isinstance(m, dict)] if isinstance(missed, list) else []
-
-
 class _Builds:
     """The cache's keyed builds, read once: their key parts and when each was built (its
     manifest's mtime), by extension name."""
@@ -233,9 +177,10 @@ class _Builds:
                 built = os.lstat(os.path.join(path, MANIFEST)).st_mtime
                 self.by_name.setdefault(keyed["name"], []).append((name, built, parts))
 
-    def explain(self, item: dict[str, Any], before: float) -> dict[str, Any]:
-        """One missed build (a record's item, of a process that ended at ``before``) against
-        the other builds of its name made before then, shaped like a JAX key's explanation."""
+    def explain(self, item: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        """One missed build (an item of ``record``) against the other builds of its name made
+        before its process ended, shaped like a JAX key's explanation."""
+        before = _ended(record)
         parts = item.get("parts") if isinstance(item.get("parts"), dict) else {}
         name, key = str(item.get("name") or "?"), str(item.get("key") or "")
         out: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [], "causes": []}
@@ -248,11 +193,40 @@ class _Builds:
             out["causes"].append(f"no build of {name} was in the cache: a first build here (did the "
                                  "warm-up workload load it?)")
             return out
-        closest = min(same, key=lambda other: sum(other.get(f) != parts.get(f) for f in PART_HINTS))
-        out["changed"] = [f for f in PART_HINTS if closest.get(f) != parts.get(f)]
-        out["causes"] += [f"{f}: {PART_HINTS[f]} ({closest.get(f)!r} before, {parts.get(f)!r} now)"
-                          for f in out["changed"]]
+        out["changed"], causes = compared(parts, same, PART_HINTS)
+        out["causes"] += causes
         return out
 
 
-KIND = _TorchExtensions()
+class _BuildsCarry(Carry):
+    """Its builds are key folders of plain files, written as Triton's are (built beside, renamed
+    in)."""
+
+    device = None  # the CUDA targets are in the key
+
+    def entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        def files(path: Path) -> dict[str, Path]:  # listed when broken too: pack's read rule judges them
+            return regular_files(path) if path.is_dir() and not path.is_symlink() else {}
+
+        return [Carried(e.key, e.name, files(Path(e.path)), e.last_use, e.problem)
+                for e in self.kind.scan(folder, grace_seconds=3600.0)
+                if KEYED.fullmatch(e.key) and (wanted is None or e.key in wanted)]
+
+    def folder(self, key: str) -> str:
+        return key
+
+    def names_ok(self, key: str, files: Collection[str]) -> bool:
+        return KEYED.fullmatch(key) is not None and all(plain_name(name) for name in files)
+
+    def writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        return triton_carry.writers(folder, dir_fd)
+
+
+class _BuildsExplain(AgainstEntries):
+    """Each missed build against the cache's builds of the same name."""
+
+    missed_words = "torch extensions built in the process (one by one below)"
+    entries = _Builds
+
+
+KIND = _TorchExtensions(carry=_BuildsCarry, explain=_BuildsExplain)

@@ -5,16 +5,16 @@ read-only root is read as a seed. (The format: :mod:`gpu_cache.core.kinds.triton
 from __future__ import annotations
 
 import stat
-from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cache.core import hook_records, names, safe_io
-from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse, Seen
+from gpu_cache.core.kinds.explaining import Explain, Seen
+from gpu_cache.core.kinds.kind import Entry, Exported, Kind, ReadOnlyUse
+from gpu_cache.core.kinds.triton_carry import TritonCarry
 from gpu_cache.core.verified import Record
 
 if TYPE_CHECKING:
-    from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, Writer
     from gpu_cache.core.reports import Missed
 
 
@@ -26,7 +26,7 @@ class _Triton(Kind):
     name = "triton"
     env_var = names.TRITON_CACHE_DIR_VAR
     read_only = ReadOnlyUse.SEED
-    own_check = sealed = carried = True
+    own_check = sealed = True
     last_use = "the newest mtime in the key folder; the startup hook touches the folder on every hit"
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,
@@ -137,67 +137,26 @@ class _Triton(Kind):
 
         return {"autotune_results": triton_cache.autotune_results(found)}
 
-    # --- carry (host only: gpu_cache.core.kinds.triton_carry) -----------------------------------
 
-    carry_fields = ("kind", "target")  # a kernel or an autotune result; the GPU target
-
-    def carry_entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.entries(folder, wanted)
-
-    def carry_folder(self, key: str) -> str:
-        return key
-
-    def carry_names(self, key: str, files: Collection[str]) -> bool:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.names_ok(key, files)
-
-    def carry_whole(self, file_name: str) -> tuple[int, bool] | None:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.whole(file_name)
-
-    def carry_member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.member_problem(entry, file_name, data)
-
-    def carry_writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
-        from gpu_cache.core.kinds import triton_carry
-
-        return triton_carry.writers(folder, dir_fd)
-
-    def software_of(self, identity: dict[str, Any]) -> tuple[Any, ...]:
-        """The wheel's build and the Python ABI its launchers are built for."""
-        from gpu_cache.core import software
-
-        return (identity.get("triton"), software.minor(identity.get("python")))
-
-    def software_words(self, identity: dict[str, Any]) -> str:
-        from gpu_cache.core import software
-
-        if not identity.get("triton"):
-            return f"no triton (Python {identity.get('python') or '?'})"
-        return f"triton {identity['triton']} on Python {software.minor(identity.get('python'))}"
+class _TritonExplain(Explain):
+    """A kernel compiled in a process: a first compile, or one an earlier process used."""
 
     missed_words = "Triton kernels compiled in the process (one by one below)"
 
-    def explain_missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
+    def missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
         cause = ("an earlier process used this kernel's entry: it was removed since (pruned) or that "
-                 "process used another Triton folder" if miss.key in seen.by_kind.get(self.name, ()) else
+                 "process used another Triton folder" if miss.key in seen.by_kind.get(self.kind.name, ()) else
                  f"no earlier process compiled {miss.name}: a first compile (was it part of the warm-up "
                  "workload?)")
         return {"name": miss.name, "key": miss.key, "compared_with": None, "changed": [], "causes": [cause]}
 
     def seen(self, record: dict[str, Any], seen: Seen) -> None:
         """The keys of the kernels the process used or compiled."""
-        section = self.section(record)
+        section = self.kind.section(record)
         if section is not None:
-            keys = seen.by_kind.setdefault(self.name, set())
+            keys = seen.by_kind.setdefault(self.kind.name, set())
             keys.update(k for k in section.get("hit_keys") or [] if isinstance(k, str))
-            keys.update(m.key for m in hook_records.missed_of(section, self.name))
+            keys.update(m.key for m in hook_records.missed_of(section, self.kind.name))
 
 
-KIND = _Triton()
+KIND = _Triton(carry=TritonCarry, explain=_TritonExplain)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.core import safe_io
-from gpu_cache.core.kinds import triton_format as triton_cache
+from gpu_cache.core.kinds import carrying
 from gpu_cache.core.kinds.carrying import (
     Carried,
     Damaged,
@@ -36,6 +36,8 @@ MAX_SMALL_JSON = 1 << 20
 
 def is_group(name: str) -> bool:
     """A Triton group file (``__grp__<kernel>.json``), whose paths unpack rewrites."""
+    from gpu_cache.core.kinds import triton_format as triton_cache
+
     return name.startswith(triton_cache.GROUP_PREFIX) and name.endswith(".json")
 
 
@@ -50,44 +52,75 @@ def _target_of(metadata: Any) -> str | None:
     return f"{backend}:{arch}" if isinstance(backend, str) and isinstance(arch, (int, str)) else None
 
 
-def entries(folder: Path, wanted: set[str] | None) -> list[Carried]:
-    """Triton's complete key folders: kernels (also those whose group file names another
-    path: a copied cache, rewritten on unpack) and autotune results; not its native modules
-    (built by this machine's C compiler for its Python; Triton rebuilds them in seconds)."""
-    try:
-        inventory = triton_cache.scan(folder)
-    except triton_cache.TritonCacheError:
-        return []
-    out = []
-    for source in inventory.entries:
-        if wanted is not None and source.key not in wanted:
-            continue
-        problem = None
-        if source.kind == triton_cache.KIND_MODULE:
-            problem = (f"native module {source.kernel} (built by this machine's C compiler for its "
-                       "Python; Triton rebuilds it in seconds)")
-        elif source.kind not in (triton_cache.KIND_KERNEL, triton_cache.KIND_AUTOTUNE) or not source.complete:
-            problem = "; ".join(source.problems) or f"{source.kind} entry"
-        files = regular_files(source.path) if problem is None else {}
-        target = None
-        if source.kernel and f"{source.kernel}.json" in files:
-            try:
-                target = _target_of(json.loads(safe_io.read_bounded(files[f"{source.kernel}.json"],
-                                                                    MAX_SMALL_JSON)))
-            except (OSError, ValueError, RecursionError):
-                pass
-        out.append(Carried(source.key, source.kernel, files, source.mtime, problem,
-                           {"kind": source.kind, "target": target}))
-    return out
+class TritonCarry(carrying.Carry):
+    """Complete key folders (:mod:`.triton_format`), their group files rewritten on unpack."""
 
+    fields = ("kind", "target")  # a kernel or an autotune result; the GPU target
+    # the wheel's build, and the Python ABI its launchers are built for
+    keyed_by, keyed_by_python = ("triton",), True
 
-def names_ok(key: str, files: Collection[str]) -> bool:
-    """A key folder of plain files; no writer's ``tmp.`` folder."""
-    return bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
+    def entries(self, folder: Path, wanted: set[str] | None) -> list[Carried]:
+        """Triton's complete key folders: kernels (also those whose group file names another
+        path: a copied cache, rewritten on unpack) and autotune results; not its native modules
+        (built by this machine's C compiler for its Python; Triton rebuilds them in seconds)."""
+        from gpu_cache.core.kinds import triton_format as triton_cache
+
+        try:
+            inventory = triton_cache.scan(folder)
+        except triton_cache.TritonCacheError:
+            return []
+        out = []
+        for source in inventory.entries:
+            if wanted is not None and source.key not in wanted:
+                continue
+            problem = None
+            if source.kind == triton_cache.KIND_MODULE:
+                problem = (f"native module {source.kernel} (built by this machine's C compiler for its "
+                           "Python; Triton rebuilds it in seconds)")
+            elif source.kind not in (triton_cache.KIND_KERNEL, triton_cache.KIND_AUTOTUNE) \
+                    or not source.complete:
+                problem = "; ".join(source.problems) or f"{source.kind} entry"
+            files = regular_files(source.path) if problem is None else {}
+            target = None
+            if source.kernel and f"{source.kernel}.json" in files:
+                try:
+                    target = _target_of(json.loads(safe_io.read_bounded(files[f"{source.kernel}.json"],
+                                                                        MAX_SMALL_JSON)))
+                except (OSError, ValueError, RecursionError):
+                    pass
+            out.append(Carried(source.key, source.kernel, files, source.mtime, problem,
+                               {"kind": source.kind, "target": target}))
+        return out
+
+    def folder(self, key: str) -> str:
+        return key
+
+    def names_ok(self, key: str, files: Collection[str]) -> bool:
+        """A key folder of plain files; no writer's ``tmp.`` folder."""
+        from gpu_cache.core.kinds import triton_format as triton_cache
+
+        return bool(triton_cache.KEY_RE.fullmatch(key)) and not any(n.startswith("tmp.") for n in files)
+
+    def whole(self, file_name: str) -> tuple[int, bool] | None:
+        """A group file is always read whole (its paths are rewritten)."""
+        return (MAX_SMALL_JSON, True) if is_group(file_name) else None
+
+    def member(self, entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
+        """A group file, as packed, that is not Triton's names paths outside its entry: an
+        archive made to write elsewhere, refused."""
+        problem = group_problem(entry, file_name, data) if is_group(file_name) else None
+        if problem:
+            raise Refused(f"triton entry {shown(entry.key)}: {problem}")
+        return None
+
+    def writers(self, folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+        return writers(folder, dir_fd)
 
 
 def group_problem(entry: ManifestEntry, name: str, data: bytes) -> str | None:
     """Why a Triton group file is not one that lists only files of its entry, or None."""
+    from gpu_cache.core.kinds import triton_format as triton_cache
+
     try:
         if len(data) > MAX_SMALL_JSON:
             raise ValueError(f"{len(data)} bytes")
@@ -106,21 +139,8 @@ def group_problem(entry: ManifestEntry, name: str, data: bytes) -> str | None:
     return None
 
 
-def whole(file_name: str) -> tuple[int, bool] | None:
-    """A group file is always read whole (its paths are rewritten)."""
-    return (MAX_SMALL_JSON, True) if is_group(file_name) else None
-
-
-def member_problem(entry: ManifestEntry, file_name: str, data: bytes) -> str | None:
-    """A group file, as packed, that is not Triton's names paths outside its entry: an
-    archive made to write elsewhere, refused."""
-    problem = group_problem(entry, file_name, data) if is_group(file_name) else None
-    if problem:
-        raise Refused(f"triton entry {shown(entry.key)}: {problem}")
-    return None
-
-
 def writers(folder: Path, dir_fd: int) -> Callable[[ManifestEntry, bool], Writer]:
+    """Triton's writers (torch extensions' builds are key folders of plain files too)."""
     return lambda entry, replace: TritonWriter(folder, dir_fd, entry, replace)
 
 
@@ -156,6 +176,8 @@ class TritonWriter(Writer):
         problem = group_problem(self.entry, name, data)
         if problem:
             raise Damaged(problem)
+        from gpu_cache.core.kinds import triton_format as triton_cache
+
         metadata = name[len(triton_cache.GROUP_PREFIX):]
         try:
             json.loads(safe_io.read_bounded(metadata, MAX_SMALL_JSON, dir_fd=self.fd))
@@ -166,6 +188,8 @@ class TritonWriter(Writer):
         return name, json.dumps(group).encode(), mtime
 
     def finish(self) -> bool:
+        from gpu_cache.core.kinds import triton_format as triton_cache
+
         key, last_use = self.entry.key, self.entry.last_use
         group = self._rewritten_group(self.folder / key)
         if group is not None:  # written last, as Triton does
