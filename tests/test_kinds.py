@@ -41,9 +41,10 @@ def test_every_folder_env_may_hand_out_as_node_local_is_judged_on_every_node(tmp
     """``gpu-cache env`` sends a kind it cannot switch off to ``$TMPDIR/gpu-cache-<uid>/<kind>``
     where the root cannot be used; its exports reach other nodes, where another account may
     have made that folder first. So each such variable is one the startup hook's guard judges on
-    every node: a piece declares it ``node-local`` (or it is the hook's own: records, locks).
-    Every kind, every opt-in on, through the real command (no kind listed here). Guard: the
-    pieces' ``node-local`` facts (without them: vllm's and autotune's variables failed here)."""
+    every node: a piece declares it ``node-local`` (or it is the hook's own: records, locks), and
+    env hands out no other (``_unjudged``): so every such kind has a piece that declares it. Every
+    kind, every opt-in on, through the real command (no kind listed here). Guard: the pieces'
+    ``node-local`` facts (without them: vllm's and autotune's variables failed here)."""
     site = hook_piece("names")
     blocker = tmp_path / "a file"
     blocker.write_text("")
@@ -59,7 +60,8 @@ def test_every_folder_env_may_hand_out_as_node_local_is_judged_on_every_node(tmp
                     if value.startswith(f"{local}{os.sep}"))
     judged = {name for piece in site.pieces() for name in piece.node_local}
     judged |= {site.RECORDS_VAR, site.LOCKS_VAR}  # the hook's own (gpu_cache_hook.start judges them)
-    assert len(handed) >= 8, handed  # (every kind that cannot be switched off)
+    # every kind that cannot be switched off goes node-local (env refuses a folder no piece judges)
+    assert {kind.env_var for kind in kinds.EXPORTED if kind.switch_off is None} <= set(handed), handed
     assert [name for name in handed if name not in judged] == []
 
 
