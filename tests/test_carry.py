@@ -166,6 +166,56 @@ def test_unpacked_elsewhere_validation_hits_everything(warmed: Path, archive: Pa
     assert unpack_seconds < 30
 
 
+def warm_at(root: Path, work: Path) -> dict[str, Any]:
+    """The report of a warm pass of CONFIG at ``root``."""
+    result = run_cli("warm", "--config-json", CONFIG, "--cache-root", str(root),
+                     "--output", str(work / "w.json"), "--log", str(work / "w.log"))
+    assert result.returncode == 0, result.stderr
+    return read_json(work / "w.json")
+
+
+def test_the_warms_proof_goes_with_the_entries_and_a_warm_there_compiles_none_again(
+        archive: Path, tmp_path: Path) -> None:
+    """Each entry whose bytes the packed root's references name (a warm process compiled them)
+    says so in the manifest; unpack keeps that proof, so the first warm at the new root keeps
+    its references from the carried entries and compiles none again. Without it, every carried
+    entry is one no warm of that root compiled, which its warm re-makes (docs/outputs.md)."""
+    marked = {kind: sum(1 for e in part["entries"] if e.get("warm"))
+              for kind, part in manifest_of(archive)["kinds"].items() if part["entries"]}
+    assert marked == {"jax": 6, "triton": 5}, marked
+    root = tmp_path / "new root"
+    result = unpack(archive, root)
+    assert result.returncode == 0, result.stderr
+    assert "jax: 6 new, 0 replaced, 0 kept (newer here), 6 a warm's compile" in result.stdout, result.stdout
+    warm = warm_at(root, tmp_path)
+    assert warm["remade"] == {}, warm["remade"]
+    kept = [run["outputs"]["reference"] for run in warm["runs"] if run["outputs"]]
+    assert len(kept) == 2 and all(r["kept"] for r in kept), kept
+    assert sum(warm["new_entries"].values()) == 0 and warm["recorded"]["jax"]["misses"] == 0
+
+
+def test_an_entry_no_warm_compiled_goes_unproven_and_the_warm_there_makes_it_again(
+        warmed: Path, tmp_path: Path) -> None:
+    """An entry whose bytes the references do not name (changed since its warm, or compiled by
+    jobs) is packed without the mark: the first warm at the new root compiles it again."""
+    copy = tmp_path / "copy"
+    shutil.copytree(warmed, copy, symlinks=True)
+    key = sorted(scan(copy, "jax"))[0]
+    for manifest in (copy / "state").glob("outputs-*/*.json"):
+        found = json.loads(manifest.read_text())
+        if key in found.get("entries", {}).get("jax", {}):
+            found["entries"]["jax"][key] = "0" * 32
+            manifest.write_text(json.dumps(found))
+    path = tmp_path / "jax.tar.gz"
+    result = run_cli("pack", str(path), "--cache-root", str(copy), "--kind", "jax")
+    assert result.returncode == 0, result.stderr
+    unmarked = [e["key"] for e in manifest_of(path)["kinds"]["jax"]["entries"] if not e.get("warm")]
+    assert unmarked == [key], unmarked
+    root = tmp_path / "new root"
+    assert unpack(path, root).returncode == 0
+    assert warm_at(root, tmp_path)["remade"] == {"jax": [key]}
+
+
 def test_last_use_and_atime_survive(warmed: Path, tmp_path: Path) -> None:
     """A size-capped cache's -atime records and every file time come back as they were."""
     source = tmp_path / "capped"
@@ -516,9 +566,10 @@ def test_a_workload_of_your_own_is_told_by_its_script() -> None:
 
 
 def contents(root: Path) -> dict[str, tuple[bytes, float]]:
-    """Every file under ``root``: its bytes and modification time."""
+    """Every file of the cache under ``root`` (not gpu-cache's own state, where unpack keeps the
+    proof of the entries it wrote): its bytes and modification time."""
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime)
-            for p in root.rglob("*") if p.is_file()}
+            for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != "state"}
 
 
 def age(root: Path, seconds: float) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -125,22 +127,66 @@ def test_a_reference_whose_entries_are_gone_proves_nothing_and_the_next_warm_kee
     next_warm_and_validation_pass(common, tmp_path)
 
 
+def job(config: Path, cache_root: Path, tmp_path: Path) -> list[float]:
+    """What a job of the pipeline computes: plus_one.py in the cache environment gpu-cache
+    exports (the startup hook in it), outside any warm or validation."""
+    import numpy as np
+
+    exports = json.loads(run_cli("env", "--json", "--config", str(config), "--cache-root",
+                                 str(cache_root)).stdout)["exports"]
+    out = tmp_path / f"job-{time.monotonic_ns()}.npy"
+    done = subprocess.run([sys.executable, str(tmp_path / "plus_one.py"), str(out)],
+                          env=clean_environ(**exports), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out).tolist()
+
+
 @pytest.mark.slow
-def test_a_root_filled_by_processes_that_were_not_a_warm_keeps_no_reference(cache_root, tmp_path):
-    """Entries compiled by a validation (as by jobs, or fetched from a registry) are not the
-    writer's: a warm that only hits them keeps no reference, and validation proves nothing."""
+def test_a_wrong_entry_in_the_root_before_any_warm_is_made_again_by_the_warm_and_proven(cache_root, tmp_path):
+    """A job compiled plus_one before any warm, and another function's executable took its
+    place (a bad promotion, a fetch): the jobs compute [100, 100, 100]. No warm compiled it and
+    no reference names it: validation passes "not proven", and a warm that only hit it proved
+    nothing, run after run. That verdict lets no warm be skipped; the warm sets every entry no
+    warm compiled aside and compiles it again, keeps that compile's outputs as the reference,
+    the jobs compute [2, 2, 2], and validation proves it."""
     config = plus_one_config(tmp_path)
     common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
-    assert run_cli("validate", *common, "--output", str(tmp_path / "v0.json")).returncode == 0  # it compiles
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]  # it compiles plus_one into the root
+    key = plant_jax(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    assert job(config, cache_root, tmp_path) == [100.0, 100.0, 100.0]
+    compiled = sorted(p.name[:-len("-cache")] for p in (cache_root / "jax").glob("*-cache"))
+    assert key in compiled and len(compiled) > 1  # (jnp.ones compiles programs of its own)
+
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v0.json")).returncode == 0
+    verdict = read_json(tmp_path / "v0.json")
+    assert verdict["passed"] is True and verdict["misses"] == 0, verdict["problems"]
+    (shape,) = verdict["outputs"]["shapes"]
+    assert shape["outcome"] == "not proven" and shape["why"].startswith("no warm pass kept"), shape
+
     assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
-    (run,) = read_json(tmp_path / "w.json")["runs"]
-    assert run["outputs"]["reference"]["kept"] is False
-    assert "which no warm pass compiled" in run["outputs"]["reference"]["why"], run["outputs"]
-    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    warm = read_json(tmp_path / "w.json")
+    assert not warm["skipped"], "a root that no warm proved skipped its warm"
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+    assert warm["remade"] == {"jax": compiled}, warm["remade"]  # every entry the jobs compiled
+    (run,) = warm["runs"]
+    reference = run["outputs"]["reference"]
+    assert reference["kept"] is True and reference["remade"] == {"jax": compiled}, reference
+    assert warm["recorded"]["jax"]["misses"] >= 1  # compiled again, by the warm
+
+    done = run_cli("validate", *common, "--warm", str(tmp_path / "w.json"),
+                   "--output", str(tmp_path / "v.json"))
     verdict = read_json(tmp_path / "v.json")
     assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
     (shape,) = verdict["outputs"]["shapes"]
-    assert shape["outcome"] == "not proven" and shape["why"].startswith("no warm pass kept"), shape
+    assert shape["outcome"] == "identical" and shape["entries"] == "same", shape
+    assert verdict["remade"] == {"jax": compiled}
+    summary = run_cli("summary", "--validate", str(tmp_path / "v.json")).stdout
+    n = len(compiled)
+    assert f"\n    re-made {n} entries no warm had compiled (jax {n}): set aside" in summary, summary
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert read_json(tmp_path / "w2.json")["skipped"], "a proven root is warmed again"
 
 
 @pytest.mark.slow
@@ -180,6 +226,80 @@ def test_a_wrong_entry_the_node_local_tier_fetched_is_dropped_there_when_it_is_s
     verdict = read_json(tmp_path / "v2.json")
     assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
     assert {s["outcome"] for s in verdict["outputs"]["shapes"]} == {"identical"}
+
+
+@pytest.mark.slow
+def test_an_entry_another_warm_wrote_while_it_still_runs_is_left_to_that_warm(cache_root, tmp_path):
+    """Two GPU types of one architecture share Triton's kernels, and their warm jobs run side by
+    side: what the other compiled, it keeps the reference of once its runs end. Set aside before
+    that, the entry would be missing from under that type's validation. So a warm leaves what
+    was written since another warm of the root started, and a later warm re-makes it if no
+    reference names it by then."""
+    from gpu_cache.core import state_files
+
+    config = plus_one_config(tmp_path)
+    common = ("--config", str(config), "--cache-root", str(cache_root), "--log", str(tmp_path / "log"))
+    cache_root.mkdir(parents=True, exist_ok=True)
+    mark = state_files.make(cache_root) / "warming-warm-other-123456789abc.json"
+    mark.write_text(json.dumps({"time": time.time(), "host": "elsewhere"}))  # it runs, since now
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+    key = plant_jax(cache_root / "jax", "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch",
+                    clean_environ())
+    entries = {p.name: p.read_bytes() for p in (cache_root / "jax").glob("*-cache")}
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w1.json")).returncode == 0
+    warm = read_json(tmp_path / "w1.json")
+    assert {p.name: p.read_bytes() for p in (cache_root / "jax").glob("*-cache")} == entries
+    assert warm["remade"] == {}, warm["remade"]
+    assert "another warm pass that still runs wrote them" in warm["runs"][0]["outputs"]["reference"]["why"]
+    assert not list((cache_root / "state").glob("warming-warm-cpu-*"))  # its own mark is gone
+
+    mark.unlink()  # the other warm ended (and kept no reference of these)
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w2.json")).returncode == 0
+    assert key in read_json(tmp_path / "w2.json")["remade"]["jax"]
+    assert job(config, cache_root, tmp_path) == [2.0, 2.0, 2.0]
+
+
+def test_a_killed_warms_mark_defers_nothing_for_more_than_a_day(tmp_path):
+    """A warm job that was killed leaves its mark: after a day it counts no more, and goes."""
+    from gpu_cache.core import remake, state_files
+
+    state = state_files.make(tmp_path)
+    (state / "warming-warm-cpu-killed.json").write_text(json.dumps({"time": time.time() - 25 * 3600}))
+    started = time.time() - 600
+    (state / "warming-warm-cpu-running.json").write_text(json.dumps({"time": started}))
+    assert remake.others_since(tmp_path, "warm-cpu-mine") == started
+    assert not (state / "warming-warm-cpu-killed.json").exists()
+    assert remake.others_since(tmp_path, "warm-cpu-running") is None  # (its own mark)
+
+
+@pytest.mark.slow
+def test_a_node_local_tier_brings_no_proof_and_the_warm_makes_its_wrong_entry_again(tmp_path):
+    """A tier brought to a node (copied there, baked into an image) holds entries no reference
+    of the root names, here another function's executable under plus_one's key: the warm on
+    that node is served it, sets it aside in the tier too, compiles it again, and the jobs there
+    compute [2, 2, 2]."""
+    from gpu_cache.core.kinds import tier_name as digest
+
+    root = tmp_path / "root"
+    config = plus_one_config(tmp_path, local_tier={"mode": "on", "folder": str(tmp_path / "tier")})
+    local = tmp_path / "tier" / digest(root) / "jax"
+    common = ("--config", str(config), "--cache-root", str(root), "--log", str(tmp_path / "log"))
+    assert job(config, root, tmp_path) == [2.0, 2.0, 2.0]  # compiled into this node's tier
+    shutil.rmtree(root / "jax")  # the tier's entries are not the root's: it came from elsewhere
+    key = plant_jax(local, "jit_plus_one", HUNDRED, "jit_hundred", tmp_path / "scratch", clean_environ())
+    assert job(config, root, tmp_path) == [100.0, 100.0, 100.0]
+
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    warm = read_json(tmp_path / "w.json")
+    assert key in warm["remade"]["jax"], warm["remade"]
+    assert warm["runs"][0]["outputs"]["reference"]["kept"] is True, warm["runs"][0]["outputs"]
+    assert job(config, root, tmp_path) == [2.0, 2.0, 2.0]
+    assert (root / "jax" / f"{key}-cache").read_bytes() == (local / f"{key}-cache").read_bytes()
+    done = run_cli("validate", *common, "--output", str(tmp_path / "v.json"))
+    verdict = read_json(tmp_path / "v.json")
+    assert done.returncode == 0 and verdict["passed"] is True, verdict["problems"]
+    assert verdict["outputs"]["shapes"][0]["outcome"] == "identical", verdict["outputs"]
 
 
 def aged(folder: Path, days: float) -> None:
@@ -475,41 +595,59 @@ def test_numpy_files_are_read_by_their_numbers_and_other_files_by_their_bytes(tm
 KEY = "jit_f-" + "0" * 64
 
 
-def proof(tmp_path: Path, writer: dict, reader: dict, *, mode: str = "identical", tolerance: float = 0.01,
-          writer_again: dict | None = None, entry_now: bytes | None = None) -> dict:
-    """One shape's proof through the runner's own code: a warm run that compiled the entry
-    ``KEY`` (as its process's record says) wrote ``writer`` (and its second run ``writer_again``)
-    and kept it as the reference (``references.settle``); a validate run served that entry (its
-    bytes then ``entry_now``, where given) wrote ``reader``; the host judges it in ``mode``."""
+def settled(tmp_path: Path, phase: str, root: Path, folder: Path, arrays: dict, section: dict | None, *,
+            again: dict | None = None, tier: Path | None = None):
+    """One run of workload ``w`` shape 8 through the runner's own code: it wrote ``arrays`` (and
+    its second run ``again``), its process's record says ``section`` of the JAX cache (None: no
+    record), and the pass ``phase`` settles it (``references.settle``: the warm keeps its
+    reference in ``folder``, the validate pass compares with it). Its report."""
     import numpy as np
 
-    from gpu_cache.commands import outputs_proof
     from gpu_cache.core import output_runs, references
     from gpu_cache.core.reports import RunResult
 
+    scratch = tmp_path / f"{phase}-{time.monotonic_ns()}"
+    scratch.mkdir(parents=True)
+    np.savez(scratch / "out.npz", **arrays)
+    if again is not None:
+        np.savez(scratch / "out.again.npz", **again)
+    name = output_runs.slug("w", 8)
+    report = output_runs.Run({}, str(scratch / "out.npz"), None, scratch, name).report(True)
+    records = [] if section is None else [{"wildcards": output_runs.wildcards("w", 8), "jax": section}]
+    where = references.Pass(phase, "cpu", root, tier, folder, scratch)
+    (run,) = references.settle(where, [RunResult("w", 8, 1.0, 0, outputs=report)], records)
+    return run
+
+
+def a_root(tmp_path: Path, *entries: str) -> Path:
+    """A cache root holding the JAX entries ``entries`` (each its own bytes)."""
     root = tmp_path / "root"
     (root / "jax").mkdir(parents=True)
-    (root / "jax" / f"{KEY}-cache").write_bytes(b"the executable the writer compiled")
+    for key in entries:
+        (root / "jax" / f"{key}-cache").write_bytes(f"the executable the writer compiled for {key}".encode())
+    return root
+
+
+def proof(tmp_path: Path, writer: dict, reader: dict, *, mode: str = "identical", tolerance: float = 0.01,
+          writer_again: dict | None = None, reader_again: dict | None = None,
+          entry_now: bytes | None = None) -> dict:
+    """One shape's proof through the runner's own code: a warm run that compiled the entry
+    ``KEY`` (as its process's record says) wrote ``writer`` (and its second run ``writer_again``)
+    and kept it as the reference (``references.settle``); a validate run served that entry (its
+    bytes then ``entry_now``, where given) wrote ``reader`` (and ``reader_again``); the host
+    judges it in ``mode``."""
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
     folder = references.folder_of(root, "f" * 24, {})
-    name = output_runs.slug("w", 8)
-
-    def settled(phase: str, arrays: dict, again: dict | None, section: dict) -> RunResult:
-        scratch = tmp_path / phase
-        scratch.mkdir()
-        np.savez(tmp_path / f"{phase}.npz", **arrays)
-        if again is not None:
-            np.savez(tmp_path / f"{phase}.again.npz", **again)
-        report = output_runs.Run({}, str(tmp_path / f"{phase}.npz"), None, scratch, name).report(True)
-        record = {"wildcards": output_runs.wildcards("w", 8), "jax": section}
-        where = references.Pass(phase, "cpu", root, None, folder, scratch)
-        (run,) = references.settle(where, [RunResult("w", 8, 1.0, 0, outputs=report)], [record])
-        return run
-
-    warm = settled("warm", writer, writer_again, {"hit_keys": [], "missed": [{"key": KEY}]})
+    warm = settled(tmp_path, "warm", root, folder, writer, {"hit_keys": [], "missed": [{"key": KEY}]},
+                   again=writer_again)
     assert warm.outputs["reference"]["kept"] is True, warm.outputs
     if entry_now is not None:
         (root / "jax" / f"{KEY}-cache").write_bytes(entry_now)
-    run = settled("validate", reader, None, {"hit_keys": [KEY], "missed": []})
+    run = settled(tmp_path, "validate", root, folder, reader, {"hit_keys": [KEY], "missed": []},
+                  again=reader_again)
     return outputs_proof.outcome(run, mode, tolerance)
 
 
@@ -591,6 +729,162 @@ def test_an_entry_whose_bytes_no_warm_compiled_is_compared_and_alone_set_aside(t
                            "than the warm process that compiled its entries"), line
     assert f"jax {KEY}: set aside" in line, line
     assert "not what any warm process compiled" in line
+
+
+def test_each_array_is_allowed_its_own_noise_not_the_largest_of_any(tmp_path):
+    """A noisy array beside an exact one: the exact one may not differ by the other's noise."""
+    import numpy as np
+
+    x, y = np.linspace(0, 1, 8), np.linspace(1, 2, 8)
+    found = proof(tmp_path, {"noisy": x, "exact": y}, {"noisy": x, "exact": y + 1e-6},
+                  writer_again={"noisy": x + 1e-3, "exact": y})
+    assert found["outcome"] == "outputs differ" and found["noise"] == 0.001, found
+
+
+def test_the_larger_of_the_writers_and_the_readers_own_noise_is_allowed(tmp_path):
+    """The writer's two runs lie 5e-7 apart, the reader's 1e-7: a reader 3e-7 off is within the
+    writer's noise (both are the same executable's), whichever of the two spreads comes last."""
+    import numpy as np
+
+    from gpu_cache.core import outputs
+
+    assert outputs.noise_of({"y": 5e-7}, {"y": 1e-7}) == {"y": 5e-7}
+    assert outputs.noise_of({"y": 1e-7}, {"y": 5e-7}) == {"y": 5e-7}
+    y = np.linspace(0, 1, 8)
+    found = proof(tmp_path, {"y": y}, {"y": y + 3e-7}, writer_again={"y": y + 5e-7},
+                  reader_again={"y": y + 4e-7})
+    assert found["outcome"] == "within run-to-run noise" and found["noise"] == 5e-07, found
+
+
+def test_an_entry_a_later_warm_compiled_again_is_no_suspect_and_proves_nothing(tmp_path):
+    """A later warm of other inputs compiled KEY again (its reference names the new bytes):
+    served the new bytes, a validation of the first inputs compares nothing ("not proven": the
+    outputs of another compile are no evidence) and sets nothing aside."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
+    first, later = (references.folder_of(root, f * 24, {}) for f in "ab")
+    compiled, served = {"hit_keys": [], "missed": [{"key": KEY}]}, {"hit_keys": [KEY], "missed": []}
+    two, three = {"y": np.float32([2])}, {"y": np.float32([3])}
+    assert settled(tmp_path, "warm", root, first, two, compiled).outputs["reference"]["kept"]
+    (root / "jax" / f"{KEY}-cache").write_bytes(b"the same program compiled again, other bytes")
+    assert settled(tmp_path, "warm", root, later, three, compiled).outputs["reference"]["kept"]
+    run = settled(tmp_path, "validate", root, first, three, served)
+    found = outputs_proof.outcome(run, "identical")
+    assert found["outcome"] == "not proven" and found["entries"] == "gone", found
+    assert "were compiled again since" in found["why"] and "suspects" not in found, found
+
+
+def test_the_digest_is_of_the_node_local_tiers_copy_the_run_was_served(tmp_path):
+    """With the tier on, a process is served the tier's copy: where it holds another executable
+    than the root's (fetched before the root's was replaced, or torn on the node), that copy is
+    the suspect, set aside alone; the root's copy of the shape's other entry is the writer's."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    other = "jit_g-" + "1" * 64
+    root, tier = a_root(tmp_path, KEY, other), tmp_path / "tier"
+    shutil.copytree(root / "jax", tier / "jax")
+    folder = references.folder_of(root, "f" * 24, {})
+    compiled = {"hit_keys": [], "missed": [{"key": KEY}, {"key": other}]}
+    warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled, tier=tier)
+    assert warm.outputs["reference"]["kept"] is True, warm.outputs
+    (tier / "jax" / f"{KEY}-cache").write_bytes(b"another function's executable")
+    served = {"hit_keys": [KEY, other], "missed": []}
+    run = settled(tmp_path, "validate", root, folder, {"y": np.float32([100])}, served, tier=tier)
+    found = outputs_proof.outcome(run, "identical")
+    assert found["outcome"] == "outputs differ" and found["entries"] == "changed", found
+    assert found["suspects"] == {"jax": [KEY]}, found
+
+
+def test_a_record_that_dropped_keys_keeps_no_reference(tmp_path):
+    """A record over the hook's bound names too few entries: a reference kept from it would
+    vouch for entries it never named."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs, references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    for dropped in ("hit_keys", "missed"):
+        section = {"hit_keys": [], "missed": [{"key": KEY}], "dropped": {dropped: 3}}
+        warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, section)
+        assert warm.outputs["reference"]["kept"] is False, warm.outputs
+        assert "more entries than a record keeps" in warm.outputs["reference"]["why"]
+        assert not (folder / f"{output_runs.slug('w', 8)}.json").exists()
+
+
+def test_a_reference_kept_again_without_a_second_run_keeps_no_stale_one(tmp_path):
+    """The writer's second run (its noise) is its own: a later warm that ran once leaves none of
+    an earlier warm's beside its reference."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs, references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    again = folder / f"{output_runs.slug('w', 8)}.again.npz"
+    compiled = {"hit_keys": [], "missed": [{"key": KEY}]}
+    settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled, again={"y": np.float32([2.5])})
+    assert again.is_file()
+    (root / "jax" / f"{KEY}-cache").write_bytes(b"compiled again")
+    warm = settled(tmp_path, "warm", root, folder, {"y": np.float32([2])}, compiled)
+    assert warm.outputs["reference"]["kept"] is True and not again.exists(), warm.outputs
+
+
+def test_a_users_outputs_and_their_second_run_are_removed_before_each_run(tmp_path):
+    """A run that writes no second run this time is not credited with an earlier run's: its
+    noise would be the stale file's distance."""
+    import numpy as np
+
+    from gpu_cache.core import output_runs
+
+    np.save(tmp_path / "out-8.npy", np.float32([1]))
+    np.save(tmp_path / "out-8.again.npy", np.float32([9]))
+    with output_runs.collected("w", 8, False, str(tmp_path / "out-{shape}.npy"), {}, "warm",
+                               tmp_path, "cpu") as run:
+        assert not (tmp_path / "out-8.npy").exists() and not (tmp_path / "out-8.again.npy").exists()
+        np.save(tmp_path / "out-8.npy", np.float32([1]))
+        report = run.report(True)
+    assert report["spread"] is None, report
+
+
+def test_references_are_kept_apart_by_what_changes_the_program_not_by_the_gpu_index_or_folder(tmp_path):
+    """A warm on GPU 0 and a validation on GPU 3 of one model share a reference (the fingerprint
+    holds the model and the count), as do two cache folders; XLA_FLAGS computes otherwise."""
+    from gpu_cache.core import references
+
+    def folder(**environ: str) -> Path | None:
+        return references.folder_of(tmp_path, "f" * 24, environ)
+
+    one = folder(CUDA_VISIBLE_DEVICES="0", JAX_COMPILATION_CACHE_DIR="/a")
+    assert one == folder(CUDA_VISIBLE_DEVICES="3", JAX_COMPILATION_CACHE_DIR="/b")
+    assert one != folder(CUDA_VISIBLE_DEVICES="0", XLA_FLAGS="--xla_cpu_enable_fast_math=true")
+
+
+def test_a_run_that_left_no_record_asks_no_warm_to_prove_it(tmp_path):
+    """Without the startup hook in a workload's processes no warm can keep a reference either:
+    such a "not proven" must not make every run warm again (it is not one the next warm settles),
+    while a shape with no reference whose processes did record asks for the warm."""
+    import numpy as np
+
+    from gpu_cache.commands import outputs_proof
+    from gpu_cache.core import references
+
+    root = a_root(tmp_path, KEY)
+    folder = references.folder_of(root, "f" * 24, {})
+    two = {"y": np.float32([2])}
+    unrecorded = outputs_proof.outcome(settled(tmp_path, "validate", root, folder, two, None), "identical")
+    assert unrecorded["outcome"] == "not proven" and "left no record" in unrecorded["why"], unrecorded
+    assert "next_warm_proves" not in unrecorded
+    recorded = outputs_proof.outcome(settled(tmp_path, "validate", root, folder, two,
+                                             {"hit_keys": [KEY], "missed": []}), "identical")
+    assert recorded["outcome"] == "not proven" and recorded["next_warm_proves"] is True, recorded
 
 
 def test_an_outputs_file_with_another_placeholder_is_one_line_and_exit_2(cache_root):

@@ -5,11 +5,14 @@ the last verdict of the same inputs holds)."""
 from __future__ import annotations
 
 import json
+import os
+from importlib import metadata
 
 import pytest
 
 from helpers import (
     PROFILE,
+    SCRIPTS,
     SMALL,
     SNAKEFILE,
     clean_environ,
@@ -72,3 +75,28 @@ def test_warm_runs_the_shapes_side_by_side(tmp_path):
     assert len(spans) == 3
     assert spans[-1][0] < spans[0][1]  # the last one started before the first one ended
     assert len(read_json(tmp_path / "w.json")["runs"]) == 3
+
+
+def test_a_check_job_that_warms_first_says_so_in_the_summary_and_names_the_package(tmp_path):
+    """Installing a package of the software's identity (zstandard: the test extra brings it,
+    and JAX compresses its entries with it) changes what the last passed verdict holds for. The
+    next run's warm job is planned to run nothing (the same plan passed), so its check job warms
+    first: the summary says so, with the count and the package (it said "0 new entries", and
+    the warm log "skipped"; only validate/cpu.json told)."""
+    hidden = tmp_path / "no-zstandard"  # the first run's Python finds no zstandard version
+    (hidden / "zstandard-0.dist-info").mkdir(parents=True)
+    (hidden / "zstandard-0.dist-info" / "METADATA").write_text("")
+    root = str(tmp_path / "cache")
+    _warm, _check, verdict = run_workflow(tmp_path, "first", clean_environ(
+        GPU_CACHE_ROOT=root, PYTHONPATH=f"{hidden}{os.pathsep}{SCRIPTS}"))
+    assert verdict["passed"] is True and verdict["software"]["zstandard"] is None, verdict["software"]
+
+    warm, check, verdict = run_workflow(tmp_path, "second", clean_environ(GPU_CACHE_ROOT=root))
+    assert warm["skipped"] and check["warm"]["runs"], check["warm"]  # planned to skip; the check warmed
+    installed = f"zstandard {metadata.version('zstandard')} installed"
+    again = verdict["warmed_again"]
+    assert again["why"].endswith(f"ran with other inputs: {installed}"), again
+    summary = (tmp_path / "second" / "work" / "results" / "gpu-cache" / "summary.txt").read_text()
+    new = verdict["warmed_again"]["new_entries"]
+    assert (f"\n    the check job warmed again first ({new} new entries): the last passed validation of "
+            f"the same plan ran with other inputs: {installed}\n") in summary, summary

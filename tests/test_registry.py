@@ -424,6 +424,7 @@ def test_workflow_publishes_then_another_site_starts_warm(
     assert fetched["unpacked"]["jax"]["written"]["jax"] == published["layers"]["jax"]["entries"]
     warm = read_json(site_b / "warm" / "cpu.json")
     assert sum(warm["new_entries"].values()) == 0, warm["new_entries"]  # nothing left to compile
+    assert warm["remade"] == {}, warm["remade"]  # nor to compile again: the pack brought its proof
     verdict = read_json(site_b / "validate" / "cpu.json")
     assert verdict["passed"] is True and verdict["misses"] == 0 and verdict["new_entries"] == 0
 

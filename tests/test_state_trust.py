@@ -233,3 +233,22 @@ def test_prune_ignores_a_verified_record_another_account_left_and_removes_no_who
     assert report.entries_removed == 0 and report.entries_before == 20, report.removed
     assert len(jax_format.scan(folder)) == 20
     assert (folder / verified.NAME).stat().st_uid == 0  # prune's own record replaced it
+
+
+@pytest.mark.slow
+def test_a_warm_on_another_accounts_state_folder_sets_nothing_aside(base, private_user, tmp_path):
+    """Entries no warm compiled are re-made only where their reference can then be kept: with
+    the state folder another account's, setting them aside would only make every job compile
+    them, warm after warm."""
+    common = plus_one(base, tmp_path)
+    root = base / "root"
+    assert run_cli("validate", *common, "--output", str(tmp_path / "v.json")).returncode == 0  # compiles
+    entries = {p.name: p.read_bytes() for p in (root / "jax").iterdir()}
+    give(root / "state", private_user)
+    assert run_cli("warm", *common, "--output", str(tmp_path / "w.json")).returncode == 0
+    assert {p.name: p.read_bytes() for p in (root / "jax").iterdir()} == entries  # nothing set aside
+    warm = read_json(tmp_path / "w.json")
+    assert warm["remade"] == {}, warm["remade"]
+    reference = warm["runs"][0]["outputs"]["reference"]
+    assert reference["kept"] is False, reference
+    assert "they could not be compiled again: no reference can be kept in this cache root" in reference["why"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_cache import __version__
 from gpu_cache.core import kinds
-from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, require_keys
+from gpu_cache.core.reports import Missed, RunResult, json_number, json_object, keys_by_kind, require_keys
 
 
 @dataclass
@@ -65,6 +65,12 @@ class Verdict:
     not_warmed: str | None = None
     #: The gpu-cache release that made it (as a pack records it); "" in a verdict made before.
     gpu_cache_version: str = __version__
+    #: The entries this run's warm passes set aside and compiled again, by kind: they were
+    #: served, and no warm had compiled their bytes (gpu_cache.core.remake).
+    remade: dict[str, list[str]] = field(default_factory=dict)
+    #: What the check job warmed first, where its warm job was planned to run none and the passed
+    #: verdict that planned it did not hold on its node: ``new_entries``, and ``why``.
+    warmed_again: dict[str, Any] | None = None
 
     WHAT = "a validation verdict (validate/{gpu_type}.json)"
     STATUSES = ("passed", "failed", "error", "unscheduled")
@@ -108,7 +114,8 @@ class Verdict:
             "cold_runs": [r.as_dict() for r in self.cold_runs],
             "cache_root": self.cache_root, "job": self.job, "software": self.software,
             "outputs": self.outputs, "not_warmed": self.not_warmed,
-            "gpu_cache_version": self.gpu_cache_version,
+            "gpu_cache_version": self.gpu_cache_version, "remade": self.remade,
+            "warmed_again": self.warmed_again,
             **{name: asdict(counts) for name, counts in self.kinds.items()},
         }
 
@@ -139,6 +146,8 @@ class Verdict:
             status=str(data.get("status") or ""),
             not_warmed=str(data["not_warmed"]) if data.get("not_warmed") else None,
             gpu_cache_version=str(data.get("gpu_cache_version") or ""),
+            remade=keys_by_kind(data.get("remade")),
+            warmed_again=data.get("warmed_again") if isinstance(data.get("warmed_again"), dict) else None,
         )
 
 

@@ -11,7 +11,9 @@ keep their fractions of a second. Its first member is :data:`MANIFEST_NAME`, a J
   (the computation, kernel or device kind), ``files`` (file name -> bytes), ``sha256`` (file
   name -> digest), ``size``,
   ``last_use`` and, for Triton, the ``target`` it was compiled for (``sm_90``, from the
-  kernel's metadata json), for an autotuning result its ``tokamax`` and ``jax`` versions;
+  kernel's metadata json), for an autotuning result its ``tokamax`` and ``jax`` versions, and
+  ``warm`` where a warm process compiled its bytes (an outputs reference of the root names
+  them: unpack keeps that proof, docs/outputs.md);
 * ``software``: the identity (:func:`gpu_cache.core.software.identity`) of the interpreter that
   warmed the entries: from the stats hook's records of the warm and validate passes that
   wrote or hit them, else the packing interpreter's; ``software_by_kind``: every distinct one

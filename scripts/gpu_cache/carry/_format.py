@@ -43,6 +43,7 @@ _ENTRY = {
                   "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_FILE_BYTES}},
         "last_use": {"type": "number", "minimum": 0, "maximum": LATEST},
         "sha256": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        "warm": {"type": "boolean"},
     },
 }
 #: What unpack reads of a manifest (other fields are pack's report, and ignored).
@@ -151,7 +152,7 @@ def _entry(name: str, raw: dict[str, Any], members: set[str]) -> ManifestEntry:
                       "in a file name, or a name an entry of that kind does not have)")
     last_use = min(float(raw.get("last_use", 0.0)), time.time())  # a future one would always win
     entry = ManifestEntry(kind, key, dict(files), dict(sha256), last_use, raw.get("name"),
-                          {field: raw.get(field) for field in kind.carry.fields})
+                          {field: raw.get(field) for field in kind.carry.fields}, raw.get("warm") is True)
     for file in files:
         member = entry.member(file)
         if member in members:

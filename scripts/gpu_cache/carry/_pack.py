@@ -14,13 +14,13 @@ import tarfile
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpu_cache import __version__
 from gpu_cache.config.units import format_size
-from gpu_cache.core import kinds, owners, safe_io, software
+from gpu_cache.core import kinds, owners, references, safe_io, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import CARRIED, Kind
 from gpu_cache.core.kinds.carrying import Carried, ManifestEntry, shown
@@ -123,7 +123,7 @@ def _stabilised(chosen: list[_Packed]) -> list[_Packed]:
         names = sorted(n for n in item.paths if not entry.kind.volatile(n))
         out.append(_Packed(ManifestEntry(entry.kind, entry.key, {n: entry.files[n] for n in names},
                                          {n: entry.sha256[n] for n in names}, 0.0, entry.name,
-                                         entry.fields),
+                                         entry.fields, entry.warm),
                            {n: item.paths[n] for n in names}))
     order = {kind.name: number for number, kind in enumerate(CARRIED)}
     return sorted(out, key=lambda p: (order[p.entry.kind.name], p.entry.key))
@@ -258,6 +258,7 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
                          "without that option to take every entry")
     chosen, skipped, untrusted, missing = _chosen(chosen_kinds, root, tier, used if selective else None,
                                                   team_gid)
+    chosen = _with_proof(root, tier, chosen)
     chosen = _stabilised(chosen) if stable else chosen
     entries = [item.entry for item in chosen]
     soft, dev = software_section(entries, used)
@@ -289,6 +290,26 @@ def pack(*, root: Path, archive: Path, kinds: Iterable[str] | None = None, gpu_t
     _write_archive(target, mode, manifest, chosen, stable)
     return PackReport(str(target), {k: len(v) for k, v in by_kind.items()}, total, skipped, missing,
                       soft["identity"], dev, untrusted)
+
+
+def _with_proof(root: Path, tier: Path | None, chosen: list[_Packed]) -> list[_Packed]:
+    """The entries, each marked ``warm`` whose bytes a warm process compiled, as the root's
+    outputs references name them (docs/outputs.md): unpack keeps that as their proof, and a warm
+    there hits them without compiling them again. One whose bytes no warm compiled (compiled by
+    jobs, or changed since) goes unmarked: the first warm there compiles it again."""
+    known = references.proven(root)
+    wanted: dict[str, set[str]] = {}
+    for item in chosen:
+        wanted.setdefault(item.entry.kind.name, set()).add(item.entry.key)
+    here = references.digests(root, None, wanted)  # pack takes the root's copy where it has one
+    local = references.digests(tier, None, wanted) if tier is not None else {}
+    out = []
+    for item in chosen:
+        kind, key = item.entry.ident
+        digest = here.get(kind, {}).get(key) or local.get(kind, {}).get(key)
+        out.append(_Packed(replace(item.entry, warm=references.compiled_by_warm(known, kind, key, digest)),
+                           item.paths))
+    return out
 
 
 def _tar_info(name: str, size: int, mtime: float) -> tarfile.TarInfo:

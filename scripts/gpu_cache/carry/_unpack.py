@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import tarfile
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache.config.units import format_size
-from gpu_cache.core import safe_io
+from gpu_cache.core import references, safe_io
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Kind, named
 from gpu_cache.core.kinds.carrying import (
@@ -69,12 +70,15 @@ class UnpackReport:
     forced: list[str] = field(default_factory=list)
     #: Entries not written because they are not what was packed: kind, key, why.
     damaged: list[dict[str, str]] = field(default_factory=list)
+    #: Entries written whose bytes a warm compiled where they were packed, per kind: that proof
+    #: is kept here (docs/outputs.md).
+    proven: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"archive": self.archive, "cache_root": self.cache_root, "dry_run": self.dry_run,
                 "written": self.written, "replaced": self.replaced, "kept_newer": self.kept,
                 "damaged": self.damaged, "bytes": self.bytes, "checked": self.checked,
-                "notes": self.notes, "forced_past": self.forced}
+                "notes": self.notes, "forced_past": self.forced, "proven": self.proven}
 
     def failures(self) -> list[str]:
         """One line per entry that was not written because it is damaged."""
@@ -87,6 +91,7 @@ def render_unpack(report: UnpackReport) -> str:
     parts = [f"{kind}: {report.written.get(kind, 0)} new, {report.replaced.get(kind, 0)} replaced, "
              f"{report.kept.get(kind, 0)} kept (newer here)"
              + (f", {n} damaged" if (n := sum(d["kind"] == kind for d in report.damaged)) else "")
+             + (f", {report.proven[kind]} a warm's compile" if report.proven.get(kind) else "")
              for kind in report.written]
     lines = [f"{verb} {report.archive} into {report.cache_root} ({format_size(report.bytes)}): "
              + "; ".join(parts)]
@@ -259,10 +264,35 @@ def unpack(*, root: Path | None, archive: Path, kinds: Iterable[str] | None = No
                 # a stable pack's entries (#32) are as new as their arrival here
                 arrival = time.time() if opened.manifest.get("times_normalised") is True else None
                 try:
-                    _write_entries(root, fds, opened, actions, report, arrival)
+                    placed = _write_entries(root, fds, opened, actions, report, arrival)
                 except Refused as exc:  # the archive changed since the first pass
                     raise Refused(exc.reason, exc.hint, written=True) from None
+            _keep_proof(root, archive, opened.manifest,
+                        [e for items in entries.values() for e in items if e.ident in placed], report)
     return report
+
+
+def _keep_proof(root: Path, archive: Path, manifest: Mapping[str, Any], placed: list[ManifestEntry],
+                report: UnpackReport) -> None:
+    """Keep, for the entries written here whose bytes a warm process compiled where they were
+    packed (``warm``), that proof (:func:`gpu_cache.core.references.keep_carried`): a warm here
+    hits them without compiling them again. A root whose state folder cannot take it only loses
+    that: its first warm compiles them again (docs/outputs.md)."""
+    wanted: dict[str, set[str]] = {}
+    for entry in placed:
+        if entry.warm:
+            wanted.setdefault(entry.kind.name, set()).add(entry.key)
+    if not wanted:
+        return
+    found = references.digests(root, None, wanted)  # their bytes here (a Triton group's paths rewritten)
+    try:
+        source = hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        references.keep_carried(root, source, archive.name, found)
+    except OSError as exc:
+        log.warning("unpack: the entries' proof (a warm compiled them) cannot be kept in %s (%s): the "
+                    "first warm here compiles them again", root, exc.strerror or exc)
+        return
+    report.proven = {kind: len(keys) for kind, keys in found.items() if keys}
 
 
 def _path_notes(manifest: Mapping[str, Any], present: list[Kind], root: Path) -> list[str]:
@@ -281,11 +311,13 @@ def _path_notes(manifest: Mapping[str, Any], present: list[Kind], root: Path) ->
 
 def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                    actions: dict[tuple[str, str], Action], report: UnpackReport,
-                   arrival: float | None = None) -> None:
+                   arrival: float | None = None) -> set[tuple[str, str]]:
     """Second pass: write each entry that is to be written, whole, into its kind's folder
-    (``fds``: their descriptors), with its own times or, given ``arrival``, that one."""
+    (``fds``: their descriptors), with its own times or, given ``arrival``, that one. The
+    entries put in place (by kind and key)."""
     writers: dict[Kind, Callable[[ManifestEntry, bool], Writer]] = {}
     todo = {ident for ident, action in actions.items() if action != Action.KEEP}
+    placed: set[tuple[str, str]] = set()
     progress = Progress("unpack", len(todo))
     writer: Writer | None = None
     done = written_bytes = 0
@@ -306,7 +338,9 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
                 writer.add(file_name, data, member)
                 if writer.pending:
                     continue
-                if not writer.finish():  # a process wrote a newer one meanwhile: it stays
+                if writer.finish():
+                    placed.add(entry.ident)
+                else:  # a process wrote a newer one meanwhile: it stays
                     counted[kind.name] -= 1
                     report.kept[kind.name] += 1
             except Damaged as exc:
@@ -321,3 +355,4 @@ def _write_entries(root: Path, fds: dict[str, int], opened: Archive,
     finally:
         if writer is not None:
             writer.abandon()
+    return placed

@@ -61,7 +61,9 @@ def outcome(run: RunResult, mode: str, tolerance: float = 0.0) -> dict[str, Any]
                  digest=found.get("digest"), reference_digest=reference.get("digest"),
                  nonfinite=found.get("nonfinite"), entries=reference.get("entries"))
     if reference.get("entries") not in ("same", "changed"):
-        return {**shape, "outcome": UNPROVEN, "why": str(reference.get("why") or "no reference")[:400]}
+        fixed = {"next_warm_proves": True} if reference.get("next_warm_proves") is True else {}
+        why = str(reference.get("why") or "no reference")[:400]
+        return {**shape, "outcome": UNPROVEN, "why": why, **fixed}
     shape.update(_judged(reference, found.get("digest"), mode, tolerance, served))
     if shape["outcome"] in FAILING:  # what is set aside: entries no warm compiled, else all it was served
         suspects = reference.get("suspects") if reference.get("entries") == "changed" else None

@@ -79,6 +79,7 @@ def render(validations: list[Path], prune: Path | None) -> str:
             fresh = outputs_proof.fresh_text(v.outputs)
             lines.append(f"    {proof} ({v.outputs.get('mode')}; reference: {v.outputs.get('reference')}"
                          f"{'; ' + fresh if fresh else ''})")
+        lines += warm_lines(v)
         lines += [f"    problem: {p}" for p in v.problems]
     if prune is not None:
         p = load_prune(prune)
@@ -101,6 +102,26 @@ def render(validations: list[Path], prune: Path | None) -> str:
         lines += [f"    prune: {problem}" for problem in p.problems]
         lines += [f"  software mismatch: {line}" for line in p.software_mismatches]
     return shown_lines(lines)
+
+
+def warm_lines(v: Verdict) -> list[str]:
+    """What the run's warm passes did that the validation's counts do not show: the entries
+    re-made (no warm had compiled their bytes), and what a check job warmed first and why."""
+    lines = []
+    if v.remade:
+        count = sum(len(keys) for keys in v.remade.values())
+        each = ", ".join(f"{kind} {len(keys)}" for kind, keys in sorted(v.remade.items()))
+        lines.append(f"    re-made {_entries(count)} no warm had compiled ({each}): set aside and compiled "
+                     "again by the warm, whose outputs are their reference now")
+    if v.warmed_again:
+        again = v.warmed_again
+        lines.append(f"    the check job warmed again first ({again.get('new_entries')} new entries): "
+                     f"{again.get('why')}")
+    return lines
+
+
+def _entries(count: object) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
 
 
 #: Where a run of the workflow in this folder leaves its reports (workflow/rules/cache.smk).

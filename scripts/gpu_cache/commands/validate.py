@@ -20,7 +20,7 @@ from gpu_cache.config import cluster, placement
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.targets import a_gpu, device_problems, gpu_types
 from gpu_cache.config.workloads import cold_pass, plan_phase, workloads_of
-from gpu_cache.core import hook_records, kinds, runner, safe_io, software
+from gpu_cache.core import hook_records, kinds, remake, runner, safe_io, software
 from gpu_cache.core.device import Device
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.kinds import Kind
@@ -248,8 +248,37 @@ def confirmed_warm(warm: PhaseResult | None) -> list[str]:
         return ["its warm job was planned to run no workload and asked for no GPU (a passed verdict "
                 "of the same workloads and shapes), and the check job confirmed that verdict on its node"]
     return ["its warm job was planned to run no workload, but on the check job's node the last "
-            "verdict did not hold (other software or device): the check job warmed first, one run "
+            f"verdict did not hold ({warmed_why(warm)}): the check job warmed first, one run "
             f"at a time ({sum(warm.new_entries.values())} new entries)"]
+
+
+def warmed_why(warm: PhaseResult) -> str:
+    """Why a check job's warm pass ran (:func:`gpu_cache.core.runner.why_warmed`)."""
+    return warm.why_warmed or "other software or device"
+
+
+def warm_work(verdict: Verdict, warm_job: PhaseResult | None, check_warm: PhaseResult | None) -> None:
+    """What this run's warm passes did that the validation's own counts do not show: the
+    entries they re-made (no warm had compiled their bytes), and what the check job warmed
+    first where its warm job was planned to run none."""
+    verdict.remade = remake.merged(p.remade for p in (warm_job, check_warm) if p is not None)
+    if check_warm is not None and not (check_warm.skipped or check_warm.unscheduled):
+        verdict.warmed_again = {"new_entries": sum(check_warm.new_entries.values()),
+                                "why": warmed_why(check_warm)}
+
+
+def warm_report(path: str | None) -> PhaseResult | None:
+    """The warm pass's report ``--warm`` names (None: none named).
+
+    Raises:
+        UsageError: it is not a workload runner's report.
+    """
+    if not path:
+        return None
+    try:
+        return PhaseResult.from_dict(safe_io.load_json(Path(path)))
+    except UsageError as exc:
+        raise UsageError(f"--warm {path}: {exc}") from None
 
 
 def explain_misses(settings: Settings, phase: PhaseResult, counts: Mapping[str, KindCounts]
@@ -293,12 +322,16 @@ def remember(settings: Settings, verdict: Verdict, phase: PhaseResult) -> None:
     if root is None or not fingerprint:
         return
     keys = {kind: totals.hit_keys for kind, totals in phase.recorded.items() if totals.hit_keys}
+    # A shape the next warm would prove (its entries re-made: no warm compiled them) is no reason
+    # to skip that warm: every later verdict would say "not proven" again.
+    unproven = any(s.get("next_warm_proves") for s in verdict.outputs.get("shapes") or ())
     document = {"gpu_type": verdict.gpu_type, "run_id": phase.run_id, "keys": keys,
-                "plan": phase.plan_key, "fingerprint": fingerprint}
+                "plan": phase.plan_key, "fingerprint": fingerprint, "software": phase.software,
+                "device": phase.device}
     for marker in markers:
         if marker is None:
             continue
-        if verdict.passed and keys:  # what the next warm step checks is still there
+        if verdict.passed and keys and not unproven:  # what the next warm step checks is still there
             runner.save_state(marker, document)
             continue
         try:
@@ -312,7 +345,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", metavar="FILE",
                         help="judge the passes the workload runner ran in the jobs' software "
                              "(the workflow's check_cache output) instead of running them here")
-    parser.add_argument("--warm", metavar="FILE", help="with --phases: the warm job's report")
+    parser.add_argument("--warm", metavar="FILE",
+                        help="the warm pass's report (gpu-cache warm --output, the workflow's warm job): the "
+                             "entries it re-made are counted in the verdict")
     parser.add_argument("--preflight", metavar="FILE",
                         help="with --phases: the preflight's report (what the jobs were planned to ask)")
 
@@ -332,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
     refused = why_not_run(settings, gpu_type, args.warm, args.preflight) \
         if phases["validate"] is not None and phases["validate"].unscheduled else None
     verdict = judge_phases(settings, gpu_type, phases, exports, refused)
+    warm_work(verdict, warm_report(args.warm), phases.get("warm"))
     if args.preflight:  # the runs its jobs left out (no node can take them), a mem_mb none has
         verdict.notes += placement.planned_in(args.preflight, settings, gpu_type).get("problems") or []
     outputs_proof.apply(settings, verdict, phases)

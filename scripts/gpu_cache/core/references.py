@@ -21,6 +21,10 @@ deterministic run to run, which two runs in one process show). So:
   set aside, compiled again by a later warm, which keeps a reference of its own), the proof
   says so ("not proven") and compares nothing: outputs of other executables are no evidence.
   The next warm that compiles them keeps a new reference.
+- **Carried entries bring their proof.** A pack marks each entry whose bytes a reference
+  names; unpack keeps those marks as a reference without outputs (:func:`keep_carried`), so a
+  warm there compiles none of them again. An entry hit that no warm compiled and no reference
+  names is re-made by the warm (:mod:`gpu_cache.core.remake`).
 - **The cold pass is a figure.** Where validation runs it (``validate.measure_cold``), its
   outputs (every cache off) are kept beside the reference (``<slug>.cold.npz``) and each
   validate run is compared with them: "the cached program matches a fresh compile within X",
@@ -52,6 +56,8 @@ from gpu_cache.core.reports import RunResult
 PREFIX = "outputs-"
 #: The cold pass's outputs beside a reference: ``<slug>.cold.npz``.
 COLD = ".cold"
+#: The environment part of the folder that keeps an unpacked archive's proof (:func:`keep_carried`).
+CARRIED = "carried"
 #: A manifest larger than this is none gpu-cache wrote.
 MANIFEST_LIMIT = 16 << 20
 VERSION = 1
@@ -170,6 +176,45 @@ def proven(root: Path) -> dict[tuple[str, str], set[str]]:
     return out
 
 
+def compiled_by_warm(known: Mapping[tuple[str, str], set[str]], kind: str, key: str,
+                     digest: str | None) -> bool:
+    """Whether ``digest``, of the entry ``key`` of ``kind``, is bytes a warm process compiled, as
+    the references ``known`` (:func:`proven`) name them: by the key, or its last part (as the
+    records name Inductor's graphs)."""
+    return digest is not None and any(digest in known.get((kind, name), ()) for name in _names(key))
+
+
+def _names(key: str) -> set[str]:
+    return {key, key.rsplit("/", 1)[-1]}
+
+
+def keep_carried(root: Path, source: str, name: str, entries: Entries) -> None:
+    """Keep what an unpacked archive says of the entries it wrote here (``entries``: their
+    digests here): a warm process compiled their bytes, as the packed root's references named
+    them. A reference without outputs, ``state/outputs-<source>-carried/carried.json``
+    (``source``: 24 hex digits that name the archive, whose ``name`` it keeps), to which a later
+    unpack of the same archive adds: a warm that hits them compiles none again and keeps its own
+    reference (docs/outputs.md); prune takes it as any reference, once unused longer than
+    ``max_age``.
+
+    Raises:
+        OSError: it cannot be kept (state_files.Untrusted: another account's state folder).
+    """
+    folder = state_files.make(root, f"{PREFIX}{source}-{CARRIED}")
+    try:
+        before = manifest(folder, CARRIED, root) or {}
+    except state_files.Untrusted:
+        before = {}
+    named = {kind: dict(keys) for kind, keys in before.get("entries", {}).items()}
+    for kind, keys in entries.items():
+        for key, value in keys.items():
+            named.setdefault(kind, {}).update(dict.fromkeys(_names(key), value))
+    document = {"version": VERSION, "workload": f"(carried) {name}", "shape": source, "gpu_type": "(carried)",
+                "file": "", "digest": "", "spreads": {}, "entries": _nonempty(named), "time": time.time(),
+                "host": socket.gethostname()}
+    safe_io.replace_file(folder / f"{CARRIED}.json", (json.dumps(document, sort_keys=True) + "\n").encode())
+
+
 def _arrays(path: Path, root: Path | None = None) -> dict[str, outputs.Array] | None:
     try:
         return outputs.load(str(path), root)[1]
@@ -262,8 +307,15 @@ def cold_kept(folder: Path | None, runs: Iterable[RunResult]) -> bool:
 
 def _unproven(entries: Entries, known: Mapping[tuple[str, str], set[str]]) -> list[str]:
     """The entries of ``entries`` whose bytes no warm process compiled."""
-    return [f"{kind} {key}" for kind, keys in sorted(entries.items()) for key, value in sorted(keys.items())
-            if value not in known.get((kind, key), ())]
+    return [f"{kind} {key}" for kind, keys in sorted(_unproven_keys(entries, known).items()) for key in keys]
+
+
+def _unproven_keys(entries: Entries, known: Mapping[tuple[str, str], set[str]]) -> dict[str, list[str]]:
+    """The keys of ``entries`` whose bytes no warm process compiled, by kind: what the warm pass
+    re-makes (:mod:`gpu_cache.core.remake`)."""
+    found = {kind: sorted(key for key, value in keys.items() if value not in known.get((kind, key), ()))
+             for kind, keys in entries.items()}
+    return {kind: keys for kind, keys in sorted(found.items()) if keys}
 
 
 def _keep_writer(where: Pass, run: RunResult, used: tuple[dict, dict] | None, now: Entries,
@@ -280,7 +332,8 @@ def _keep_writer(where: Pass, run: RunResult, used: tuple[dict, dict] | None, no
     if unproven:
         more = f" and {len(unproven) - 3} more" if len(unproven) > 3 else ""
         return {"kept": False, "why": f"it was served {', '.join(unproven[:3])}{more}, which no warm pass "
-                                      "compiled: outputs of those prove nothing"}
+                                      "compiled: outputs of those prove nothing",
+                "remake": _unproven_keys(entries, known)}
     name = output_runs.slug(run.workload, run.shape)
     try:
         before = manifest(where.folder, name, where.root)
@@ -367,15 +420,18 @@ def _compare(where: Pass, run: RunResult, used: tuple[dict, dict] | None, now: E
     kept = str(run.outputs["kept"])
     first = _arrays(where.scratch / kept)
     out: dict[str, Any] = {"fresh_compile": _fresh(where, name, kept, first)}
-    if found is None or first is None:
-        return {**out, "entries": "none", "why": "no warm pass kept this shape's outputs from the very "
-                "compile the cache holds (the next warm that compiles its programs keeps them)"}
-    if used is None:
+    if used is None:  # (a warm's runs leave none either: no warm would keep a reference)
         return {**out, "entries": "none",
                 "why": "its processes left no record of the entries they were served"}
+    if first is None:
+        return {**out, "entries": "none", "why": "its outputs cannot be read back"}
+    if found is None:  # the next warm re-makes what no warm compiled, and keeps the reference
+        return {**out, "entries": "none", "next_warm_proves": True,
+                "why": "no warm pass kept this shape's outputs from the very compile the cache holds (the "
+                       "next warm compiles its entries again and keeps them)"}
     state, why, suspects = _entries_state(found["entries"], _pick(now, used[0]), known)
     if why is not None:
-        return {**out, "entries": state, "why": why}
+        return {**out, "entries": state, "why": why, "next_warm_proves": True}
     try:
         reference = outputs.load(str(where.folder / f"{name}{found['file']}"), where.root)[1]
     except state_files.Untrusted as exc:

@@ -35,6 +35,14 @@ def json_number(value: Any, what: str, key: str) -> float:
     return value
 
 
+def keys_by_kind(value: Any) -> dict[str, list[str]]:
+    """A report's keys by kind, each a text (anything else left out)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(kind): [k for k in keys if isinstance(k, str)] for kind, keys in value.items()
+            if isinstance(keys, list)}
+
+
 @dataclass(frozen=True)
 class RunResult:
     """One run of one workload command: wall seconds and exit code (``None``: timed out);
@@ -150,6 +158,12 @@ class PhaseResult:
     unscheduled: str | None = None
     #: Seconds the outputs proof took after the runs (keeping or comparing the references).
     proof_seconds: float = 0.0
+    #: The entries a warm pass set aside and compiled again, by kind: its runs were served them,
+    #: and no warm had compiled their bytes (gpu_cache.core.remake).
+    remade: dict[str, list[str]] = field(default_factory=dict)
+    #: Why a warm pass ran although a validation of the same plan passed on this root: what
+    #: differs from it (the software, naming the package, or the device), or its entries gone.
+    why_warmed: str | None = None
 
     WHAT = "a workload runner's result"
 
@@ -200,6 +214,7 @@ class PhaseResult:
             reused=text_or_none(data.get("reused")),
             unscheduled=text_or_none(data.get("unscheduled")),
             proof_seconds=float(json_number(data.get("proof_seconds", 0.0), cls.WHAT, "proof_seconds")),
+            remade=keys_by_kind(data.get("remade")),
+            why_warmed=text_or_none(data.get("why_warmed")),
         )
-
 

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +40,7 @@ from gpu_cache.core import (
     names,
     output_runs,
     references,
+    remake,
     safe_io,
     software,
     state_files,
@@ -220,17 +222,41 @@ def planned_skip(root: Path | None, plan: Plan) -> str | None:
     (it warms first where they differ). None: warm as usual."""
     if root is None or not plan.reuse:
         return None
+    document = _plan_marker(root, plan)
+    if document is not None and _all_present(root, document.get("keys")):
+        return ("the last validation of the same workloads and shapes on this cache root passed, "
+                "and every entry it hit is still there; the check job confirms it on its node")
+    return None
+
+
+def _plan_marker(root: Path, plan: Plan) -> dict[str, Any] | None:
+    """The marker of the latest passed verdict of ``plan`` (None: none gpu-cache may act on)."""
     key = plan_key(plan)
     marker = state_file(root, PLANNED, key)
     try:
         document = json.loads(state_files.read(marker, root, 16 << 20)) if marker is not None else None
     except (OSError, ValueError, RecursionError):  # none, or none gpu-cache may act on; an unusable
         return None  # root (a name too long, another's 0700 folder): env reports it
-    if isinstance(document, dict) and document.get("plan") == key \
-            and _all_present(root, document.get("keys")):
-        return ("the last validation of the same workloads and shapes on this cache root passed, "
-                "and every entry it hit is still there; the check job confirms it on its node")
-    return None
+    return document if isinstance(document, dict) and document.get("plan") == key else None
+
+
+def why_warmed(root: Path | None, plan: Plan, identity: Mapping[str, Any],
+               seen: Mapping[str, Any]) -> str | None:
+    """Why a warm pass of ``plan`` runs although a validation of the same plan passed on this
+    root (the plan's latest marker: :func:`gpu_cache.commands.validate.remember`): what differs
+    from that validation's inputs (the software, naming the package, or the device), or its
+    entries gone. None: no validation of the plan passed here."""
+    document = _plan_marker(root, plan) if root is not None else None
+    if document is None:
+        return None
+    before, device_before = document.get("software"), document.get("device")
+    found = ["the software or device it ran with (not recorded)"]
+    if isinstance(before, dict) and isinstance(device_before, dict):
+        found = software.changes(before, identity) + [f"device {change}" for change in software.changes(
+            device.identity(device_before), device.identity(seen))]
+    if not found:
+        return "entries the last passed validation of the same plan hit are gone (pruned or set aside)"
+    return f"the last passed validation of the same plan ran with other inputs: {'; '.join(found)}"
 
 
 def state_file(root: Path | None, what: str, key: str) -> Path | None:
@@ -391,27 +417,35 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
                           "passed, and every entry it hit is still there: validation re-checks")
         output.write(f"# warm [{plan.gpu_type}]: no workload run: skipped: {result.skipped}\n")
         return result
+    if plan.phase == "warm" and plan.reuse:
+        result.why_warmed = why_warmed(root, plan, identity, seen)
+    if result.why_warmed:
+        output.write(f"# warm [{plan.gpu_type}]: warms again: {shown(result.why_warmed)}\n")
     tier = tier_of(child_env)
     before = kinds.snapshot(root, tier)
     started, wall = time.perf_counter(), time.time()
     steps = warm_steps(child_env) if plan.phase == "warm" else ()
     if steps:  # before the workloads: they then find the recorded kernels ready
         result.runs = _run_all(replace(plan, commands=steps), python, child_env, output)
-    with tempfile.TemporaryDirectory(prefix="gpu-cache-outputs-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="gpu-cache-outputs-") as scratch, \
+            remake.running(root if plan.phase == "warm" and plan.outputs else None, run_id):
         proof = references.Pass(plan.phase, plan.gpu_type, root, tier, kept, Path(scratch)) \
             if plan.outputs and root is not None and kept is not None else None
         result.runs += _run_all(plan, python, child_env, output, proof and proof.scratch)
         result.seconds = time.perf_counter() - started
+        recording = plan.record and root is not None and names.RECORDS_VAR in child_env
+        found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id)) if recording else []
+        if proof is not None:
+            clock = time.perf_counter()
+            result.runs = references.settle(proof, result.runs, found)
+            result.proof_seconds = round(time.perf_counter() - clock, 3)
+            if plan.phase == "warm":  # what no warm compiled, compiled again
+                again = partial(_run_again, plan, python, output, proof.scratch)
+                found += remake.remade(result, plan.gpu_type, plan.commands, proof, child_env, output, again)
         after = kinds.snapshot(root, tier)
         result.new_keys = {kind: sorted(after[kind] - before[kind]) for kind in after}
-        found = []
-        if plan.record and root is not None and names.RECORDS_VAR in child_env:
-            found = list(hook_records.read(Path(child_env[names.RECORDS_VAR]), run_id))
+        if recording:
             result.recorded = kinds.record_totals(found)
-        if proof is not None:
-            started = time.perf_counter()
-            result.runs = references.settle(proof, result.runs, found)
-            result.proof_seconds = round(time.perf_counter() - started, 3)
     if plan.phase == "warm":
         # Let the last writes of the kinds that are on age past their grace period.
         time.sleep(max((kind.write_grace for kind in kinds.ALL
@@ -421,6 +455,12 @@ def run_plan(plan: Plan, output: TextIO, environ: Mapping[str, str] | None = Non
     if plan.phase == "cold" and not result.failures():
         save_state(state_file(root, "cold", key), result.as_dict())
     return result
+
+
+def _run_again(plan: Plan, python: str, output: TextIO, scratch: Path, commands: tuple[Command, ...],
+               environ: Mapping[str, str]) -> list[RunResult]:
+    """Some runs of ``plan`` again, in ``environ`` (the re-make's: :mod:`gpu_cache.core.remake`)."""
+    return _run_all(replace(plan, commands=commands), python, environ, output, scratch)
 
 
 def warm_steps(environ: Mapping[str, str]) -> tuple[Command, ...]:

@@ -94,3 +94,25 @@ def differences(warmed: Mapping[str, object], ran: Mapping[str, object]) -> list
     that one side did not record is not a difference."""
     return [name for name in key_fields()
             if warmed.get(name) and ran.get(name) and warmed.get(name) != ran.get(name)]
+
+
+def changes(before: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
+    """How the identity ``now`` differs from ``before``, field by field in words: ``zstandard
+    0.25.0 installed``, ``jax 0.10.1 -> 0.10.2``, ``numba 0.60.0 removed``; any field, not only
+    :data:`KEY_FIELDS` (every one is part of a verdict's inputs)."""
+    out = []
+    for name in [*now, *(name for name in before if name not in now)]:
+        was, found = before.get(name), now.get(name)
+        if was == found:
+            continue
+        if was is None:
+            out.append(f"{name} {found} installed" if name not in _PLACES else f"{name} {found}")
+        elif found is None:
+            out.append(f"{name} {was} removed" if name not in _PLACES else f"no {name} (was {was})")
+        else:
+            out.append(f"{name} {was} -> {found}")
+    return out
+
+
+#: Identity fields that say where a process ran, not a package.
+_PLACES = ("executable", "image", "conda_env")

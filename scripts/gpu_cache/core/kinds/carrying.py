@@ -100,7 +100,8 @@ class ManifestEntry:
     ``sha256``: file name -> its SHA-256; ``name``: the computation, kernel or device kind;
     ``last_use``: seconds since the epoch; ``fields``: the kind's own (its
     :attr:`Carry.fields`: Triton's ``kind`` and ``target``, an autotuning result's
-    ``tokamax`` and ``jax`` versions)."""
+    ``tokamax`` and ``jax`` versions); ``warm``: its bytes are what a warm process compiled, as
+    the packed root's outputs references named them (docs/outputs.md)."""
 
     kind: Kind
     key: str
@@ -109,6 +110,7 @@ class ManifestEntry:
     last_use: float = 0.0
     name: str | None = None
     fields: dict[str, str | None] = field(default_factory=dict)
+    warm: bool = False
 
     @property
     def size(self) -> int:
@@ -130,7 +132,8 @@ class ManifestEntry:
 
     def as_json(self) -> dict[str, Any]:
         return {"key": self.key, "name": self.name, "files": self.files, "sha256": self.sha256,
-                "size": self.size, "last_use": self.last_use, **self.fields}
+                "size": self.size, "last_use": self.last_use, **self.fields,
+                **({"warm": True} if self.warm else {})}
 
 
 def sha256(data: bytes) -> str:
