@@ -99,7 +99,7 @@ def differences(warmed: Mapping[str, object], ran: Mapping[str, object]) -> list
 def changes(before: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
     """How the identity ``now`` differs from ``before``, field by field in words: ``zstandard
     0.25.0 installed``, ``jax 0.10.1 -> 0.10.2``, ``numba 0.60.0 removed``; any field, not only
-    :data:`KEY_FIELDS` (every one is part of a verdict's inputs)."""
+    :func:`key_fields` (every one is part of a verdict's inputs)."""
     out = []
     for name in [*now, *(name for name in before if name not in now)]:
         was, found = before.get(name), now.get(name)
