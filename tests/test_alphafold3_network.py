@@ -75,7 +75,7 @@ def test_a_cache_warmed_without_weights_is_hit_by_every_program_of_a_run_on_othe
     assert cold["digest"] == hot["digest"]
     jax_records = records(root, "jax")
     assert len(jax_records) == 2 and jax_records[-1]["misses"] == 0
-    assert all(r["tokamax"]["fix"].startswith("not needed") for r in _whole_records(root))
+    assert all(r["autotune"]["fix"].startswith("not needed") for r in _whole_records(root))
 
 
 def _whole_records(root: Path) -> list[dict]:

@@ -28,7 +28,6 @@ from gpu_cache.core.kinds import autotune_format as autotune_cache
 from gpu_cache.core.kinds import triton_format as triton_cache
 from gpu_cache.core.reports import PhaseResult
 from gpu_cache.jobenv import env
-from helpers import hook_piece
 from hook_jobs import JOB_PROGRAM, WARM_PROGRAM, gpu_cache_env, real_tokamax, records_of, run, tuning_of
 
 
@@ -235,15 +234,6 @@ def test_triton_autotuning_results_are_counted(tmp_path):
     assert inventory.autotune_results == 1
     stats = cache_stats(settings_from({}, cache_root=str(tmp_path)))
     assert stats["kinds"]["triton"]["autotune_results"] == 1
-
-
-def test_the_hooks_copies_match_the_inventory():
-    hook = hook_piece("kinds.tokamax")
-    assert (hook.FORMAT, hook.RESULT_LIMIT) == (autotune_cache.FORMAT, autotune_cache.RESULT_LIMIT)
-    for versions in (("0.0.12", "0.10.2"), ("0.0.12+local", "0.11.2rc1/x")):
-        assert hook.version_folder(*versions) == autotune_cache.version_folder(*versions)
-    for device in ("NVIDIA H200", "NVIDIA A100-SXM4-40GB", "../x y"):
-        assert hook.file_name(device) == autotune_cache.file_name(device)
 
 
 def test_only_the_warm_pass_saves_what_tokamax_tunes():

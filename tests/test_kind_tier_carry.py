@@ -100,7 +100,7 @@ def test_the_tiers_bound_trims_whole_entries_least_recently_used_first(kind, tmp
         for path in [*tops, *files[key]]:
             os.utime(path, (time.time() - days * DAY,) * 2, follow_symlinks=False)
     bound = sum(os.lstat(p).st_size for key in keys[1:] for p in files[key])
-    layouts = hook_piece("tier").layouts(hook_piece("sitecustomize").pieces())
+    layouts = hook_piece("tier").layouts(hook_piece("names").pieces())
     tier = hook_piece("tier").Tier(str(local), str(root), bound, None, layouts)
     assert tier.trim() == 1
     assert not any(os.path.lexists(p) for p in files[keys[0]]), "the oldest entry goes whole"

@@ -193,37 +193,44 @@ def test_the_oldest_python_check_finds_a_newer_line_in_any_hook_module(tmp_path)
     assert [line.partition(":")[0] for line in not_compiled_by(python, job_side_files(copy))] == [str(deep)]
 
 
-def core_import_graph() -> dict[str, set[str]]:
-    """Which modules of core each module of core imports, wherever in it (a deferred import in
-    a function counts: it is a circle all the same, worked around), except under
-    ``if TYPE_CHECKING:`` (annotations only). A submodule's own package is not counted as an
-    import of it (a registry's ``__init__`` that imports its modules is no circle)."""
-    modules = {".".join(p.relative_to(SCRIPTS).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in CORE.rglob("*.py")}
+def import_graph(top: Path) -> dict[str, set[str]]:
+    """Which modules under ``top`` each module there imports, wherever in it (a deferred import
+    in a function counts: it is a circle all the same, worked around), relative imports
+    resolved, except under ``if TYPE_CHECKING:`` (annotations only). Modules are named from
+    ``top``'s parent (core: ``gpu_cache.core...``), or from ``top`` itself for the hook, whose
+    folder is the jobs' ``sys.path`` entry (``sitecustomize``, ``gpu_cache_hook...``). A
+    submodule's own package is not counted as an import of it (a registry's ``__init__`` that
+    imports its modules is no circle)."""
+    base = top if top == HOOK else SCRIPTS
+    modules = {".".join(p.relative_to(base).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in top.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
         typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                        and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
                        for stmt in node.body for n in ast.walk(stmt)}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found: set[str] = set()
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
             if isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names if alias.name in modules}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
-                subs = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
-                found |= subs if subs else {node.module}
-                found |= {node.module} if len(subs) < len(node.names) else set()
+            elif isinstance(node, ast.ImportFrom):
+                origin = node.module or ""
+                if node.level:
+                    parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    origin = ".".join([*parent, *([origin] if origin else [])])
+                subs = {f"{origin}.{alias.name}" for alias in node.names} & set(modules)
+                found |= subs
+                found |= {origin} if origin in modules and len(subs) < len(node.names) else set()
         graph[name] = found - {name}
     return graph
 
 
-def test_core_has_no_import_circle():
-    """No module of core imports, however late, a module that imports it back (the record
-    readers are a leaf; a kind's logic is in its kind)."""
-    graph = core_import_graph()
+def circles_of(graph: dict[str, set[str]]) -> list[str]:
+    """Each way a module of ``graph`` comes back to itself through the modules it imports."""
     circles = []
     for start in graph:
         stack, seen = [(start, [start])], set()
@@ -235,7 +242,41 @@ def test_core_has_no_import_circle():
                 elif nxt not in seen:
                     seen.add(nxt)
                     stack.append((nxt, [*path, nxt]))
-    assert circles == []
+    return circles
+
+
+def test_core_has_no_import_circle():
+    """No module of core imports, however late, a module that imports it back (the record
+    readers are a leaf; a kind's logic is in its kind)."""
+    assert circles_of(import_graph(CORE)) == []
+
+
+#: The one circle the hook keeps: the ptxas shim's modules, a program of their own that each
+#: ptxas call starts (``shim`` imports ``identity`` and ``run`` in the calls that need them).
+SHIM_CIRCLE = {"gpu_cache_hook.kinds.ptxas.shim", "gpu_cache_hook.kinds.ptxas.identity",
+               "gpu_cache_hook.kinds.ptxas.run"}
+
+
+def test_the_hook_has_no_import_circle_but_the_ptxas_shims_and_sitecustomize_is_its_top():
+    """Every arrow of the hook runs down: no module imports, however late, one that imports it
+    back (but the shim's own three), and nothing imports ``sitecustomize``, the top floor (its
+    names were the hook's: 5 arrows ran back up to it, through a 9-module circle)."""
+    graph = import_graph(HOOK)
+    assert {name for name, imported in graph.items() if "sitecustomize" in imported} == set()
+    assert [c for c in circles_of(graph) if not set(c.split(" -> ")) <= SHIM_CIRCLE] == []
+    assert {"gpu_cache_hook.names", "gpu_cache_hook.start"} <= graph["sitecustomize"]
+    assert graph["gpu_cache_hook.names"] == set()  # the leaf
+
+
+def test_the_hooks_own_imports_are_relative():
+    """The hook's package imports its own modules relatively: it runs as ``gpu_cache_hook`` in
+    jobs and as ``gpu_cache._hook.gpu_cache_hook`` where the host imports its rules, its names,
+    its facts and its pieces' formats, and never finds another checkout's modules on the path."""
+    package = sorted((HOOK / "gpu_cache_hook").rglob("*.py"))
+    wrong = [f"{path.relative_to(HOOK)}:{line}: {module}" for path in package
+             for line, module, _optional in imports(path)
+             if module.split(".")[0] in ("gpu_cache_hook", "sitecustomize")]
+    assert wrong == []
 
 
 #: The host side's layers, lowest first: each imports only from the layers below it (and

@@ -102,7 +102,7 @@ def test_an_autotune_folder_another_account_made_first_on_a_node_is_never_read(b
     """``GPU_CACHE_AUTOTUNE`` exported node-local, where another account made that folder first
     on this node (or may swap ours: a 0777 ``gpu-cache-<uid>``), holding a result that decides
     which kernels tokamax runs: the job enters no result from it and the record says why.
-    Guard: the tokamax piece's ``node-local GPU_CACHE_AUTOTUNE`` (without it: the result in the
+    Guard: the autotune piece's ``node-local GPU_CACHE_AUTOTUNE`` (without it: the result in the
     swappable folder was entered, and the others were refused only by the piece's owner check,
     which judges neither ``gpu-cache-<uid>`` nor the folders above it)."""
     tmp, planted = plant_node_local(base, plant, "autotune")
@@ -121,9 +121,9 @@ def test_an_autotune_folder_another_account_made_first_on_a_node_is_never_read(b
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
-    tuning = record["tokamax"]["autotuning"]
+    tuning = record["autotune"]["autotuning"]
     assert (tuning["loaded"], tuning["refused"]) == ([], [])
-    assert REASONS[plant] in record["fallbacks"]["tokamax"]["refused"]
+    assert REASONS[plant] in record["fallbacks"]["autotune"]["refused"]
     assert tree(planted) == before
     refused_once(done.stderr, "GPU_CACHE_AUTOTUNE", plant)
 

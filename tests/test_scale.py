@@ -85,10 +85,10 @@ def loaded_modules(python: str, environ: dict[str, str]) -> tuple[set[str], bool
 @pytest.mark.parametrize("where", ["this interpreter", "a fresh venv"])
 def test_the_startup_hook_loads_nothing_into_a_process_without_jax_or_triton(tmp_path, where):
     """The hook's process against a plain one of the same interpreter and venv: it adds its
-    own sitecustomize (Debian's Python has one of its own, which the hook runs) and at most
-    modules built into the interpreter (atexit: no file is read). Both are compared in a fresh
-    venv too, where site imports less than the system Python does (a .pth file of its
-    site-packages imports atexit there), as in a newcomer's venv."""
+    own sitecustomize (Debian's Python has one of its own, which the hook runs), its package's
+    leaf and start, and at most modules built into the interpreter (atexit: no file is read).
+    Both are compared in a fresh venv too, where site imports less than the system Python does
+    (a .pth file of its site-packages imports atexit there), as in a newcomer's venv."""
     python = sys.executable
     if where == "a fresh venv":
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
@@ -99,7 +99,8 @@ def test_the_startup_hook_loads_nothing_into_a_process_without_jax_or_triton(tmp
                                                        GPU_CACHE_RECORDS=str(tmp_path / "records")))
     assert ran, "the hook did not run"
     added = hooked - plain
-    assert added - {"sitecustomize"} <= set(sys.builtin_module_names), sorted(added)
+    own = {"sitecustomize", "gpu_cache_hook", "gpu_cache_hook.names", "gpu_cache_hook.start"}
+    assert added - own <= set(sys.builtin_module_names), sorted(added)
     assert not (tmp_path / "records").exists(), "no record from a process without jax or triton"
 
 

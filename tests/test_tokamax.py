@@ -53,7 +53,7 @@ def run_glu(environ: dict[str, str]) -> dict:
 
 def fix_of(record: dict) -> dict:
     """The fix's part of a record's tokamax part (without the autotuning results' part)."""
-    return {k: v for k, v in record["tokamax"].items() if k != "autotuning"}
+    return {k: v for k, v in record["autotune"].items() if k != "autotuning"}
 
 
 def glu_requests(record: dict) -> tuple[int, int]:
@@ -74,7 +74,7 @@ def test_tokamax_0_0_12_compiles_once_in_three_calls_and_not_at_all_in_the_next_
     first, second = sorted(records_of(root), key=lambda r: r["time"])
     assert fix_of(first) == {"fix": "applied", "thread": "MainThread", "main_thread": True}
     # Nothing was tuned for this root: each process's one trace missed (tests/test_autotune.py).
-    assert first["tokamax"]["autotuning"]["misses"] == second["tokamax"]["autotuning"]["misses"] == 1
+    assert first["autotune"]["autotuning"]["misses"] == second["autotune"]["autotuning"]["misses"] == 1
     assert glu_requests(first) == (1, 0)
     assert second["jax"]["misses"] == 0 and glu_requests(second) == (0, 1)
 
@@ -170,7 +170,7 @@ def test_a_tokamax_without_the_function_is_left_alone(tmp_path):
     plain, hooked, done = run_fake(tmp_path, "")
     assert hooked == plain and done.stderr == ""
     (record,) = records_of(tmp_path / "root")
-    assert record["tokamax"] == {"fix": "not needed: this tokamax has no get_autotuning_cache_overlay_state"}
+    assert record["autotune"] == {"fix": "not needed: this tokamax has no get_autotuning_cache_overlay_state"}
 
 
 @pytest.mark.parametrize("in_thread", [False, True])
@@ -181,7 +181,7 @@ def test_the_fix_makes_the_state_in_the_importing_thread_and_says_which(tmp_path
     assert (hooked["calls"], hooked["main"]) == ([thread], thread)
     assert hooked["names"] == plain["names"] and done.stderr == ""
     (record,) = records_of(tmp_path / "root")
-    assert record["tokamax"] == {"fix": "applied", "thread": thread, "main_thread": not in_thread}
+    assert record["autotune"] == {"fix": "applied", "thread": thread, "main_thread": not in_thread}
 
 
 def test_a_fix_that_fails_never_fails_the_job(tmp_path):
@@ -190,7 +190,7 @@ def test_a_fix_that_fails_never_fails_the_job(tmp_path):
     (warning,) = warnings_in(done.stderr)
     assert "tokamax fix" in warning and "no backend" in warning
     (record,) = records_of(tmp_path / "root")
-    assert record["tokamax"]["fix"].startswith("failed: RuntimeError('no backend')")
+    assert record["autotune"]["fix"].startswith("failed: RuntimeError('no backend')")
 
 
 @pytest.mark.parametrize("raised", ["SystemExit(3)", "KeyboardInterrupt()"])
@@ -201,7 +201,7 @@ def test_a_fix_whose_function_exits_never_changes_the_jobs_exit(tmp_path, raised
     (warning,) = warnings_in(done.stderr)
     assert "tokamax fix" in warning and raised.split("(")[0] in warning
     (record,) = records_of(tmp_path / "root")
-    assert record["tokamax"]["fix"].startswith(f"failed: {raised.split('(')[0]}")
+    assert record["autotune"]["fix"].startswith(f"failed: {raised.split('(')[0]}")
 
 
 @pytest.mark.parametrize("value", ["0", "off", "false"])
@@ -209,4 +209,4 @@ def test_the_switch_turns_the_fix_off(tmp_path, value):
     plain, hooked, done = run_fake(tmp_path, FUNCTION_0_0_12, GPU_CACHE_TOKAMAX_FIX=value)
     assert hooked == plain and done.stderr == ""
     (record,) = records_of(tmp_path / "root")
-    assert record["tokamax"] == {"fix": "off: GPU_CACHE_TOKAMAX_FIX switches it off"}
+    assert record["autotune"] == {"fix": "off: GPU_CACHE_TOKAMAX_FIX switches it off"}

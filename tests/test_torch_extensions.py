@@ -10,7 +10,6 @@ during the build is not kept. (The kind's generic faults and attacks: tests/test
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ import pytest
 
 from flight_jobs import has_open, job_env
 from gpu_cache.core.kinds import torch_extensions
-from helpers import clean_environ, hook_source, records, run_cli
+from helpers import clean_environ, records, run_cli
 
 pytest.importorskip("torch")
 KIND = torch_extensions.KIND
@@ -289,18 +288,6 @@ def test_a_torn_build_is_never_loaded(tmp_path):
     assert run(tmp_path, env, "42")["answer"] == 42
     assert records(root, KIND.name)[1]["missed"][0]["why"] == "its library is not as built"
     assert len(builds(root)) == 1 and [e.key for e in KIND.scan(KIND.folder(root)) if e.problem] == []
-
-
-@pytest.mark.parametrize("name", ["MANIFEST"])
-def test_the_pieces_names_are_the_kinds(name):
-    """The hook's piece and the kind agree on the names they share (the hook imports nothing of
-    the package)."""
-    tree = ast.parse(hook_source("kinds.torch_extensions").read_text())
-    found = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-             for t in node.targets if isinstance(node.value, ast.Constant) and hasattr(t, "id")}
-    assert found[name] == getattr(torch_extensions, name)
-    head = hook_source("kinds.torch_extensions").read_text().split('"""')[0]  # its declared facts
-    assert found["KIND"] == KIND.name and f"# watches {KIND.watched_module}\n" in head
 
 
 # --- issue 46: only the code the job asked for, built where no one else can write -------------

@@ -181,7 +181,7 @@ def measure_tokamax(scratch: Path) -> dict[str, Any]:
         return {"measured": False, "why": first["error"]}
     second = run_process(TOKAMAX, job, triton_dir)
     records = sorted((root / "records").glob("*.json"), key=lambda p: p.stat().st_mtime)
-    tuning = [json.loads(p.read_text()).get("tokamax", {}).get("autotuning", {}) for p in records]
+    tuning = [json.loads(p.read_text()).get("autotune", {}).get("autotuning", {}) for p in records]
     return {"measured": True, "warm": first, "job": second, "autotuning": tuning}
 
 

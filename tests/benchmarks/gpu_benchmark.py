@@ -29,9 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpu_cache.commands.doctor import KEY_PACKAGES, installed_version  # noqa: E402
 from gpu_cache.config.settings import settings_from  # noqa: E402
-from gpu_cache.core import device, hook_records, kinds  # noqa: E402
+from gpu_cache.core import device, hook_records, kinds, software  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
 
 FLA = [sys.executable, str(REPO / "tests" / "benchmarks" / "fla_workload.py")]
@@ -403,7 +402,7 @@ SECTIONS = {"jax": section_jax, "triton": section_triton, "fla": section_fla,
 def machine() -> dict[str, Any]:
     return {"device": device.detect().as_dict(), "platform": platform.platform(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
-            "versions": {p: installed_version(p) for p in (*KEY_PACKAGES, "fla-core", "snakemake")},
+            "versions": software.identity(packages=(*software.key_packages(), "fla-core", "snakemake")),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 

@@ -262,9 +262,9 @@ def main(argv):
     timer = Timer()
     timer.install(CHECKS, lambda name: hook_module(hook, name))
     timer.mark_fetches(lambda name: hook_module(hook, name))
-    wrapper = os.environ.get(SHIM_VAR)
-    if wrapper and os.environ.get(hook.PTXAS_PYTHON_VAR):  # the hook put the shim on PATH
-        os.environ[hook.PTXAS_PYTHON_VAR] = wrapper
+    wrapper, python_var = os.environ.get(SHIM_VAR), hook_module(hook, "names").PTXAS_PYTHON_VAR
+    if wrapper and os.environ.get(python_var):  # the hook put the shim on PATH
+        os.environ[python_var] = wrapper
 
     import atexit
 

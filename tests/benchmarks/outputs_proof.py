@@ -299,11 +299,11 @@ def described(found: dict[str, Any]) -> str:
 
 
 def machine() -> dict[str, Any]:
-    from gpu_cache.commands.doctor import KEY_PACKAGES, installed_version
+    from gpu_cache.core import software
 
     return {"device": device.detect().as_dict(), "platform": platform.platform(),
             "python": platform.python_version(), "cpus": os.cpu_count(),
-            "versions": {p: installed_version(p) for p in KEY_PACKAGES},
+            "versions": software.identity(),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 

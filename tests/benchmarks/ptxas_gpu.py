@@ -48,12 +48,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
+from gpu_cache._hook.gpu_cache_hook.kinds.ptxas import shim as SHIM  # noqa: E402
 from gpu_cache.config.settings import settings_from  # noqa: E402
 from gpu_cache.core import device, hook_records, kinds, names  # noqa: E402
 from gpu_cache.core.kinds import ptxas_lookup  # noqa: E402
 from gpu_cache.jobenv import env  # noqa: E402
 
-SHIM = ptxas_lookup.shim_module()
 HERE = Path(__file__).resolve().parent
 PTX_MAKER = REPO / "tests" / "harness" / "ptxas_fixtures.py"
 

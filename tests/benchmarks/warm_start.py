@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from gpu_cache.commands.doctor import KEY_PACKAGES, installed_version
 from gpu_cache.config.settings import settings_from
 from gpu_cache.config.workloads import python_for, resolve_workload, run_command
-from gpu_cache.core import device
+from gpu_cache.core import device, software
 from gpu_cache.jobenv import env
 
 
@@ -60,7 +59,7 @@ def measure(workload_name: str, repeats: int, shapes: list[str] | None) -> dict:
         "speedup_warm_vs_no_cache": round(medians["no_cache"] / medians["warm_cache"], 2),
         "machine": {"device": device.detect().as_dict(), "platform": platform.platform(),
                     "python": platform.python_version(), "processor": platform.processor(),
-                    "versions": {p: installed_version(p) for p in KEY_PACKAGES}},
+                    "versions": software.identity()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -56,8 +56,8 @@ def unavailable(message: str) -> NoReturn:
 
 
 def hook_source(name: str) -> Path:
-    """The file of the startup hook's module ``name``: ``sitecustomize``, or a piece named as
-    the hook names it (``tier.files`` is ``gpu_cache_hook/tier/files.py``)."""
+    """The file of the startup hook's module ``name``: ``sitecustomize``, or a module of its
+    package named as the hook names it (``tier.files`` is ``gpu_cache_hook/tier/files.py``)."""
     if name == "sitecustomize":
         return HOOK / "sitecustomize.py"
     path = HOOK.joinpath("gpu_cache_hook", *name.split("."))
@@ -65,19 +65,12 @@ def hook_source(name: str) -> Path:
 
 
 def hook_piece(name: str) -> types.ModuleType:
-    """The startup hook's module ``name`` (``sitecustomize``, or a piece named as the hook names
-    it: ``tier.files``), loaded in this process as a job loads it: from the hook's folder,
-    beside the hook's ``sitecustomize`` (whose names the pieces import), which is loaded under
-    another name, so that it starts nothing here."""
-    site = sys.modules.get("sitecustomize")
-    if getattr(site, "__file__", None) != str(HOOK / "sitecustomize.py"):
-        spec = importlib.util.spec_from_file_location("gpu_cache_hook_names", HOOK / "sitecustomize.py")
-        site = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(site)
-        sys.modules["sitecustomize"] = site
+    """The module ``name`` of the startup hook's package (``names``, ``tier.files``, a kind's
+    piece ``kinds.jax``), loaded in this process as a job loads it: ``gpu_cache_hook.<name>``,
+    from the hook's folder (its imports are relative: the package and the leaf come with it)."""
     sys.path.insert(0, str(HOOK))
     try:
-        return importlib.import_module(name if name == "sitecustomize" else f"gpu_cache_hook.{name}")
+        return importlib.import_module(f"gpu_cache_hook.{name}")
     finally:
         sys.path.remove(str(HOOK))
 

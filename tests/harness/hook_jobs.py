@@ -206,4 +206,4 @@ def run(code: str, environ: dict[str, str], umask: int = -1) -> tuple[str, str]:
 def tuning_of(root: Path) -> dict:
     """The autotuning part of the latest record."""
     latest = max(records_of(root), key=lambda r: r["time"])
-    return latest["tokamax"]["autotuning"]
+    return latest["autotune"]["autotuning"]

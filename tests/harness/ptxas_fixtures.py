@@ -10,11 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpu_cache._hook.gpu_cache_hook.kinds.ptxas import shim as SHIM
 from gpu_cache.core import names
-from gpu_cache.core.kinds import ptxas_lookup
 from helpers import HOOK, unavailable
 
-SHIM = ptxas_lookup.shim_module()
 SHIM_DIR = HOOK / "gpu_cache_hook" / "kinds" / "ptxas" / "bin"
 #: The hook's digest frame (``_hook/gpu_cache_hook/digest.py``), as the shim loaded it.
 DIGEST = SHIM.frame

@@ -15,6 +15,6 @@ def write(folder: Path, number: int) -> str:
 
 
 def recorded(keys: list[str]) -> dict:
-    """What a record of the process that loaded ``keys`` says: the tokamax piece's part."""
-    return {"tokamax": {"autotuning": {"versions": ["0.0.12", "0.8.1"], "entries": len(keys),
+    """What a record of the process that loaded ``keys`` says: the autotune piece's part."""
+    return {"autotune": {"autotuning": {"versions": ["0.0.12", "0.8.1"], "entries": len(keys),
                                        "loaded": [key.rpartition("/")[2] for key in keys]}}}

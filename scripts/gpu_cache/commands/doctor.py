@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from contextlib import nullcontext
-from importlib import metadata
 from typing import Any
 
 from gpu_cache.commands import common
@@ -15,20 +14,10 @@ from gpu_cache.commands.stats import outside_root
 from gpu_cache.config import cluster, host_join, placement, targets
 from gpu_cache.config.settings import Settings
 from gpu_cache.config.units import format_age, format_size
-from gpu_cache.core import device, kinds
+from gpu_cache.core import device, kinds, software
 from gpu_cache.core.errors import UsageError
 from gpu_cache.core.shown import shown_lines
 from gpu_cache.jobenv import env, fs
-
-#: Packages whose versions are part of cache keys or decide whether a cache works.
-KEY_PACKAGES = ("jax", "jaxlib", "triton", "torch", "zstandard", "filelock")
-
-
-def installed_version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def slurm_source() -> str | None:
@@ -96,7 +85,8 @@ def preflight(settings: Settings) -> dict[str, Any]:
         part = kind.doctor_report(exports.values)
         if part is not None:
             report[kind.name] = part
-    report["versions"] = {name: installed_version(name) for name in KEY_PACKAGES}
+    identity = software.identity()  # the key fields' versions, as stats and explain compare them
+    report["versions"] = {name: identity.get(name) for name in software.key_fields()}
     report["key_environment"] = {name: os.environ.get(name) for name in kinds.KEY_ENVIRONMENT}
     return report
 

@@ -3,16 +3,15 @@ and prefixes of the files it leaves in cache folders, and its mode words, in one
 
 The host side (config, jobenv, commands) and the job side (core, the workload runner, the
 built-in workloads) import these names and write none of them themselves. The names the
-startup hook uses live in the hook's ``sitecustomize.py`` (the hook cannot import this package,
-and loads nothing more in every process), and are imported from there: one home each. Imported
-under its package's name, that file starts nothing.
+startup hook uses live in the hook's leaf, ``_hook/gpu_cache_hook/names.py`` (the hook cannot
+import this package), and are imported from there: one home each.
 
 Standard library only, Python 3.9+ (the job side imports it).
 """
 
 from typing import Literal
 
-from gpu_cache._hook.sitecustomize import (  # noqa: F401 (the hook's names, this module's to its users)
+from gpu_cache._hook.gpu_cache_hook.names import (  # noqa: F401 (the hook's names, this module's to its users)
     AUTOTUNE_SAVE_VAR,
     AUTOTUNE_VAR,
     BYTECODE_VAR,
@@ -23,7 +22,6 @@ from gpu_cache._hook.sitecustomize import (  # noqa: F401 (the hook's names, thi
     INDUCTOR_CACHE_DIR_VAR,
     JAX_CACHE_DIR_VAR,
     JAX_TRITON_VAR,
-    KEY_ENVIRONMENT,
     LOCK_MODE_VAR,
     LOCK_TIMEOUT_VAR,
     LOCKS_VAR,
@@ -88,7 +86,6 @@ TRITON_AUTOTUNING_VAR = "TRITON_CACHE_AUTOTUNING"
 VLLM_CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
 #: Numba's on-disk cache folder (``@jit(cache=True)``).
 NUMBA_CACHE_DIR_VAR = "NUMBA_CACHE_DIR"
-CUDA_CACHE_DISABLE_VAR = "CUDA_CACHE_DISABLE"
 #: Set for the workloads: several JAX processes may share one GPU.
 XLA_PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
 #: Bind lists of container runtimes, which gpu-cache extends (never owns).

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import kinds, names, output_runs, outputs, safe_io, state_files
+from gpu_cache.core import kinds, output_runs, outputs, safe_io, state_files
 from gpu_cache.core.kinds.integrity import files_of
 from gpu_cache.core.reports import RunResult
 
@@ -71,10 +71,10 @@ def folder_of(root: Path | None, fingerprint: str | None, environ: Mapping[str, 
     computes (``XLA_FLAGS``, ``TRITON_DEFAULT_FP_FUSION``, ...)."""
     if root is None or not fingerprint:
         return None
-    # Where the cache is, and which of the node's GPUs the job got, change nothing computed
-    # (the fingerprint holds the device's model and how many are visible).
-    compute = sorted((name, environ.get(name)) for name in kinds.KEY_ENVIRONMENT
-                     if name not in (names.JAX_CACHE_DIR_VAR, "CUDA_VISIBLE_DEVICES"))
+    # What the kinds' pieces declare changes what their tools compile (``key-environment``);
+    # where a cache is, and which of the node's GPUs the job got (``place-environment``), change
+    # nothing computed (the fingerprint holds the device's model and how many are visible).
+    compute = sorted({(name, environ.get(name)) for kind in kinds.ALL for name in kind.piece.key_environment})
     tail = hashlib.sha256(repr(compute).encode()).hexdigest()[:12]
     return state_files.folder(root) / f"{PREFIX}{fingerprint}-{tail}"
 

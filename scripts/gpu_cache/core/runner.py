@@ -571,7 +571,8 @@ def cold_environ(environ: Mapping[str, str], scratch: Path) -> dict[str, str]:
             environ[kind.switch_off[0]] = kind.switch_off[1]
         else:
             environ[kind.env_var] = str(kind.folder(scratch))
-    environ[names.CUDA_CACHE_DISABLE_VAR] = "1"  # the driver's cache could serve PTX from earlier runs
+    for kind in kinds.ALL:  # what an empty folder cannot switch off (the CUDA driver's cache)
+        environ.update(kind.piece.cold)
     return environ
 
 

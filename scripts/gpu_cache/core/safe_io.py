@@ -40,6 +40,8 @@ from gpu_cache.core.errors import UsageError
 
 #: Open a name that must be a regular file: never through a symlink, never blocking on a FIFO.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+#: Where the system has it (Linux): a read that leaves the file's access time as it was.
+NOATIME = getattr(os, "O_NOATIME", 0)
 #: Create a new file under a name nobody else has (a temporary name): never through a symlink.
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Open a name that must be a folder, never through a symlink.
@@ -129,6 +131,30 @@ def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> Ite
         yield fd
     finally:
         os.close(fd)
+
+
+def open_to_check(path: str | os.PathLike[str], known: os.stat_result) -> int | None:
+    """A descriptor of the regular file a scan has just ``lstat``-ed (``known``), for a check of
+    gpu-cache's own that must not count as a use: without moving its access time (``O_NOATIME``
+    needs the file's owner: another's is read plainly), never through a link. None where it is
+    gone, cannot be read, or the name now holds another file or size (the next scan checks that
+    one): not the check's business. The caller closes it."""
+    try:
+        try:
+            fd = os.open(path, READ_FLAGS | NOATIME)
+        except PermissionError:
+            fd = os.open(path, READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        after = os.fstat(fd)
+    except OSError:
+        after = None
+    if after is None or not stat.S_ISREG(after.st_mode) \
+            or (after.st_dev, after.st_ino, after.st_size) != (known.st_dev, known.st_ino, known.st_size):
+        os.close(fd)
+        return None
+    return fd
 
 
 def read_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,

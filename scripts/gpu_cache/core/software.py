@@ -17,11 +17,9 @@ from collections.abc import Mapping
 from importlib import metadata
 
 #: Variables that name the container image a process runs in (Apptainer, Singularity): a copy of
-#: sitecustomize.py's, which tests/test_kinds.py keeps equal (carry runs this file's source alone
+#: the hook's names', which tests/test_kinds.py keeps equal (carry runs this file's source alone
 #: in another interpreter, an image's, where nothing of gpu-cache can be imported).
 IMAGE_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
-#: The identity fields whose difference makes a warmed cache useless to a job.
-KEY_FIELDS = ("python", "jax", "jaxlib", "triton", "torch", "jax-triton")
 
 
 def _version(package: str) -> str | None:
@@ -36,9 +34,16 @@ def key_packages() -> tuple[str, ...]:
     """Distributions whose versions are part of cache keys or decide whether a cache works:
     those the kinds' hook pieces declare (``software``), which the hook's records keep too.
     (Imported here, not at the top: carry runs this file's source alone, and passes them.)"""
-    from gpu_cache._hook import sitecustomize as hook
+    from gpu_cache._hook.gpu_cache_hook.names import pieces
 
-    return tuple(name for piece in hook.pieces() for name in piece.software)
+    return tuple(dict.fromkeys(name for piece in pieces() for name in piece.software))
+
+
+def key_fields() -> tuple[str, ...]:
+    """The identity fields whose difference makes a warmed cache useless to a job: Python, and
+    every distribution a kind's piece declares (:func:`key_packages`). Stats, doctor, explain
+    and the OCI manifest take the same."""
+    return ("python", *key_packages())
 
 
 def identity(environ: Mapping[str, str] | None = None,
@@ -87,14 +92,14 @@ def describe(software: Mapping[str, object]) -> str:
 def differences(warmed: Mapping[str, object], ran: Mapping[str, object]) -> list[str]:
     """The key fields in which a job's software differs from what warmed the cache; a field
     that one side did not record is not a difference."""
-    return [name for name in KEY_FIELDS
+    return [name for name in key_fields()
             if warmed.get(name) and ran.get(name) and warmed.get(name) != ran.get(name)]
 
 
 def changes(before: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
     """How the identity ``now`` differs from ``before``, field by field in words: ``zstandard
     0.25.0 installed``, ``jax 0.10.1 -> 0.10.2``, ``numba 0.60.0 removed``; any field, not only
-    :data:`KEY_FIELDS` (every one is part of a verdict's inputs)."""
+    :func:`key_fields` (every one is part of a verdict's inputs)."""
     out = []
     for name in [*now, *(name for name in before if name not in now)]:
         was, found = before.get(name), now.get(name)

@@ -139,6 +139,15 @@ def with_hook(pythonpath: str | None) -> str:
     return f"{HOOK_DIR}{os.pathsep}{pythonpath}"
 
 
+def _unjudged(kind: Kind) -> str | None:
+    """Why ``kind``'s folder may not go node-local, or None: another account may make that
+    folder first on another node, and the startup hook judges it there before a tool reads it
+    only where the kind's piece declares its variable ``node-local``."""
+    if kind.env_var in kind.piece.node_local:
+        return None
+    return f"the startup hook's piece of {kind.name} does not judge {kind.env_var} on each node"
+
+
 def _place(kind: Kind, root: Path, check: FolderCheck, hook: bool = True) -> _Placement:
     """Decide where ``kind`` caches, from the probe of its folder under ``root``; ``hook``:
     whether the startup hook can load in jobs (the Triton seed reader lives there)."""
@@ -151,7 +160,7 @@ def _place(kind: Kind, root: Path, check: FolderCheck, hook: bool = True) -> _Pl
             problem = f"{folder} is read-only and its seed reader needs gpu-cache's startup hook"
         elif kind.read_only is ReadOnlyUse.SEED:
             fallback = node_local_fallback(kind.name)
-            if check_folder(fallback, trusted_above=fallback.parent).problem is None:
+            if not _unjudged(kind) and check_folder(fallback, trusted_above=fallback.parent).problem is None:
                 return _Placement(
                     {kind.env_var: str(fallback), **kind.seed_exports(folder)},
                     adjusted=f"{folder} is read-only: its kernels are read as a seed, new ones "
@@ -164,6 +173,9 @@ def _place(kind: Kind, root: Path, check: FolderCheck, hook: bool = True) -> _Pl
     if kind.switch_off is not None:
         name, value = kind.switch_off
         return _Placement({name: value}, problem=f"{problem}; {kind.name} {kind.off_words}", off=True)
+    unjudged = _unjudged(kind)
+    if unjudged:
+        return _Placement(problem=f"{problem}; no node-local fallback: {unjudged}")
     fallback = node_local_fallback(kind.name)
     local = check_folder(fallback, trusted_above=fallback.parent)
     if local.problem is None:

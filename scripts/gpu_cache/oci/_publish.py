@@ -124,8 +124,9 @@ def _arch(gpu_type: str, device: Mapping[str, Any]) -> str:
 
 
 def fingerprint(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """The software a pack is for: Python, jax, jaxlib, triton, torch."""
-    return {name: identity.get(name) for name in software.KEY_FIELDS}
+    """The software a pack is for: Python, and the version of each distribution a kind's piece
+    declares (``software.key_fields``)."""
+    return {name: identity.get(name) for name in software.key_fields()}
 
 
 def _annotations(gpu_type: str, verdict: Mapping[str, Any], total: int) -> dict[str, str]:

@@ -5,7 +5,7 @@ single-flight and the tier. Standard library only, Python 3.9+."""
 import errno
 import os
 
-from sitecustomize import LOCKS_VAR
+from .names import LOCKS_VAR
 
 #: At most this many entries in each list (and key_parts) of a record; the rest are counted.
 MAX_ITEMS = 1000
@@ -77,7 +77,7 @@ def make_folders(path):
     """Create ``path`` and the folders above it that are missing, each with :func:`safe_mode`
     of the folder it is made in (``os.makedirs`` leaves the folders above to the umask: 0777
     under umask 000)."""
-    from gpu_cache_hook.owners import team_gid  # (with the record, at exit: not with every piece)
+    from .owners import team_gid  # (with the record, at exit: not with every piece)
 
     for folder in missing_folders(path):
         try:
@@ -113,7 +113,7 @@ def section(hook, kind):
 
 def flight(hook):
     """gpu-cache's single-flight module (``flight``), told how this hook warns."""
-    from gpu_cache_hook import flight as module
+    from . import flight as module
 
     module.configure(hook.warn)
     return module
@@ -151,7 +151,7 @@ def tier(hook):
     """This process's node-local tier (``tier``), or None where it is off."""
     if not hook.tier:
         return None
-    from gpu_cache_hook import tier as module
+    from . import tier as module
 
     return module.get(hook.warn, hook.pieces)
 

@@ -3,9 +3,8 @@
 whether a folder above a cache lets another user swap it (ssh's StrictModes rule, #21).
 
 Its one home: the host side (``gpu_cache.core.owners``, ``gpu_cache.jobenv.trust``) imports
-this module, so it imports nothing but the standard library (no name from ``sitecustomize``, no
-module of this package). The messages are the callers': the hook's are short, the host's say
-how to fix what they refuse. Python 3.9+.
+this module, which imports nothing but the standard library. The messages are the callers': the
+hook's are short, the host's say how to fix what they refuse. Python 3.9+.
 """
 
 import errno

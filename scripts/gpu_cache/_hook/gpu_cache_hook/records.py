@@ -16,18 +16,17 @@ Python 3.9+.
 import os
 import sys
 
-from sitecustomize import (
+from . import common, owners
+from .common import text
+from .names import (
     GPU_TYPE_VAR,
     IMAGE_VARIABLES,
-    KEY_ENVIRONMENT,
     RECORDS_VAR,
     RULE_VAR,
     RUN_ID_VAR,
     WILDCARDS_VAR,
+    environment,
 )
-
-from gpu_cache_hook import common, owners
-from gpu_cache_hook.common import text
 
 _RECORD_VERSION = 1
 
@@ -78,7 +77,7 @@ def _job_info(hook):
         "wildcards": wildcards,
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "run_id": env.get(RUN_ID_VAR),
-        "env": {name: env.get(name) for name in KEY_ENVIRONMENT},
+        "env": {name: env.get(name) for name in environment(hook.pieces)},
     }
 
 
@@ -88,12 +87,12 @@ def _record(hook, time, socket):
               "pid": os.getpid(),
               "argv": [text(a) for a in argv[:3]] if isinstance(argv, (list, tuple)) else [],
               **_job_info(hook), "libraries": sorted(hook.libraries)}
-    for piece in list(hook.loaded):  # each kind's part, from the pieces this process loaded
-        section = getattr(piece.module, "section", None)
+    for piece, module in list(hook.loaded):  # each kind's part, from the pieces this process loaded
+        section = getattr(module, "section", None)
         part = section(hook) if section is not None else None
         if part is not None:
             record[piece.kind] = part
-        device = getattr(piece.module, "device", None)
+        device = getattr(module, "device", None)
         if "device" not in record and device is not None:  # the first library imported that says
             found = device(hook)
             if found is not None:

@@ -23,10 +23,9 @@ Python 3.9+.
 import os
 import stat
 
-from sitecustomize import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR
-
-from gpu_cache_hook import common, owners
-from gpu_cache_hook.owners import ACL_ACCESS, ACL_DEFAULT, private_group
+from . import common, owners
+from .names import NODE_LOCAL_PREFIX, RECORDS_VAR, TIER_VAR
+from .owners import ACL_ACCESS, ACL_DEFAULT, private_group
 
 _WRITERS = {owners.ACL_USER: "user {}", owners.ACL_GROUP: "group {}",
             owners.ACL_GROUP_OBJ: "group {} (its owning group)", owners.ACL_OTHER: "everyone (other)"}

@@ -9,8 +9,9 @@ prune bounds it, warm and validate diff it, the report plots it, and the contrac
 :data:`ALL` and calls the objects; it never names a kind. A name becomes a kind only where a
 name comes from outside (an argument, a key of a report or record): :func:`named`. Each kind's
 piece of the startup hook (``_hook/gpu_cache_hook/kinds/``, standard library only) declares the
-job side's facts of the kind (the module it watches, its tier layout); tests/test_kinds.py fails
-where they and the kind's ``watched_module`` and ``tiered`` disagree.
+job side's facts of the kind (the modules it watches, its tier layout, its folders judged on
+every node, its software, the variables that change its keys), which the kind reads
+(``Kind.piece``) rather than declaring them again.
 
 A kind's module imports its format code (``<kind>_format.py``) in the methods that use it, and so
 do its facets (``<kind>_carry.py``, ``<kind>_explain.py``, which it imports to make them): ``gpu-cache
@@ -24,7 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_cache.core import names, safe_io
+from gpu_cache._hook.gpu_cache_hook.names import environment
+from gpu_cache.core import safe_io
 from gpu_cache.core.kinds import (
     autotune,
     bytecode,
@@ -89,9 +91,10 @@ CARRIED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.carry is not None
 TIERED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.tiered)
 #: The kinds whose hits and misses the startup hook records (and validation counts).
 OBSERVED: tuple[Kind, ...] = tuple(kind for kind in ALL if kind.observed)
-#: Environment variables that change cache keys or where a cache is: kept in each record,
-#: shown by doctor, compared by explain (the hook's name, as the records keep them).
-KEY_ENVIRONMENT: tuple[str, ...] = names.KEY_ENVIRONMENT
+#: Environment variables that change what the kinds' tools compile, where their caches are or
+#: which devices run, as their pieces declare them: kept in each record, shown by doctor,
+#: compared by explain.
+KEY_ENVIRONMENT: tuple[str, ...] = environment(kind.piece for kind in ALL)
 
 
 def named(name: str) -> Kind:

@@ -38,10 +38,11 @@ class _Autotune(Kind):
         autotune_cache.remove(folder, entry.source)
 
     def section(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        """What the hook's tokamax piece says about autotuning (issue 24): results entered
-        (``entries``: config sets, counted as hits) and lookups that missed."""
-        tokamax = hook_records.part(record, "tokamax")
-        tuning = tokamax.get("autotuning") if tokamax else None
+        """What the hook's piece says about autotuning (issue 24): results entered (``entries``:
+        config sets, counted as hits) and lookups that missed. (A record of gpu-cache 0.2.0 has
+        it in the part its piece was named by, ``tokamax``.)"""
+        found = hook_records.part(record, self.name) or hook_records.part(record, "tokamax")
+        tuning = found.get("autotuning") if found else None
         return tuning if isinstance(tuning, dict) else None
 
     def validation_problems(self, totals: Any) -> list[str]:

@@ -2,7 +2,7 @@
 (tokamax version, jax version, device kind), in ``<cache root>/autotune``.
 
 Pure standard library. Layout, written by the startup hook in a warm process
-(``_hook/gpu_cache_hook/kinds/tokamax.py``) and read by it in every job that imports tokamax:
+(``_hook/gpu_cache_hook/kinds/autotune.py``) and read by it in every job that imports tokamax:
 
 * ``<folder>/tokamax-<tokamax version>_jax-<jax version>/<device kind as a file name>.json``
 * each file is gpu-cache's own wrapper ``{"format": 1, "tokamax": ..., "jax": ..., "device_kind":
@@ -24,24 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The format, as the hook's piece writes and reads it: the wrapper's version, the largest result
+# read (AlphaFold 3's ops: a few hundred kB at most), a pair's folder and a device kind's file.
+from gpu_cache._hook.gpu_cache_hook.kinds.autotune import (
+    FORMAT,
+    RESULT_LIMIT,
+    file_name,
+    version_folder,
+)
 from gpu_cache.core import safe_io
 
-FORMAT = 1
-#: A result larger than this is not read (AlphaFold 3's ops: a few hundred kB at most).
-RESULT_LIMIT = 64 << 20
-_UNSAFE = re.compile(r"[^A-Za-z0-9.+-]")
 #: A result's key as ``version_folder`` and ``file_name`` make it: one folder, one visible file.
 KEY_RE = re.compile(r"^tokamax-[A-Za-z0-9._+-]*_jax-[A-Za-z0-9._+-]*/[A-Za-z0-9_+-][A-Za-z0-9._+-]*\.json$")
-
-
-def version_folder(tokamax_version: str, jax_version: str) -> str:
-    """The folder name of one (tokamax, jax) pair (the hook computes the same)."""
-    return _UNSAFE.sub("_", f"tokamax-{tokamax_version}_jax-{jax_version}")
-
-
-def file_name(device_kind: str) -> str:
-    """The file name of one device kind's result (``NVIDIA H200`` -> ``NVIDIA_H200.json``)."""
-    return _UNSAFE.sub("_", device_kind) + ".json"
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ class _Inductor(Kind):
     name = "inductor"
     env_var = names.INDUCTOR_CACHE_DIR_VAR
     read_only = ReadOnlyUse.FALLBACK
-    watched_module = "torch._inductor.codecache"
-    own_check = sealed = tiered = True
+    own_check = sealed = True
     read_is_use = True
     own_compile_field = None  # compile_seconds: Dynamo's backend calls, waits and hits included
     last_use = ("the newest modification or access time of the entry's files (Inductor marks no "

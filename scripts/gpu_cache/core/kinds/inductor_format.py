@@ -61,7 +61,6 @@ LOCKS = "locks"
 TRITON = "triton"
 #: Guarded caches: folder name, and how many shard levels lie above each key folder.
 GUARDED = {"fxgraph": 1, "aotautograd": 0}
-_NOATIME = getattr(os, "O_NOATIME", 0)
 #: What stats calls the kinds of entries.
 NAMES = {"fxgraph": "FX graph", "aotautograd": "AOTAutograd graph", "lock": "(lock)",
          "trash": "(trash)", "temporary": "(temporary)"}
@@ -119,17 +118,10 @@ def _library_problem(path: str, info: os.stat_result, scan: _Scan) -> str | None
 
 
 def elf_problem(path: str, info: os.stat_result) -> str | None:
+    fd = safe_io.open_to_check(path, info)
+    if fd is None:
+        return None
     try:
-        try:
-            fd = os.open(path, safe_io.READ_FLAGS | _NOATIME)
-        except PermissionError:  # O_NOATIME needs the file's owner: read it plainly
-            fd = os.open(path, safe_io.READ_FLAGS)
-    except OSError:
-        return None  # gone or unreadable: not this check's business
-    try:
-        after = os.fstat(fd)
-        if not stat.S_ISREG(after.st_mode) or after.st_ino != info.st_ino:
-            return None
         head = os.read(fd, 64)
     finally:
         os.close(fd)
@@ -150,8 +142,8 @@ def elf_problem(path: str, info: os.stat_result) -> str | None:
         phoff, shoff = number(28, 4), number(32, 4)
         phentsize, phnum, shentsize, shnum = number(42, 2), number(44, 2), number(46, 2), number(48, 2)
     end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-    if end > after.st_size:
-        return f".so is cut short ({after.st_size} bytes; its headers reach byte {end})"
+    if end > info.st_size:
+        return f".so is cut short ({info.st_size} bytes; its headers reach byte {end})"
     return None
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 #: What a scan says of an entry whose sealed file changed in place.
 DAMAGED = ("its bytes changed after gpu-cache sealed it whole, its size kept (damaged in place: a "
            "storage fault, or a write with the old mtime put back)")
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
+_READ = safe_io.READ_FLAGS | safe_io.NOATIME
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: The devices whose filesystem keeps no inode generation: their files are not opened for one.
 _NO_GENERATION: set[int] = set()

@@ -20,8 +20,7 @@ class _Jax(Kind):
     env_var = names.JAX_CACHE_DIR_VAR
     read_only = ReadOnlyUse.READ
     switch_off = (names.JAX_ENABLE_CACHE_VAR, "false")
-    watched_module = "jax"
-    own_check = tiered = True
+    own_check = True
     records_folder = True
     own_compile_field = "own_compile_seconds"  # its compile_seconds has hits and waits in it
     last_use = ("the time in JAX's -atime record where a size cap made JAX keep one: it "

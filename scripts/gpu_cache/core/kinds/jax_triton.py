@@ -17,8 +17,7 @@ class _JaxTriton(Kind):
     name = "jax_triton"
     env_var = names.JAX_TRITON_VAR
     read_only = ReadOnlyUse.READ
-    watched_module = "jax_triton.triton_lib"
-    tiered = needs_hook = sealed = True
+    needs_hook = sealed = True
     last_use = "the entry's mtime, which the startup hook sets on every hit"
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,

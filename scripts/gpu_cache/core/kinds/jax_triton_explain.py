@@ -69,8 +69,9 @@ def _closest(name: str, parts: dict[str, Any], record: dict[str, Any],
 
 
 def _specific(changed: list[str], parts: dict[str, Any], other_parts: dict[str, Any],
-              now: dict[str, Any], before: dict[str, Any]) -> list[str]:
-    """Sentences naming the concrete difference, where the parts and records show it."""
+              now: dict[str, Any], before: dict[str, Any], environment: list[str]) -> list[str]:
+    """Sentences naming the concrete difference, where the parts and records show it
+    (``environment``: the variables the kind's piece declares change its keys)."""
     causes = []
     env_now, env_before = now.get("env") or {}, before.get("env") or {}
     if "target" in changed:
@@ -79,16 +80,17 @@ def _specific(changed: list[str], parts: dict[str, Any], other_parts: dict[str, 
     if "jax-triton" in changed:
         causes.append(f"jax-triton changed from {other_parts.get('jax-triton')} to {parts.get('jax-triton')}")
     if "environment" in changed:
-        for name in ("TRITON_DEFAULT_FP_FUSION", "TRITON_DISABLE_LINE_INFO"):
+        for name in environment:
             if env_now.get(name) != env_before.get(name):
                 causes.append(f"{name} changed from {env_before.get(name)!r} to {env_now.get(name)!r}")
     return causes
 
 
-def explain_kernel(key: str, record: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+def explain_kernel(key: str, record: dict[str, Any], earlier: list[dict[str, Any]],
+                   environment: list[str]) -> dict[str, Any]:
     """Why the kernel key ``key`` of ``record``'s process missed, against ``earlier`` records:
     the changed key parts and a cause for each (``compared_with`` None: no earlier run
-    looked this kernel up)."""
+    looked this kernel up); ``environment``: the piece's ``key-environment``."""
     parts = key_parts(record).get(key)
     name = str((parts or {}).get("name") or "?")
     result: dict[str, Any] = {"name": name, "key": key, "compared_with": None, "changed": [], "causes": []}
@@ -112,7 +114,7 @@ def explain_kernel(key: str, record: dict[str, Any], earlier: list[dict[str, Any
     names = [p for p in parts if p not in _NOT_PARTS] + [p for p in other_parts if p not in parts]
     changed = [p for p in names if p not in _NOT_PARTS and parts.get(p) != other_parts.get(p)]
     result["changed"] = changed
-    result["causes"] = _specific(changed, parts, other_parts, record, other) + \
+    result["causes"] = _specific(changed, parts, other_parts, record, other, environment) + \
         [f"{p}: {PART_HINTS.get(p, 'this key part changed')}" for p in changed]
     return result
 
@@ -124,14 +126,15 @@ class JaxTritonExplain(Explain):
 
     def record(self, record: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
         missed = hook_records.missed_of(self.kind.section(record) or {}, self.kind.name)
-        return [explain_kernel(miss.key, record, earlier) for miss in missed if miss.key]
+        environment = self.kind.piece.key_environment
+        return [explain_kernel(miss.key, record, earlier, environment) for miss in missed if miss.key]
 
     def problem_line(self, explained: dict[str, Any]) -> str:
         return f"{self.kind.name}: kernel {explained['name']} missed: {explained['causes'][0]}"
 
     def missed(self, miss: Missed, record: dict[str, Any], seen: Seen) -> dict[str, Any]:
         earlier = seen.by_kind.get(self.kind.name, {}).get(miss.name, [])
-        return explain_kernel(miss.key, record, earlier)
+        return explain_kernel(miss.key, record, earlier, self.kind.piece.key_environment)
 
     def seen(self, record: dict[str, Any], seen: Seen) -> None:
         """The records by the names of the kernels they keep key parts of."""

@@ -40,16 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cache._hook.gpu_cache_hook import digest
+from gpu_cache._hook.gpu_cache_hook.kinds.jax_triton.store import (
+    ENTRY_LIMIT,
+    FORMAT,
+    MEMO_FOLDER,
+)
 from gpu_cache.core import names, safe_io, verified
 
-#: The entry format the startup hook writes (its copy: ``gpu_cache_hook.kinds.jax_triton.store.FORMAT``).
-FORMAT = 3
-#: An entry larger than this is not read (an attention kernel's PTX is a few hundred kB).
-ENTRY_LIMIT = 64 << 20
 #: How much of an entry a scan reads to name it.
 HEAD_BYTES = 4096
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-MEMO_FOLDER = ".triton-keys"
 TEMP_PREFIX = names.TEMP_PREFIX
 _KERNEL_RE = re.compile(rb'\{"format": \d+, "key": "[0-9a-f]{64}", "kernel": "((?:[^"\\]|\\.){1,500})"')
 #: The fields of jax-triton's ``CompilationResult`` an entry must hold, with their types.

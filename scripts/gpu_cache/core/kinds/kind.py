@@ -9,6 +9,7 @@ default. Generic code calls only the public methods: :meth:`Kind.scan` applies t
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -21,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_cache._hook.gpu_cache_hook.names import Facts, pieces
 from gpu_cache.core import hook_records, names, owners, safe_io, verified
 from gpu_cache.core.kinds import integrity
 from gpu_cache.core.reports import KindTotals
@@ -91,14 +93,13 @@ class Kind:
 
     ``switch_off``: the variable and value that run the tool without any cache when its
     folder cannot be used (None: the tool always writes somewhere, so it gets a node-local
-    folder). ``watched_module``: the top-level module whose import makes the startup hook
-    count this kind's hits and misses (None: not observed). ``last_use``: where the
-    inventory reads an entry's last use, for the README and stats. ``exported``: env points
-    the kind's variable at its folder and doctor probes it. ``enabled_by``: the boolean setting
-    that turns an opt-in kind on. ``tiered``: with the node-local tier on (issue 23), jobs work
-    in ``<local tier>/<name>``, fed from and promoted to ``<cache root>/<name>`` by the startup
-    hook. ``recorded``: the hook records its hits and misses without an import of its own to
-    watch (ptxas: the shim's calls). ``needs_hook``: its variable set, jobs need the startup
+    folder). ``last_use``: where the inventory reads an entry's last use, for the README and
+    stats. ``exported``: env points the kind's variable at its folder and doctor probes it.
+    ``enabled_by``: the boolean setting that turns an opt-in kind on. ``recorded``: the hook
+    records its hits and misses without an import of its own to watch (ptxas: the shim's calls).
+    What the job side does with the kind (the modules the startup hook watches, its layout in
+    the node-local tier, the folders judged on each node, its software) its hook piece declares:
+    :attr:`piece` (``tiered``, ``observed``). ``needs_hook``: its variable set, jobs need the startup
     hook (it is the hook that serves the kind). ``inner_folders``: glob patterns, below the
     kind's folder, of the folders the tool itself makes and writes into; env and doctor judge
     each that exists as a kind folder (whoever may add to one plants what the tool loads);
@@ -118,11 +119,9 @@ class Kind:
     env_var: str = ""
     read_only: ReadOnlyUse = ReadOnlyUse.FALLBACK
     switch_off: tuple[str, str] | None = None
-    watched_module: str | None = None
     last_use: str = ""
     exported: bool = True
     enabled_by: str | None = None
-    tiered: bool = False
     recorded: bool = False
     needs_hook: bool = False
     inner_folders: tuple[str, ...] = ()
@@ -178,9 +177,23 @@ class Kind:
         return self.own_check or self.sealed
 
     @property
+    def piece(self) -> Facts:
+        """The kind's job-side facts: what its piece of the startup hook declares in its first
+        lines (``_hook/gpu_cache_hook/kinds/<name>``; none where it has no piece)."""
+        return _declared().get(self.name) or Facts(self.name)
+
+    @property
     def observed(self) -> bool:
-        """Whether the startup hook records this kind's hits and misses."""
-        return self.watched_module is not None or self.recorded
+        """Whether the startup hook records this kind's hits and misses: its piece watches the
+        tool's modules, or the hook records them otherwise (:attr:`recorded`)."""
+        return bool(self.piece.watches) or self.recorded
+
+    @property
+    def tiered(self) -> bool:
+        """Whether, with the node-local tier on (issue 23), jobs work in ``<local tier>/<name>``,
+        fed from and promoted to ``<cache root>/<name>`` by the startup hook: its piece
+        declares a layout in the tier."""
+        return bool(self.piece.tier)
 
     # --- the inventory -------------------------------------------------------------------
 
@@ -327,6 +340,13 @@ class Kind:
         """Problems of a validation pass that only this kind can word (``totals``: its
         :class:`gpu_cache.core.reports.KindTotals`, or None)."""
         return []
+
+
+@functools.lru_cache(maxsize=1)
+def _declared() -> dict[str, Facts]:
+    """What each kind's piece of the startup hook declares, by kind: read once, from the hook's
+    folder (one listing, and the head of each piece)."""
+    return {facts.kind: facts for facts in pieces()}
 
 
 def tier_name(root: Path | str) -> str:

@@ -36,7 +36,6 @@ class _Numba(Kind):
     name = "numba"
     env_var = names.NUMBA_CACHE_DIR_VAR
     read_only = ReadOnlyUse.FALLBACK
-    watched_module = "numba.core.caching"
     # numba makes <source folder>_<sha1>/ and writes its entries there
     inner_folders = ("*",)
     own_check = sealed = True

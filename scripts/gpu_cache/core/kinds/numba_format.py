@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickletools
-import stat
 import struct
 
 from gpu_cache.core import safe_io, verified
@@ -21,7 +20,6 @@ PICKLES = {".nbi": 2, ".nbc": 1}
 #: A file larger than this is not walked (genops holds each argument whole in memory): a
 #: numba data file is the object code of one function, kilobytes to a few megabytes.
 WALK_LIMIT = 1 << 30
-_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
 def problem(path: str, relative: str, info: os.stat_result, record: verified.Record | None) -> str | None:
@@ -43,17 +41,10 @@ def problem(path: str, relative: str, info: os.stat_result, record: verified.Rec
 
 
 def _walk(path: str, info: os.stat_result, pickles: int) -> str | None:
-    try:
-        try:
-            fd = os.open(path, safe_io.READ_FLAGS | _NOATIME)
-        except PermissionError:  # O_NOATIME needs the file's owner: read it plainly
-            fd = os.open(path, safe_io.READ_FLAGS)
-    except OSError:
-        return None  # gone or unreadable: not this check's business
+    fd = safe_io.open_to_check(path, info)
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as stream:
-        now = os.fstat(fd)
-        if (now.st_ino, now.st_size) != (info.st_ino, info.st_size) or not stat.S_ISREG(now.st_mode):
-            return None  # replaced meanwhile: the next scan checks the new file
         for number in range(1, pickles + 1):
             try:
                 for _opcode, _argument, _position in pickletools.genops(stream):

@@ -23,18 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_cache._hook.gpu_cache_hook import digest
-from gpu_cache.core import safe_io
+from gpu_cache._hook.gpu_cache_hook.kinds.ptxas.shim import (  # the shim's format: it writes the entries
+    ENTRY_MAGIC,
+    IDENTITY_MAGIC,
+    MAX_BYTES,
+    META_SEP,
+)
+from gpu_cache.core import names, safe_io
 
-ENTRY_MAGIC = b"gpu-cache ptxas entry 2\n"
-IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"
-META_SEP = "\x1f"
 ENTRY_RE = re.compile(r"^([0-9a-f]{64})\.ptxas$")
 IDENTITY_RE = re.compile(r"^[0-9a-f]{40}\.identity$")
-TMP_PREFIX = ".gpu-cache-tmp."
+TMP_PREFIX = names.TEMP_PREFIX
 #: What an entry's header takes at most (the key parts are cut to 2000 characters).
 HEAD_BYTES = 4096
-#: The shim reads no entry larger than this (its MAX_BYTES).
-MAX_BYTES = 256 << 20
 META_FIELDS = ("name", "ptxas", "ptxas_digest", "options", "input")
 
 

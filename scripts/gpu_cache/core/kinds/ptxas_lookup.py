@@ -22,43 +22,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpu_cache.core import HOOK_DIR
+from gpu_cache._hook.gpu_cache_hook.kinds.ptxas import shim
 
 #: The oldest ptxas XLA runs, and the one release it passes over.
 OLDEST = (11, 8, 0)
 EXCLUDED = ((12, 3, 103),)
 _VERSION_RE = re.compile(rb"\bV(\d+)\.(\d+)\.(\d+)\b")
-
-
-def shim_module() -> ModuleType:
-    """The startup hook's shim module (``_hook/gpu_cache_hook/kinds/ptxas/shim.py``), loaded under a name of
-    its own: it defines where the shim is and how the real ptxas is found."""
-    name = "gpu_cache._hook_ptxas_shim"
-    if name in sys.modules:
-        return sys.modules[name]
-    hook_names = _load("gpu_cache._hook_names", HOOK_DIR / "sitecustomize.py")  # starts nothing
-    before = dict(sys.modules)
-    sys.modules["sitecustomize"] = hook_names  # what the shim and its pieces import names from
-    sys.path.insert(0, str(HOOK_DIR))  # the hook's pieces it imports, only while it loads
-    try:
-        return _load(name, HOOK_DIR / "gpu_cache_hook" / "kinds" / "ptxas" / "shim.py")
-    finally:
-        sys.path.remove(str(HOOK_DIR))
-        for loaded in [m for m in sys.modules if m.startswith("gpu_cache_") and m not in before]:
-            del sys.modules[loaded]
-        if "sitecustomize" in before:
-            sys.modules["sitecustomize"] = before["sitecustomize"]
-        else:
-            sys.modules.pop("sitecustomize", None)
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def version(path: str) -> tuple[tuple[int, int, int] | None, str]:
@@ -115,7 +84,6 @@ def report(variable: str, exports_values: dict[str, str], environ: dict[str, str
     """What the jobs' XLA and jaxlib run (with the shim where the startup hook puts it);
     ``variable``: the ptxas kind's, which names its cache folder."""
     environ = dict(os.environ if environ is None else environ)
-    shim = shim_module()
     folder = exports_values.get(variable) or environ.get(variable)
     path_value = environ.get("PATH", os.defpath)
     real, real_where = shim.find_real(path_value, sys.path)

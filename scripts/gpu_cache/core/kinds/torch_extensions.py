@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from gpu_cache._hook.gpu_cache_hook.builds import KEY_LENGTH, MANIFEST, MANIFEST_LIMIT
 from gpu_cache.core import names, safe_io
 from gpu_cache.core.kinds import layouts, triton_carry
 from gpu_cache.core.kinds.carrying import Carried, Carry, ManifestEntry, Writer, plain_name, regular_files
@@ -35,15 +36,12 @@ from gpu_cache.core.kinds.explaining import AgainstEntries, compared
 from gpu_cache.core.kinds.kind import Entry, Kind, ReadOnlyUse
 from gpu_cache.core.verified import Record
 
-#: The manifest of a keyed build (the hook piece's copy: tests/test_torch_extensions.py checks
-#: that they agree).
-MANIFEST = "gpu-cache-build.json"
-#: A keyed build's folder name: the extension's name (torch's, with ``_v<n>`` for a later
-#: version in one process) and 32 hex digits of its key.
-KEYED = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{32})$")
+#: A keyed build's folder name (the hook's keyed build folders, whose manifest, ``MANIFEST``,
+#: this imports): the extension's name (torch's, with ``_v<n>`` for a later version in one
+#: process) and the hex digits of its key.
+KEYED = re.compile(rf"^(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)-(?P<key>[0-9a-f]{{{KEY_LENGTH}}})$")
 #: torch's ``FileBaton`` lock file in a build folder of its own.
 BATON = "lock"
-MANIFEST_LIMIT = 16 << 20
 #: What each key part means, as the first words of a cause (``doctor --explain``).
 PART_HINTS = {
     "sources": "its sources changed (another version of the code, or of what load_inline is given)",
@@ -63,7 +61,6 @@ class _TorchExtensions(Kind):
     name = "torch_extensions"
     env_var = names.TORCH_EXTENSIONS_DIR_VAR
     read_only = ReadOnlyUse.FALLBACK
-    watched_module = "torch.utils.cpp_extension"
     sealed = True
     last_use = ("the newest modification time of the entry's folder (which the startup hook sets on "
                 "every hit) and of its files")

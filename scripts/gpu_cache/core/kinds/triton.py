@@ -26,8 +26,7 @@ class _Triton(Kind):
     name = "triton"
     env_var = names.TRITON_CACHE_DIR_VAR
     read_only = ReadOnlyUse.SEED
-    watched_module = "triton"
-    own_check = sealed = tiered = True
+    own_check = sealed = True
     last_use = "the newest mtime in the key folder; the startup hook touches the folder on every hit"
 
     def _entries(self, folder: Path, grace_seconds: float, verify_after: float | None,

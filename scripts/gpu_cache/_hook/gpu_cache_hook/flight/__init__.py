@@ -61,10 +61,9 @@ import stat
 import threading
 import time
 
-from sitecustomize import CLUSTER, LOCK_MODE_VAR, LOCK_TIMEOUT_VAR, LOCKS_VAR, NODE
-
-from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook.flight import leases
+from .. import locks as lock_files
+from ..names import CLUSTER, LOCK_MODE_VAR, LOCK_TIMEOUT_VAR, LOCKS_VAR, NODE
+from . import leases
 
 DEFAULT_TIMEOUT = 600.0
 #: What a leader that wrote no entry leaves in its lock file for the processes waiting on it.

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from gpu_cache_hook import locks as lock_files
+from .. import locks as lock_files
 
 #: Longest sleep between two polls of a lease on the shared folder.
 MAX_LEASE_POLL = 0.25

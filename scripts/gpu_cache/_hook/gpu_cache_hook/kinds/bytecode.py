@@ -25,7 +25,7 @@ Standard library only, Python 3.9+.
 import os
 import sys
 
-from sitecustomize import BYTECODE_VAR, IMAGE_VARIABLES
+from ..names import BYTECODE_VAR, IMAGE_VARIABLES
 
 #: PEP 552's flags of a checked hash-based .pyc.
 _CHECKED = (0b11).to_bytes(4, "little")

@@ -43,12 +43,11 @@ import threading
 import time
 import zlib
 
-from sitecustomize import SHARED_VAR, TEMP_PREFIX, TIER_MAX_BYTES_VAR, TIER_TEST_PAUSE_VAR, TIER_VAR
-
-from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook import seals
-from gpu_cache_hook.owners import owner_problem
-from gpu_cache_hook.tier import bound, files, set_aside
+from .. import locks as lock_files
+from .. import seals
+from ..names import SHARED_VAR, TEMP_PREFIX, TIER_MAX_BYTES_VAR, TIER_TEST_PAUSE_VAR, TIER_VAR
+from ..owners import owner_problem
+from . import bound, files, set_aside
 
 
 def _counts():

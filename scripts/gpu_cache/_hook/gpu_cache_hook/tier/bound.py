@@ -12,7 +12,7 @@ import os
 import stat
 import time
 
-from sitecustomize import TEMP_PREFIX, TRIM_LOCK, TRIM_STAMP
+from ..names import TEMP_PREFIX, TRIM_LOCK, TRIM_STAMP
 
 TRIM_EVERY = 600.0
 #: Entries used within this many seconds are in use now: never trimmed.

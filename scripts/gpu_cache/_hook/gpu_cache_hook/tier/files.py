@@ -11,9 +11,8 @@ import stat
 import threading
 import zlib
 
-from sitecustomize import TEMP_PREFIX
-
-from gpu_cache_hook.owners import owner_problem
+from ..names import TEMP_PREFIX
+from ..owners import owner_problem
 
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)

@@ -29,10 +29,9 @@ import json
 import os
 import stat
 
-from sitecustomize import SET_ASIDE_PREFIX, SET_ASIDE_SEEN, STATE_FOLDER, TEMP_PREFIX
-
-from gpu_cache_hook.owners import owner_problem
-from gpu_cache_hook.tier import files
+from ..names import SET_ASIDE_PREFIX, SET_ASIDE_SEEN, STATE_FOLDER, TEMP_PREFIX
+from ..owners import owner_problem
+from . import files
 
 #: A list or mark larger than this is none gpu-cache wrote.
 LIMIT = 16 << 20

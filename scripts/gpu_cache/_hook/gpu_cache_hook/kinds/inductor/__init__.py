@@ -30,8 +30,8 @@ import sys
 import threading
 import time
 
-from gpu_cache_hook import common
-from gpu_cache_hook.common import MAX_ITEMS, keep, text
+from ... import common
+from ...common import MAX_ITEMS, keep, text
 
 KIND = "inductor"
 #: The package whose import copies Inductor's shared files into the node-local tier (issue 23).
@@ -150,7 +150,7 @@ def _flight(hook):
         if _STATE["flight"] is None:
             tier = common.tier(hook)
             flight = common.flight(hook) if hook.flight else None
-            from gpu_cache_hook.kinds.inductor.flight import Flight
+            from .flight import Flight
 
             _STATE["flight"] = Flight(hook, flight, tier)
         return _STATE["flight"]

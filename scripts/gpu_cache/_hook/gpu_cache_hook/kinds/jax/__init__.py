@@ -3,6 +3,8 @@
 # tier pairs -cache -atime
 # tier files xla_gpu_per_fusion_autotune_cache_dir
 # software jax jaxlib zstandard
+# key-environment XLA_FLAGS JAX_ENABLE_X64 JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES LIBTPU_INIT_ARGS
+# place-environment JAX_COMPILATION_CACHE_DIR
 """gpu-cache's startup hook, the JAX piece: loaded when the process imports ``jax``.
 
 Everything of the hook that touches JAX's private modules (``jax._src``) is here: the
@@ -18,19 +20,14 @@ import os
 import sys
 import threading
 
-from sitecustomize import JAX_CACHE_DIR_VAR
-
-from gpu_cache_hook import common
-from gpu_cache_hook.common import MAX_ITEMS, keep, text, touch
+from ... import common
+from ...common import MAX_ITEMS, keep, text, touch
+from ...names import JAX_CACHE_DIR_VAR
 
 KIND = "jax"
-#: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must
-#: have (jax 0.4.30, 0.10.2 and 0.11.2 have them). A jax whose internals differ runs without it.
-FLIGHT_API = {
-    "compile_or_get_cached": ("backend", "computation", "devices", "compile_options"),
-    "_cache_read": ("module_name", "cache_key", "compile_options", "backend"),
-    "_cache_write": ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
-}
+#: The leading parameters of ``jax._src.compiler._cache_read`` that the names of hits and misses
+#: are read from where jax logs neither (``cache.FLIGHT_API`` holds the rest).
+CACHE_READ = ("module_name", "cache_key")
 
 
 def part(hook):
@@ -77,9 +74,9 @@ def on_import(jax_module, hook):
     tier = common.tier(hook)
     if hook.flight or tier is not None:
         try:
-            from gpu_cache_hook.kinds.jax import cache
+            from . import cache
 
-            cache.wrap(hook, tier)
+            cache.wrap(hook, tier, cache_dir)
         except Exception as exc:  # the job runs as without single-flight and the tier
             common.wrappers_off(hook, KIND, tier, f"not installed: {exc!r}")
             hook.warn("jax cache wrappers", exc)
@@ -325,7 +322,7 @@ def _wrap_jax_cache_read_names(hook, stats, compiler):
     ``_cache_read`` differs is left alone: the record says why its hits have no names."""
     import inspect
 
-    wanted = FLIGHT_API["_cache_read"][:2]  # all it uses (single-flight's wrapper has no more)
+    wanted = CACHE_READ  # all it uses (single-flight's wrapper has no more)
     read = getattr(compiler, "_cache_read", None)
     try:
         names = tuple(inspect.signature(read).parameters)[:len(wanted)] if callable(read) else ()

@@ -8,11 +8,18 @@ import stat
 import threading
 import time
 
-from sitecustomize import JAX_CACHE_DIR_VAR, XLA_AUTOTUNE_CACHE
+from ... import common
+from ...common import touch
+from ...names import JAX_CACHE_DIR_VAR, XLA_AUTOTUNE_CACHE
 
-from gpu_cache_hook import common
-from gpu_cache_hook.common import touch
-from gpu_cache_hook.kinds.jax import FLIGHT_API, KIND, cache_dir
+KIND = "jax"  # (its piece's)
+#: What JAX single-flight wraps in ``jax._src.compiler``, with the leading parameters each must
+#: have (jax 0.4.30, 0.10.2 and 0.11.2 have them). A jax whose internals differ runs without it.
+FLIGHT_API = {
+    "compile_or_get_cached": ("backend", "computation", "devices", "compile_options"),
+    "_cache_read": ("module_name", "cache_key", "compile_options", "backend"),
+    "_cache_write": ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
+}
 
 
 def _jax_flight_mismatch(compiler):
@@ -32,8 +39,9 @@ def _jax_flight_mismatch(compiler):
     return None
 
 
-def wrap(hook, tier):
-    """Single-flight and the node-local tier around JAX's persistent cache, one key at a time.
+def wrap(hook, tier, cache_dir):
+    """Single-flight and the node-local tier around JAX's persistent cache, one key at a time
+    (``cache_dir()``: the folder this process's JAX set, where it set one).
 
     ``compile_or_get_cached`` reads the cache with ``_cache_read`` (a miss: ``(None, None)``),
     compiles, and writes with ``_cache_write``. With the tier (``tier``), a read
@@ -65,7 +73,7 @@ def wrap(hook, tier):
         if tier is not None:
             tier.disable(KIND, why)
         return
-    cache = _JaxCache(hook, flight, tier, compiler, state)
+    cache = _JaxCache(hook, flight, tier, compiler, state, cache_dir)
     compiler._cache_read = cache.read
     compiler._cache_write = cache.write
     if flight is not None:
@@ -80,8 +88,9 @@ class _JaxCache:
     single-flight (``flight``) and the node-local tier (``tier``), as :func:`wrap`
     says; ``state``: JAX's distributed state (a run of several processes is left alone)."""
 
-    def __init__(self, hook, flight, tier, compiler, state):
+    def __init__(self, hook, flight, tier, compiler, state, cache_dir):
         self.hook, self.flight, self.tier, self.state = hook, flight, tier, state
+        self.cache_dir = cache_dir
         self.original_read = compiler._cache_read
         self.original_write = compiler._cache_write
         self.original_compile = compiler.compile_or_get_cached
@@ -98,7 +107,7 @@ class _JaxCache:
         return mine
 
     def folder(self):
-        return cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
+        return self.cache_dir() or os.environ.get(JAX_CACHE_DIR_VAR) or ""
 
     def tiered(self):
         """The tier, where this process's JAX cache folder is the local tier's."""

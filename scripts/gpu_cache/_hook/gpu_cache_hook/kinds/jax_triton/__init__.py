@@ -4,6 +4,7 @@
 # node-local GPU_CACHE_JAX_TRITON
 # tier files
 # software jax-triton
+# key-environment TRITON_DEFAULT_FP_FUSION TRITON_DISABLE_LINE_INFO
 """gpu-cache's startup hook, the jax-triton piece (issue 34): loaded right after the process
 imports ``jax_triton.triton_lib``.
 
@@ -53,11 +54,11 @@ import os
 import threading
 import time
 
-from sitecustomize import JAX_TRITON_VAR as FOLDER_VAR
-from sitecustomize import TRITON_CACHE_DIR_VAR
-
-from gpu_cache_hook import common
-from gpu_cache_hook.common import MAX_ITEMS, keep, text
+from ... import common
+from ...common import MAX_ITEMS, keep, text
+from ...names import JAX_TRITON_VAR as FOLDER_VAR
+from ...names import TRITON_CACHE_DIR_VAR
+from .steps import Call, KeptModule, kept_compile, result_mismatch, steps_mismatch
 
 KIND = "jax_triton"
 #: The versions whose compile steps this piece wraps (read from their sources; the tests run 0.3.1).
@@ -96,7 +97,7 @@ def on_import(triton_lib, hook):
         return
     mismatch, install = _mismatch, _install
     if version in KNOWN_FUNCTIONS:
-        from gpu_cache_hook.kinds.jax_triton import functions
+        from . import functions
 
         mismatch, install = functions.mismatch, functions.install
     _restore_triton_cache_dir(hook, stats)
@@ -153,48 +154,10 @@ def _mismatch(triton_lib):
     return why or result_mismatch(triton_lib)
 
 
-def steps_mismatch(steps):
-    """Why one of ``steps`` ((function or None, its name in triton_lib, the parameters it must
-    start with), ...) is missing or takes other parameters, or None."""
-    import inspect
-
-    for func, name, params in steps:
-        try:
-            names = tuple(inspect.signature(func).parameters)
-        except (TypeError, ValueError):
-            return f"jax_triton.triton_lib.{name} is missing"
-        if names[:len(params)] != params:
-            return f"jax_triton.triton_lib.{name}{names[:len(params)]} is not {name}{params}"
-    return None
-
-
-def result_mismatch(triton_lib):
-    """Why jax-triton's ``CompilationResult`` is not the one the store keeps, or None."""
-    import dataclasses
-
-    result = getattr(triton_lib, "CompilationResult", None)
-    if not dataclasses.is_dataclass(result):
-        return "jax_triton.triton_lib.CompilationResult is not a dataclass"
-    if not {"binary", "name", "shared_mem_bytes"} <= {f.name for f in dataclasses.fields(result)}:
-        return "jax_triton.triton_lib.CompilationResult lacks binary, name or shared_mem_bytes"
-    return None
-
-
 def _store(folder, hook):
-    from gpu_cache_hook.kinds.jax_triton.store import Store
+    from .store import Store
 
     return Store(folder, common.tier(hook))
-
-
-class KeptModule:
-    """What ``ast_to_ttir`` (0.4: ``ASTSource.make_ir``) returns on a hit: the kept TTIR
-    (jax-triton only prints it and passes it on to ``compile_ttir_inplace``)."""
-
-    def __init__(self, entry):
-        self.entry = entry
-
-    def __str__(self):
-        return self.entry["ttir"]
 
 
 class _CodeGen:
@@ -225,7 +188,7 @@ def _install(triton_lib, kernels):
             return original_get(backend_init_func, platform, *args, **kwargs)
         if "torch_import" not in kernels.stats:  # the first kernel of the process
             try:
-                from gpu_cache_hook.kinds.triton import no_torch
+                from ..triton import no_torch
 
                 kernels.stats["torch_import"] = no_torch.prime()
             except Exception as exc:  # Triton imports torch as it would have
@@ -263,45 +226,6 @@ def _install(triton_lib, kernels):
     triton_lib.code_gen = _CodeGen(code_gen, ast_to_ttir)
 
 
-def kept_compile(original_compile, kernels, local, remake):
-    """jax-triton's ``compile_ttir_inplace``, wrapped: a kept module's result without a compile
-    (``remake(call)``: the module to compile where the kept result cannot be used), else the
-    compile, whose result is kept under the call's key."""
-    @functools.wraps(original_compile)
-    def compile_ttir_inplace(module, *args, **kwargs):
-        call = getattr(local, "call", None)
-        if isinstance(module, KeptModule):
-            try:
-                return kernels.result(module.entry)
-            except Exception as exc:  # (checked when it was read): compile after all
-                kernels.hook.warn("jax-triton kernel cache", exc)
-                return original_compile(remake(call), *args, **kwargs)
-        ttir = None
-        if call is not None and call.key is not None:
-            try:
-                ttir = str(module)  # before the compile, which changes the module in place
-            except Exception as exc:
-                kernels.hook.warn("jax-triton kernel cache", exc)
-        started = time.perf_counter()
-        result = original_compile(module, *args, **kwargs)
-        if ttir is not None:
-            kernels.save(call, ttir, result, time.perf_counter() - started)
-        return result
-    return compile_ttir_inplace
-
-
-class Call:
-    """One call of ``get_or_create_triton_kernel`` (0.4: ``TritonFunction._compile_kernel``):
-    its platform, backend, key and lock."""
-
-    def __init__(self, platform, dump):
-        self.platform, self.dump = platform, bool(dump)
-        self.backend = None
-        self.key = self.name = self.parts = self.module = None
-        self.ast = ((), {})  # ast_to_ttir's arguments
-        self.lock = None
-
-
 class _Kernels:
     """The cache of this process: keys, lookups, stores, and what the record says."""
 
@@ -309,7 +233,7 @@ class _Kernels:
         import dataclasses
 
         self.triton_lib, self.store, self.hook, self.stats = triton_lib, store, hook, stats
-        from gpu_cache_hook.kinds.jax_triton import store
+        from . import store
 
         self.store_module = store
         self.fields = tuple(f.name for f in dataclasses.fields(triton_lib.CompilationResult))

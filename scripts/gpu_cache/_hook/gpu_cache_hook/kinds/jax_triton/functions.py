@@ -22,8 +22,8 @@ Standard library only, Python 3.9+.
 import functools
 import threading
 
-from gpu_cache_hook.common import text
-from gpu_cache_hook.kinds import jax_triton as base
+from ...common import text
+from .steps import Call, KeptModule, kept_compile, result_mismatch, steps_mismatch
 
 
 def mismatch(triton_lib):
@@ -35,7 +35,7 @@ def mismatch(triton_lib):
                ("ttir", "backend", "options", "gpu_target")),
               (getattr(getattr(getattr(triton_lib, "tc", None), "ASTSource", None), "make_ir", None),
                "tc.ASTSource.make_ir", ("self", "target", "options", "codegen_fns", "module_map", "context")))
-    return base.steps_mismatch(wanted) or base.result_mismatch(triton_lib)
+    return steps_mismatch(wanted) or result_mismatch(triton_lib)
 
 
 def install(triton_lib, kernels):
@@ -54,14 +54,14 @@ def install(triton_lib, kernels):
             call.ast = (self, args, kwargs)
             options = args[1] if len(args) > 1 else kwargs.get("options")
             found = kernels.lookup(call, (self,), {"options": options})
-            return base.KeptModule(found) if found is not None else super().make_ir(*args, **kwargs)
+            return KeptModule(found) if found is not None else super().make_ir(*args, **kwargs)
 
     @functools.wraps(original_kernel)
     def _compile_kernel(self, spec, gpu_target, backend, *args, **kwargs):
         if getattr(local, "call", None) is not None:
             return original_kernel(self, spec, gpu_target, backend, *args, **kwargs)
         _prime_torch(kernels)
-        call = local.call = base.Call(str(getattr(gpu_target, "backend", "?")), False)
+        call = local.call = Call(str(getattr(gpu_target, "backend", "?")), False)
         call.backend = backend
         try:
             return original_kernel(self, spec, gpu_target, backend, *args, **kwargs)
@@ -73,7 +73,7 @@ def install(triton_lib, kernels):
         source, ast_args, ast_kwargs = call.ast
         return compiler.ASTSource.make_ir(source, *ast_args, **ast_kwargs)
 
-    compile_ttir_inplace = base.kept_compile(original_compile, kernels, local, remake)
+    compile_ttir_inplace = kept_compile(original_compile, kernels, local, remake)
 
     function._compile_kernel = _compile_kernel
     triton_lib.compile_ttir_inplace = compile_ttir_inplace
@@ -95,7 +95,7 @@ def _prime_torch(kernels):
     """Before the first kernel of the process: Triton imports torch as it would have."""
     if "torch_import" not in kernels.stats:
         try:
-            from gpu_cache_hook.kinds.triton import no_torch
+            from ..triton import no_torch
 
             kernels.stats["torch_import"] = no_torch.prime()
         except Exception as exc:

@@ -32,16 +32,17 @@ import os
 import re
 import stat
 
-from sitecustomize import TEMP_PREFIX
-
-from gpu_cache_hook import digest as frame
-from gpu_cache_hook import locks as lock_files
-from gpu_cache_hook.common import safe_mode
-from gpu_cache_hook.owners import owner_problem
-from gpu_cache_hook.tier import files as tier_files
+from ... import digest as frame
+from ... import locks as lock_files
+from ...common import safe_mode
+from ...names import TEMP_PREFIX
+from ...owners import owner_problem
+from ...tier import files as tier_files
 
 KIND = "jax_triton"
-#: Copies of gpu_cache.core.kinds.jax_triton_format's names (a test fails when they drift).
+#: The entries' format: which the host's inventory (gpu_cache.core.kinds.jax_triton_format)
+#: imports from here. An entry larger than ENTRY_LIMIT is not read (an attention kernel's PTX is
+#: a few hundred kB); MEMO_FOLDER keeps Triton's key of each installation.
 FORMAT = 3
 ENTRY_LIMIT = 64 << 20
 MEMO_FOLDER = ".triton-keys"

@@ -38,8 +38,8 @@ import os
 import pickle
 import time
 
-from gpu_cache_hook import common
-from gpu_cache_hook.common import keep, text
+from ... import common
+from ...common import keep, text
 
 KIND = "numba"
 #: What the piece wraps: (class of ``numba.core.caching``, its methods).
@@ -75,7 +75,7 @@ def on_import(module, hook):
             stats["state"] += ": its disk cache is off (compiled in each process)"
         hook.warn("numba cache", RuntimeError(stats["state"]), off=True)
         return
-    from gpu_cache_hook.kinds.numba.guard import Guard
+    from .guard import Guard
 
     def note(field, why):
         keep(stats, field, text(why))
@@ -89,7 +89,7 @@ def on_import(module, hook):
 
 def _judge_files(index_file, locator, guard):
     """Numba's reads of its index and data files go through ``guard``; its writes are private."""
-    from gpu_cache_hook.kinds.numba.guard import index_overloads
+    from .guard import index_overloads
 
     write, ensure = index_file._open_for_write, locator.ensure_cache_path
 
@@ -128,7 +128,7 @@ def _judge_files(index_file, locator, guard):
 def _count(cache, guard, stats, hook):
     """``Cache``'s look-up and save wrapped: hits and misses counted, an overload numba cannot
     rebuild from what it read a miss (its data file set aside), a refused folder no save."""
-    from gpu_cache_hook.kinds.numba.guard import Refused
+    from .guard import Refused
 
     load, save = cache.load_overload, cache.save_overload
     missed = {}  # id of a cache -> when its last miss was looked up

@@ -28,9 +28,9 @@ import pickle
 import stat
 import zlib
 
-from gpu_cache_hook import owners
-from gpu_cache_hook.locks import set_aside
-from gpu_cache_hook.seals import Seals
+from ... import owners
+from ...locks import set_aside
+from ...seals import Seals
 
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)

@@ -12,7 +12,7 @@ _STARTED = []  # the piece, once this process started it
 
 def start(hook):
     """At start, with ``$GPU_CACHE_PTXAS``: the shim first on this process's ``PATH``."""
-    from gpu_cache_hook.kinds.ptxas import piece
+    from . import piece
 
     _STARTED.append(piece)
     piece.install(hook)

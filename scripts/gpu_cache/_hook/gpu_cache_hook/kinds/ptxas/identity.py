@@ -4,7 +4,7 @@ Python 3.9+."""
 
 import os
 
-from gpu_cache_hook.kinds.ptxas import shim
+from . import shim
 
 
 def _script_targets(head):

@@ -29,7 +29,8 @@ import os
 import stat
 import sys
 
-from sitecustomize import (
+from ... import common
+from ...names import (
     NODE_LOCAL_PREFIX,
     PTXAS_KERNELS_VAR,
     PTXAS_PYTHON_VAR,
@@ -37,8 +38,6 @@ from sitecustomize import (
     PTXAS_TALLY_VAR,
     PTXAS_VAR,
 )
-
-from gpu_cache_hook import common
 
 KIND = "ptxas"
 #: The package whose kernels run through jaxlib's ptxas: where it is not installed, no shim.
@@ -83,7 +82,7 @@ def kernels_folder():
 
 def install(hook):
     """Put the shim first on this process's PATH, where it can serve; the record says why not."""
-    from gpu_cache_hook.kinds.ptxas import shim
+    from . import shim
 
     folder = os.environ.get(PTXAS_VAR, "")
     part = hook.parts[KIND] = {"state": "off", "folder": common.text(folder), "real": None,
@@ -235,7 +234,7 @@ def _add(part, fields, separator):
 
 def part(hook):
     """The record's ``ptxas`` part: the install's state, and what the tally counted."""
-    from gpu_cache_hook.kinds.ptxas.shim import META_SEP
+    from .shim import META_SEP
 
     out = dict(hook.parts.get(KIND) or {})
     tally = _STATE["tally"]

@@ -5,9 +5,8 @@ library only, Python 3.9+."""
 import os
 import time
 
-from sitecustomize import LOCKS_VAR
-
-from gpu_cache_hook.kinds.ptxas import shim
+from ...names import LOCKS_VAR
+from . import shim
 
 
 def _spawn(real, args, actions):
@@ -80,7 +79,7 @@ def _flight():
     """Single-flight (``gpu_cache_hook.flight``) where ``$GPU_CACHE_LOCKS`` is set."""
     if not os.path.isabs(os.environ.get(LOCKS_VAR, "")):
         return None
-    from gpu_cache_hook import flight
+    from ... import flight
 
     flight.configure(lambda what, exc: None)  # never a line in ptxas's stderr
     return flight

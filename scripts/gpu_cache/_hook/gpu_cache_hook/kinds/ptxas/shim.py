@@ -46,17 +46,17 @@ import stat
 import sys
 import time
 
-# The names (the hook's copy, in sitecustomize; this process runs isolated, -S: it only reads them).
-# NESTED_VAR: set for the real ptxas this shim runs: a wrapper that calls ``ptxas`` again gets the next one.
-from sitecustomize import PTXAS_NESTED_VAR as NESTED_VAR
-from sitecustomize import PTXAS_REAL_VAR as REAL_VAR
-from sitecustomize import PTXAS_TALLY_VAR as TALLY_VAR
-from sitecustomize import PTXAS_VAR as CACHE_VAR
+from ... import digest as frame
+from ...digest import sha256  # the bare module's, not hashlib's: a call's start is short
 
-from gpu_cache_hook import digest as frame
-from gpu_cache_hook.digest import sha256  # the bare module's, not hashlib's: a call's start is short
-from gpu_cache_hook.owners import owner_problem, team_gid
-from gpu_cache_hook.trust import distrust_above
+# NESTED_VAR: set for the real ptxas this shim runs: a wrapper that calls ``ptxas`` again gets the next one.
+from ...names import PTXAS_NESTED_VAR as NESTED_VAR
+from ...names import PTXAS_REAL_VAR as REAL_VAR
+from ...names import PTXAS_TALLY_VAR as TALLY_VAR
+from ...names import PTXAS_VAR as CACHE_VAR
+from ...names import TEMP_PREFIX as TMP_PREFIX
+from ...owners import owner_problem, team_gid
+from ...trust import distrust_above
 
 #: The line in the front script that marks a file as a copy of this shim (never run as real).
 MARKER = b"gpu-cache ptxas shim"
@@ -65,7 +65,6 @@ SHIM_DIR = os.path.join(HERE, "bin")
 FRONT = os.path.join(SHIM_DIR, "ptxas")
 ENTRY_SUFFIX = ".ptxas"
 IDENTITY_SUFFIX = ".identity"
-TMP_PREFIX = ".gpu-cache-tmp."
 ENTRY_MAGIC = b"gpu-cache ptxas entry 2\n"
 IDENTITY_MAGIC = b"gpu-cache ptxas identity 1\n"
 #: Inputs and entries larger than this are not cached (PTX of a big Triton kernel: about 1 MB).
@@ -310,7 +309,7 @@ class Folder:
     def set_aside(self, name, judged):
         """Set the file ``name`` (``judged``: its stat) aside, so the real ptxas's result takes
         its name; what the record says of it."""
-        from gpu_cache_hook import locks
+        from ... import locks
 
         try:
             locks.set_aside(name, judged, dir_fd=self.fd)
@@ -480,7 +479,7 @@ def serve(real, args, started):
     except OSError as exc:
         raise Pass(f"the cache folder cannot be used: {exc.strerror or exc}") from None
     ptx = read_input(source)
-    from gpu_cache_hook.kinds.ptxas.identity import identity
+    from .identity import identity
 
     digest, version = identity(real, folder)
     ptx_digest = sha256(ptx).digest()
@@ -494,7 +493,7 @@ def serve(real, args, started):
         spent = time.monotonic() - started
         tally("hit", key, name, spent, found[3] - spent, meta)
         return 0
-    from gpu_cache_hook.kinds.ptxas.run import miss
+    from .run import miss
 
     return miss(real, args, folder, key, meta, source, output, started, ptx_digest)
 

@@ -4,6 +4,7 @@
 # node-local TRITON_CACHE_DIR TRITON_HOME
 # tier folders __grp__
 # software triton
+# key-environment TRITON_DEFAULT_FP_FUSION TRITON_DISABLE_LINE_INFO
 """gpu-cache's startup hook, the Triton piece: loaded when the process imports ``triton``.
 
 Triton's compilation listener counts hits and misses (and marks each hit entry used), and
@@ -25,10 +26,9 @@ import json
 import os
 import sys
 
-from sitecustomize import TRITON_MANAGER_VAR
-
-from gpu_cache_hook import common
-from gpu_cache_hook.common import keep, text, touch
+from ... import common
+from ...common import keep, text, touch
+from ...names import TRITON_MANAGER_VAR
 
 KIND = "triton"
 
@@ -321,7 +321,7 @@ def _flight_triton(triton_module, hook, tier):
             tier.disable(KIND, text(f"{TRITON_MANAGER_VAR}={theirs}", 300))
         return
     if tier is None:
-        from gpu_cache_hook.kinds.triton.seed import FlightCacheManager as manager
+        from .seed import FlightCacheManager as manager
     else:  # (the tier's manager builds on the seed's)
-        from gpu_cache_hook.kinds.triton.tier_manager import TierCacheManager as manager
+        from .tier_manager import TierCacheManager as manager
     cache_knobs.manager_class = manager

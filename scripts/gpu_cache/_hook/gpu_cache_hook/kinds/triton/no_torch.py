@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 
-from sitecustomize import TRITON_TORCH_VAR as SWITCH
+from ...names import TRITON_TORCH_VAR as SWITCH
 
 #: What Triton's native specialisation imports at its first call, besides torch.
 _ITS_IMPORTS = ("triton._utils", "triton.runtime.jit", "triton.tools.tensor_descriptor",

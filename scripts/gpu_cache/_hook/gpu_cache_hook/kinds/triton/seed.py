@@ -40,9 +40,8 @@ import weakref
 from triton.runtime.cache import FileCacheManager
 
 try:
-    from sitecustomize import TRITON_SEED_VAR
-
-    from gpu_cache_hook import flight
+    from ... import flight
+    from ...names import TRITON_SEED_VAR
 except ImportError:  # a copy of this file without its siblings: Triton's plain file cache
     flight = TRITON_SEED_VAR = None
 #: Endings of the files Triton writes alone, with ``get_file`` then ``put``: single-flighted.

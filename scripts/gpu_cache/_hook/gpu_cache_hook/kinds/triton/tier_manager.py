@@ -20,9 +20,9 @@ import os
 import stat
 import time
 
-from gpu_cache_hook import tier as node_tier
-from gpu_cache_hook.kinds.triton.seed import SINGLE_FILES, FlightCacheManager
-from gpu_cache_hook.tier import files
+from ... import tier as node_tier
+from ...tier import files
+from .seed import SINGLE_FILES, FlightCacheManager
 
 #: Files Triton writes and reads alone, without a group (``get_file``): promoted as soon as they
 #: are written, before single-flight releases them. Every other file is a group's child and is

@@ -3,9 +3,9 @@
 # watches-with GPU_CACHE_AUTOTUNE tokamax
 # node-local GPU_CACHE_AUTOTUNE
 # software tokamax
-"""gpu-cache's startup hook for tokamax: the second-compile fix (issue 20), loaded when the
-process imports ``tokamax._src.ops.op``, and the autotuning results kept per GPU type (issue
-24), when the ``tokamax`` package has been imported.
+"""gpu-cache's startup hook, the piece of the ``autotune`` kind, for tokamax: the second-compile
+fix (issue 20), loaded when the process imports ``tokamax._src.ops.op``, and the autotuning
+results kept per GPU type (issue 24), when the ``tokamax`` package has been imported.
 
 tokamax 0.0.12 (which AlphaFold 3 v3.0.x pins) makes a JAX user context
 (``jax.make_user_context`` in ``get_autotuning_cache_overlay_state()``) the first time an op
@@ -30,7 +30,7 @@ fallback raises) is counted. In a warm process (``GPU_CACHE_AUTOTUNE_SAVE=1``) a
 (tokamax's ``autotune`` fallback unless the command line names another) and what was tuned is
 merged into the device kind's result at exit.
 
-The record's ``tokamax`` part says what happened, and in which thread. Never raises into the
+The record's ``autotune`` part says what happened, and in which thread. Never raises into the
 job. Standard library only, Python 3.9+.
 """
 
@@ -44,12 +44,11 @@ import stat
 import sys
 import threading
 
-from sitecustomize import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
+from ..common import replace_whole, safe_mode, text
+from ..names import AUTOTUNE_SAVE_VAR, AUTOTUNE_VAR, TOKAMAX_FIX_VAR
+from ..owners import owner_problem, team_gid
 
-from gpu_cache_hook.common import replace_whole, safe_mode, text
-from gpu_cache_hook.owners import owner_problem, team_gid
-
-KIND = "tokamax"
+KIND = "autotune"
 #: The module after whose import the fix runs, and the package after whose import the results
 #: are entered.
 OP_MODULE = "tokamax._src.ops.op"
@@ -57,7 +56,9 @@ PACKAGE = "tokamax"
 #: What switches the fix off.
 _OFF = ("0", "off", "false", "no")
 FUNCTION = "get_autotuning_cache_overlay_state"
-#: A copy of gpu_cache.core.kinds.autotune_format's names (a test fails when they drift).
+#: The results' format (the host's inventory, gpu_cache.core.kinds.autotune_format, imports it
+#: from here, with ``version_folder`` and ``file_name``): the wrapper's version, and the largest
+#: result read.
 FORMAT = 1
 RESULT_LIMIT = 64 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9.+-]")
@@ -77,7 +78,7 @@ def on_import(module, hook):
 
 
 def section(hook):
-    """The record's ``tokamax`` part: what the fix did, and the autotuning results."""
+    """The record's ``autotune`` part: what the fix did, and the autotuning results."""
     return hook.parts.get(KIND)
 
 
@@ -105,10 +106,12 @@ def fix(op_module, hook):
 
 
 def version_folder(tokamax_version, jax_version):
+    """The folder name of one (tokamax, jax) pair."""
     return _UNSAFE.sub("_", f"tokamax-{tokamax_version}_jax-{jax_version}")
 
 
 def file_name(device_kind):
+    """The file name of one device kind's result (``NVIDIA H200`` -> ``NVIDIA_H200.json``)."""
     return _UNSAFE.sub("_", device_kind) + ".json"
 
 
