@@ -94,10 +94,10 @@ MOST_WORKERS = 4
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """One worker a core this process may use and one more, at most :data:`MOST_WORKERS`: the
-    ``cluster`` group's worker waits on SLURM more than it computes, and with a worker a core a
-    fifth of CI's machine sat idle (docs/testing.md). PYTEST_XDIST_AUTO_NUM_WORKERS, when set, is
-    left to pytest-xdist."""
+    """Two workers a core this process may use, at most :data:`MOST_WORKERS`: the tests wait on
+    SLURM, leases and their jobs more than they compute: with a worker a core, a machine like CI's
+    sat idle a quarter of the run (docs/testing.md). PYTEST_XDIST_AUTO_NUM_WORKERS, when set,
+    is left to pytest-xdist."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
     return min(2 * len(os.sched_getaffinity(0)), MOST_WORKERS)

@@ -248,7 +248,7 @@ class SlurmCluster:
             self._daemons.open()
             self._daemons.note("markers", str(self.workdir))  # job processes mention it
             self._prepare_dirs()
-            slurm_config.write(self)
+            self._write_configs()
             self._link_default_conf()
             self._start_munged()
             self._start_mariadb()
@@ -261,6 +261,10 @@ class SlurmCluster:
             raise
         self.start_seconds = time.monotonic() - t0
         return self
+
+    def _write_configs(self) -> None:
+        """Write the daemons' configuration files (a test's subclass adds a line of its own)."""
+        slurm_config.write(self)
 
     def stop(self) -> None:
         """Kill every daemon this object started, verify none survived, clean up.
