@@ -11,14 +11,18 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import carried
 import containers
+import publishing
 from gpu_cache.core.kinds import jax_format as jax_cache
-from helpers import FILLER, SCRIPTS, jax_job_env, unavailable
+from helpers import FILLER, SCRIPTS, jax_job_env, read_json, run_cli, unavailable
 from nodes import TwoNodes
 from nodes import missing as nodes_missing
+from registry import RegistryServer
 from slurm_cluster import SlurmCluster, missing_binaries
 from sshfs_mount import SshfsMount, missing_requirements
 
@@ -26,8 +30,8 @@ from sshfs_mount import SshfsMount, missing_requirements
 #: shares a module's cache that takes seconds to compile (the first user pays for it).
 SLOW_FIXTURES = frozenset({
     "slurm_cluster", "slurm_two_nodes", "two_nodes", "sshfs_mount", "sshfs_root", "container_root",
-    "unbound_dir", "mounts", "private_tmpfs", "registry_server", "published",
-    "warmed", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
+    "unbound_dir", "mounts", "private_tmpfs", "registry_server", "published", "carry_root", "warmed",
+    "validated", "built", "compiled_root", "template_cache", "twelve_entries", "zstd_cache", "recorded",
 })
 
 
@@ -36,13 +40,22 @@ SLOW_FIXTURES = frozenset({
 ONE_WORKER_FIXTURES = frozenset({"slurm_cluster", "two_nodes", "slurm_two_nodes"})
 
 
+#: Set-ups that take seconds and serve the tests of several modules (a warmed root, its archive),
+#: session-scoped: made once, in the one worker that runs every test that uses them (the group).
+SHARED_FIXTURES = {"carry_root": "carry", "registry_server": "registry"}
+
+
 def xdist_group(item: pytest.Item) -> str | None:
     """The worker group of a test that shares a fixture with others: ``cluster`` for the daemons
-    of :data:`ONE_WORKER_FIXTURES`, else its module for a module-scoped fixture (a warmed cache
-    that takes seconds to make, made once per worker that runs one of its tests)."""
+    of :data:`ONE_WORKER_FIXTURES`, a set-up's group for those of :data:`SHARED_FIXTURES`, else
+    its module for a module-scoped fixture (a warmed cache that takes seconds to make, made once
+    per worker that runs one of its tests)."""
     used = getattr(item, "fixturenames", ())
     if ONE_WORKER_FIXTURES.intersection(used):
         return "cluster"
+    for name in used:
+        if name in SHARED_FIXTURES:
+            return SHARED_FIXTURES[name]
     definitions = getattr(item, "_fixtureinfo", None)
     for name in used:
         found = definitions.name2fixturedefs.get(name) if definitions else None
@@ -60,6 +73,20 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(SCRIPTS / "gpu_cache", quiet=2)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Keep the test modules' bytecode as pytest rewrites their asserts: where the environment
+    sets PYTHONDONTWRITEBYTECODE, every worker of every run rewrote every test module again (5 of
+    the 8 seconds a collection took here). pytest reads what it kept whatever that setting says,
+    and writes a module's file whole or not at all; best effort, as above."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = saved
+
+
 #: Most pytest-xdist workers ``-n auto`` starts: a test may start 8 compiling processes, and more
 #: workers than this were never measured (docs/testing.md).
 MOST_WORKERS = 4
@@ -67,11 +94,13 @@ MOST_WORKERS = 4
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """One worker a core this process may use, at most :data:`MOST_WORKERS`;
-    PYTEST_XDIST_AUTO_NUM_WORKERS, when set, is left to pytest-xdist."""
+    """Two workers a core this process may use, at most :data:`MOST_WORKERS`: the tests wait on
+    SLURM, leases and their jobs more than they compute: with a worker a core, a machine like CI's
+    sat idle a quarter of the run (docs/testing.md). PYTEST_XDIST_AUTO_NUM_WORKERS, when set,
+    is left to pytest-xdist."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return min(len(os.sched_getaffinity(0)), MOST_WORKERS)
+    return min(2 * len(os.sched_getaffinity(0)), MOST_WORKERS)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and ``-m`` the marks
@@ -234,3 +263,52 @@ def twelve_entries(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-c", FILLER, "12"], env=jax_job_env(folder, shared_fs=True), check=True)
     assert len(jax_cache.scan(folder)) == 12
     return folder
+
+
+# --- a warmed root and its archive, carried by the pack/unpack tests (tests/test_carry*.py) ------
+
+
+@pytest.fixture(scope="session")
+def carry_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache root warmed on the CPU: JAX entries and sm_90 Triton kernels (do not change it)."""
+    root = tmp_path_factory.mktemp("carry") / "warm root"
+    work = root.parent
+    result = run_cli("warm", "--config-json", carried.CONFIG, "--cache-root", str(root),
+                     "--output", str(work / "warm.json"), "--log", str(work / "warm.log"))
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture(scope="session")
+def carry_archive(carry_root: Path) -> Path:
+    """``carry_root`` packed (do not change it)."""
+    path = carry_root.parent / "carry.tar.gz"
+    result = run_cli("pack", str(path), "--cache-root", str(carry_root))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("packed ")
+    return path
+
+
+# --- a real OCI registry and a validated pack published to it (tests/test_registry*.py) ----------
+
+
+@pytest.fixture(scope="session")
+def registry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """Debian's ``docker-registry`` on loopback (tests/harness/registry.py)."""
+    publishing.needs_registry()
+    with RegistryServer(tmp_path_factory.mktemp("registry")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def published(registry_server: RegistryServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Root A, warmed, validated and published to ``<registry>/lab/cache:1`` (do not change it)."""
+    work = tmp_path_factory.mktemp("site-a")
+    root = work / "a root"
+    verdict = publishing.warm_and_validate(root, work)
+    ref = f"{registry_server.host}/lab/cache:1"
+    result = run_cli("publish", ref, "--cache-root", str(root), "--verdict", str(verdict),
+                     "--output", str(work / "publish.json"))
+    assert result.returncode == 0, result.stderr
+    return {"root": root, "verdict": verdict, "ref": ref, "report": read_json(work / "publish.json"),
+            "stdout": result.stdout}

@@ -31,17 +31,28 @@ from gpu_cache.jobenv import env
 from hook_jobs import JOB_PROGRAM, WARM_PROGRAM, gpu_cache_env, real_tokamax, records_of, run, tuning_of
 
 
-def warmed(tmp_path: Path) -> tuple[Path, str]:
-    """A root whose autotune folder holds what a warm process tuned; and the fastest config."""
-    root = tmp_path / "root"
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A root whose autotune folder holds what a warm process tuned, and the fastest config:
+    tuned once for the module (do not change it)."""
+    real_tokamax()
+    root = tmp_path_factory.mktemp("tuned") / "root"
     best, _ = run(WARM_PROGRAM, gpu_cache_env(root, GPU_CACHE_AUTOTUNE_SAVE="1"))
     return root, best
 
 
+@pytest.fixture
+def warmed(tuned: tuple[Path, str], tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the tuned root for the test to change (its files' modes and times kept), and
+    the fastest config."""
+    root = tmp_path / "root"
+    shutil.copytree(tuned[0], root, symlinks=True)
+    return root, tuned[1]
+
+
 @pytest.mark.slow
-def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tmp_path):
-    real_tokamax()
-    root, best = warmed(tmp_path)
+def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(warmed):
+    root, best = warmed
     saved = root / "autotune" / "tokamax-0.0.12_jax-0.10.2" / "cpu.json"
     wrapper = json.loads(saved.read_text())
     assert (wrapper["format"], wrapper["tokamax"], wrapper["jax"], wrapper["device_kind"]) == \
@@ -59,9 +70,8 @@ def test_a_result_saved_by_warm_serves_every_thread_of_a_job_with_one_compile(tm
 
 
 @pytest.mark.slow
-def test_a_second_warm_process_merges_into_the_result(tmp_path):
-    real_tokamax()
-    root, _ = warmed(tmp_path)
+def test_a_second_warm_process_merges_into_the_result(warmed):
+    root, _ = warmed
     other = WARM_PROGRAM.replace("jnp.ones((8, 16))", "jnp.ones((4, 16))")
     run(other, gpu_cache_env(root, GPU_CACHE_AUTOTUNE_SAVE="1"))
     assert tuning_of(root)["save"] == "saved 2 config set(s) for cpu"
@@ -88,9 +98,8 @@ def test_a_job_on_a_cold_root_counts_its_misses_and_validation_fails(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_warm_root_passes_the_autotuning_check(tmp_path):
-    real_tokamax()
-    root, _ = warmed(tmp_path)
+def test_the_warm_root_passes_the_autotuning_check(warmed):
+    root, _ = warmed
     for record in (root / "records").glob("*.json"):
         record.unlink()
     run(JOB_PROGRAM, gpu_cache_env(root))
@@ -101,9 +110,8 @@ def test_the_warm_root_passes_the_autotuning_check(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("made_with", ["another tokamax", "another tokamax, parsable", "another folder",
                                        "unparsable"])
-def test_a_result_of_other_versions_is_refused_by_gpu_caches_own_key(tmp_path, made_with):
-    real_tokamax()
-    root, _ = warmed(tmp_path)
+def test_a_result_of_other_versions_is_refused_by_gpu_caches_own_key(warmed, made_with):
+    root, _ = warmed
     saved = root / "autotune" / "tokamax-0.0.12_jax-0.10.2" / "cpu.json"
     wrapper = json.loads(saved.read_text())
     if made_with == "another tokamax":
@@ -158,9 +166,8 @@ def test_under_umask_000_a_warm_saves_results_nobody_else_can_rewrite(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("planted", ["a folder others may write", "a result of another user's"])
-def test_a_result_another_user_could_have_written_is_never_loaded(tmp_path, planted):
-    real_tokamax()
-    root, _ = warmed(tmp_path)
+def test_a_result_another_user_could_have_written_is_never_loaded(warmed, planted):
+    root, _ = warmed
     version = root / "autotune" / "tokamax-0.0.12_jax-0.10.2"
     if planted == "a folder others may write":  # as the hook made it under umask 000 before
         version.chmod(0o777)

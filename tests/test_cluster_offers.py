@@ -176,6 +176,7 @@ def test_doctor_reads_at_most_4_mib_of_sinfo(tmp_path):
             "places no job from it") in done.stdout.splitlines(), done.stdout
 
 
+@pytest.mark.slow  # doctor waits its 5 s for sinfo
 def test_doctor_waits_for_sinfo_5_s_at_most_and_says_so(tmp_path):
     environ = fake_sinfo(tmp_path / "bin", "echo 'gpu*|48000|16|gpu:a100:2|(null)|infinite'; exec sleep 60")
     started = time.monotonic()

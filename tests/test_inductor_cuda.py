@@ -23,7 +23,7 @@ import pytest
 from gpu_cache.config.settings import settings_from
 from gpu_cache.core.kinds import inductor_format as inductor_cache
 from gpu_cache.jobenv import env
-from helpers import clean_environ, run_cli
+from helpers import INDUCTOR_PROBES_PASSED, clean_environ, run_cli
 
 DAY = 86400.0
 OLD = time.time() - 40 * DAY
@@ -57,8 +57,9 @@ def _torch_or_skip() -> None:
 def compile_in(root: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the workload in a fresh process with gpu-cache's environment for ``root``;
     ``check``: it must succeed."""
-    exports = env.resolve(settings_from({}, cache_root=str(root)), environ=clean_environ())
-    job = env.job_environ(exports, base=clean_environ(), TORCHINDUCTOR_COMPILE_THREADS="1")
+    base = {k: v for k, v in clean_environ().items() if k not in INDUCTOR_PROBES_PASSED}  # probes built
+    exports = env.resolve(settings_from({}, cache_root=str(root)), environ=base)
+    job = env.job_environ(exports, base=base, TORCHINDUCTOR_COMPILE_THREADS="1")
     assert job["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
     done = subprocess.run([sys.executable, "-c", WORKLOAD], env=job, capture_output=True, text=True,
                           timeout=900)

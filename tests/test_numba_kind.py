@@ -94,6 +94,7 @@ def as_nobody(*command: str) -> None:
     assert done.returncode == 0, done.stderr  # the attack is real: that account can do it
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_a_fresh_process_hits_what_the_first_compiled(tmp_path):
     root = tmp_path / "root"
     env = job_env(root)
@@ -111,6 +112,7 @@ def test_a_fresh_process_hits_what_the_first_compiled(tmp_path):
     assert (third["misses"], third["hits"]) == (2, 0)  # removed whole: compiled again
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_a_job_under_umask_000_writes_privately_and_an_index_others_rewrote_is_never_loaded(base):
     """A job under ``umask 000`` makes numba's folder and files writable by nobody else (guard:
     the piece's private writes; without them the index was 0666). An index left 0666 (by a job
@@ -142,6 +144,7 @@ def test_a_job_under_umask_000_writes_privately_and_an_index_others_rewrote_is_n
     assert run(base, env) == RIGHT and records(root, "numba")[-1]["hits"] == 2
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 @pytest.mark.parametrize("which", ["index", "data"])
 def test_another_accounts_file_in_the_users_own_folder_is_never_loaded(base, which):
     """A left-over file of another account's (mode 0644) in the user's own per-source folder,
@@ -163,6 +166,7 @@ def test_another_accounts_file_in_the_users_own_folder_is_never_loaded(base, whi
     assert run(base, env) == RIGHT and records(root, "numba")[-1]["hits"] == 2
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 @pytest.mark.parametrize("what", ["FIFO", "symbolic link"])
 def test_a_fifo_or_link_at_a_data_file_is_never_opened(tmp_path, what):
     """A FIFO, or a link to a pickle elsewhere, where a data file should be: stats calls the
@@ -188,6 +192,7 @@ def test_a_fifo_or_link_at_a_data_file_is_never_opened(tmp_path, what):
     assert data[0].is_file() and not data[0].is_symlink() and elsewhere.is_file()
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_the_guard_holds_where_the_hook_records_nothing(base):
     """Neither records nor single-flight (``stats_hook: false``, single-flight off), nor the
     ptxas cache, nor jax-triton's kernel cache (the user's own empty ``GPU_CACHE_JAX_TRITON``),
@@ -234,6 +239,7 @@ def test_a_numba_whose_caching_the_piece_does_not_know_reads_no_cache(tmp_path):
     assert section["state"].endswith("its disk cache is off (compiled in each process)")
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_a_folder_opened_to_everyone_within_one_exported_environment_is_never_read(base):
     """The per-source folder turns 0777 after ``gpu-cache env`` ran (the profile exports once
     per run), and another account puts its index in: the later jobs of that environment neither
@@ -291,6 +297,7 @@ def prune(root: Path, *args: str) -> dict:
 @pytest.mark.parametrize(("which", "how"), [
     *[(which, how) for which in ("index", "data") for how in ("cut in half", "emptied", "flipped")],
     ("data", "bitcode flipped")])
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_a_damaged_entry_of_ones_own_is_a_miss_never_a_failed_job(tmp_path, which, how):
     """The job's own index or data file cut in half, emptied, or (after a prune sealed it) one
     bit flipped at the same size; a data file whose LLVM bitcode is damaged, not sealed: the
@@ -319,6 +326,7 @@ def test_a_damaged_entry_of_ones_own_is_a_miss_never_a_failed_job(tmp_path, whic
     assert entry.problem is None
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 @pytest.mark.parametrize("how", ["cut in half", "emptied"])
 @pytest.mark.parametrize("which", ["index", "data"])
 def test_prune_and_doctor_find_a_file_cut_short_or_emptied(tmp_path, which, how):
@@ -339,6 +347,7 @@ def test_prune_and_doctor_find_a_file_cut_short_or_emptied(tmp_path, which, how)
     assert not index.exists() and not any(p.exists() for p in data)
 
 
+@pytest.mark.slow  # a numba job in a fresh process: more than 2 s here
 def test_prune_never_unpickles_what_it_checks(base):
     """An index and a data file that are whole pickles of another account's making, in the
     user's own folder: prune, its dry run, doctor --fix and stats walk them (and remove the

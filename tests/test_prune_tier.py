@@ -153,6 +153,7 @@ def test_prune_leaves_an_untrusted_local_tier_alone(tmp_path, twelve_entries):
     assert report["tier"]["kinds"] == {} and len(jax_cache.scan(local / "jax")) == 12
 
 
+@pytest.mark.slow  # a JAX job in a fresh process: more than 2 s here
 def test_a_job_in_the_tier_used_the_roots_cache_not_one_outside_it(tmp_path):
     """A job whose JAX cache folder is the root's tier (its record names that folder): stats
     and doctor do not call it a folder outside the cache root, and its new entries count."""

@@ -382,3 +382,66 @@ def test_doctor_says_single_flight_is_on(cache_root):
     assert f"single-flight: on, node mode (locks in {cache_root / 'locks'}; " in shown.stdout
     assert "is local to this node" in shown.stdout
 
+
+
+#: A process whose lock file of one key is made and unlinked under it at each of ``CHURNS``
+#: looks (what leaders finishing one after another do on a busy machine: between its lstat
+#: and its open the file is another), the last of those leaders having written the entry. It
+#: prints what ``lead`` returned and whether single-flight is still on.
+CHURN = r'''
+import json, os, sys
+from gpu_cache_hook import flight, locks
+CHURNS, entry = int(sys.argv[1]), sys.argv[2]
+real_open_named, looks = locks.open_named, []
+def open_named(path, named, group_bits, gid):
+    looks.append(path)
+    if len(looks) <= CHURNS:  # another leader unlinked it, and the next made it again
+        os.close(os.open(path + ".next", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.rename(path + ".next", path)  # (made before the old one goes: another inode)
+        if len(looks) == CHURNS:
+            open(entry, "w").close()
+    return real_open_named(path, named, group_bits, gid)
+locks.open_named = open_named
+read = lambda: entry if os.path.exists(entry) else None
+where = os.path.dirname(entry)
+name = os.path.join(os.environ["GPU_CACHE_LOCKS"], "jax", flight.lock_name("k", where))
+os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))  # the first leader's
+found, lock = flight.lead("jax", "k", where, read)
+print(json.dumps({"found": found, "lock": lock is not None, "on": flight.enabled("jax"),
+                  "looks": len(looks), "gave_up": flight.stats("jax")["gave_up"]}))
+'''
+
+
+def test_a_lock_file_made_and_unlinked_under_each_look_keeps_single_flight_on(tmp_path):
+    """Leaders of one key finishing one after another can unlink and make its lock file between
+    each of a job's looks (the two-node storm lost that race four times in a row on a busy
+    machine): the job reads the cache again, finds the last leader's entry, and single-flight
+    stays on for the rest of it rather than off for every later key of the kind."""
+    locks_folder = tmp_path / "locks"
+    (locks_folder / "jax").mkdir(parents=True, mode=0o700)
+    locks_folder.chmod(0o700)
+    entry = tmp_path / "entry"
+    environ = clean_environ(PYTHONPATH=str(HOOK), GPU_CACHE_LOCKS=str(locks_folder))
+    done = subprocess.run([sys.executable, "-c", CHURN, "6", str(entry)], env=environ,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert (said["found"], said["lock"], said["on"]) == (str(entry), False, True), said
+    assert said["looks"] > 4, said  # past the four a lock file's open tries at most
+
+
+def test_a_lock_file_that_never_stops_changing_holds_a_job_no_longer_than_the_timeout(tmp_path):
+    """The same, without end and without an entry: the job gives up at the timeout (1 s here) and
+    compiles without a lock; single-flight stays on."""
+    locks_folder = tmp_path / "locks"
+    (locks_folder / "jax").mkdir(parents=True, mode=0o700)
+    locks_folder.chmod(0o700)
+    environ = clean_environ(PYTHONPATH=str(HOOK), GPU_CACHE_LOCKS=str(locks_folder),
+                            GPU_CACHE_LOCK_TIMEOUT="1")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", CHURN, str(10**9), str(tmp_path / "entry")],
+                          env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert (said["found"], said["lock"], said["on"], said["gave_up"]) == (None, False, True, 1), said
+    assert time.monotonic() - started < 30

@@ -215,8 +215,8 @@ def test_two_nodes_of_a_killed_owner_are_swept_and_stop_leaves_nothing(two_nodes
     """Nodes and a SLURM cluster on them, left running by a SIGKILLed owner, are removed by the next
     start (their processes, namespaces and folder), and that one's stop leaves nothing; the live
     session's nodes are not touched."""
-    from daemons import processes_in_netns
     from nodes import TwoNodes
+    from processes import processes_in_netns
 
     owner = subprocess.Popen([sys.executable, str(Path(__file__).parent / "harness" / "nodes.py"), "--slurm"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -148,6 +148,22 @@ def program_pid(pid: int, own_pids: bool) -> int:
         time.sleep(0.05)
 
 
+def leader_and_waiter(cluster, two_nodes, work: Path, root: Path, config: Path,
+                      own_pids: bool) -> list[tuple[int, Path, Path]]:
+    """Jobs A (on node a; in a PID namespace of its own with ``own_pids``) and B (on node b), each
+    compiling the same chain of 600 once its own go file exists: (job id, output, pid file) each."""
+    sent = []
+    for tag, node in (("A", two_nodes.a.hostname), ("B", two_nodes.b.hostname)):  # each its own go file
+        (work / tag).mkdir()
+        (command,) = job_commands(work / tag, tag, 1, 1, 600)
+        if tag == "A" and own_pids:
+            command = [*OWN_PIDS, *command]
+        out, pid_file = work / f"{tag}.out", work / f"{tag}.pid"
+        sent.append((submit(cluster, two_nodes, job_script(root, config, command, pid_file), node, out),
+                     out, pid_file))
+    return sent
+
+
 @pytest.mark.parametrize("own_pids", [True, False], ids=["another-pid-namespace", "one-pid-namespace"])
 def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_nodes, two_nodes, own_pids):
     """A's job takes the key's lease and compiles (a chain of 600: 12 s here; one of 240 was over
@@ -165,16 +181,8 @@ def test_leader_killed_by_slurm_on_node_a_frees_the_waiter_on_node_b(slurm_two_n
     work, root, config = prepare(two_nodes, f"sf-fault-{'own' if own_pids else 'one'}-pids")
     node_a, node_b = two_nodes.a.hostname, two_nodes.b.hostname
     folder = two_nodes.host_path(root) / "locks" / "jax"
-    sent = {}
-    for tag, node in (("A", node_a), ("B", node_b)):  # each its own go file
-        (work / tag).mkdir()
-        (command,) = job_commands(work / tag, tag, 1, 1, 600)
-        if tag == "A" and own_pids:
-            command = [*OWN_PIDS, *command]
-        out, pid_file = work / f"{tag}.out", work / f"{tag}.pid"
-        sent[tag] = (submit(cluster, two_nodes, job_script(root, config, command, pid_file), node, out),
-                     out, pid_file)
-    (job_a, out_a, pid_a), (job_b, out_b, pid_b) = sent["A"], sent["B"]
+    (job_a, out_a, pid_a), (job_b, out_b, pid_b) = leader_and_waiter(cluster, two_nodes, work, root, config,
+                                                                     own_pids)
     leader = None
     try:
         wait_for("both jobs to import jax", lambda: all((work / t / "sync" / f"{t}0").exists() for t in "AB"),

@@ -156,21 +156,40 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
                             "jax_triton", "vllm")}
     for folder in folders.values():
         folder.mkdir(parents=True)
-    files = dirs = 0
 
     def used() -> float:
         return now - rng.uniform(0, 90) * DAY
 
-    jax_dir = str(folders["jax"])
+    written = [_jax(str(folders["jax"]), counts["jax"], jax_entries, now, used),
+               _triton(str(folders["triton"]), counts["triton"], used),
+               _inductor(str(folders["inductor"]), counts, library, used),
+               _records(str(folders["records"]), counts["records"], used),
+               _bytecode(str(folders["bytecode"]), counts["bytecode"], used),
+               _cuda(str(folders["cuda"]), counts["cuda_files"], now, used),
+               _few_of_each(folders, used)]
+    files, dirs = sum(f for f, _ in written), sum(d for _, d in written)
+    more_files, more_dirs = _other_kinds(root, set(folders))
+    return {"files": files + 2 + more_files, "folders": dirs + len(folders) + more_dirs}
+
+
+def _jax(jax_dir: str, count: int, jax_entries: list[bytes], now: float, used) -> tuple[int, int]:
+    """JAX's entries (``-cache`` and ``-atime``) and its lock file; the files and folders written
+    (the lock file not counted: ``build`` counts it)."""
+    files = 0
     _write(os.path.join(jax_dir, ".lockfile"), b"", now)
-    for i in range(counts["jax"]):
+    for i in range(count):
         key = f"jit_fn{i % 300}-{hashlib.sha256(b'j%d' % i).hexdigest()}"
         when = used()
         _write(os.path.join(jax_dir, f"{key}-cache"), jax_entries[i % len(jax_entries)], when)
         _write(os.path.join(jax_dir, f"{key}-atime"), int(when * 1e9).to_bytes(8, "little"), when)
         files += 2
-    triton_dir = str(folders["triton"])
-    for i in range(counts["triton"]):
+    return files, 0
+
+
+def _triton(triton_dir: str, count: int, used) -> tuple[int, int]:
+    """Triton's key folders, a kernel's four files and its group file in each."""
+    files = dirs = 0
+    for i in range(count):
         key = base64.b32encode(hashlib.sha256(b"t%d" % i).digest()).decode()[:52]
         folder = os.path.join(triton_dir, key)
         os.mkdir(folder)
@@ -186,7 +205,12 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         os.utime(folder, (when, when))
         files += 5
         dirs += 1
-    inductor = str(folders["inductor"])
+    return files, dirs
+
+
+def _inductor(inductor: str, counts: dict[str, int], library: bytes, used) -> tuple[int, int]:
+    """Inductor's code entries (C++ source, library, lock) in shards, and its FX graphs."""
+    files = dirs = 0
     os.mkdir(os.path.join(inductor, "locks"))
     for i in range(counts["inductor_code"]):
         key = "c" + base64.b32encode(hashlib.sha256(b"c%d" % i).digest()).decode().lower()[:51]
@@ -207,33 +231,52 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         when = used()
         _write(os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:52]), b"g" * 3000, when)
         files += 1
-    records = str(folders["records"])
-    for i in range(counts["records"]):
+    return files, dirs
+
+
+def _records(records: str, count: int, used) -> tuple[int, int]:
+    """The startup hook's records, one per process."""
+    for i in range(count):
         when = used()
         record = {"version": 1, "time": when, "host": f"node{i % 8}", "pid": i,
                   "rule": f"rule{i % 12}", "gpu_type": ("h200", "a100")[i % 2], "run_id": f"r{i % 50}",
                   "jax": {"requests": 20, "hits": 18, "misses": 2, "compile_seconds": 3.0,
                           "saved_seconds": 25.0, "missed": [], "key_parts": {}}}
         _write(os.path.join(records, f"{int(when * 1e9)}-node-{i}.json"), json.dumps(record).encode(), when)
-        files += 1
-    bytecode = os.path.join(str(folders["bytecode"]), "cpython-311-0a1b2c3d")
-    for i in range(counts["bytecode"]):
+    return count, 0
+
+
+def _bytecode(bytecode_dir: str, count: int, used) -> tuple[int, int]:
+    """Bytecode of one interpreter, a hundred modules to a package folder."""
+    dirs = 0
+    bytecode = os.path.join(bytecode_dir, "cpython-311-0a1b2c3d")
+    for i in range(count):
         folder = os.path.join(bytecode, "site-packages", f"package{i // 100}")
         if i % 100 == 0:
             os.makedirs(folder)
             dirs += 1
         _write(os.path.join(folder, f"module{i}.cpython-311.pyc"), b"b" * 2000, used())
-        files += 1
-    cuda = str(folders["cuda"])
+    return count, dirs
+
+
+def _cuda(cuda: str, count: int, now: float, used) -> tuple[int, int]:
+    """The CUDA driver's cache: its index (not counted: ``build`` counts it) and hashed files."""
+    dirs = 0
     _write(os.path.join(cuda, "index"), b"i" * 4096, now - 2 * DAY)
-    for i in range(counts["cuda_files"]):
+    for i in range(count):
         digest = hashlib.sha256(b"p%d" % i).hexdigest()
         folder = os.path.join(cuda, digest[0], digest[1])
         if not os.path.isdir(folder):
             os.makedirs(folder)
             dirs += 1
         _write(os.path.join(folder, digest[2:16]), b"p" * 20000, used())
-        files += 1
+    return count, dirs
+
+
+def _few_of_each(folders: dict[str, Path], used) -> tuple[int, int]:
+    """The kinds of a handful of entries whatever the size: tokamax's results, the ptxas shim's,
+    jax-triton's kernels, vLLM's torch.compile folders."""
+    files = dirs = 0
     # tokamax results: one per (versions, device kind), so a handful whatever the size (the format
     # of core/kinds/autotune_format.py, written here by hand: the benchmark imports no gpu_cache)
     results = [(("0.0.12", "0.10.2"), "NVIDIA H200"), (("0.0.12", "0.10.2"), "NVIDIA A100-SXM4-80GB"),
@@ -275,8 +318,7 @@ def build(root: Path, counts: dict[str, int], jax_entries: list[bytes], library:
         _write(os.path.join(rank, "vllm_compile_cache.py"), b"{}\n", when)
         _write(os.path.join(rank, "computation_graph.py"), b"# graph\n" * 200, when)
         files += 2
-    more_files, more_dirs = _other_kinds(root, set(folders))
-    return {"files": files + 2 + more_files, "folders": dirs + len(folders) + more_dirs}
+    return files, dirs
 
 
 def _other_kinds(root: Path, written: set[str], count: int = 4) -> tuple[int, int]:

@@ -162,22 +162,7 @@ def gpu(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(failed, indent=2) + "\n")
         print("\n".join(errors), file=sys.stderr)
         return 1
-    per_kernel = []
-    for i, n in enumerate(shapes):
-        for j, ev in enumerate(runs["prefilled"][i]["events"]):
-            per_kernel.append({
-                "shape": n, "case": ev["case"], "target": ev["target"],
-                "prefilled_cache_hit": ev["cache_hit"],
-                "prefilled_first_call_s": ev["seconds"],
-                "cold_cache_hit": runs["cold"][i]["events"][j]["cache_hit"],
-                "cold_first_call_s": runs["cold"][i]["events"][j]["seconds"],
-                "warm_cache_hit": runs["warm"][i]["events"][j]["cache_hit"],
-                "warm_first_call_s": runs["warm"][i]["events"][j]["seconds"],
-            })
-
-    def total(label: str, key: str) -> float:
-        return round(sum(r[key] for r in runs[label]), 3)
-
+    per_kernel = _per_kernel(shapes, runs)
     hits = sum(1 for k in per_kernel if k["prefilled_cache_hit"] is True)
     misses = sum(1 for k in per_kernel if k["prefilled_cache_hit"] is False)
     result = {
@@ -194,14 +179,7 @@ def gpu(args: argparse.Namespace) -> int:
                 1 for v in new_entries["prefilled"].values() if v.startswith("kernel")),
             "new_other_entries_on_gpu": sorted(new_entries["prefilled"].values()),
         },
-        "seconds": {
-            "cold_first_calls": total("cold", "seconds"),
-            "prefilled_first_calls": total("prefilled", "seconds"),
-            "warm_first_calls": total("warm", "seconds"),
-            "cold_process_wall": total("cold", "process_wall_seconds"),
-            "prefilled_process_wall": total("prefilled", "process_wall_seconds"),
-            "warm_process_wall": total("warm", "process_wall_seconds"),
-        },
+        "seconds": _seconds(runs),
         "new_entries": new_entries,
         "per_kernel": per_kernel,
         "runs": runs,
@@ -210,6 +188,38 @@ def gpu(args: argparse.Namespace) -> int:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"verdict": result["verdict"], "seconds": result["seconds"]}))
     return 0 if result["verdict"]["passed"] else 1
+
+
+def _per_kernel(shapes: list[int], runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each kernel of each shape: its hit and first-call seconds in the prefilled, cold and warm runs."""
+    per_kernel = []
+    for i, n in enumerate(shapes):
+        for j, ev in enumerate(runs["prefilled"][i]["events"]):
+            per_kernel.append({
+                "shape": n, "case": ev["case"], "target": ev["target"],
+                "prefilled_cache_hit": ev["cache_hit"],
+                "prefilled_first_call_s": ev["seconds"],
+                "cold_cache_hit": runs["cold"][i]["events"][j]["cache_hit"],
+                "cold_first_call_s": runs["cold"][i]["events"][j]["seconds"],
+                "warm_cache_hit": runs["warm"][i]["events"][j]["cache_hit"],
+                "warm_first_call_s": runs["warm"][i]["events"][j]["seconds"],
+            })
+    return per_kernel
+
+
+def _seconds(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """The first calls' and the processes' seconds, summed over the shapes of each run."""
+    def total(label: str, key: str) -> float:
+        return round(sum(r[key] for r in runs[label]), 3)
+
+    return {
+        "cold_first_calls": total("cold", "seconds"),
+        "prefilled_first_calls": total("prefilled", "seconds"),
+        "warm_first_calls": total("warm", "seconds"),
+        "cold_process_wall": total("cold", "process_wall_seconds"),
+        "prefilled_process_wall": total("prefilled", "process_wall_seconds"),
+        "warm_process_wall": total("warm", "process_wall_seconds"),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,13 @@ MODULE = f"gpu_cache_snakefile={SNAKEFILE}"
 #: A small built-in workload for tests: one short sequence keeps each JAX process ~2 s.
 SMALL = {"workloads": {"jax-transformer": {"shapes": [16]}}}
 
+#: Inductor's CPU-feature probes taken as passed in the tests' processes: six g++ builds, each
+#: loaded in a process of its own, that torch.compile on the CPU makes in every fresh Inductor
+#: folder (7 of the 29 CPU seconds a cold compile of the small torch-compile workload took here).
+#: Every test compiles the same kernels with it; test_inductor_cuda.py, whose root must hold the
+#: probes, runs without it.
+INDUCTOR_PROBES_PASSED = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
 #: Variables of the developer's shell that would leak into what a test measures.
 #: (the container ones too: a developer's bind list would change what a container test sees)
 _LEAKY_PREFIXES = ("GPU_CACHE_", "JAX_", "TRITON_", "TORCHINDUCTOR_", "CUDA_CACHE_", "XLA_",
@@ -69,11 +76,12 @@ def hook_piece(name: str) -> types.ModuleType:
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
-    """os.environ without any cache variable, plus ``extra``."""
+    """os.environ without any cache variable, plus :data:`INDUCTOR_PROBES_PASSED` and ``extra``."""
     environ = {k: v for k, v in os.environ.items()
                if (k.startswith(_KEPT_PREFIXES) or not k.startswith(_LEAKY_PREFIXES))
                and k != "PYTHONPATH"}
     environ["PYTHONPATH"] = str(SCRIPTS)
+    environ.update(INDUCTOR_PROBES_PASSED)
     environ.update(extra)
     return environ
 

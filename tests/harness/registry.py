@@ -19,7 +19,8 @@ import subprocess
 from pathlib import Path
 from types import TracebackType
 
-from daemons import HOST, Daemons, free_port, listening, which
+from daemons import HOST, Daemons
+from processes import free_port, listening, which
 
 #: Every executable the harness runs.
 REGISTRY_BINARIES: tuple[str, ...] = ("docker-registry", "htpasswd")

@@ -62,19 +62,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from daemons import (
-    HOST,
-    Daemons,
-    Node,
-    free_port,
-    listening,
-    live_record_for,
-    pid_alive,
-    processes_referencing,
-    terminate,
-    unmount,
-    which,
-)
+import slurm_config
+from daemons import HOST, Daemons, Node, live_record_for, unmount
+from processes import free_port, listening, pid_alive, processes_referencing, terminate, which
 
 __all__ = [
     "SLURM_BINARIES",
@@ -271,6 +261,10 @@ class SlurmCluster:
             raise
         self.start_seconds = time.monotonic() - t0
         return self
+
+    def _write_configs(self) -> None:
+        """Write the daemons' configuration files (a test's subclass adds a line of its own)."""
+        slurm_config.write(self)
 
     def stop(self) -> None:
         """Kill every daemon this object started, verify none survived, clean up.
@@ -477,106 +471,6 @@ class SlurmCluster:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(self.conf_dir, target_is_directory=True)
         self.default_conf_linked = True
-
-    def _gpu_devices(self, node: Node) -> list[tuple[str, Path]]:
-        """(type, device path) for every fake GPU of ``node``; creates the character devices."""
-        devices = []
-        folder = self.dev_dir / node.hostname
-        folder.mkdir(parents=True, exist_ok=True)
-        index = 0
-        for gpu_type, count in self.gpus.items():
-            for _ in range(count):
-                dev = folder / f"nvidia{index}"
-                if not dev.exists():
-                    os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # S_IFCHR, like /dev/null
-                devices.append((gpu_type, dev))
-                index += 1
-        return devices
-
-    def _write_configs(self) -> None:
-        w = self.workdir
-        head = self.head
-        munge_socket = self.munge_dir / "munge.socket.2"
-        gres = ",".join(f"gpu:{t}:{n}" for t, n in self.gpus.items() if n > 0)
-        tres = ",".join(["gres/gpu"] + [f"gres/gpu:{t}" for t in self.gpus])
-        nodes = "\n".join(f"NodeName={node.hostname} NodeAddr={node.address} CPUs={self.cpus} "
-                          f"RealMemory={self.real_memory_mb} Gres={gres} State=UNKNOWN"
-                          for node in self.nodes)
-        slurm_conf = f"""\
-# Written by tests/harness/slurm_cluster.py; everything as root.
-ClusterName={self.cluster_name}
-SlurmctldHost={head.hostname}({head.address})
-SlurmctldPort={self.ports['slurmctld']}
-SlurmdPort={self.ports['slurmd']}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket}
-StateSaveLocation={w}/state
-SlurmdSpoolDir={w}/spool/slurmd-%n
-SlurmctldPidFile={self.run_dir}/slurmctld.pid
-SlurmdPidFile={self.run_dir}/slurmd-%n.pid
-SlurmctldLogFile={self.log_dir}/slurmctld.log
-SlurmdLogFile={self.log_dir}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-SwitchType=switch/none
-SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge={self.min_job_age}
-InactiveLimit=0
-KillWait=2
-Waittime=0
-SlurmctldTimeout=30
-SlurmdTimeout=60
-MessageTimeout=20
-GresTypes=gpu
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost={head.address}
-AccountingStoragePort={self.ports['slurmdbd']}
-AccountingStorageTRES={tres}
-# For the slurmdbd connection the munge socket comes from AccountingStoragePass, not AuthInfo.
-AccountingStoragePass={munge_socket}
-MailProg=/bin/true
-JobCompType=jobcomp/none
-{nodes}
-PartitionName={self.partition} Nodes={",".join(self.nodenames)} Default=YES MaxTime=INFINITE State=UP
-"""
-        self.slurm_conf.write_text(slurm_conf)
-        gres_lines = ["AutoDetect=off"] + [
-            f"NodeName={node.hostname} Name=gpu Type={t} File={dev}"
-            for node in self.nodes for t, dev in self._gpu_devices(node)
-        ]
-        (self.conf_dir / "gres.conf").write_text("\n".join(gres_lines) + "\n")
-        dbd_conf = self.conf_dir / "slurmdbd.conf"
-        dbd_conf.write_text(
-            f"""\
-AuthType=auth/munge
-AuthInfo=socket={munge_socket}
-DbdHost={head.hostname}
-DbdAddr={head.address}
-DbdPort={self.ports['slurmdbd']}
-SlurmUser=root
-PidFile={self.run_dir}/slurmdbd.pid
-LogFile={self.log_dir}/slurmdbd.log
-DebugLevel=info
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={self.ports['mysql']}
-StorageUser=root
-StorageLoc=slurm_acct_db
-"""
-        )
-        dbd_conf.chmod(0o600)  # slurmdbd refuses a config that others can read
 
     def _spawn(self, daemon: str, argv: Sequence[str], node: Node, *, user: str | None = None) -> str:
         name = self._name(daemon, node)

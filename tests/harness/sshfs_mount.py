@@ -45,8 +45,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from daemons import HOST, Daemons, Node, children, cmdline, free_port, listening, terminate, unmount, which
-from daemons import mounted_type as _mounted_type
+from daemons import HOST, Daemons, Node, unmount
+from processes import children, cmdline, free_port, listening, terminate, which
+from processes import mounted_type as _mounted_type
 
 __all__ = [
     "SSHFS_BINARIES",

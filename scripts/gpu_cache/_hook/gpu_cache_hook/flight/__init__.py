@@ -299,9 +299,15 @@ def _kind_folder(flight, kind):
     return known
 
 
+#: What ``_open`` returns where the lock file was made and unlinked under it at every attempt:
+#: leaders of this key (ours: the folder is private) finishing one after another, each entry
+#: likely written. Single-flight stays on; the caller reads the cache and tries again.
+_CHURNED = object()
+
+
 def _open(flight, kind, path, folder):
-    """The lock file at ``path``, opened (made) by the lock rules; None (and single-flight
-    off for ``kind``) where that cannot be done."""
+    """The lock file at ``path``, opened (made) by the lock rules; :data:`_CHURNED`; or None
+    (and single-flight off for ``kind``) where that cannot be done."""
     stats = flight.kind_stats(kind)
     why = None
     for _attempt in range(4):
@@ -329,6 +335,8 @@ def _open(flight, kind, path, folder):
             return _give_up_on_locks(flight, kind, path, OSError(
                 exc.errno, f"{os.path.basename(path)} is {why} and cannot be replaced "
                 f"({exc.strerror or exc})"))
+    if why is None:
+        return _CHURNED
     return _give_up_on_locks(flight, kind, path, OSError(errno.EAGAIN, f"keeps being replaced ({why})"))
 
 
@@ -480,6 +488,20 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
     delay = 0.002
     while True:
         fd = _open(flight, kind, path, folder)
+        if fd is _CHURNED:  # four attempts can all lose that race on a busy machine
+            waiting.begin(stats)
+            waiting.look()
+            found = read()
+            if found is not None:
+                stats["hits_after_wait"] += 1
+                return found, None
+            now = time.monotonic()
+            if now >= deadline:
+                stats["gave_up"] += 1
+                return None, None
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 1.5, MAX_POLL)
+            continue
         if fd is None:
             return None, None
         got = _try_lock(flight, kind, fd, path)
