@@ -407,8 +407,9 @@ where = os.path.dirname(entry)
 name = os.path.join(os.environ["GPU_CACHE_LOCKS"], "jax", flight.lock_name("k", where))
 os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))  # the first leader's
 found, lock = flight.lead("jax", "k", where, read)
-print(json.dumps({"found": found, "lock": lock is not None, "on": flight.enabled("jax"),
-                  "looks": len(looks), **{k: flight.stats("jax")[k] for k in ("gave_up", "hits_after_wait")}}))
+counts = flight.stats("jax")
+print(json.dumps({"found": found, "lock": lock is not None, "on": flight.enabled("jax"), "looks": len(looks),
+                  "gave_up": counts["gave_up"], "hits_after_wait": counts["hits_after_wait"]}))
 '''
 
 
@@ -444,5 +445,5 @@ def test_a_lock_file_that_never_stops_changing_holds_a_job_no_longer_than_the_ti
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
     assert (said["found"], said["lock"], said["on"], said["gave_up"]) == (None, False, True, 1), said
-    assert time.monotonic() - started < 30
+    assert 1 <= time.monotonic() - started < 30  # it waited the timeout, and not much longer
     assert said["looks"] < 1000, said  # it polls, growing to MAX_POLL (0.02 s): no spin
