@@ -192,6 +192,23 @@ def test_changed_lines_are_mutated_and_each_outcome_is_reported(toy, mtime):
     assert again.returncode == 0 and "[1/" not in again.stdout, again.stdout + again.stderr
 
 
+def test_a_mutant_that_breaks_the_conftests_own_import_is_killed(toy):
+    """A changed line that the tests' conftest imports (as the real one imports the hook's
+    names): pytest stops at the conftest with every mutant of it (exit 4), which kills it,
+    and says so; it is no fault of the selection."""
+    repo, _ = toy
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / MODULE).write_text(AFTER + "\n\nREADY = 1\n")
+    (repo / "tests" / "conftest.py").write_text(
+        CONFTEST + "\n\nfrom toypkg import toy\n\nif toy.READY != 1:\n    raise ValueError('not ready')\n")
+    git(repo, "commit", "-qam", "a flag the conftest checks")
+    result = run_tool(repo, head)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = read_json(repo.parent / "session" / "report.json")
+    outcomes = [(m["outcome"], m["detail"].split(" (")[0]) for m in report["mutants_run"]]
+    assert outcomes == [("killed", "killed: the tests' conftest could not import it")] * 2, outcomes
+
+
 def wait_for(path: Path, seconds: float = 120) -> str:
     deadline = time.monotonic() + seconds
     while not path.exists() or not path.read_text():

@@ -22,6 +22,9 @@ _NOT_INHERITED = ("COVERAGE_PROCESS_START", "COVERAGE_PROCESS_CONFIG", "MUTATION
 #: pytest's exit codes that mean the tests could not run as asked (a usage error, no test
 #: collected): a fault of the selection, not a kill.
 _NOT_RUN = {4: "could not run: pytest refused its arguments", 5: "could not run: pytest collected no test"}
+#: What pytest says (exit 4) where a conftest raised at import: with a mutant of a module the
+#: conftest imports (the hook's names), every test fails, which is a kill.
+_CONFTEST_FAILED = "ImportError while loading conftest"
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -145,6 +148,8 @@ def run_tests(repo: Path, tests: list[str], timeout: float, log: Path) -> TestRu
     seconds = time.monotonic() - start
     if code is None:
         return TestRun(True, f"timeout: still running after {timeout:.0f} s", seconds, output)
+    if code == 4 and _CONFTEST_FAILED in output:  # the mutant breaks what conftest imports
+        return TestRun(True, "killed: the tests' conftest could not import it", seconds, output)
     if code in _NOT_RUN:
         return TestRun(False, _NOT_RUN[code], seconds, output, ran=False)
     if code < 0:
