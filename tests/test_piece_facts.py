@@ -61,8 +61,8 @@ def test_only_pieces_are_pieces_and_nothing_in_their_folder_makes_the_listing_wa
     (kinds / "pkg" / "__init__.py").write_bytes(HEAD + b"# software pkg\n")
     program = ("import json, sys; from gpu_cache_hook import names; "
                "print(json.dumps([(f.kind, f.watches, f.software) for f in names.pieces(sys.argv[1])]))")
-    done = subprocess.run([sys.executable, "-c", program, str(kinds)], env=dict(os.environ, PYTHONPATH=str(HOOK)),
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-c", program, str(kinds)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(HOOK)), timeout=30)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [["ok", ["ok"], []], ["pkg", [], ["pkg"]]]
 
