@@ -482,6 +482,16 @@ def lead(kind, key, where, read, peek=None):
             _count_wait(flight, kind, key, (waiting.looked or time.monotonic()) - start, outcome, stats)
 
 
+def _pause(delay, deadline):
+    """Sleep ``delay`` seconds, or until ``deadline`` where that is sooner: the next delay
+    (longer, up to :data:`MAX_POLL`), or None where the deadline has come."""
+    now = time.monotonic()
+    if now >= deadline:
+        return None
+    time.sleep(min(delay, deadline - now))
+    return min(delay * 1.5, MAX_POLL)
+
+
 def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting):
     """Steps 1 and 2 of the protocol, within this node: ``(entry, None)``, ``(None, lock)``
     as the node's leader, or ``(None, None)``."""
@@ -495,12 +505,10 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
             if found is not None:
                 stats["hits_after_wait"] += 1
                 return found, None
-            now = time.monotonic()
-            if now >= deadline:
+            delay = _pause(delay, deadline)
+            if delay is None:
                 stats["gave_up"] += 1
                 return None, None
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 1.5, MAX_POLL)
             continue
         if fd is None:
             return None, None
@@ -515,13 +523,11 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
                 if found is not None:
                     stats["hits_after_wait"] += 1
                     return found, None
-                now = time.monotonic()
-                if now >= deadline:
+                delay = _pause(delay, deadline)
+                if delay is None:
                     stats["gave_up"] += 1
                     waiting.look()
                     return read(), None
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 1.5, MAX_POLL)
                 got = _try_lock(flight, kind, fd, path)
                 if got is None:
                     fd = None
