@@ -406,7 +406,7 @@ read = lambda: entry if os.path.exists(entry) else None
 where = os.path.dirname(entry)
 name = os.path.join(os.environ["GPU_CACHE_LOCKS"], "jax", flight.lock_name("k", where))
 os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))  # the first leader's
-found, lock = flight.lead("jax", "k", where, read)
+found, lock = flight.lead("jax", "k", where, read, peek=read)  # (the entry is whole or absent)
 counts = flight.stats("jax")
 print(json.dumps({"found": found, "lock": lock is not None, "on": flight.enabled("jax"), "looks": len(looks),
                   "gave_up": counts["gave_up"], "hits_after_wait": counts["hits_after_wait"]}))
@@ -416,7 +416,7 @@ print(json.dumps({"found": found, "lock": lock is not None, "on": flight.enabled
 def test_a_lock_file_made_and_unlinked_under_each_look_keeps_single_flight_on(tmp_path):
     """Leaders of one key finishing one after another can unlink and make its lock file between
     each of a job's looks (the two-node storm lost that race four times in a row on a busy
-    machine): the job reads the cache again, finds the last leader's entry, and single-flight
+    machine): the job looks at the cache again, finds the last leader's entry, and single-flight
     stays on for the rest of it rather than off for every later key of the kind."""
     locks_folder = tmp_path / "locks"
     (locks_folder / "jax").mkdir(parents=True, mode=0o700)

@@ -301,7 +301,8 @@ def _kind_folder(flight, kind):
 
 #: What ``_open`` returns where the lock file was made and unlinked under it at every attempt:
 #: leaders of this key (ours: the folder is private) finishing one after another, each entry
-#: likely written. Single-flight stays on; the caller reads the cache and tries again.
+#: likely written. Single-flight stays on; the caller looks at the cache (a peek: a new leader
+#: may be writing the entry) and tries again.
 _CHURNED = object()
 
 
@@ -482,14 +483,25 @@ def lead(kind, key, where, read, peek=None):
             _count_wait(flight, kind, key, (waiting.looked or time.monotonic()) - start, outcome, stats)
 
 
-def _pause(delay, deadline):
-    """Sleep ``delay`` seconds, or until ``deadline`` where that is sooner: the next delay
-    (longer, up to :data:`MAX_POLL`), or None where the deadline has come."""
+def _wait_once(read, peek, delay, deadline, stats, waiting):
+    """One look and one pause of a wait for another process's entry: ``(True, entry)`` where
+    the look found it (``peek``: a read that is safe while that process writes it; no lock is
+    held here), ``(True, read())`` where the deadline has come (given up: the caller compiles
+    on a miss), else ``(False, the next delay)`` after sleeping ``delay`` seconds (or until the
+    deadline), the delay growing to :data:`MAX_POLL`."""
+    waiting.begin(stats)
+    waiting.look()
+    found = peek() if peek is not None else None
+    if found is not None:
+        stats["hits_after_wait"] += 1
+        return True, found
     now = time.monotonic()
     if now >= deadline:
-        return None
+        stats["gave_up"] += 1
+        waiting.look()
+        return True, read()
     time.sleep(min(delay, deadline - now))
-    return min(delay * 1.5, MAX_POLL)
+    return False, min(delay * 1.5, MAX_POLL)
 
 
 def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, waiting):
@@ -499,16 +511,10 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
     while True:
         fd = _open(flight, kind, path, folder)
         if fd is _CHURNED:  # four attempts can all lose that race on a busy machine
-            waiting.begin(stats)
-            waiting.look()
-            found = read()
-            if found is not None:
-                stats["hits_after_wait"] += 1
-                return found, None
-            delay = _pause(delay, deadline)
-            if delay is None:
-                stats["gave_up"] += 1
-                return None, None
+            done, value = _wait_once(read, peek, delay, deadline, stats, waiting)
+            if done:
+                return value, None
+            delay = value
             continue
         if fd is None:
             return None, None
@@ -517,17 +523,10 @@ def _lead_node(flight, kind, name, path, folder, read, peek, deadline, stats, wa
             return None, None
         try:
             while not got:
-                waiting.begin(stats)
-                waiting.look()
-                found = peek() if peek is not None else None
-                if found is not None:
-                    stats["hits_after_wait"] += 1
-                    return found, None
-                delay = _pause(delay, deadline)
-                if delay is None:
-                    stats["gave_up"] += 1
-                    waiting.look()
-                    return read(), None
+                done, value = _wait_once(read, peek, delay, deadline, stats, waiting)
+                if done:
+                    return value, None
+                delay = value
                 got = _try_lock(flight, kind, fd, path)
                 if got is None:
                     fd = None
